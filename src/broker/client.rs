@@ -1,0 +1,100 @@
+//! A process's connection to the broker: blocking request/response with a receive timeout, so
+//! that a broker that stopped answering is an ERROR in the caller, never a hang.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::time::Duration;
+
+use super::protocol::{self, Op, Request, Response, Status, MAX_MESSAGE};
+use super::server::sockaddr;
+use crate::error::{Code, Result, UvmError};
+
+pub struct Client {
+    sock: OwnedFd,
+}
+
+fn broker_error(what: &str, e: io::Error) -> UvmError {
+    UvmError::new(Code::SystemError, format!("could not {what} the pg_uvm_share broker: {e}"))
+        .hint("Check the server log for the broker's status.")
+}
+
+impl Client {
+    /// Connects to the broker's socket; every reply must come within `timeout`.
+    pub fn connect_with_timeout(path: &Path, timeout: Duration) -> Result<Client> {
+        // SAFETY: plain socket creation; the fd is owned right away.
+        let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(broker_error("connect to", io::Error::last_os_error()));
+        }
+        // SAFETY: a fresh fd owned by nobody else.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        let (addr, len) = sockaddr(path).map_err(|e| broker_error("connect to", e))?;
+        // SAFETY: addr is a valid sockaddr_un of `len` bytes.
+        if unsafe { libc::connect(sock.as_raw_fd(), &addr as *const _ as *const libc::sockaddr, len) } != 0 {
+            return Err(broker_error("connect to", io::Error::last_os_error()));
+        }
+        let tv = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: timeout.subsec_micros() as libc::suseconds_t };
+        // SAFETY: setsockopt reads a timeval from a live local.
+        unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                &tv as *const libc::timeval as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            );
+        }
+        Ok(Client { sock })
+    }
+
+    pub fn connect(path: &Path) -> Result<Client> {
+        Self::connect_with_timeout(path, Duration::from_secs(30))
+    }
+
+    fn call(&self, req: Request, fd: Option<BorrowedFd<'_>>) -> Result<(Response, Option<OwnedFd>)> {
+        protocol::send_msg(self.sock.as_fd(), &req.encode(), fd).map_err(|e| broker_error("send to", e))?;
+        let mut buf = [0u8; MAX_MESSAGE];
+        let (n, fd) = protocol::recv_msg(self.sock.as_fd(), &mut buf).map_err(|e| broker_error("receive from", e))?;
+        if n == 0 {
+            return Err(broker_error("receive from", io::Error::from(io::ErrorKind::UnexpectedEof)));
+        }
+        let resp = Response::decode(&buf[..n]).map_err(|e| {
+            UvmError::new(Code::ProtocolViolation, format!("malformed reply from the pg_uvm_share broker: {e:?}"))
+        })?;
+        match resp.status {
+            Status::Ok => Ok((resp, fd)),
+            Status::StaleEpoch => Err(UvmError::new(
+                Code::ObjectNotInPrerequisiteState,
+                "chunk belongs to an earlier epoch of the pg_uvm_share broker",
+            )
+            .detail("The server restarted after a crash; segments from before it are gone.")),
+            Status::UnknownChunk => Err(UvmError::new(
+                Code::SystemError,
+                format!("chunk {} is unknown to the pg_uvm_share broker", req.chunk),
+            )),
+            s => Err(UvmError::new(Code::ProtocolViolation, format!("pg_uvm_share broker refused {:?}: {s:?}", req.op))),
+        }
+    }
+
+    /// Hands `fd` to the broker under (epoch, chunk).
+    pub fn put(&self, epoch: u64, chunk: u64, fd: BorrowedFd<'_>) -> Result<()> {
+        self.call(Request { op: Op::Put, epoch, chunk }, Some(fd)).map(|_| ())
+    }
+
+    /// A duplicate of the fd kept under (epoch, chunk).
+    pub fn get(&self, epoch: u64, chunk: u64) -> Result<OwnedFd> {
+        let (_, fd) = self.call(Request { op: Op::Get, epoch, chunk }, None)?;
+        fd.ok_or_else(|| UvmError::new(Code::ProtocolViolation, "pg_uvm_share broker sent no fd"))
+    }
+
+    /// Asks the broker to close the fd kept under (epoch, chunk).
+    pub fn release(&self, epoch: u64, chunk: u64) -> Result<()> {
+        self.call(Request { op: Op::Release, epoch, chunk }, None).map(|_| ())
+    }
+
+    /// How many chunk fds the broker holds.
+    pub fn stats(&self, epoch: u64) -> Result<u64> {
+        self.call(Request { op: Op::Stats, epoch, chunk: 0 }, None).map(|(r, _)| r.value)
+    }
+}

@@ -1,0 +1,356 @@
+//! The broker's wire protocol: fixed-size little-endian messages over a `SOCK_SEQPACKET` Unix
+//! socket, one request and one response per exchange, file descriptors in `SCM_RIGHTS`.
+//!
+//! ```text
+//! request  = magic u32 "UVMB" | version u16 | op u16     | len u32 = 16 | epoch u64 | chunk u64
+//! response = magic u32 "UVMB" | version u16 | status u16 | len u32 = 8  | value u64
+//! ```
+//!
+//! `PUT` carries the chunk's fd with the request; a successful `GET` carries it with the
+//! response. Seqpacket sockets keep message boundaries, so a message is read whole or not at all;
+//! every length is checked against what the op requires, and a message of another version is
+//! answered `VersionMismatch` (never guessed at). This module is plain Rust and is unit-tested
+//! over socketpairs.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+pub const MAGIC: u32 = u32::from_le_bytes(*b"UVMB");
+pub const VERSION: u16 = 1;
+pub const HEADER_LEN: usize = 12;
+pub const REQUEST_LEN: usize = HEADER_LEN + 16;
+pub const RESPONSE_LEN: usize = HEADER_LEN + 8;
+/// Receive buffers are larger than any valid message so that oversized ones are detected.
+pub const MAX_MESSAGE: usize = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u16)]
+pub enum Op {
+    /// Keep this fd under (epoch, chunk id).
+    Put = 1,
+    /// Send me a duplicate of the fd kept under (epoch, chunk id).
+    Get = 2,
+    /// Close the fd kept under (epoch, chunk id).
+    Release = 3,
+    /// How many fds do you hold? (value)
+    Stats = 4,
+}
+
+impl Op {
+    fn from_u16(v: u16) -> Option<Op> {
+        Some(match v {
+            1 => Op::Put,
+            2 => Op::Get,
+            3 => Op::Release,
+            4 => Op::Stats,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u16)]
+pub enum Status {
+    Ok = 0,
+    UnknownChunk = 1,
+    StaleEpoch = 2,
+    BadRequest = 3,
+    Duplicate = 4,
+    VersionMismatch = 5,
+    MissingFd = 6,
+}
+
+impl Status {
+    fn from_u16(v: u16) -> Option<Status> {
+        Some(match v {
+            0 => Status::Ok,
+            1 => Status::UnknownChunk,
+            2 => Status::StaleEpoch,
+            3 => Status::BadRequest,
+            4 => Status::Duplicate,
+            5 => Status::VersionMismatch,
+            6 => Status::MissingFd,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub op: Op,
+    pub epoch: u64,
+    pub chunk: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Response {
+    pub status: Status,
+    pub value: u64,
+}
+
+/// Why a message could not be decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    BadLength,
+    BadMagic,
+    Version(u16),
+    BadOp,
+}
+
+fn header(buf: &mut [u8], code: u16, len: u32) {
+    buf[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    buf[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    buf[6..8].copy_from_slice(&code.to_le_bytes());
+    buf[8..12].copy_from_slice(&len.to_le_bytes());
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// Checks magic, version and the length field against the actual length; returns the code.
+fn check_header(b: &[u8], expected_len: usize) -> Result<u16, DecodeError> {
+    if b.len() < HEADER_LEN {
+        return Err(DecodeError::BadLength);
+    }
+    if u32_at(b, 0) != MAGIC {
+        return Err(DecodeError::BadMagic);
+    }
+    let version = u16_at(b, 4);
+    if version != VERSION {
+        return Err(DecodeError::Version(version));
+    }
+    if b.len() != expected_len || u32_at(b, 8) as usize != expected_len - HEADER_LEN {
+        return Err(DecodeError::BadLength);
+    }
+    Ok(u16_at(b, 6))
+}
+
+impl Request {
+    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+        let mut b = [0u8; REQUEST_LEN];
+        header(&mut b, self.op as u16, 16);
+        b[12..20].copy_from_slice(&self.epoch.to_le_bytes());
+        b[20..28].copy_from_slice(&self.chunk.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Request, DecodeError> {
+        let op = Op::from_u16(check_header(b, REQUEST_LEN)?).ok_or(DecodeError::BadOp)?;
+        Ok(Request { op, epoch: u64_at(b, 12), chunk: u64_at(b, 20) })
+    }
+}
+
+impl Response {
+    pub fn encode(&self) -> [u8; RESPONSE_LEN] {
+        let mut b = [0u8; RESPONSE_LEN];
+        header(&mut b, self.status as u16, 8);
+        b[12..20].copy_from_slice(&self.value.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Response, DecodeError> {
+        let status = Status::from_u16(check_header(b, RESPONSE_LEN)?).ok_or(DecodeError::BadOp)?;
+        Ok(Response { status, value: u64_at(b, 12) })
+    }
+}
+
+const CMSG_SPACE_ONE_FD: usize = 24; // CMSG_SPACE(sizeof(int)) on 64-bit Linux
+const CMSG_BUF: usize = 64; // room for a few fds, so that extra ones are received and closed
+
+/// Sends one message, with `fd` attached in `SCM_RIGHTS` if given.
+pub fn send_msg(sock: BorrowedFd<'_>, msg: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+    let mut iov = libc::iovec { iov_base: msg.as_ptr() as *mut libc::c_void, iov_len: msg.len() };
+    let mut cbuf = [0u64; CMSG_SPACE_ONE_FD / 8];
+    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+    let mut hdr: libc::msghdr = unsafe { zeroed() };
+    hdr.msg_iov = &mut iov;
+    hdr.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        hdr.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+        hdr.msg_controllen = CMSG_SPACE_ONE_FD;
+        // SAFETY: msg_control points to a buffer of CMSG_SPACE(sizeof(int)) bytes, so the first
+        // header and its data fit; CMSG_* compute offsets within it.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&hdr);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut RawFd, fd.as_raw_fd());
+        }
+    }
+    loop {
+        // SAFETY: hdr references live buffers for the duration of the call.
+        let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &hdr, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return if n as usize == msg.len() {
+                Ok(())
+            } else {
+                Err(io::Error::new(io::ErrorKind::WriteZero, "short send"))
+            };
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Receives one message into `buf`; returns its length (0: peer closed) and the first fd that
+/// came with it. Any further fds are closed; a truncated message or control block is an error.
+pub fn recv_msg(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut libc::c_void, iov_len: buf.len() };
+    let mut cbuf = [0u64; CMSG_BUF / 8];
+    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+    let mut hdr: libc::msghdr = unsafe { zeroed() };
+    hdr.msg_iov = &mut iov;
+    hdr.msg_iovlen = 1;
+    hdr.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    hdr.msg_controllen = CMSG_BUF;
+    let n = loop {
+        // SAFETY: hdr references live buffers for the duration of the call.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut hdr, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    // SAFETY: walking the control messages the kernel wrote, within msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&hdr);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c) as *const RawFd;
+                let count = ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
+                for i in 0..count {
+                    // each received fd is new in this process and owned by us from here on
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&hdr, c);
+        }
+    }
+    if hdr.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "truncated message"));
+    }
+    let first = if fds.is_empty() { None } else { Some(fds.swap_remove(0)) };
+    Ok((n, first)) // extra fds (if any) are dropped, i.e. closed, here
+}
+
+/// The uid of the process at the other end of a connected Unix socket.
+pub fn peer_uid(sock: BorrowedFd<'_>) -> io::Result<u32> {
+    // SAFETY: ucred is plain data; getsockopt writes at most `len` bytes into it.
+    unsafe {
+        let mut cred: libc::ucred = zeroed();
+        let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+        if libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(cred.uid)
+    }
+}
+
+/// A connected seqpacket socket pair (tests, and nothing else).
+pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: socketpair writes two fds into the array on success.
+    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both fds are new and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn request_round_trip() {
+        let r = Request { op: Op::Get, epoch: 0xdead_beef_0102, chunk: 77 };
+        let b = r.encode();
+        assert_eq!(b.len(), REQUEST_LEN);
+        assert_eq!(&b[0..4], b"UVMB");
+        assert_eq!(Request::decode(&b), Ok(r));
+    }
+
+    #[test]
+    fn response_round_trip() {
+        let r = Response { status: Status::StaleEpoch, value: 5 };
+        assert_eq!(Response::decode(&r.encode()), Ok(r));
+    }
+
+    #[test]
+    fn lengths_magic_version_and_ops_are_checked() {
+        let good = Request { op: Op::Put, epoch: 1, chunk: 2 }.encode();
+        assert_eq!(Request::decode(&good[..REQUEST_LEN - 1]), Err(DecodeError::BadLength));
+        assert_eq!(Request::decode(&good[..4]), Err(DecodeError::BadLength));
+        let mut long = good.to_vec();
+        long.push(0);
+        assert_eq!(Request::decode(&long), Err(DecodeError::BadLength));
+        let mut bad_len_field = good;
+        bad_len_field[8] = 15;
+        assert_eq!(Request::decode(&bad_len_field), Err(DecodeError::BadLength));
+        let mut bad_magic = good;
+        bad_magic[0] = b'X';
+        assert_eq!(Request::decode(&bad_magic), Err(DecodeError::BadMagic));
+        let mut v2 = good;
+        v2[4] = 2;
+        assert_eq!(Request::decode(&v2), Err(DecodeError::Version(2)));
+        let mut bad_op = good;
+        bad_op[6] = 99;
+        assert_eq!(Request::decode(&bad_op), Err(DecodeError::BadOp));
+        // a response is not a request
+        assert_eq!(Request::decode(&Response { status: Status::Ok, value: 0 }.encode()), Err(DecodeError::BadLength));
+    }
+
+    #[test]
+    fn fds_travel_with_messages() {
+        let (a, b) = socketpair().unwrap();
+        let (p, q) = socketpair().unwrap(); // something to pass
+        send_msg(a.as_fd(), b"hello", Some(p.as_fd())).unwrap();
+        let mut buf = [0u8; MAX_MESSAGE];
+        let (n, fd) = recv_msg(b.as_fd(), &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"hello");
+        // the received fd is the same socket: a message sent on it arrives at q
+        send_msg(fd.unwrap().as_fd(), b"x", None).unwrap();
+        let (n, fd) = recv_msg(q.as_fd(), &mut buf).unwrap();
+        assert_eq!((n, fd.is_none()), (1, true));
+        drop(a);
+        assert_eq!(recv_msg(b.as_fd(), &mut buf).unwrap().0, 0);
+    }
+
+    #[test]
+    fn oversized_messages_are_rejected() {
+        let (a, b) = socketpair().unwrap();
+        send_msg(a.as_fd(), &[0u8; 100], None).unwrap();
+        let mut buf = [0u8; MAX_MESSAGE];
+        assert!(recv_msg(b.as_fd(), &mut buf).is_err());
+    }
+
+    #[test]
+    fn peer_uid_is_ours() {
+        let (a, _b) = socketpair().unwrap();
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(peer_uid(a.as_fd()).unwrap(), unsafe { libc::geteuid() });
+    }
+}

@@ -1,0 +1,79 @@
+//! The segment checksum: one definition for the CPU path (here) and the GPU kernel
+//! (`kernels/checksum.cu`, next to come), which must return the same value.
+//!
+//! The range is read as little-endian 64-bit words `w[i]` (the last one zero-padded), each mixed
+//! with its index by the SplitMix64 finalizer, and the results are added modulo 2^64:
+//!
+//! ```text
+//! checksum = Σ mix(w[i] ^ (i * 0x9E3779B97F4A7C15))   (wrapping)
+//! ```
+//!
+//! Addition is associative and commutative, so any split of the range (threads, thread blocks,
+//! chunks, parallel workers) combines to the same value; mixing with the index makes it
+//! sensitive to the order of words as well as to their values.
+
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+#[inline]
+pub fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[inline]
+fn term(word: u64, index: u64) -> u64 {
+    mix(word ^ index.wrapping_mul(GOLDEN))
+}
+
+/// Checksum of `bytes`, whose first word has index `first_word` (0 for a whole range).
+pub fn checksum(bytes: &[u8], first_word: u64) -> u64 {
+    let mut sum = 0u64;
+    let mut chunks = bytes.chunks_exact(8);
+    let mut i = first_word;
+    for c in &mut chunks {
+        sum = sum.wrapping_add(term(u64::from_le_bytes(c.try_into().unwrap()), i));
+        i += 1;
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut w = [0u8; 8];
+        w[..rest.len()].copy_from_slice(rest);
+        sum = sum.wrapping_add(term(u64::from_le_bytes(w), i));
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_values() {
+        assert_eq!(checksum(&[], 0), 0);
+        // one zero word at index 0: mix(0) == 0
+        assert_eq!(checksum(&[0u8; 8], 0), 0);
+        assert_eq!(checksum(&[1], 0), mix(1));
+        assert_eq!(checksum(&1u64.to_le_bytes(), 1), mix(1 ^ GOLDEN));
+    }
+
+    #[test]
+    fn splits_combine() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        let whole = checksum(&data, 0);
+        for split in [8usize, 800, 4096, 9992] {
+            let a = checksum(&data[..split], 0);
+            let b = checksum(&data[split..], (split / 8) as u64);
+            assert_eq!(a.wrapping_add(b), whole, "split at {split}");
+        }
+    }
+
+    #[test]
+    fn order_matters() {
+        let mut data = vec![0u8; 64];
+        data[0] = 1;
+        let a = checksum(&data, 0);
+        data.swap(0, 8);
+        assert_ne!(a, checksum(&data, 0));
+    }
+}

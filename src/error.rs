@@ -1,0 +1,126 @@
+//! Errors of the plain-Rust layers, each carrying the SQLSTATE it is reported with.
+//!
+//! The registry, broker, provider and segment modules never call into PostgreSQL; they return
+//! `UvmError`, and only the SQL layer (`crate::sql`) turns one into an `ereport(ERROR)`. Every
+//! variant of [`Code`] maps to a specific SQLSTATE, never `XX000`: an error a user can cause is
+//! one a user can read and act on.
+
+use std::fmt;
+
+/// The SQLSTATE classes this extension reports. Names follow PostgreSQL's `errcodes.txt`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Code {
+    /// 22023: a size, offset, tier or option that can never be valid.
+    InvalidParameterValue,
+    /// 2202E: an offset or length outside the segment's current size.
+    OutOfRange,
+    /// 42602: an empty name.
+    InvalidName,
+    /// 42622: a name longer than `NAMEDATALEN - 1` bytes.
+    NameTooLong,
+    /// 42704: no segment of that name.
+    UndefinedObject,
+    /// 42710: a segment of that name exists already.
+    DuplicateObject,
+    /// 42501: the caller lacks the owner role's privileges.
+    InsufficientPrivilege,
+    /// 54000: over the maximum segment size or another hard limit.
+    ProgramLimitExceeded,
+    /// 53400: the registry is full; a GUC raises the limit.
+    ConfigurationLimitExceeded,
+    /// 53200: the provider could not allocate memory.
+    OutOfMemory,
+    /// 55006: the segment is pinned by another process.
+    ObjectInUse,
+    /// 55000: the extension is not set up (not preloaded, broker not running).
+    ObjectNotInPrerequisiteState,
+    /// 0A000: a tier or operation this provider does not have.
+    FeatureNotSupported,
+    /// 57014: a wait (pins to drain) ran out of time.
+    QueryCanceled,
+    /// 58000: an operating-system call failed.
+    SystemError,
+    /// 08P01: the broker answered something that is not the protocol.
+    ProtocolViolation,
+}
+
+impl Code {
+    /// The five-character SQLSTATE.
+    pub fn sqlstate(self) -> &'static str {
+        match self {
+            Code::InvalidParameterValue => "22023",
+            Code::OutOfRange => "2202E",
+            Code::InvalidName => "42602",
+            Code::NameTooLong => "42622",
+            Code::UndefinedObject => "42704",
+            Code::DuplicateObject => "42710",
+            Code::InsufficientPrivilege => "42501",
+            Code::ProgramLimitExceeded => "54000",
+            Code::ConfigurationLimitExceeded => "53400",
+            Code::OutOfMemory => "53200",
+            Code::ObjectInUse => "55006",
+            Code::ObjectNotInPrerequisiteState => "55000",
+            Code::FeatureNotSupported => "0A000",
+            Code::QueryCanceled => "57014",
+            Code::SystemError => "58000",
+            Code::ProtocolViolation => "08P01",
+        }
+    }
+}
+
+/// An error with its SQLSTATE, message, and optional detail and hint (as `ereport` has them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UvmError {
+    pub code: Code,
+    pub message: String,
+    pub detail: Option<String>,
+    pub hint: Option<String>,
+}
+
+pub type Result<T> = std::result::Result<T, UvmError>;
+
+impl UvmError {
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        UvmError { code, message: message.into(), detail: None, hint: None }
+    }
+
+    pub fn detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+
+    pub fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    /// An OS error from `errno`, reported as 58000 (53200 for ENOMEM/ENOSPC).
+    pub fn os(what: impl fmt::Display, err: std::io::Error) -> Self {
+        let code = match err.raw_os_error() {
+            Some(libc::ENOMEM) | Some(libc::ENOSPC) => Code::OutOfMemory,
+            _ => Code::SystemError,
+        };
+        UvmError::new(code, format!("{what}: {err}"))
+    }
+
+    /// `errno` of the last failed libc call.
+    pub fn last_os(what: impl fmt::Display) -> Self {
+        Self::os(what, std::io::Error::last_os_error())
+    }
+}
+
+impl fmt::Display for UvmError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.message, self.code.sqlstate())
+    }
+}
+
+impl std::error::Error for UvmError {}
+
+/// Shorthand: `err!(Code::X, "format {}", args)`.
+#[macro_export]
+macro_rules! uvm_err {
+    ($code:expr, $($fmt:tt)+) => {
+        $crate::error::UvmError::new($code, format!($($fmt)+))
+    };
+}

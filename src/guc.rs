@@ -1,0 +1,118 @@
+//! Configuration: every setting lives under the reserved prefix `pg_uvm_share.`.
+//!
+//! Capacities and the provider are fixed at postmaster start (`PGC_POSTMASTER`), because they
+//! size shared memory and the inherited address arena. Chunk sizing, the maximum segment size
+//! and the device budget may change on reload (`PGC_SIGHUP`); they apply to later operations.
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
+use pgrx::pg_sys;
+
+pub const MIB: u64 = 1 << 20;
+
+/// Which provider backs new chunks.
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ProviderChoice {
+    /// CUDA when libcuda loads and the device can share VMM memory; else host.
+    Auto,
+    /// memfd chunks, CPU only.
+    Host,
+    /// CUDA VMM chunks; an error where CUDA is unusable.
+    Cuda,
+}
+
+pub static MAX_SEGMENTS: GucSetting<i32> = GucSetting::<i32>::new(256);
+pub static MAX_CHUNKS: GucSetting<i32> = GucSetting::<i32>::new(4096);
+pub static MAX_ATTACHMENTS: GucSetting<i32> = GucSetting::<i32>::new(4096);
+pub static MIN_CHUNK_SIZE_MB: GucSetting<i32> = GucSetting::<i32>::new(2);
+pub static MAX_SEGMENT_SIZE_MB: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
+pub static DEVICE_MEMORY_LIMIT_MB: GucSetting<i32> = GucSetting::<i32>::new(-1);
+pub static PROVIDER: GucSetting<ProviderChoice> = GucSetting::<ProviderChoice>::new(ProviderChoice::Auto);
+
+/// Registers every GUC and reserves the prefix. Called once from `_PG_init`.
+pub fn define() {
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.max_segments",
+        c"Maximum number of shared segments in the cluster.",
+        c"Sizes the registry in shared memory.",
+        &MAX_SEGMENTS,
+        1,
+        65536,
+        GucContext::Postmaster,
+        GucFlags::empty(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.max_chunks",
+        c"Maximum number of chunks over all shared segments.",
+        c"Sizes the registry's chunk table in shared memory.",
+        &MAX_CHUNKS,
+        1,
+        1 << 20,
+        GucContext::Postmaster,
+        GucFlags::empty(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.max_attachments",
+        c"Maximum number of (process, segment) attachments shown in uvm.attachments.",
+        c"Each process that maps a segment takes one slot until it detaches or exits.",
+        &MAX_ATTACHMENTS,
+        16,
+        1 << 20,
+        GucContext::Postmaster,
+        GucFlags::empty(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.min_chunk_size",
+        c"Size of a segment's first growth chunk; later chunks double every two chunks.",
+        c"Rounded up to the provider's granularity (2 MB).",
+        &MIN_CHUNK_SIZE_MB,
+        2,
+        1024,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.max_segment_size",
+        c"Largest maximum size a segment may have.",
+        c"Each segment reserves address space for its maximum size; the arena reserved at \
+          start-up is max_segments times this, up to 64 TB.",
+        &MAX_SEGMENT_SIZE_MB,
+        2,
+        i32::MAX,
+        GucContext::Postmaster,
+        GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.device_memory_limit",
+        c"Device-tier bytes all segments together may commit; -1 means the GPU's memory.",
+        c"Chunks of tier auto spill to the host tier beyond it.",
+        &DEVICE_MEMORY_LIMIT_MB,
+        -1,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_enum_guc(
+        c"pg_uvm_share.provider",
+        c"Memory provider: auto, host (memfd) or cuda (CUDA VMM).",
+        c"auto picks cuda when libcuda loads and supports VMM with POSIX fds.",
+        &PROVIDER,
+        GucContext::Postmaster,
+        GucFlags::empty(),
+    );
+    // SAFETY: called from _PG_init in the main thread, with a static C string.
+    unsafe { pg_sys::MarkGUCPrefixReserved(c"pg_uvm_share".as_ptr()) };
+}
+
+pub fn min_chunk_size() -> u64 {
+    MIN_CHUNK_SIZE_MB.get().max(1) as u64 * MIB
+}
+
+pub fn max_segment_size() -> u64 {
+    MAX_SEGMENT_SIZE_MB.get().max(1) as u64 * MIB
+}
+
+/// The device budget in bytes, `None` for "whatever the GPU has".
+pub fn device_memory_limit() -> Option<u64> {
+    let v = DEVICE_MEMORY_LIMIT_MB.get();
+    (v >= 0).then(|| v as u64 * MIB)
+}

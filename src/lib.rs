@@ -1,0 +1,34 @@
+//! pg_uvm_share: shared managed memory segments for PostgreSQL.
+//!
+//! The crate is layered so that the architecture is visible in the module tree:
+//!
+//! - [`registry`]: the table of segments and chunks in PostgreSQL shared memory.
+//! - [`broker`]: the background worker that holds every chunk's fd, and its protocol.
+//! - [`provider`]: where chunk memory comes from (memfd now, CUDA VMM next) and how it is mapped.
+//! - [`segment`]: one process's attachments, the pin/generation protocol, growth and drop.
+//! - [`checksum`]: the segment checksum shared by the CPU and GPU paths.
+//! - [`sql`]: the thin pgrx layer: `_PG_init`, GUCs, SQL functions and views in schema `uvm`.
+//!
+//! Everything but `sql`, `guc`, `registry::shmem` and `broker::worker` is plain Rust, unit-tested
+//! by `cargo test` without PostgreSQL. `docs/ARCHITECTURE.md` tells the whole story.
+
+pub mod broker;
+pub mod checksum;
+pub mod error;
+pub mod guc;
+pub mod provider;
+pub mod registry;
+pub mod segment;
+pub mod sql;
+
+::pgrx::pg_module_magic!();
+
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec!["shared_preload_libraries = 'pg_uvm_share'"]
+    }
+}

@@ -1,0 +1,168 @@
+//! The host provider: chunks are memfds, mapped `MAP_SHARED` into the segment's reservation.
+//!
+//! It has one tier, `host`. It runs anywhere Linux runs, which is what lets CI exercise the whole
+//! design (registry, broker, fd passing, lazy attachment, growth, pins, crash-restart) without a
+//! GPU. A memfd's pages are allocated on first touch and freed when its last fd is closed and its
+//! last mapping unmapped.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use super::{make_inaccessible, tier_unavailable, Capabilities, Provider, ProviderKind, Reservation, GRANULARITY};
+use crate::error::{Result, UvmError};
+use crate::registry::Tier;
+
+pub struct HostProvider;
+
+impl Provider for HostProvider {
+    fn kind(&self) -> ProviderKind {
+        ProviderKind::Host
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            tiers: vec![Tier::Host],
+            granularity: GRANULARITY,
+            gpu_kernels: false,
+            details: vec![("chunk_backing".into(), "memfd".into())],
+        }
+    }
+
+    fn reserve(&self, hint: u64, size: u64, in_arena: bool) -> Result<Reservation> {
+        if in_arena {
+            // The range is already reserved (inherited from the postmaster) and ours alone.
+            return Ok(Reservation { addr: hint, size, in_arena: true });
+        }
+        // SAFETY: without MAP_FIXED the kernel never replaces an existing mapping; the hint is
+        // only a preference.
+        let p = unsafe {
+            libc::mmap(
+                hint as *mut libc::c_void,
+                size as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(UvmError::last_os(format!("could not reserve {size} bytes of address space")));
+        }
+        Ok(Reservation { addr: p as u64, size, in_arena: false })
+    }
+
+    fn release_reservation(&self, r: &Reservation) {
+        if r.in_arena {
+            let _ = make_inaccessible(r.addr, r.size);
+        } else {
+            // SAFETY: the reservation was created by `reserve` and is released once.
+            unsafe { libc::munmap(r.addr as *mut libc::c_void, r.size as usize) };
+        }
+    }
+
+    fn create_chunk(&self, tier: Tier, size: u64) -> Result<OwnedFd> {
+        if tier != Tier::Host {
+            return Err(tier_unavailable(tier, ProviderKind::Host));
+        }
+        // SAFETY: memfd_create with a static name; the returned fd is owned below.
+        let fd = unsafe { libc::memfd_create(c"pg_uvm_share chunk".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(UvmError::last_os("memfd_create failed"));
+        }
+        // SAFETY: fd is a fresh descriptor owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate on our own memfd.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } != 0 {
+            return Err(UvmError::last_os(format!("could not size a {size}-byte chunk")));
+        }
+        Ok(fd)
+    }
+
+    fn map_chunk(&self, fd: BorrowedFd<'_>, tier: Tier, addr: u64, size: u64) -> Result<()> {
+        if tier != Tier::Host {
+            return Err(tier_unavailable(tier, ProviderKind::Host));
+        }
+        // SAFETY: `addr..addr+size` lies inside a reservation this process owns (the segment
+        // layer guarantees it), so MAP_FIXED replaces only our own PROT_NONE pages.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(UvmError::last_os(format!("could not map a {size}-byte chunk")));
+        }
+        Ok(())
+    }
+
+    fn unmap_chunk(&self, addr: u64, size: u64, _tier: Tier) {
+        let _ = make_inaccessible(addr, size);
+    }
+
+    unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) -> Result<()> {
+        // SAFETY: the caller guarantees both ranges are mapped and disjoint.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::reserve_arena;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn chunks_map_into_a_reservation_and_share_bytes() {
+        let p = HostProvider;
+        let r = p.reserve(0, 3 * GRANULARITY, false).unwrap();
+        let a = p.create_chunk(Tier::Host, GRANULARITY).unwrap();
+        let b = p.create_chunk(Tier::Host, 2 * GRANULARITY).unwrap();
+        p.map_chunk(a.as_fd(), Tier::Host, r.addr, GRANULARITY).unwrap();
+        p.map_chunk(b.as_fd(), Tier::Host, r.addr + GRANULARITY, 2 * GRANULARITY).unwrap();
+        // The segment is contiguous across the chunk boundary.
+        let base = r.addr as *mut u8;
+        // SAFETY: the whole reservation is mapped read-write above.
+        unsafe {
+            std::ptr::write_bytes(base.add(GRANULARITY as usize - 4), 0xab, 8);
+            assert_eq!(*base.add(GRANULARITY as usize + 3), 0xab);
+        }
+        // A second mapping of the same fd (as another process would have) sees the same bytes.
+        let r2 = p.reserve(0, GRANULARITY, false).unwrap();
+        p.map_chunk(b.as_fd(), Tier::Host, r2.addr, GRANULARITY).unwrap();
+        // SAFETY: mapped above.
+        unsafe { assert_eq!(*(r2.addr as *const u8).add(3), 0xab) };
+        p.unmap_chunk(r2.addr, GRANULARITY, Tier::Host);
+        p.release_reservation(&r2);
+        p.unmap_chunk(r.addr, 3 * GRANULARITY, Tier::Host);
+        p.release_reservation(&r);
+    }
+
+    #[test]
+    fn device_tier_is_refused() {
+        let e = HostProvider.create_chunk(Tier::Device, GRANULARITY).unwrap_err();
+        assert_eq!(e.code, crate::error::Code::FeatureNotSupported);
+    }
+
+    #[test]
+    fn arena_is_aligned_and_usable() {
+        let arena = reserve_arena(64 * GRANULARITY);
+        assert_eq!(arena.base % GRANULARITY, 0);
+        assert_eq!(arena.size, 64 * GRANULARITY);
+        let p = HostProvider;
+        let r = p.reserve(arena.base + 4 * GRANULARITY, GRANULARITY, true).unwrap();
+        assert_eq!(r.addr, arena.base + 4 * GRANULARITY);
+        let c = p.create_chunk(Tier::Host, GRANULARITY).unwrap();
+        p.map_chunk(c.as_fd(), Tier::Host, r.addr, GRANULARITY).unwrap();
+        // SAFETY: mapped above.
+        unsafe { *(r.addr as *mut u64) = 7 };
+        p.unmap_chunk(r.addr, GRANULARITY, Tier::Host);
+        p.release_reservation(&r);
+        // SAFETY: the arena was reserved by this test.
+        unsafe { libc::munmap(arena.base as *mut libc::c_void, arena.size as usize) };
+    }
+}

@@ -1,0 +1,167 @@
+//! Providers: where chunk memory comes from, and how a process maps it.
+//!
+//! # Design
+//!
+//! A provider turns "a chunk of N bytes in tier T" into a file descriptor that any process of the
+//! cluster can map, and maps such an fd at a given address of a reserved range. It is the only
+//! part of pg_uvm_share that knows whether memory is a memfd or a CUDA VMM allocation; the
+//! registry, the broker and the segment layer deal in chunk ids, fds, offsets and tiers.
+//!
+//! The operations are exactly those the segment layer needs:
+//!
+//! | operation | host provider (`host.rs`) | CUDA provider (next) |
+//! | --- | --- | --- |
+//! | `reserve(hint, size)` | inside the inherited arena: nothing to do; else `mmap(PROT_NONE)` | `cuMemAddressReserve(hint)` |
+//! | `create_chunk(tier, size)` | `memfd_create` + `ftruncate` | `cuMemCreate` + export POSIX fd |
+//! | `map_chunk(fd, addr)` | `mmap(MAP_FIXED|MAP_SHARED)` over the reservation | import + `cuMemMap` + `cuMemSetAccess` |
+//! | `unmap_chunk(addr)` | `mmap(PROT_NONE, MAP_FIXED)` back over it | `cuMemUnmap` |
+//! | `release_reservation` | `PROT_NONE` again (arena) or `munmap` | `cuMemAddressFree` |
+//! | `copy(dst, src)` | `memcpy` | `cuMemcpy`, per chunk |
+//!
+//! Releasing a chunk's memory is closing the last fd and unmapping the last mapping; the broker
+//! holds the fd that keeps it alive, so "release" is the broker's `RELEASE` request.
+//!
+//! # The arena
+//!
+//! In the postmaster, `_PG_init` reserves one large `PROT_NONE` range (no memory, no swap: only
+//! address space). Every backend, parallel worker and background worker is forked from the
+//! postmaster and so inherits the very same range, and the registry hands each segment a disjoint
+//! sub-range of it. Mapping chunks with `MAP_FIXED` inside one's own copy of the arena therefore
+//! puts a segment at the same address in every process, with no race against other mappings.
+//! Outside the arena (it could not be reserved, or is full) the registry's base address is a
+//! hint, and a process that does not get it records `same_address = false`; offsets stay valid.
+
+pub mod host;
+
+use std::os::fd::{BorrowedFd, OwnedFd};
+
+use crate::error::{Code, Result, UvmError};
+use crate::registry::{Arena, Tier};
+
+/// Mapping granularity of every provider: CUDA VMM's (2 MiB) is also used for memfds so that a
+/// segment's layout does not depend on the provider.
+pub const GRANULARITY: u64 = 2 << 20;
+
+/// Which provider backs this process's chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProviderKind {
+    Host,
+    Cuda,
+}
+
+impl ProviderKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ProviderKind::Host => "host",
+            ProviderKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// A reserved address range in this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub addr: u64,
+    pub size: u64,
+    /// The range lies in the inherited arena (not to be unmapped, only reset to PROT_NONE).
+    pub in_arena: bool,
+}
+
+/// What `uvm.device_info()` reports about a provider.
+#[derive(Clone, Debug, Default)]
+pub struct Capabilities {
+    pub tiers: Vec<Tier>,
+    pub granularity: u64,
+    pub gpu_kernels: bool,
+    /// Name/value pairs particular to the provider (GPU name, driver, memory, ...).
+    pub details: Vec<(String, String)>,
+}
+
+/// The seam between the segment layer and the memory behind it. See the module documentation.
+pub trait Provider {
+    fn kind(&self) -> ProviderKind;
+    fn capabilities(&self) -> Capabilities;
+    /// Reserves `size` bytes of address space, at `hint` if possible (`hint == 0`: anywhere).
+    fn reserve(&self, hint: u64, size: u64, in_arena: bool) -> Result<Reservation>;
+    /// Gives a reservation back; every chunk in it must be unmapped first.
+    fn release_reservation(&self, r: &Reservation);
+    /// Allocates a chunk and returns an fd another process can map.
+    fn create_chunk(&self, tier: Tier, size: u64) -> Result<OwnedFd>;
+    /// Maps a chunk at `addr` (inside a reservation), readable and writable by this process.
+    fn map_chunk(&self, fd: BorrowedFd<'_>, tier: Tier, addr: u64, size: u64) -> Result<()>;
+    /// Unmaps a chunk, leaving its addresses reserved.
+    fn unmap_chunk(&self, addr: u64, size: u64, tier: Tier);
+    /// Copies between mapped chunks (or between a chunk and private memory).
+    ///
+    /// # Safety
+    /// Both ranges must be mapped for `len` bytes and not overlap.
+    unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) -> Result<()>;
+}
+
+/// Reserves the arena in the postmaster. On failure the arena is empty and segments fall back on
+/// address hints.
+pub fn reserve_arena(size: u64) -> Arena {
+    let size = size / GRANULARITY * GRANULARITY;
+    if size == 0 {
+        return Arena::default();
+    }
+    // Over-reserve by one granule so that the start can be aligned.
+    let len = size + GRANULARITY;
+    // SAFETY: an anonymous PROT_NONE, MAP_NORESERVE mapping at an address of the kernel's
+    // choosing touches no existing mapping and commits no memory.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Arena::default();
+    }
+    let start = p as u64;
+    let aligned = start.div_ceil(GRANULARITY) * GRANULARITY;
+    // SAFETY: both trims lie inside the mapping just created and nothing else uses them.
+    unsafe {
+        if aligned > start {
+            libc::munmap(p, (aligned - start) as usize);
+        }
+        let tail = (start + len) - (aligned + size);
+        if tail > 0 {
+            libc::munmap((aligned + size) as *mut libc::c_void, tail as usize);
+        }
+    }
+    Arena { base: aligned, size }
+}
+
+/// Resets `[addr, addr + size)` to reserved, inaccessible address space.
+pub(crate) fn make_inaccessible(addr: u64, size: u64) -> Result<()> {
+    // SAFETY: the caller owns this range (a reservation of its own or its arena sub-range);
+    // MAP_FIXED replaces whatever was mapped there with fresh PROT_NONE pages.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            size as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(UvmError::last_os("could not reset reserved address range"));
+    }
+    Ok(())
+}
+
+/// Error for a tier this provider does not have.
+pub fn tier_unavailable(tier: Tier, kind: ProviderKind) -> UvmError {
+    UvmError::new(
+        Code::FeatureNotSupported,
+        format!("tier \"{}\" is not available with provider \"{}\"", tier.name(), kind.name()),
+    )
+    .hint("Use tier \"auto\" or \"host\", or run with pg_uvm_share.provider = cuda on a machine with a GPU.")
+}

@@ -1,0 +1,199 @@
+//! The registry's home in PostgreSQL main shared memory, and its LWLock as RAII guards.
+//!
+//! `_PG_init` (in the postmaster, under `shared_preload_libraries`) installs two hooks:
+//! `shmem_request_hook` asks for `Registry::size_for(capacity)` bytes and one named LWLock
+//! tranche; `shmem_startup_hook` formats the block with a fresh random epoch the first time
+//! (`found == false`), which also happens again after every crash-restart. Every process then
+//! reaches the registry through [`shared`] or [`exclusive`], which return guards that release the
+//! lock when dropped (unless PostgreSQL's error recovery already released all LWLocks).
+
+use std::ops::{Deref, DerefMut};
+use std::ptr::null_mut;
+
+use pgrx::pg_sys;
+
+use super::{Arena, Capacity, Registry};
+use crate::error::{Code, Result, UvmError};
+
+const SHMEM_NAME: &std::ffi::CStr = c"pg_uvm_share registry";
+const TRANCHE: &std::ffi::CStr = c"pg_uvm_share";
+
+static mut CAPACITY: Capacity = Capacity { max_segments: 0, max_chunks: 0, max_attachments: 0 };
+static mut ARENA: Arena = Arena { base: 0, size: 0 };
+static mut BASE: *mut u8 = null_mut();
+static mut LOCK: *mut pg_sys::LWLock = null_mut();
+static mut PREV_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
+static mut PREV_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
+
+/// Installs the shared memory hooks. Called once from `_PG_init` in the postmaster.
+pub fn install(cap: Capacity, arena: Arena) {
+    // SAFETY: _PG_init runs single-threaded in the postmaster, before any hook can fire.
+    unsafe {
+        CAPACITY = cap;
+        ARENA = arena;
+        PREV_REQUEST_HOOK = pg_sys::shmem_request_hook;
+        pg_sys::shmem_request_hook = Some(request_hook);
+        PREV_STARTUP_HOOK = pg_sys::shmem_startup_hook;
+        pg_sys::shmem_startup_hook = Some(startup_hook);
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn request_hook() {
+    // SAFETY: called by the postmaster in its request phase; the statics were set by install().
+    unsafe {
+        if let Some(prev) = PREV_REQUEST_HOOK {
+            prev();
+        }
+        pg_sys::RequestAddinShmemSpace(Registry::size_for(CAPACITY));
+        pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 1);
+    }
+}
+
+fn random_epoch() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: getrandom writes at most 8 bytes into `v`.
+    let n = unsafe { libc::getrandom(&mut v as *mut u64 as *mut libc::c_void, 8, 0) };
+    if n != 8 || v == 0 {
+        // fall back on time and pid: only uniqueness across restarts matters
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        v = t ^ ((std::process::id() as u64) << 48) | 1;
+    }
+    v
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn startup_hook() {
+    // SAFETY: called in the postmaster (and, after a crash, again) with shared memory attached;
+    // AddinShmemInitLock serializes initialization as PostgreSQL's own modules do.
+    unsafe {
+        if let Some(prev) = PREV_STARTUP_HOOK {
+            prev();
+        }
+        let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
+        pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let mut found = false;
+        let base = pg_sys::ShmemInitStruct(SHMEM_NAME.as_ptr(), Registry::size_for(CAPACITY), &mut found);
+        if !found {
+            Registry::init(base as *mut u8, CAPACITY, random_epoch(), ARENA);
+        }
+        BASE = base as *mut u8;
+        LOCK = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
+        pg_sys::LWLockRelease(init_lock);
+    }
+}
+
+fn attached() -> Result<(*mut u8, *mut pg_sys::LWLock)> {
+    // SAFETY: the statics are written once by the startup hook before any backend runs (and
+    // inherited through fork); reading them is race-free.
+    let (base, lock) = unsafe { (BASE, LOCK) };
+    if base.is_null() || lock.is_null() {
+        return Err(UvmError::new(
+            Code::ObjectNotInPrerequisiteState,
+            "pg_uvm_share is not loaded through shared_preload_libraries",
+        )
+        .hint("Add pg_uvm_share to shared_preload_libraries in postgresql.conf and restart the server."));
+    }
+    Ok((base, lock))
+}
+
+/// Whether the registry exists in this process (the library was preloaded).
+pub fn available() -> bool {
+    attached().is_ok()
+}
+
+/// The registry under a shared lock.
+pub struct SharedGuard {
+    reg: Registry,
+    lock: *mut pg_sys::LWLock,
+}
+
+/// The registry under the exclusive lock.
+pub struct ExclusiveGuard {
+    reg: Registry,
+    lock: *mut pg_sys::LWLock,
+}
+
+fn acquire(mode: pg_sys::LWLockMode::Type) -> Result<(Registry, *mut pg_sys::LWLock)> {
+    let (base, lock) = attached()?;
+    // SAFETY: `lock` is the registry's LWLock in shared memory; `base` was formatted by the
+    // startup hook. LWLockAcquire does not return until the lock is held.
+    unsafe {
+        pg_sys::LWLockAcquire(lock, mode);
+        Ok((Registry::from_raw(base), lock))
+    }
+}
+
+/// Takes the registry lock in shared mode.
+pub fn shared() -> Result<SharedGuard> {
+    let (reg, lock) = acquire(pg_sys::LWLockMode::LW_SHARED)?;
+    Ok(SharedGuard { reg, lock })
+}
+
+/// Takes the registry lock in exclusive mode.
+pub fn exclusive() -> Result<ExclusiveGuard> {
+    let (reg, lock) = acquire(pg_sys::LWLockMode::LW_EXCLUSIVE)?;
+    Ok(ExclusiveGuard { reg, lock })
+}
+
+/// Releases `lock` unless an `elog(ERROR)` is unwinding: then PostgreSQL's abort processing
+/// (`LWLockReleaseAll`) releases it, and releasing twice would fail.
+fn release(lock: *mut pg_sys::LWLock) {
+    // SAFETY: `lock` is the registry lock, held by this process; InterruptHoldoffCount is a
+    // process-local counter read from the main thread.
+    unsafe {
+        if pg_sys::InterruptHoldoffCount > 0 && pg_sys::LWLockHeldByMe(lock) {
+            pg_sys::LWLockRelease(lock);
+        }
+    }
+}
+
+/// Releases the registry lock if this process holds it (used by exit callbacks that may run
+/// after a FATAL error raised while the lock was held).
+pub fn release_if_held() {
+    if let Ok((_, lock)) = attached() {
+        // SAFETY: LWLockHeldByMe only reads this process's held-lock list.
+        if unsafe { pg_sys::LWLockHeldByMe(lock) } {
+            // SAFETY: held by this process, checked above.
+            unsafe { pg_sys::LWLockRelease(lock) };
+        }
+    }
+}
+
+impl Drop for SharedGuard {
+    fn drop(&mut self) {
+        release(self.lock)
+    }
+}
+impl Drop for ExclusiveGuard {
+    fn drop(&mut self) {
+        release(self.lock)
+    }
+}
+impl Deref for SharedGuard {
+    type Target = Registry;
+    fn deref(&self) -> &Registry {
+        &self.reg
+    }
+}
+impl Deref for ExclusiveGuard {
+    type Target = Registry;
+    fn deref(&self) -> &Registry {
+        &self.reg
+    }
+}
+impl DerefMut for ExclusiveGuard {
+    fn deref_mut(&mut self) -> &mut Registry {
+        &mut self.reg
+    }
+}
+
+/// The registry without taking the lock: only for operations on atomics (unpinning).
+pub fn unlocked() -> Result<Registry> {
+    let (base, _) = attached()?;
+    // SAFETY: base was formatted by the startup hook and stays mapped for the process's life.
+    Ok(unsafe { Registry::from_raw(base) })
+}

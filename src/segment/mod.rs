@@ -1,0 +1,602 @@
+//! Segments as one process sees them: lazy attachment, pins, growth, and drop.
+//!
+//! # Design
+//!
+//! Every process keeps a [`Segments`] manager: its provider, its connection to the broker, and
+//! one [`Attachment`] per segment it has mapped (the reservation, the chunks mapped in it, and
+//! the generation they correspond to). Nothing is mapped until a process first touches a
+//! segment, and only what changed since its last access is mapped then.
+//!
+//! # The pin / generation protocol
+//!
+//! Every access goes through [`Segments::pin`], which returns a [`Pin`] guard:
+//!
+//! 1. Under the shared registry lock: find the segment, check it is the one we think (id), add a
+//!    pin (an atomic counter in the segment and in this process's attachment slot), and copy the
+//!    chunk list and generation.
+//! 2. Without any lock: if the generation differs from what this process mapped, map the chunks
+//!    it lacks (fds from the broker), unmap chunks that were replaced, and record the new
+//!    generation in the attachment slot.
+//! 3. The caller uses the memory through the guard, bounded by the size in the snapshot.
+//! 4. Dropping the guard gives the pin back (no lock needed).
+//!
+//! Growth only appends chunks, so it never waits for pins: a process pinned at generation g keeps
+//! using the chunks of g, which stay valid. What removes or replaces chunks (a drop, and the
+//! migrations of the CUDA provider) needs the exclusive lock and a pin count of zero, so no
+//! process can be inside a chunk that disappears. Processes that still map a dropped segment
+//! notice that its id is gone at their next access of any segment, or at exit, and unmap it.
+//!
+//! # Lifecycle of an attachment
+//!
+//! created at the first pin (reserve the address range: the segment's own range of the
+//! inherited arena, or a hinted reservation) → remapped on demand when the generation moves →
+//! removed when the segment is dropped (by this process: at once; by another: at the next sweep)
+//! or when the process exits (`detach_all`, from a `before_shmem_exit` callback), which also
+//! gives back any pins still held, so that a process dying in an ERROR or FATAL path leaves no
+//! pin behind. A SIGKILLed process leaves the registry to the postmaster's crash-restart.
+//!
+//! This module does not call PostgreSQL: the registry lock and the process identity come through
+//! the [`Env`] trait, implemented over LWLocks by the SQL layer and over a mutex in the tests.
+
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::broker::client::Client;
+use crate::error::{Code, Result, UvmError};
+use crate::provider::{Provider, Reservation, GRANULARITY};
+use crate::registry::{next_chunk_size, round_up, ChunkInfo, NewSegment, PendingChunk, Registry, SegmentInfo, Tier, TierPref};
+use crate::uvm_err;
+
+#[cfg(test)]
+mod tests;
+
+/// What the segment layer needs from its host process.
+pub trait Env {
+    type Shared: Deref<Target = Registry>;
+    type Exclusive: DerefMut<Target = Registry>;
+    /// The registry under its shared lock.
+    fn shared(&self) -> Result<Self::Shared>;
+    /// The registry under its exclusive lock.
+    fn exclusive(&self) -> Result<Self::Exclusive>;
+    /// The registry without the lock, for atomic unpins only.
+    fn unlocked(&self) -> Result<Registry>;
+    /// This process's id as the registry records it.
+    fn pid(&self) -> i32;
+    /// Path of the broker's socket.
+    fn broker_path(&self) -> PathBuf;
+}
+
+/// Size limits that come from configuration.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub min_chunk: u64,
+    pub max_segment_size: u64,
+    /// Device-tier budget in bytes (None: the provider's own limit).
+    pub device_limit: Option<u64>,
+}
+
+/// A segment mapped in this process.
+#[derive(Debug)]
+pub struct Attachment {
+    pub segment_id: u64,
+    pub reservation: Reservation,
+    /// Chunks mapped in the reservation, by offset.
+    pub mapped: Vec<ChunkInfo>,
+    pub generation: u64,
+    pub att_slot: u32,
+    pub same_address: bool,
+}
+
+/// A pinned, mapped segment: the memory stays valid until the guard is dropped.
+pub struct Pin<'a, E: Env> {
+    env: &'a E,
+    slot: u32,
+    att: u32,
+    released: bool,
+    pub info: SegmentInfo,
+    pub base: *mut u8,
+    /// Milliseconds spent mapping chunks for this pin (0 when the mapping was current).
+    pub map_ms: f64,
+}
+
+impl<E: Env> Pin<'_, E> {
+    /// Checks `[offset, offset + len)` against the segment's size and returns it as a range.
+    pub fn check_range(&self, offset: i64, len: i64) -> Result<(usize, usize)> {
+        if offset < 0 {
+            return Err(uvm_err!(Code::InvalidParameterValue, "offset must not be negative: {offset}"));
+        }
+        if len < 0 {
+            return Err(uvm_err!(Code::InvalidParameterValue, "length must not be negative: {len}"));
+        }
+        let (o, l) = (offset as u64, len as u64);
+        match o.checked_add(l) {
+            Some(end) if end <= self.info.size => Ok((o as usize, l as usize)),
+            _ => Err(uvm_err!(
+                Code::OutOfRange,
+                "range [{offset}, {offset} + {len}) is outside segment \"{}\" of {} bytes",
+                self.info.name,
+                self.info.size
+            )),
+        }
+    }
+
+    /// The bytes `[offset, offset + len)`, bounds-checked.
+    pub fn bytes(&self, offset: i64, len: i64) -> Result<&[u8]> {
+        let (o, l) = self.check_range(offset, len)?;
+        // SAFETY: the range lies within `info.size`, which the mapped chunks cover, and the pin
+        // keeps those chunks mapped for the guard's lifetime.
+        Ok(unsafe { std::slice::from_raw_parts(self.base.add(o), l) })
+    }
+
+    /// The bytes `[offset, offset + len)` for writing, bounds-checked.
+    pub fn bytes_mut(&mut self, offset: i64, len: i64) -> Result<&mut [u8]> {
+        let (o, l) = self.check_range(offset, len)?;
+        // SAFETY: as in `bytes`; concurrent writers to a segment are the user's business, as
+        // for any shared memory; the range is mapped read-write.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.base.add(o), l) })
+    }
+
+    /// Keeps the pin past the guard's life (a session pin); `Segments::unpin_session` ends it.
+    fn into_session(mut self) -> (u32, u32) {
+        self.released = true;
+        (self.slot, self.att)
+    }
+}
+
+impl<E: Env> Drop for Pin<'_, E> {
+    fn drop(&mut self) {
+        if !self.released {
+            if let Ok(reg) = self.env.unlocked() {
+                reg.unpin_attached(self.slot, self.att);
+            }
+        }
+    }
+}
+
+/// One process's view of every segment it uses. See the module documentation.
+pub struct Segments<E: Env> {
+    pub env: E,
+    provider: Box<dyn Provider>,
+    broker: Option<Client>,
+    attachments: HashMap<u64, Attachment>,
+    /// Session pins (uvm.pin_segment): segment id -> (slot, attachment slot, count).
+    session_pins: HashMap<u64, (u32, u32, u32)>,
+    pub limits: Limits,
+}
+
+/// How long a process waits for the broker to come up (it starts with the postmaster).
+const BROKER_WAIT: Duration = Duration::from_secs(10);
+
+impl<E: Env> Segments<E> {
+    pub fn new(env: E, provider: Box<dyn Provider>, limits: Limits) -> Self {
+        Segments { env, provider, broker: None, attachments: HashMap::new(), session_pins: HashMap::new(), limits }
+    }
+
+    pub fn provider(&self) -> &dyn Provider {
+        self.provider.as_ref()
+    }
+
+    pub fn attachments(&self) -> impl Iterator<Item = &Attachment> {
+        self.attachments.values()
+    }
+
+    fn broker(&mut self) -> Result<&Client> {
+        connected(&mut self.broker, &self.env.broker_path())
+    }
+
+    /// Runs a broker call; on an I/O failure reconnects once (the connection may be stale).
+    fn with_broker<T>(&mut self, f: impl Fn(&Client) -> Result<T>) -> Result<T> {
+        match f(self.broker()?) {
+            Err(e) if e.code == Code::SystemError && e.message.contains("could not") => {
+                self.broker = None;
+                f(self.broker()?)
+            }
+            r => r,
+        }
+    }
+
+    /// The tier a new chunk of `size` bytes gets under preference `pref`.
+    fn choose_tier(&self, reg: &Registry, pref: TierPref, size: u64) -> Result<Tier> {
+        let tiers = self.provider.capabilities().tiers;
+        let has_device = tiers.contains(&Tier::Device);
+        let budget_ok = |size: u64| match self.limits.device_limit {
+            Some(limit) => reg.tier_bytes(Tier::Device).saturating_add(size) <= limit,
+            None => true,
+        };
+        match pref {
+            TierPref::Host => Ok(Tier::Host),
+            TierPref::Auto => Ok(if has_device && budget_ok(size) { Tier::Device } else { Tier::Host }),
+            TierPref::Device if !has_device => Err(crate::provider::tier_unavailable(Tier::Device, self.provider.kind())),
+            TierPref::Device if !budget_ok(size) => Err(uvm_err!(
+                Code::ConfigurationLimitExceeded,
+                "a {size}-byte device chunk would exceed pg_uvm_share.device_memory_limit ({} bytes, {} in use)",
+                self.limits.device_limit.unwrap_or(0),
+                reg.tier_bytes(Tier::Device)
+            )
+            .hint("Use tier \"auto\" to spill to the host tier, or raise pg_uvm_share.device_memory_limit.")),
+            TierPref::Device => Ok(Tier::Device),
+        }
+    }
+
+    /// Validates a requested size (> 0, <= max), returning it as u64.
+    fn check_size(&self, what: &str, v: i64) -> Result<u64> {
+        if v <= 0 {
+            return Err(uvm_err!(Code::InvalidParameterValue, "{what} must be positive: {v}"));
+        }
+        if v as u64 > self.limits.max_segment_size {
+            return Err(uvm_err!(
+                Code::ProgramLimitExceeded,
+                "{what} {v} exceeds pg_uvm_share.max_segment_size ({} bytes)",
+                self.limits.max_segment_size
+            ));
+        }
+        Ok(v as u64)
+    }
+
+    /// Creates a segment of `size` bytes that may grow to `max_size`, owned by `owner`.
+    pub fn create(&mut self, name: &str, size: i64, max_size: Option<i64>, pref: TierPref, owner: u32, now: i64) -> Result<u64> {
+        crate::registry::validate_name(name)?;
+        let size = self.check_size("size", size)?;
+        let max_size = match max_size {
+            Some(m) => self.check_size("max_size", m)?,
+            None => self.limits.max_segment_size,
+        };
+        if max_size < size {
+            return Err(uvm_err!(Code::InvalidParameterValue, "max_size {max_size} is smaller than size {size}"));
+        }
+        if pref == TierPref::Device && !self.provider.capabilities().tiers.contains(&Tier::Device) {
+            return Err(crate::provider::tier_unavailable(Tier::Device, self.provider.kind()));
+        }
+        let reserve = round_up(max_size, GRANULARITY).expect("bounded by max_segment_size");
+        let (slot, id) = {
+            let mut reg = self.env.exclusive()?;
+            let spec = NewSegment { name, owner, max_size, reserve, tier_pref: pref, created_at: now, align: GRANULARITY };
+            let slot = reg.create_segment(&spec)?;
+            (slot, reg.info(slot).id)
+        };
+        if let Err(e) = self.grow_to(id, size) {
+            // Undo the half-created segment (nobody can have pinned it: it had no size yet).
+            if let Ok(mut reg) = self.env.exclusive() {
+                if reg.find_id(id) == Some(slot) {
+                    if let Ok(ids) = reg.drop_segment(slot) {
+                        drop(reg);
+                        self.release_chunks(&ids);
+                    }
+                }
+            }
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// Grows segment `name` to `new_size` bytes; returns the new size.
+    pub fn grow(&mut self, name: &str, new_size: i64, authorize: impl FnOnce(u32) -> Result<()>) -> Result<u64> {
+        let info = self.lookup(name)?;
+        authorize(info.owner)?;
+        if new_size < 0 || (new_size as u64) < info.size {
+            return Err(uvm_err!(
+                Code::InvalidParameterValue,
+                "segment \"{name}\" cannot shrink from {} to {new_size} bytes",
+                info.size
+            )
+            .hint("Segments only grow; create a new one for a smaller size."));
+        }
+        let new_size = new_size as u64;
+        if new_size > info.max_size {
+            return Err(uvm_err!(
+                Code::ProgramLimitExceeded,
+                "segment \"{name}\" cannot grow to {new_size} bytes: its max_size is {}",
+                info.max_size
+            ));
+        }
+        self.grow_to(info.id, new_size)?;
+        Ok(new_size)
+    }
+
+    /// Adds chunks until segment `id` covers `needed` bytes, then sets its size.
+    fn grow_to(&mut self, id: u64, needed: u64) -> Result<()> {
+        loop {
+            let (pending, epoch) = {
+                let mut reg = self.env.exclusive()?;
+                let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
+                let info = reg.info(slot);
+                if needed <= info.committed {
+                    reg.set_size(slot, needed);
+                    return Ok(());
+                }
+                let size = next_chunk_size(
+                    info.committed,
+                    info.chunks.len() as u32,
+                    needed,
+                    info.reserve,
+                    self.limits.min_chunk,
+                    GRANULARITY,
+                );
+                let tier = self.choose_tier(&reg, info.tier_pref, size)?;
+                (reg.reserve_chunk(slot, info.committed, size, tier)?, reg.epoch())
+            };
+            let mut guard = PendingGuard { segs: self, pending, handed_over: false, committed: false, epoch };
+            let fd = guard.segs.provider.create_chunk(pending.tier, pending.size)?;
+            guard.segs.with_broker(|b| b.put(epoch, pending.id, fd.as_fd()))?;
+            guard.handed_over = true;
+            drop(fd);
+            let committed = guard.segs.env.exclusive()?.commit_chunk(&pending, needed);
+            match committed {
+                Ok(_) => {
+                    guard.committed = true;
+                    return Ok(());
+                }
+                // another process grew the segment first: retry against the new layout
+                Err(e) if e.code == Code::ObjectInUse => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Asks the broker to close these chunks' fds; failures are left to its sweep.
+    fn release_chunks(&mut self, ids: &[u64]) {
+        let Ok(epoch) = self.env.shared().map(|r| r.epoch()) else { return };
+        for &id in ids {
+            let _ = self.with_broker(|b| b.release(epoch, id));
+        }
+    }
+
+    /// A snapshot of segment `name` (no pin).
+    pub fn lookup(&self, name: &str) -> Result<SegmentInfo> {
+        crate::registry::validate_name(name)?;
+        let reg = self.env.shared()?;
+        let slot = reg.lookup(name)?;
+        Ok(reg.info(slot))
+    }
+
+    /// Drops segment `name`. Fails with 55006 while any process holds a pin on it.
+    pub fn drop_segment(&mut self, name: &str, authorize: impl FnOnce(u32) -> Result<()>) -> Result<()> {
+        let info = self.lookup(name)?;
+        authorize(info.owner)?;
+        let ids = {
+            let mut reg = self.env.exclusive()?;
+            let slot = reg.find_id(info.id).ok_or_else(|| uvm_err!(Code::UndefinedObject, "segment \"{name}\" does not exist"))?;
+            reg.drop_segment(slot)?
+        };
+        self.detach(info.id);
+        self.release_chunks(&ids);
+        Ok(())
+    }
+
+    /// Unmaps segment `id` in this process and frees its attachment slot.
+    fn detach(&mut self, id: u64) {
+        if let Some(a) = self.attachments.remove(&id) {
+            for c in &a.mapped {
+                self.provider.unmap_chunk(a.reservation.addr + c.offset, c.size, c.tier);
+            }
+            self.provider.release_reservation(&a.reservation);
+            if let Ok(mut reg) = self.env.exclusive() {
+                reg.detach(a.att_slot);
+            }
+        }
+        self.session_pins.remove(&id);
+    }
+
+    /// Detaches every segment (process exit), giving back every pin this process holds.
+    pub fn detach_all(&mut self) {
+        let ids: Vec<u64> = self.attachments.keys().copied().collect();
+        for id in ids {
+            self.detach(id);
+        }
+        if let Ok(mut reg) = self.env.exclusive() {
+            reg.detach_process(self.env.pid());
+        }
+    }
+
+    /// Unmaps segments that no longer exist (dropped by another process).
+    fn sweep(&mut self, reg: &Registry) -> Vec<u64> {
+        self.attachments.keys().copied().filter(|&id| reg.find_id(id).is_none()).collect()
+    }
+
+    /// Pins segment `name` and maps whatever this process lacks. `authorize` sees the owner
+    /// role before anything is mapped.
+    pub fn pin(&mut self, name: &str, authorize: impl FnOnce(u32) -> Result<()>) -> Result<Pin<'_, E>> {
+        crate::registry::validate_name(name)?;
+        let (info, stale) = {
+            let reg = self.env.shared()?;
+            let slot = reg.lookup(name)?;
+            (reg.info(slot), self.sweep(&reg))
+        };
+        for id in stale {
+            self.detach(id);
+        }
+        authorize(info.owner)?;
+        self.ensure_attachment(&info)?;
+        let att = self.attachments[&info.id].att_slot;
+        // Pin, and take the snapshot that the pin protects.
+        let (info, epoch) = {
+            let reg = self.env.shared()?;
+            let slot = match reg.find_id(info.id) {
+                Some(s) => s,
+                None => return Err(uvm_err!(Code::UndefinedObject, "segment \"{name}\" does not exist")),
+            };
+            reg.pin_attached(slot, att);
+            (reg.info(slot), reg.epoch())
+        };
+        let mut pin = Pin { env: &self.env, slot: info.slot, att, released: false, base: std::ptr::null_mut(), map_ms: 0.0, info };
+        // From here on, an error drops `pin`, which gives the pin back.
+        let started = Instant::now();
+        let a = self.attachments.get_mut(&pin.info.id).expect("attached above");
+        if a.generation != pin.info.generation {
+            map_missing(self.provider.as_ref(), &mut self.broker, &self.env, a, &pin.info, epoch)?;
+            pin.map_ms = started.elapsed().as_secs_f64() * 1e3;
+        }
+        pin.base = a.reservation.addr as *mut u8;
+        Ok(pin)
+    }
+
+    /// Creates this process's attachment (reservation + registry slot) if it has none.
+    fn ensure_attachment(&mut self, info: &SegmentInfo) -> Result<()> {
+        if self.attachments.contains_key(&info.id) {
+            return Ok(());
+        }
+        let in_arena = self.env.shared()?.in_arena(info.slot);
+        let reservation = self.provider.reserve(info.base_hint, info.reserve, in_arena)?;
+        let same_address = info.base_hint == 0 || reservation.addr == info.base_hint;
+        let att_slot = {
+            let mut reg = match self.env.exclusive() {
+                Ok(r) => r,
+                Err(e) => {
+                    self.provider.release_reservation(&reservation);
+                    return Err(e);
+                }
+            };
+            if info.base_hint == 0 {
+                reg.set_base_hint(info.slot, reservation.addr);
+            }
+            match reg.attach(self.env.pid(), info.id, reservation.addr, same_address, 0) {
+                Ok(s) => s,
+                Err(e) => {
+                    drop(reg);
+                    self.provider.release_reservation(&reservation);
+                    return Err(e);
+                }
+            }
+        };
+        self.attachments.insert(
+            info.id,
+            Attachment { segment_id: info.id, reservation, mapped: Vec::new(), generation: 0, att_slot, same_address },
+        );
+        Ok(())
+    }
+
+    /// Moves the chunks covering `[offset, offset + length)` of `name` to tier `target`;
+    /// returns the bytes moved. The host provider has one tier, so there it only validates the
+    /// request (name, privileges, range, tier) and moves nothing.
+    pub fn prefetch(
+        &mut self,
+        name: &str,
+        offset: i64,
+        length: i64,
+        target: Tier,
+        authorize: impl FnOnce(u32) -> Result<()>,
+    ) -> Result<u64> {
+        let pin = self.pin(name, authorize)?;
+        let (start, len) = pin.check_range(offset, length)?;
+        let (start, end) = (start as u64, (start + len) as u64);
+        let to_move: u64 = pin
+            .info
+            .chunks
+            .iter()
+            .filter(|c| c.offset < end && start < c.offset + c.size && c.tier != target)
+            .map(|c| c.size)
+            .sum();
+        drop(pin);
+        if !self.provider.capabilities().tiers.contains(&target) {
+            return Err(crate::provider::tier_unavailable(target, self.provider.kind()));
+        }
+        if to_move > 0 {
+            return Err(uvm_err!(
+                Code::FeatureNotSupported,
+                "provider \"{}\" cannot migrate chunks between tiers",
+                self.provider.kind().name()
+            ));
+        }
+        Ok(0)
+    }
+
+    /// Takes a session pin (held until `unpin_session` or process exit).
+    pub fn pin_session(&mut self, name: &str, authorize: impl FnOnce(u32) -> Result<()>) -> Result<()> {
+        let pin = self.pin(name, authorize)?;
+        let id = pin.info.id;
+        let (slot, att) = pin.into_session();
+        self.session_pins.entry(id).or_insert((slot, att, 0)).2 += 1;
+        Ok(())
+    }
+
+    /// Releases one session pin on `name`; false if this session holds none.
+    pub fn unpin_session(&mut self, name: &str) -> Result<bool> {
+        let info = self.lookup(name)?;
+        let Some(entry) = self.session_pins.get_mut(&info.id) else { return Ok(false) };
+        self.env.unlocked()?.unpin_attached(entry.0, entry.1);
+        entry.2 -= 1;
+        if entry.2 == 0 {
+            self.session_pins.remove(&info.id);
+        }
+        Ok(true)
+    }
+}
+
+/// The broker connection in `slot`, connecting first if there is none. The broker starts with
+/// the postmaster, so a process may have to wait a little for its socket.
+fn connected<'a>(slot: &'a mut Option<Client>, path: &std::path::Path) -> Result<&'a Client> {
+    if slot.is_none() {
+        let start = Instant::now();
+        let client = loop {
+            match Client::connect(path) {
+                Ok(c) => break c,
+                Err(e) if start.elapsed() >= BROKER_WAIT => {
+                    return Err(e.hint("Is pg_uvm_share in shared_preload_libraries, and its broker running?"))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        };
+        *slot = Some(client);
+    }
+    Ok(slot.as_ref().expect("connected above"))
+}
+
+/// Maps the chunks of `info` that `a` lacks, unmapping chunks that were replaced, and records the
+/// generation. A free function so that it can borrow the manager's fields separately.
+fn map_missing<E: Env>(
+    provider: &dyn Provider,
+    broker: &mut Option<Client>,
+    env: &E,
+    a: &mut Attachment,
+    info: &SegmentInfo,
+    epoch: u64,
+) -> Result<()> {
+    // Chunks mapped here that the segment no longer has at the same offset: unmap them.
+    let (keep, gone): (Vec<ChunkInfo>, Vec<ChunkInfo>) = a.mapped.drain(..).partition(|m| info.chunks.contains(m));
+    for c in gone {
+        provider.unmap_chunk(a.reservation.addr + c.offset, c.size, c.tier);
+    }
+    a.mapped = keep;
+    for c in &info.chunks {
+        if a.mapped.contains(c) {
+            continue;
+        }
+        let fd = connected(broker, &env.broker_path())?.get(epoch, c.id)?;
+        provider.map_chunk(fd.as_fd(), c.tier, a.reservation.addr + c.offset, c.size)?;
+        a.mapped.push(*c);
+    }
+    a.mapped.sort_by_key(|c| c.offset);
+    a.generation = info.generation;
+    if let Ok(mut reg) = env.exclusive() {
+        reg.set_mapped_generation(a.att_slot, info.generation);
+    }
+    Ok(())
+}
+
+/// Undoes a pending chunk unless committed: forgets it in the registry and, if the broker already
+/// has its fd, asks the broker to close it.
+struct PendingGuard<'a, E: Env> {
+    segs: &'a mut Segments<E>,
+    pending: PendingChunk,
+    handed_over: bool,
+    committed: bool,
+    epoch: u64,
+}
+
+impl<E: Env> Drop for PendingGuard<'_, E> {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        if let Ok(mut reg) = self.segs.env.exclusive() {
+            reg.abort_chunk(&self.pending);
+        }
+        if self.handed_over {
+            let (epoch, id) = (self.epoch, self.pending.id);
+            let _ = self.segs.with_broker(|b| b.release(epoch, id));
+        }
+    }
+}

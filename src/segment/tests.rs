@@ -1,0 +1,297 @@
+//! The segment layer end to end, without PostgreSQL: a registry on the heap behind an RwLock, a
+//! real broker on a thread, and several managers standing in for several processes (each with
+//! its own reservations, so they map the same chunks at different addresses, as processes
+//! outside the arena would).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::*;
+use crate::broker::server::Server;
+use crate::provider::host::HostProvider;
+use crate::registry::{Arena, Capacity};
+
+const MIB: u64 = 1 << 20;
+
+struct World {
+    lock: &'static RwLock<()>,
+    base: *mut u8,
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    broker: Option<std::thread::JoinHandle<usize>>,
+}
+
+// SAFETY: test-only; the registry buffer is leaked and lives for the whole test run.
+unsafe impl Send for World {}
+unsafe impl Sync for World {}
+
+impl World {
+    fn new(tag: &str, arena: Arena) -> Arc<World> {
+        let cap = Capacity { max_segments: 8, max_chunks: 64, max_attachments: 16 };
+        let buf: &'static mut [u64] = Box::leak(vec![0u64; Registry::size_for(cap) / 8 + 1].into_boxed_slice());
+        let base = buf.as_mut_ptr() as *mut u8;
+        // SAFETY: the leaked buffer is large enough and used only through this world.
+        let reg = unsafe { Registry::init(base, cap, 7, arena) };
+        let dir = std::env::temp_dir().join(format!("uvm-seg-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("broker.sock");
+        let mut server = Server::bind(&path, reg.epoch()).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let broker = std::thread::spawn(move || {
+            while !stop2.load(Ordering::Relaxed) {
+                server.poll_once(10).unwrap();
+            }
+            server.broker.held()
+        });
+        Arc::new(World { lock: Box::leak(Box::new(RwLock::new(()))), base, path, stop, broker: Some(broker) })
+    }
+
+    /// Stops the broker; returns how many fds it still held.
+    fn finish(self: Arc<World>) -> usize {
+        let mut w = Arc::try_unwrap(self).ok().expect("world still shared");
+        w.stop.store(true, Ordering::Relaxed);
+        w.broker.take().unwrap().join().unwrap()
+    }
+}
+
+#[derive(Clone)]
+struct TestEnv {
+    world: Arc<World>,
+    pid: i32,
+}
+
+struct Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>, Registry);
+struct Excl(#[allow(dead_code)] RwLockWriteGuard<'static, ()>, Registry);
+impl Deref for Shared {
+    type Target = Registry;
+    fn deref(&self) -> &Registry {
+        &self.1
+    }
+}
+impl Deref for Excl {
+    type Target = Registry;
+    fn deref(&self) -> &Registry {
+        &self.1
+    }
+}
+impl DerefMut for Excl {
+    fn deref_mut(&mut self) -> &mut Registry {
+        &mut self.1
+    }
+}
+
+impl Env for TestEnv {
+    type Shared = Shared;
+    type Exclusive = Excl;
+    fn shared(&self) -> Result<Shared> {
+        // SAFETY: the buffer was initialized by World::new.
+        Ok(Shared(self.world.lock.read().unwrap(), unsafe { Registry::from_raw(self.world.base) }))
+    }
+    fn exclusive(&self) -> Result<Excl> {
+        // SAFETY: as above.
+        Ok(Excl(self.world.lock.write().unwrap(), unsafe { Registry::from_raw(self.world.base) }))
+    }
+    fn unlocked(&self) -> Result<Registry> {
+        // SAFETY: as above.
+        Ok(unsafe { Registry::from_raw(self.world.base) })
+    }
+    fn pid(&self) -> i32 {
+        self.pid
+    }
+    fn broker_path(&self) -> PathBuf {
+        self.world.path.clone()
+    }
+}
+
+fn limits() -> Limits {
+    Limits { min_chunk: 2 * MIB, max_segment_size: 1 << 30, device_limit: None }
+}
+
+fn process(world: &Arc<World>, pid: i32) -> Segments<TestEnv> {
+    Segments::new(TestEnv { world: world.clone(), pid }, Box::new(HostProvider), limits())
+}
+
+fn ok(_: u32) -> Result<()> {
+    Ok(())
+}
+
+#[test]
+fn two_processes_share_bytes_and_growth() {
+    let world = World::new("share", Arena::default());
+    let mut a = process(&world, 1);
+    let mut b = process(&world, 2);
+    a.create("s", 3 * MIB as i64, None, TierPref::Auto, 10, 0).unwrap();
+    {
+        let mut p = a.pin("s", ok).unwrap();
+        p.bytes_mut(100, 5).unwrap().copy_from_slice(b"hello");
+        assert!(p.map_ms > 0.0);
+    }
+    {
+        let p = b.pin("s", ok).unwrap();
+        assert_eq!(p.bytes(100, 5).unwrap(), b"hello");
+        assert_eq!(p.info.size, 3 * MIB);
+    }
+    // a grows; b, still attached at the old generation, maps the new chunk on its next pin
+    assert_eq!(a.grow("s", 9 * MIB as i64, ok).unwrap(), 9 * MIB);
+    {
+        let mut p = a.pin("s", ok).unwrap();
+        p.bytes_mut(8 * MIB as i64, 3).unwrap().copy_from_slice(b"new");
+    }
+    {
+        let p = b.pin("s", ok).unwrap();
+        assert_eq!(p.info.chunks.len(), 2);
+        assert_eq!(p.bytes(8 * MIB as i64, 3).unwrap(), b"new");
+        assert_eq!(p.bytes(100, 5).unwrap(), b"hello");
+        // a read across the chunk boundary is contiguous
+        assert_eq!(p.bytes(4 * MIB as i64 - 2, 4).unwrap().len(), 4);
+        let generation = p.info.generation;
+        let reg = a.env.shared().unwrap();
+        let atts = reg.attachments();
+        assert_eq!(atts.len(), 2);
+        assert!(atts.iter().all(|x| x.mapped_generation == generation));
+        assert!(atts.iter().any(|x| x.pid == 2 && x.pins == 1));
+    }
+    b.detach_all();
+    a.drop_segment("s", ok).unwrap();
+    drop((a, b));
+    assert_eq!(world.finish(), 0);
+}
+
+#[test]
+fn ranges_sizes_and_names_are_checked() {
+    let world = World::new("errors", Arena::default());
+    let mut a = process(&world, 1);
+    let code = |r: Result<u64>| r.unwrap_err().code;
+    assert_eq!(code(a.create("", 1, None, TierPref::Auto, 1, 0)), Code::InvalidName);
+    assert_eq!(code(a.create(&"n".repeat(64), 1, None, TierPref::Auto, 1, 0)), Code::NameTooLong);
+    assert_eq!(code(a.create("z", 0, None, TierPref::Auto, 1, 0)), Code::InvalidParameterValue);
+    assert_eq!(code(a.create("z", -5, None, TierPref::Auto, 1, 0)), Code::InvalidParameterValue);
+    assert_eq!(code(a.create("z", 2 << 30, None, TierPref::Auto, 1, 0)), Code::ProgramLimitExceeded);
+    assert_eq!(code(a.create("z", 10, Some(5), TierPref::Auto, 1, 0)), Code::InvalidParameterValue);
+    assert_eq!(code(a.create("z", 10, None, TierPref::Device, 1, 0)), Code::FeatureNotSupported);
+    a.create("s", 1000, Some(4 * MIB as i64), TierPref::Host, 1, 0).unwrap();
+    assert_eq!(code(a.create("s", 1000, None, TierPref::Auto, 1, 0)), Code::DuplicateObject);
+    {
+        let p = a.pin("s", ok).unwrap();
+        assert_eq!(p.bytes(0, 1000).unwrap().len(), 1000);
+        assert_eq!(p.bytes(1000, 0).unwrap().len(), 0);
+        assert_eq!(p.bytes(1, 1000).unwrap_err().code, Code::OutOfRange);
+        assert_eq!(p.bytes(-1, 1).unwrap_err().code, Code::InvalidParameterValue);
+        assert_eq!(p.bytes(0, -1).unwrap_err().code, Code::InvalidParameterValue);
+        assert_eq!(p.bytes(i64::MAX, i64::MAX).unwrap_err().code, Code::OutOfRange);
+    }
+    assert_eq!(code(a.grow("s", 999, ok)), Code::InvalidParameterValue);
+    assert_eq!(code(a.grow("s", 4 * MIB as i64 + 1, ok)), Code::ProgramLimitExceeded);
+    assert_eq!(a.grow("s", 1000, ok).unwrap(), 1000);
+    assert_eq!(a.pin("nope", ok).err().unwrap().code, Code::UndefinedObject);
+    let denied = |_| Err(UvmError::new(Code::InsufficientPrivilege, "no"));
+    assert_eq!(a.pin("s", denied).err().unwrap().code, Code::InsufficientPrivilege);
+    assert_eq!(a.drop_segment("s", denied).unwrap_err().code, Code::InsufficientPrivilege);
+    // nothing above leaked a pin
+    assert_eq!(a.lookup("s").unwrap().pins, 0);
+    a.drop_segment("s", ok).unwrap();
+    drop(a);
+    assert_eq!(world.finish(), 0);
+}
+
+#[test]
+fn pins_block_drop_until_released_or_exit() {
+    let world = World::new("pins", Arena::default());
+    let mut a = process(&world, 1);
+    let mut b = process(&world, 2);
+    a.create("s", 4096, None, TierPref::Auto, 1, 0).unwrap();
+    b.pin_session("s", ok).unwrap();
+    b.pin_session("s", ok).unwrap();
+    assert_eq!(a.drop_segment("s", ok).unwrap_err().code, Code::ObjectInUse);
+    assert!(b.unpin_session("s").unwrap());
+    assert_eq!(a.drop_segment("s", ok).unwrap_err().code, Code::ObjectInUse);
+    assert!(a.pin("s", ok).is_ok()); // data still there
+    // b "exits" holding a pin: the pin is given back
+    b.detach_all();
+    assert!(!b.unpin_session("s").unwrap());
+    a.drop_segment("s", ok).unwrap();
+    drop((a, b));
+    assert_eq!(world.finish(), 0);
+}
+
+#[test]
+fn dropped_segments_are_swept_by_other_processes() {
+    let world = World::new("sweep", Arena::default());
+    let mut a = process(&world, 1);
+    let mut b = process(&world, 2);
+    a.create("s", 4096, None, TierPref::Auto, 1, 0).unwrap();
+    a.create("t", 4096, None, TierPref::Auto, 1, 0).unwrap();
+    drop(b.pin("s", ok).unwrap());
+    a.drop_segment("s", ok).unwrap();
+    assert_eq!(b.attachments().count(), 1);
+    drop(b.pin("t", ok).unwrap()); // any access sweeps
+    assert_eq!(b.attachments().map(|x| x.segment_id).collect::<Vec<_>>(), vec![a.lookup("t").unwrap().id]);
+    a.drop_segment("t", ok).unwrap();
+    b.detach_all();
+    drop((a, b));
+    assert_eq!(world.finish(), 0);
+}
+
+#[test]
+fn concurrent_growth_converges() {
+    let world = World::new("race", Arena::default());
+    let mut a = process(&world, 1);
+    a.create("g", 2 * MIB as i64, None, TierPref::Auto, 1, 0).unwrap();
+    let threads: Vec<_> = (0..4)
+        .map(|i| {
+            let w = world.clone();
+            std::thread::spawn(move || {
+                let mut p = process(&w, 10 + i);
+                for step in 1..=8 {
+                    let target = (2 + step * 4 + i as i64) * MIB as i64;
+                    let _ = p.grow("g", target, ok);
+                }
+                p.detach_all();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let info = a.lookup("g").unwrap();
+    // chunks tile [0, committed) without gaps or overlaps
+    let mut end = 0;
+    for c in &info.chunks {
+        assert_eq!(c.offset, end);
+        end += c.size;
+    }
+    assert_eq!(end, info.committed);
+    assert!(info.size >= 34 * MIB && info.size <= info.committed);
+    let ids: Vec<u64> = info.chunks.iter().map(|c| c.id).collect();
+    assert_eq!(world.shared_known(), ids.len());
+    a.drop_segment("g", ok).unwrap();
+    drop(a);
+    assert_eq!(world.finish(), 0);
+}
+
+impl World {
+    fn shared_known(&self) -> usize {
+        let _g = self.lock.read().unwrap();
+        // SAFETY: initialized in World::new.
+        unsafe { Registry::from_raw(self.base) }.known_chunk_ids().len()
+    }
+}
+
+#[test]
+fn arena_segments_map_at_their_hint() {
+    let arena = crate::provider::reserve_arena(64 * GRANULARITY);
+    let world = World::new("arena", arena);
+    let mut a = process(&world, 1);
+    a.create("s", 4096, Some(8 * MIB as i64), TierPref::Auto, 1, 0).unwrap();
+    {
+        let p = a.pin("s", ok).unwrap();
+        assert_eq!(p.base as u64, arena.base);
+        assert_eq!(p.info.base_hint, arena.base);
+    }
+    assert!(a.attachments().all(|x| x.same_address));
+    a.drop_segment("s", ok).unwrap();
+    drop(a);
+    assert_eq!(world.finish(), 0);
+}

@@ -1,0 +1,228 @@
+//! The SQL surface, schema `uvm` (the names are the contract; see README.md).
+//!
+//! Reading functions are `PARALLEL SAFE`: a parallel worker attaches to the segment on its own
+//! the first time it runs one. Mutating functions are `PARALLEL UNSAFE`, `VOLATILE`, and revoked
+//! from PUBLIC at the end of the extension script.
+
+use pgrx::iter::TableIterator;
+use pgrx::prelude::*;
+
+use super::{authorize, current_user, now, report, with_segments};
+use crate::error::{Code, UvmError};
+use crate::registry::{Tier, TierPref};
+use crate::segment::Env;
+
+fn parse_tier(tier: &str) -> TierPref {
+    TierPref::parse(tier).unwrap_or_else(|e| report(e))
+}
+
+/// Creates segment `name` of `size` bytes, growable to `max_size` (default: the
+/// `pg_uvm_share.max_segment_size` setting), with chunks placed by `tier`. Returns its id.
+#[pg_extern(volatile, parallel_unsafe)]
+fn create_segment(
+    name: &str,
+    size: i64,
+    max_size: default!(Option<i64>, "NULL"),
+    tier: default!(&str, "'auto'"),
+) -> i64 {
+    let pref = parse_tier(tier);
+    with_segments(|s| s.create(name, size, max_size, pref, current_user(), now())) as i64
+}
+
+/// Drops segment `name`; fails with 55006 while any process holds a pin on it.
+#[pg_extern(volatile, parallel_unsafe)]
+fn drop_segment(name: &str) {
+    with_segments(|s| s.drop_segment(name, |o| authorize(o, name, "drop")))
+}
+
+/// Grows segment `name` to `new_size` bytes (never shrinks). Returns the new size.
+#[pg_extern(volatile, parallel_unsafe)]
+fn grow_segment(name: &str, new_size: i64) -> i64 {
+    with_segments(|s| s.grow(name, new_size, |o| authorize(o, name, "grow"))) as i64
+}
+
+/// Writes `data` at `offset`. Returns the number of bytes written.
+#[pg_extern(volatile, parallel_unsafe)]
+fn write_segment(name: &str, offset: i64, data: &[u8]) -> i64 {
+    with_segments(|s| {
+        let mut pin = s.pin(name, |o| authorize(o, name, "write"))?;
+        pin.bytes_mut(offset, data.len() as i64)?.copy_from_slice(data);
+        Ok(data.len() as i64)
+    })
+}
+
+/// Reads `length` bytes at `offset`.
+#[pg_extern(volatile, parallel_safe)]
+fn read_segment(name: &str, offset: i64, length: i32) -> Vec<u8> {
+    with_segments(|s| {
+        let pin = s.pin(name, |o| authorize(o, name, "read"))?;
+        Ok(pin.bytes(offset, length as i64)?.to_vec())
+    })
+}
+
+/// The checksum of `[offset, offset + length)` (see `checksum.rs` for its definition).
+#[pg_extern(volatile, parallel_safe)]
+fn checksum_segment(name: &str, offset: i64, length: i64) -> i64 {
+    with_segments(|s| {
+        let pin = s.pin(name, |o| authorize(o, name, "read"))?;
+        let bytes = pin.bytes(offset, length)?;
+        Ok(crate::checksum::checksum(bytes, 0) as i64)
+    })
+}
+
+/// Moves the chunks covering `[offset, offset + length)` to `tier` ('device' or 'host').
+/// Returns the bytes moved. With one tier (the host provider) it validates the request and
+/// reports that nothing needed to move.
+#[pg_extern(volatile, parallel_unsafe)]
+fn prefetch_segment(name: &str, offset: i64, length: i64, tier: &str) -> i64 {
+    let target = match parse_tier(tier) {
+        TierPref::Auto => report(
+            UvmError::new(Code::InvalidParameterValue, "prefetch needs a concrete tier, not \"auto\"")
+                .hint("Use \"device\" or \"host\"."),
+        ),
+        TierPref::Host => Tier::Host,
+        TierPref::Device => Tier::Device,
+    };
+    with_segments(|s| s.prefetch(name, offset, length, target, |o| authorize(o, name, "migrate"))) as i64
+}
+
+/// Holds a pin on `name` until `unpin_segment` or the end of the session: the segment cannot
+/// be dropped (or, with the CUDA provider, migrated) meanwhile.
+#[pg_extern(volatile, parallel_unsafe)]
+fn pin_segment(name: &str) {
+    with_segments(|s| s.pin_session(name, |o| authorize(o, name, "pin")))
+}
+
+/// Releases one pin taken by this session with `pin_segment`; false if it held none.
+#[pg_extern(volatile, parallel_unsafe)]
+fn unpin_segment(name: &str) -> bool {
+    with_segments(|s| s.unpin_session(name))
+}
+
+/// Maps segment `name` in this process now rather than at first use. Returns the milliseconds
+/// spent mapping (0 when the mapping was already current).
+#[pg_extern(volatile, parallel_safe)]
+fn attach_segment(name: &str) -> f64 {
+    with_segments(|s| Ok(s.pin(name, |o| authorize(o, name, "read"))?.map_ms))
+}
+
+/// The provider and its capabilities, as (property, value) rows.
+#[pg_extern(volatile, parallel_safe)]
+fn device_info() -> TableIterator<'static, (name!(property, String), name!(value, String))> {
+    let rows = with_segments(|s| {
+        let caps = s.provider().capabilities();
+        let reg = s.env.shared()?;
+        let arena = reg.arena();
+        let mut rows = vec![
+            ("provider".to_string(), s.provider().kind().name().to_string()),
+            ("tiers".into(), caps.tiers.iter().map(|t| t.name()).collect::<Vec<_>>().join(",")),
+            ("granularity".into(), caps.granularity.to_string()),
+            ("gpu_kernels".into(), caps.gpu_kernels.to_string()),
+            ("broker_pid".into(), reg.broker_pid().to_string()),
+            ("epoch".into(), format!("{:016x}", reg.epoch())),
+            ("arena_base".into(), format!("0x{:x}", arena.base)),
+            ("arena_size".into(), arena.size.to_string()),
+            ("device_bytes".into(), reg.tier_bytes(Tier::Device).to_string()),
+            ("host_bytes".into(), reg.tier_bytes(Tier::Host).to_string()),
+        ];
+        rows.extend(caps.details);
+        Ok(rows)
+    });
+    TableIterator::new(rows)
+}
+
+
+/// Rows of the `uvm.segments` view.
+#[pg_extern(volatile, parallel_safe)]
+fn segments_internal() -> TableIterator<
+    'static,
+    (
+        name!(name, String),
+        name!(id, i64),
+        name!(owner_oid, pg_sys::Oid),
+        name!(size, i64),
+        name!(max_size, i64),
+        name!(device_bytes, i64),
+        name!(host_bytes, i64),
+        name!(chunks, i32),
+        name!(generation, i64),
+        name!(attached_processes, i32),
+        name!(created_at, TimestampWithTimeZone),
+    ),
+> {
+    let (segs, atts) = with_segments(|s| {
+        let reg = s.env.shared()?;
+        Ok((reg.segments(), reg.attachments()))
+    });
+    let rows: Vec<_> = segs
+        .into_iter()
+        .map(|i| {
+            let attached = atts.iter().filter(|a| a.segment_id == i.id).count() as i32;
+            (
+                i.name.clone(),
+                i.id as i64,
+                pg_sys::Oid::from(i.owner),
+                i.size as i64,
+                i.max_size as i64,
+                i.bytes_in(Tier::Device) as i64,
+                i.bytes_in(Tier::Host) as i64,
+                i.chunks.len() as i32,
+                i.generation as i64,
+                attached,
+                TimestampWithTimeZone::try_from(i.created_at).unwrap_or_else(|_| report(UvmError::new(Code::SystemError, "bad timestamp"))),
+            )
+        })
+        .collect();
+    TableIterator::new(rows)
+}
+
+
+/// Rows of the `uvm.attachments` view.
+#[pg_extern(volatile, parallel_safe)]
+fn attachments_internal() -> TableIterator<
+    'static,
+    (
+        name!(pid, i32),
+        name!(segment, String),
+        name!(base_address, String),
+        name!(same_address, bool),
+        name!(mapped_generation, i64),
+        name!(pins, i32),
+    ),
+> {
+    let (segs, atts) = with_segments(|s| {
+        let reg = s.env.shared()?;
+        Ok((reg.segments(), reg.attachments()))
+    });
+    let rows: Vec<_> = atts
+        .into_iter()
+        .map(|a| {
+            let name = segs.iter().find(|s| s.id == a.segment_id).map(|s| s.name.clone()).unwrap_or_default();
+            (a.pid, name, format!("0x{:x}", a.base), a.same_address, a.mapped_generation as i64, a.pins as i32)
+        })
+        .collect();
+    TableIterator::new(rows)
+}
+
+pgrx::extension_sql!(
+    r#"
+CREATE VIEW segments AS
+SELECT s.name, s.id, pg_get_userbyid(s.owner_oid) AS owner, s.size, s.max_size,
+       s.device_bytes, s.host_bytes, s.chunks, s.generation, s.attached_processes, s.created_at
+  FROM segments_internal() s;
+COMMENT ON VIEW segments IS 'Shared segments of the cluster: size, bytes per tier, chunks, generation, attached processes.';
+
+CREATE VIEW attachments AS
+SELECT a.pid, a.segment, a.base_address, a.same_address, a.mapped_generation, a.pins
+  FROM attachments_internal() a;
+COMMENT ON VIEW attachments IS 'Which process maps which segment, at which address and generation, holding how many pins.';
+
+REVOKE EXECUTE ON FUNCTION create_segment(text, bigint, bigint, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION drop_segment(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION grow_segment(text, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION write_segment(text, bigint, bytea) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION prefetch_segment(text, bigint, bigint, text) FROM PUBLIC;
+"#,
+    name = "views_and_privileges",
+    finalize
+);

@@ -1,0 +1,206 @@
+//! The pgrx layer: `_PG_init`, this process's segment manager, error reporting, and the SQL
+//! surface (`functions.rs`, schema `uvm`).
+//!
+//! It stays thin on purpose: argument conversion, privilege checks against the owner role,
+//! turning a [`UvmError`] into `ereport(ERROR)` with its SQLSTATE, and PostgreSQL's process
+//! conventions (exit callbacks). The logic lives in the plain-Rust modules.
+//!
+//! # What runs where
+//!
+//! - postmaster: `_PG_init` defines the GUCs, reserves the address arena, installs the shared
+//!   memory hooks and registers the broker. It never creates, maps or opens a chunk.
+//! - broker (background worker): holds chunk fds (`broker::worker`).
+//! - backends, parallel workers, other background workers: a [`Segments`] manager created on
+//!   first use, whose attachments are undone by a `before_shmem_exit` callback.
+
+mod functions;
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+
+use pgrx::pg_sys;
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::{PgLogLevel, PgSqlErrorCode};
+
+use crate::error::{Code, Result, UvmError};
+use crate::guc;
+use crate::provider::host::HostProvider;
+use crate::provider::{Provider, reserve_arena};
+use crate::registry::shmem::{self, ExclusiveGuard, SharedGuard};
+use crate::registry::{Capacity, Registry};
+use crate::segment::{Env, Limits, Segments};
+
+/// Upper bound of the address arena reserved in the postmaster.
+const MAX_ARENA: u64 = 64 << 40;
+
+#[pgrx::pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    // SAFETY: a global flag PostgreSQL sets while loading shared_preload_libraries.
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        report(
+            UvmError::new(
+                Code::ObjectNotInPrerequisiteState,
+                "pg_uvm_share must be loaded via shared_preload_libraries",
+            )
+            .hint("Add pg_uvm_share to shared_preload_libraries in postgresql.conf and restart the server."),
+        );
+    }
+    guc::define();
+    let cap = Capacity {
+        max_segments: guc::MAX_SEGMENTS.get() as u32,
+        max_chunks: guc::MAX_CHUNKS.get() as u32,
+        max_attachments: guc::MAX_ATTACHMENTS.get() as u32,
+    };
+    let arena = reserve_arena((cap.max_segments as u64).saturating_mul(guc::max_segment_size()).min(MAX_ARENA));
+    shmem::install(cap, arena);
+    crate::broker::worker::register();
+}
+
+/// Raises `e` as a PostgreSQL ERROR with its SQLSTATE. Does not return.
+pub fn report(e: UvmError) -> ! {
+    let mut r = ErrorReport::new(sqlstate(e.code), e.message, "pg_uvm_share");
+    if let Some(d) = e.detail {
+        r = r.set_detail(d);
+    }
+    if let Some(h) = e.hint {
+        r = r.set_hint(h);
+    }
+    r.report(PgLogLevel::ERROR);
+    unreachable!("ereport(ERROR) returned")
+}
+
+fn sqlstate(c: Code) -> PgSqlErrorCode {
+    use PgSqlErrorCode::*;
+    match c {
+        Code::InvalidParameterValue => ERRCODE_INVALID_PARAMETER_VALUE,
+        Code::OutOfRange => ERRCODE_ARRAY_ELEMENT_ERROR, // 2202E, alias of ARRAY_SUBSCRIPT_ERROR
+        Code::InvalidName => ERRCODE_INVALID_NAME,
+        Code::NameTooLong => ERRCODE_NAME_TOO_LONG,
+        Code::UndefinedObject => ERRCODE_UNDEFINED_OBJECT,
+        Code::DuplicateObject => ERRCODE_DUPLICATE_OBJECT,
+        Code::InsufficientPrivilege => ERRCODE_INSUFFICIENT_PRIVILEGE,
+        Code::ProgramLimitExceeded => ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        Code::ConfigurationLimitExceeded => ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+        Code::OutOfMemory => ERRCODE_OUT_OF_MEMORY,
+        Code::ObjectInUse => ERRCODE_OBJECT_IN_USE,
+        Code::ObjectNotInPrerequisiteState => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        Code::FeatureNotSupported => ERRCODE_FEATURE_NOT_SUPPORTED,
+        Code::QueryCanceled => ERRCODE_QUERY_CANCELED,
+        Code::SystemError => ERRCODE_SYSTEM_ERROR,
+        Code::ProtocolViolation => ERRCODE_PROTOCOL_VIOLATION,
+    }
+}
+
+/// The registry through PostgreSQL's LWLock, for the segment layer.
+pub struct PgEnv;
+
+impl Env for PgEnv {
+    type Shared = SharedGuard;
+    type Exclusive = ExclusiveGuard;
+    fn shared(&self) -> Result<SharedGuard> {
+        shmem::shared()
+    }
+    fn exclusive(&self) -> Result<ExclusiveGuard> {
+        shmem::exclusive()
+    }
+    fn unlocked(&self) -> Result<Registry> {
+        shmem::unlocked()
+    }
+    fn pid(&self) -> i32 {
+        // SAFETY: MyProcPid is set at process start and never changes.
+        unsafe { pg_sys::MyProcPid }
+    }
+    fn broker_path(&self) -> PathBuf {
+        // Every PostgreSQL process runs in the data directory.
+        PathBuf::from(crate::broker::SOCKET_NAME)
+    }
+}
+
+thread_local! {
+    /// This process's segment manager, created on first use. PostgreSQL backends are
+    /// single-threaded; no other thread ever touches it.
+    static SEGMENTS: RefCell<Option<Segments<PgEnv>>> = const { RefCell::new(None) };
+}
+
+fn limits() -> Limits {
+    Limits {
+        min_chunk: guc::min_chunk_size(),
+        max_segment_size: guc::max_segment_size(),
+        device_limit: guc::device_memory_limit(),
+    }
+}
+
+/// The provider chosen by `pg_uvm_share.provider`.
+fn make_provider() -> Result<Box<dyn Provider>> {
+    match guc::PROVIDER.get() {
+        guc::ProviderChoice::Auto | guc::ProviderChoice::Host => Ok(Box::new(HostProvider)),
+        guc::ProviderChoice::Cuda => Err(UvmError::new(
+            Code::FeatureNotSupported,
+            "pg_uvm_share.provider = cuda is not available in this build",
+        )
+        .hint("Set pg_uvm_share.provider to auto or host.")),
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
+    // A FATAL error may have been raised while the registry lock was held.
+    shmem::release_if_held();
+    SEGMENTS.with(|cell| {
+        if let Ok(mut segs) = cell.try_borrow_mut() {
+            if let Some(s) = segs.as_mut() {
+                s.detach_all();
+            }
+        }
+    });
+}
+
+/// Runs `f` with this process's segment manager, creating it on first use; an error is raised
+/// as a PostgreSQL ERROR.
+pub fn with_segments<R>(f: impl FnOnce(&mut Segments<PgEnv>) -> Result<R>) -> R {
+    let r = SEGMENTS.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            if !shmem::available() {
+                return Err(UvmError::new(
+                    Code::ObjectNotInPrerequisiteState,
+                    "pg_uvm_share is not loaded through shared_preload_libraries",
+                ));
+            }
+            let provider = make_provider()?;
+            // SAFETY: registers a callback PostgreSQL runs at process exit; `on_exit` is a
+            // pg_guard'ed C-unwind function.
+            unsafe { pg_sys::before_shmem_exit(Some(on_exit), pg_sys::Datum::from(0)) };
+            *slot = Some(Segments::new(PgEnv, provider, limits()));
+        }
+        let segs = slot.as_mut().expect("created above");
+        segs.limits = limits(); // the SIGHUP-reloadable settings may have changed
+        f(segs)
+    });
+    r.unwrap_or_else(|e| report(e))
+}
+
+/// The current user, for ownership of new segments.
+pub fn current_user() -> u32 {
+    // SAFETY: GetUserId reads the session's current user id.
+    unsafe { pg_sys::GetUserId() }.to_u32()
+}
+
+/// Fails with 42501 unless the current user has the privileges of role `owner` (is it, is a
+/// member of it, or is a superuser), as for a table's owner.
+pub fn authorize(owner: u32, name: &str, action: &str) -> Result<()> {
+    // SAFETY: has_privs_of_role reads the role membership cache of this backend.
+    let ok = unsafe { pg_sys::has_privs_of_role(pg_sys::GetUserId(), pg_sys::Oid::from(owner)) };
+    if ok {
+        Ok(())
+    } else {
+        Err(UvmError::new(Code::InsufficientPrivilege, format!("permission denied to {action} segment \"{name}\""))
+            .detail("Only roles with the privileges of the segment's owner may use it."))
+    }
+}
+
+/// Now, as a PostgreSQL timestamptz.
+pub fn now() -> i64 {
+    // SAFETY: GetCurrentTimestamp reads the clock.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
