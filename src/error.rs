@@ -12,6 +12,8 @@ use std::fmt;
 pub enum Code {
     /// 22023: a size, offset, tier or option that can never be valid.
     InvalidParameterValue,
+    /// 22004: a NULL where a value is required.
+    NullValueNotAllowed,
     /// 2202E: an offset or length outside the segment's current size.
     OutOfRange,
     /// 42602: an empty name.
@@ -49,6 +51,7 @@ impl Code {
     pub fn sqlstate(self) -> &'static str {
         match self {
             Code::InvalidParameterValue => "22023",
+            Code::NullValueNotAllowed => "22004",
             Code::OutOfRange => "2202E",
             Code::InvalidName => "42602",
             Code::NameTooLong => "42622",

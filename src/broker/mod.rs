@@ -12,7 +12,8 @@
 //!
 //! # Lifecycle
 //!
-//! - Started by the postmaster at start-up (`BgWorkerStart_PostmasterStart`); it publishes its pid
+//! - Started by the postmaster once the cluster is consistent (before any backend can query);
+//!   it connects to no database (so it shows in `pg_stat_activity`), publishes its pid
 //!   in the registry and binds `pg_uvm_share.sock` in the data directory (mode 0600, and it
 //!   serves only peers with the cluster's uid).
 //! - Serves `PUT` (creator hands over a new chunk), `GET` (a process maps a chunk), `RELEASE`

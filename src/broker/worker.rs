@@ -22,8 +22,10 @@ pub fn register() {
         .set_type("pg_uvm_share broker")
         .set_library("pg_uvm_share")
         .set_function("pg_uvm_share_broker_main")
-        .enable_shmem_access(None)
-        .set_start_time(BgWorkerStartTime::PostmasterStart)
+        // A connection to no database: that is what puts the broker in pg_stat_activity
+        // (as the logical replication launcher is), for monitoring and tests.
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::ConsistentState)
         .set_restart_time(Some(Duration::from_secs(1)))
         .load();
 }
@@ -40,6 +42,7 @@ fn force_crash_restart(why: &str) -> ! {
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn pg_uvm_share_broker_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::connect_worker_to_spi(None, None);
 
     let epoch = {
         let Ok(mut reg) = shmem::exclusive() else { force_crash_restart("registry not initialized") };

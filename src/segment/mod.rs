@@ -276,7 +276,10 @@ impl<E: Env> Segments<E> {
     pub fn grow(&mut self, name: &str, new_size: i64, authorize: impl FnOnce(u32) -> Result<()>) -> Result<u64> {
         let info = self.lookup(name)?;
         authorize(info.owner)?;
-        if new_size < 0 || (new_size as u64) < info.size {
+        if new_size < 0 {
+            return Err(uvm_err!(Code::InvalidParameterValue, "new_size must not be negative: {new_size}"));
+        }
+        if (new_size as u64) < info.size {
             return Err(uvm_err!(
                 Code::InvalidParameterValue,
                 "segment \"{name}\" cannot shrink from {} to {new_size} bytes",

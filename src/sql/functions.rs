@@ -20,11 +20,15 @@ fn parse_tier(tier: &str) -> TierPref {
 /// `pg_uvm_share.max_segment_size` setting), with chunks placed by `tier`. Returns its id.
 #[pg_extern(volatile, parallel_unsafe)]
 fn create_segment(
-    name: &str,
-    size: i64,
+    name: Option<&str>,
+    size: Option<i64>,
     max_size: default!(Option<i64>, "NULL"),
-    tier: default!(&str, "'auto'"),
+    tier: default!(Option<&str>, "'auto'"),
 ) -> i64 {
+    // Not STRICT, because max_size may be NULL; the other arguments may not.
+    let (Some(name), Some(size), Some(tier)) = (name, size, tier) else {
+        report(UvmError::new(Code::NullValueNotAllowed, "name, size and tier must not be NULL"))
+    };
     let pref = parse_tier(tier);
     with_segments(|s| s.create(name, size, max_size, pref, current_user(), now())) as i64
 }
@@ -206,6 +210,8 @@ fn attachments_internal() -> TableIterator<
 
 pgrx::extension_sql!(
     r#"
+GRANT USAGE ON SCHEMA @extschema@ TO PUBLIC;
+
 CREATE VIEW segments AS
 SELECT s.name, s.id, pg_get_userbyid(s.owner_oid) AS owner, s.size, s.max_size,
        s.device_bytes, s.host_bytes, s.chunks, s.generation, s.attached_processes, s.created_at

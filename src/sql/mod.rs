@@ -14,6 +14,8 @@
 //!   first use, whose attachments are undone by a `before_shmem_exit` callback.
 
 mod functions;
+#[cfg(any(test, feature = "pg_test"))]
+mod tests;
 
 use std::cell::RefCell;
 use std::path::PathBuf;
@@ -73,6 +75,7 @@ fn sqlstate(c: Code) -> PgSqlErrorCode {
     use PgSqlErrorCode::*;
     match c {
         Code::InvalidParameterValue => ERRCODE_INVALID_PARAMETER_VALUE,
+        Code::NullValueNotAllowed => ERRCODE_NULL_VALUE_NOT_ALLOWED,
         Code::OutOfRange => ERRCODE_ARRAY_ELEMENT_ERROR, // 2202E, alias of ARRAY_SUBSCRIPT_ERROR
         Code::InvalidName => ERRCODE_INVALID_NAME,
         Code::NameTooLong => ERRCODE_NAME_TOO_LONG,
