@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
 use super::protocol::{self, DecodeError, Op, Request, Response, Status, MAX_MESSAGE};
@@ -113,13 +113,34 @@ impl Server {
         self.clients.len()
     }
 
-    /// Waits up to `timeout_ms` for activity, then accepts new connections and answers every
-    /// pending request. Returns the number of requests answered.
+    /// The sockets to wait on: the listener first, then every client.
+    pub fn watched_fds(&self) -> Vec<RawFd> {
+        std::iter::once(self.listener.as_raw_fd()).chain(self.clients.iter().map(|c| c.as_raw_fd())).collect()
+    }
+
+    /// Handles readiness of one watched socket: accepts on the listener, or answers one request
+    /// from a client (dropping the client if it has gone). Returns whether a request was answered.
+    pub fn on_readable(&mut self, fd: RawFd) -> io::Result<bool> {
+        if fd == self.listener.as_raw_fd() {
+            self.accept()?;
+            return Ok(false);
+        }
+        let Some(i) = self.clients.iter().position(|c| c.as_raw_fd() == fd) else { return Ok(false) };
+        match self.serve_one(i) {
+            Ok(true) => Ok(true),
+            Ok(false) | Err(_) => {
+                self.clients.swap_remove(i); // closes the connection
+                Ok(false)
+            }
+        }
+    }
+
+    /// Waits up to `timeout_ms` for activity with poll(2), then handles it. Returns the number
+    /// of requests answered. (The background worker waits with PostgreSQL's WaitEventSet
+    /// instead, so that its latch and interrupts are served too.)
     pub fn poll_once(&mut self, timeout_ms: i32) -> io::Result<usize> {
-        let mut pfds: Vec<libc::pollfd> = std::iter::once(self.listener.as_raw_fd())
-            .chain(self.clients.iter().map(|c| c.as_raw_fd()))
-            .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
-            .collect();
+        let mut pfds: Vec<libc::pollfd> =
+            self.watched_fds().into_iter().map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
         // SAFETY: pfds is a valid array of pollfd for the duration of the call.
         let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
         if n < 0 {
@@ -127,21 +148,8 @@ impl Server {
             return if e.kind() == io::ErrorKind::Interrupted { Ok(0) } else { Err(e) };
         }
         let mut answered = 0;
-        let mut dead = Vec::new();
-        for (i, p) in pfds.iter().enumerate().skip(1) {
-            if p.revents == 0 {
-                continue;
-            }
-            match self.serve_one(i - 1) {
-                Ok(true) => answered += 1,
-                Ok(false) | Err(_) => dead.push(i - 1),
-            }
-        }
-        for i in dead.into_iter().rev() {
-            self.clients.swap_remove(i); // closes the connection
-        }
-        if pfds[0].revents & libc::POLLIN != 0 {
-            self.accept()?;
+        for p in pfds.iter().filter(|p| p.revents != 0) {
+            answered += self.on_readable(p.fd)? as usize;
         }
         Ok(answered)
     }

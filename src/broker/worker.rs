@@ -38,10 +38,47 @@ fn force_crash_restart(why: &str) -> ! {
     unsafe { libc::_exit(2) }
 }
 
+/// Waits (PostgreSQL's WaitEventSet: latch, postmaster death, sockets) until a socket is
+/// readable, the latch is set or `timeout` passes; returns the readable sockets.
+fn wait_for_sockets(fds: &[i32], timeout: Duration, events: &mut Vec<pg_sys::WaitEvent>) -> Vec<i32> {
+    if events.len() < fds.len() + 2 {
+        events.resize(fds.len() + 2, pg_sys::WaitEvent::default());
+    }
+    // SAFETY: the set is created in TopMemoryContext and freed before returning; the sockets
+    // stay open for the duration (they are owned by the server, which is not touched here);
+    // `events` has room for every registered event.
+    unsafe {
+        let set = pg_sys::CreateWaitEventSet(pg_sys::TopMemoryContext, (fds.len() + 2) as i32);
+        pg_sys::AddWaitEventToSet(set, pg_sys::WL_LATCH_SET, pg_sys::PGINVALID_SOCKET, pg_sys::MyLatch, std::ptr::null_mut());
+        pg_sys::AddWaitEventToSet(set, pg_sys::WL_EXIT_ON_PM_DEATH, pg_sys::PGINVALID_SOCKET, std::ptr::null_mut(), std::ptr::null_mut());
+        for &fd in fds {
+            pg_sys::AddWaitEventToSet(set, pg_sys::WL_SOCKET_READABLE, fd, std::ptr::null_mut(), std::ptr::null_mut());
+        }
+        let n = pg_sys::WaitEventSetWait(
+            set,
+            timeout.as_millis() as _,
+            events.as_mut_ptr(),
+            events.len() as i32,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        let mut ready = Vec::new();
+        for e in &events[..n.max(0) as usize] {
+            if e.events & pg_sys::WL_LATCH_SET != 0 {
+                pg_sys::ResetLatch(pg_sys::MyLatch);
+            }
+            if e.events & pg_sys::WL_SOCKET_READABLE != 0 {
+                ready.push(e.fd);
+            }
+        }
+        pg_sys::FreeWaitEventSet(set);
+        ready
+    }
+}
+
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn pg_uvm_share_broker_main(_arg: pg_sys::Datum) {
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM | SignalWakeFlags::SIGINT);
     BackgroundWorker::connect_worker_to_spi(None, None);
 
     let epoch = {
@@ -62,17 +99,21 @@ pub extern "C-unwind" fn pg_uvm_share_broker_main(_arg: pg_sys::Datum) {
     pgrx::log!("pg_uvm_share broker listening on {SOCKET_NAME} (epoch {epoch:016x})");
 
     let mut last_sweep = Instant::now();
+    let mut events = vec![pg_sys::WaitEvent::default(); 64];
     loop {
         if BackgroundWorker::sigterm_received() {
             break;
         }
-        // SAFETY: getppid has no preconditions; PostmasterPid is set before any child starts.
-        if unsafe { libc::getppid() != pg_sys::PostmasterPid } {
-            // SAFETY: as above; nothing to clean: the fds close with the process.
-            unsafe { libc::_exit(1) };
-        }
-        if let Err(e) = server.poll_once(250) {
-            force_crash_restart(&format!("socket error: {e}"));
+        // Serve ProcSignal barriers (DROP DATABASE waits for every process to absorb them)
+        // and other interrupts. Cancels (SIGINT) only set a flag that the broker ignores.
+        pg_sys::check_for_interrupts!();
+
+        let fds = server.watched_fds();
+        let ready = wait_for_sockets(&fds, SWEEP_INTERVAL, &mut events);
+        for fd in ready {
+            if let Err(e) = server.on_readable(fd) {
+                force_crash_restart(&format!("socket error: {e}"));
+            }
         }
         if last_sweep.elapsed() >= SWEEP_INTERVAL {
             last_sweep = Instant::now();

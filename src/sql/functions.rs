@@ -223,6 +223,8 @@ SELECT a.pid, a.segment, a.base_address, a.same_address, a.mapped_generation, a.
   FROM attachments_internal() a;
 COMMENT ON VIEW attachments IS 'Which process maps which segment, at which address and generation, holding how many pins.';
 
+GRANT SELECT ON segments, attachments TO PUBLIC;
+
 REVOKE EXECUTE ON FUNCTION create_segment(text, bigint, bigint, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION drop_segment(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION grow_segment(text, bigint) FROM PUBLIC;

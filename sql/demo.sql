@@ -1,0 +1,34 @@
+-- pg_uvm_share demo: run by `make run` against a throwaway cluster (psql -X -v ON_ERROR_STOP=1 -f sql/demo.sql).
+\echo '== pg_uvm_share demo'
+CREATE EXTENSION IF NOT EXISTS pg_uvm_share;
+
+\echo '== provider and broker'
+SELECT property, value FROM uvm.device_info() ORDER BY property;
+
+-- start from a clean slate if an earlier run left the segment behind
+\o /dev/null
+SELECT uvm.drop_segment(name) FROM uvm.segments WHERE name = 'demo';
+\o
+
+\echo '== create an 8 MiB segment that may grow to 64 MiB'
+SELECT uvm.create_segment('demo', 8 * 1024 * 1024, 64 * 1024 * 1024) AS segment_id;
+
+\echo '== write and read back'
+SELECT uvm.write_segment('demo', 0, convert_to('hello from pg_uvm_share', 'UTF8')) AS bytes_written;
+SELECT convert_from(uvm.read_segment('demo', 0, 23), 'UTF8') AS read_back;
+
+\echo '== grow to 32 MiB and write past the old end'
+SELECT uvm.grow_segment('demo', 32 * 1024 * 1024) AS new_size;
+SELECT uvm.write_segment('demo', 20 * 1024 * 1024, '\xdeadbeef'::bytea) AS bytes_written;
+SELECT uvm.read_segment('demo', 20 * 1024 * 1024, 4) AS read_back;
+SELECT uvm.checksum_segment('demo', 0, 32 * 1024 * 1024) AS checksum;
+
+\echo '== the registry and this session''s attachment'
+SELECT name, size, max_size, host_bytes, device_bytes, chunks, generation, attached_processes
+  FROM uvm.segments ORDER BY name;
+SELECT pid = pg_backend_pid() AS this_session, segment, same_address, mapped_generation, pins
+  FROM uvm.attachments ORDER BY pid;
+
+\echo '== drop'
+SELECT uvm.drop_segment('demo');
+SELECT count(*) AS segments_left FROM uvm.segments;
