@@ -55,12 +55,50 @@ fn write_segment(name: &str, offset: i64, data: &[u8]) -> i64 {
     })
 }
 
+/// A `bytea` allocated in the function's result memory context and filled in place, so that a
+/// read copies segment bytes once (pgrx's `Vec<u8>` return would copy them twice).
+struct PallocBytea(*mut pg_sys::varlena);
+
+pgrx::impl_sql_translatable!(PallocBytea, "bytea");
+
+impl PallocBytea {
+    fn new(len: usize) -> crate::error::Result<(PallocBytea, &'static mut [u8])> {
+        let hdr = pg_sys::VARHDRSZ;
+        const MAX_ALLOC_SIZE: usize = 0x3fff_ffff; // MaxAllocSize in memutils.h
+        if len > MAX_ALLOC_SIZE - hdr {
+            return Err(UvmError::new(
+                Code::ProgramLimitExceeded,
+                format!("cannot read {len} bytes into one bytea (at most 1 GB)"),
+            ));
+        }
+        // SAFETY: palloc either returns len + VARHDRSZ bytes in CurrentMemoryContext (the
+        // context pgrx calls the function in, which outlives the returned Datum's use) or
+        // raises an ERROR; SET_VARSIZE writes the 4-byte header of that allocation.
+        unsafe {
+            let p = pg_sys::palloc(len + hdr) as *mut pg_sys::varlena;
+            pgrx::set_varsize_4b(p, (len + hdr) as i32);
+            Ok((PallocBytea(p), std::slice::from_raw_parts_mut((p as *mut u8).add(hdr), len)))
+        }
+    }
+}
+
+// SAFETY: the pointer is a complete, palloc'd varlena, which is exactly a bytea Datum.
+unsafe impl pgrx::callconv::BoxRet for PallocBytea {
+    unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
+        // SAFETY: returning a valid pointer Datum allocated in the call's memory context.
+        unsafe { fcinfo.return_raw_datum(pg_sys::Datum::from(self.0)) }
+    }
+}
+
 /// Reads `length` bytes at `offset`.
 #[pg_extern(volatile, parallel_safe)]
-fn read_segment(name: &str, offset: i64, length: i32) -> Vec<u8> {
+fn read_segment(name: &str, offset: i64, length: i32) -> PallocBytea {
     with_segments(|s| {
         let pin = s.pin(name, |o| authorize(o, name, "read"))?;
-        Ok(pin.bytes(offset, length as i64)?.to_vec())
+        let src = pin.bytes(offset, length as i64)?;
+        let (out, dst) = PallocBytea::new(src.len())?;
+        dst.copy_from_slice(src);
+        Ok(out)
     })
 }
 

@@ -53,6 +53,11 @@ SELECT pg_temp.try($$SELECT uvm.write_segment('err_a', -5, '\x01'::bytea)$$);
 SELECT pg_temp.try($$SELECT uvm.checksum_segment('err_a', 0, 4097)$$);
 SELECT pg_temp.try($$SELECT uvm.checksum_segment('err_a', 9223372036854775807, 9223372036854775807)$$);
 
+-- one read returns at most 1 GB (a bytea's limit); the segment itself may be larger
+SELECT uvm.create_segment('err_big', 1100000000) > 0 AS created;
+SELECT pg_temp.try($$SELECT length(uvm.read_segment('err_big', 0, 1073741821))$$);
+SELECT uvm.drop_segment('err_big');
+
 -- growth: shrinking, past max_size, overflow
 SELECT pg_temp.try($$SELECT uvm.grow_segment('err_a', 4095)$$);
 SELECT pg_temp.try($$SELECT uvm.grow_segment('err_a', -1)$$);
