@@ -32,7 +32,7 @@ ME := $(shell id -un)
 
 # Throwaway clusters: directory and port of each.
 REGRESS_DIR ?= /tmp/uvm-regress
-REGRESS_PORT ?= 54331
+REGRESS_PORT ?= 54341
 IT_DIR ?= /tmp/uvm-it
 IT_PORT ?= 54332
 DEMO_DIR ?= /tmp/uvm-demo
@@ -80,30 +80,15 @@ else
 	fi
 endif
 
-# pg_regress against a throwaway cluster; tests listed in tests/regress/schedule.
+# pg_regress suites, each against a throwaway cluster of its own (scripts/regress.sh): the
+# SQL surface (tests/regress/schedule), capacity limits, and loading without the preload.
 regress:
-	@test -x $(PG_REGRESS) || { echo "no pg_regress at $(PG_REGRESS) (install postgresql-server-dev-15)" >&2; exit 1; }
-	@trap '$(CLUSTER) stop $(REGRESS_DIR)' EXIT; \
-	$(CLUSTER) start $(REGRESS_DIR) $(REGRESS_PORT); \
-	eval "$$($(CLUSTER) env $(REGRESS_DIR))"; \
-	$(PG_BIN)/createdb uvm_regress; \
-	mkdir -p $(REGRESS_DIR)/out; \
-	tests=$$(sed -e 's/#.*//' -e '/^[[:space:]]*$$/d' tests/regress/schedule | xargs); \
-	echo "regress: $$tests"; \
-	if ! $(PG_REGRESS) --use-existing --bindir=$(PG_BIN) --host="$$PGHOST" --port="$$PGPORT" \
-	      --user="$$PGUSER" --inputdir=tests/regress --outputdir=$(REGRESS_DIR)/out \
-	      --dbname=uvm_regress $$tests; then \
-	  echo "===== $(REGRESS_DIR)/out/regression.diffs ====="; \
-	  cat $(REGRESS_DIR)/out/regression.diffs 2>/dev/null || true; \
-	  echo "===== last lines of the server log ($(REGRESS_DIR)/log) ====="; \
-	  tail -n 30 $(REGRESS_DIR)/log || true; \
-	  exit 1; \
-	fi
+	scripts/regress.sh $(REGRESS_DIR) $(REGRESS_PORT)
 
 # After reviewing a regress run's diffs: take its results as the expected output.
 regress-accept:
-	@ls $(REGRESS_DIR)/out/results/*.out >/dev/null 2>&1 || { echo "no results in $(REGRESS_DIR)/out/results: run make regress first" >&2; exit 1; }
-	cp -v $(REGRESS_DIR)/out/results/*.out tests/regress/expected/
+	@ls $(REGRESS_DIR)-*/out/results/*.out >/dev/null 2>&1 || { echo "no results in $(REGRESS_DIR)-*/out/results: run make regress first" >&2; exit 1; }
+	cp -v $(REGRESS_DIR)-*/out/results/*.out tests/regress/expected/
 
 # Integration tests (tests/integration) against a throwaway cluster with the extension created.
 # One test at a time per binary; binaries run in name order, the crash test (zz_crash) last.
@@ -145,6 +130,6 @@ bench: prereqs install
 	$(CARGO) run --release -p pg_uvm_share_tests --bin uvm_bench -- $(BENCH_REPORT)
 
 clean:
-	for d in $(REGRESS_DIR) $(IT_DIR) $(DEMO_DIR) $(BENCH_DIR); do $(CLUSTER) stop $$d || true; rm -rf $$d; done
+	for d in $(REGRESS_DIR)-main $(REGRESS_DIR)-limits $(REGRESS_DIR)-noload $(IT_DIR) $(DEMO_DIR) $(BENCH_DIR); do $(CLUSTER) stop $$d || true; rm -rf $$d; done
 	rm -rf $(PGRX_TEST_DIR) $(PGRX_TEST_DIR)-$(ME) tests/regress/results tests/regress/regression.diffs tests/regress/regression.out
 	$(CARGO) clean

@@ -14,7 +14,8 @@
 //!   first use, whose attachments are undone by a `before_shmem_exit` callback.
 
 mod functions;
-#[cfg(any(test, feature = "pg_test"))]
+// Only with `cargo pgrx test` (feature pg_test): plain `cargo test` has no PostgreSQL.
+#[cfg(feature = "pg_test")]
 mod tests;
 
 use std::cell::RefCell;

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Runs the pg_regress suites of tests/regress, each against a throwaway cluster of its own:
+#
+#   tests/regress/schedule           the SQL surface, errors, parallel workers (default settings)
+#   tests/regress/schedule_limits    capacity errors, with tiny pg_uvm_share.max_* settings
+#   tests/regress/schedule_noload    CREATE EXTENSION without shared_preload_libraries
+#
+# Usage: regress.sh BASEDIR BASEPORT   (clusters in BASEDIR-<suite>, ports BASEPORT, +1, +2)
+set -euo pipefail
+BASE=${1:-/tmp/uvm-regress}
+PORT=${2:-54331}
+PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+PG_BIN=${PG_BIN:-$($PG_CONFIG --bindir)}
+PG_REGRESS=${PG_REGRESS:-$($PG_CONFIG --pkglibdir)/pgxs/src/test/regress/pg_regress}
+cd "$(dirname "$0")/.."
+[ -x "$PG_REGRESS" ] || { echo "no pg_regress at $PG_REGRESS (install postgresql-server-dev-15)" >&2; exit 1; }
+
+failed=()
+run_suite() { # name port schedule [env assignments...]
+  local name=$1 port=$2 schedule=$3; shift 3
+  local dir=$BASE-$name
+  local tests
+  tests=$(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "tests/regress/$schedule" | xargs)
+  echo "== regress suite '$name': $tests"
+  env "$@" scripts/cluster.sh start "$dir" "$port" >/dev/null
+  local ok=1
+  (
+    eval "$(scripts/cluster.sh env "$dir")"
+    "$PG_BIN/createdb" uvm_regress
+    mkdir -p "$dir/out"
+    "$PG_REGRESS" --use-existing --bindir="$PG_BIN" --host="$PGHOST" --port="$PGPORT" --user="$PGUSER" \
+      --inputdir=tests/regress --outputdir="$dir/out" --dbname=uvm_regress $tests
+  ) || ok=0
+  if [ $ok = 0 ]; then
+    echo "===== $dir/out/regression.diffs ====="
+    cat "$dir/out/regression.diffs" 2>/dev/null || true
+    echo "===== last lines of the server log ($dir/log) ====="
+    tail -n 30 "$dir/log" || true
+    failed+=("$name")
+  fi
+  scripts/cluster.sh stop "$dir" >/dev/null || true
+}
+
+run_suite main "$PORT" schedule
+run_suite limits "$((PORT + 1))" schedule_limits \
+  UVM_EXTRA_CONF=$'pg_uvm_share.max_segments = 3\npg_uvm_share.max_chunks = 5\npg_uvm_share.max_attachments = 16'
+run_suite noload "$((PORT + 2))" schedule_noload UVM_NO_PRELOAD=1
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "regress: FAILED suites: ${failed[*]}"
+  exit 1
+fi
+echo "regress: all suites passed"
