@@ -23,6 +23,21 @@ SELECT uvm.write_segment('demo', 20 * 1024 * 1024, '\xdeadbeef'::bytea) AS bytes
 SELECT uvm.read_segment('demo', 20 * 1024 * 1024, 4) AS read_back;
 SELECT uvm.checksum_segment('demo', 0, 32 * 1024 * 1024) AS checksum;
 
+\echo '== parallel workers read the segment: each one attaches to it on its own'
+DROP TABLE IF EXISTS uvm_demo_rows;
+CREATE TABLE uvm_demo_rows AS SELECT i FROM generate_series(1, 100000) i;
+ANALYZE uvm_demo_rows;
+SET parallel_setup_cost = 0;
+SET parallel_tuple_cost = 0;
+SET min_parallel_table_scan_size = 0;
+SET max_parallel_workers_per_gather = 2;
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF)
+SELECT count(*) FROM uvm_demo_rows WHERE uvm.read_segment('demo', (i % 23)::bigint, 1) = '\x6c'::bytea;
+SELECT count(*) AS rows_whose_byte_is_l FROM uvm_demo_rows
+ WHERE uvm.read_segment('demo', (i % 23)::bigint, 1) = '\x6c'::bytea;
+RESET ALL;
+DROP TABLE uvm_demo_rows;
+
 \echo '== the registry and this session''s attachment'
 SELECT name, size, max_size, host_bytes, device_bytes, chunks, generation, attached_processes
   FROM uvm.segments ORDER BY name;
