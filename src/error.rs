@@ -38,8 +38,8 @@ pub enum Code {
     ObjectNotInPrerequisiteState,
     /// 0A000: a tier or operation this provider does not have.
     FeatureNotSupported,
-    /// 57014: a wait (pins to drain) ran out of time.
-    QueryCanceled,
+    /// 55P03: a wait (for pins to drain, or for a migration to end) ran out of time.
+    LockNotAvailable,
     /// 58000: an operating-system call failed.
     SystemError,
     /// 08P01: the broker answered something that is not the protocol.
@@ -64,7 +64,7 @@ impl Code {
             Code::ObjectInUse => "55006",
             Code::ObjectNotInPrerequisiteState => "55000",
             Code::FeatureNotSupported => "0A000",
-            Code::QueryCanceled => "57014",
+            Code::LockNotAvailable => "55P03",
             Code::SystemError => "58000",
             Code::ProtocolViolation => "08P01",
         }

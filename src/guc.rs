@@ -26,6 +26,7 @@ pub static MAX_ATTACHMENTS: GucSetting<i32> = GucSetting::<i32>::new(4096);
 pub static MIN_CHUNK_SIZE_MB: GucSetting<i32> = GucSetting::<i32>::new(2);
 pub static MAX_SEGMENT_SIZE_MB: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
 pub static DEVICE_MEMORY_LIMIT_MB: GucSetting<i32> = GucSetting::<i32>::new(-1);
+pub static PIN_WAIT_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static PROVIDER: GucSetting<ProviderChoice> = GucSetting::<ProviderChoice>::new(ProviderChoice::Auto);
 
 /// Registers every GUC and reserves the prefix. Called once from `_PG_init`.
@@ -98,6 +99,16 @@ pub fn define() {
         &PROVIDER,
         GucContext::Postmaster,
         GucFlags::empty(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.pin_wait_timeout",
+        c"How long a migration waits for pins on a segment to drain (and a pin for a migration to end).",
+        c"After it, prefetch_segment (or the access) fails with SQLSTATE 55P03.",
+        &PIN_WAIT_TIMEOUT_MS,
+        0,
+        i32::MAX,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
     );
     // SAFETY: called from _PG_init in the main thread, with a static C string.
     unsafe { pg_sys::MarkGUCPrefixReserved(c"pg_uvm_share".as_ptr()) };

@@ -629,19 +629,23 @@ impl Registry {
             )
             .hint("Grow segments in larger steps, or raise pg_uvm_share.min_chunk_size."));
         }
-        let ci = (0..self.hdr().max_chunks).find(|&i| self.chunk(i).state == CHUNK_FREE).ok_or_else(|| {
+        let ci = self.free_chunk_slot()?;
+        let id = self.hdr().next_chunk_id;
+        self.hdr_mut().next_chunk_id += 1;
+        *self.chunk_mut(ci) =
+            ChunkSlot { id, segment_id: seg_id, offset, size, tier: tier as u32, state: CHUNK_PENDING };
+        Ok(PendingChunk { slot: ci, id, segment_id: seg_id, offset, size, tier })
+    }
+
+    fn free_chunk_slot(&self) -> Result<u32> {
+        (0..self.hdr().max_chunks).find(|&i| self.chunk(i).state == CHUNK_FREE).ok_or_else(|| {
             uvm_err!(
                 Code::ConfigurationLimitExceeded,
                 "too many chunks (pg_uvm_share.max_chunks = {})",
                 self.hdr().max_chunks
             )
             .hint("Drop unused segments or raise pg_uvm_share.max_chunks (needs a restart).")
-        })?;
-        let id = self.hdr().next_chunk_id;
-        self.hdr_mut().next_chunk_id += 1;
-        *self.chunk_mut(ci) =
-            ChunkSlot { id, segment_id: seg_id, offset, size, tier: tier as u32, state: CHUNK_PENDING };
-        Ok(PendingChunk { slot: ci, id, segment_id: seg_id, offset, size, tier })
+        })
     }
 
     /// Forgets a pending chunk (its allocation failed or lost a race).
@@ -690,6 +694,10 @@ impl Registry {
     /// Removes a segment. Refuses (55006) while any process holds a pin. Returns the chunk ids
     /// whose fds the caller must release at the broker.
     pub fn drop_segment(&mut self, slot: u32) -> Result<Vec<u64>> {
+        if self.migrating(slot) {
+            let name = Self::seg_name(self.seg(slot)).to_string();
+            return Err(uvm_err!(Code::ObjectInUse, "segment \"{name}\" is being migrated"));
+        }
         let pins = self.seg(slot).pins.load(Ordering::Acquire);
         if pins > 0 {
             let name = Self::seg_name(self.seg(slot)).to_string();
@@ -719,6 +727,83 @@ impl Registry {
         s.nchunks = 0;
         s.generation += 1;
         Ok(ids)
+    }
+
+    /// Whether a migration is under way (new pins wait for it to end).
+    pub fn migrating(&self, slot: u32) -> bool {
+        self.seg(slot).flags & FLAG_MIGRATING != 0
+    }
+
+    /// Starts a migration of some of the segment's chunks. Refuses (55006) while any process
+    /// holds a pin or another migration runs; from here until `end_migration` no new pin is
+    /// granted and the segment cannot be dropped, so chunks can be replaced under nobody's feet.
+    pub fn begin_migration(&mut self, slot: u32) -> Result<()> {
+        let s = self.seg(slot);
+        let name = Self::seg_name(s).to_string();
+        if s.flags & FLAG_MIGRATING != 0 {
+            return Err(uvm_err!(Code::ObjectInUse, "segment \"{name}\" is being migrated by another process"));
+        }
+        let pins = s.pins.load(Ordering::Acquire);
+        if pins > 0 {
+            return Err(uvm_err!(Code::ObjectInUse, "segment \"{name}\" is in use")
+                .detail(format!("{pins} pin(s) are held on it.")));
+        }
+        self.seg_mut(slot).flags |= FLAG_MIGRATING;
+        Ok(())
+    }
+
+    /// Ends a migration begun with `begin_migration`.
+    pub fn end_migration(&mut self, slot: u32) {
+        self.seg_mut(slot).flags &= !FLAG_MIGRATING;
+    }
+
+    /// Records a pending chunk that will replace live chunk `old_id` (same offset and size) in
+    /// tier `tier`. Needs a free chunk slot; the segment's chunk count does not change.
+    pub fn reserve_replacement(&mut self, slot: u32, old_id: u64, tier: Tier) -> Result<PendingChunk> {
+        let seg_id = self.seg(slot).id;
+        let old = (0..self.hdr().max_chunks)
+            .map(|i| self.chunk(i))
+            .find(|c| c.id == old_id && c.state == CHUNK_LIVE && c.segment_id == seg_id)
+            .map(|c| (c.offset, c.size))
+            .ok_or_else(|| uvm_err!(Code::ObjectInUse, "chunk {old_id} changed during migration"))?;
+        let ci = self.free_chunk_slot()?;
+        let id = self.hdr().next_chunk_id;
+        self.hdr_mut().next_chunk_id += 1;
+        *self.chunk_mut(ci) =
+            ChunkSlot { id, segment_id: seg_id, offset: old.0, size: old.1, tier: tier as u32, state: CHUNK_PENDING };
+        Ok(PendingChunk { slot: ci, id, segment_id: seg_id, offset: old.0, size: old.1, tier })
+    }
+
+    /// Swaps a pending replacement in for live chunk `old_id`, adjusts the per-tier totals and
+    /// bumps the generation (every process remaps before its next access). Returns the old
+    /// chunk's id, for the caller to release at the broker.
+    pub fn replace_chunk(&mut self, p: &PendingChunk, old_id: u64) -> Result<u64> {
+        let slot = self.find_id(p.segment_id).ok_or_else(|| {
+            UvmError::new(Code::UndefinedObject, "segment was dropped while it was migrating")
+        })?;
+        let pos = {
+            let s = self.seg(slot);
+            s.chunks[..s.nchunks as usize].iter().position(|&ci| self.chunk(ci).id == old_id)
+        }
+        .ok_or_else(|| uvm_err!(Code::ObjectInUse, "chunk {old_id} changed during migration"))?;
+        let old_ci = self.seg(slot).chunks[pos];
+        let (old_size, old_tier) = {
+            let c = self.chunk(old_ci);
+            (c.size, Tier::from_u32(c.tier))
+        };
+        self.chunk_mut(p.slot).state = CHUNK_LIVE;
+        *self.chunk_mut(old_ci) = ChunkSlot { id: 0, segment_id: 0, offset: 0, size: 0, tier: 0, state: CHUNK_FREE };
+        let s = self.seg_mut(slot);
+        s.chunks[pos] = p.slot;
+        s.generation += 1;
+        for (tier, delta) in [(old_tier, -(old_size as i128)), (p.tier, p.size as i128)] {
+            let total = match tier {
+                Tier::Device => &mut self.hdr_mut().device_bytes,
+                Tier::Host => &mut self.hdr_mut().host_bytes,
+            };
+            *total = (*total as i128 + delta) as u64;
+        }
+        Ok(old_id)
     }
 
     /// Takes a pin on a segment (shared lock suffices). Pins block drops and migrations.
@@ -822,6 +907,7 @@ impl Registry {
 }
 
 const FLAG_IN_ARENA: u32 = 1;
+const FLAG_MIGRATING: u32 = 2;
 
 #[cfg(test)]
 mod tests;

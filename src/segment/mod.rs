@@ -54,7 +54,7 @@ use crate::uvm_err;
 mod tests;
 
 /// What the segment layer needs from its host process.
-pub trait Env {
+pub trait Env: Clone {
     type Shared: Deref<Target = Registry>;
     type Exclusive: DerefMut<Target = Registry>;
     /// The registry under its shared lock.
@@ -76,6 +76,8 @@ pub struct Limits {
     pub max_segment_size: u64,
     /// Device-tier budget in bytes (None: the provider's own limit).
     pub device_limit: Option<u64>,
+    /// How long a migration waits for pins to drain, and a pin for a migration to end.
+    pub pin_wait: Duration,
 }
 
 /// A segment mapped in this process.
@@ -105,22 +107,7 @@ pub struct Pin<'a, E: Env> {
 impl<E: Env> Pin<'_, E> {
     /// Checks `[offset, offset + len)` against the segment's size and returns it as a range.
     pub fn check_range(&self, offset: i64, len: i64) -> Result<(usize, usize)> {
-        if offset < 0 {
-            return Err(uvm_err!(Code::InvalidParameterValue, "offset must not be negative: {offset}"));
-        }
-        if len < 0 {
-            return Err(uvm_err!(Code::InvalidParameterValue, "length must not be negative: {len}"));
-        }
-        let (o, l) = (offset as u64, len as u64);
-        match o.checked_add(l) {
-            Some(end) if end <= self.info.size => Ok((o as usize, l as usize)),
-            _ => Err(uvm_err!(
-                Code::OutOfRange,
-                "range [{offset}, {offset} + {len}) is outside segment \"{}\" of {} bytes",
-                self.info.name,
-                self.info.size
-            )),
-        }
+        check_range(&self.info, offset, len)
     }
 
     /// The bytes `[offset, offset + len)`, bounds-checked.
@@ -151,6 +138,71 @@ impl<E: Env> Drop for Pin<'_, E> {
         if !self.released {
             if let Ok(reg) = self.env.unlocked() {
                 reg.unpin_attached(self.slot, self.att);
+            }
+        }
+    }
+}
+
+/// Checks `[offset, offset + len)` against a segment's size; returns (offset, len).
+pub fn check_range(info: &SegmentInfo, offset: i64, len: i64) -> Result<(usize, usize)> {
+    if offset < 0 {
+        return Err(uvm_err!(Code::InvalidParameterValue, "offset must not be negative: {offset}"));
+    }
+    if len < 0 {
+        return Err(uvm_err!(Code::InvalidParameterValue, "length must not be negative: {len}"));
+    }
+    let (o, l) = (offset as u64, len as u64);
+    match o.checked_add(l) {
+        Some(end) if end <= info.size => Ok((o as usize, l as usize)),
+        _ => Err(uvm_err!(
+            Code::OutOfRange,
+            "range [{offset}, {offset} + {len}) is outside segment \"{}\" of {} bytes",
+            info.name,
+            info.size
+        )),
+    }
+}
+
+/// The migration flag of one segment, held for the duration of a migration.
+struct MigrationFlag<E: Env> {
+    env: E,
+    id: u64,
+}
+
+impl<E: Env> MigrationFlag<E> {
+    /// Waits up to `wait` for the segment's pins to drain, then sets its migration flag.
+    fn begin(env: &E, id: u64, name: &str, wait: Duration) -> Result<Self> {
+        let started = Instant::now();
+        loop {
+            let attempt = {
+                let mut reg = env.exclusive()?;
+                let slot = reg.find_id(id).ok_or_else(|| uvm_err!(Code::UndefinedObject, "segment \"{name}\" does not exist"))?;
+                reg.begin_migration(slot)
+            };
+            match attempt {
+                Ok(()) => return Ok(MigrationFlag { env: env.clone(), id }),
+                Err(e) if e.code == Code::ObjectInUse && started.elapsed() < wait => {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) if e.code == Code::ObjectInUse => {
+                    return Err(UvmError::new(
+                        Code::LockNotAvailable,
+                        format!("could not migrate segment \"{name}\": still in use after {} ms", wait.as_millis()),
+                    )
+                    .detail(e.detail.unwrap_or(e.message))
+                    .hint("Other sessions hold pins on it (uvm.attachments shows them); see pg_uvm_share.pin_wait_timeout."))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl<E: Env> Drop for MigrationFlag<E> {
+    fn drop(&mut self) {
+        if let Ok(mut reg) = self.env.exclusive() {
+            if let Some(slot) = reg.find_id(self.id) {
+                reg.end_migration(slot);
             }
         }
     }
@@ -414,15 +466,28 @@ impl<E: Env> Segments<E> {
         authorize(info.owner)?;
         self.ensure_attachment(&info)?;
         let att = self.attachments[&info.id].att_slot;
-        // Pin, and take the snapshot that the pin protects.
-        let (info, epoch) = {
+        // Pin, and take the snapshot that the pin protects. A migration in progress holds new
+        // pins back until it ends.
+        let waited = Instant::now();
+        let (info, epoch) = loop {
             let reg = self.env.shared()?;
             let slot = match reg.find_id(info.id) {
                 Some(s) => s,
                 None => return Err(uvm_err!(Code::UndefinedObject, "segment \"{name}\" does not exist")),
             };
-            reg.pin_attached(slot, att);
-            (reg.info(slot), reg.epoch())
+            if !reg.migrating(slot) {
+                reg.pin_attached(slot, att);
+                break (reg.info(slot), reg.epoch());
+            }
+            drop(reg);
+            if waited.elapsed() >= self.limits.pin_wait {
+                return Err(uvm_err!(
+                    Code::LockNotAvailable,
+                    "timed out after {} ms waiting for a migration of segment \"{name}\" to end",
+                    self.limits.pin_wait.as_millis()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
         };
         let mut pin = Pin { env: &self.env, slot: info.slot, att, released: false, base: std::ptr::null_mut(), map_ms: 0.0, info };
         // From here on, an error drops `pin`, which gives the pin back.
@@ -472,8 +537,13 @@ impl<E: Env> Segments<E> {
     }
 
     /// Moves the chunks covering `[offset, offset + length)` of `name` to tier `target`;
-    /// returns the bytes moved. The host provider has one tier, so there it only validates the
-    /// request (name, privileges, range, tier) and moves nothing.
+    /// returns the bytes moved.
+    ///
+    /// Migration waits (up to `limits.pin_wait`) until no process holds a pin, then marks the
+    /// segment migrating, which holds new pins back and refuses drops. For each chunk to move it
+    /// allocates a chunk in the target tier, copies the bytes (per chunk: driver copies cannot
+    /// cross chunk boundaries), and swaps it in under the exclusive lock with a generation bump,
+    /// so that every process remaps before its next access. Chunks already in `target` stay.
     pub fn prefetch(
         &mut self,
         name: &str,
@@ -482,28 +552,85 @@ impl<E: Env> Segments<E> {
         target: Tier,
         authorize: impl FnOnce(u32) -> Result<()>,
     ) -> Result<u64> {
-        let pin = self.pin(name, authorize)?;
-        let (start, len) = pin.check_range(offset, length)?;
-        let (start, end) = (start as u64, (start + len) as u64);
-        let to_move: u64 = pin
-            .info
-            .chunks
-            .iter()
-            .filter(|c| c.offset < end && start < c.offset + c.size && c.tier != target)
-            .map(|c| c.size)
-            .sum();
-        drop(pin);
+        let info = self.lookup(name)?;
+        authorize(info.owner)?;
+        let (start, len) = check_range(&info, offset, length)?;
         if !self.provider.capabilities().tiers.contains(&target) {
             return Err(crate::provider::tier_unavailable(target, self.provider.kind()));
         }
-        if to_move > 0 {
-            return Err(uvm_err!(
-                Code::FeatureNotSupported,
-                "provider \"{}\" cannot migrate chunks between tiers",
-                self.provider.kind().name()
-            ));
+        let (start, end) = (start as u64, (start + len) as u64);
+        let moving: Vec<ChunkInfo> = info
+            .chunks
+            .iter()
+            .filter(|c| c.offset < end && start < c.offset + c.size && c.tier != target)
+            .copied()
+            .collect();
+        if moving.is_empty() {
+            return Ok(0);
         }
-        Ok(0)
+        let bytes: u64 = moving.iter().map(|c| c.size).sum();
+        if target == Tier::Device {
+            let reg = self.env.shared()?;
+            if let Some(limit) = self.limits.device_limit {
+                let used = reg.tier_bytes(Tier::Device);
+                if used.saturating_add(bytes) > limit {
+                    return Err(uvm_err!(
+                        Code::ConfigurationLimitExceeded,
+                        "moving {bytes} bytes of segment \"{name}\" to the device would exceed \
+                         pg_uvm_share.device_memory_limit ({limit} bytes, {used} in use)"
+                    ));
+                }
+            }
+        }
+        let _flag = MigrationFlag::begin(&self.env, info.id, name, self.limits.pin_wait)?;
+        for c in &moving {
+            self.migrate_chunk(info.id, c, target)?;
+        }
+        Ok(bytes)
+    }
+
+    /// Replaces one chunk by a copy in `target`. The caller holds the migration flag.
+    fn migrate_chunk(&mut self, id: u64, old: &ChunkInfo, target: Tier) -> Result<()> {
+        // The old chunk must be mapped here to be copied: bring this process's mapping up to
+        // date (the flag guarantees nobody else changes the chunk list meanwhile).
+        let (info, epoch) = {
+            let reg = self.env.shared()?;
+            let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
+            (reg.info(slot), reg.epoch())
+        };
+        self.ensure_attachment(&info)?;
+        let a = self.attachments.get_mut(&id).expect("attached above");
+        if a.generation != info.generation {
+            map_missing(self.provider.as_ref(), &mut self.broker, &self.env, a, &info, epoch)?;
+        }
+        let src = a.reservation.addr + old.offset;
+        let pending = {
+            let mut reg = self.env.exclusive()?;
+            let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
+            reg.reserve_replacement(slot, old.id, target)?
+        };
+        let mut guard = PendingGuard { segs: self, pending, handed_over: false, committed: false, epoch };
+        let fd = guard.segs.provider.create_chunk(target, old.size)?;
+        guard.segs.with_broker(|b| b.put(epoch, pending.id, fd.as_fd()))?;
+        guard.handed_over = true;
+        // Copy through a temporary mapping of the new chunk.
+        let provider = guard.segs.provider.as_ref();
+        let tmp = provider.reserve(0, old.size, false)?;
+        let copied = provider.map_chunk(fd.as_fd(), target, tmp.addr, old.size).and_then(|()| {
+            // SAFETY: both ranges are mapped for `old.size` bytes (the old chunk in this
+            // process's reservation, the new one just above) and are distinct mappings.
+            let r = unsafe { provider.copy(tmp.addr as *mut u8, src as *const u8, old.size as usize) };
+            provider.unmap_chunk(tmp.addr, old.size, target);
+            r
+        });
+        provider.release_reservation(&tmp);
+        drop(fd);
+        copied?;
+        let old_id = guard.segs.env.exclusive()?.replace_chunk(&pending, old.id)?;
+        guard.committed = true;
+        drop(guard);
+        self.with_broker(|b| b.release(epoch, old_id))?;
+        Ok(())
     }
 
     /// Takes a session pin (held until `unpin_session` or process exit).

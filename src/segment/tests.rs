@@ -4,6 +4,7 @@
 //! outside the arena would).
 
 use std::path::PathBuf;
+use std::time::Duration;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -106,7 +107,7 @@ impl Env for TestEnv {
 }
 
 fn limits() -> Limits {
-    Limits { min_chunk: 2 * MIB, max_segment_size: 1 << 30, device_limit: None }
+    Limits { min_chunk: 2 * MIB, max_segment_size: 1 << 30, device_limit: None, pin_wait: Duration::from_millis(300) }
 }
 
 fn process(world: &Arc<World>, pid: i32) -> Segments<TestEnv> {
@@ -292,6 +293,148 @@ fn arena_segments_map_at_their_hint() {
     }
     assert!(a.attachments().all(|x| x.same_address));
     a.drop_segment("s", ok).unwrap();
+    drop(a);
+    assert_eq!(world.finish(), 0);
+}
+
+/// Stands in for the CUDA provider's two tiers with memfds in both, so that the tests exercise
+/// the tier logic and the migration protocol on any machine (the memory itself is the host
+/// provider's, tested above).
+struct TwoTierMemfd;
+
+impl Provider for TwoTierMemfd {
+    fn kind(&self) -> crate::provider::ProviderKind {
+        crate::provider::ProviderKind::Host
+    }
+    fn capabilities(&self) -> crate::provider::Capabilities {
+        crate::provider::Capabilities { tiers: vec![Tier::Host, Tier::Device], granularity: GRANULARITY, ..Default::default() }
+    }
+    fn reserve(&self, hint: u64, size: u64, in_arena: bool) -> Result<Reservation> {
+        HostProvider.reserve(hint, size, in_arena)
+    }
+    fn release_reservation(&self, r: &Reservation) {
+        HostProvider.release_reservation(r)
+    }
+    fn create_chunk(&self, _tier: Tier, size: u64) -> Result<std::os::fd::OwnedFd> {
+        HostProvider.create_chunk(Tier::Host, size)
+    }
+    fn map_chunk(&self, fd: std::os::fd::BorrowedFd<'_>, _tier: Tier, addr: u64, size: u64) -> Result<()> {
+        HostProvider.map_chunk(fd, Tier::Host, addr, size)
+    }
+    fn unmap_chunk(&self, addr: u64, size: u64, _tier: Tier) {
+        HostProvider.unmap_chunk(addr, size, Tier::Host)
+    }
+    unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { HostProvider.copy(dst, src, len) }
+    }
+}
+
+fn two_tier(world: &Arc<World>, pid: i32, device_limit: Option<u64>) -> Segments<TestEnv> {
+    let mut l = limits();
+    l.device_limit = device_limit;
+    Segments::new(TestEnv { world: world.clone(), pid }, Box::new(TwoTierMemfd), l)
+}
+
+fn tiers_of(s: &Segments<TestEnv>, name: &str) -> Vec<Tier> {
+    s.lookup(name).unwrap().chunks.iter().map(|c| c.tier).collect()
+}
+
+#[test]
+fn migration_moves_chunks_both_ways_and_other_processes_follow() {
+    let world = World::new("migrate", Arena::default());
+    let mut a = two_tier(&world, 1, None);
+    let mut b = two_tier(&world, 2, None);
+    a.create("m", 3 * MIB as i64, None, TierPref::Host, 1, 0).unwrap();
+    a.grow("m", 7 * MIB as i64, ok).unwrap();
+    let data: Vec<u8> = (0..7 * MIB as usize).map(|i| (i * 31 % 251) as u8).collect();
+    a.pin("m", ok).unwrap().bytes_mut(0, data.len() as i64).unwrap().copy_from_slice(&data);
+    assert_eq!(b.pin("m", ok).unwrap().bytes(0, data.len() as i64).unwrap(), &data[..]);
+    assert_eq!(tiers_of(&a, "m"), vec![Tier::Host, Tier::Host]);
+    let gen_before = a.lookup("m").unwrap().generation;
+
+    // only the chunk covering [5 MiB, 6 MiB) moves
+    let moved = a.prefetch("m", 5 * MIB as i64, MIB as i64, Tier::Device, ok).unwrap();
+    assert_eq!(tiers_of(&a, "m"), vec![Tier::Host, Tier::Device]);
+    assert_eq!(moved, a.lookup("m").unwrap().chunks[1].size);
+    assert!(a.lookup("m").unwrap().generation > gen_before);
+    // b still maps the old chunk; its next pin remaps and reads the same bytes
+    assert_eq!(b.pin("m", ok).unwrap().bytes(0, data.len() as i64).unwrap(), &data[..]);
+    // everything to the device, then everything back
+    a.prefetch("m", 0, data.len() as i64, Tier::Device, ok).unwrap();
+    assert_eq!(tiers_of(&a, "m"), vec![Tier::Device, Tier::Device]);
+    assert_eq!(a.prefetch("m", 0, data.len() as i64, Tier::Device, ok).unwrap(), 0);
+    {
+        let reg = a.env.shared().unwrap();
+        assert_eq!(reg.tier_bytes(Tier::Host), 0);
+        assert_eq!(reg.tier_bytes(Tier::Device), a.lookup("m").unwrap().committed);
+    }
+    a.prefetch("m", 0, data.len() as i64, Tier::Host, ok).unwrap();
+    assert_eq!(tiers_of(&a, "m"), vec![Tier::Host, Tier::Host]);
+    assert_eq!(b.pin("m", ok).unwrap().bytes(0, data.len() as i64).unwrap(), &data[..]);
+    assert_eq!(a.pin("m", ok).unwrap().bytes(0, data.len() as i64).unwrap(), &data[..]);
+    // replaced chunks were released at the broker: it holds exactly the live ones
+    assert_eq!(world.shared_known(), 2);
+    b.detach_all();
+    a.drop_segment("m", ok).unwrap();
+    drop((a, b));
+    assert_eq!(world.finish(), 0);
+}
+
+#[test]
+fn migration_waits_for_pins_and_times_out_cleanly() {
+    let world = World::new("migwait", Arena::default());
+    let mut a = two_tier(&world, 1, None);
+    let mut b = two_tier(&world, 2, None);
+    a.create("w", MIB as i64, None, TierPref::Host, 1, 0).unwrap();
+    b.pin_session("w", ok).unwrap();
+    let started = std::time::Instant::now();
+    let e = a.prefetch("w", 0, 1, Tier::Device, ok).unwrap_err();
+    assert_eq!(e.code, Code::LockNotAvailable, "{e}");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    // nothing moved, nothing left behind, and the segment is usable
+    assert_eq!(tiers_of(&a, "w"), vec![Tier::Host]);
+    assert!(!a.env.shared().unwrap().migrating(a.lookup("w").unwrap().slot));
+    assert_eq!(world.shared_known(), 1);
+    b.detach_all();
+    // a pin that goes away while the migration waits: the migration proceeds
+    let (tx, rx) = std::sync::mpsc::channel();
+    let w = world.clone();
+    let t = std::thread::spawn(move || {
+        let mut c = two_tier(&w, 3, None);
+        c.pin_session("w", ok).unwrap();
+        tx.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(c.unpin_session("w").unwrap());
+        c.detach_all();
+    });
+    rx.recv().unwrap();
+    assert_eq!(a.prefetch("w", 0, 1, Tier::Device, ok).unwrap(), 2 * MIB);
+    t.join().unwrap();
+    a.drop_segment("w", ok).unwrap();
+    drop((a, b));
+    assert_eq!(world.finish(), 0);
+}
+
+#[test]
+fn device_budget_spills_auto_chunks_and_refuses_device_ones() {
+    let world = World::new("budget", Arena::default());
+    let mut a = two_tier(&world, 1, Some(4 * MIB));
+    a.create("d", 3 * MIB as i64, None, TierPref::Auto, 1, 0).unwrap();
+    assert_eq!(tiers_of(&a, "d"), vec![Tier::Device]);
+    // the next auto chunk would pass the 4 MiB budget: it goes to the host tier
+    a.grow("d", 9 * MIB as i64, ok).unwrap();
+    assert_eq!(tiers_of(&a, "d"), vec![Tier::Device, Tier::Host]);
+    let e = a.create("e", 4 * MIB as i64, None, TierPref::Device, 1, 0).unwrap_err();
+    assert_eq!(e.code, Code::ConfigurationLimitExceeded);
+    assert!(a.lookup("e").is_err(), "a failed create leaves no segment");
+    let e = a.prefetch("d", 0, 9 * MIB as i64, Tier::Device, ok).unwrap_err();
+    assert_eq!(e.code, Code::ConfigurationLimitExceeded);
+    a.create("h", MIB as i64, None, TierPref::Host, 1, 0).unwrap();
+    assert_eq!(tiers_of(&a, "h"), vec![Tier::Host]);
+    for n in ["d", "h"] {
+        a.drop_segment(n, ok).unwrap();
+    }
     drop(a);
     assert_eq!(world.finish(), 0);
 }

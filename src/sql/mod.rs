@@ -89,13 +89,14 @@ fn sqlstate(c: Code) -> PgSqlErrorCode {
         Code::ObjectInUse => ERRCODE_OBJECT_IN_USE,
         Code::ObjectNotInPrerequisiteState => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         Code::FeatureNotSupported => ERRCODE_FEATURE_NOT_SUPPORTED,
-        Code::QueryCanceled => ERRCODE_QUERY_CANCELED,
+        Code::LockNotAvailable => ERRCODE_LOCK_NOT_AVAILABLE,
         Code::SystemError => ERRCODE_SYSTEM_ERROR,
         Code::ProtocolViolation => ERRCODE_PROTOCOL_VIOLATION,
     }
 }
 
 /// The registry through PostgreSQL's LWLock, for the segment layer.
+#[derive(Clone)]
 pub struct PgEnv;
 
 impl Env for PgEnv {
@@ -131,6 +132,7 @@ fn limits() -> Limits {
         min_chunk: guc::min_chunk_size(),
         max_segment_size: guc::max_segment_size(),
         device_limit: guc::device_memory_limit(),
+        pin_wait: std::time::Duration::from_millis(guc::PIN_WAIT_TIMEOUT_MS.get().max(0) as u64),
     }
 }
 
