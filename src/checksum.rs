@@ -1,5 +1,5 @@
-//! The segment checksum: one definition for the CPU path (here) and the GPU kernel
-//! (`kernels/checksum.cu`, next to come), which must return the same value.
+//! The segment checksum and fill pattern: one definition for the CPU path (here) and the GPU
+//! kernels (`kernels/segment.cu`), which must produce the same bytes and values.
 //!
 //! The range is read as little-endian 64-bit words `w[i]` (the last one zero-padded), each mixed
 //! with its index by the SplitMix64 finalizer, and the results are added modulo 2^64:
@@ -24,6 +24,19 @@ pub fn mix(mut z: u64) -> u64 {
 #[inline]
 fn term(word: u64, index: u64) -> u64 {
     mix(word ^ index.wrapping_mul(GOLDEN))
+}
+
+/// The fill pattern (`fill_segment`): byte j of a range is byte `j % 8` of `mix(seed + j / 8)`.
+pub fn fill(bytes: &mut [u8], seed: u64) {
+    let mut chunks = bytes.chunks_exact_mut(8);
+    let mut i = 0u64;
+    for c in &mut chunks {
+        c.copy_from_slice(&mix(seed.wrapping_add(i)).to_le_bytes());
+        i += 1;
+    }
+    let rest = chunks.into_remainder();
+    let n = rest.len();
+    rest.copy_from_slice(&mix(seed.wrapping_add(i)).to_le_bytes()[..n]);
 }
 
 /// Checksum of `bytes`, whose first word has index `first_word` (0 for a whole range).
@@ -66,6 +79,18 @@ mod tests {
             let b = checksum(&data[split..], (split / 8) as u64);
             assert_eq!(a.wrapping_add(b), whole, "split at {split}");
         }
+    }
+
+    #[test]
+    fn fill_pattern() {
+        let mut a = vec![0u8; 21];
+        fill(&mut a, 5);
+        assert_eq!(&a[..8], &mix(5).to_le_bytes());
+        assert_eq!(&a[16..], &mix(7).to_le_bytes()[..5]);
+        // a fill of the first 16 bytes is a prefix of the fill of 21
+        let mut b = vec![0u8; 16];
+        fill(&mut b, 5);
+        assert_eq!(&a[..16], &b[..]);
     }
 
     #[test]

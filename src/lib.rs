@@ -6,7 +6,8 @@
 //! - [`broker`]: the background worker that holds every chunk's fd, and its protocol.
 //! - [`provider`]: where chunk memory comes from (memfd now, CUDA VMM next) and how it is mapped.
 //! - [`segment`]: one process's attachments, the pin/generation protocol, growth and drop.
-//! - [`checksum`]: the segment checksum shared by the CPU and GPU paths.
+//! - [`gpu`]: CUDA in this process: driver loading, the primary context, NVRTC kernels.
+//! - [`checksum`]: the segment checksum and fill pattern shared by the CPU and GPU paths.
 //! - [`sql`]: the thin pgrx layer: `_PG_init`, GUCs, SQL functions and views in schema `uvm`.
 //!
 //! Everything but `sql`, `guc`, `registry::shmem` and `broker::worker` is plain Rust, unit-tested
@@ -15,6 +16,7 @@
 pub mod broker;
 pub mod checksum;
 pub mod error;
+pub mod gpu;
 pub mod guc;
 pub mod provider;
 pub mod registry;

@@ -9,7 +9,7 @@
 //!
 //! The operations are exactly those the segment layer needs:
 //!
-//! | operation | host provider (`host.rs`) | CUDA provider (next) |
+//! | operation | host provider (`host.rs`) | CUDA provider (`cuda.rs`) |
 //! | --- | --- | --- |
 //! | `reserve(hint, size)` | inside the inherited arena: nothing to do; else `mmap(PROT_NONE)` | `cuMemAddressReserve(hint)` |
 //! | `create_chunk(tier, size)` | `memfd_create` + `ftruncate` | `cuMemCreate` + export POSIX fd |
@@ -31,6 +31,7 @@
 //! Outside the arena (it could not be reserved, or is full) the registry's base address is a
 //! hint, and a process that does not get it records `same_address = false`; offsets stay valid.
 
+pub mod cuda;
 pub mod host;
 
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -50,6 +51,20 @@ pub enum ProviderKind {
 }
 
 impl ProviderKind {
+    /// The code recorded in the registry (never 0).
+    pub fn code(self) -> u32 {
+        match self {
+            ProviderKind::Host => 1,
+            ProviderKind::Cuda => 2,
+        }
+    }
+    pub fn from_code(c: u32) -> Option<ProviderKind> {
+        match c {
+            1 => Some(ProviderKind::Host),
+            2 => Some(ProviderKind::Cuda),
+            _ => None,
+        }
+    }
     pub fn name(self) -> &'static str {
         match self {
             ProviderKind::Host => "host",
@@ -81,6 +96,11 @@ pub struct Capabilities {
 pub trait Provider {
     fn kind(&self) -> ProviderKind;
     fn capabilities(&self) -> Capabilities;
+    /// Whether the CPU can read and write chunks of `tier` through their mapping (otherwise the
+    /// segment layer copies with `copy`, one chunk at a time).
+    fn cpu_accessible(&self, _tier: Tier) -> bool {
+        true
+    }
     /// Reserves `size` bytes of address space, at `hint` if possible (`hint == 0`: anywhere).
     fn reserve(&self, hint: u64, size: u64, in_arena: bool) -> Result<Reservation>;
     /// Gives a reservation back; every chunk in it must be unmapped first.
@@ -98,8 +118,13 @@ pub trait Provider {
     unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) -> Result<()>;
 }
 
-/// Reserves the arena in the postmaster. On failure the arena is empty and segments fall back on
-/// address hints.
+/// Where the postmaster asks for the arena: low in the address space, away from the libraries,
+/// the heap and the CUDA driver's own mappings (the CUDA provider was measured to get its
+/// reservations at addresses like this one).
+pub const ARENA_HINT: u64 = 0x50_0000_0000;
+
+/// Reserves the arena in the postmaster, at `ARENA_HINT` if that range is free. On failure the
+/// arena is empty and segments fall back on address hints.
 pub fn reserve_arena(size: u64) -> Arena {
     let size = size / GRANULARITY * GRANULARITY;
     if size == 0 {
@@ -107,11 +132,11 @@ pub fn reserve_arena(size: u64) -> Arena {
     }
     // Over-reserve by one granule so that the start can be aligned.
     let len = size + GRANULARITY;
-    // SAFETY: an anonymous PROT_NONE, MAP_NORESERVE mapping at an address of the kernel's
-    // choosing touches no existing mapping and commits no memory.
+    // SAFETY: an anonymous PROT_NONE, MAP_NORESERVE mapping without MAP_FIXED (the address is a
+    // hint) touches no existing mapping and commits no memory.
     let p = unsafe {
         libc::mmap(
-            std::ptr::null_mut(),
+            ARENA_HINT as *mut libc::c_void,
             len as usize,
             libc::PROT_NONE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,

@@ -147,7 +147,8 @@ struct Header {
     device_bytes: u64,
     host_bytes: u64,
     broker_pid: i32,
-    _pad: u32,
+    /// The provider every process of this cluster uses (0: not chosen yet; see `claim_provider`).
+    provider: u32,
 }
 
 #[repr(C)]
@@ -382,7 +383,7 @@ impl Registry {
                 device_bytes: 0,
                 host_bytes: 0,
                 broker_pid: 0,
-                _pad: 0,
+                provider: 0,
             };
         }
         r
@@ -465,6 +466,23 @@ impl Registry {
     pub fn set_broker_pid(&mut self, pid: i32) {
         self.hdr_mut().broker_pid = pid;
     }
+    /// Records `kind` (a non-zero provider code) as the cluster's provider unless one was
+    /// recorded already; returns the recorded one. All processes must map chunks the same way,
+    /// so the first process that needs a provider decides for the whole cluster (until the next
+    /// restart).
+    pub fn claim_provider(&mut self, kind: u32) -> u32 {
+        debug_assert!(kind != 0);
+        if self.hdr().provider == 0 {
+            self.hdr_mut().provider = kind;
+        }
+        self.hdr().provider
+    }
+
+    /// The recorded provider code (0: none yet).
+    pub fn provider(&self) -> u32 {
+        self.hdr().provider
+    }
+
     /// Committed bytes in a tier, all segments together.
     pub fn tier_bytes(&self, tier: Tier) -> u64 {
         match tier {

@@ -95,6 +95,7 @@ pub struct Attachment {
 /// A pinned, mapped segment: the memory stays valid until the guard is dropped.
 pub struct Pin<'a, E: Env> {
     env: &'a E,
+    provider: &'a dyn Provider,
     slot: u32,
     att: u32,
     released: bool,
@@ -110,20 +111,95 @@ impl<E: Env> Pin<'_, E> {
         check_range(&self.info, offset, len)
     }
 
-    /// The bytes `[offset, offset + len)`, bounds-checked.
+    /// Fails unless the CPU can address every chunk under `[o, o + l)` directly.
+    fn check_cpu(&self, o: usize, l: usize) -> Result<()> {
+        let (start, end) = (o as u64, (o + l) as u64);
+        match self.info.chunks.iter().find(|c| c.offset < end && start < c.offset + c.size && !self.provider.cpu_accessible(c.tier)) {
+            None => Ok(()),
+            Some(c) => Err(uvm_err!(
+                Code::FeatureNotSupported,
+                "bytes at offset {} of segment \"{}\" are in the {} tier, which the CPU cannot address",
+                c.offset.max(start),
+                self.info.name,
+                c.tier.name()
+            )),
+        }
+    }
+
+    /// The bytes `[offset, offset + len)` as a slice, when the CPU can address all of them.
     pub fn bytes(&self, offset: i64, len: i64) -> Result<&[u8]> {
         let (o, l) = self.check_range(offset, len)?;
-        // SAFETY: the range lies within `info.size`, which the mapped chunks cover, and the pin
-        // keeps those chunks mapped for the guard's lifetime.
+        self.check_cpu(o, l)?;
+        // SAFETY: the range lies within `info.size`, which the mapped chunks cover, is
+        // CPU-accessible (checked), and the pin keeps the chunks mapped for the guard's life.
         Ok(unsafe { std::slice::from_raw_parts(self.base.add(o), l) })
     }
 
-    /// The bytes `[offset, offset + len)` for writing, bounds-checked.
+    /// The bytes `[offset, offset + len)` for writing, when the CPU can address all of them.
     pub fn bytes_mut(&mut self, offset: i64, len: i64) -> Result<&mut [u8]> {
         let (o, l) = self.check_range(offset, len)?;
+        self.check_cpu(o, l)?;
         // SAFETY: as in `bytes`; concurrent writers to a segment are the user's business, as
         // for any shared memory; the range is mapped read-write.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.base.add(o), l) })
+    }
+
+    /// Splits `[o, o + l)` at chunk boundaries: (chunk tier, segment offset, length) per piece.
+    fn pieces(&self, o: usize, l: usize) -> Vec<(Tier, usize, usize)> {
+        let (start, end) = (o as u64, (o + l) as u64);
+        self.info
+            .chunks
+            .iter()
+            .filter(|c| c.offset < end && start < c.offset + c.size)
+            .map(|c| {
+                let a = c.offset.max(start);
+                let b = (c.offset + c.size).min(end);
+                (c.tier, a as usize, (b - a) as usize)
+            })
+            .collect()
+    }
+
+    /// Copies `[offset, offset + dst.len())` into `dst`: directly where the CPU can address the
+    /// chunk, with the provider's copy (cuMemcpy) chunk by chunk where it cannot.
+    pub fn read_into(&self, offset: i64, dst: &mut [u8]) -> Result<()> {
+        let (o, l) = self.check_range(offset, dst.len() as i64)?;
+        for (tier, at, n) in self.pieces(o, l) {
+            let d = &mut dst[at - o..at - o + n];
+            // SAFETY: [at, at + n) lies in one mapped chunk (pieces), pinned; `d` is ours.
+            unsafe {
+                let src = self.base.add(at);
+                if self.provider.cpu_accessible(tier) {
+                    std::ptr::copy_nonoverlapping(src, d.as_mut_ptr(), n);
+                } else {
+                    self.provider.copy(d.as_mut_ptr(), src, n)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies `src` to `[offset, offset + src.len())`, as `read_into` does the other way.
+    pub fn write_from(&mut self, offset: i64, src: &[u8]) -> Result<()> {
+        let (o, l) = self.check_range(offset, src.len() as i64)?;
+        for (tier, at, n) in self.pieces(o, l) {
+            let s = &src[at - o..at - o + n];
+            // SAFETY: as in `read_into`, the other way.
+            unsafe {
+                let dst = self.base.add(at);
+                if self.provider.cpu_accessible(tier) {
+                    std::ptr::copy_nonoverlapping(s.as_ptr(), dst, n);
+                } else {
+                    self.provider.copy(dst, s.as_ptr(), n)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The address of byte `offset` (for kernels), bounds-checked with `len`.
+    pub fn addr(&self, offset: i64, len: i64) -> Result<u64> {
+        let (o, _) = self.check_range(offset, len)?;
+        Ok(self.base as u64 + o as u64)
     }
 
     /// Keeps the pin past the guard's life (a session pin); `Segments::unpin_session` ends it.
@@ -353,6 +429,8 @@ impl<E: Env> Segments<E> {
 
     /// Adds chunks until segment `id` covers `needed` bytes, then sets its size.
     fn grow_to(&mut self, id: u64, needed: u64) -> Result<()> {
+        // Set when the device is out of memory for an `auto` chunk: it goes to the host tier.
+        let mut spill = false;
         loop {
             let (pending, epoch) = {
                 let mut reg = self.env.exclusive()?;
@@ -370,11 +448,22 @@ impl<E: Env> Segments<E> {
                     self.limits.min_chunk,
                     GRANULARITY,
                 );
-                let tier = self.choose_tier(&reg, info.tier_pref, size)?;
+                let tier = if spill { Tier::Host } else { self.choose_tier(&reg, info.tier_pref, size)? };
                 (reg.reserve_chunk(slot, info.committed, size, tier)?, reg.epoch())
             };
             let mut guard = PendingGuard { segs: self, pending, handed_over: false, committed: false, epoch };
-            let fd = guard.segs.provider.create_chunk(pending.tier, pending.size)?;
+            let fd = match guard.segs.provider.create_chunk(pending.tier, pending.size) {
+                Ok(fd) => fd,
+                Err(e) if e.code == Code::OutOfMemory && pending.tier == Tier::Device && !spill => {
+                    let auto = guard.segs.lookup_id(id).map(|i| i.tier_pref == TierPref::Auto).unwrap_or(false);
+                    if !auto {
+                        return Err(e);
+                    }
+                    spill = true;
+                    continue; // the guard forgets the pending chunk
+                }
+                Err(e) => return Err(e),
+            };
             guard.segs.with_broker(|b| b.put(epoch, pending.id, fd.as_fd()))?;
             guard.handed_over = true;
             drop(fd);
@@ -397,6 +486,12 @@ impl<E: Env> Segments<E> {
         for &id in ids {
             let _ = self.with_broker(|b| b.release(epoch, id));
         }
+    }
+
+    fn lookup_id(&self, id: u64) -> Result<SegmentInfo> {
+        let reg = self.env.shared()?;
+        let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
+        Ok(reg.info(slot))
     }
 
     /// A snapshot of segment `name` (no pin).
@@ -489,7 +584,7 @@ impl<E: Env> Segments<E> {
             }
             std::thread::sleep(Duration::from_millis(1));
         };
-        let mut pin = Pin { env: &self.env, slot: info.slot, att, released: false, base: std::ptr::null_mut(), map_ms: 0.0, info };
+        let mut pin = Pin { env: &self.env, provider: self.provider.as_ref(), slot: info.slot, att, released: false, base: std::ptr::null_mut(), map_ms: 0.0, info };
         // From here on, an error drops `pin`, which gives the pin back.
         let started = Instant::now();
         let a = self.attachments.get_mut(&pin.info.id).expect("attached above");

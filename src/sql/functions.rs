@@ -9,6 +9,7 @@ use pgrx::prelude::*;
 
 use super::{authorize, current_user, now, report, with_segments};
 use crate::error::{Code, UvmError};
+use crate::provider::ProviderKind;
 use crate::registry::{Tier, TierPref};
 use crate::segment::Env;
 
@@ -50,7 +51,7 @@ fn grow_segment(name: &str, new_size: i64) -> i64 {
 fn write_segment(name: &str, offset: i64, data: &[u8]) -> i64 {
     with_segments(|s| {
         let mut pin = s.pin(name, |o| authorize(o, name, "write"))?;
-        pin.bytes_mut(offset, data.len() as i64)?.copy_from_slice(data);
+        pin.write_from(offset, data)?;
         Ok(data.len() as i64)
     })
 }
@@ -95,20 +96,43 @@ unsafe impl pgrx::callconv::BoxRet for PallocBytea {
 fn read_segment(name: &str, offset: i64, length: i32) -> PallocBytea {
     with_segments(|s| {
         let pin = s.pin(name, |o| authorize(o, name, "read"))?;
-        let src = pin.bytes(offset, length as i64)?;
-        let (out, dst) = PallocBytea::new(src.len())?;
-        dst.copy_from_slice(src);
+        pin.check_range(offset, length as i64)?;
+        let (out, dst) = PallocBytea::new(length as usize)?;
+        pin.read_into(offset, dst)?;
         Ok(out)
     })
 }
 
-/// The checksum of `[offset, offset + length)` (see `checksum.rs` for its definition).
+/// The checksum of `[offset, offset + length)` (see `checksum.rs` for its definition),
+/// computed by a GPU kernel with the CUDA provider and by the CPU with the host provider.
 #[pg_extern(volatile, parallel_safe)]
 fn checksum_segment(name: &str, offset: i64, length: i64) -> i64 {
     with_segments(|s| {
+        let gpu = s.provider().kind() == ProviderKind::Cuda;
         let pin = s.pin(name, |o| authorize(o, name, "read"))?;
-        let bytes = pin.bytes(offset, length)?;
-        Ok(crate::checksum::checksum(bytes, 0) as i64)
+        if gpu {
+            let addr = pin.addr(offset, length)?;
+            return crate::gpu::gpu()?.with_kernels(|k| k.checksum(addr, length as u64)).map(|v| v as i64);
+        }
+        Ok(crate::checksum::checksum(pin.bytes(offset, length)?, 0) as i64)
+    })
+}
+
+/// Fills `[offset, offset + length)` with the pattern of `checksum.rs::fill` (a function of
+/// `seed` and the position), with a GPU kernel under the CUDA provider, else on the CPU. Returns
+/// the bytes written.
+#[pg_extern(volatile, parallel_unsafe)]
+fn fill_segment(name: &str, offset: i64, length: i64, seed: i64) -> i64 {
+    with_segments(|s| {
+        let gpu = s.provider().kind() == ProviderKind::Cuda;
+        let mut pin = s.pin(name, |o| authorize(o, name, "write"))?;
+        if gpu {
+            let addr = pin.addr(offset, length)?;
+            crate::gpu::gpu()?.with_kernels(|k| k.fill(addr, length as u64, seed as u64))?;
+        } else {
+            crate::checksum::fill(pin.bytes_mut(offset, length)?, seed as u64);
+        }
+        Ok(length)
     })
 }
 
@@ -173,6 +197,57 @@ fn device_info() -> TableIterator<'static, (name!(property, String), name!(value
     TableIterator::new(rows)
 }
 
+
+/// Benchmark: GB/s of a GPU kernel reading all of segment `name`, in this backend.
+#[pg_extern(volatile, parallel_unsafe)]
+fn bench_segment_read(name: &str, iterations: i32) -> f64 {
+    with_segments(|s| {
+        if s.provider().kind() != ProviderKind::Cuda {
+            return Err(crate::gpu::bench::needs_cuda());
+        }
+        let pin = s.pin(name, |o| authorize(o, name, "read"))?;
+        let size = pin.info.size as i64;
+        let addr = pin.addr(0, size)?;
+        crate::gpu::gpu()?.with_kernels(|k| k.read_bandwidth(addr, size as u64, iterations.max(1) as u32))
+    })
+}
+
+/// Benchmark baseline: GB/s of the same kernel over a private `cuMemAlloc` buffer.
+#[pg_extern(volatile, parallel_unsafe)]
+fn bench_private_read(bytes: i64, iterations: i32) -> f64 {
+    with_segments(|s| {
+        if s.provider().kind() != ProviderKind::Cuda {
+            return Err(crate::gpu::bench::needs_cuda());
+        }
+        crate::gpu::bench::private_read(bytes.max(16) as u64, iterations.max(1) as u32)
+    })
+}
+
+/// Benchmark baseline: `cuMemcpy` GB/s between pinned host and device memory, both ways.
+#[pg_extern(volatile, parallel_unsafe)]
+fn bench_copy_ceiling(
+    bytes: i64,
+    iterations: i32,
+) -> TableIterator<'static, (name!(direction, String), name!(gbps, f64))> {
+    let (htod, dtoh) = with_segments(|s| {
+        if s.provider().kind() != ProviderKind::Cuda {
+            return Err(crate::gpu::bench::needs_cuda());
+        }
+        crate::gpu::bench::copy_ceiling(bytes.max(1) as u64, iterations.max(1) as u32)
+    });
+    TableIterator::new(vec![("htod".to_string(), htod), ("dtoh".to_string(), dtoh)])
+}
+
+/// Benchmark baseline: milliseconds to `cuMemHostRegister` a populated /dev/shm mapping.
+#[pg_extern(volatile, parallel_unsafe)]
+fn bench_host_register(bytes: i64) -> f64 {
+    with_segments(|s| {
+        if s.provider().kind() != ProviderKind::Cuda {
+            return Err(crate::gpu::bench::needs_cuda());
+        }
+        crate::gpu::bench::host_register_ms(bytes.max(1) as u64)
+    })
+}
 
 /// Rows of the `uvm.segments` view.
 #[pg_extern(volatile, parallel_safe)]
@@ -267,7 +342,12 @@ REVOKE EXECUTE ON FUNCTION create_segment(text, bigint, bigint, text) FROM PUBLI
 REVOKE EXECUTE ON FUNCTION drop_segment(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION grow_segment(text, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION write_segment(text, bigint, bytea) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION fill_segment(text, bigint, bigint, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION prefetch_segment(text, bigint, bigint, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION bench_segment_read(text, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION bench_private_read(bigint, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION bench_copy_ceiling(bigint, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION bench_host_register(bigint) FROM PUBLIC;
 "#,
     name = "views_and_privileges",
     finalize

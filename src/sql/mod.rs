@@ -28,7 +28,8 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 use crate::error::{Code, Result, UvmError};
 use crate::guc;
 use crate::provider::host::HostProvider;
-use crate::provider::{Provider, reserve_arena};
+use crate::provider::cuda::CudaProvider;
+use crate::provider::{reserve_arena, Provider, ProviderKind};
 use crate::registry::shmem::{self, ExclusiveGuard, SharedGuard};
 use crate::registry::{Capacity, Registry};
 use crate::segment::{Env, Limits, Segments};
@@ -136,16 +137,41 @@ fn limits() -> Limits {
     }
 }
 
-/// The provider chosen by `pg_uvm_share.provider`.
+/// The provider of this process: the one recorded in the registry for the whole cluster, or,
+/// for the first process, the one `pg_uvm_share.provider` picks (`auto`: CUDA when the driver
+/// loads and the GPU can share VMM memory through POSIX fds, else host).
 fn make_provider() -> Result<Box<dyn Provider>> {
-    match guc::PROVIDER.get() {
-        guc::ProviderChoice::Auto | guc::ProviderChoice::Host => Ok(Box::new(HostProvider)),
-        guc::ProviderChoice::Cuda => Err(UvmError::new(
-            Code::FeatureNotSupported,
-            "pg_uvm_share.provider = cuda is not available in this build",
-        )
-        .hint("Set pg_uvm_share.provider to auto or host.")),
+    let choice = guc::PROVIDER.get();
+    let recorded = shmem::shared()?.provider();
+    let wanted = match (ProviderKind::from_code(recorded), choice) {
+        (Some(k), _) => k,
+        (None, guc::ProviderChoice::Host) => ProviderKind::Host,
+        (None, guc::ProviderChoice::Cuda) => ProviderKind::Cuda,
+        (None, guc::ProviderChoice::Auto) => {
+            if crate::gpu::driver_present() && CudaProvider::new().is_ok() {
+                ProviderKind::Cuda
+            } else {
+                ProviderKind::Host
+            }
+        }
+    };
+    let kind = ProviderKind::from_code(shmem::exclusive()?.claim_provider(wanted.code())).expect("valid code");
+    match (kind, choice) {
+        (ProviderKind::Host, guc::ProviderChoice::Cuda) | (ProviderKind::Cuda, guc::ProviderChoice::Host) => {
+            return Err(UvmError::new(
+                Code::ObjectNotInPrerequisiteState,
+                format!("this cluster already uses provider \"{}\", not \"{}\"", kind.name(), wanted.name()),
+            )
+            .hint("pg_uvm_share.provider takes effect at server start."))
+        }
+        _ => {}
     }
+    Ok(match kind {
+        ProviderKind::Host => Box::new(HostProvider),
+        ProviderKind::Cuda => Box::new(CudaProvider::new().map_err(|e| {
+            e.hint("The cluster's provider is cuda; this process could not initialise CUDA.")
+        })?),
+    })
 }
 
 #[pgrx::pg_guard]

@@ -54,6 +54,13 @@ SELECT segment, pins FROM uvm.attachments WHERE pid = pg_backend_pid() AND segme
 SELECT uvm.unpin_segment('api_b'), uvm.unpin_segment('api_b');
 SELECT uvm.prefetch_segment('api_b', 0, 4096, 'host');
 
+-- fill: a deterministic pattern of seed and position (a GPU kernel with the CUDA provider)
+SELECT uvm.create_segment('api_f', 100) > 0 AS created;
+SELECT uvm.fill_segment('api_f', 3, 20, 5);
+SELECT uvm.read_segment('api_f', 0, 26);
+SELECT uvm.checksum_segment('api_f', 3, 20), uvm.checksum_segment('api_f', 0, 100);
+SELECT uvm.drop_segment('api_f');
+
 -- views list what exists
 SELECT name, attached_processes FROM uvm.segments WHERE name LIKE 'api_%' ORDER BY name;
 

@@ -42,6 +42,11 @@ SELECT pg_temp.try($$SELECT uvm.prefetch_segment('err_a', 0, 10, 'device')$$);
 SELECT pg_temp.try($$SELECT uvm.prefetch_segment('err_a', 0, 10, 'nvme')$$);
 SELECT pg_temp.try($$SELECT uvm.prefetch_segment('err_a', 4000, 1000, 'host')$$);
 
+-- GPU benchmarks need the CUDA provider
+SELECT pg_temp.try($$SELECT uvm.bench_segment_read('err_a', 1)$$);
+SELECT pg_temp.try($$SELECT uvm.bench_private_read(1048576, 1)$$);
+SELECT pg_temp.try($$SELECT uvm.fill_segment('err_a', 4000, 100, 1)$$);
+
 -- offsets and lengths
 SELECT pg_temp.try($$SELECT uvm.read_segment('err_a', -1, 1)$$);
 SELECT pg_temp.try($$SELECT uvm.read_segment('err_a', 0, -1)$$);

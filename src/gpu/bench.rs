@@ -1,0 +1,130 @@
+//! Baselines for the GPU benchmarks (`make`-less: run by the GPU suite through SQL), measured in
+//! the calling backend so that they share its context with what they are compared against.
+
+use std::ffi::c_void;
+use std::time::Instant;
+
+use cudarc::driver::sys::{self, CUdeviceptr};
+
+use super::{check, gpu};
+use crate::error::{Code, Result, UvmError};
+
+/// Device memory from `cuMemAlloc`, freed on drop.
+struct DeviceBuffer(CUdeviceptr, usize);
+
+impl DeviceBuffer {
+    fn new(bytes: usize) -> Result<Self> {
+        let mut p: CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; the context is current.
+        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut p, bytes) })?;
+        // SAFETY: zero the whole fresh allocation.
+        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(p, 1, bytes) })?;
+        Ok(DeviceBuffer(p, bytes))
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: freeing our own allocation once.
+        unsafe { sys::cuMemFree_v2(self.0) };
+    }
+}
+
+/// Pinned host memory from `cuMemAllocHost`, freed on drop.
+struct PinnedBuffer(*mut c_void, usize);
+
+impl PinnedBuffer {
+    fn new(bytes: usize) -> Result<Self> {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the context is current.
+        check("cuMemAllocHost", unsafe { sys::cuMemAllocHost_v2(&mut p, bytes) })?;
+        // SAFETY: touch every page of our own allocation.
+        unsafe { std::ptr::write_bytes(p as *mut u8, 1, bytes) };
+        Ok(PinnedBuffer(p, bytes))
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: freeing our own allocation once.
+        unsafe { sys::cuMemFreeHost(self.0) };
+    }
+}
+
+/// GB/s of the read kernel over a private `cuMemAlloc` buffer of `bytes`.
+pub fn private_read(bytes: u64, iterations: u32) -> Result<f64> {
+    let g = gpu()?;
+    let buf = DeviceBuffer::new(bytes as usize)?;
+    g.with_kernels(|k| k.read_bandwidth(buf.0, buf.1 as u64, iterations))
+}
+
+/// GB/s of `cuMemcpy` host-to-device and device-to-host between pinned host memory and device
+/// memory of `bytes` each: the ceiling a migration is compared against.
+pub fn copy_ceiling(bytes: u64, iterations: u32) -> Result<(f64, f64)> {
+    gpu()?;
+    let d = DeviceBuffer::new(bytes as usize)?;
+    let h = PinnedBuffer::new(bytes as usize)?;
+    let time = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
+        f()?; // warm-up
+        let t = Instant::now();
+        for _ in 0..iterations.max(1) {
+            f()?;
+        }
+        Ok(bytes as f64 * iterations.max(1) as f64 / t.elapsed().as_secs_f64() / 1e9)
+    };
+    // SAFETY: both buffers are ours and `bytes` long.
+    let htod = time(&|| check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(d.0, h.0, h.1) }))?;
+    // SAFETY: as above.
+    let dtoh = time(&|| check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(h.0, d.0, d.1) }))?;
+    Ok((htod, dtoh))
+}
+
+/// Milliseconds to `cuMemHostRegister` a populated `/dev/shm` mapping of `bytes` in this
+/// process: what sharing host memory costs without pg_uvm_share (per process, per attach).
+pub fn host_register_ms(bytes: u64) -> Result<f64> {
+    gpu()?;
+    let path = format!("/dev/shm/pg_uvm_share_bench_{}", std::process::id());
+    let c = std::ffi::CString::new(path.clone()).expect("no NUL");
+    // SAFETY: plain file creation; the fd is closed and the file unlinked on every path below.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, 0o600) };
+    if fd < 0 {
+        return Err(UvmError::last_os(format!("could not create {path}")));
+    }
+    let result = (|| {
+        // SAFETY: reserving the file's blocks up front (ENOSPC instead of SIGBUS on touch).
+        let rc = unsafe { libc::posix_fallocate(fd, 0, bytes as libc::off_t) };
+        if rc != 0 {
+            return Err(UvmError::os(format!("could not allocate {bytes} bytes in /dev/shm"), std::io::Error::from_raw_os_error(rc)));
+        }
+        // SAFETY: a shared mapping of our own file.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), bytes as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_POPULATE, fd, 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(UvmError::last_os("mmap of the /dev/shm file failed"));
+        }
+        let t = Instant::now();
+        // SAFETY: registering our own mapping, unregistered right after.
+        let reg = check("cuMemHostRegister", unsafe { sys::cuMemHostRegister_v2(p, bytes as usize, 0) });
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        // SAFETY: undoing the registration and the mapping made above.
+        unsafe {
+            if reg.is_ok() {
+                sys::cuMemHostUnregister(p);
+            }
+            libc::munmap(p, bytes as usize);
+        }
+        reg.map(|()| ms)
+    })();
+    // SAFETY: closing and unlinking the file created above.
+    unsafe {
+        libc::close(fd);
+        libc::unlink(c.as_ptr());
+    }
+    result
+}
+
+/// The error for benchmarks that need a GPU under the host provider.
+pub fn needs_cuda() -> UvmError {
+    UvmError::new(Code::FeatureNotSupported, "this benchmark needs the CUDA provider")
+}

@@ -1,0 +1,179 @@
+//! The kernels of `kernels/segment.cu`: NVRTC compilation to a CUBIN for the device's
+//! architecture, a disk cache in the data directory, and typed launches.
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use cudarc::driver::sys::{self, CUdeviceptr, CUfunction, CUmodule};
+use cudarc::nvrtc::sys::{self as rtc, nvrtcResult};
+
+use super::{check, void, DeviceInfo};
+use crate::error::{Code, Result, UvmError};
+
+const SOURCE: &str = include_str!("../../kernels/segment.cu");
+/// Directory of compiled kernels, relative to the data directory (every process runs there).
+const CACHE_DIR: &str = "pg_uvm_share_kernels";
+
+/// The loaded module and its functions, plus an 8-byte device buffer for reductions.
+pub struct Kernels {
+    _module: CUmodule,
+    checksum_fn: CUfunction,
+    fill_fn: CUfunction,
+    read_bw_fn: CUfunction,
+    result: CUdeviceptr,
+    grid: u32,
+    /// Where the CUBIN came from: "nvrtc (N ms)" or "disk cache".
+    pub origin: String,
+}
+
+fn rtc_check(what: &str, r: nvrtcResult) -> Result<()> {
+    if r == nvrtcResult::NVRTC_SUCCESS {
+        return Ok(());
+    }
+    // SAFETY: nvrtcGetErrorString returns a static string.
+    let s = unsafe { CStr::from_ptr(rtc::nvrtcGetErrorString(r)) }.to_string_lossy().into_owned();
+    Err(UvmError::new(Code::SystemError, format!("{what} failed: {s}")))
+}
+
+fn cache_path(info: &DeviceInfo) -> PathBuf {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    SOURCE.hash(&mut h);
+    info.nvrtc.hash(&mut h);
+    PathBuf::from(CACHE_DIR).join(format!(
+        "segment-{:016x}-sm_{}{}.cubin",
+        h.finish(),
+        info.compute_capability.0,
+        info.compute_capability.1
+    ))
+}
+
+/// Compiles the kernels to a CUBIN for the device's architecture.
+fn compile(info: &DeviceInfo) -> Result<Vec<u8>> {
+    // SAFETY: dlopen probe only.
+    if info.nvrtc.is_none() || !unsafe { rtc::is_culib_present() } {
+        return Err(UvmError::new(Code::FeatureNotSupported, "NVRTC (libnvrtc.so.13) is not available: GPU kernels cannot be compiled")
+            .hint("Install the CUDA runtime compiler library, or use pg_uvm_share.provider = host."));
+    }
+    let src = CString::new(SOURCE).expect("no NUL in the kernel source");
+    let arch = CString::new(format!("--gpu-architecture=sm_{}{}", info.compute_capability.0, info.compute_capability.1))
+        .expect("no NUL");
+    let opts = [arch.as_ptr(), c"--std=c++17".as_ptr(), c"-default-device".as_ptr()];
+    // SAFETY: NVRTC calls with valid C strings and out-pointers; the program is destroyed on
+    // every path.
+    unsafe {
+        let mut prog: rtc::nvrtcProgram = std::ptr::null_mut();
+        rtc_check(
+            "nvrtcCreateProgram",
+            rtc::nvrtcCreateProgram(&mut prog, src.as_ptr(), c"segment.cu".as_ptr(), 0, std::ptr::null(), std::ptr::null()),
+        )?;
+        let r = rtc::nvrtcCompileProgram(prog, opts.len() as c_int, opts.as_ptr());
+        let out = if r != nvrtcResult::NVRTC_SUCCESS {
+            let mut n = 0usize;
+            rtc::nvrtcGetProgramLogSize(prog, &mut n);
+            let mut log = vec![0 as c_char; n.max(1)];
+            rtc::nvrtcGetProgramLog(prog, log.as_mut_ptr());
+            let log = CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned();
+            rtc_check("nvrtcCompileProgram", r).map_err(|e| e.detail(log)).map(|_| Vec::new())
+        } else {
+            let mut n = 0usize;
+            rtc_check("nvrtcGetCUBINSize", rtc::nvrtcGetCUBINSize(prog, &mut n)).and_then(|_| {
+                let mut buf = vec![0u8; n];
+                rtc_check("nvrtcGetCUBIN", rtc::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut c_char)).map(|_| buf)
+            })
+        };
+        rtc::nvrtcDestroyProgram(&mut prog);
+        out
+    }
+}
+
+/// The CUBIN from the disk cache, or compiled and stored there (atomically: tmp + rename).
+fn cubin(info: &DeviceInfo) -> Result<(Vec<u8>, String)> {
+    let path = cache_path(info);
+    if let Ok(bytes) = std::fs::read(&path) {
+        if !bytes.is_empty() {
+            return Ok((bytes, "disk cache".into()));
+        }
+    }
+    let t = Instant::now();
+    let bytes = compile(info)?;
+    let origin = format!("nvrtc ({:.0} ms)", t.elapsed().as_secs_f64() * 1e3);
+    // The cache is an optimisation: failing to write it is not an error.
+    if std::fs::create_dir_all(CACHE_DIR).is_ok() {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, &bytes).is_ok() && std::fs::rename(&tmp, &path).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+    Ok((bytes, origin))
+}
+
+fn function(module: CUmodule, name: &CStr) -> Result<CUfunction> {
+    let mut f: CUfunction = std::ptr::null_mut();
+    // SAFETY: valid out-pointer and module; the name is NUL-terminated.
+    check("cuModuleGetFunction", unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) })?;
+    Ok(f)
+}
+
+impl Kernels {
+    pub fn load(info: &DeviceInfo) -> Result<Kernels> {
+        let (image, origin) = cubin(info)?;
+        let mut module: CUmodule = std::ptr::null_mut();
+        // SAFETY: `image` is a complete CUBIN; the context is current.
+        check("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) })?;
+        let mut result: CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; 8 bytes of device memory for reductions.
+        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut result, 8) })?;
+        Ok(Kernels {
+            checksum_fn: function(module, c"uvm_checksum")?,
+            fill_fn: function(module, c"uvm_fill")?,
+            read_bw_fn: function(module, c"uvm_read_bw")?,
+            _module: module,
+            result,
+            grid: (info.sm_count.max(1) * 4) as u32,
+            origin,
+        })
+    }
+
+    fn launch(&self, f: CUfunction, params: &mut [*mut c_void]) -> Result<()> {
+        // SAFETY: `params` points to one value per kernel parameter, alive for the call; the
+        // legacy default stream is synchronized before returning.
+        unsafe {
+            check(
+                "cuLaunchKernel",
+                sys::cuLaunchKernel(f, self.grid, 1, 1, 256, 1, 1, 0, std::ptr::null_mut(), params.as_mut_ptr(), std::ptr::null_mut()),
+            )?;
+            check("cuStreamSynchronize", sys::cuStreamSynchronize(std::ptr::null_mut()))
+        }
+    }
+
+    /// The checksum (`src/checksum.rs`) of `[addr, addr + len)`, computed on the GPU.
+    pub fn checksum(&self, addr: u64, len: u64) -> Result<u64> {
+        // SAFETY: `result` is our 8-byte device buffer.
+        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 8) })?;
+        let (mut p, mut n, mut out) = (addr, len, self.result);
+        self.launch(self.checksum_fn, &mut [void(&mut p), void(&mut n), void(&mut out)])?;
+        let mut v = 0u64;
+        // SAFETY: copies 8 bytes from our device buffer into `v`.
+        check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(void(&mut v), self.result, 8) })?;
+        Ok(v)
+    }
+
+    /// Fills `[addr, addr + len)` with the pattern of `src/checksum.rs::fill`, on the GPU.
+    pub fn fill(&self, addr: u64, len: u64, seed: u64) -> Result<()> {
+        let (mut p, mut n, mut s) = (addr, len, seed);
+        self.launch(self.fill_fn, &mut [void(&mut p), void(&mut n), void(&mut s)])
+    }
+
+    /// GB/s of a kernel reading `[addr, addr + len)` `iterations` times (after a warm-up).
+    pub fn read_bandwidth(&self, addr: u64, len: u64, iterations: u32) -> Result<f64> {
+        let (mut p, mut n, mut out) = (addr, len / 16, self.result);
+        self.launch(self.read_bw_fn, &mut [void(&mut p), void(&mut n), void(&mut out)])?;
+        let t = Instant::now();
+        for _ in 0..iterations.max(1) {
+            self.launch(self.read_bw_fn, &mut [void(&mut p), void(&mut n), void(&mut out)])?;
+        }
+        Ok((n * 16) as f64 * iterations.max(1) as f64 / t.elapsed().as_secs_f64() / 1e9)
+    }
+}

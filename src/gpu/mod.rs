@@ -1,0 +1,264 @@
+//! The GPU of this process: driver loading, the primary context, and the kernels.
+//!
+//! # Design
+//!
+//! CUDA is touched only through `cudarc`'s raw driver and NVRTC bindings, loaded with `dlopen`
+//! on first use: the extension builds without a CUDA toolkit, and on a machine without libcuda
+//! nothing CUDA-related runs (`probe` checks for the library before any call, because a cudarc
+//! call into a missing library panics; a too-old driver that lacks a symbol panics too, which
+//! `probe` turns into an error).
+//!
+//! # Lifecycle
+//!
+//! - The postmaster and the broker never call into CUDA: a process forked after `cuInit` cannot
+//!   initialise CUDA itself (measured), and the broker only holds file descriptors.
+//! - The first process that needs a provider (a backend, parallel worker or background worker
+//!   touching a segment) calls [`gpu`]: `cuInit`, device 0, its primary context retained and
+//!   made current, once per process; the times of `cuInit` and of the context creation are kept
+//!   for `uvm.device_info()`. The context lives until the process exits.
+//! - Kernels (`kernels/*.cu`) are compiled by NVRTC to a CUBIN for the device's architecture on
+//!   first use, cached in the process and on disk (`pg_uvm_share_kernels/` in the data
+//!   directory, keyed by a hash of the source, the NVRTC version and the architecture), so a
+//!   new backend loads them without compiling.
+
+pub mod bench;
+mod kernels;
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use cudarc::driver::sys::{self, CUdevice, CUdevice_attribute, CUresult};
+
+use crate::error::{Code, Result, UvmError};
+
+pub use kernels::Kernels;
+
+/// What `probe` found out about device 0.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub driver_version: i32,
+    pub compute_capability: (i32, i32),
+    pub sm_count: i32,
+    pub vmm: bool,
+    pub posix_fd: bool,
+    pub host_numa_vmm: bool,
+    /// The host NUMA node closest to the GPU (for host-tier chunks); -1 if unknown.
+    pub host_numa_id: i32,
+    pub mem_total: u64,
+    pub nvrtc: Option<(i32, i32)>,
+    pub cuinit_ms: f64,
+    pub context_ms: f64,
+}
+
+/// The GPU of this process. Created once; lives until the process exits.
+pub struct Gpu {
+    pub info: DeviceInfo,
+    pub device: CUdevice,
+    kernels: std::sync::Mutex<Option<std::result::Result<Kernels, UvmError>>>,
+}
+
+// SAFETY: PostgreSQL processes are single-threaded; the raw CUDA handles inside are only used
+// from the main thread. The OnceLock needs these bounds to hold the value at all.
+unsafe impl Send for Gpu {}
+unsafe impl Sync for Gpu {}
+
+/// Turns a driver result into a `UvmError` (out-of-memory as 53200, the rest as 58000).
+pub fn check(what: &str, r: CUresult) -> Result<()> {
+    if r == CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let (mut name, mut desc): (*const c_char, *const c_char) = (std::ptr::null(), std::ptr::null());
+    // SAFETY: valid out-pointers; the driver returns static strings (or leaves them null).
+    unsafe {
+        sys::cuGetErrorName(r, &mut name);
+        sys::cuGetErrorString(r, &mut desc);
+    }
+    let text = |p: *const c_char| {
+        if p.is_null() {
+            format!("{r:?}")
+        } else {
+            // SAFETY: a NUL-terminated static string from the driver.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        }
+    };
+    let code = match r {
+        CUresult::CUDA_ERROR_OUT_OF_MEMORY => Code::OutOfMemory,
+        _ => Code::SystemError,
+    };
+    Err(UvmError::new(code, format!("{what} failed: {} ({})", text(name), text(desc))))
+}
+
+/// Whether libcuda can be loaded at all (a dlopen, nothing else: safe in any process).
+pub fn driver_present() -> bool {
+    // SAFETY: only dlopen()/dlclose() of the candidate library names.
+    unsafe { sys::is_culib_present() }
+}
+
+static GPU: OnceLock<std::result::Result<Gpu, UvmError>> = OnceLock::new();
+
+/// This process's GPU, initialising CUDA on first call. Errors (no driver, no device, no VMM)
+/// are remembered: CUDA is not retried in a process where it failed.
+pub fn gpu() -> Result<&'static Gpu> {
+    GPU.get_or_init(probe).as_ref().map_err(Clone::clone)
+}
+
+fn attr(a: CUdevice_attribute, dev: CUdevice) -> Result<i32> {
+    let mut v: c_int = 0;
+    // SAFETY: valid out-pointer; the driver is initialised.
+    check("cuDeviceGetAttribute", unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) })?;
+    Ok(v)
+}
+
+fn probe() -> std::result::Result<Gpu, UvmError> {
+    if !driver_present() {
+        return Err(UvmError::new(Code::FeatureNotSupported, "the CUDA driver (libcuda.so.1) could not be loaded"));
+    }
+    match std::panic::catch_unwind(probe_inner) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown failure".into());
+            Err(UvmError::new(Code::FeatureNotSupported, format!("the CUDA driver is unusable: {msg}"))
+                .hint("pg_uvm_share needs a CUDA 13 driver; set pg_uvm_share.provider = host to run without it."))
+        }
+    }
+}
+
+fn probe_inner() -> std::result::Result<Gpu, UvmError> {
+    use CUdevice_attribute as A;
+    let t = Instant::now();
+    // SAFETY: cuInit may be called any number of times; this process was not forked from one
+    // that called it (the postmaster never does).
+    check("cuInit", unsafe { sys::cuInit(0) })?;
+    let mut info = DeviceInfo { cuinit_ms: t.elapsed().as_secs_f64() * 1e3, ..Default::default() };
+    // SAFETY: valid out-pointers after a successful cuInit.
+    unsafe {
+        check("cuDriverGetVersion", sys::cuDriverGetVersion(&mut info.driver_version))?;
+        let mut count: c_int = 0;
+        check("cuDeviceGetCount", sys::cuDeviceGetCount(&mut count))?;
+        if count < 1 {
+            return Err(UvmError::new(Code::FeatureNotSupported, "no CUDA device is visible"));
+        }
+    }
+    let mut dev: CUdevice = 0;
+    // SAFETY: valid out-pointer; ordinal 0 exists (count >= 1).
+    check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, 0) })?;
+    let mut name = [0 as c_char; 256];
+    // SAFETY: the buffer holds 256 bytes, as passed.
+    check("cuDeviceGetName", unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as c_int, dev) })?;
+    // SAFETY: the driver NUL-terminates the name within the buffer.
+    info.name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+    info.compute_capability = (
+        attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)?,
+        attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)?,
+    );
+    info.sm_count = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)?;
+    info.vmm = attr(A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev)? != 0;
+    info.posix_fd = attr(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev)? != 0;
+    info.host_numa_vmm = attr(A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev)? != 0;
+    info.host_numa_id = attr(A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev)?;
+    if !info.vmm || !info.posix_fd {
+        return Err(UvmError::new(
+            Code::FeatureNotSupported,
+            format!("{} cannot share memory between processes (VMM {}, POSIX fd handles {})", info.name, info.vmm, info.posix_fd),
+        ));
+    }
+    let t = Instant::now();
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the primary context is retained for the process's lifetime.
+    unsafe {
+        check("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
+        check("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx))?;
+    }
+    info.context_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut total = 0usize;
+    let mut free = 0usize;
+    // SAFETY: valid out-pointers, context current.
+    check("cuMemGetInfo", unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
+    info.mem_total = total as u64;
+    // SAFETY: dlopen probe only, then a version query.
+    unsafe {
+        if cudarc::nvrtc::sys::is_culib_present() {
+            let (mut maj, mut min) = (0, 0);
+            if cudarc::nvrtc::sys::nvrtcVersion(&mut maj, &mut min) == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+                info.nvrtc = Some((maj, min));
+            }
+        }
+    }
+    Ok(Gpu { info, device: dev, kernels: std::sync::Mutex::new(None) })
+}
+
+impl Gpu {
+    /// Free and total device memory now.
+    pub fn mem_info(&self) -> Result<(u64, u64)> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers; the context is current in this process.
+        check("cuMemGetInfo", unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
+        Ok((free as u64, total as u64))
+    }
+
+    /// The kernels, compiled (or loaded from the disk cache) on first use.
+    pub fn kernels(&self) -> Result<std::sync::MutexGuard<'_, Option<std::result::Result<Kernels, UvmError>>>> {
+        let mut k = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
+        if k.is_none() {
+            *k = Some(Kernels::load(&self.info));
+        }
+        if let Some(Err(e)) = k.as_ref() {
+            return Err(e.clone());
+        }
+        Ok(k)
+    }
+
+    /// Runs `f` with the loaded kernels.
+    pub fn with_kernels<R>(&self, f: impl FnOnce(&Kernels) -> Result<R>) -> Result<R> {
+        let k = self.kernels()?;
+        match k.as_ref() {
+            Some(Ok(k)) => f(k),
+            _ => unreachable!("kernels() returned Ok"),
+        }
+    }
+
+    /// `uvm.device_info()` rows.
+    pub fn describe(&self) -> Vec<(String, String)> {
+        let i = &self.info;
+        let mut rows = vec![
+            ("gpu_name".to_string(), i.name.clone()),
+            ("driver_version".into(), format!("{}.{}", i.driver_version / 1000, (i.driver_version % 1000) / 10)),
+            ("compute_capability".into(), format!("{}.{}", i.compute_capability.0, i.compute_capability.1)),
+            ("sm_count".into(), i.sm_count.to_string()),
+            ("vmm".into(), i.vmm.to_string()),
+            ("posix_fd_handles".into(), i.posix_fd.to_string()),
+            ("host_numa_vmm".into(), i.host_numa_vmm.to_string()),
+            ("host_numa_id".into(), i.host_numa_id.to_string()),
+            ("nvrtc".into(), i.nvrtc.map(|(a, b)| format!("{a}.{b}")).unwrap_or_else(|| "absent".into())),
+            ("cuinit_ms".into(), format!("{:.3}", i.cuinit_ms)),
+            ("context_ms".into(), format!("{:.3}", i.context_ms)),
+        ];
+        if let Ok((free, total)) = self.mem_info() {
+            rows.push(("memory_free".into(), free.to_string()));
+            rows.push(("memory_total".into(), total.to_string()));
+        }
+        rows
+    }
+}
+
+/// `cuMemcpy` between two unified addresses, then waits for it.
+///
+/// # Safety
+/// Both ranges must be valid for `len` bytes (mapped chunks, or host memory of this process).
+pub unsafe fn copy(dst: u64, src: u64, len: usize) -> Result<()> {
+    // SAFETY: forwarded contract; the context is current.
+    unsafe {
+        check("cuMemcpy", sys::cuMemcpy(dst, src, len))?;
+        check("cuCtxSynchronize", sys::cuCtxSynchronize())
+    }
+}
+
+pub(crate) fn void<T>(p: &mut T) -> *mut c_void {
+    p as *mut T as *mut c_void
+}
