@@ -97,6 +97,16 @@ pub fn driver_present() -> bool {
 }
 
 static GPU: OnceLock<std::result::Result<Gpu, UvmError>> = OnceLock::new();
+static ARENA: OnceLock<crate::registry::Arena> = OnceLock::new();
+
+/// Tells `gpu` where this process's inherited address arena is. Must come before the first
+/// `gpu()` call: the arena is released just before `cuInit`, because the driver honours
+/// `cuMemAddressReserve` hints only in address space that was free when it initialised
+/// (measured on the H200: a range unmapped after `cuInit` is never given back at its address).
+/// Segments then get their reservations at their arena addresses, the same in every process.
+pub fn set_arena(arena: crate::registry::Arena) {
+    let _ = ARENA.set(arena);
+}
 
 /// This process's GPU, initialising CUDA on first call. Errors (no driver, no device, no VMM)
 /// are remembered: CUDA is not retried in a process where it failed.
@@ -131,6 +141,11 @@ fn probe() -> std::result::Result<Gpu, UvmError> {
 
 fn probe_inner() -> std::result::Result<Gpu, UvmError> {
     use CUdevice_attribute as A;
+    if let Some(arena) = ARENA.get().filter(|a| a.size > 0) {
+        // SAFETY: the arena is this process's copy of the postmaster's PROT_NONE reservation;
+        // nothing is mapped in it yet (no provider existed before this one).
+        unsafe { libc::munmap(arena.base as *mut c_void, arena.size as usize) };
+    }
     let t = Instant::now();
     // SAFETY: cuInit may be called any number of times; this process was not forked from one
     // that called it (the postmaster never does).

@@ -8,11 +8,11 @@
 //! CPU-accessible on this platform (no ATS): the segment layer copies to and from them with
 //! `cuMemcpy`, one chunk at a time (driver copies cannot cross separately mapped chunks).
 //!
-//! Reservations: the driver honours an address hint only for a range that is free in the CPU
-//! address space (measured), so inside the inherited arena the provider unmaps the segment's
-//! range first and asks for exactly that address; it verifies the result and falls back on an
-//! address of the driver's choosing (then `same_address` is false). Giving a reservation back
-//! restores the `PROT_NONE` arena range so that no later mmap lands inside the arena.
+//! Reservations: the driver honours a `cuMemAddressReserve` hint only in address space that was
+//! free when `cuInit` ran (measured on the H200), so a CUDA process releases its inherited
+//! `PROT_NONE` arena just before `cuInit` (`gpu::set_arena`) and then reserves each segment at
+//! its arena address. The result is checked: if the driver puts a reservation elsewhere, the
+//! segment is used there (`same_address` false; offsets stay valid).
 
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -64,21 +64,6 @@ impl CudaProvider {
     }
 }
 
-/// `mmap(PROT_NONE)` over a range that is free again (never replaces a mapping).
-fn protect_none(addr: u64, size: u64) {
-    // SAFETY: MAP_FIXED_NOREPLACE fails rather than replace an existing mapping.
-    unsafe {
-        libc::mmap(
-            addr as *mut c_void,
-            size as usize,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE,
-            -1,
-            0,
-        );
-    }
-}
-
 impl Provider for CudaProvider {
     fn kind(&self) -> ProviderKind {
         ProviderKind::Cuda
@@ -97,34 +82,19 @@ impl Provider for CudaProvider {
         tier == Tier::Host
     }
 
-    fn reserve(&self, hint: u64, size: u64, in_arena: bool) -> Result<Reservation> {
-        if in_arena {
-            // SAFETY: this range is this process's copy of the segment's arena sub-range,
-            // used by nothing else; it is restored if the driver will not take it.
-            unsafe { libc::munmap(hint as *mut c_void, size as usize) };
-            match self.reserve_at(hint, size) {
-                Ok(p) if p == hint => return Ok(Reservation { addr: p, size, in_arena: true }),
-                Ok(p) => {
-                    // SAFETY: the reservation just made, given back whole.
-                    unsafe { sys::cuMemAddressFree(p, size as usize) };
-                    protect_none(hint, size);
-                }
-                Err(_) => protect_none(hint, size),
-            }
-            // the arena range is PROT_NONE again; fall through to an address of the driver's
-            let p = self.reserve_at(0, size)?;
-            return Ok(Reservation { addr: p, size, in_arena: false });
-        }
+    fn reserve(&self, hint: u64, size: u64, _in_arena: bool) -> Result<Reservation> {
+        // The arena was unmapped before cuInit (gpu::set_arena), so a segment's range in it is
+        // free address space that the driver gives back at exactly that address.
+        // If somebody else has the range, the driver picks another address: the segment layer
+        // records same_address = false, and offsets stay valid.
         let p = self.reserve_at(hint, size)?;
         Ok(Reservation { addr: p, size, in_arena: false })
     }
 
     fn release_reservation(&self, r: &Reservation) {
-        // SAFETY: a whole reservation of ours, with every chunk in it unmapped.
-        let rc = unsafe { sys::cuMemAddressFree(r.addr, r.size as usize) };
-        if r.in_arena && rc == CUresult::CUDA_SUCCESS {
-            protect_none(r.addr, r.size);
-        }
+        // SAFETY: a whole reservation of ours, with every chunk in it unmapped. (The driver
+        // unmaps the range; in a CUDA process the arena stays unmapped, see gpu::set_arena.)
+        unsafe { sys::cuMemAddressFree(r.addr, r.size as usize) };
     }
 
     fn create_chunk(&self, tier: Tier, size: u64) -> Result<OwnedFd> {

@@ -142,7 +142,11 @@ fn limits() -> Limits {
 /// loads and the GPU can share VMM memory through POSIX fds, else host).
 fn make_provider() -> Result<Box<dyn Provider>> {
     let choice = guc::PROVIDER.get();
-    let recorded = shmem::shared()?.provider();
+    let (recorded, arena) = {
+        let reg = shmem::shared()?;
+        (reg.provider(), reg.arena())
+    };
+    crate::gpu::set_arena(arena);
     let wanted = match (ProviderKind::from_code(recorded), choice) {
         (Some(k), _) => k,
         (None, guc::ProviderChoice::Host) => ProviderKind::Host,
