@@ -7,7 +7,7 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-use super::{make_inaccessible, tier_unavailable, Capabilities, Provider, ProviderKind, Reservation, GRANULARITY};
+use super::{make_inaccessible, map_none, tier_unavailable, Capabilities, Provider, ProviderKind, Reservation, GRANULARITY};
 use crate::error::{Result, UvmError};
 use crate::registry::Tier;
 
@@ -34,20 +34,9 @@ impl Provider for HostProvider {
         }
         // SAFETY: without MAP_FIXED the kernel never replaces an existing mapping; the hint is
         // only a preference.
-        let p = unsafe {
-            libc::mmap(
-                hint as *mut libc::c_void,
-                size as usize,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(UvmError::last_os(format!("could not reserve {size} bytes of address space")));
-        }
-        Ok(Reservation { addr: p as u64, size, in_arena: false })
+        let addr = unsafe { map_none(hint, size, 0) }
+            .map_err(|e| UvmError::os(format!("could not reserve {size} bytes of address space"), e))?;
+        Ok(Reservation { addr, size, in_arena: false })
     }
 
     fn release_reservation(&self, r: &Reservation) {

@@ -132,22 +132,9 @@ pub fn reserve_arena(size: u64) -> Arena {
     }
     // Over-reserve by one granule so that the start can be aligned.
     let len = size + GRANULARITY;
-    // SAFETY: an anonymous PROT_NONE, MAP_NORESERVE mapping without MAP_FIXED (the address is a
-    // hint) touches no existing mapping and commits no memory.
-    let p = unsafe {
-        libc::mmap(
-            ARENA_HINT as *mut libc::c_void,
-            len as usize,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Arena::default();
-    }
-    let start = p as u64;
+    // SAFETY: without MAP_FIXED the address is a hint: no existing mapping is touched.
+    let Ok(start) = (unsafe { map_none(ARENA_HINT, len, 0) }) else { return Arena::default() };
+    let p = start as *mut libc::c_void;
     let aligned = start.div_ceil(GRANULARITY) * GRANULARITY;
     // SAFETY: both trims lie inside the mapping just created and nothing else uses them.
     unsafe {
@@ -162,24 +149,37 @@ pub fn reserve_arena(size: u64) -> Arena {
     Arena { base: aligned, size }
 }
 
-/// Resets `[addr, addr + size)` to reserved, inaccessible address space.
-pub(crate) fn make_inaccessible(addr: u64, size: u64) -> Result<()> {
-    // SAFETY: the caller owns this range (a reservation of its own or its arena sub-range);
-    // MAP_FIXED replaces whatever was mapped there with fresh PROT_NONE pages.
+/// Maps `size` bytes of reserved, inaccessible address space (PROT_NONE, no memory, no swap)
+/// at `addr` (with `extra_flags` = MAP_FIXED: exactly there, replacing what was mapped; with 0:
+/// there if free, else where the kernel likes). Returns the address.
+///
+/// # Safety
+/// With MAP_FIXED the caller must own `[addr, addr + size)`: whatever was mapped there is gone.
+pub(crate) unsafe fn map_none(addr: u64, size: u64, extra_flags: libc::c_int) -> std::io::Result<u64> {
+    // SAFETY: an anonymous PROT_NONE mapping; the caller vouches for MAP_FIXED.
     let p = unsafe {
         libc::mmap(
             addr as *mut libc::c_void,
             size as usize,
             libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | extra_flags,
             -1,
             0,
         )
     };
     if p == libc::MAP_FAILED {
-        return Err(UvmError::last_os("could not reset reserved address range"));
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(p as u64)
     }
-    Ok(())
+}
+
+/// Resets `[addr, addr + size)` to reserved, inaccessible address space.
+pub(crate) fn make_inaccessible(addr: u64, size: u64) -> Result<()> {
+    // SAFETY: the caller owns this range (a reservation of its own or its arena sub-range).
+    unsafe { map_none(addr, size, libc::MAP_FIXED) }
+        .map(|_| ())
+        .map_err(|e| UvmError::os("could not reset reserved address range", e))
 }
 
 /// Error for a tier this provider does not have.

@@ -198,13 +198,20 @@ fn device_info() -> TableIterator<'static, (name!(property, String), name!(value
 }
 
 
-/// Benchmark: GB/s of a GPU kernel reading all of segment `name`, in this backend.
-#[pg_extern(volatile, parallel_unsafe)]
-fn bench_segment_read(name: &str, iterations: i32) -> f64 {
+/// Runs `f` with the segment manager when the provider is CUDA (benchmarks need a GPU).
+fn with_cuda<R>(f: impl FnOnce(&mut crate::segment::Segments<super::PgEnv>) -> crate::error::Result<R>) -> R {
     with_segments(|s| {
         if s.provider().kind() != ProviderKind::Cuda {
             return Err(crate::gpu::bench::needs_cuda());
         }
+        f(s)
+    })
+}
+
+/// Benchmark: GB/s of a GPU kernel reading all of segment `name`, in this backend.
+#[pg_extern(volatile, parallel_unsafe)]
+fn bench_segment_read(name: &str, iterations: i32) -> f64 {
+    with_cuda(|s| {
         let pin = s.pin(name, |o| authorize(o, name, "read"))?;
         let size = pin.info.size as i64;
         let addr = pin.addr(0, size)?;
@@ -215,12 +222,7 @@ fn bench_segment_read(name: &str, iterations: i32) -> f64 {
 /// Benchmark baseline: GB/s of the same kernel over a private `cuMemAlloc` buffer.
 #[pg_extern(volatile, parallel_unsafe)]
 fn bench_private_read(bytes: i64, iterations: i32) -> f64 {
-    with_segments(|s| {
-        if s.provider().kind() != ProviderKind::Cuda {
-            return Err(crate::gpu::bench::needs_cuda());
-        }
-        crate::gpu::bench::private_read(bytes.max(16) as u64, iterations.max(1) as u32)
-    })
+    with_cuda(|_| crate::gpu::bench::private_read(bytes.max(16) as u64, iterations.max(1) as u32))
 }
 
 /// Benchmark baseline: `cuMemcpy` GB/s between pinned host and device memory, both ways.
@@ -229,24 +231,14 @@ fn bench_copy_ceiling(
     bytes: i64,
     iterations: i32,
 ) -> TableIterator<'static, (name!(direction, String), name!(gbps, f64))> {
-    let (htod, dtoh) = with_segments(|s| {
-        if s.provider().kind() != ProviderKind::Cuda {
-            return Err(crate::gpu::bench::needs_cuda());
-        }
-        crate::gpu::bench::copy_ceiling(bytes.max(1) as u64, iterations.max(1) as u32)
-    });
+    let (htod, dtoh) = with_cuda(|_| crate::gpu::bench::copy_ceiling(bytes.max(1) as u64, iterations.max(1) as u32));
     TableIterator::new(vec![("htod".to_string(), htod), ("dtoh".to_string(), dtoh)])
 }
 
 /// Benchmark baseline: milliseconds to `cuMemHostRegister` a populated /dev/shm mapping.
 #[pg_extern(volatile, parallel_unsafe)]
 fn bench_host_register(bytes: i64) -> f64 {
-    with_segments(|s| {
-        if s.provider().kind() != ProviderKind::Cuda {
-            return Err(crate::gpu::bench::needs_cuda());
-        }
-        crate::gpu::bench::host_register_ms(bytes.max(1) as u64)
-    })
+    with_cuda(|_| crate::gpu::bench::host_register_ms(bytes.max(1) as u64))
 }
 
 /// Rows of the `uvm.segments` view.
