@@ -6,6 +6,7 @@
 #   make install      build (release) and install into PostgreSQL 15
 #   make unit | pgtest | regress | integration   one test stage each
 #   make regress-accept   copy the last regress results over tests/regress/expected
+#   make gpu-suite-pack   bundle for the GPU machine -> .carry/gpu-bundle (scripts/gpu-suite)
 #   make clean
 #
 # As root, throwaway clusters run as the OS user `postgres`; as a normal user they run as that
@@ -46,10 +47,10 @@ TEST_STAGES := prereqs unit pgtest install regress integration
 
 PSQL := $(PG_BIN)/psql -X -v ON_ERROR_STOP=1
 
-.PHONY: help prereqs install unit pgtest regress regress-accept integration test run bench clean
+.PHONY: help prereqs install unit pgtest regress regress-accept integration test run bench gpu-suite-pack clean
 
 help:
-	@sed -n '2,10p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
 
 prereqs:
 	scripts/install-prereqs.sh
@@ -128,6 +129,11 @@ bench: prereqs install
 	eval "$$($(CLUSTER) env $(BENCH_DIR))"; \
 	$(PSQL) -q -d postgres -c 'CREATE EXTENSION pg_uvm_share'; \
 	$(CARGO) run --release -p pg_uvm_share_tests --bin uvm_bench -- $(BENCH_REPORT)
+
+# The GPU suite's bundle: release extension, GPU test and bench programs, Debian's PostgreSQL 15
+# packages. On the GPU machine, carry .carry/gpu-bundle and run `scripts/gpu-suite run` (report: $$OUT).
+gpu-suite-pack:
+	scripts/gpu-suite pack
 
 clean:
 	for d in $(REGRESS_DIR)-main $(REGRESS_DIR)-limits $(REGRESS_DIR)-noload $(IT_DIR) $(DEMO_DIR) $(BENCH_DIR); do $(CLUSTER) stop $$d || true; rm -rf $$d; done

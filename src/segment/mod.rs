@@ -326,26 +326,30 @@ impl<E: Env> Segments<E> {
         }
     }
 
-    /// The tier a new chunk of `size` bytes gets under preference `pref`.
-    fn choose_tier(&self, reg: &Registry, pref: TierPref, size: u64) -> Result<Tier> {
-        let tiers = self.provider.capabilities().tiers;
-        let has_device = tiers.contains(&Tier::Device);
-        let budget_ok = |size: u64| match self.limits.device_limit {
-            Some(limit) => reg.tier_bytes(Tier::Device).saturating_add(size) <= limit,
-            None => true,
-        };
+    /// Where a new chunk of `size` bytes goes under preference `pref`, and how large it is:
+    /// `auto` fills the device budget first, so a chunk that does not fit whole is cut at the
+    /// budget (the next chunk goes to the host tier) and a segment spans both tiers.
+    fn place_chunk(&self, reg: &Registry, pref: TierPref, size: u64) -> Result<(Tier, u64)> {
+        let has_device = self.provider.capabilities().tiers.contains(&Tier::Device);
+        let room = self.limits.device_limit.map(|l| l.saturating_sub(reg.tier_bytes(Tier::Device)) / GRANULARITY * GRANULARITY);
         match pref {
-            TierPref::Host => Ok(Tier::Host),
-            TierPref::Auto => Ok(if has_device && budget_ok(size) { Tier::Device } else { Tier::Host }),
+            TierPref::Host => Ok((Tier::Host, size)),
+            TierPref::Auto if !has_device => Ok((Tier::Host, size)),
+            TierPref::Auto => Ok(match room {
+                None => (Tier::Device, size),
+                Some(r) if r >= size => (Tier::Device, size),
+                Some(r) if r > 0 => (Tier::Device, r),
+                Some(_) => (Tier::Host, size),
+            }),
             TierPref::Device if !has_device => Err(crate::provider::tier_unavailable(Tier::Device, self.provider.kind())),
-            TierPref::Device if !budget_ok(size) => Err(uvm_err!(
+            TierPref::Device if room.is_some_and(|r| r < size) => Err(uvm_err!(
                 Code::ConfigurationLimitExceeded,
                 "a {size}-byte device chunk would exceed pg_uvm_share.device_memory_limit ({} bytes, {} in use)",
                 self.limits.device_limit.unwrap_or(0),
                 reg.tier_bytes(Tier::Device)
             )
             .hint("Use tier \"auto\" to spill to the host tier, or raise pg_uvm_share.device_memory_limit.")),
-            TierPref::Device => Ok(Tier::Device),
+            TierPref::Device => Ok((Tier::Device, size)),
         }
     }
 
@@ -448,7 +452,7 @@ impl<E: Env> Segments<E> {
                     self.limits.min_chunk,
                     GRANULARITY,
                 );
-                let tier = if spill { Tier::Host } else { self.choose_tier(&reg, info.tier_pref, size)? };
+                let (tier, size) = if spill { (Tier::Host, size) } else { self.place_chunk(&reg, info.tier_pref, size)? };
                 (reg.reserve_chunk(slot, info.committed, size, tier)?, reg.epoch())
             };
             let mut guard = PendingGuard { segs: self, pending, handed_over: false, committed: false, epoch };
@@ -467,11 +471,15 @@ impl<E: Env> Segments<E> {
             guard.segs.with_broker(|b| b.put(epoch, pending.id, fd.as_fd()))?;
             guard.handed_over = true;
             drop(fd);
-            let committed = guard.segs.env.exclusive()?.commit_chunk(&pending, needed);
+            // A chunk cut at the device budget covers only part of the growth; the loop adds the rest.
+            let covered = needed.min(pending.offset + pending.size);
+            let committed = guard.segs.env.exclusive()?.commit_chunk(&pending, covered);
             match committed {
                 Ok(_) => {
                     guard.committed = true;
-                    return Ok(());
+                    if covered == needed {
+                        return Ok(());
+                    }
                 }
                 // another process grew the segment first: retry against the new layout
                 Err(e) if e.code == Code::ObjectInUse => continue,

@@ -425,6 +425,12 @@ fn device_budget_spills_auto_chunks_and_refuses_device_ones() {
     // the next auto chunk would pass the 4 MiB budget: it goes to the host tier
     a.grow("d", 9 * MIB as i64, ok).unwrap();
     assert_eq!(tiers_of(&a, "d"), vec![Tier::Device, Tier::Host]);
+    // a segment larger than the budget, created at once, fills the device and spills the rest
+    a.drop_segment("d", ok).unwrap();
+    a.create("d", 9 * MIB as i64, None, TierPref::Auto, 1, 0).unwrap();
+    let info = a.lookup("d").unwrap();
+    assert_eq!(tiers_of(&a, "d"), vec![Tier::Device, Tier::Host]);
+    assert_eq!((info.bytes_in(Tier::Device), info.size), (4 * MIB, 9 * MIB));
     let e = a.create("e", 4 * MIB as i64, None, TierPref::Device, 1, 0).unwrap_err();
     assert_eq!(e.code, Code::ConfigurationLimitExceeded);
     assert!(a.lookup("e").is_err(), "a failed create leaves no segment");

@@ -438,3 +438,292 @@ impl Drop for SegmentGuard {
         }
     }
 }
+
+// --- checksum and fill pattern: an independent copy of src/checksum.rs ---------------------------
+//
+// The GPU tests compare what the extension's kernels compute with these. They are copied, not
+// imported, on purpose: the test crate does not link the extension, and a change to one side
+// that is not made to the other must fail the GPU suite.
+//
+//   checksum = Σ mix(w[i] ^ (i * GOLDEN))  (wrapping), w[i] the little-endian 64-bit word at
+//              byte 8i of the range (the last one zero-padded), i counted from the range start
+//   fill     = byte j of a range is byte (j % 8) of mix(seed + j / 8)
+
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// The SplitMix64 finalizer.
+#[inline]
+pub fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Checksum of `bytes` as a range of its own (word index from 0), what
+/// `uvm.checksum_segment(name, offset, length)` returns (as `u64`) for the same bytes.
+pub fn checksum(bytes: &[u8]) -> u64 {
+    checksum_from(bytes, 0)
+}
+
+/// Checksum of `bytes` whose first word has index `first_word`: for a piece at byte offset `o`
+/// (a multiple of 8) of a larger range, `first_word = o / 8`, and the pieces' values add up
+/// (wrapping) to the checksum of the whole range.
+pub fn checksum_from(bytes: &[u8], first_word: u64) -> u64 {
+    let mut sum = 0u64;
+    let mut words = bytes.chunks_exact(8);
+    let mut i = first_word;
+    for w in &mut words {
+        let w = u64::from_le_bytes(w.try_into().unwrap());
+        sum = sum.wrapping_add(mix(w ^ i.wrapping_mul(GOLDEN)));
+        i = i.wrapping_add(1);
+    }
+    let rest = words.remainder();
+    if !rest.is_empty() {
+        let mut w = [0u8; 8];
+        w[..rest.len()].copy_from_slice(rest);
+        sum = sum.wrapping_add(mix(u64::from_le_bytes(w) ^ i.wrapping_mul(GOLDEN)));
+    }
+    sum
+}
+
+/// The fill pattern of `uvm.fill_segment(name, offset, length, seed)` over `bytes`.
+pub fn fill(bytes: &mut [u8], seed: u64) {
+    let mut words = bytes.chunks_exact_mut(8);
+    let mut i = 0u64;
+    for w in &mut words {
+        w.copy_from_slice(&mix(seed.wrapping_add(i)).to_le_bytes());
+        i += 1;
+    }
+    let rest = words.into_remainder();
+    let n = rest.len();
+    rest.copy_from_slice(&mix(seed.wrapping_add(i)).to_le_bytes()[..n]);
+}
+
+/// Bytes `[at, at + len)` of a range filled with `seed` (from the range's start); `at` need not
+/// be a multiple of 8. Because the pattern of a piece at byte `o` (a multiple of 8) is the fill
+/// of seed `seed + o / 8`, this never materialises the bytes before `at`.
+pub fn fill_range(seed: u64, at: u64, len: usize) -> Vec<u8> {
+    let skew = (at % 8) as usize;
+    let mut v = vec![0u8; len + skew];
+    fill(&mut v, seed.wrapping_add(at / 8));
+    v.drain(..skew);
+    v
+}
+
+/// Checksum (word index from 0) of a range of `len` bytes filled with `seed`, computed in pieces
+/// of 64 MiB so that multi-GiB ranges need little memory.
+pub fn fill_checksum(seed: u64, len: u64) -> u64 {
+    const PIECE: u64 = 64 << 20; // a multiple of 8
+    let mut buf = vec![0u8; PIECE.min(len) as usize];
+    let mut sum = 0u64;
+    let mut at = 0u64;
+    while at < len {
+        let n = PIECE.min(len - at) as usize;
+        let piece = &mut buf[..n];
+        fill(piece, seed.wrapping_add(at / 8));
+        sum = sum.wrapping_add(checksum_from(piece, at / 8));
+        at += n as u64;
+    }
+    sum
+}
+
+// --- GPU helpers -----------------------------------------------------------------------------------
+
+/// Device memory in use on GPU 0, in MiB, as `nvidia-smi` reports it (all processes).
+pub fn gpu_memory_used_mib() -> u64 {
+    try_gpu_memory_used_mib().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `gpu_memory_used_mib`, or why nvidia-smi could not tell.
+pub fn try_gpu_memory_used_mib() -> Result<u64, String> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=memory.used", "--format=csv,noheader,nounits"])
+        .output()
+        .map_err(|e| format!("cannot run nvidia-smi: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "nvidia-smi --query-gpu=memory.used failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .ok_or_else(|| format!("unexpected nvidia-smi output: {text:?}"))
+}
+
+/// Device memory (MiB) that `nvidia-smi` attributes to process `pid`, if it lists it (it does
+/// not when the process runs in another pid namespace than nvidia-smi sees).
+pub fn gpu_process_memory_mib(pid: i32) -> Option<u64> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args([
+            "--query-compute-apps=pid,used_memory",
+            "--format=csv,noheader,nounits",
+        ])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        let mut it = l.split(',').map(str::trim);
+        let p: i32 = it.next()?.parse().ok()?;
+        let m: u64 = it.next()?.parse().ok()?;
+        (p == pid).then_some(m)
+    })
+}
+
+/// `value` of `uvm.device_info()` for `property`, if the provider reports it.
+pub fn device_info_value(c: &mut Client, property: &str) -> Option<String> {
+    c.query_opt(
+        "SELECT value FROM uvm.device_info() WHERE property = $1",
+        &[&property],
+    )
+    .unwrap_or_else(|e| panic!("uvm.device_info(): {}", describe(&e)))
+    .map(|r| r.get(0))
+}
+
+/// Asserts that the cluster runs the CUDA provider (`uvm.device_info()` property `provider`).
+#[track_caller]
+pub fn assert_cuda_provider(c: &mut Client) {
+    let p = device_info_value(c, "provider");
+    assert_eq!(
+        p.as_deref(),
+        Some("cuda"),
+        "the GPU suite needs the CUDA provider (uvm.device_info() says provider = {p:?})"
+    );
+}
+
+/// `uvm.create_segment(name, size, max_size, tier)`, or the error.
+pub fn try_create_segment_tier(
+    c: &mut Client,
+    name: &str,
+    size: i64,
+    max_size: Option<i64>,
+    tier: &str,
+) -> Result<i64, postgres::Error> {
+    c.query_one(
+        "SELECT uvm.create_segment($1, $2, $3, $4)::bigint",
+        &[&name, &size, &max_size, &tier],
+    )
+    .map(|r| r.get(0))
+}
+
+/// `uvm.create_segment(name, size, max_size, tier)`, returns the id.
+pub fn create_segment_tier(
+    c: &mut Client,
+    name: &str,
+    size: i64,
+    max_size: Option<i64>,
+    tier: &str,
+) -> i64 {
+    try_create_segment_tier(c, name, size, max_size, tier).unwrap_or_else(|e| {
+        panic!(
+            "create_segment({name}, {size}, {max_size:?}, {tier}): {}",
+            describe(&e)
+        )
+    })
+}
+
+/// `uvm.fill_segment(name, offset, length, seed)` (the GPU fill kernel with the CUDA provider).
+pub fn fill_segment(c: &mut Client, name: &str, offset: i64, len: i64, seed: i64) -> i64 {
+    c.query_one(
+        "SELECT uvm.fill_segment($1, $2, $3, $4)::bigint",
+        &[&name, &offset, &len, &seed],
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "fill_segment({name}, {offset}, {len}, {seed}): {}",
+            describe(&e)
+        )
+    })
+    .get(0)
+}
+
+/// `uvm.prefetch_segment(name, offset, length, tier)`, returns the bytes moved.
+pub fn prefetch_segment(c: &mut Client, name: &str, offset: i64, len: i64, tier: &str) -> i64 {
+    c.query_one(
+        "SELECT uvm.prefetch_segment($1, $2, $3, $4)::bigint",
+        &[&name, &offset, &len, &tier],
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "prefetch_segment({name}, {offset}, {len}, {tier}): {}",
+            describe(&e)
+        )
+    })
+    .get(0)
+}
+
+/// `(device_bytes, host_bytes)` of a segment from `uvm.segments`.
+pub fn tier_bytes(c: &mut Client, name: &str) -> (i64, i64) {
+    c.query_opt(
+        "SELECT device_bytes::bigint, host_bytes::bigint FROM uvm.segments WHERE name = $1",
+        &[&name],
+    )
+    .unwrap_or_else(|e| panic!("uvm.segments for {name}: {}", describe(&e)))
+    .map(|r| (r.get(0), r.get(1)))
+    .unwrap_or_else(|| panic!("segment {name} is not in uvm.segments"))
+}
+
+/// Reads `[offset, offset + len)` in `read_segment` calls of at most 64 MiB.
+pub fn read_segment_all(c: &mut Client, name: &str, offset: i64, len: i64) -> Vec<u8> {
+    const PIECE: i64 = 64 << 20;
+    let mut out = Vec::with_capacity(len as usize);
+    let mut at = 0;
+    while at < len {
+        let n = PIECE.min(len - at);
+        out.extend_from_slice(&read_segment(c, name, offset + at, n as i32));
+        at += n;
+    }
+    out
+}
+
+#[cfg(test)]
+mod checksum_tests {
+    use super::*;
+
+    #[test]
+    fn known_values() {
+        assert_eq!(checksum(&[]), 0);
+        assert_eq!(checksum(&[0u8; 8]), 0);
+        assert_eq!(checksum(&[1]), mix(1));
+        assert_eq!(checksum_from(&1u64.to_le_bytes(), 1), mix(1 ^ GOLDEN));
+    }
+
+    #[test]
+    fn pieces_add_up() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        for split in [8usize, 800, 4096, 9992] {
+            let a = checksum_from(&data[..split], 0);
+            let b = checksum_from(&data[split..], (split / 8) as u64);
+            assert_eq!(a.wrapping_add(b), checksum(&data), "split at {split}");
+        }
+    }
+
+    #[test]
+    fn fill_ranges() {
+        let mut whole = vec![0u8; 1000];
+        fill(&mut whole, 9);
+        assert_eq!(&whole[..8], &mix(9).to_le_bytes());
+        for (at, len) in [(0usize, 1000usize), (8, 100), (13, 500), (999, 1), (5, 0)] {
+            assert_eq!(
+                fill_range(9, at as u64, len),
+                whole[at..at + len].to_vec(),
+                "at {at} len {len}"
+            );
+        }
+        assert_eq!(fill_checksum(9, 1000), checksum(&whole));
+        assert_eq!(fill_checksum(9, 0), 0);
+    }
+
+    #[test]
+    fn fill_checksum_in_pieces() {
+        // more than one 64 MiB piece, and a tail that is not a multiple of 8
+        let len = (64 << 20) + 12_345;
+        let mut v = vec![0u8; len];
+        fill(&mut v, 7);
+        assert_eq!(fill_checksum(7, len as u64), checksum(&v));
+    }
+}

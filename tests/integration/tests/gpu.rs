@@ -1,0 +1,756 @@
+//! GPU tests: the CUDA provider's kernels, tiers, migration and clean-up against a live cluster.
+//!
+//! Built only with `--features gpu` and run by `scripts/gpu-suite run` on the GPU machine, one
+//! test at a time (`--test-threads=1`, name order): the crash test is named to run last, since
+//! the crash restart terminates every session of the cluster. Every test first asserts that the
+//! cluster runs the CUDA provider.
+//!
+//! The expected values come from the crate's own copy of the checksum and fill pattern
+//! (`checksum`, `checksum_from`, `fill`, `fill_range`, `fill_checksum` in src/lib.rs).
+//!
+//! Measurements worth reading (prefetch timings, memory figures) are printed to stderr and, when
+//! `UVM_GPU_NOTES` names a file, appended to it; the suite puts them in its report.
+
+use pg_uvm_share_tests::*;
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+const MIB_I: i64 = 1 << 20;
+const GIB_I: i64 = 1 << 30;
+
+/// A measurement for the report: stderr, and a line in `$UVM_GPU_NOTES` if set.
+fn note(test: &str, msg: &str) {
+    eprintln!("[{test}] {msg}");
+    if let Some(path) = std::env::var_os("UVM_GPU_NOTES") {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "- `{test}`: {msg}");
+        }
+    }
+}
+
+fn gbps(bytes: i64, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64() / 1e9
+}
+
+fn checksum_u64(c: &mut Client, name: &str, offset: i64, len: i64) -> u64 {
+    checksum_segment(c, name, offset, len) as u64
+}
+
+fn workers_launched(plan: &str) -> Vec<i64> {
+    plan.lines()
+        .filter_map(|l| l.trim().strip_prefix("Workers Launched:"))
+        .filter_map(|n| n.trim().parse().ok())
+        .collect()
+}
+
+/// Waits until no other client backend or parallel worker is connected (the sessions of earlier
+/// tests exit asynchronously, and each holds a CUDA context).
+fn wait_alone(c: &mut Client, timeout: Duration) {
+    let mut others = -1i64;
+    let ok = wait_until(timeout, || {
+        others = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE pid <> pg_backend_pid() \
+                    AND backend_type IN ('client backend', 'parallel worker')",
+                &[],
+            )
+            .expect("pg_stat_activity")
+            .get(0);
+        others == 0
+    });
+    assert!(
+        ok,
+        "{others} other sessions still connected after {timeout:?}"
+    );
+}
+
+/// GPU memory used once it stops moving (two readings 300 ms apart within 2 MiB; at most 10 s).
+fn settled_gpu_memory_mib() -> u64 {
+    let start = Instant::now();
+    let mut last = gpu_memory_used_mib();
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = gpu_memory_used_mib();
+        if now.abs_diff(last) <= 2 || start.elapsed() > Duration::from_secs(10) {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// Compares `[offset, offset + len)` of a segment (read on the CPU through read_segment) with
+/// the fill pattern of `seed` laid from the segment's offset `fill_start`.
+#[track_caller]
+fn assert_filled(
+    c: &mut Client,
+    name: &str,
+    fill_start: i64,
+    seed: u64,
+    offset: i64,
+    len: i64,
+    what: &str,
+) {
+    let got = read_segment_all(c, name, offset, len);
+    let want = fill_range(seed, (offset - fill_start) as u64, len as usize);
+    assert_bytes_eq(&got, &want, &format!("{what}: {name}[{offset}, +{len})"));
+}
+
+// --- a. one segment, many processes ------------------------------------------------------------
+
+#[test]
+fn a_checksum_across_sessions_and_parallel_workers() {
+    const T: &str = "a_checksum_across_sessions_and_parallel_workers";
+    const SIZE: i64 = 256 * MIB_I;
+    const PIECE: i64 = 64 * MIB_I;
+    const ROWS: i64 = 400;
+    let seg = unique_name("gpu_a");
+    let table = unique_name("gpu_a_t");
+    let _guard = SegmentGuard::with(&[&seg]);
+
+    let mut a = connect();
+    assert_cuda_provider(&mut a);
+    create_segment_tier(&mut a, &seg, SIZE, None, "device");
+    assert_eq!(
+        tier_bytes(&mut a, &seg),
+        (SIZE, 0),
+        "device-tier segment's bytes per tier"
+    );
+    let mut want = Vec::with_capacity(SIZE as usize);
+    for k in 0..SIZE / PIECE {
+        let p = pattern(PIECE as usize, 100 + k as u64);
+        write_segment(&mut a, &seg, k * PIECE, &p);
+        want.extend_from_slice(&p);
+    }
+
+    // Session B reads the bytes back on the CPU; the Rust checksum of those is the reference.
+    let mut b = connect();
+    let back = read_segment_all(&mut b, &seg, 0, SIZE);
+    assert_bytes_eq(&back, &want, "bytes written in A, read in B");
+    let rust = checksum(&back);
+    assert_eq!(
+        checksum_u64(&mut b, &seg, 0, SIZE),
+        rust,
+        "GPU checksum in B vs Rust"
+    );
+    assert_eq!(
+        checksum_u64(&mut a, &seg, 0, SIZE),
+        rust,
+        "GPU checksum in A vs Rust"
+    );
+
+    // Sub-ranges, aligned or not, across the 64 MiB write boundaries.
+    for (off, len) in [
+        (0i64, 8i64),
+        (12_345, 10_000_001),
+        (PIECE - 3, 7),
+        (PIECE * 2 - 4096, 8192 + 5),
+        (SIZE - 1001, 1001),
+        (SIZE - 1, 1),
+    ] {
+        let r = checksum(&back[off as usize..(off + len) as usize]);
+        assert_eq!(
+            checksum_u64(&mut b, &seg, off, len),
+            r,
+            "GPU checksum of [{off}, +{len}) in B vs Rust"
+        );
+    }
+
+    // Parallel workers: every row of a parallel scan (leader not participating) checksums the
+    // whole segment on the GPU and must get the reference value.
+    a.batch_execute(&format!(
+        "DROP TABLE IF EXISTS {table};
+         CREATE TABLE {table} (i int NOT NULL) WITH (fillfactor = 10, parallel_workers = 4);
+         INSERT INTO {table} SELECT g FROM generate_series(1, {ROWS}) g;
+         ANALYZE {table};"
+    ))
+    .expect("create test table");
+    b.batch_execute(
+        "SET parallel_setup_cost = 0;
+         SET parallel_tuple_cost = 0;
+         SET min_parallel_table_scan_size = 0;
+         SET max_parallel_workers_per_gather = 4;
+         SET parallel_leader_participation = off;
+         SET force_parallel_mode = on;",
+    )
+    .expect("parallel settings");
+    let q = format!(
+        "SELECT count(*) FROM {table} WHERE uvm.checksum_segment({}, 0, {SIZE}) = {}",
+        quote_literal(&seg),
+        rust as i64
+    );
+    let t = Instant::now();
+    let n: i64 = b
+        .query_one(q.as_str(), &[])
+        .map_err(|e| describe(&e))
+        .expect("parallel checksum query")
+        .get(0);
+    let took = t.elapsed();
+    assert_eq!(
+        n, ROWS,
+        "rows whose GPU checksum (computed in parallel workers) matched"
+    );
+    let plan: String = b
+        .query(format!("EXPLAIN (ANALYZE, FORMAT TEXT) {q}").as_str(), &[])
+        .map_err(|e| describe(&e))
+        .expect("EXPLAIN ANALYZE")
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let launched = workers_launched(&plan);
+    assert!(
+        launched.iter().any(|&w| w > 0),
+        "no parallel workers launched (plan below); the checksums were not computed in workers:\n{plan}"
+    );
+    note(
+        T,
+        &format!(
+            "{ROWS} GPU checksums of {} MiB in parallel workers (launched {launched:?}) in {:.0} ms",
+            SIZE / MIB_I,
+            took.as_secs_f64() * 1e3
+        ),
+    );
+
+    a.batch_execute(&format!("DROP TABLE {table}")).unwrap();
+    drop(b);
+    drop_segment(&mut a, &seg);
+}
+
+// --- b. host tier, fill kernel on both tiers ---------------------------------------------------
+
+#[test]
+fn b_host_tier_and_fill_kernel() {
+    const SIZE: i64 = 64 * MIB_I;
+    let host = unique_name("gpu_b_host");
+    let dev = unique_name("gpu_b_dev");
+    let _guard = SegmentGuard::with(&[&host, &dev]);
+    let mut c = connect();
+    assert_cuda_provider(&mut c);
+
+    create_segment_tier(&mut c, &host, SIZE, None, "host");
+    assert_eq!(
+        tier_bytes(&mut c, &host),
+        (0, SIZE),
+        "host-tier segment's bytes per tier"
+    );
+    create_segment_tier(&mut c, &dev, SIZE, None, "device");
+    assert_eq!(
+        tier_bytes(&mut c, &dev),
+        (SIZE, 0),
+        "device-tier segment's bytes per tier"
+    );
+
+    for (name, seed) in [(&host, 200u64), (&dev, 201u64)] {
+        // Written through SQL (CPU), checksummed by the GPU.
+        let mut model = pattern(SIZE as usize, seed);
+        write_segment(&mut c, name, 0, &model);
+        assert_eq!(
+            checksum_u64(&mut c, name, 0, SIZE),
+            checksum(&model),
+            "GPU checksum of {name} after an SQL write"
+        );
+        // Filled by the GPU, read back on the CPU; bytes around each range stay as they were.
+        let fills: [(i64, i64, i64); 4] = [
+            (MIB_I, 5 * MIB_I + 3, 42),
+            (8 * MIB_I + 5, MIB_I + 1, 1 << 40),
+            (SIZE - 4099, 4099, 3),
+            (0, 1, 77),
+        ];
+        for (off, len, s) in fills {
+            fill_segment(&mut c, name, off, len, s);
+            fill(&mut model[off as usize..(off + len) as usize], s as u64);
+            let lo = (off - 64).max(0);
+            let hi = (off + len + 64).min(SIZE);
+            let got = read_segment(&mut c, name, lo, (hi - lo) as i32);
+            assert_bytes_eq(
+                &got,
+                &model[lo as usize..hi as usize],
+                &format!("{name} after fill_segment({off}, {len}, seed {s}), with 64 bytes around"),
+            );
+            assert_filled(&mut c, name, off, s as u64, off, len, "fill_segment range");
+        }
+        let back = read_segment_all(&mut c, name, 0, SIZE);
+        assert_bytes_eq(&back, &model, &format!("{name}, whole, after the fills"));
+        assert_eq!(
+            checksum_u64(&mut c, name, 0, SIZE),
+            checksum(&model),
+            "GPU checksum of {name} after the fills"
+        );
+        // A whole-segment fill.
+        fill_segment(&mut c, name, 0, SIZE, 9);
+        assert_eq!(
+            checksum_u64(&mut c, name, 0, SIZE),
+            fill_checksum(9, SIZE as u64),
+            "GPU checksum of {name} after a whole fill"
+        );
+        assert_filled(&mut c, name, 0, 9, SIZE / 2 + 3, MIB_I, "whole fill");
+    }
+
+    // The tier of each stayed what it was created as.
+    assert_eq!(tier_bytes(&mut c, &host), (0, SIZE));
+    assert_eq!(tier_bytes(&mut c, &dev), (SIZE, 0));
+    drop_segment(&mut c, &host);
+    drop_segment(&mut c, &dev);
+}
+
+// --- c. growth seen by kernels in another process ----------------------------------------------
+
+#[test]
+fn c_growth_seen_by_kernels_in_other_process() {
+    let seg = unique_name("gpu_c");
+    let _guard = SegmentGuard::with(&[&seg]);
+    let mut a = connect();
+    assert_cuda_provider(&mut a);
+    let mut b = connect();
+
+    let sizes = [64 * MIB_I, 256 * MIB_I, GIB_I];
+    create_segment_tier(&mut a, &seg, sizes[0], Some(GIB_I), "device");
+    fill_segment(&mut a, &seg, 0, sizes[0], 1);
+    let mut want_whole = fill_checksum(1, sizes[0] as u64);
+    assert_eq!(
+        checksum_u64(&mut b, &seg, 0, sizes[0]),
+        want_whole,
+        "B's checksum before growth"
+    );
+    let mut generation = segment_row(&mut a, &seg).unwrap().generation;
+    // (start, seed) of each filled region
+    let mut regions: Vec<(i64, u64)> = vec![(0, 1)];
+
+    for (k, w) in sizes.windows(2).enumerate() {
+        let (old, new) = (w[0], w[1]);
+        let seed = 2 + k as u64;
+        let got = a
+            .query_one("SELECT uvm.grow_segment($1, $2)::bigint", &[&seg, &new])
+            .map_err(|e| describe(&e))
+            .expect("grow_segment")
+            .get::<_, i64>(0);
+        assert_eq!(got, new, "grow_segment's result");
+        let row = segment_row(&mut a, &seg).unwrap();
+        assert!(
+            row.generation > generation,
+            "generation did not advance with growth"
+        );
+        generation = row.generation;
+        assert_eq!(tier_bytes(&mut a, &seg).0, new, "device bytes after growth");
+        fill_segment(&mut a, &seg, old, new - old, seed as i64);
+
+        // B, attached at the old size, checksums the new region and the whole segment.
+        let new_part = fill_checksum(seed, (new - old) as u64);
+        assert_eq!(
+            checksum_u64(&mut b, &seg, old, new - old),
+            new_part,
+            "B's GPU checksum of the region [{old}, {new}) A grew and filled"
+        );
+        // Whole range: the new region's words have indices from old / 8.
+        let mut piece = vec![0u8; (new - old) as usize];
+        fill(&mut piece, seed);
+        want_whole = want_whole.wrapping_add(checksum_from(&piece, (old / 8) as u64));
+        drop(piece);
+        assert_eq!(
+            checksum_u64(&mut b, &seg, 0, new),
+            want_whole,
+            "B's GPU checksum of the whole segment after growth to {new}"
+        );
+        // And B's CPU mapping of both sides of the boundary.
+        let (prev_start, prev_seed) = regions.last().copied().unwrap();
+        assert_filled(
+            &mut b,
+            &seg,
+            prev_start,
+            prev_seed,
+            old - 4096,
+            4096,
+            "B reads before the growth boundary",
+        );
+        assert_filled(
+            &mut b,
+            &seg,
+            old,
+            seed,
+            old,
+            4096,
+            "B reads after the growth boundary",
+        );
+        regions.push((old, seed));
+    }
+    drop(b);
+    drop_segment(&mut a, &seg);
+}
+
+// --- d. spill to the host tier beyond the device budget ----------------------------------------
+
+/// Resets `pg_uvm_share.device_memory_limit` on scope exit, also when the test fails.
+struct ResetDeviceLimit;
+
+impl Drop for ResetDeviceLimit {
+    fn drop(&mut self) {
+        if let Ok(mut c) = try_connect() {
+            let _ = c.batch_execute("ALTER SYSTEM RESET pg_uvm_share.device_memory_limit");
+            let _ = c.batch_execute("SELECT pg_reload_conf()");
+        }
+        std::thread::sleep(Duration::from_millis(1000));
+    }
+}
+
+#[test]
+fn d_spill_beyond_device_memory_limit() {
+    const T: &str = "d_spill_beyond_device_memory_limit";
+    const SIZE: i64 = 3 * GIB_I;
+    const LIMIT: i64 = 2 * GIB_I;
+    let seg = unique_name("gpu_d");
+    let dev = unique_name("gpu_d_dev");
+    let _guard = SegmentGuard::with(&[&seg, &dev]);
+    let mut admin = connect();
+    assert_cuda_provider(&mut admin);
+
+    let _reset = ResetDeviceLimit;
+    admin
+        .batch_execute("ALTER SYSTEM SET pg_uvm_share.device_memory_limit = '2GB'")
+        .map_err(|e| describe(&e))
+        .expect("ALTER SYSTEM SET device_memory_limit");
+    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+
+    let mut c = connect();
+    let shown: String = c
+        .query_one("SHOW pg_uvm_share.device_memory_limit", &[])
+        .unwrap()
+        .get(0);
+    note(T, &format!("device_memory_limit in a new session: {shown}"));
+
+    let t = Instant::now();
+    create_segment_tier(&mut c, &seg, SIZE, None, "auto");
+    let create_ms = t.elapsed().as_secs_f64() * 1e3;
+    let (d, h) = tier_bytes(&mut c, &seg);
+    note(
+        T,
+        &format!(
+            "3 GiB 'auto' segment under a 2 GiB limit: device {} MiB, host {} MiB, created in {create_ms:.0} ms",
+            d / MIB_I,
+            h / MIB_I
+        ),
+    );
+    assert!(d <= LIMIT, "device_bytes {d} over the 2 GiB limit");
+    assert!(
+        h > 0,
+        "nothing spilled to the host tier (device {d}, host {h})"
+    );
+    assert_eq!(d + h, SIZE, "device + host bytes of the spilled segment");
+
+    expect_sqlstate(
+        try_create_segment_tier(&mut c, &dev, SIZE, None, "device"),
+        "53400",
+        "3 GiB device-tier segment under a 2 GiB device limit",
+    );
+    assert!(
+        segment_row(&mut c, &dev).is_none(),
+        "the failed device segment is listed"
+    );
+
+    let t = Instant::now();
+    fill_segment(&mut c, &seg, 0, SIZE, 7);
+    let fill_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let gpu = checksum_u64(&mut c, &seg, 0, SIZE);
+    let sum_ms = t.elapsed().as_secs_f64() * 1e3;
+    let rust = fill_checksum(7, SIZE as u64);
+    assert_eq!(
+        gpu, rust,
+        "GPU checksum of the 3 GiB spilled segment after fill_segment(seed 7)"
+    );
+    note(
+        T,
+        &format!("fill of 3 GiB across tiers {fill_ms:.0} ms, checksum {sum_ms:.0} ms"),
+    );
+    // The CPU sees the same bytes on both sides of the device/host boundary.
+    if d > 0 && h > 0 {
+        assert_filled(
+            &mut c,
+            &seg,
+            0,
+            7,
+            d - MIB_I / 2 - 3,
+            MIB_I,
+            "across the tier boundary",
+        );
+    }
+    assert_filled(
+        &mut c,
+        &seg,
+        0,
+        7,
+        SIZE - MIB_I,
+        MIB_I,
+        "end of the host part",
+    );
+
+    drop_segment(&mut c, &seg);
+    drop(c);
+    admin
+        .batch_execute("ALTER SYSTEM RESET pg_uvm_share.device_memory_limit")
+        .unwrap();
+    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+}
+
+// --- e. migration both ways ---------------------------------------------------------------------
+
+#[test]
+fn e_migration_both_ways() {
+    const T: &str = "e_migration_both_ways";
+    const SIZE: i64 = 512 * MIB_I;
+    const SEED: u64 = 11;
+    let seg = unique_name("gpu_e");
+    let _guard = SegmentGuard::with(&[&seg]);
+    let mut a = connect();
+    assert_cuda_provider(&mut a);
+    let mut b = connect();
+
+    create_segment_tier(&mut a, &seg, SIZE, None, "device");
+    fill_segment(&mut a, &seg, 0, SIZE, SEED as i64);
+    let want = fill_checksum(SEED, SIZE as u64);
+    let c0 = checksum_u64(&mut a, &seg, 0, SIZE);
+    assert_eq!(c0, want, "GPU checksum after fill vs Rust");
+    assert_eq!(
+        checksum_u64(&mut b, &seg, 0, SIZE),
+        want,
+        "B's GPU checksum before migration"
+    );
+    let (d0, h0) = tier_bytes(&mut a, &seg);
+    assert_eq!(h0, 0, "device segment has host bytes before migration");
+    let committed = d0 + h0;
+
+    let ranges = [
+        (0i64, MIB_I),
+        (200 * MIB_I + 3, 777_777),
+        (SIZE - 4096, 4096),
+    ];
+    for (tier, (want_d, want_h)) in [("host", (0, committed)), ("device", (committed, 0))] {
+        let t = Instant::now();
+        let moved = prefetch_segment(&mut a, &seg, 0, SIZE, tier);
+        let took = t.elapsed();
+        assert!(moved > 0, "prefetch to {tier} moved {moved} bytes");
+        assert_eq!(
+            tier_bytes(&mut a, &seg),
+            (want_d, want_h),
+            "(device_bytes, host_bytes) after prefetch to {tier}"
+        );
+        note(
+            T,
+            &format!(
+                "prefetch 512 MiB to {tier}: moved {} MiB in {:.1} ms ({:.1} GB/s, client-side)",
+                moved / MIB_I,
+                took.as_secs_f64() * 1e3,
+                gbps(moved, took)
+            ),
+        );
+        assert_eq!(
+            checksum_u64(&mut a, &seg, 0, SIZE),
+            c0,
+            "A's GPU checksum after prefetch to {tier}"
+        );
+        assert_eq!(
+            checksum_u64(&mut b, &seg, 0, SIZE),
+            c0,
+            "B's GPU checksum after prefetch to {tier}"
+        );
+        for (off, len) in ranges {
+            assert_filled(
+                &mut a,
+                &seg,
+                0,
+                SEED,
+                off,
+                len,
+                &format!("A's CPU read after prefetch to {tier}"),
+            );
+            assert_filled(
+                &mut b,
+                &seg,
+                0,
+                SEED,
+                off,
+                len,
+                &format!("B's CPU read after prefetch to {tier}"),
+            );
+        }
+        // A second prefetch to the same tier has nothing to move.
+        let again = prefetch_segment(&mut a, &seg, 0, SIZE, tier);
+        assert_eq!(again, 0, "a repeated prefetch to {tier} moved bytes");
+    }
+    drop(b);
+    drop_segment(&mut a, &seg);
+}
+
+// --- f. create/drop cycles do not leak device memory -------------------------------------------
+
+#[test]
+fn f_create_drop_cycles_keep_gpu_memory_flat() {
+    const T: &str = "f_create_drop_cycles_keep_gpu_memory_flat";
+    const SIZE: i64 = 64 * MIB_I;
+    const CYCLES: usize = 200;
+    let seg = unique_name("gpu_f");
+    let _guard = SegmentGuard::with(&[&seg]);
+    let mut c = connect();
+    assert_cuda_provider(&mut c);
+    wait_alone(&mut c, Duration::from_secs(30));
+    let want = fill_checksum(5, SIZE as u64);
+    let cycle = |c: &mut Client, i: usize| {
+        create_segment_tier(c, &seg, SIZE, None, "device");
+        fill_segment(c, &seg, 0, SIZE, 5);
+        assert_eq!(
+            checksum_u64(c, &seg, 0, SIZE),
+            want,
+            "checksum in cycle {i}"
+        );
+        drop_segment(c, &seg);
+    };
+    cycle(&mut c, 0);
+    let before = settled_gpu_memory_mib();
+    let t = Instant::now();
+    for i in 1..=CYCLES {
+        cycle(&mut c, i);
+    }
+    let took = t.elapsed();
+    let mut after = 0;
+    let flat = wait_until(Duration::from_secs(10), || {
+        after = gpu_memory_used_mib();
+        after <= before + 64
+    });
+    note(
+        T,
+        &format!(
+            "{CYCLES} cycles of 64 MiB create/fill/checksum/drop in {:.2} s ({:.1} ms each); GPU memory used {before} MiB before, {after} MiB after",
+            took.as_secs_f64(),
+            took.as_secs_f64() * 1e3 / CYCLES as f64
+        ),
+    );
+    assert!(
+        flat,
+        "GPU memory grew over {CYCLES} create/drop cycles: {before} MiB -> {after} MiB"
+    );
+    let n: i64 = c
+        .query_one("SELECT count(*) FROM uvm.segments WHERE name = $1", &[&seg])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0);
+}
+
+// --- z. crash of a backend with a CUDA context and device mappings (runs last) ---------------
+
+#[test]
+fn z_crash_releases_gpu_memory() {
+    const T: &str = "z_crash_releases_gpu_memory";
+    const SIZE: i64 = 4 * GIB_I;
+    let seg = unique_name("gpu_z");
+    {
+        // Checked in a session of its own: it creates a CUDA context, which must be gone before
+        // the baseline is taken.
+        let mut p = connect();
+        assert_cuda_provider(&mut p);
+        let restart: String = p.query_one("SHOW restart_after_crash", &[]).unwrap().get(0);
+        assert_eq!(
+            restart, "on",
+            "the cluster must run with restart_after_crash = on"
+        );
+    }
+    // The admin session never calls the extension, so it holds no CUDA context.
+    let mut admin = connect();
+    let broker_before = wait_broker(&mut admin, Duration::from_secs(30));
+    let postmaster = postmaster_pid();
+    wait_alone(&mut admin, Duration::from_secs(30));
+    let baseline = settled_gpu_memory_mib();
+
+    let mut victim = connect();
+    let victim_pid = backend_pid(&mut victim);
+    create_segment_tier(&mut victim, &seg, SIZE, None, "device");
+    let sum = checksum_u64(&mut victim, &seg, 0, SIZE);
+    let during = gpu_memory_used_mib();
+    note(
+        T,
+        &format!(
+            "GPU memory used: baseline {baseline} MiB, with the victim's context and 4 GiB segment {during} MiB \
+             (victim's process: {:?} MiB per nvidia-smi); checksum {sum:#x}",
+            gpu_process_memory_mib(victim_pid)
+        ),
+    );
+    assert!(
+        during >= baseline + 4000,
+        "a 4 GiB device segment did not show in GPU memory used ({baseline} -> {during} MiB)"
+    );
+
+    let rc = unsafe { libc::kill(victim_pid, libc::SIGKILL) };
+    assert_eq!(
+        rc,
+        0,
+        "kill({victim_pid}, SIGKILL): {}",
+        std::io::Error::last_os_error()
+    );
+    drop(victim);
+    drop(admin);
+    assert!(
+        wait_until(Duration::from_secs(30), || !process_alive(broker_before)),
+        "the old broker {broker_before} is still running after the crash"
+    );
+    let t = Instant::now();
+    let mut c = connect_retry(Duration::from_secs(90));
+    let reconnect_s = t.elapsed().as_secs_f64();
+    assert_eq!(
+        postmaster_pid(),
+        postmaster,
+        "the postmaster must survive (crash restart)"
+    );
+
+    let mut now = 0;
+    let released = wait_until(Duration::from_secs(30), || {
+        now = gpu_memory_used_mib();
+        now <= baseline + 64
+    });
+    note(
+        T,
+        &format!(
+            "after SIGKILL and crash restart (reconnected in {reconnect_s:.1} s): GPU memory used {now} MiB, \
+             baseline {baseline} MiB, {:.1} s after reconnecting",
+            t.elapsed().as_secs_f64() - reconnect_s
+        ),
+    );
+    assert!(
+        released,
+        "GPU memory not released within 30 s of the crash restart: {now} MiB used, baseline {baseline} MiB"
+    );
+
+    // The registry is empty after the restart (retry if the connection was caught mid-restart).
+    let mut n = -1i64;
+    let ok = wait_until(Duration::from_secs(30), || {
+        match c.query_one("SELECT count(*) FROM uvm.segments", &[]) {
+            Ok(r) => {
+                n = r.get(0);
+                true
+            }
+            Err(_) => {
+                if let Ok(cc) = try_connect() {
+                    c = cc;
+                }
+                false
+            }
+        }
+    });
+    assert!(ok, "cannot query uvm.segments after the crash restart");
+    assert_eq!(n, 0, "uvm.segments not empty after the crash restart");
+
+    // The provider works again.
+    assert_cuda_provider(&mut c);
+    let _guard = SegmentGuard::with(&[&seg]);
+    create_segment_tier(&mut c, &seg, 64 * MIB_I, None, "device");
+    fill_segment(&mut c, &seg, 0, 64 * MIB_I, 3);
+    assert_eq!(
+        checksum_u64(&mut c, &seg, 0, 64 * MIB_I),
+        fill_checksum(3, 64 << 20),
+        "GPU checksum after the restart"
+    );
+    drop_segment(&mut c, &seg);
+}
