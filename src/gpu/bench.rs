@@ -51,11 +51,16 @@ impl Drop for PinnedBuffer {
     }
 }
 
-/// GB/s of the read kernel over a private `cuMemAlloc` buffer of `bytes`.
-pub fn private_read(bytes: u64, iterations: u32) -> Result<f64> {
+/// GB/s of the read kernel over a private `cuMemAlloc` buffer of `bytes`, filled with the
+/// fill pattern of `seed` (the same bytes as a segment filled with `fill_segment`: the data
+/// moved changes the power drawn, and with it the clocks, by a few percent).
+pub fn private_read(bytes: u64, iterations: u32, seed: u64) -> Result<f64> {
     let g = gpu()?;
     let buf = DeviceBuffer::new(bytes as usize)?;
-    g.with_kernels(|k| k.read_bandwidth(buf.0, buf.1 as u64, iterations))
+    g.with_kernels(|k| {
+        k.fill(buf.0, buf.1 as u64, seed)?;
+        k.read_bandwidth(buf.0, buf.1 as u64, iterations)
+    })
 }
 
 /// GB/s of `cuMemcpy` host-to-device and device-to-host between pinned host memory and device

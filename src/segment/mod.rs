@@ -219,6 +219,10 @@ impl<E: Env> Drop for Pin<'_, E> {
     }
 }
 
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
+}
+
 /// Checks `[offset, offset + len)` against a segment's size; returns (offset, len).
 pub fn check_range(info: &SegmentInfo, offset: i64, len: i64) -> Result<(usize, usize)> {
     if offset < 0 {
@@ -284,8 +288,25 @@ impl<E: Env> Drop for MigrationFlag<E> {
     }
 }
 
+/// Where the time of this process's last migration went (reported by `uvm.device_info()`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MigrationStats {
+    pub bytes: u64,
+    pub chunks: u32,
+    /// Waiting for pins to drain.
+    pub wait_ms: f64,
+    /// Allocating the new chunks (pinning host memory dominates).
+    pub alloc_ms: f64,
+    /// Copying (the provider's copy: cuMemcpy).
+    pub copy_ms: f64,
+    /// Mapping, swapping in the registry, releasing the old chunks.
+    pub other_ms: f64,
+}
+
 /// One process's view of every segment it uses. See the module documentation.
 pub struct Segments<E: Env> {
+    /// This process's last migration, if any.
+    pub last_migration: Option<MigrationStats>,
     pub env: E,
     provider: Box<dyn Provider>,
     broker: Option<Client>,
@@ -300,7 +321,15 @@ const BROKER_WAIT: Duration = Duration::from_secs(10);
 
 impl<E: Env> Segments<E> {
     pub fn new(env: E, provider: Box<dyn Provider>, limits: Limits) -> Self {
-        Segments { env, provider, broker: None, attachments: HashMap::new(), session_pins: HashMap::new(), limits }
+        Segments {
+            last_migration: None,
+            env,
+            provider,
+            broker: None,
+            attachments: HashMap::new(),
+            session_pins: HashMap::new(),
+            limits,
+        }
     }
 
     pub fn provider(&self) -> &dyn Provider {
@@ -685,15 +714,19 @@ impl<E: Env> Segments<E> {
                 }
             }
         }
+        let started = Instant::now();
         let _flag = MigrationFlag::begin(&self.env, info.id, name, self.limits.pin_wait)?;
+        let mut stats = MigrationStats { bytes, chunks: moving.len() as u32, wait_ms: ms(started), ..Default::default() };
         for c in &moving {
-            self.migrate_chunk(info.id, c, target)?;
+            self.migrate_chunk(info.id, c, target, &mut stats)?;
         }
+        stats.other_ms = ms(started) - stats.wait_ms - stats.alloc_ms - stats.copy_ms;
+        self.last_migration = Some(stats);
         Ok(bytes)
     }
 
     /// Replaces one chunk by a copy in `target`. The caller holds the migration flag.
-    fn migrate_chunk(&mut self, id: u64, old: &ChunkInfo, target: Tier) -> Result<()> {
+    fn migrate_chunk(&mut self, id: u64, old: &ChunkInfo, target: Tier, stats: &mut MigrationStats) -> Result<()> {
         // The old chunk must be mapped here to be copied: bring this process's mapping up to
         // date (the flag guarantees nobody else changes the chunk list meanwhile).
         let (info, epoch) = {
@@ -713,16 +746,20 @@ impl<E: Env> Segments<E> {
             reg.reserve_replacement(slot, old.id, target)?
         };
         let mut guard = PendingGuard { segs: self, pending, handed_over: false, committed: false, epoch };
+        let t = Instant::now();
         let fd = guard.segs.provider.create_chunk(target, old.size)?;
+        stats.alloc_ms += ms(t);
         guard.segs.with_broker(|b| b.put(epoch, pending.id, fd.as_fd()))?;
         guard.handed_over = true;
         // Copy through a temporary mapping of the new chunk.
         let provider = guard.segs.provider.as_ref();
         let tmp = provider.reserve(0, old.size, false)?;
         let copied = provider.map_chunk(fd.as_fd(), target, tmp.addr, old.size).and_then(|()| {
+            let t = Instant::now();
             // SAFETY: both ranges are mapped for `old.size` bytes (the old chunk in this
             // process's reservation, the new one just above) and are distinct mappings.
             let r = unsafe { provider.copy(tmp.addr as *mut u8, src as *const u8, old.size as usize) };
+            stats.copy_ms += ms(t);
             provider.unmap_chunk(tmp.addr, old.size, target);
             r
         });

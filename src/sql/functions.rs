@@ -192,6 +192,13 @@ fn device_info() -> TableIterator<'static, (name!(property, String), name!(value
             ("host_bytes".into(), reg.tier_bytes(Tier::Host).to_string()),
         ];
         rows.extend(caps.details);
+        if let Some(m) = s.last_migration {
+            rows.push(("last_migration_bytes".into(), m.bytes.to_string()));
+            rows.push(("last_migration_chunks".into(), m.chunks.to_string()));
+            for (k, v) in [("wait", m.wait_ms), ("alloc", m.alloc_ms), ("copy", m.copy_ms), ("other", m.other_ms)] {
+                rows.push((format!("last_migration_{k}_ms"), format!("{v:.3}")));
+            }
+        }
         Ok(rows)
     });
     TableIterator::new(rows)
@@ -219,10 +226,11 @@ fn bench_segment_read(name: &str, iterations: i32) -> f64 {
     })
 }
 
-/// Benchmark baseline: GB/s of the same kernel over a private `cuMemAlloc` buffer.
+/// Benchmark baseline: GB/s of the same kernel over a private `cuMemAlloc` buffer holding
+/// the `fill_segment` pattern of `seed` (compare with a segment filled the same way).
 #[pg_extern(volatile, parallel_unsafe)]
-fn bench_private_read(bytes: i64, iterations: i32) -> f64 {
-    with_cuda(|_| crate::gpu::bench::private_read(bytes.max(16) as u64, iterations.max(1) as u32))
+fn bench_private_read(bytes: i64, iterations: i32, seed: default!(i64, 1)) -> f64 {
+    with_cuda(|_| crate::gpu::bench::private_read(bytes.max(16) as u64, iterations.max(1) as u32, seed as u64))
 }
 
 /// Benchmark baseline: `cuMemcpy` GB/s between pinned host and device memory, both ways.
@@ -337,7 +345,7 @@ REVOKE EXECUTE ON FUNCTION write_segment(text, bigint, bytea) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION fill_segment(text, bigint, bigint, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION prefetch_segment(text, bigint, bigint, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION bench_segment_read(text, integer) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION bench_private_read(bigint, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION bench_private_read(bigint, integer, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION bench_copy_ceiling(bigint, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION bench_host_register(bigint) FROM PUBLIC;
 "#,

@@ -233,7 +233,15 @@ fn private_read(c: &mut Client, bytes: i64, iters: i32) -> R<f64> {
     .map_err(err("bench_private_read"))
 }
 
-fn prefetch(c: &mut Client, name: &str, size: i64, tier: &str) -> R<(i64, Duration)> {
+/// Where a migration's time went, from `uvm.device_info()` of the migrating session.
+#[derive(Clone, Copy, Default)]
+struct Phases {
+    alloc_ms: f64,
+    copy_ms: f64,
+    other_ms: f64,
+}
+
+fn prefetch(c: &mut Client, name: &str, size: i64, tier: &str) -> R<(i64, Duration, Phases)> {
     let t = Instant::now();
     let moved: i64 = c
         .query_one(
@@ -242,7 +250,17 @@ fn prefetch(c: &mut Client, name: &str, size: i64, tier: &str) -> R<(i64, Durati
         )
         .map_err(err(&format!("prefetch_segment to {tier}")))?
         .get(0);
-    Ok((moved, t.elapsed()))
+    let elapsed = t.elapsed();
+    let rows = c
+        .query("SELECT property::text, value::text FROM uvm.device_info() WHERE property LIKE 'last_migration_%_ms'", &[])
+        .map_err(err("device_info"))?;
+    let get = |k: &str| {
+        rows.iter()
+            .find(|r| r.get::<_, String>(0) == format!("last_migration_{k}_ms"))
+            .and_then(|r| r.get::<_, String>(1).parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    Ok((moved, elapsed, Phases { alloc_ms: get("alloc"), copy_ms: get("copy"), other_ms: get("other") }))
 }
 
 fn checksum(c: &mut Client, name: &str, size: i64) -> R<i64> {
@@ -532,7 +550,7 @@ fn bench_migration(b: &mut Bench, admin: &mut Client, pid: u32) {
         }
     })();
     let name = format!("gpu_bench_mig_{pid}");
-    let r = (|| -> R<[(i64, Duration); 2]> {
+    let r = (|| -> R<[(i64, Duration, Phases); 2]> {
         create(admin, &name, MIG_BYTES, "device")?;
         fill(admin, &name, MIG_BYTES, 3)?;
         let before = checksum(admin, &name, MIG_BYTES)?;
@@ -555,10 +573,30 @@ fn bench_migration(b: &mut Bench, admin: &mut Client, pid: u32) {
             return;
         }
     };
-    for (m, (moved, d), dir) in [(M_DTOH, moves[0], "dtoh"), (M_HTOD, moves[1], "htod")] {
+    for (m, (moved, d, ph), dir) in [(M_DTOH, moves[0], "dtoh"), (M_HTOD, moves[1], "htod")] {
         if moved <= 0 {
             b.error(m, format!("prefetch moved {moved} bytes"));
             continue;
+        }
+        b.note(format!(
+            "migration {dir} of {} MiB: allocating the new chunks {:.0} ms, copying {:.0} ms ({:.1} GB/s), \
+             mapping/swapping/releasing {:.0} ms",
+            moved / MIB_I,
+            ph.alloc_ms,
+            ph.copy_ms,
+            moved as f64 / (ph.copy_ms / 1e3) / 1e9,
+            ph.other_ms
+        ));
+        if let Ok((htod, dtoh)) = &ceiling {
+            let ceil = if dir == "dtoh" { *dtoh } else { *htod };
+            let g = moved as f64 / (ph.copy_ms / 1e3) / 1e9;
+            b.row(
+                &format!("migration copy phase {dir} (GB/s, cuMemcpy per chunk inside prefetch_segment)"),
+                format!("{g:.1}"),
+                format!("{ceil:.1} pinned cuMemcpy {dir}"),
+                Some(g / ceil),
+                Goal::AtLeast(0.9),
+            );
         }
         let g = moved as f64 / d.as_secs_f64() / 1e9;
         let value = format!(
