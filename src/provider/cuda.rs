@@ -124,6 +124,27 @@ impl Provider for CudaProvider {
     }
 
     fn map_chunk(&self, fd: BorrowedFd<'_>, tier: Tier, addr: u64, size: u64) -> Result<()> {
+        self.map(fd, tier, addr, size, tier == Tier::Host)
+    }
+
+    fn map_chunk_for_copy(&self, fd: BorrowedFd<'_>, tier: Tier, addr: u64, size: u64) -> Result<()> {
+        self.map(fd, tier, addr, size, false)
+    }
+
+    fn unmap_chunk(&self, addr: u64, size: u64, _tier: Tier) {
+        // SAFETY: a range this process mapped with map_chunk.
+        unsafe { sys::cuMemUnmap(addr, size as usize) };
+    }
+
+    unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) -> Result<()> {
+        // SAFETY: forwarded contract (both ranges valid, each within one chunk or private).
+        unsafe { gpu::copy(dst as u64, src as u64, len) }
+    }
+}
+
+impl CudaProvider {
+    /// Imports and maps a chunk; access for the GPU, and for the CPU if `cpu_access`.
+    fn map(&self, fd: BorrowedFd<'_>, tier: Tier, addr: u64, size: u64, cpu_access: bool) -> Result<()> {
         // SAFETY: `addr..addr+size` lies in a reservation of ours; the imported handle is
         // released once mapped (the mapping keeps the memory); the fd stays the caller's.
         unsafe {
@@ -142,7 +163,8 @@ impl Provider for CudaProvider {
             check("cuMemRelease", released)?;
             let rw = CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
             let mut desc = vec![CUmemAccessDesc { location: self.location(Tier::Device), flags: rw }];
-            if tier == Tier::Host {
+            if cpu_access {
+                debug_assert_eq!(tier, Tier::Host);
                 desc.push(CUmemAccessDesc { location: self.location(Tier::Host), flags: rw });
             }
             let r = sys::cuMemSetAccess(addr, size as usize, desc.as_ptr(), desc.len());
@@ -152,15 +174,5 @@ impl Provider for CudaProvider {
             }
         }
         Ok(())
-    }
-
-    fn unmap_chunk(&self, addr: u64, size: u64, _tier: Tier) {
-        // SAFETY: a range this process mapped with map_chunk.
-        unsafe { sys::cuMemUnmap(addr, size as usize) };
-    }
-
-    unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) -> Result<()> {
-        // SAFETY: forwarded contract (both ranges valid, each within one chunk or private).
-        unsafe { gpu::copy(dst as u64, src as u64, len) }
     }
 }

@@ -414,7 +414,8 @@ impl<E: Env> Segments<E> {
         let reserve = round_up(max_size, GRANULARITY).expect("bounded by max_segment_size");
         let (slot, id) = {
             let mut reg = self.env.exclusive()?;
-            let spec = NewSegment { name, owner, max_size, reserve, tier_pref: pref, created_at: now, align: GRANULARITY };
+            let align = crate::provider::segment_alignment(reserve);
+            let spec = NewSegment { name, owner, max_size, reserve, tier_pref: pref, created_at: now, align };
             let slot = reg.create_segment(&spec)?;
             (slot, reg.info(slot).id)
         };
@@ -754,7 +755,7 @@ impl<E: Env> Segments<E> {
         // Copy through a temporary mapping of the new chunk.
         let provider = guard.segs.provider.as_ref();
         let tmp = provider.reserve(0, old.size, false)?;
-        let copied = provider.map_chunk(fd.as_fd(), target, tmp.addr, old.size).and_then(|()| {
+        let copied = provider.map_chunk_for_copy(fd.as_fd(), target, tmp.addr, old.size).and_then(|()| {
             let t = Instant::now();
             // SAFETY: both ranges are mapped for `old.size` bytes (the old chunk in this
             // process's reservation, the new one just above) and are distinct mappings.
