@@ -295,6 +295,8 @@ pub struct MigrationStats {
     pub chunks: u32,
     /// Waiting for pins to drain.
     pub wait_ms: f64,
+    /// Bringing this process's own mapping of the segment up to date first (an attach).
+    pub map_ms: f64,
     /// Allocating the new chunks (pinning host memory dominates).
     pub alloc_ms: f64,
     /// Copying (the provider's copy: cuMemcpy).
@@ -721,7 +723,7 @@ impl<E: Env> Segments<E> {
         for c in &moving {
             self.migrate_chunk(info.id, c, target, &mut stats)?;
         }
-        stats.other_ms = ms(started) - stats.wait_ms - stats.alloc_ms - stats.copy_ms;
+        stats.other_ms = ms(started) - stats.wait_ms - stats.map_ms - stats.alloc_ms - stats.copy_ms;
         self.last_migration = Some(stats);
         Ok(bytes)
     }
@@ -735,11 +737,13 @@ impl<E: Env> Segments<E> {
             let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
             (reg.info(slot), reg.epoch())
         };
+        let t = Instant::now();
         self.ensure_attachment(&info)?;
         let a = self.attachments.get_mut(&id).expect("attached above");
         if a.generation != info.generation {
             map_missing(self.provider.as_ref(), &mut self.broker, &self.env, a, &info, epoch)?;
         }
+        stats.map_ms += ms(t);
         let src = a.reservation.addr + old.offset;
         let pending = {
             let mut reg = self.env.exclusive()?;

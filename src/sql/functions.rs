@@ -195,7 +195,7 @@ fn device_info() -> TableIterator<'static, (name!(property, String), name!(value
         if let Some(m) = s.last_migration {
             rows.push(("last_migration_bytes".into(), m.bytes.to_string()));
             rows.push(("last_migration_chunks".into(), m.chunks.to_string()));
-            for (k, v) in [("wait", m.wait_ms), ("alloc", m.alloc_ms), ("copy", m.copy_ms), ("other", m.other_ms)] {
+            for (k, v) in [("wait", m.wait_ms), ("map", m.map_ms), ("alloc", m.alloc_ms), ("copy", m.copy_ms), ("other", m.other_ms)] {
                 rows.push((format!("last_migration_{k}_ms"), format!("{v:.3}")));
             }
         }

@@ -236,6 +236,7 @@ fn private_read(c: &mut Client, bytes: i64, iters: i32) -> R<f64> {
 /// Where a migration's time went, from `uvm.device_info()` of the migrating session.
 #[derive(Clone, Copy, Default)]
 struct Phases {
+    map_ms: f64,
     alloc_ms: f64,
     copy_ms: f64,
     other_ms: f64,
@@ -260,7 +261,7 @@ fn prefetch(c: &mut Client, name: &str, size: i64, tier: &str) -> R<(i64, Durati
             .and_then(|r| r.get::<_, String>(1).parse::<f64>().ok())
             .unwrap_or(f64::NAN)
     };
-    Ok((moved, elapsed, Phases { alloc_ms: get("alloc"), copy_ms: get("copy"), other_ms: get("other") }))
+    Ok((moved, elapsed, Phases { map_ms: get("map"), alloc_ms: get("alloc"), copy_ms: get("copy"), other_ms: get("other") }))
 }
 
 fn checksum(c: &mut Client, name: &str, size: i64) -> R<i64> {
@@ -579,9 +580,10 @@ fn bench_migration(b: &mut Bench, admin: &mut Client, pid: u32) {
             continue;
         }
         b.note(format!(
-            "migration {dir} of {} MiB: allocating the new chunks {:.0} ms, copying {:.0} ms ({:.1} GB/s), \
-             mapping/swapping/releasing {:.0} ms",
+            "migration {dir} of {} MiB: updating this session's own mapping first {:.0} ms, allocating the new \
+             chunks {:.0} ms, copying {:.0} ms ({:.1} GB/s), mapping/swapping/releasing {:.0} ms",
             moved / MIB_I,
+            ph.map_ms,
             ph.alloc_ms,
             ph.copy_ms,
             moved as f64 / (ph.copy_ms / 1e3) / 1e9,
