@@ -182,6 +182,27 @@ pub fn fd_listing(pid: i32) -> String {
 }
 
 /// Polls `cond` every 50 ms until it holds or `timeout` passes; returns its last value.
+/// `uvm.device_info()` as (property, value) pairs; panics with the server's message.
+pub fn device_info(c: &mut postgres::Client) -> Vec<(String, String)> {
+    c.query("SELECT property::text, value::text FROM uvm.device_info()", &[])
+        .unwrap_or_else(|e| panic!("uvm.device_info(): {} (is the extension created?)", describe(&e)))
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// SIGKILLs backend `pid` — the postmaster answers with a crash-restart of the whole cluster —
+/// and waits until the broker of before the crash is gone.
+pub fn kill_backend_for_crash_restart(pid: i32, broker_before: i32) {
+    // SAFETY: kill(2) on a pid of the test's own cluster.
+    let rc = unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert_eq!(rc, 0, "kill({pid}, SIGKILL): {}", std::io::Error::last_os_error());
+    assert!(
+        wait_until(Duration::from_secs(30), || !process_alive(broker_before)),
+        "the old broker {broker_before} is still running after the crash"
+    );
+}
+
 pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     loop {

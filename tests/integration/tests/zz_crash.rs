@@ -79,21 +79,10 @@ fn backend_crash_restarts_cleanly() {
         );
     }
 
-    // SIGKILL the attached backend. The postmaster treats it as a crash and restarts everything.
-    let rc = unsafe { libc::kill(victim_pid, libc::SIGKILL) };
-    assert_eq!(
-        rc,
-        0,
-        "kill({victim_pid}, SIGKILL): {}",
-        std::io::Error::last_os_error()
-    );
-    drop(victim);
+    // SIGKILL the attached backend: the postmaster crash-restarts everything.
     drop(admin);
-
-    assert!(
-        wait_until(Duration::from_secs(30), || !process_alive(broker_before)),
-        "the old broker {broker_before} is still running after the crash"
-    );
+    kill_backend_for_crash_restart(victim_pid, broker_before);
+    drop(victim);
 
     // Reconnect (the cluster goes through crash recovery) and wait for a new broker.
     let mut c = connect_retry(Duration::from_secs(90));

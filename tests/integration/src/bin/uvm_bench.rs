@@ -324,20 +324,7 @@ fn main() {
     let t_all = Instant::now();
     let mut admin = connect();
     let server_version: String = admin.query_one("SHOW server_version", &[]).unwrap().get(0);
-    let device_info: Vec<(String, String)> = admin
-        .query(
-            "SELECT property::text, value::text FROM uvm.device_info()",
-            &[],
-        )
-        .unwrap_or_else(|e| {
-            panic!(
-                "uvm.device_info(): {} (is the extension created?)",
-                describe(&e)
-            )
-        })
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let device_info: Vec<(String, String)> = device_info(&mut admin);
     let provider = device_info
         .iter()
         .find(|(k, _)| k == "provider")

@@ -650,20 +650,7 @@ fn main() {
     };
 
     let mut admin = fresh().unwrap_or_else(|e| panic!("cannot connect: {e}"));
-    let info: Vec<(String, String)> = admin
-        .query(
-            "SELECT property::text, value::text FROM uvm.device_info()",
-            &[],
-        )
-        .unwrap_or_else(|e| {
-            panic!(
-                "uvm.device_info(): {} (is the extension created?)",
-                describe(&e)
-            )
-        })
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let info: Vec<(String, String)> = device_info(&mut admin);
     let provider = info
         .iter()
         .find(|(k, _)| k == "provider")
