@@ -4,8 +4,9 @@
 #   tests/regress/schedule           the SQL surface, errors, parallel workers (default settings)
 #   tests/regress/schedule_limits    capacity errors, with tiny pg_uvm_share.max_* settings
 #   tests/regress/schedule_noload    CREATE EXTENSION without shared_preload_libraries
+#   tests/regress/schedule_nocuda    provider = cuda without a CUDA driver (only where there is none)
 #
-# Usage: regress.sh BASEDIR BASEPORT   (clusters in BASEDIR-<suite>, ports BASEPORT, +1, +2)
+# Usage: regress.sh BASEDIR BASEPORT   (clusters in BASEDIR-<suite>, ports BASEPORT, +1, +2, +3)
 set -euo pipefail
 BASE=${1:-/tmp/uvm-regress}
 PORT=${2:-54331}
@@ -45,6 +46,11 @@ run_suite main "$PORT" schedule
 run_suite limits "$((PORT + 1))" schedule_limits \
   UVM_EXTRA_CONF=$'pg_uvm_share.max_segments = 3\npg_uvm_share.max_chunks = 5\npg_uvm_share.max_attachments = 16'
 run_suite noload "$((PORT + 2))" schedule_noload UVM_NO_PRELOAD=1
+if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+  echo "== regress suite 'nocuda' not run: this machine has a CUDA driver (the GPU suite covers it)"
+else
+  run_suite nocuda "$((PORT + 3))" schedule_nocuda UVM_EXTRA_CONF='pg_uvm_share.provider = cuda'
+fi
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "regress: FAILED suites: ${failed[*]}"

@@ -13,10 +13,13 @@ pub const MIB: u64 = 1 << 20;
 #[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
 pub enum ProviderChoice {
     /// CUDA when libcuda loads and the device can share VMM memory; else host.
+    #[name = c"auto"]
     Auto,
     /// memfd chunks, CPU only.
+    #[name = c"host"]
     Host,
     /// CUDA VMM chunks; an error where CUDA is unusable.
+    #[name = c"cuda"]
     Cuda,
 }
 

@@ -249,6 +249,13 @@ fn bench_host_register(bytes: i64) -> f64 {
     with_cuda(|_| crate::gpu::bench::host_register_ms(bytes.max(1) as u64))
 }
 
+/// Every segment and attachment, read from the registry alone: the views work even where no
+/// provider can be set up (they need no mapping).
+fn registry_snapshot() -> (Vec<crate::registry::SegmentInfo>, Vec<crate::registry::AttachInfo>) {
+    let reg = crate::registry::shmem::shared().unwrap_or_else(|e| report(e));
+    (reg.segments(), reg.attachments())
+}
+
 /// Rows of the `uvm.segments` view.
 #[pg_extern(volatile, parallel_safe)]
 fn segments_internal() -> TableIterator<
@@ -267,10 +274,7 @@ fn segments_internal() -> TableIterator<
         name!(created_at, TimestampWithTimeZone),
     ),
 > {
-    let (segs, atts) = with_segments(|s| {
-        let reg = s.env.shared()?;
-        Ok((reg.segments(), reg.attachments()))
-    });
+    let (segs, atts) = registry_snapshot();
     let rows: Vec<_> = segs
         .into_iter()
         .map(|i| {
@@ -307,10 +311,7 @@ fn attachments_internal() -> TableIterator<
         name!(pins, i32),
     ),
 > {
-    let (segs, atts) = with_segments(|s| {
-        let reg = s.env.shared()?;
-        Ok((reg.segments(), reg.attachments()))
-    });
+    let (segs, atts) = registry_snapshot();
     let rows: Vec<_> = atts
         .into_iter()
         .map(|a| {
