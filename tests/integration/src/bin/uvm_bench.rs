@@ -223,12 +223,14 @@ fn memcpy_hot() -> f64 {
     let mut dst = vec![0u8; MIB];
     // warm-up
     for _ in 0..50 {
+        // SAFETY: both buffers are MIB bytes long and distinct allocations.
         unsafe {
             std::ptr::copy_nonoverlapping(black_box(src.as_ptr()), black_box(dst.as_mut_ptr()), MIB)
         };
     }
     let t = Instant::now();
     for _ in 0..CALLS {
+        // SAFETY: both buffers are MIB bytes long and distinct allocations.
         unsafe {
             std::ptr::copy_nonoverlapping(black_box(src.as_ptr()), black_box(dst.as_mut_ptr()), MIB)
         };
@@ -246,6 +248,7 @@ fn memcpy_strided() -> f64 {
     let t = Instant::now();
     for i in 1..=CALLS {
         let off = (i % n) * MIB;
+        // SAFETY: `src[off..]` holds at least MIB bytes (off <= (n - 1) MiB); `dst` is MIB long.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 black_box(src[off..].as_ptr()),

@@ -285,6 +285,7 @@ fn fill(c: &mut Client, name: &str, size: i64, seed: i64) -> R<()> {
 /// Free bytes in /dev/shm (bench_host_register puts its file there).
 fn dev_shm_free() -> Option<u64> {
     let path = std::ffi::CString::new("/dev/shm").unwrap();
+    // SAFETY: statvfs is plain data; all-zero is a valid value.
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: a valid C string and a zeroed statvfs for the kernel to fill.
     let rc = unsafe { libc::statvfs(path.as_ptr(), &mut s) };
