@@ -7,6 +7,7 @@
 //! - [`provider`]: where chunk memory comes from (memfd now, CUDA VMM next) and how it is mapped.
 //! - [`segment`]: one process's attachments, the pin/generation protocol, growth and drop.
 //! - [`gpu`]: CUDA in this process: driver loading, the primary context, NVRTC kernels.
+//! - [`gpujoin`]: the GpuJoin inner hash table in a segment (layout, CPU build and probe so far).
 //! - [`checksum`]: the segment checksum and fill pattern shared by the CPU and GPU paths.
 //! - [`sql`]: the thin pgrx layer: `_PG_init`, GUCs, SQL functions and views in schema `uvm`.
 //!
@@ -17,6 +18,7 @@ pub mod broker;
 pub mod checksum;
 pub mod error;
 pub mod gpu;
+pub mod gpujoin;
 pub mod guc;
 pub mod provider;
 pub mod registry;

@@ -1,0 +1,25 @@
+//! GpuJoin: an inner hash table built once in a shared segment and probed by every parallel
+//! worker (issue 4 of the roadmap; this module is its first part: the table layout, shared by
+//! the CPU and GPU paths, with the CPU build and probe).
+//!
+//! # Layout
+//!
+//! Offsets, never pointers: the table is read at whatever address a process maps the segment.
+//!
+//! ```text
+//! offset 0   Header (64 bytes): magic "UVMHASH1", version, key type (4 = int4, 8 = int8),
+//!            slot count (a power of two), rows stored, rows with NULL keys (never match),
+//!            hash function id, seed, offset of the slots
+//! offset 64  Slot[slot_count], 24 bytes each: tag u64 (0 = empty, else hash | 1),
+//!            key i64 (int4 keys widened), payload i64
+//! ```
+//!
+//! Open addressing with linear probing; duplicate keys take a slot each, so a probe walks from
+//! the key's home slot to the first empty one and counts every slot whose tag and key match.
+//! The slot count is at least twice the rows, so probe chains stay short. The tag (the hash
+//! with its low bit set) makes empty slots unambiguous for every key value, `i64::MIN`
+//! included, and rejects most non-matching slots without comparing keys.
+//!
+//! The hash is `checksum::mix(key ^ seed)`: the same function the GPU kernels use.
+
+pub mod table;
