@@ -20,6 +20,8 @@ pub enum Code {
     InvalidName,
     /// 42622: a name longer than `NAMEDATALEN - 1` bytes.
     NameTooLong,
+    /// 42804: a value of the wrong type (a key type mismatch).
+    DatatypeMismatch,
     /// 42704: no segment of that name.
     UndefinedObject,
     /// 42710: a segment of that name exists already.
@@ -55,6 +57,7 @@ impl Code {
             Code::OutOfRange => "2202E",
             Code::InvalidName => "42602",
             Code::NameTooLong => "42622",
+            Code::DatatypeMismatch => "42804",
             Code::UndefinedObject => "42704",
             Code::DuplicateObject => "42710",
             Code::InsufficientPrivilege => "42501",

@@ -23,3 +23,4 @@
 //! The hash is `checksum::mix(key ^ seed)`: the same function the GPU kernels use.
 
 pub mod table;
+pub mod probe;

@@ -14,6 +14,7 @@
 //!   first use, whose attachments are undone by a `before_shmem_exit` callback.
 
 mod functions;
+mod gpujoin;
 // Only with `cargo pgrx test` (feature pg_test): plain `cargo test` has no PostgreSQL.
 #[cfg(feature = "pg_test")]
 mod tests;
@@ -81,6 +82,7 @@ fn sqlstate(c: Code) -> PgSqlErrorCode {
         Code::OutOfRange => ERRCODE_ARRAY_ELEMENT_ERROR, // 2202E, alias of ARRAY_SUBSCRIPT_ERROR
         Code::InvalidName => ERRCODE_INVALID_NAME,
         Code::NameTooLong => ERRCODE_NAME_TOO_LONG,
+        Code::DatatypeMismatch => ERRCODE_DATATYPE_MISMATCH,
         Code::UndefinedObject => ERRCODE_UNDEFINED_OBJECT,
         Code::DuplicateObject => ERRCODE_DUPLICATE_OBJECT,
         Code::InsufficientPrivilege => ERRCODE_INSUFFICIENT_PRIVILEGE,
