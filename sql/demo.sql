@@ -38,6 +38,27 @@ SELECT count(*) AS rows_whose_byte_is_l FROM uvm_demo_rows
 RESET ALL;
 DROP TABLE uvm_demo_rows;
 
+\echo '== GpuJoin: an inner hash table built once in a segment, probed by every parallel worker'
+DROP TABLE IF EXISTS uvm_demo_dim, uvm_demo_fact;
+CREATE TABLE uvm_demo_dim AS SELECT i::bigint AS k, (i % 1000)::bigint AS v FROM generate_series(1, 100000) i;
+CREATE TABLE uvm_demo_fact AS SELECT ((i::bigint * 2654435761) % 200000) AS k FROM generate_series(1, 1000000) i;
+ANALYZE uvm_demo_dim, uvm_demo_fact;
+SELECT uvm.drop_segment(name) FROM uvm.segments WHERE name = 'demo_dim';
+SELECT uvm.gpujoin_build('demo_dim', 'SELECT k, v FROM uvm_demo_dim') AS inner_rows;
+SET parallel_setup_cost = 0;
+SET parallel_tuple_cost = 0;
+SET min_parallel_table_scan_size = 0;
+SET max_parallel_workers_per_gather = 2;
+\timing on
+SELECT 'gpujoin_probe' AS method, (uvm.gpujoin_probe('demo_dim', f.k)).* FROM uvm_demo_fact f;
+SELECT 'PostgreSQL join' AS method, count(*) AS matches, sum(d.v) AS payload_sum
+  FROM uvm_demo_fact f JOIN uvm_demo_dim d ON f.k = d.k;
+\timing off
+EXPLAIN (COSTS OFF) SELECT (uvm.gpujoin_probe('demo_dim', f.k)).* FROM uvm_demo_fact f;
+RESET ALL;
+SELECT uvm.drop_segment('demo_dim');
+DROP TABLE uvm_demo_dim, uvm_demo_fact;
+
 \echo '== the registry and this session''s attachment'
 SELECT name, size, max_size, host_bytes, device_bytes, chunks, generation, attached_processes
   FROM uvm.segments ORDER BY name;
