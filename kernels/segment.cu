@@ -79,3 +79,58 @@ extern "C" __global__ void uvm_read_bw(const ulonglong2 *p, u64 n, u64 *out) {
         atomicAdd(out, s); // practically never: keeps the loads alive
     }
 }
+
+// ---- GpuJoin (src/gpujoin/table.rs has the layout) ----
+// A slot: tag (0 = empty, else mix(key ^ seed) | 1), key, payload; 24 bytes.
+struct Slot { u64 tag; long long key; long long payload; };
+
+// Inserts n rows (keys[i], payloads[i]) into the table; NULL keys were left out by the caller.
+extern "C" __global__ void uvm_join_build(Slot *slots, u64 mask, u64 seed, const long long *keys,
+                                          const long long *payloads, u64 n) {
+    for (u64 r = blockIdx.x * (u64)blockDim.x + threadIdx.x; r < n; r += (u64)gridDim.x * blockDim.x) {
+        long long k = keys[r];
+        u64 t = mix((u64)k ^ seed) | 1ull;
+        u64 i = t & mask;
+        // claim an empty slot; key and payload are written by the claimer before any probe runs
+        while (atomicCAS(&slots[i].tag, 0ull, t) != 0ull) {
+            i = (i + 1) & mask;
+        }
+        slots[i].key = k;
+        slots[i].payload = payloads[r];
+    }
+}
+
+// Probes n keys; adds the matches and the payload sum (two's complement, 64-bit) to out[0..2].
+extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed, const long long *keys,
+                                          u64 n, u64 *out) {
+    u64 matches = 0, sum = 0;
+    for (u64 r = blockIdx.x * (u64)blockDim.x + threadIdx.x; r < n; r += (u64)gridDim.x * blockDim.x) {
+        long long k = keys[r];
+        u64 t = mix((u64)k ^ seed) | 1ull;
+        u64 i = t & mask;
+        for (;;) {
+            u64 st = slots[i].tag;
+            if (st == 0ull) break;
+            if (st == t && slots[i].key == k) {
+                matches++;
+                sum += (u64)slots[i].payload;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        matches += __shfl_down_sync(0xffffffffu, matches, off);
+        sum += __shfl_down_sync(0xffffffffu, sum, off);
+    }
+    if ((threadIdx.x & 31) == 0 && matches != 0) {
+        atomicAdd(&out[0], matches);
+        atomicAdd(&out[1], sum);
+    }
+}
+
+// Zeroes [p, p + len) (len a multiple of 8, p 8-byte aligned), across chunk boundaries.
+extern "C" __global__ void uvm_zero(u64 *p, u64 words) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < words; i += (u64)gridDim.x * blockDim.x) {
+        p[i] = 0;
+    }
+}

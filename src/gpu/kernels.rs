@@ -22,7 +22,12 @@ pub struct Kernels {
     checksum_fn: CUfunction,
     fill_fn: CUfunction,
     read_bw_fn: CUfunction,
+    join_build_fn: CUfunction,
+    join_probe_fn: CUfunction,
+    zero_fn: CUfunction,
     result: CUdeviceptr,
+    /// Staging buffer for probe keys (grown on demand) and its size in bytes.
+    staging: std::cell::Cell<(CUdeviceptr, usize)>,
     grid: u32,
     /// Where the CUBIN came from: "nvrtc (N ms)" or "disk cache".
     pub origin: String,
@@ -124,11 +129,15 @@ impl Kernels {
         check("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) })?;
         let mut result: CUdeviceptr = 0;
         // SAFETY: valid out-pointer; 8 bytes of device memory for reductions.
-        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut result, 8) })?;
+        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut result, 16) })?;
         Ok(Kernels {
             checksum_fn: function(module, c"uvm_checksum")?,
             fill_fn: function(module, c"uvm_fill")?,
             read_bw_fn: function(module, c"uvm_read_bw")?,
+            join_build_fn: function(module, c"uvm_join_build")?,
+            join_probe_fn: function(module, c"uvm_join_probe")?,
+            zero_fn: function(module, c"uvm_zero")?,
+            staging: std::cell::Cell::new((0, 0)),
             _module: module,
             result,
             grid: (info.sm_count.max(1) * 4) as u32,
@@ -164,6 +173,66 @@ impl Kernels {
     pub fn fill(&self, addr: u64, len: u64, seed: u64) -> Result<()> {
         let (mut p, mut n, mut s) = (addr, len, seed);
         self.launch(self.fill_fn, &mut [void(&mut p), void(&mut n), void(&mut s)])
+    }
+
+    /// A device buffer of at least `bytes` for staging kernel inputs (kept for the process).
+    fn staging(&self, bytes: usize) -> Result<CUdeviceptr> {
+        let (p, n) = self.staging.get();
+        if n >= bytes {
+            return Ok(p);
+        }
+        if p != 0 {
+            // SAFETY: freeing our own staging buffer, which no kernel uses any more.
+            unsafe { sys::cuMemFree_v2(p) };
+            self.staging.set((0, 0));
+        }
+        let size = bytes.next_power_of_two().max(1 << 20);
+        let mut q: CUdeviceptr = 0;
+        // SAFETY: valid out-pointer.
+        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut q, size) })?;
+        self.staging.set((q, size));
+        Ok(q)
+    }
+
+    /// Copies host values into the staging buffer at byte `at`.
+    fn stage(&self, base: CUdeviceptr, at: usize, v: &[i64]) -> Result<()> {
+        // SAFETY: the staging buffer holds at least `at + 8 * v.len()` bytes (sized by caller).
+        check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(base + at as u64, v.as_ptr() as *const c_void, v.len() * 8) })
+    }
+
+    /// Zeroes `words` 8-byte words at `addr` (which may span chunks).
+    pub fn zero(&self, addr: u64, words: u64) -> Result<()> {
+        let (mut p, mut n) = (addr, words);
+        self.launch(self.zero_fn, &mut [void(&mut p), void(&mut n)])
+    }
+
+    /// Builds a GpuJoin table's slots at `slots` (`mask + 1` zeroed slots) from rows with
+    /// non-NULL keys, on the GPU.
+    pub fn join_build(&self, slots: u64, mask: u64, seed: u64, keys: &[i64], payloads: &[i64]) -> Result<()> {
+        debug_assert_eq!(keys.len(), payloads.len());
+        let buf = self.staging(keys.len() * 16)?;
+        self.stage(buf, 0, keys)?;
+        self.stage(buf, keys.len() * 8, payloads)?;
+        let (mut s, mut m, mut sd, mut k, mut p, mut n) = (slots, mask, seed, buf, buf + keys.len() as u64 * 8, keys.len() as u64);
+        self.launch(self.join_build_fn, &mut [void(&mut s), void(&mut m), void(&mut sd), void(&mut k), void(&mut p), void(&mut n)])
+    }
+
+    /// Probes non-NULL `keys` against the table's slots at `slots`; returns (matches, payload
+    /// sum). Sums are exact while a batch's sum fits in 64 bits.
+    pub fn join_probe(&self, slots: u64, mask: u64, seed: u64, keys: &[i64]) -> Result<(u64, i64)> {
+        if keys.is_empty() {
+            return Ok((0, 0));
+        }
+        let buf = self.staging(keys.len() * 8)?;
+        self.stage(buf, 0, keys)?;
+        // SAFETY: `result` is our 16-byte device buffer.
+        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 16) })?;
+        let (mut s, mut m, mut sd, mut k, mut n, mut out) = (slots, mask, seed, buf, keys.len() as u64, self.result);
+        self.launch(self.join_probe_fn, &mut [void(&mut s), void(&mut m), void(&mut sd), void(&mut k), void(&mut n), void(&mut out)])?;
+        let mut r = [0u64; 2];
+        // SAFETY: copies 16 bytes from our device buffer into `r`.
+        check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(r.as_mut_ptr() as *mut c_void, self.result, 16) })?;
+        Ok((r[0], r[1] as i64))
     }
 
     /// GB/s of a kernel reading `[addr, addr + len)` `iterations` times (after a warm-up).

@@ -80,27 +80,65 @@ fn not_a_table(why: &str) -> UvmError {
         .hint("Build one with uvm.gpujoin_build first.")
 }
 
+/// Reads and validates the header at the start of `bytes` for a table of `total` bytes.
+pub fn parse_header(bytes: &[u8], total: u64) -> Result<Header> {
+    if (bytes.len() as u64) < HEADER_BYTES || total < HEADER_BYTES {
+        return Err(not_a_table("too small"));
+    }
+    // SAFETY: `bytes` holds at least a header; read_unaligned copes with any alignment.
+    let header: Header = unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const Header) };
+    if header.magic != MAGIC {
+        return Err(not_a_table("no header"));
+    }
+    if header.version != VERSION || header.hash != HASH_MIX64 {
+        return Err(not_a_table("unknown version"));
+    }
+    if header.key_type != KeyType::Int4 as u32 && header.key_type != KeyType::Int8 as u32 {
+        return Err(not_a_table("unknown key type"));
+    }
+    let n = header.slot_count;
+    if !n.is_power_of_two() || header.slots_offset != HEADER_BYTES || n.checked_mul(SLOT_BYTES).and_then(|b| b.checked_add(HEADER_BYTES)).is_none_or(|b| b > total) {
+        return Err(not_a_table("inconsistent size"));
+    }
+    Ok(header)
+}
+
+/// The header a table of `stored` non-NULL rows (and `null_rows` NULL keys) gets.
+pub fn header_for(key_type: KeyType, stored: u64, null_rows: u64, seed: u64) -> Header {
+    Header {
+        magic: MAGIC,
+        version: VERSION,
+        key_type: key_type as u32,
+        slot_count: slot_count(stored),
+        row_count: stored,
+        null_rows,
+        hash: HASH_MIX64,
+        _pad: 0,
+        seed,
+        slots_offset: HEADER_BYTES,
+    }
+}
+
+impl Header {
+    pub fn key_type(&self) -> KeyType {
+        if self.key_type == KeyType::Int4 as u32 {
+            KeyType::Int4
+        } else {
+            KeyType::Int8
+        }
+    }
+
+    pub fn as_bytes(&self) -> [u8; HEADER_BYTES as usize] {
+        // SAFETY: Header is repr(C) plain data of exactly HEADER_BYTES bytes.
+        unsafe { std::mem::transmute_copy(self) }
+    }
+}
+
 impl<'a> Table<'a> {
     /// Validates the header and the size of `bytes` and views it as a table.
     pub fn view(bytes: &'a [u8]) -> Result<Table<'a>> {
-        if (bytes.len() as u64) < HEADER_BYTES {
-            return Err(not_a_table("too small"));
-        }
-        // SAFETY: `bytes` holds at least a header; read_unaligned copes with any alignment.
-        let header: Header = unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const Header) };
-        if header.magic != MAGIC {
-            return Err(not_a_table("no header"));
-        }
-        if header.version != VERSION || header.hash != HASH_MIX64 {
-            return Err(not_a_table("unknown version"));
-        }
-        if header.key_type != KeyType::Int4 as u32 && header.key_type != KeyType::Int8 as u32 {
-            return Err(not_a_table("unknown key type"));
-        }
+        let header = parse_header(bytes, bytes.len() as u64)?;
         let n = header.slot_count;
-        if !n.is_power_of_two() || header.slots_offset != HEADER_BYTES || HEADER_BYTES + n * SLOT_BYTES > bytes.len() as u64 {
-            return Err(not_a_table("inconsistent size"));
-        }
         let start = &bytes[HEADER_BYTES as usize..];
         if start.as_ptr() as usize % std::mem::align_of::<Slot>() != 0 {
             return Err(not_a_table("misaligned"));
@@ -112,11 +150,7 @@ impl<'a> Table<'a> {
     }
 
     pub fn key_type(&self) -> KeyType {
-        if self.header.key_type == KeyType::Int4 as u32 {
-            KeyType::Int4
-        } else {
-            KeyType::Int8
-        }
+        self.header.key_type()
     }
 
     /// Calls `f(payload)` for every row whose key equals `key`.
@@ -179,18 +213,7 @@ pub fn build(bytes: &mut [u8], key_type: KeyType, rows: &[(Option<i64>, i64)], s
         }
         slots[i as usize] = Slot { tag: t, key, payload: *payload };
     }
-    let header = Header {
-        magic: MAGIC,
-        version: VERSION,
-        key_type: key_type as u32,
-        slot_count: n,
-        row_count: stored,
-        null_rows: rows.len() as u64 - stored,
-        hash: HASH_MIX64,
-        _pad: 0,
-        seed,
-        slots_offset: HEADER_BYTES,
-    };
+    let header = header_for(key_type, stored, rows.len() as u64 - stored, seed);
     // SAFETY: `head` is HEADER_BYTES long; write_unaligned copes with any alignment.
     unsafe { std::ptr::write_unaligned(head.as_mut_ptr() as *mut Header, header) };
     Ok(header)

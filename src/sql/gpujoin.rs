@@ -1,11 +1,12 @@
-//! The GpuJoin SQL surface (CPU path so far): `uvm.gpujoin_build` puts an inner hash table
-//! into a segment; the aggregate `uvm.gpujoin_probe(segment, key)` probes it from every
+//! The GpuJoin SQL surface: `uvm.gpujoin_build` puts an inner hash table into a segment (built
+//! by a kernel under the CUDA provider, on the CPU under the host provider); the aggregate `uvm.gpujoin_probe(segment, key)` probes it from every
 //! parallel worker and returns `(matches, payload_sum)`, as `count(*), sum(payload)` of the
 //! equivalent join would.
 //!
 //! The aggregate's support functions are plain `#[pg_extern]`s tied together by `CREATE
 //! AGGREGATE` in SQL (pgrx 0.18's `#[pg_aggregate]` gets the `internal` deserial signature
-//! wrong). Its state lives in the aggregate memory context; keys are probed a batch at a time.
+//! wrong). Its state lives in the aggregate memory context; keys are probed a batch at a time,
+//! by one kernel launch per batch under the CUDA provider.
 
 use pgrx::datum::Internal;
 use pgrx::prelude::*;
@@ -15,6 +16,7 @@ use super::{authorize, current_user, now, report, with_segments};
 use crate::error::{Code, Result, UvmError};
 use crate::gpujoin::probe::ProbeState;
 use crate::gpujoin::table::{self, KeyType, Table};
+use crate::provider::ProviderKind;
 use crate::registry::TierPref;
 
 pgrx::extension_sql!(
@@ -71,14 +73,27 @@ fn gpujoin_build(segment: &str, query: &str, tier: default!(&str, "'auto'")) -> 
     let (kt, rows) = collect_rows(query).unwrap_or_else(|e| report(e));
     let stored = rows.iter().filter(|r| r.0.is_some()).count() as u64;
     let bytes = table::table_bytes(stored);
-    let mut buf = vec![0u64; (bytes as usize).div_ceil(8)];
-    // SAFETY: viewing our own u64 buffer as bytes.
-    let raw = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, bytes as usize) };
-    table::build(raw, kt, &rows, 0).unwrap_or_else(|e| report(e));
     with_segments(|s| {
+        let gpu = s.provider().kind() == ProviderKind::Cuda;
         s.create(segment, bytes as i64, Some(bytes as i64), pref, current_user(), now())?;
         let mut pin = s.pin(segment, |o| authorize(o, segment, "write"))?;
-        pin.write_from(0, raw)?;
+        if gpu {
+            // On the GPU: header from the CPU, slots zeroed and filled by kernels.
+            let header = table::header_for(kt, stored, rows.len() as u64 - stored, 0);
+            pin.write_from(0, &header.as_bytes())?;
+            let slots = pin.addr(table::HEADER_BYTES as i64, (header.slot_count * table::SLOT_BYTES) as i64)?;
+            let (keys, payloads): (Vec<i64>, Vec<i64>) = rows.iter().filter_map(|(k, p)| k.map(|k| (k, *p))).unzip();
+            crate::gpu::gpu()?.with_kernels(|k| {
+                k.zero(slots, header.slot_count * table::SLOT_BYTES / 8)?;
+                k.join_build(slots, header.slot_count - 1, header.seed, &keys, &payloads)
+            })?;
+        } else {
+            let mut buf = vec![0u64; (bytes as usize).div_ceil(8)];
+            // SAFETY: viewing our own u64 buffer as bytes.
+            let raw = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, bytes as usize) };
+            table::build(raw, kt, &rows, 0)?;
+            pin.write_from(0, raw)?;
+        }
         Ok(rows.len() as i64)
     })
 }
@@ -116,32 +131,32 @@ fn flush(st: &mut ProbeState) {
     };
     let name = st.segment.clone();
     let (m, sum) = with_segments(|s| {
+        let gpu = s.provider().kind() == ProviderKind::Cuda;
         let pin = s.pin(&name, |o| authorize(o, &name, "read"))?;
         let size = pin.info.size as i64;
-        let probe = |bytes: &[u8]| -> Result<(u64, i128)> {
-            let t = Table::view(bytes)?;
-            if let Some(kt) = key_type {
-                if t.key_type() != kt {
-                    return Err(UvmError::new(
-                        Code::DatatypeMismatch,
-                        format!("segment \"{name}\" holds {} keys, not {}", t.key_type().sql_name(), kt.sql_name()),
-                    ));
-                }
+        let check_type = |t: KeyType| -> Result<()> {
+            match key_type {
+                Some(kt) if kt != t => Err(UvmError::new(
+                    Code::DatatypeMismatch,
+                    format!("segment \"{name}\" holds {} keys, not {}", t.sql_name(), kt.sql_name()),
+                )),
+                _ => Ok(()),
             }
-            Ok(t.probe(&st.keys))
         };
-        match pin.bytes(0, size) {
-            Ok(b) => probe(b),
-            Err(e) if e.code == Code::FeatureNotSupported => {
-                // a device-tier table without the GPU probe: read it over to the CPU
-                let mut buf = vec![0u64; (size as usize).div_ceil(8)];
-                // SAFETY: viewing our own u64 buffer as bytes.
-                let raw = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, size as usize) };
-                pin.read_into(0, raw)?;
-                probe(raw)
-            }
-            Err(e) => Err(e),
+        if gpu {
+            // On the GPU: one kernel per batch over the table where it lies (device or host tier).
+            let mut raw = [0u8; table::HEADER_BYTES as usize];
+            pin.read_into(0, &mut raw)?;
+            let h = table::parse_header(&raw, size as u64)?;
+            check_type(h.key_type())?;
+            let slots = pin.addr(table::HEADER_BYTES as i64, (h.slot_count * table::SLOT_BYTES) as i64)?;
+            let keys: Vec<i64> = st.keys.iter().flatten().copied().collect();
+            let (m, sum) = crate::gpu::gpu()?.with_kernels(|k| k.join_probe(slots, h.slot_count - 1, h.seed, &keys))?;
+            return Ok((m, sum as i128));
         }
+        let t = Table::view(pin.bytes(0, size)?)?;
+        check_type(t.key_type())?;
+        Ok(t.probe(&st.keys))
     });
     st.absorb(m, sum);
 }

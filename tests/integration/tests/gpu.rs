@@ -643,6 +643,87 @@ fn f_create_drop_cycles_keep_gpu_memory_flat() {
 // --- z. crash of a backend with a CUDA context and device mappings (runs last) ---------------
 
 #[test]
+fn g_gpujoin_matches_postgres_join() {
+    const T: &str = "g_gpujoin_matches_postgres_join";
+    let mut c = connect();
+    c.batch_execute(
+        "DROP TABLE IF EXISTS gj_dim, gj_fact;
+         CREATE TABLE gj_dim AS SELECT i::bigint AS k, (i % 1000)::bigint AS v FROM generate_series(1, 200000) i;
+         INSERT INTO gj_dim SELECT i, -i FROM generate_series(1, 5000) i;        -- duplicate keys
+         INSERT INTO gj_dim VALUES (NULL, 1), (9223372036854775807, 5), (-9223372036854775808, 6);
+         CREATE TABLE gj_fact AS SELECT CASE WHEN i % 97 = 0 THEN NULL ELSE (i::bigint * 2654435761) % 400000 END AS k
+           FROM generate_series(1, 3000000) i;
+         INSERT INTO gj_fact VALUES (9223372036854775807), (-9223372036854775808);
+         ANALYZE gj_dim, gj_fact;
+         SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; SET min_parallel_table_scan_size = 0;
+         SET max_parallel_workers_per_gather = 4;",
+    )
+    .expect("test tables");
+    let seg = unique_name("gj");
+    let t = Instant::now();
+    let rows: i64 = c
+        .query_one("SELECT uvm.gpujoin_build($1, 'SELECT k, v FROM gj_dim')", &[&seg])
+        .map_err(|e| describe(&e))
+        .expect("gpujoin_build")
+        .get(0);
+    note(T, &format!("built a {rows}-row inner table on the GPU in {:.0} ms", t.elapsed().as_secs_f64() * 1e3));
+    let device: i64 = c.query_one("SELECT device_bytes FROM uvm.segments WHERE name = $1", &[&seg]).unwrap().get(0);
+    assert!(device > 0, "the inner table is not device-resident");
+    let q = format!("SELECT m.matches, m.payload_sum::text FROM (SELECT (uvm.gpujoin_probe({}, k)).* FROM gj_fact) m(matches, payload_sum)", quote_literal(&seg));
+    let t = Instant::now();
+    let ours = c.query_one(q.as_str(), &[]).map_err(|e| describe(&e)).expect("gpujoin_probe");
+    let probe_ms = t.elapsed().as_secs_f64() * 1e3;
+    let theirs = c
+        .query_one("SELECT count(*), sum(d.v)::text FROM gj_fact f JOIN gj_dim d ON f.k = d.k", &[])
+        .expect("PostgreSQL's join");
+    assert_eq!((ours.get::<_, i64>(0), ours.get::<_, Option<String>>(1)), (theirs.get::<_, i64>(0), theirs.get::<_, Option<String>>(1)));
+    note(T, &format!("GPU probe of 3 M keys: {} matches, same as PostgreSQL's join, in {probe_ms:.0} ms", ours.get::<_, i64>(0)));
+    let plan: String = c
+        .query(format!("EXPLAIN (ANALYZE, FORMAT TEXT) {q}").as_str(), &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(plan.contains("Partial Aggregate"), "{plan}");
+    assert!(workers_launched(&plan).iter().any(|&w| w > 0), "no workers launched:\n{plan}");
+    // int4 keys, and a key type mismatch
+    let seg4 = unique_name("gj4");
+    c.query_one("SELECT uvm.gpujoin_build($1, 'SELECT k::int, v FROM gj_dim WHERE k BETWEEN 0 AND 2000000000')", &[&seg4]).expect("int4 build");
+    let q4 = format!("SELECT (uvm.gpujoin_probe({}, k::int)).matches FROM gj_fact WHERE k BETWEEN 0 AND 2000000000", quote_literal(&seg4));
+    let m4: i64 = c.query_one(q4.as_str(), &[]).map_err(|e| describe(&e)).expect("int4 probe").get(0);
+    let j4: i64 = c
+        .query_one("SELECT count(*) FROM gj_fact f JOIN gj_dim d ON f.k = d.k WHERE f.k BETWEEN 0 AND 2000000000", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(m4, j4);
+    let e = c.query_one(format!("SELECT (uvm.gpujoin_probe({}, k)).matches FROM gj_fact", quote_literal(&seg4)).as_str(), &[]).unwrap_err();
+    assert_eq!(e.code().map(|c| c.code()), Some("42804"), "{}", describe(&e));
+    // bigger than the budget: the table spills to the host tier and the join is still right
+    c.batch_execute("ALTER SYSTEM SET pg_uvm_share.device_memory_limit = '2MB'; SELECT pg_reload_conf();").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut c2 = connect();
+    c2.batch_execute("SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; SET min_parallel_table_scan_size = 0; SET max_parallel_workers_per_gather = 4;").unwrap();
+    let segh = unique_name("gjh");
+    c2.query_one("SELECT uvm.gpujoin_build($1, 'SELECT k, v FROM gj_dim')", &[&segh]).expect("build over budget");
+    let (dev, host): (i64, i64) = {
+        let r = c2.query_one("SELECT device_bytes, host_bytes FROM uvm.segments WHERE name = $1", &[&segh]).unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert!(host > dev, "the over-budget table is not mostly in the host tier ({dev} device, {host} host)");
+    let qh = q.replace(&quote_literal(&seg), &quote_literal(&segh));
+    let t = Instant::now();
+    let spilled = c2.query_one(qh.as_str(), &[]).map_err(|e| describe(&e)).expect("probe over budget");
+    note(T, &format!("with the table in the host tier ({host} bytes host, {dev} device): same answer in {:.0} ms", t.elapsed().as_secs_f64() * 1e3));
+    assert_eq!(spilled.get::<_, i64>(0), ours.get::<_, i64>(0));
+    c.batch_execute("ALTER SYSTEM RESET pg_uvm_share.device_memory_limit; SELECT pg_reload_conf();").unwrap();
+    for n in [&seg, &seg4, &segh] {
+        c.execute("SELECT uvm.drop_segment($1)", &[n]).unwrap();
+    }
+    c.batch_execute("DROP TABLE gj_dim, gj_fact").unwrap();
+}
+
+#[test]
 fn z_crash_releases_gpu_memory() {
     const T: &str = "z_crash_releases_gpu_memory";
     const SIZE: i64 = 4 * GIB_I;

@@ -635,6 +635,82 @@ fn bench_migration(b: &mut Bench, admin: &mut Client, pid: u32) {
     }
 }
 
+/// GpuJoin on the data of shared/notes/gpu-facts.md: fact 50 M random int8 keys in [0, 20 M),
+/// dim 5 M unique keys with a payload. PostgreSQL's parallel hash join, the GPU probe aggregate
+/// and a bare parallel count(*) of fact, all with the same number of workers.
+fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32) {
+    const M_JOIN: &str = "GpuJoin probe vs PostgreSQL's parallel hash join, fact 50 M x dim 5 M (s)";
+    const M_SCAN: &str = "GpuJoin probe vs a bare parallel count(*) of fact (s)";
+    if !b.has_time(M_JOIN) {
+        return;
+    }
+    let seg = format!("gpu_bench_dim_{pid}");
+    let r = (|| -> R<()> {
+        let mut c = try_connect().map_err(|e| format!("connect: {}", describe(&e)))?;
+        let t = Instant::now();
+        c.batch_execute(
+            "SET statement_timeout = '200s';
+             DROP TABLE IF EXISTS bench_fact, bench_dim;
+             CREATE UNLOGGED TABLE bench_dim AS SELECT i::bigint AS k, i::bigint AS v FROM generate_series(1, 5000000) i;
+             CREATE UNLOGGED TABLE bench_fact AS SELECT (random() * 20000000)::bigint AS k FROM generate_series(1, 50000000);
+             VACUUM ANALYZE bench_dim; VACUUM ANALYZE bench_fact;
+             SET work_mem = '1GB';
+             SET max_parallel_workers_per_gather = 5;
+             SET parallel_leader_participation = on;",
+        )
+        .map_err(err("bench tables"))?;
+        b.note(format!("generated fact (50 M) and dim (5 M) in {:.0} s", t.elapsed().as_secs_f64()));
+        let time = |c: &mut Client, q: &str| -> R<(f64, Vec<String>)> {
+            let t = Instant::now();
+            let row = c.query_one(q, &[]).map_err(err(q))?;
+            let vals = (0..row.len()).map(|i| row.get::<_, Option<String>>(i).unwrap_or_default()).collect();
+            Ok((t.elapsed().as_secs_f64(), vals))
+        };
+        drop_if_exists(&mut c, &seg);
+        let (build_s, _) = time(&mut c, &format!("SELECT uvm.gpujoin_build('{seg}', 'SELECT k, v FROM bench_dim')::text"))?;
+        let dev: i64 = c.query_one("SELECT device_bytes FROM uvm.segments WHERE name = $1", &[&seg]).map_err(err("segments"))?.get(0);
+        b.note(format!("gpujoin_build of dim (5 M rows) in {build_s:.2} s; inner table {} MiB on the device", dev >> 20));
+        let pg_q = "SELECT count(*)::text, sum(d.v)::text FROM bench_fact f JOIN bench_dim d ON f.k = d.k";
+        let gpu_q = format!("SELECT m.matches::text, m.payload_sum::text FROM (SELECT (uvm.gpujoin_probe('{seg}', k)).* FROM bench_fact) m");
+        let scan_q = "SELECT count(*)::text FROM bench_fact";
+        let (mut pg, mut gpu, mut scan) = (vec![], vec![], vec![]);
+        let (mut pg_vals, mut gpu_vals) = (vec![], vec![]);
+        time(&mut c, scan_q)?; // warm the buffers
+        for _ in 0..2 {
+            let (s, v) = time(&mut c, pg_q)?;
+            pg.push(s);
+            pg_vals = v;
+            let (s, v) = time(&mut c, &gpu_q)?;
+            gpu.push(s);
+            gpu_vals = v;
+            scan.push(time(&mut c, scan_q)?.0);
+        }
+        if pg_vals != gpu_vals {
+            return Err(format!("different answers: PostgreSQL {pg_vals:?}, GpuJoin {gpu_vals:?}"));
+        }
+        let (pgm, gm, sm) = (median(&pg), median(&gpu), median(&scan));
+        b.row(M_JOIN, format!("{gm:.2} ({})", list(&gpu, 2)), format!("{pgm:.2} PostgreSQL, 5 workers ({})", list(&pg, 2)), Some(gm / pgm), Goal::AtMost(0.33));
+        b.row(M_SCAN, format!("{gm:.2}"), format!("{sm:.2} count(*), 5 workers ({})", list(&scan, 2)), Some(gm / sm), Goal::AtMost(1.5));
+        b.note(format!("both joins: {} matches, payload sum {}", gpu_vals[0], gpu_vals[1]));
+        b.note(format!("probe throughput end to end: {:.0} M keys/s (50 M keys, scan and batching included)", 50.0 / gm));
+        for w in [1, 4, 8] {
+            c.batch_execute(&format!("SET max_parallel_workers_per_gather = {w}")).map_err(err("workers"))?;
+            let (s, _) = time(&mut c, &gpu_q)?;
+            let dev_now: i64 = c.query_one("SELECT device_bytes FROM uvm.segments WHERE name = $1", &[&seg]).map_err(err("segments"))?.get(0);
+            b.note(format!(
+                "{w} worker(s): probe {s:.2} s; inner table on the device: {} MiB (one segment whatever the workers; each worker's CUDA context is apart, ~518 MiB)",
+                dev_now >> 20
+            ));
+        }
+        c.batch_execute("DROP TABLE bench_fact, bench_dim").map_err(err("drop tables"))?;
+        Ok(())
+    })();
+    if let Err(e) = r {
+        b.error(M_JOIN, e);
+    }
+    drop_if_exists(admin, &seg);
+}
+
 fn main() {
     let outfile = std::env::args().nth(1).unwrap_or_else(|| {
         eprintln!("usage: uvm_gpu_bench OUTFILE   (run through scripts/gpu-suite run)");
@@ -673,6 +749,7 @@ fn main() {
         bench_host_tier(&mut b, &mut admin, pid);
         eprintln!("uvm_gpu_bench: migration ...");
         bench_migration(&mut b, &mut admin, pid);
+        bench_gpujoin(&mut b, &mut admin, pid);
     }
 
     // --- report ------------------------------------------------------------------------------
