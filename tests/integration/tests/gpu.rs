@@ -700,7 +700,8 @@ fn g_gpujoin_matches_postgres_join() {
     let e = c.query_one(format!("SELECT (uvm.gpujoin_probe({}, k)).matches FROM gj_fact", quote_literal(&seg4)).as_str(), &[]).unwrap_err();
     assert_eq!(e.code().map(|c| c.code()), Some("42804"), "{}", describe(&e));
     // bigger than the budget: the table spills to the host tier and the join is still right
-    c.batch_execute("ALTER SYSTEM SET pg_uvm_share.device_memory_limit = '2MB'; SELECT pg_reload_conf();").unwrap();
+    c.batch_execute("ALTER SYSTEM SET pg_uvm_share.device_memory_limit = '2MB'").unwrap();
+    c.batch_execute("SELECT pg_reload_conf()").unwrap();
     std::thread::sleep(Duration::from_millis(500));
     let mut c2 = connect();
     c2.batch_execute("SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; SET min_parallel_table_scan_size = 0; SET max_parallel_workers_per_gather = 4;").unwrap();
@@ -716,7 +717,8 @@ fn g_gpujoin_matches_postgres_join() {
     let spilled = c2.query_one(qh.as_str(), &[]).map_err(|e| describe(&e)).expect("probe over budget");
     note(T, &format!("with the table in the host tier ({host} bytes host, {dev} device): same answer in {:.0} ms", t.elapsed().as_secs_f64() * 1e3));
     assert_eq!(spilled.get::<_, i64>(0), ours.get::<_, i64>(0));
-    c.batch_execute("ALTER SYSTEM RESET pg_uvm_share.device_memory_limit; SELECT pg_reload_conf();").unwrap();
+    c.batch_execute("ALTER SYSTEM RESET pg_uvm_share.device_memory_limit").unwrap();
+    c.batch_execute("SELECT pg_reload_conf()").unwrap();
     for n in [&seg, &seg4, &segh] {
         c.execute("SELECT uvm.drop_segment($1)", &[n]).unwrap();
     }

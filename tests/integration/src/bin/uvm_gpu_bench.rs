@@ -648,17 +648,18 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32) {
     let r = (|| -> R<()> {
         let mut c = try_connect().map_err(|e| format!("connect: {}", describe(&e)))?;
         let t = Instant::now();
-        c.batch_execute(
-            "SET statement_timeout = '200s';
-             DROP TABLE IF EXISTS bench_fact, bench_dim;
-             CREATE UNLOGGED TABLE bench_dim AS SELECT i::bigint AS k, i::bigint AS v FROM generate_series(1, 5000000) i;
-             CREATE UNLOGGED TABLE bench_fact AS SELECT (random() * 20000000)::bigint AS k FROM generate_series(1, 50000000);
-             VACUUM ANALYZE bench_dim; VACUUM ANALYZE bench_fact;
-             SET work_mem = '1GB';
-             SET max_parallel_workers_per_gather = 5;
-             SET parallel_leader_participation = on;",
-        )
-        .map_err(err("bench tables"))?;
+        for q in [
+            "SET statement_timeout = '200s'",
+            "DROP TABLE IF EXISTS bench_fact, bench_dim",
+            "CREATE UNLOGGED TABLE bench_dim AS SELECT i::bigint AS k, i::bigint AS v FROM generate_series(1, 5000000) i",
+            "CREATE UNLOGGED TABLE bench_fact AS SELECT (random() * 20000000)::bigint AS k FROM generate_series(1, 50000000)",
+            "VACUUM ANALYZE bench_dim",
+            "VACUUM ANALYZE bench_fact",
+            "SET work_mem = '1GB'",
+            "SET max_parallel_workers_per_gather = 5",
+        ] {
+            c.batch_execute(q).map_err(err(q))?;
+        }
         b.note(format!("generated fact (50 M) and dim (5 M) in {:.0} s", t.elapsed().as_secs_f64()));
         let time = |c: &mut Client, q: &str| -> R<(f64, Vec<String>)> {
             let t = Instant::now();
