@@ -1,6 +1,7 @@
 //! GpuJoin: an inner hash table built once in a shared segment and probed by every parallel
-//! worker (issue 4 of the roadmap; this module is its first part: the table layout, shared by
-//! the CPU and GPU paths, with the CPU build and probe).
+//! worker. This module holds what the CPU and GPU paths share: the table layout with the CPU
+//! build and probe (`table.rs`; the kernels in `kernels/segment.cu` follow the same layout),
+//! and the probe aggregate's batching state (`probe.rs`). The SQL surface is `sql/gpujoin.rs`.
 //!
 //! # Layout
 //!
