@@ -131,20 +131,6 @@ impl Bench {
     }
 }
 
-fn median(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = s.len();
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
-}
-
 fn list(v: &[f64], prec: usize) -> String {
     v.iter()
         .map(|x| format!("{x:.prec$}"))
