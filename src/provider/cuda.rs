@@ -78,6 +78,10 @@ impl Provider for CudaProvider {
         }
     }
 
+    fn has_tier(&self, _tier: Tier) -> bool {
+        true
+    }
+
     fn cpu_accessible(&self, tier: Tier) -> bool {
         tier == Tier::Host
     }

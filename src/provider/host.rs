@@ -27,6 +27,10 @@ impl Provider for HostProvider {
         }
     }
 
+    fn has_tier(&self, tier: Tier) -> bool {
+        tier == Tier::Host
+    }
+
     fn reserve(&self, hint: u64, size: u64, in_arena: bool) -> Result<Reservation> {
         if in_arena {
             // The range is already reserved (inherited from the postmaster) and ours alone.

@@ -106,6 +106,9 @@ pub struct Capabilities {
 pub trait Provider {
     fn kind(&self) -> ProviderKind;
     fn capabilities(&self) -> Capabilities;
+    /// Whether chunks can live in `tier` (cheap: asked on every chunk placement, whereas
+    /// `capabilities` queries the device for `uvm.device_info()`).
+    fn has_tier(&self, tier: Tier) -> bool;
     /// Whether the CPU can read and write chunks of `tier` through their mapping (otherwise the
     /// segment layer copies with `copy`, one chunk at a time).
     fn cpu_accessible(&self, _tier: Tier) -> bool {

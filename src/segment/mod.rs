@@ -361,7 +361,7 @@ impl<E: Env> Segments<E> {
     /// `auto` fills the device budget first, so a chunk that does not fit whole is cut at the
     /// budget (the next chunk goes to the host tier) and a segment spans both tiers.
     fn place_chunk(&self, reg: &Registry, pref: TierPref, size: u64) -> Result<(Tier, u64)> {
-        let has_device = self.provider.capabilities().tiers.contains(&Tier::Device);
+        let has_device = self.provider.has_tier(Tier::Device);
         let room = self.limits.device_limit.map(|l| l.saturating_sub(reg.tier_bytes(Tier::Device)) / GRANULARITY * GRANULARITY);
         match pref {
             TierPref::Host => Ok((Tier::Host, size)),
@@ -410,7 +410,7 @@ impl<E: Env> Segments<E> {
         if max_size < size {
             return Err(uvm_err!(Code::InvalidParameterValue, "max_size {max_size} is smaller than size {size}"));
         }
-        if pref == TierPref::Device && !self.provider.capabilities().tiers.contains(&Tier::Device) {
+        if pref == TierPref::Device && !self.provider.has_tier(Tier::Device) {
             return Err(crate::provider::tier_unavailable(Tier::Device, self.provider.kind()));
         }
         let reserve = round_up(max_size, GRANULARITY).expect("bounded by max_segment_size");
@@ -690,7 +690,7 @@ impl<E: Env> Segments<E> {
         let info = self.lookup(name)?;
         authorize(info.owner)?;
         let (start, len) = check_range(&info, offset, length)?;
-        if !self.provider.capabilities().tiers.contains(&target) {
+        if !self.provider.has_tier(target) {
             return Err(crate::provider::tier_unavailable(target, self.provider.kind()));
         }
         let (start, end) = (start as u64, (start + len) as u64);

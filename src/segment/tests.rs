@@ -309,6 +309,9 @@ impl Provider for TwoTierMemfd {
     fn capabilities(&self) -> crate::provider::Capabilities {
         crate::provider::Capabilities { tiers: vec![Tier::Host, Tier::Device], granularity: GRANULARITY, ..Default::default() }
     }
+    fn has_tier(&self, _tier: Tier) -> bool {
+        true
+    }
     fn reserve(&self, hint: u64, size: u64, in_arena: bool) -> Result<Reservation> {
         HostProvider.reserve(hint, size, in_arena)
     }
