@@ -100,10 +100,28 @@ extern "C" __global__ void uvm_join_build(Slot *slots, u64 mask, u64 seed, const
     }
 }
 
-// Probes n keys; adds the matches and the payload sum (two's complement, 64-bit) to out[0..2].
+// Exact payload sums: each payload is split into its signed high and unsigned low 32 bits,
+// summed apart in 64 bits (exact up to 2^32 matches per launch), and recombined in 128 bits on
+// the host: sum = hi * 2^32 + lo.
+__device__ __forceinline__ void add_payload(u64 &lo, long long &hi, long long p) {
+    lo += (u64)(unsigned int)p;
+    hi += p >> 32;
+}
+
+__device__ __forceinline__ void warp_add(u64 *out, u64 v) {
+    for (int off = 16; off > 0; off >>= 1) {
+        v += __shfl_down_sync(0xffffffffu, v, off);
+    }
+    if ((threadIdx.x & 31) == 0 && v != 0) {
+        atomicAdd(out, v);
+    }
+}
+
+// Probes n keys; adds the matches and the payload sum (lo, hi as above) to out[0..3].
 extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed, const long long *keys,
                                           u64 n, u64 *out) {
-    u64 matches = 0, sum = 0;
+    u64 matches = 0, lo = 0;
+    long long hi = 0;
     for (u64 r = blockIdx.x * (u64)blockDim.x + threadIdx.x; r < n; r += (u64)gridDim.x * blockDim.x) {
         long long k = keys[r];
         u64 t = mix((u64)k ^ seed) | 1ull;
@@ -113,19 +131,83 @@ extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed,
             if (st == 0ull) break;
             if (st == t && slots[i].key == k) {
                 matches++;
-                sum += (u64)slots[i].payload;
+                add_payload(lo, hi, slots[i].payload);
             }
             i = (i + 1) & mask;
         }
     }
-    for (int off = 16; off > 0; off >>= 1) {
-        matches += __shfl_down_sync(0xffffffffu, matches, off);
-        sum += __shfl_down_sync(0xffffffffu, sum, off);
+    warp_add(&out[0], matches);
+    warp_add(&out[1], lo);
+    warp_add(&out[2], (u64)hi);
+}
+
+// ---- Materializing GpuJoin (src/gpujoin/pairs.rs has the result layout) ----
+// Appends every match (outer key, payload) of n keys to a shared pair buffer through a bump
+// allocator: `next` (in the buffer's header, shared by every process) counts the pairs reserved.
+// A thread reserves all the pairs of a key at once; when they end beyond `cap` (the pairs this
+// process has mapped), the kernel stops: that thread keeps its reservation, every thread saves
+// where it stopped in `resume` (2 words per thread: next key index, pending reservation or ~0),
+// and ctl[1] says how many pairs the buffer needs. The host grows the segment, maps the new
+// chunks and launches again with the same resume state (fresh = 0; the first launch of a batch
+// has fresh = 1), which goes on where it stopped. The grid must be the same for every launch.
+// ctl: [0] stop flag, [1] pairs needed, [2] matches written, [3] payload lo, [4] payload hi.
+// `written` (in the header) counts pairs written, so that readers can tell a complete buffer.
+#define NO_RESERVATION (~0ull)
+
+extern "C" __global__ void uvm_join_materialize(const Slot *slots, u64 mask, u64 seed, const long long *keys,
+                                                u64 n, long long *pairs, u64 *next, u64 *written, u64 cap,
+                                                u64 *resume, u64 fresh, u64 *ctl) {
+    u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 r = fresh ? tid : resume[2 * tid];
+    u64 pend = fresh ? NO_RESERVATION : resume[2 * tid + 1];
+    u64 done = 0, lo = 0;
+    long long hi = 0;
+    for (; r < n; r += stride) {
+        if (*(volatile u64 *)&ctl[0] != 0ull) break; // another thread overflowed: stop here
+        long long k = keys[r];
+        u64 t = mix((u64)k ^ seed) | 1ull;
+        u64 m = 0, i = t & mask;
+        for (;;) {
+            u64 st = slots[i].tag;
+            if (st == 0ull) break;
+            if (st == t && slots[i].key == k) m++;
+            i = (i + 1) & mask;
+        }
+        if (m == 0) continue;
+        u64 base = pend != NO_RESERVATION ? pend : atomicAdd(next, m);
+        if (base + m > cap) {
+            pend = base;
+            atomicMax(&ctl[1], base + m);
+            atomicExch(&ctl[0], 1ull);
+            break;
+        }
+        u64 j = base;
+        i = t & mask;
+        for (;;) {
+            u64 st = slots[i].tag;
+            if (st == 0ull) break;
+            if (st == t && slots[i].key == k) {
+                long long p = slots[i].payload;
+                pairs[2 * j] = k;
+                pairs[2 * j + 1] = p;
+                add_payload(lo, hi, p);
+                j++;
+            }
+            i = (i + 1) & mask;
+        }
+        done += m;
+        pend = NO_RESERVATION;
     }
-    if ((threadIdx.x & 31) == 0 && matches != 0) {
-        atomicAdd(&out[0], matches);
-        atomicAdd(&out[1], sum);
+    resume[2 * tid] = r;
+    resume[2 * tid + 1] = pend;
+    if (done != 0ull) {
+        __threadfence_system(); // the pairs before the count that publishes them
+        atomicAdd(written, done);
     }
+    warp_add(&ctl[2], done);
+    warp_add(&ctl[3], lo);
+    warp_add(&ctl[4], (u64)hi);
 }
 
 // Zeroes [p, p + len) (len a multiple of 8, p 8-byte aligned), across chunk boundaries.

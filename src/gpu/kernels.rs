@@ -11,12 +11,23 @@ use cudarc::nvrtc::sys::{self as rtc, nvrtcResult};
 
 use super::{check, void, DeviceInfo};
 use crate::error::{Code, Result, UvmError};
+use crate::gpujoin::pairs::{self, Appender, Inner, Step, Target};
 
 const SOURCE: &str = include_str!("../../kernels/segment.cu");
 /// Directory of compiled kernels, relative to the data directory (every process runs there).
 const CACHE_DIR: &str = "pg_uvm_share_kernels";
 
-/// The loaded module and its functions, plus an 8-byte device buffer for reductions.
+/// Bytes of the device buffer that kernels reduce into (`ctl` of the materializing kernel).
+const RESULT_BYTES: usize = 64;
+/// Threads per block of every launch.
+const BLOCK: u32 = 256;
+
+/// Recombines the split payload sums of the join kernels: hi * 2^32 + lo (see segment.cu).
+fn payload_sum(lo: u64, hi: u64) -> i128 {
+    ((hi as i64 as i128) << 32) + lo as i128
+}
+
+/// The loaded module and its functions, plus a small device buffer for reductions.
 pub struct Kernels {
     _module: CUmodule,
     checksum_fn: CUfunction,
@@ -24,10 +35,13 @@ pub struct Kernels {
     read_bw_fn: CUfunction,
     join_build_fn: CUfunction,
     join_probe_fn: CUfunction,
+    join_materialize_fn: CUfunction,
     zero_fn: CUfunction,
     result: CUdeviceptr,
     /// Staging buffer for probe keys (grown on demand) and its size in bytes.
     staging: std::cell::Cell<(CUdeviceptr, usize)>,
+    /// Per-thread resume state of `uvm_join_materialize` (2 words a thread; allocated on first use).
+    resume: std::cell::Cell<CUdeviceptr>,
     grid: u32,
     /// Where the CUBIN came from: "nvrtc (N ms)" or "disk cache".
     pub origin: String,
@@ -128,16 +142,18 @@ impl Kernels {
         // SAFETY: `image` is a complete CUBIN; the context is current.
         check("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) })?;
         let mut result: CUdeviceptr = 0;
-        // SAFETY: valid out-pointer; 8 bytes of device memory for reductions.
-        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut result, 16) })?;
+        // SAFETY: valid out-pointer; RESULT_BYTES of device memory for reductions.
+        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut result, RESULT_BYTES) })?;
         Ok(Kernels {
             checksum_fn: function(module, c"uvm_checksum")?,
             fill_fn: function(module, c"uvm_fill")?,
             read_bw_fn: function(module, c"uvm_read_bw")?,
             join_build_fn: function(module, c"uvm_join_build")?,
             join_probe_fn: function(module, c"uvm_join_probe")?,
+            join_materialize_fn: function(module, c"uvm_join_materialize")?,
             zero_fn: function(module, c"uvm_zero")?,
             staging: std::cell::Cell::new((0, 0)),
+            resume: std::cell::Cell::new(0),
             _module: module,
             result,
             grid: (info.sm_count.max(1) * 4) as u32,
@@ -151,7 +167,7 @@ impl Kernels {
         unsafe {
             check(
                 "cuLaunchKernel",
-                sys::cuLaunchKernel(f, self.grid, 1, 1, 256, 1, 1, 0, std::ptr::null_mut(), params.as_mut_ptr(), std::ptr::null_mut()),
+                sys::cuLaunchKernel(f, self.grid, 1, 1, BLOCK, 1, 1, 0, std::ptr::null_mut(), params.as_mut_ptr(), std::ptr::null_mut()),
             )?;
             check("cuStreamSynchronize", sys::cuStreamSynchronize(std::ptr::null_mut()))
         }
@@ -218,23 +234,123 @@ impl Kernels {
     }
 
     /// Probes non-NULL `keys` against the table's slots at `slots`; returns (matches, payload
-    /// sum). Sums are exact while a batch's sum fits in 64 bits.
-    pub fn join_probe(&self, slots: u64, mask: u64, seed: u64, keys: &[i64]) -> Result<(u64, i64)> {
+    /// sum), exact up to 2^32 matches per call.
+    pub fn join_probe(&self, slots: u64, mask: u64, seed: u64, keys: &[i64]) -> Result<(u64, i128)> {
         if keys.is_empty() {
             return Ok((0, 0));
         }
         let buf = self.staging(keys.len() * 8)?;
         self.stage(buf, 0, keys)?;
-        // SAFETY: `result` is our 16-byte device buffer.
-        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 16) })?;
+        // SAFETY: `result` is our RESULT_BYTES device buffer.
+        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 24) })?;
         let (mut s, mut m, mut sd, mut k, mut n, mut out) = (slots, mask, seed, buf, keys.len() as u64, self.result);
         self.launch(self.join_probe_fn, &mut [void(&mut s), void(&mut m), void(&mut sd), void(&mut k), void(&mut n), void(&mut out)])?;
-        let mut r = [0u64; 2];
-        // SAFETY: copies 16 bytes from our device buffer into `r`.
-        check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(r.as_mut_ptr() as *mut c_void, self.result, 16) })?;
-        Ok((r[0], r[1] as i64))
+        let mut r = [0u64; 3];
+        // SAFETY: copies 24 bytes from our device buffer into `r`.
+        check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(r.as_mut_ptr() as *mut c_void, self.result, 24) })?;
+        Ok((r[0], payload_sum(r[1], r[2])))
     }
 
+    /// The per-thread resume buffer of the materializing kernel.
+    fn resume_state(&self) -> Result<CUdeviceptr> {
+        if self.resume.get() == 0 {
+            let mut p: CUdeviceptr = 0;
+            // SAFETY: valid out-pointer; 16 bytes per thread of the (fixed) grid.
+            check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut p, self.grid as usize * BLOCK as usize * 16) })?;
+            self.resume.set(p);
+        }
+        Ok(self.resume.get())
+    }
+
+    /// Time of one launch of the probe kernel over `n` keys already staged (benchmarks only):
+    /// the kernel alone, without the staging copy.
+    pub fn join_probe_kernel_ms(&self, slots: u64, mask: u64, seed: u64, keys: &[i64]) -> Result<f64> {
+        let buf = self.staging(keys.len() * 8)?;
+        self.stage(buf, 0, keys)?;
+        let (mut s, mut m, mut sd, mut k, mut n, mut out) = (slots, mask, seed, buf, keys.len() as u64, self.result);
+        let mut params = [void(&mut s), void(&mut m), void(&mut sd), void(&mut k), void(&mut n), void(&mut out)];
+        self.launch(self.join_probe_fn, &mut params)?; // warm-up
+        let t = Instant::now();
+        self.launch(self.join_probe_fn, &mut params)?;
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    }
+}
+
+/// The materializing GpuJoin on the GPU: `uvm_join_materialize` under the grow-and-resume
+/// protocol of `gpujoin::pairs` (the kernel's state between launches stays on the device).
+pub struct KernelAppender<'k> {
+    k: &'k Kernels,
+    keys: &'k [i64],
+    staged: Option<CUdeviceptr>,
+    fresh: bool,
+    pub matches: u64,
+    pub sum: i128,
+    /// Launches made (more than one when the buffer had to grow).
+    pub launches: u32,
+}
+
+impl<'k> KernelAppender<'k> {
+    pub fn new(k: &'k Kernels, keys: &'k [i64]) -> KernelAppender<'k> {
+        KernelAppender { k, keys, staged: None, fresh: true, matches: 0, sum: 0, launches: 0 }
+    }
+}
+
+impl Appender for KernelAppender<'_> {
+    fn cpu(&self) -> bool {
+        false
+    }
+
+    fn run(&mut self, inner: &Inner<'_>, target: Target) -> Result<Step> {
+        if self.keys.is_empty() {
+            return Ok(Step::Done);
+        }
+        let k = self.k;
+        let keys = match self.staged {
+            Some(p) => p,
+            None => {
+                let p = k.staging(self.keys.len() * 8)?;
+                k.stage(p, 0, self.keys)?;
+                self.staged = Some(p);
+                p
+            }
+        };
+        let resume = k.resume_state()?;
+        // SAFETY: `result` is our RESULT_BYTES device buffer.
+        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(k.result, 0, 40) })?;
+        let h = &inner.header;
+        let (mut s, mut m, mut sd, mut kp, mut n) = (inner.slots, h.slot_count - 1, h.seed, keys, self.keys.len() as u64);
+        let (mut pairs, mut next, mut written, mut cap) =
+            (target.base + pairs::HEADER_BYTES, target.base + pairs::NEXT_AT, target.base + pairs::WRITTEN_AT, target.cap);
+        let (mut rs, mut fresh, mut ctl) = (resume, u64::from(self.fresh), k.result);
+        k.launch(
+            k.join_materialize_fn,
+            &mut [
+                void(&mut s),
+                void(&mut m),
+                void(&mut sd),
+                void(&mut kp),
+                void(&mut n),
+                void(&mut pairs),
+                void(&mut next),
+                void(&mut written),
+                void(&mut cap),
+                void(&mut rs),
+                void(&mut fresh),
+                void(&mut ctl),
+            ],
+        )?;
+        self.fresh = false;
+        self.launches += 1;
+        let mut c = [0u64; 5];
+        // SAFETY: copies 40 bytes from our device buffer into `c`.
+        check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(c.as_mut_ptr() as *mut c_void, k.result, 40) })?;
+        self.matches += c[2];
+        self.sum += payload_sum(c[3], c[4]);
+        Ok(if c[0] != 0 { Step::Need(c[1]) } else { Step::Done })
+    }
+}
+
+impl Kernels {
     /// GB/s of a kernel reading `[addr, addr + len)` `iterations` times (after a warm-up).
     pub fn read_bandwidth(&self, addr: u64, len: u64, iterations: u32) -> Result<f64> {
         let (mut p, mut n, mut out) = (addr, len / 16, self.result);

@@ -16,6 +16,12 @@
 //!   touching a segment) calls [`gpu`]: `cuInit`, device 0, its primary context retained and
 //!   made current, once per process; the times of `cuInit` and of the context creation are kept
 //!   for `uvm.device_info()`. The context lives until the process exits.
+//! - A parallel worker that will need the GPU (the GpuJoin aggregates) may start all of this on a
+//!   helper thread ([`warm_up_in_background`]) and go on scanning meanwhile: about 0.36 s of
+//!   `cuInit`, context and module loading per process hides behind the scan. The helper calls
+//!   only CUDA, never PostgreSQL, runs with every signal blocked (PostgreSQL's handlers belong to
+//!   the main thread), and is joined before the process exits. The context is made current on
+//!   each thread that uses it ([`gpu`] does that).
 //! - Kernels (`kernels/*.cu`) are compiled by NVRTC to a CUBIN for the device's architecture on
 //!   first use, cached in the process and on disk (`pg_uvm_share_kernels/` in the data
 //!   directory, keyed by a hash of the source, the NVRTC version and the architecture), so a
@@ -32,7 +38,7 @@ use cudarc::driver::sys::{self, CUdevice, CUdevice_attribute, CUresult};
 
 use crate::error::{Code, Result, UvmError};
 
-pub use kernels::Kernels;
+pub use kernels::{KernelAppender, Kernels};
 
 /// What `probe` found out about device 0.
 #[derive(Clone, Debug, Default)]
@@ -56,11 +62,14 @@ pub struct DeviceInfo {
 pub struct Gpu {
     pub info: DeviceInfo,
     pub device: CUdevice,
+    /// The retained primary context (current on every thread that called [`gpu`]).
+    context: sys::CUcontext,
     kernels: std::sync::Mutex<Option<std::result::Result<Kernels, UvmError>>>,
 }
 
-// SAFETY: PostgreSQL processes are single-threaded; the raw CUDA handles inside are only used
-// from the main thread. The OnceLock needs these bounds to hold the value at all.
+// SAFETY: the raw CUDA handles inside are used by the main thread, and before that at most by
+// the warm-up helper thread, which has finished with them by the time the main thread gets the
+// `Gpu` (OnceLock) and the kernels (Mutex). The driver's handles are valid on any thread.
 unsafe impl Send for Gpu {}
 unsafe impl Sync for Gpu {}
 
@@ -108,10 +117,76 @@ pub fn set_arena(arena: crate::registry::Arena) {
     let _ = ARENA.set(arena);
 }
 
-/// This process's GPU, initialising CUDA on first call. Errors (no driver, no device, no VMM)
-/// are remembered: CUDA is not retried in a process where it failed.
+/// This process's GPU, initialising CUDA on first call (or waiting for the helper thread of
+/// [`warm_up_in_background`]), with its context current on the calling thread. Errors (no
+/// driver, no device, no VMM) are remembered: CUDA is not retried in a process where it failed.
 pub fn gpu() -> Result<&'static Gpu> {
-    GPU.get_or_init(probe).as_ref().map_err(Clone::clone)
+    let g = GPU.get_or_init(probe).as_ref().map_err(Clone::clone)?;
+    CURRENT.with(|c| {
+        if !c.get() {
+            // SAFETY: a context retained for the life of the process.
+            check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(g.context) })?;
+            c.set(true);
+        }
+        Ok(g)
+    })
+}
+
+thread_local! {
+    /// Whether this thread has made the GPU's context current.
+    static CURRENT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The helper thread of `warm_up_in_background`, joined at exit.
+static WARMING: std::sync::Mutex<Option<std::thread::JoinHandle<()>>> = std::sync::Mutex::new(None);
+static WARM_DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Starts CUDA (driver, context, kernels) on a helper thread, once per process, unless it is
+/// already up. The caller keeps working; the next [`gpu`] call waits for the helper if needed.
+/// Only for a process whose cluster uses the CUDA provider; called from the main thread.
+pub fn warm_up_in_background() {
+    if GPU.get().is_some() {
+        return;
+    }
+    let mut slot = WARMING.lock().unwrap_or_else(|e| e.into_inner());
+    if slot.is_some() {
+        return;
+    }
+    // Block every signal while spawning, so that the helper inherits a full mask and the
+    // kernel delivers PostgreSQL's signals to the main thread only.
+    // SAFETY: sigset operations on local sets; pthread_sigmask on the calling thread.
+    let old = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        old
+    };
+    let spawned = std::thread::Builder::new().name("uvm-cuda-init".into()).spawn(|| {
+        if let Ok(g) = gpu() {
+            drop(g.kernels()); // loads the module; errors are kept for the main thread
+        }
+        WARM_DONE.store(true, std::sync::atomic::Ordering::Release);
+    });
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    if let Ok(h) = spawned {
+        *slot = Some(h);
+    }
+}
+
+/// Whether the helper thread of `warm_up_in_background` is still starting CUDA.
+pub fn warming() -> bool {
+    !WARM_DONE.load(std::sync::atomic::Ordering::Acquire) && WARMING.lock().map(|s| s.is_some()).unwrap_or(false)
+}
+
+/// Waits for the helper thread, if any (at process exit: CUDA must not be mid-initialisation on
+/// another thread while the process tears down).
+pub fn join_warm_up() {
+    let h = WARMING.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(h) = h {
+        let _ = h.join();
+    }
 }
 
 fn attr(a: CUdevice_attribute, dev: CUdevice) -> Result<i32> {
@@ -205,7 +280,7 @@ fn probe_inner() -> std::result::Result<Gpu, UvmError> {
             }
         }
     }
-    Ok(Gpu { info, device: dev, kernels: std::sync::Mutex::new(None) })
+    Ok(Gpu { info, device: dev, context: ctx, kernels: std::sync::Mutex::new(None) })
 }
 
 impl Gpu {

@@ -1,7 +1,8 @@
 //! GpuJoin: an inner hash table built once in a shared segment and probed by every parallel
 //! worker. This module holds what the CPU and GPU paths share: the table layout with the CPU
 //! build and probe (`table.rs`; the kernels in `kernels/segment.cu` follow the same layout),
-//! and the probe aggregate's batching state (`probe.rs`). The SQL surface is `sql/gpujoin.rs`.
+//! the probe aggregate's batching state (`probe.rs`), and the materializing mode's shared result
+//! buffer with its grow-and-resume protocol (`pairs.rs`). The SQL surface is `sql/gpujoin.rs`.
 //!
 //! # Layout
 //!
@@ -23,5 +24,6 @@
 //!
 //! The hash is `checksum::mix(key ^ seed)`: the same function the GPU kernels use.
 
-pub mod table;
+pub mod pairs;
 pub mod probe;
+pub mod table;

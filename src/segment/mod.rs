@@ -42,6 +42,7 @@ use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::os::fd::AsFd;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::broker::client::Client;
@@ -51,7 +52,7 @@ use crate::registry::{next_chunk_size, round_up, ChunkInfo, NewSegment, PendingC
 use crate::uvm_err;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// What the segment layer needs from its host process.
 pub trait Env: Clone {
@@ -93,9 +94,12 @@ pub struct Attachment {
 }
 
 /// A pinned, mapped segment: the memory stays valid until the guard is dropped.
-pub struct Pin<'a, E: Env> {
-    env: &'a E,
-    provider: &'a dyn Provider,
+///
+/// A pin owns clones of the environment and the provider, not a borrow of the manager, so a
+/// process can hold pins on several segments at once (a join's inner table and its result).
+pub struct Pin<E: Env> {
+    env: E,
+    provider: Arc<dyn Provider>,
     slot: u32,
     att: u32,
     released: bool,
@@ -105,7 +109,7 @@ pub struct Pin<'a, E: Env> {
     pub map_ms: f64,
 }
 
-impl<E: Env> Pin<'_, E> {
+impl<E: Env> Pin<E> {
     /// Checks `[offset, offset + len)` against the segment's size and returns it as a range.
     pub fn check_range(&self, offset: i64, len: i64) -> Result<(usize, usize)> {
         check_range(&self.info, offset, len)
@@ -209,7 +213,7 @@ impl<E: Env> Pin<'_, E> {
     }
 }
 
-impl<E: Env> Drop for Pin<'_, E> {
+impl<E: Env> Drop for Pin<E> {
     fn drop(&mut self) {
         if !self.released {
             if let Ok(reg) = self.env.unlocked() {
@@ -310,7 +314,7 @@ pub struct Segments<E: Env> {
     /// This process's last migration, if any.
     pub last_migration: Option<MigrationStats>,
     pub env: E,
-    provider: Box<dyn Provider>,
+    provider: Arc<dyn Provider>,
     broker: Option<Client>,
     attachments: HashMap<u64, Attachment>,
     /// Session pins (uvm.pin_segment): segment id -> (slot, attachment slot, count).
@@ -326,7 +330,7 @@ impl<E: Env> Segments<E> {
         Segments {
             last_migration: None,
             env,
-            provider,
+            provider: Arc::from(provider),
             broker: None,
             attachments: HashMap::new(),
             session_pins: HashMap::new(),
@@ -463,6 +467,25 @@ impl<E: Env> Segments<E> {
         Ok(new_size)
     }
 
+    /// Grows segment `name` to at least `min_size` bytes; returns its size, which another
+    /// process may already have made larger. For writers that grow a shared buffer in parallel.
+    pub fn grow_at_least(&mut self, name: &str, min_size: u64, authorize: impl FnOnce(u32) -> Result<()>) -> Result<u64> {
+        let info = self.lookup(name)?;
+        authorize(info.owner)?;
+        if min_size <= info.size {
+            return Ok(info.size);
+        }
+        if min_size > info.max_size {
+            return Err(uvm_err!(
+                Code::ProgramLimitExceeded,
+                "segment \"{name}\" cannot grow to {min_size} bytes: its max_size is {}",
+                info.max_size
+            ));
+        }
+        self.grow_to(info.id, min_size)?;
+        Ok(self.lookup_id(info.id)?.size)
+    }
+
     /// Adds chunks until segment `id` covers `needed` bytes, then sets its size.
     fn grow_to(&mut self, id: u64, needed: u64) -> Result<()> {
         // Set when the device is out of memory for an `auto` chunk: it goes to the host tier.
@@ -588,7 +611,7 @@ impl<E: Env> Segments<E> {
 
     /// Pins segment `name` and maps whatever this process lacks. `authorize` sees the owner
     /// role before anything is mapped.
-    pub fn pin(&mut self, name: &str, authorize: impl FnOnce(u32) -> Result<()>) -> Result<Pin<'_, E>> {
+    pub fn pin(&mut self, name: &str, authorize: impl FnOnce(u32) -> Result<()>) -> Result<Pin<E>> {
         crate::registry::validate_name(name)?;
         let (info, stale) = {
             let reg = self.env.shared()?;
@@ -624,7 +647,7 @@ impl<E: Env> Segments<E> {
             }
             std::thread::sleep(Duration::from_millis(1));
         };
-        let mut pin = Pin { env: &self.env, provider: self.provider.as_ref(), slot: info.slot, att, released: false, base: std::ptr::null_mut(), map_ms: 0.0, info };
+        let mut pin = Pin { env: self.env.clone(), provider: Arc::clone(&self.provider), slot: info.slot, att, released: false, base: std::ptr::null_mut(), map_ms: 0.0, info };
         // From here on, an error drops `pin`, which gives the pin back.
         let started = Instant::now();
         let a = self.attachments.get_mut(&pin.info.id).expect("attached above");

@@ -15,7 +15,7 @@ use crate::registry::{Arena, Capacity};
 
 const MIB: u64 = 1 << 20;
 
-struct World {
+pub(crate) struct World {
     lock: &'static RwLock<()>,
     base: *mut u8,
     path: PathBuf,
@@ -28,7 +28,7 @@ unsafe impl Send for World {}
 unsafe impl Sync for World {}
 
 impl World {
-    fn new(tag: &str, arena: Arena) -> Arc<World> {
+    pub(crate) fn new(tag: &str, arena: Arena) -> Arc<World> {
         let cap = Capacity { max_segments: 8, max_chunks: 64, max_attachments: 16 };
         let buf: &'static mut [u64] = Box::leak(vec![0u64; Registry::size_for(cap) / 8 + 1].into_boxed_slice());
         let base = buf.as_mut_ptr() as *mut u8;
@@ -50,7 +50,7 @@ impl World {
     }
 
     /// Stops the broker; returns how many fds it still held.
-    fn finish(self: Arc<World>) -> usize {
+    pub(crate) fn finish(self: Arc<World>) -> usize {
         let mut w = Arc::try_unwrap(self).ok().expect("world still shared");
         w.stop.store(true, Ordering::Relaxed);
         w.broker.take().unwrap().join().unwrap()
@@ -58,13 +58,13 @@ impl World {
 }
 
 #[derive(Clone)]
-struct TestEnv {
+pub(crate) struct TestEnv {
     world: Arc<World>,
     pid: i32,
 }
 
-struct Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>, Registry);
-struct Excl(#[allow(dead_code)] RwLockWriteGuard<'static, ()>, Registry);
+pub(crate) struct Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>, Registry);
+pub(crate) struct Excl(#[allow(dead_code)] RwLockWriteGuard<'static, ()>, Registry);
 impl Deref for Shared {
     type Target = Registry;
     fn deref(&self) -> &Registry {
@@ -110,11 +110,11 @@ fn limits() -> Limits {
     Limits { min_chunk: 2 * MIB, max_segment_size: 1 << 30, device_limit: None, pin_wait: Duration::from_millis(300) }
 }
 
-fn process(world: &Arc<World>, pid: i32) -> Segments<TestEnv> {
+pub(crate) fn process(world: &Arc<World>, pid: i32) -> Segments<TestEnv> {
     Segments::new(TestEnv { world: world.clone(), pid }, Box::new(HostProvider), limits())
 }
 
-fn ok(_: u32) -> Result<()> {
+pub(crate) fn ok(_: u32) -> Result<()> {
     Ok(())
 }
 

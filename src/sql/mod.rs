@@ -193,6 +193,32 @@ unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
     });
 }
 
+/// Starts CUDA on a helper thread (`gpu::warm_up_in_background`) when this cluster's provider is
+/// CUDA and this process has no segment manager yet: the GpuJoin aggregates call it at their
+/// first row, so that a parallel worker's CUDA start-up overlaps its scan. The helper is joined
+/// at process exit.
+pub fn warm_up_gpu() {
+    thread_local! {
+        static ASKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if ASKED.with(|a| a.replace(true)) || SEGMENTS.with(|c| c.borrow().is_some()) {
+        return;
+    }
+    let Ok((recorded, arena)) = shmem::shared().map(|r| (r.provider(), r.arena())) else { return };
+    if ProviderKind::from_code(recorded) != Some(ProviderKind::Cuda) {
+        return;
+    }
+    crate::gpu::set_arena(arena);
+    // SAFETY: registers a callback PostgreSQL runs at process exit; it is pg_guard'ed.
+    unsafe { pg_sys::on_proc_exit(Some(join_warm_up), pg_sys::Datum::from(0)) };
+    crate::gpu::warm_up_in_background();
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn join_warm_up(_code: i32, _arg: pg_sys::Datum) {
+    crate::gpu::join_warm_up();
+}
+
 /// Runs `f` with this process's segment manager, creating it on first use; an error is raised
 /// as a PostgreSQL ERROR.
 pub fn with_segments<R>(f: impl FnOnce(&mut Segments<PgEnv>) -> Result<R>) -> R {
