@@ -81,7 +81,9 @@ SELECT count(*), sum(d.v) FROM gj_all_hit o JOIN gj_dim d ON o.k = d.k;
 -- names that are not constants are checked on every row: the same name passes, two fail
 CREATE TABLE gj_names AS SELECT 'gj_ht8'::text AS seg, k FROM gj_all_hit;
 SELECT (uvm.gpujoin_probe(seg, k)).* FROM gj_names;
+SET max_parallel_workers_per_gather = 0; -- (serial: the first row decides which name the message quotes first)
 SELECT pg_temp.try($$SELECT (uvm.gpujoin_probe(CASE WHEN k % 2 = 0 THEN 'gj_ht8' ELSE 'gj_ht4' END, k)).* FROM gj_all_hit$$);
+RESET max_parallel_workers_per_gather;
 
 -- materializing mode: a result buffer of 16 pairs that every worker appends to, growing it
 -- whenever an append would overflow; the pairs read back equal the join's as a multiset (a
