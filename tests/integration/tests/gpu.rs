@@ -40,13 +40,6 @@ fn checksum_u64(c: &mut Client, name: &str, offset: i64, len: i64) -> u64 {
     checksum_segment(c, name, offset, len) as u64
 }
 
-fn workers_launched(plan: &str) -> Vec<i64> {
-    plan.lines()
-        .filter_map(|l| l.trim().strip_prefix("Workers Launched:"))
-        .filter_map(|n| n.trim().parse().ok())
-        .collect()
-}
-
 /// Waits until no other client backend or parallel worker is connected (the sessions of earlier
 /// tests exit asynchronously, and each holds a CUDA context).
 fn wait_alone(c: &mut Client, timeout: Duration) {

@@ -33,13 +33,6 @@ fn count_query(seg: &str, table: &str, extra: &str) -> String {
     )
 }
 
-fn workers_launched(plan: &str) -> Vec<i64> {
-    plan.lines()
-        .filter_map(|l| l.trim().strip_prefix("Workers Launched:"))
-        .filter_map(|n| n.trim().parse().ok())
-        .collect()
-}
-
 #[test]
 fn parallel_workers_read_segments() {
     let seg = unique_name("par");
