@@ -243,6 +243,23 @@ fn bench_copy_ceiling(
     TableIterator::new(vec![("htod".to_string(), htod), ("dtoh".to_string(), dtoh)])
 }
 
+/// Benchmark: keys per second of the GpuJoin probe kernel alone (no scan, no staging copy) over
+/// `keys` pseudo-random int8 keys in `[0, key_range)`, against the table in segment `name`.
+#[pg_extern(volatile, parallel_unsafe)]
+fn bench_join_probe(name: &str, keys: i64, key_range: i64) -> f64 {
+    with_cuda(|s| {
+        let pin = s.pin(name, |o| authorize(o, name, "read"))?;
+        let mut raw = [0u8; crate::gpujoin::table::HEADER_BYTES as usize];
+        pin.read_into(0, &mut raw)?;
+        let h = crate::gpujoin::table::parse_header(&raw, pin.info.size)?;
+        let slots = pin.addr(crate::gpujoin::table::HEADER_BYTES as i64, (h.slot_count * crate::gpujoin::table::SLOT_BYTES) as i64)?;
+        let range = key_range.max(1) as u64;
+        let v: Vec<i64> = (0..keys.max(1) as u64).map(|i| (crate::checksum::mix(i) % range) as i64).collect();
+        let ms = crate::gpu::gpu()?.with_kernels(|k| k.join_probe_kernel_ms(slots, h.slot_count - 1, h.seed, &v))?;
+        Ok(v.len() as f64 / (ms / 1e3))
+    })
+}
+
 /// Benchmark baseline: milliseconds to `cuMemHostRegister` a populated /dev/shm mapping.
 #[pg_extern(volatile, parallel_unsafe)]
 fn bench_host_register(bytes: i64) -> f64 {
@@ -349,6 +366,7 @@ REVOKE EXECUTE ON FUNCTION bench_segment_read(text, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION bench_private_read(bigint, integer, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION bench_copy_ceiling(bigint, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION bench_host_register(bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION bench_join_probe(text, bigint, bigint) FROM PUBLIC;
 "#,
     name = "views_and_privileges",
     finalize

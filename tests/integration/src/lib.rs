@@ -818,13 +818,24 @@ pub struct Materialized {
     pub ms: f64,
 }
 
+/// A result buffer to create for `materialize_and_compare`.
+#[derive(Clone, Copy, Debug)]
+pub struct PairsBuffer<'a> {
+    pub name: &'a str,
+    /// Pairs it holds at first.
+    pub initial: i64,
+    /// Its tier preference: auto, device or host.
+    pub tier: &'a str,
+}
+
 /// Runs `uvm.gpujoin_materialize(inner, result, key_expr)` over `outer` into a new result
-/// buffer of `initial` pairs, under EXPLAIN ANALYZE (so the plan shows the workers), and checks
+/// buffer (`result`), under EXPLAIN ANALYZE (so the plan shows the workers), and checks
 /// that the pairs it holds equal PostgreSQL's `outer JOIN dim` as a multiset (both sides sorted
 /// and compared here, NULL payloads as 0). Panics on the first difference. Drops the buffer.
-pub fn materialize_and_compare(c: &mut Client, inner: &str, result: &str, outer: &str, dim: &str, key_expr: &str, initial: i64) -> Materialized {
+pub fn materialize_and_compare(c: &mut Client, inner: &str, buffer: PairsBuffer, outer: &str, dim: &str, key_expr: &str) -> Materialized {
+    let result = buffer.name;
     let _ = c.execute("SELECT uvm.drop_segment(name) FROM uvm.segments WHERE name = $1", &[&result]);
-    c.query_one("SELECT uvm.gpujoin_pairs_create($1, $2)", &[&result, &initial])
+    c.query_one("SELECT uvm.gpujoin_pairs_create($1, $2, NULL, $3)", &[&result, &buffer.initial, &buffer.tier])
         .unwrap_or_else(|e| panic!("gpujoin_pairs_create: {}", describe(&e)));
     let q = format!(
         "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) SELECT (uvm.gpujoin_materialize({}, {}, {key_expr})).* FROM {outer}",

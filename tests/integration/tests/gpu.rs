@@ -633,7 +633,7 @@ fn f_create_drop_cycles_keep_gpu_memory_flat() {
     assert_eq!(n, 0);
 }
 
-// --- z. crash of a backend with a CUDA context and device mappings (runs last) ---------------
+// --- g. GpuJoin probe on the GPU, against PostgreSQL's join ----------------------------------
 
 #[test]
 fn g_gpujoin_matches_postgres_join() {
@@ -717,6 +717,54 @@ fn g_gpujoin_matches_postgres_join() {
     }
     c.batch_execute("DROP TABLE gj_dim, gj_fact").unwrap();
 }
+
+// --- h. materializing GpuJoin: kernels append to a shared result buffer that grows ------------
+
+#[test]
+fn h_gpujoin_materialize_on_the_gpu() {
+    const T: &str = "h_gpujoin_materialize_on_the_gpu";
+    let mut c = connect();
+    assert_cuda_provider(&mut c);
+    let p = unique_name("gjm");
+    gpujoin_tables(&mut c, &p, 200_000, 2_000_000);
+    let (inner, inner4, result) = (format!("{p}_ht"), format!("{p}_ht4"), format!("{p}_pairs"));
+    let dim = format!("{p}_dim");
+    c.query_one("SELECT uvm.gpujoin_build($1, $2)", &[&inner, &format!("SELECT k, v FROM {dim}")]).expect("build int8");
+    c.query_one("SELECT uvm.gpujoin_build($1, $2)", &[&inner4, &format!("SELECT k::int, v FROM {dim} WHERE k BETWEEN -2147483648 AND 2147483647 OR k IS NULL")])
+        .expect("build int4");
+    let device: i64 = c.query_one("SELECT device_bytes FROM uvm.segments WHERE name = $1", &[&inner]).unwrap().get(0);
+    assert!(device > 0, "the inner table is not device-resident");
+    // 16 pairs to start with: every worker's kernel stops, the buffer grows, the kernels resume
+    let small = PairsBuffer { name: &result, initial: 16, tier: "auto" };
+    for suffix in GPUJOIN_OUTERS {
+        let outer = format!("{p}_{suffix}");
+        let matches = probe_and_compare(&mut c, &inner, &outer, &dim, "k");
+        let m = materialize_and_compare(&mut c, &inner, small, &outer, &dim, "k");
+        assert_eq!(m.pairs as i64, matches, "{outer}: pairs vs the probe's matches");
+        assert!(m.workers > 0, "{outer}: no parallel workers launched");
+        note(
+            T,
+            &format!(
+                "{suffix}: {} pairs from {} workers' kernels, same multiset as PostgreSQL's join; buffer grew from 16 pairs to {} MiB ({:.0} ms)",
+                m.pairs,
+                m.workers,
+                m.buffer_bytes >> 20,
+                m.ms
+            ),
+        );
+    }
+    let m = materialize_and_compare(&mut c, &inner4, small, &format!("{p}_all_hit"), &dim, "k::int");
+    note(T, &format!("int4 keys: {} pairs, same multiset as the join", m.pairs));
+    // a result buffer in the host tier: the kernels' bump allocator works on pinned host memory
+    let m = materialize_and_compare(&mut c, &inner, PairsBuffer { tier: "host", ..small }, &format!("{p}_zipf"), &dim, "k");
+    note(T, &format!("result buffer in the host tier: {} pairs from {} workers, same multiset as the join", m.pairs, m.workers));
+    for n in [&inner, &inner4] {
+        c.execute("SELECT uvm.drop_segment($1)", &[n]).unwrap();
+    }
+    drop_gpujoin_tables(&mut c, &p);
+}
+
+// --- z. crash of a backend with a CUDA context and device mappings (runs last) ---------------
 
 #[test]
 fn z_crash_releases_gpu_memory() {

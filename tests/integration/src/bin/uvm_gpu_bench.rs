@@ -627,6 +627,8 @@ fn bench_migration(b: &mut Bench, admin: &mut Client, pid: u32) {
 fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32) {
     const M_JOIN: &str = "GpuJoin probe vs PostgreSQL's parallel hash join, fact 50 M x dim 5 M (s)";
     const M_SCAN: &str = "GpuJoin probe vs a bare parallel count(*) of fact (s)";
+    const M_KERNEL: &str = "GpuJoin probe kernel alone, 4 Mi keys vs the 5 M-row table (M keys/s)";
+    const M_MAT: &str = "GpuJoin materialize (all 12.5 M pairs into a result buffer grown from 64 Ki pairs) vs PostgreSQL's join count (s)";
     if !b.has_time(M_JOIN) {
         return;
     }
@@ -680,6 +682,34 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32) {
         b.row(M_SCAN, format!("{gm:.2}"), format!("{sm:.2} count(*), 5 workers ({})", list(&scan, 2)), Some(gm / sm), Goal::AtMost(1.5));
         b.note(format!("both joins: {} matches, payload sum {}", gpu_vals[0], gpu_vals[1]));
         b.note(format!("probe throughput end to end: {:.0} M keys/s (50 M keys, scan and batching included)", 50.0 / gm));
+        let kq = format!("SELECT uvm.bench_join_probe('{seg}', 4194304, 20000000)");
+        let kps: f64 = c.query_one(kq.as_str(), &[]).map_err(err("bench_join_probe"))?.get(0);
+        b.row(M_KERNEL, format!("{:.0}", kps / 1e6), format!("{:.0} M keys/s end to end", 50.0 / gm), Some(kps / 1e6 / (50.0 / gm)), Goal::Info);
+        let res = format!("gpu_bench_pairs_{pid}");
+        drop_if_exists(&mut c, &res);
+        c.query_one("SELECT uvm.gpujoin_pairs_create($1, 65536)", &[&res]).map_err(err("gpujoin_pairs_create"))?;
+        let mq = format!("SELECT m.matches::text, m.payload_sum::text FROM (SELECT (uvm.gpujoin_materialize('{seg}', '{res}', k)).* FROM bench_fact) m");
+        let (ms, mvals) = time(&mut c, &mq)?;
+        if mvals != pg_vals {
+            return Err(format!("materialize: different answers: PostgreSQL {pg_vals:?}, GpuJoin {mvals:?}"));
+        }
+        let r = c.query_one("SELECT size, device_bytes, host_bytes, chunks::bigint FROM uvm.segments WHERE name = $1", &[&res]).map_err(err("segments"))?;
+        let (size, dev, host, chunks): (i64, i64, i64, i64) = (r.get(0), r.get(1), r.get(2), r.get(3));
+        let (n, sum): (i64, String) = {
+            let r = c.query_one("SELECT count(*), sum(payload)::text FROM uvm.gpujoin_pairs($1)", &[&res]).map_err(err("gpujoin_pairs"))?;
+            (r.get(0), r.get(1))
+        };
+        if n.to_string() != pg_vals[0] || sum != pg_vals[1] {
+            return Err(format!("materialized pairs read back: {n} pairs, sum {sum}; PostgreSQL {pg_vals:?}"));
+        }
+        b.row(M_MAT, format!("{ms:.2}"), format!("{pgm:.2} PostgreSQL's join, count only"), Some(ms / pgm), Goal::Info);
+        b.note(format!(
+            "materialized result buffer: {n} pairs read back (same count and sum as PostgreSQL's join); {} MiB in {chunks} chunks ({} MiB device, {} MiB host)",
+            size >> 20,
+            dev >> 20,
+            host >> 20
+        ));
+        drop_if_exists(&mut c, &res);
         for w in [1, 4, 8] {
             c.batch_execute(&format!("SET max_parallel_workers_per_gather = {w}")).map_err(err("workers"))?;
             let (s, _) = time(&mut c, &gpu_q)?;
