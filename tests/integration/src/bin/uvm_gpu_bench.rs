@@ -712,11 +712,36 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32) {
         drop_if_exists(&mut c, &res);
         for w in [1, 4, 8] {
             c.batch_execute(&format!("SET max_parallel_workers_per_gather = {w}")).map_err(err("workers"))?;
+            // GPU memory in use before the query (the inner table included: it is already there)
+            // and at its peak (sampled while it runs): the difference is the workers' contexts.
+            let before = try_gpu_memory_used_mib()?;
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let sampler = {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut peak = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        peak = peak.max(try_gpu_memory_used_mib().unwrap_or(0));
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    peak
+                })
+            };
+            let plan: Vec<String> = {
+                let q = format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {gpu_q}");
+                c.query(q.as_str(), &[]).map_err(err("explain analyze"))?.iter().map(|r| r.get(0)).collect()
+            };
             let (s, _) = time(&mut c, &gpu_q)?;
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let peak = sampler.join().unwrap_or(0);
+            let launched: i64 = workers_launched(&plan.join("\n")).iter().sum();
             let dev_now: i64 = c.query_one("SELECT device_bytes FROM uvm.segments WHERE name = $1", &[&seg]).map_err(err("segments"))?.get(0);
+            let per = if launched > 0 { format!(", ~{} MiB per worker", peak.saturating_sub(before) / launched as u64) } else { String::new() };
             b.note(format!(
-                "{w} worker(s): probe {s:.2} s; inner table on the device: {} MiB (one segment whatever the workers; each worker's CUDA context is apart, ~518 MiB)",
-                dev_now >> 20
+                "{w} worker(s) asked, {launched} launched: probe {s:.2} s; inner table: one segment of {} MiB on the device whatever the workers; \
+                 GPU memory in use {before} MiB before the query, {peak} MiB at its peak: +{} MiB for the workers' CUDA contexts{per}",
+                dev_now >> 20,
+                peak.saturating_sub(before)
             ));
         }
         c.batch_execute("DROP TABLE bench_fact, bench_dim").map_err(err("drop tables"))?;
