@@ -55,7 +55,19 @@ SELECT 'PostgreSQL join' AS method, count(*) AS matches, sum(d.v) AS payload_sum
   FROM uvm_demo_fact f JOIN uvm_demo_dim d ON f.k = d.k;
 \timing off
 EXPLAIN (COSTS OFF) SELECT (uvm.gpujoin_probe('demo_dim', f.k)).* FROM uvm_demo_fact f;
+\echo '== GpuJoin, materializing: every worker appends the matched pairs to one result buffer'
+\echo '   that starts at 1024 pairs and grows while they run'
+SELECT uvm.drop_segment(name) FROM uvm.segments WHERE name = 'demo_pairs';
+SELECT uvm.gpujoin_pairs_create('demo_pairs', 1024) AS initial_pairs;
+SELECT 'gpujoin_materialize' AS method, (uvm.gpujoin_materialize('demo_dim', 'demo_pairs', f.k)).* FROM uvm_demo_fact f;
+SELECT size AS result_buffer_bytes, chunks FROM uvm.segments WHERE name = 'demo_pairs';
+SELECT key, payload FROM uvm.gpujoin_pairs('demo_pairs') ORDER BY key, payload LIMIT 3;
+SELECT (SELECT count(*) FROM (SELECT key, payload FROM uvm.gpujoin_pairs('demo_pairs')
+          EXCEPT ALL SELECT f.k, d.v FROM uvm_demo_fact f JOIN uvm_demo_dim d ON f.k = d.k) x) AS pairs_not_in_join,
+       (SELECT count(*) FROM (SELECT f.k, d.v FROM uvm_demo_fact f JOIN uvm_demo_dim d ON f.k = d.k
+          EXCEPT ALL SELECT key, payload FROM uvm.gpujoin_pairs('demo_pairs')) x) AS join_rows_missing;
 RESET ALL;
+SELECT uvm.drop_segment('demo_pairs');
 SELECT uvm.drop_segment('demo_dim');
 DROP TABLE uvm_demo_dim, uvm_demo_fact;
 
