@@ -17,8 +17,9 @@
 //!   made current, once per process; the times of `cuInit` and of the context creation are kept
 //!   for `uvm.device_info()`. The context lives until the process exits.
 //! - A parallel worker that will need the GPU (the GpuJoin aggregates) may start all of this on a
-//!   helper thread ([`warm_up_in_background`]) and go on scanning meanwhile: about 0.36 s of
-//!   `cuInit`, context and module loading per process hides behind the scan. The helper calls
+//!   helper thread ([`warm_up_in_background`]) and go on scanning meanwhile: `cuInit`, the
+//!   context and the module (about 0.3 s for one process, 0.6 s each for five starting at once:
+//!   the driver serialises context creation) hide behind the scan as far as it lasts. The helper calls
 //!   only CUDA, never PostgreSQL, runs with every signal blocked (PostgreSQL's handlers belong to
 //!   the main thread), and is joined before the process exits. The context is made current on
 //!   each thread that uses it ([`gpu`] does that).

@@ -11,8 +11,9 @@
 //!
 //! The aggregates' support functions are tied together by `CREATE AGGREGATE` in SQL (pgrx
 //! 0.18's `#[pg_aggregate]` gets the `internal` deserial signature wrong). The transition
-//! functions, called once per row, are plain V1 C functions: no argument conversion, a byte
-//! comparison of the segment names, a push. Their state lives in the aggregate memory context;
+//! functions, called once per row, are plain V1 C functions: no argument conversion, the segment
+//! names checked once when they are constants (on every row otherwise), a push. Their state
+//! lives in the aggregate memory context;
 //! keys are probed a batch at a time, by one kernel launch per batch under the CUDA provider.
 //! Under that provider the first row also starts CUDA on a helper thread
 //! (`gpu::warm_up_in_background`), and keys gather (up to [`DEFER_LIMIT`]) until it is up, so
