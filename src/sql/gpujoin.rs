@@ -16,8 +16,9 @@
 //! lives in the aggregate memory context;
 //! keys are probed a batch at a time, by one kernel launch per batch under the CUDA provider.
 //! Under that provider the first row also starts CUDA on a helper thread
-//! (`gpu::warm_up_in_background`), and keys gather (up to [`DEFER_LIMIT`]) until it is up, so
-//! that a parallel worker's CUDA start-up overlaps its scan.
+//! (`gpu::warm_up_in_background`), and keys gather (up to `work_mem`, at least
+//! [`MIN_DEFER_KEYS`]) until it is up, so that a parallel worker's CUDA start-up overlaps its
+//! scan.
 
 use pgrx::datum::Internal;
 use pgrx::prelude::*;
@@ -110,8 +111,16 @@ fn gpujoin_build(segment: &str, query: &str, tier: default!(&str, "'auto'")) -> 
     })
 }
 
-/// Keys a state gathers at most while CUDA starts on the helper thread (32 MiB).
-pub const DEFER_LIMIT: usize = 1 << 22;
+/// Keys a state gathers at least (32 MiB) while CUDA starts on the helper thread.
+pub const MIN_DEFER_KEYS: usize = 1 << 22;
+
+/// Keys a state may gather while CUDA starts: `work_mem` of them (the memory a hash join of
+/// this query could use per process), at least `MIN_DEFER_KEYS`.
+fn defer_limit() -> usize {
+    // SAFETY: reads the work_mem setting (kB) of this process.
+    let work_mem_kb = unsafe { pg_sys::work_mem }.max(0) as usize;
+    (work_mem_kb * 1024 / 8).max(MIN_DEFER_KEYS)
+}
 
 /// The state behind an `internal` aggregate argument, created in the aggregate memory context.
 ///
@@ -238,7 +247,7 @@ unsafe fn transition(fcinfo: pg_sys::FunctionCallInfo, materialize: bool, key_wi
         if !pgrx::fcinfo::pg_arg_is_null(fcinfo, key_arg) {
             let d = pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, key_arg);
             st.keys.push(if key_width == 4 { i64::from(d.value() as i32) } else { d.value() as i64 });
-            if st.keys.len() >= BATCH && st.keys.len() % BATCH == 0 && !(crate::gpu::warming() && st.keys.len() < DEFER_LIMIT) {
+            if st.keys.len() >= BATCH && st.keys.len() % BATCH == 0 && !(crate::gpu::warming() && st.keys.len() < defer_limit()) {
                 flush(st);
             }
         }
