@@ -36,3 +36,58 @@ fn materialized_pairs_equal_the_join_as_a_multiset() {
     assert_eq!(m.buffer_bytes, 64 + (16i64 << 20));
     drop_gpujoin_tables(&mut c, &p);
 }
+
+/// Two sessions append to one result buffer at the same time, each with parallel workers: the
+/// buffer grows under both, and holds exactly both joins' pairs.
+#[test]
+fn two_sessions_materialize_into_one_buffer() {
+    let p = unique_name("gj2");
+    let mut c = connect();
+    gpujoin_tables(&mut c, &p, 20_000, 150_000);
+    let (inner, result, dim) = (format!("{p}_ht"), format!("{p}_pairs"), format!("{p}_dim"));
+    let _guard = SegmentGuard::with(&[&inner, &result]);
+    c.query_one("SELECT uvm.gpujoin_build($1, $2)", &[&inner, &format!("SELECT k, v FROM {dim}")]).expect("build");
+    c.query_one("SELECT uvm.gpujoin_pairs_create($1, 16)", &[&result]).expect("pairs_create");
+    let sessions: Vec<_> = ["zipf", "all_hit"]
+        .into_iter()
+        .map(|suffix| {
+            let q = format!(
+                "SELECT (uvm.gpujoin_materialize({}, {}, k)).matches FROM {p}_{suffix}",
+                quote_literal(&inner),
+                quote_literal(&result)
+            );
+            std::thread::spawn(move || {
+                let mut s = connect();
+                s.batch_execute(
+                    "SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; SET min_parallel_table_scan_size = 0;
+                     SET max_parallel_workers_per_gather = 2;",
+                )
+                .unwrap();
+                s.query_one(q.as_str(), &[]).unwrap_or_else(|e| panic!("{q}: {}", describe(&e))).get::<_, i64>(0)
+            })
+        })
+        .collect();
+    let matches: i64 = sessions.into_iter().map(|t| t.join().expect("session")).sum();
+    let ours: Vec<(i64, i64)> = c
+        .query("SELECT key, payload FROM uvm.gpujoin_pairs($1) ORDER BY 1, 2", &[&result])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let theirs: Vec<(i64, i64)> = c
+        .query(
+            format!(
+                "SELECT o.k, coalesce(d.v, 0) FROM (SELECT k FROM {p}_zipf UNION ALL SELECT k FROM {p}_all_hit) o
+                   JOIN {dim} d ON o.k = d.k ORDER BY 1, 2"
+            )
+            .as_str(),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(matches as usize, theirs.len());
+    assert!(ours == theirs, "two sessions' pairs: {} in the buffer, {} in the joins", ours.len(), theirs.len());
+    drop_gpujoin_tables(&mut c, &p);
+}
