@@ -22,9 +22,17 @@ const RESULT_BYTES: usize = 64;
 /// Threads per block of every launch.
 const BLOCK: u32 = 256;
 
-/// Recombines the split payload sums of the join kernels: hi * 2^32 + lo (see segment.cu).
-fn payload_sum(lo: u64, hi: u64) -> i128 {
-    ((hi as i64 as i128) << 32) + lo as i128
+/// Recombines the split payload sums of the join kernels: hi * 2^32 + lo (see segment.cu),
+/// exact while one launch matches fewer than 2^32 rows (else an error, never a wrong sum).
+fn payload_sum(matches: u64, lo: u64, hi: u64) -> Result<i128> {
+    if matches >= 1 << 32 {
+        return Err(UvmError::new(
+            Code::ProgramLimitExceeded,
+            format!("one GpuJoin kernel launch matched {matches} rows: its payload sum would not be exact"),
+        )
+        .hint("Probe fewer keys per launch, or deduplicate the inner side's keys."));
+    }
+    Ok(((hi as i64 as i128) << 32) + lo as i128)
 }
 
 /// The loaded module and its functions, plus a small device buffer for reductions.
@@ -248,7 +256,7 @@ impl Kernels {
         let mut r = [0u64; 3];
         // SAFETY: copies 24 bytes from our device buffer into `r`.
         check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(r.as_mut_ptr() as *mut c_void, self.result, 24) })?;
-        Ok((r[0], payload_sum(r[1], r[2])))
+        Ok((r[0], payload_sum(r[0], r[1], r[2])?))
     }
 
     /// The per-thread resume buffer of the materializing kernel.
@@ -345,7 +353,7 @@ impl Appender for KernelAppender<'_> {
         // SAFETY: copies 40 bytes from our device buffer into `c`.
         check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(c.as_mut_ptr() as *mut c_void, k.result, 40) })?;
         self.matches += c[2];
-        self.sum += payload_sum(c[3], c[4]);
+        self.sum += payload_sum(c[2], c[3], c[4])?;
         Ok(if c[0] != 0 { Step::Need(c[1]) } else { Step::Done })
     }
 }
@@ -360,5 +368,24 @@ impl Kernels {
             self.launch(self.read_bw_fn, &mut [void(&mut p), void(&mut n), void(&mut out)])?;
         }
         Ok((n * 16) as f64 * iterations.max(1) as f64 / t.elapsed().as_secs_f64() / 1e9)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernels' split sums (segment.cu, add_payload), recombined, equal the exact sum.
+    #[test]
+    fn split_payload_sums_recombine_exactly() {
+        let payloads = [-1i64, 5, i64::MIN, i64::MAX, i64::MAX, -7_000_000_000, 0, 1 << 40];
+        let (mut lo, mut hi) = (0u64, 0i64);
+        for p in payloads {
+            lo = lo.wrapping_add(p as u32 as u64);
+            hi = hi.wrapping_add(p >> 32);
+        }
+        let exact: i128 = payloads.iter().map(|&p| p as i128).sum();
+        assert_eq!(payload_sum(payloads.len() as u64, lo, hi as u64).unwrap(), exact);
+        assert_eq!(payload_sum(1 << 32, lo, hi as u64).unwrap_err().code, Code::ProgramLimitExceeded);
     }
 }
