@@ -57,6 +57,15 @@ impl World {
     }
 }
 
+impl Drop for World {
+    fn drop(&mut self) {
+        // The broker's socket directory (a test's only file): leave nothing behind in /tmp.
+        if let Some(dir) = self.path.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
 #[derive(Clone)]
 pub(crate) struct TestEnv {
     world: Arc<World>,
