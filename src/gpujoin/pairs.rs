@@ -178,11 +178,7 @@ pub fn append_batch<E: Env>(
 ) -> Result<()> {
     let inner_pin = segs.pin(inner, |o| authorize(o, inner, "read"))?;
     let size = inner_pin.info.size;
-    let mut raw = [0u8; table::HEADER_BYTES as usize];
-    inner_pin.read_into(0, &mut raw)?;
-    let header = table::parse_header(&raw, size)?;
-    check_key_type(inner, &header, key_type)?;
-    let slots = inner_pin.addr(table::HEADER_BYTES as i64, (header.slot_count * table::SLOT_BYTES) as i64)?;
+    let (header, slots) = table::locate(&inner_pin, key_type)?;
     let cpu = if appender.cpu() { Some(Table::view(inner_pin.bytes(0, size as i64)?)?) } else { None };
     let inner_view = Inner { header, slots, cpu };
     loop {
@@ -211,15 +207,6 @@ pub fn append_batch<E: Env>(
             }
         }
     }
-}
-
-/// Fails unless the table holds keys of `key_type`.
-pub fn check_key_type(name: &str, header: &Header, key_type: KeyType) -> Result<()> {
-    let t = header.key_type();
-    if t != key_type {
-        return Err(uvm_err!(Code::DatatypeMismatch, "segment \"{name}\" holds {} keys, not {}", t.sql_name(), key_type.sql_name()));
-    }
-    Ok(())
 }
 
 /// The CPU appender: the same protocol as the kernel, one key after another.

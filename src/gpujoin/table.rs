@@ -2,6 +2,7 @@
 
 use crate::checksum::mix;
 use crate::error::{Code, Result, UvmError};
+use crate::segment::{Env, Pin};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"UVMHASH1");
 pub const VERSION: u32 = 1;
@@ -119,7 +120,33 @@ pub fn header_for(key_type: KeyType, stored: u64, null_rows: u64, seed: u64) -> 
     }
 }
 
+/// The table in a pinned segment (wherever its first chunk lies): its validated header, checked
+/// to hold `key_type` keys, and the address of its slots for kernels.
+pub fn locate<E: Env>(pin: &Pin<E>, key_type: KeyType) -> Result<(Header, u64)> {
+    let mut raw = [0u8; HEADER_BYTES as usize];
+    if pin.info.size < HEADER_BYTES {
+        return Err(not_a_table("too small"));
+    }
+    pin.read_into(0, &mut raw)?;
+    let header = parse_header(&raw, pin.info.size)?;
+    header.check_key_type(&pin.info.name, key_type)?;
+    let slots = pin.addr(HEADER_BYTES as i64, (header.slot_count * SLOT_BYTES) as i64)?;
+    Ok((header, slots))
+}
+
 impl Header {
+    /// Fails (42804) unless the table holds keys of `key_type`.
+    pub fn check_key_type(&self, name: &str, key_type: KeyType) -> Result<()> {
+        let t = self.key_type();
+        if t != key_type {
+            return Err(UvmError::new(
+                Code::DatatypeMismatch,
+                format!("segment \"{name}\" holds {} keys, not {}", t.sql_name(), key_type.sql_name()),
+            ));
+        }
+        Ok(())
+    }
+
     pub fn key_type(&self) -> KeyType {
         if self.key_type == KeyType::Int4 as u32 {
             KeyType::Int4

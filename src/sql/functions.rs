@@ -249,10 +249,7 @@ fn bench_copy_ceiling(
 fn bench_join_probe(name: &str, keys: i64, key_range: i64) -> f64 {
     with_cuda(|s| {
         let pin = s.pin(name, |o| authorize(o, name, "read"))?;
-        let mut raw = [0u8; crate::gpujoin::table::HEADER_BYTES as usize];
-        pin.read_into(0, &mut raw)?;
-        let h = crate::gpujoin::table::parse_header(&raw, pin.info.size)?;
-        let slots = pin.addr(crate::gpujoin::table::HEADER_BYTES as i64, (h.slot_count * crate::gpujoin::table::SLOT_BYTES) as i64)?;
+        let (h, slots) = crate::gpujoin::table::locate(&pin, crate::gpujoin::table::KeyType::Int8)?;
         let range = key_range.max(1) as u64;
         let v: Vec<i64> = (0..keys.max(1) as u64).map(|i| (crate::checksum::mix(i) % range) as i64).collect();
         let ms = crate::gpu::gpu()?.with_kernels(|k| k.join_probe_kernel_ms(slots, h.slot_count - 1, h.seed, &v))?;

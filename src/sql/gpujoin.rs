@@ -189,14 +189,9 @@ fn flush(st: &mut ProbeState) {
             return Ok((a.matches, a.sum));
         }
         let pin = s.pin(name, |o| authorize(o, name, "read"))?;
-        let size = pin.info.size;
+        let (h, slots) = table::locate(&pin, kt)?;
         if gpu {
-            // On the GPU: one kernel per batch over the table where it lies (device or host tier).
-            let mut raw = [0u8; table::HEADER_BYTES as usize];
-            pin.read_into(0, &mut raw)?;
-            let h = table::parse_header(&raw, size)?;
-            pairs::check_key_type(name, &h, kt)?;
-            let slots = pin.addr(table::HEADER_BYTES as i64, (h.slot_count * table::SLOT_BYTES) as i64)?;
+            // On the GPU: one kernel per launch over the table where it lies (device or host tier).
             return crate::gpu::gpu()?.with_kernels(|k| {
                 keys.chunks(GPU_LAUNCH_KEYS).try_fold((0, 0), |(m, sum), part| {
                     let (a, b) = k.join_probe(slots, h.slot_count - 1, h.seed, part)?;
@@ -204,9 +199,7 @@ fn flush(st: &mut ProbeState) {
                 })
             });
         }
-        let t = Table::view(pin.bytes(0, size as i64)?)?;
-        pairs::check_key_type(name, &t.header, kt)?;
-        Ok(t.probe(keys))
+        Ok(Table::view(pin.bytes(0, pin.info.size as i64)?)?.probe(keys))
     });
     st.absorb(m, sum);
 }
@@ -260,7 +253,7 @@ unsafe fn transition(fcinfo: pg_sys::FunctionCallInfo, materialize: bool, key_wi
         if !pgrx::fcinfo::pg_arg_is_null(fcinfo, key_arg) {
             let d = pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, key_arg);
             st.keys.push(if key_width == 4 { i64::from(d.value() as i32) } else { d.value() as i64 });
-            if st.keys.len() >= BATCH && st.keys.len() % BATCH == 0 && !(crate::gpu::warming() && st.keys.len() < defer_limit()) {
+            if st.keys.len() % BATCH == 0 && !(crate::gpu::warming() && st.keys.len() < defer_limit()) {
                 flush(st);
             }
         }
