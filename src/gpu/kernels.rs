@@ -247,16 +247,29 @@ impl Kernels {
         if keys.is_empty() {
             return Ok((0, 0));
         }
-        let buf = self.staging(keys.len() * 8)?;
-        self.stage(buf, 0, keys)?;
         // SAFETY: `result` is our RESULT_BYTES device buffer.
         check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 24) })?;
-        let (mut s, mut m, mut sd, mut k, mut n, mut out) = (slots, mask, seed, buf, keys.len() as u64, self.result);
-        self.launch(self.join_probe_fn, &mut [void(&mut s), void(&mut m), void(&mut sd), void(&mut k), void(&mut n), void(&mut out)])?;
+        self.run_probe(slots, mask, seed, keys, 1)?;
         let mut r = [0u64; 3];
         // SAFETY: copies 24 bytes from our device buffer into `r`.
         check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(r.as_mut_ptr() as *mut c_void, self.result, 24) })?;
         Ok((r[0], payload_sum(r[0], r[1], r[2])?))
+    }
+
+    /// Stages `keys` and launches the probe kernel `runs` times, adding into the result buffer;
+    /// returns the milliseconds of the last launch.
+    fn run_probe(&self, slots: u64, mask: u64, seed: u64, keys: &[i64], runs: u32) -> Result<f64> {
+        let buf = self.staging(keys.len() * 8)?;
+        self.stage(buf, 0, keys)?;
+        let (mut s, mut m, mut sd, mut k, mut n, mut out) = (slots, mask, seed, buf, keys.len() as u64, self.result);
+        let mut params = [void(&mut s), void(&mut m), void(&mut sd), void(&mut k), void(&mut n), void(&mut out)];
+        let mut ms = 0.0;
+        for _ in 0..runs.max(1) {
+            let t = Instant::now();
+            self.launch(self.join_probe_fn, &mut params)?;
+            ms = t.elapsed().as_secs_f64() * 1e3;
+        }
+        Ok(ms)
     }
 
     /// The per-thread resume buffer of the materializing kernel.
@@ -270,17 +283,10 @@ impl Kernels {
         Ok(self.resume.get())
     }
 
-    /// Time of one launch of the probe kernel over `n` keys already staged (benchmarks only):
-    /// the kernel alone, without the staging copy.
+    /// Time of one launch of the probe kernel over `keys` (benchmarks only): the kernel alone,
+    /// after a warm-up launch, without the staging copy.
     pub fn join_probe_kernel_ms(&self, slots: u64, mask: u64, seed: u64, keys: &[i64]) -> Result<f64> {
-        let buf = self.staging(keys.len() * 8)?;
-        self.stage(buf, 0, keys)?;
-        let (mut s, mut m, mut sd, mut k, mut n, mut out) = (slots, mask, seed, buf, keys.len() as u64, self.result);
-        let mut params = [void(&mut s), void(&mut m), void(&mut sd), void(&mut k), void(&mut n), void(&mut out)];
-        self.launch(self.join_probe_fn, &mut params)?; // warm-up
-        let t = Instant::now();
-        self.launch(self.join_probe_fn, &mut params)?;
-        Ok(t.elapsed().as_secs_f64() * 1e3)
+        self.run_probe(slots, mask, seed, keys, 2)
     }
 }
 
@@ -293,13 +299,11 @@ pub struct KernelAppender<'k> {
     fresh: bool,
     pub matches: u64,
     pub sum: i128,
-    /// Launches made (more than one when the buffer had to grow).
-    pub launches: u32,
 }
 
 impl<'k> KernelAppender<'k> {
     pub fn new(k: &'k Kernels, keys: &'k [i64]) -> KernelAppender<'k> {
-        KernelAppender { k, keys, staged: None, fresh: true, matches: 0, sum: 0, launches: 0 }
+        KernelAppender { k, keys, staged: None, fresh: true, matches: 0, sum: 0 }
     }
 }
 
@@ -348,7 +352,6 @@ impl Appender for KernelAppender<'_> {
             ],
         )?;
         self.fresh = false;
-        self.launches += 1;
         let mut c = [0u64; 5];
         // SAFETY: copies 40 bytes from our device buffer into `c`.
         check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(c.as_mut_ptr() as *mut c_void, k.result, 40) })?;
