@@ -455,16 +455,8 @@ impl<E: Env> Segments<E> {
             )
             .hint("Segments only grow; create a new one for a smaller size."));
         }
-        let new_size = new_size as u64;
-        if new_size > info.max_size {
-            return Err(uvm_err!(
-                Code::ProgramLimitExceeded,
-                "segment \"{name}\" cannot grow to {new_size} bytes: its max_size is {}",
-                info.max_size
-            ));
-        }
-        self.grow_to(info.id, new_size)?;
-        Ok(new_size)
+        self.grow_within(&info, new_size as u64)?;
+        Ok(new_size as u64)
     }
 
     /// Grows segment `name` to at least `min_size` bytes; returns its size, which another
@@ -475,15 +467,21 @@ impl<E: Env> Segments<E> {
         if min_size <= info.size {
             return Ok(info.size);
         }
-        if min_size > info.max_size {
+        self.grow_within(&info, min_size)?;
+        Ok(self.lookup_id(info.id)?.size)
+    }
+
+    /// Grows the segment of `info` to `size` bytes, refusing (54000) sizes past its max_size.
+    fn grow_within(&mut self, info: &SegmentInfo, size: u64) -> Result<()> {
+        if size > info.max_size {
             return Err(uvm_err!(
                 Code::ProgramLimitExceeded,
-                "segment \"{name}\" cannot grow to {min_size} bytes: its max_size is {}",
+                "segment \"{}\" cannot grow to {size} bytes: its max_size is {}",
+                info.name,
                 info.max_size
             ));
         }
-        self.grow_to(info.id, min_size)?;
-        Ok(self.lookup_id(info.id)?.size)
+        self.grow_to(info.id, size)
     }
 
     /// Adds chunks until segment `id` covers `needed` bytes, then sets its size.
