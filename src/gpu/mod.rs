@@ -140,6 +140,7 @@ thread_local! {
 
 /// The helper thread of `warm_up_in_background`, joined at exit.
 static WARMING: std::sync::Mutex<Option<std::thread::JoinHandle<()>>> = std::sync::Mutex::new(None);
+static WARM_STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static WARM_DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Starts CUDA (driver, context, kernels) on a helper thread, once per process, unless it is
@@ -173,12 +174,14 @@ pub fn warm_up_in_background() {
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     if let Ok(h) = spawned {
         *slot = Some(h);
+        WARM_STARTED.store(true, std::sync::atomic::Ordering::Release);
     }
 }
 
 /// Whether the helper thread of `warm_up_in_background` is still starting CUDA.
 pub fn warming() -> bool {
-    !WARM_DONE.load(std::sync::atomic::Ordering::Acquire) && WARMING.lock().map(|s| s.is_some()).unwrap_or(false)
+    use std::sync::atomic::Ordering::Acquire;
+    WARM_STARTED.load(Acquire) && !WARM_DONE.load(Acquire)
 }
 
 /// Waits for the helper thread, if any (at process exit: CUDA must not be mid-initialisation on
