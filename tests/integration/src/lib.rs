@@ -766,6 +766,17 @@ mod checksum_tests {
 
 // --- GpuJoin ----------------------------------------------------------------------------------
 
+/// The text of `EXPLAIN (ANALYZE)` of `q`: the query runs, and the plan shows its workers.
+pub fn try_explain_analyze(c: &mut Client, q: &str) -> Result<String, postgres::Error> {
+    let rows = c.query(format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {q}").as_str(), &[])?;
+    Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n"))
+}
+
+/// `try_explain_analyze`, panicking with the error.
+pub fn explain_analyze(c: &mut Client, q: &str) -> String {
+    try_explain_analyze(c, q).unwrap_or_else(|e| panic!("EXPLAIN ANALYZE {q}: {}", describe(&e)))
+}
+
 /// The `Workers Launched: N` counts of an `EXPLAIN ANALYZE` text.
 pub fn workers_launched(plan: &str) -> Vec<i64> {
     plan.lines()
@@ -777,12 +788,57 @@ pub fn workers_launched(plan: &str) -> Vec<i64> {
 /// The outer tables `gpujoin_tables` makes, by suffix.
 pub const GPUJOIN_OUTERS: [&str; 5] = ["uniform", "zipf", "all_miss", "all_hit", "nulls"];
 
+/// The GpuJoin test fixture: the tables of `gpujoin_tables` under a unique prefix `p`, the
+/// inner tables built from `{p}_dim` (`inner` with int8 keys, `inner4` with int4 keys), and a
+/// name for a result buffer.
+pub struct GpujoinFixture {
+    pub p: String,
+    pub dim: String,
+    pub inner: String,
+    pub inner4: String,
+    pub result: String,
+}
+
+impl GpujoinFixture {
+    /// Makes the tables (`dim_rows` inner keys, `fact_rows` rows per outer table) and builds both
+    /// inner tables; the session is left planning parallel queries.
+    pub fn new(c: &mut Client, tag: &str, dim_rows: i64, fact_rows: i64) -> GpujoinFixture {
+        let p = unique_name(tag);
+        gpujoin_tables(c, &p, dim_rows, fact_rows);
+        let f = GpujoinFixture { dim: format!("{p}_dim"), inner: format!("{p}_ht"), inner4: format!("{p}_ht4"), result: format!("{p}_pairs"), p };
+        let builds = [
+            (&f.inner, format!("SELECT k, v FROM {}", f.dim)),
+            (&f.inner4, format!("SELECT k::int, v FROM {} WHERE k BETWEEN -2147483648 AND 2147483647 OR k IS NULL", f.dim)),
+        ];
+        for (seg, q) in builds {
+            c.query_one("SELECT uvm.gpujoin_build($1, $2)", &[seg, &q]).unwrap_or_else(|e| panic!("gpujoin_build {seg}: {}", describe(&e)));
+        }
+        f
+    }
+
+    /// The outer table of `suffix` (one of `GPUJOIN_OUTERS`).
+    pub fn outer(&self, suffix: &str) -> String {
+        format!("{}_{suffix}", self.p)
+    }
+
+    /// The segments the fixture may have made (for a `SegmentGuard`).
+    pub fn segments(&self) -> [&str; 3] {
+        [&self.inner, &self.inner4, &self.result]
+    }
+
+    /// Drops the fixture's tables (its segments are the caller's, or a `SegmentGuard`'s).
+    pub fn drop_tables(&self, c: &mut Client) {
+        let p = &self.p;
+        let _ = c.batch_execute(&format!("DROP TABLE IF EXISTS {p}_dim, {p}_uniform, {p}_zipf, {p}_all_miss, {p}_all_hit, {p}_nulls"));
+    }
+}
+
 /// Makes the GpuJoin test tables `{p}_dim (k bigint, v bigint)`: `dim_rows` keys 1..=dim_rows,
 /// a tenth of them three more times (duplicates), NULL keys, a NULL payload, the extreme keys;
 /// and the outer tables `{p}_<suffix>` (one column `k bigint`) of `fact_rows` rows: uniform over
 /// twice the keys, Zipf-distributed (key ~ 1/u), keys that all miss, keys that all hit, and a
 /// third NULL. Deterministic (setseed). Also makes the session plan parallel queries.
-pub fn gpujoin_tables(c: &mut Client, p: &str, dim_rows: i64, fact_rows: i64) {
+fn gpujoin_tables(c: &mut Client, p: &str, dim_rows: i64, fact_rows: i64) {
     c.batch_execute(&format!(
         "SELECT setseed(0.42);
          DROP TABLE IF EXISTS {p}_dim, {p}_uniform, {p}_zipf, {p}_all_miss, {p}_all_hit, {p}_nulls;
@@ -801,11 +857,6 @@ pub fn gpujoin_tables(c: &mut Client, p: &str, dim_rows: i64, fact_rows: i64) {
          SET max_parallel_workers_per_gather = 4;"
     ))
     .unwrap_or_else(|e| panic!("GpuJoin test tables: {}", describe(&e)));
-}
-
-/// Drops the tables of `gpujoin_tables`.
-pub fn drop_gpujoin_tables(c: &mut Client, p: &str) {
-    let _ = c.batch_execute(&format!("DROP TABLE IF EXISTS {p}_dim, {p}_uniform, {p}_zipf, {p}_all_miss, {p}_all_hit, {p}_nulls"));
 }
 
 /// What one materializing join did.
@@ -838,19 +889,13 @@ pub fn materialize_and_compare(c: &mut Client, inner: &str, buffer: PairsBuffer,
     c.query_one("SELECT uvm.gpujoin_pairs_create($1, $2, NULL, $3)", &[&result, &buffer.initial, &buffer.tier])
         .unwrap_or_else(|e| panic!("gpujoin_pairs_create: {}", describe(&e)));
     let q = format!(
-        "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) SELECT (uvm.gpujoin_materialize({}, {}, {key_expr})).* FROM {outer}",
+        "SELECT (uvm.gpujoin_materialize({}, {}, {key_expr})).* FROM {outer}",
         quote_literal(inner),
         quote_literal(result)
     );
     let t = Instant::now();
-    let plan: Vec<String> = c
-        .query(q.as_str(), &[])
-        .unwrap_or_else(|e| panic!("{q}: {}", describe(&e)))
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let plan = explain_analyze(c, &q);
     let ms = t.elapsed().as_secs_f64() * 1e3;
-    let plan = plan.join("\n");
     let mut pairs = |q: &str| -> Vec<(i64, i64)> {
         c.query(q, &[&result]).unwrap_or_else(|e| panic!("{q}: {}", describe(&e))).iter().map(|r| (r.get(0), r.get(1))).collect()
     };

@@ -187,14 +187,7 @@ fn a_checksum_across_sessions_and_parallel_workers() {
         n, ROWS,
         "rows whose GPU checksum (computed in parallel workers) matched"
     );
-    let plan: String = b
-        .query(format!("EXPLAIN (ANALYZE, FORMAT TEXT) {q}").as_str(), &[])
-        .map_err(|e| describe(&e))
-        .expect("EXPLAIN ANALYZE")
-        .iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let plan = explain_analyze(&mut b, &q);
     let launched = workers_launched(&plan);
     assert!(
         launched.iter().any(|&w| w > 0),
@@ -671,13 +664,7 @@ fn g_gpujoin_matches_postgres_join() {
         .expect("PostgreSQL's join");
     assert_eq!((ours.get::<_, i64>(0), ours.get::<_, Option<String>>(1)), (theirs.get::<_, i64>(0), theirs.get::<_, Option<String>>(1)));
     note(T, &format!("GPU probe of 3 M keys: {} matches, same as PostgreSQL's join, in {probe_ms:.0} ms", ours.get::<_, i64>(0)));
-    let plan: String = c
-        .query(format!("EXPLAIN (ANALYZE, FORMAT TEXT) {q}").as_str(), &[])
-        .unwrap()
-        .iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let plan = explain_analyze(&mut c, &q);
     assert!(plan.contains("Partial Aggregate"), "{plan}");
     assert!(workers_launched(&plan).iter().any(|&w| w > 0), "no workers launched:\n{plan}");
     // int4 keys, and a key type mismatch
@@ -725,21 +712,16 @@ fn h_gpujoin_materialize_on_the_gpu() {
     const T: &str = "h_gpujoin_materialize_on_the_gpu";
     let mut c = connect();
     assert_cuda_provider(&mut c);
-    let p = unique_name("gjm");
-    gpujoin_tables(&mut c, &p, 200_000, 2_000_000);
-    let (inner, inner4, result) = (format!("{p}_ht"), format!("{p}_ht4"), format!("{p}_pairs"));
-    let dim = format!("{p}_dim");
-    c.query_one("SELECT uvm.gpujoin_build($1, $2)", &[&inner, &format!("SELECT k, v FROM {dim}")]).expect("build int8");
-    c.query_one("SELECT uvm.gpujoin_build($1, $2)", &[&inner4, &format!("SELECT k::int, v FROM {dim} WHERE k BETWEEN -2147483648 AND 2147483647 OR k IS NULL")])
-        .expect("build int4");
-    let device: i64 = c.query_one("SELECT device_bytes FROM uvm.segments WHERE name = $1", &[&inner]).unwrap().get(0);
+    let f = GpujoinFixture::new(&mut c, "gjm", 200_000, 2_000_000);
+    let (inner, inner4, dim) = (&f.inner, &f.inner4, &f.dim);
+    let device: i64 = c.query_one("SELECT device_bytes FROM uvm.segments WHERE name = $1", &[inner]).unwrap().get(0);
     assert!(device > 0, "the inner table is not device-resident");
     // 16 pairs to start with: every worker's kernel stops, the buffer grows, the kernels resume
-    let small = PairsBuffer { name: &result, initial: 16, tier: "auto" };
+    let small = PairsBuffer { name: &f.result, initial: 16, tier: "auto" };
     for suffix in GPUJOIN_OUTERS {
-        let outer = format!("{p}_{suffix}");
-        let matches = probe_and_compare(&mut c, &inner, &outer, &dim, "k");
-        let m = materialize_and_compare(&mut c, &inner, small, &outer, &dim, "k");
+        let outer = f.outer(suffix);
+        let matches = probe_and_compare(&mut c, inner, &outer, dim, "k");
+        let m = materialize_and_compare(&mut c, inner, small, &outer, dim, "k");
         assert_eq!(m.pairs as i64, matches, "{outer}: pairs vs the probe's matches");
         assert!(m.workers > 0, "{outer}: no parallel workers launched");
         note(
@@ -753,15 +735,15 @@ fn h_gpujoin_materialize_on_the_gpu() {
             ),
         );
     }
-    let m = materialize_and_compare(&mut c, &inner4, small, &format!("{p}_all_hit"), &dim, "k::int");
+    let m = materialize_and_compare(&mut c, inner4, small, &f.outer("all_hit"), dim, "k::int");
     note(T, &format!("int4 keys: {} pairs, same multiset as the join", m.pairs));
     // a result buffer in the host tier: the kernels' bump allocator works on pinned host memory
-    let m = materialize_and_compare(&mut c, &inner, PairsBuffer { tier: "host", ..small }, &format!("{p}_zipf"), &dim, "k");
+    let m = materialize_and_compare(&mut c, inner, PairsBuffer { tier: "host", ..small }, &f.outer("zipf"), dim, "k");
     note(T, &format!("result buffer in the host tier: {} pairs from {} workers, same multiset as the join", m.pairs, m.workers));
-    for n in [&inner, &inner4] {
+    for n in [inner, inner4] {
         c.execute("SELECT uvm.drop_segment($1)", &[n]).unwrap();
     }
-    drop_gpujoin_tables(&mut c, &p);
+    f.drop_tables(&mut c);
 }
 
 // --- z. crash of a backend with a CUDA context and device mappings (runs last) ---------------

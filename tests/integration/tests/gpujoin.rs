@@ -7,21 +7,16 @@ use pg_uvm_share_tests::*;
 
 #[test]
 fn materialized_pairs_equal_the_join_as_a_multiset() {
-    let p = unique_name("gjm");
     let mut c = connect();
-    gpujoin_tables(&mut c, &p, 20_000, 150_000);
-    let (inner, inner4, result) = (format!("{p}_ht"), format!("{p}_ht4"), format!("{p}_pairs"));
-    let _guard = SegmentGuard::with(&[&inner, &inner4, &result]);
-    let dim = format!("{p}_dim");
-    c.query_one("SELECT uvm.gpujoin_build($1, $2)", &[&inner, &format!("SELECT k, v FROM {dim}")]).expect("build int8");
-    c.query_one("SELECT uvm.gpujoin_build($1, $2)", &[&inner4, &format!("SELECT k::int, v FROM {dim} WHERE k BETWEEN -2147483648 AND 2147483647 OR k IS NULL")])
-        .expect("build int4");
-    let small = PairsBuffer { name: &result, initial: 16, tier: "auto" };
+    let f = GpujoinFixture::new(&mut c, "gjm", 20_000, 150_000);
+    let _guard = SegmentGuard::with(&f.segments());
+    let (inner, inner4, dim) = (&f.inner, &f.inner4, &f.dim);
+    let small = PairsBuffer { name: &f.result, initial: 16, tier: "auto" };
     for suffix in GPUJOIN_OUTERS {
-        let outer = format!("{p}_{suffix}");
-        let matches = probe_and_compare(&mut c, &inner, &outer, &dim, "k");
+        let outer = f.outer(suffix);
+        let matches = probe_and_compare(&mut c, inner, &outer, dim, "k");
         // a buffer of 16 pairs: every worker has to grow it, more than once
-        let m = materialize_and_compare(&mut c, &inner, small, &outer, &dim, "k");
+        let m = materialize_and_compare(&mut c, inner, small, &outer, dim, "k");
         assert_eq!(m.pairs as i64, matches, "{outer}: pairs vs the probe's matches");
         assert!(m.workers > 0, "{outer}: no parallel workers launched");
         if m.pairs > 16 {
@@ -29,32 +24,30 @@ fn materialized_pairs_equal_the_join_as_a_multiset() {
         }
         eprintln!("{outer}: {} pairs, {} workers, buffer {} bytes, {:.0} ms", m.pairs, m.workers, m.buffer_bytes, m.ms);
     }
-    let m = materialize_and_compare(&mut c, &inner4, small, &format!("{p}_all_hit"), &dim, "k::int");
+    let m = materialize_and_compare(&mut c, inner4, small, &f.outer("all_hit"), dim, "k::int");
     assert!(m.pairs > 150_000 && m.workers > 0, "{m:?}");
     // a large buffer from the start needs no growth
-    let m = materialize_and_compare(&mut c, &inner, PairsBuffer { initial: 1 << 20, ..small }, &format!("{p}_uniform"), &dim, "k");
+    let m = materialize_and_compare(&mut c, inner, PairsBuffer { initial: 1 << 20, ..small }, &f.outer("uniform"), dim, "k");
     assert_eq!(m.buffer_bytes, 64 + (16i64 << 20));
-    drop_gpujoin_tables(&mut c, &p);
+    f.drop_tables(&mut c);
 }
 
 /// Two sessions append to one result buffer at the same time, each with parallel workers: the
 /// buffer grows under both, and holds exactly both joins' pairs.
 #[test]
 fn two_sessions_materialize_into_one_buffer() {
-    let p = unique_name("gj2");
     let mut c = connect();
-    gpujoin_tables(&mut c, &p, 20_000, 150_000);
-    let (inner, result, dim) = (format!("{p}_ht"), format!("{p}_pairs"), format!("{p}_dim"));
-    let _guard = SegmentGuard::with(&[&inner, &result]);
-    c.query_one("SELECT uvm.gpujoin_build($1, $2)", &[&inner, &format!("SELECT k, v FROM {dim}")]).expect("build");
+    let f = GpujoinFixture::new(&mut c, "gj2", 20_000, 150_000);
+    let _guard = SegmentGuard::with(&f.segments());
+    let (inner, result, p) = (&f.inner, &f.result, &f.p);
     c.query_one("SELECT uvm.gpujoin_pairs_create($1, 16)", &[&result]).expect("pairs_create");
     let sessions: Vec<_> = ["zipf", "all_hit"]
         .into_iter()
         .map(|suffix| {
             let q = format!(
                 "SELECT (uvm.gpujoin_materialize({}, {}, k)).matches FROM {p}_{suffix}",
-                quote_literal(&inner),
-                quote_literal(&result)
+                quote_literal(inner),
+                quote_literal(result)
             );
             std::thread::spawn(move || {
                 let mut s = connect();
@@ -69,7 +62,7 @@ fn two_sessions_materialize_into_one_buffer() {
         .collect();
     let matches: i64 = sessions.into_iter().map(|t| t.join().expect("session")).sum();
     let ours: Vec<(i64, i64)> = c
-        .query("SELECT key, payload FROM uvm.gpujoin_pairs($1) ORDER BY 1, 2", &[&result])
+        .query("SELECT key, payload FROM uvm.gpujoin_pairs($1) ORDER BY 1, 2", &[result])
         .unwrap()
         .iter()
         .map(|r| (r.get(0), r.get(1)))
@@ -78,7 +71,7 @@ fn two_sessions_materialize_into_one_buffer() {
         .query(
             format!(
                 "SELECT o.k, coalesce(d.v, 0) FROM (SELECT k FROM {p}_zipf UNION ALL SELECT k FROM {p}_all_hit) o
-                   JOIN {dim} d ON o.k = d.k ORDER BY 1, 2"
+                   JOIN {p}_dim d ON o.k = d.k ORDER BY 1, 2"
             )
             .as_str(),
             &[],
@@ -89,5 +82,5 @@ fn two_sessions_materialize_into_one_buffer() {
         .collect();
     assert_eq!(matches as usize, theirs.len());
     assert!(ours == theirs, "two sessions' pairs: {} in the buffer, {} in the joins", ours.len(), theirs.len());
-    drop_gpujoin_tables(&mut c, &p);
+    f.drop_tables(&mut c);
 }

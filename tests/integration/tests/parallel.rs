@@ -58,13 +58,7 @@ fn parallel_workers_read_segments() {
     let n: i64 = a.query_one(q.as_str(), &[]).expect("parallel count").get(0);
     assert_eq!(n, ROWS, "rows whose byte matched");
 
-    let plan: String = a
-        .query(format!("EXPLAIN (ANALYZE, FORMAT TEXT) {q}").as_str(), &[])
-        .expect("EXPLAIN ANALYZE")
-        .iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let plan = explain_analyze(&mut a, &q);
     let launched = workers_launched(&plan);
     assert!(
         launched.iter().any(|&w| w > 0),

@@ -727,14 +727,11 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32) {
                     peak
                 })
             };
-            let plan: Vec<String> = {
-                let q = format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {gpu_q}");
-                c.query(q.as_str(), &[]).map_err(err("explain analyze"))?.iter().map(|r| r.get(0)).collect()
-            };
+            let plan = try_explain_analyze(&mut c, &gpu_q).map_err(err("explain analyze"))?;
             let (s, _) = time(&mut c, &gpu_q)?;
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             let peak = sampler.join().unwrap_or(0);
-            let launched: i64 = workers_launched(&plan.join("\n")).iter().sum();
+            let launched: i64 = workers_launched(&plan).iter().sum();
             let dev_now: i64 = c.query_one("SELECT device_bytes FROM uvm.segments WHERE name = $1", &[&seg]).map_err(err("segments"))?.get(0);
             let per = if launched > 0 { format!(", ~{} MiB per worker", peak.saturating_sub(before) / launched as u64) } else { String::new() };
             b.note(format!(
