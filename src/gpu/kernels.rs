@@ -21,6 +21,9 @@ const CACHE_DIR: &str = "pg_uvm_share_kernels";
 const RESULT_BYTES: usize = 64;
 /// Threads per block of every launch.
 const BLOCK: u32 = 256;
+/// Keys per launch at most, so that the staging buffer (kept for the process's lifetime) stays
+/// at 8 MiB however large a batch grows while CUDA starts.
+const MAX_LAUNCH_KEYS: usize = 1 << 20;
 
 /// Recombines the split payload sums of the join kernels: hi * 2^32 + lo (see segment.cu),
 /// exact while one launch matches fewer than 2^32 rows (else an error, never a wrong sum).
@@ -244,16 +247,15 @@ impl Kernels {
     /// Probes non-NULL `keys` against the table's slots at `slots`; returns (matches, payload
     /// sum), exact up to 2^32 matches per call.
     pub fn join_probe(&self, slots: u64, mask: u64, seed: u64, keys: &[i64]) -> Result<(u64, i128)> {
-        if keys.is_empty() {
-            return Ok((0, 0));
-        }
-        // SAFETY: `result` is our RESULT_BYTES device buffer.
-        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 24) })?;
-        self.run_probe(slots, mask, seed, keys, 1)?;
-        let mut r = [0u64; 3];
-        // SAFETY: copies 24 bytes from our device buffer into `r`.
-        check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(r.as_mut_ptr() as *mut c_void, self.result, 24) })?;
-        Ok((r[0], payload_sum(r[0], r[1], r[2])?))
+        keys.chunks(MAX_LAUNCH_KEYS).try_fold((0, 0), |(m, sum), part| {
+            // SAFETY: `result` is our RESULT_BYTES device buffer.
+            check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 24) })?;
+            self.run_probe(slots, mask, seed, part, 1)?;
+            let mut r = [0u64; 3];
+            // SAFETY: copies 24 bytes from our device buffer into `r`.
+            check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(r.as_mut_ptr() as *mut c_void, self.result, 24) })?;
+            Ok((m + r[0], sum + payload_sum(r[0], r[1], r[2])?))
+        })
     }
 
     /// Stages `keys` and launches the probe kernel `runs` times, adding into the result buffer;
@@ -295,7 +297,11 @@ impl Kernels {
 pub struct KernelAppender<'k> {
     k: &'k Kernels,
     keys: &'k [i64],
+    /// Start of the part of `keys` being appended (at most MAX_LAUNCH_KEYS keys), and where it is
+    /// staged once it is.
+    at: usize,
     staged: Option<CUdeviceptr>,
+    /// Whether the part's next launch starts it (else it resumes where the last one stopped).
     fresh: bool,
     pub matches: u64,
     pub sum: i128,
@@ -303,7 +309,7 @@ pub struct KernelAppender<'k> {
 
 impl<'k> KernelAppender<'k> {
     pub fn new(k: &'k Kernels, keys: &'k [i64]) -> KernelAppender<'k> {
-        KernelAppender { k, keys, staged: None, fresh: true, matches: 0, sum: 0 }
+        KernelAppender { k, keys, at: 0, staged: None, fresh: true, matches: 0, sum: 0 }
     }
 }
 
@@ -313,15 +319,26 @@ impl Appender for KernelAppender<'_> {
     }
 
     fn run(&mut self, inner: &Inner<'_>, target: Target) -> Result<Step> {
-        if self.keys.is_empty() {
-            return Ok(Step::Done);
+        while self.at < self.keys.len() {
+            let part = &self.keys[self.at..(self.at + MAX_LAUNCH_KEYS).min(self.keys.len())];
+            if let Step::Need(pairs) = self.launch(part, inner, target)? {
+                return Ok(Step::Need(pairs));
+            }
+            (self.at, self.staged, self.fresh) = (self.at + part.len(), None, true);
         }
+        Ok(Step::Done)
+    }
+}
+
+impl KernelAppender<'_> {
+    /// One launch over `part` (staged on its first launch): starts it, or resumes it.
+    fn launch(&mut self, part: &[i64], inner: &Inner<'_>, target: Target) -> Result<Step> {
         let k = self.k;
         let keys = match self.staged {
             Some(p) => p,
             None => {
-                let p = k.staging(self.keys.len() * 8)?;
-                k.stage(p, 0, self.keys)?;
+                let p = k.staging(part.len() * 8)?;
+                k.stage(p, 0, part)?;
                 self.staged = Some(p);
                 p
             }
@@ -330,7 +347,7 @@ impl Appender for KernelAppender<'_> {
         // SAFETY: `result` is our RESULT_BYTES device buffer.
         check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(k.result, 0, 40) })?;
         let h = &inner.header;
-        let (mut s, mut m, mut sd, mut kp, mut n) = (inner.slots, h.slot_count - 1, h.seed, keys, self.keys.len() as u64);
+        let (mut s, mut m, mut sd, mut kp, mut n) = (inner.slots, h.slot_count - 1, h.seed, keys, part.len() as u64);
         let (mut pairs, mut next, mut written, mut cap) =
             (target.base + pairs::HEADER_BYTES, target.base + pairs::NEXT_AT, target.base + pairs::WRITTEN_AT, target.cap);
         let (mut rs, mut fresh, mut ctl) = (resume, u64::from(self.fresh), k.result);

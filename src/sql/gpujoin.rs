@@ -158,10 +158,6 @@ fn key_type_of_width(width: u32) -> KeyType {
     }
 }
 
-/// Keys per kernel launch at most: a batch gathered while CUDA started can be large, and the
-/// process keeps its staging buffer (8 MiB at this size) for its lifetime.
-const GPU_LAUNCH_KEYS: usize = 1 << 20;
-
 /// Probes (or materializes) the pending keys against the segment's table.
 fn flush(st: &mut ProbeState) {
     if st.keys.is_empty() {
@@ -175,13 +171,9 @@ fn flush(st: &mut ProbeState) {
             let authz = |o: u32, seg: &str, action: &str| authorize(o, seg, action);
             if gpu {
                 return crate::gpu::gpu()?.with_kernels(|k| {
-                    let (mut m, mut sum) = (0, 0);
-                    for part in keys.chunks(GPU_LAUNCH_KEYS) {
-                        let mut a = crate::gpu::KernelAppender::new(k, part);
-                        pairs::append_batch(s, name, result, kt, &authz, &mut a)?;
-                        (m, sum) = (m + a.matches, sum + a.sum);
-                    }
-                    Ok((m, sum))
+                    let mut a = crate::gpu::KernelAppender::new(k, keys);
+                    pairs::append_batch(s, name, result, kt, &authz, &mut a)?;
+                    Ok((a.matches, a.sum))
                 });
             }
             let mut a = CpuAppender::new(keys);
@@ -191,13 +183,8 @@ fn flush(st: &mut ProbeState) {
         let pin = s.pin(name, |o| authorize(o, name, "read"))?;
         let (h, slots) = table::locate(&pin, kt)?;
         if gpu {
-            // On the GPU: one kernel per launch over the table where it lies (device or host tier).
-            return crate::gpu::gpu()?.with_kernels(|k| {
-                keys.chunks(GPU_LAUNCH_KEYS).try_fold((0, 0), |(m, sum), part| {
-                    let (a, b) = k.join_probe(slots, h.slot_count - 1, h.seed, part)?;
-                    Ok((m + a, sum + b))
-                })
-            });
+            // On the GPU: kernels over the table where it lies (device or host tier).
+            return crate::gpu::gpu()?.with_kernels(|k| k.join_probe(slots, h.slot_count - 1, h.seed, keys));
         }
         Ok(Table::view(pin.bytes(0, pin.info.size as i64)?)?.probe(keys))
     });
