@@ -34,7 +34,8 @@ impl Client {
         if unsafe { libc::connect(sock.as_raw_fd(), &addr as *const _ as *const libc::sockaddr, len) } != 0 {
             return Err(broker_error("connect to", io::Error::last_os_error()));
         }
-        let tv = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: timeout.subsec_micros() as libc::suseconds_t };
+        let tv =
+            libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: timeout.subsec_micros() as libc::suseconds_t };
         // SAFETY: setsockopt reads a timeval from a live local.
         unsafe {
             libc::setsockopt(
@@ -69,10 +70,9 @@ impl Client {
                 "chunk belongs to an earlier epoch of the pg_uvm_share broker",
             )
             .detail("The server restarted after a crash; segments from before it are gone.")),
-            Status::UnknownChunk => Err(UvmError::new(
-                Code::SystemError,
-                format!("chunk {} is unknown to the pg_uvm_share broker", req.chunk),
-            )),
+            Status::UnknownChunk => {
+                Err(UvmError::new(Code::SystemError, format!("chunk {} is unknown to the pg_uvm_share broker", req.chunk)))
+            }
             s => Err(UvmError::new(Code::ProtocolViolation, format!("pg_uvm_share broker refused {:?}: {s:?}", req.op))),
         }
     }

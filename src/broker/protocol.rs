@@ -190,11 +190,7 @@ pub fn send_msg(sock: BorrowedFd<'_>, msg: &[u8], fd: Option<BorrowedFd<'_>>) ->
         // SAFETY: hdr references live buffers for the duration of the call.
         let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &hdr, libc::MSG_NOSIGNAL) };
         if n >= 0 {
-            return if n as usize == msg.len() {
-                Ok(())
-            } else {
-                Err(io::Error::new(io::ErrorKind::WriteZero, "short send"))
-            };
+            return if n as usize == msg.len() { Ok(()) } else { Err(io::Error::new(io::ErrorKind::WriteZero, "short send")) };
         }
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::Interrupted {

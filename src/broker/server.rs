@@ -156,9 +156,8 @@ impl Server {
 
     fn accept(&mut self) -> io::Result<()> {
         // SAFETY: accept4 on our listening socket; the new fd is owned right away.
-        let fd = unsafe {
-            libc::accept4(self.listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC)
-        };
+        let fd =
+            unsafe { libc::accept4(self.listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
         if fd < 0 {
             let e = io::Error::last_os_error();
             return match e.raw_os_error() {

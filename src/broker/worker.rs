@@ -50,7 +50,13 @@ fn wait_for_sockets(fds: &[i32], timeout: Duration, events: &mut Vec<pg_sys::Wai
     unsafe {
         let set = pg_sys::CreateWaitEventSet(pg_sys::TopMemoryContext, (fds.len() + 2) as i32);
         pg_sys::AddWaitEventToSet(set, pg_sys::WL_LATCH_SET, pg_sys::PGINVALID_SOCKET, pg_sys::MyLatch, std::ptr::null_mut());
-        pg_sys::AddWaitEventToSet(set, pg_sys::WL_EXIT_ON_PM_DEATH, pg_sys::PGINVALID_SOCKET, std::ptr::null_mut(), std::ptr::null_mut());
+        pg_sys::AddWaitEventToSet(
+            set,
+            pg_sys::WL_EXIT_ON_PM_DEATH,
+            pg_sys::PGINVALID_SOCKET,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
         for &fd in fds {
             pg_sys::AddWaitEventToSet(set, pg_sys::WL_SOCKET_READABLE, fd, std::ptr::null_mut(), std::ptr::null_mut());
         }

@@ -99,11 +99,21 @@ pub fn host_register_ms(bytes: u64) -> Result<f64> {
         // SAFETY: reserving the file's blocks up front (ENOSPC instead of SIGBUS on touch).
         let rc = unsafe { libc::posix_fallocate(fd, 0, bytes as libc::off_t) };
         if rc != 0 {
-            return Err(UvmError::os(format!("could not allocate {bytes} bytes in /dev/shm"), std::io::Error::from_raw_os_error(rc)));
+            return Err(UvmError::os(
+                format!("could not allocate {bytes} bytes in /dev/shm"),
+                std::io::Error::from_raw_os_error(rc),
+            ));
         }
         // SAFETY: a shared mapping of our own file.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), bytes as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_POPULATE, fd, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                0,
+            )
         };
         if p == libc::MAP_FAILED {
             return Err(UvmError::last_os("mmap of the /dev/shm file failed"));

@@ -83,8 +83,11 @@ fn cache_path(info: &DeviceInfo) -> PathBuf {
 fn compile(info: &DeviceInfo) -> Result<Vec<u8>> {
     // SAFETY: dlopen probe only.
     if info.nvrtc.is_none() || !unsafe { rtc::is_culib_present() } {
-        return Err(UvmError::new(Code::FeatureNotSupported, "NVRTC (libnvrtc.so.13) is not available: GPU kernels cannot be compiled")
-            .hint("Install the CUDA runtime compiler library, or use pg_uvm_share.provider = host."));
+        return Err(UvmError::new(
+            Code::FeatureNotSupported,
+            "NVRTC (libnvrtc.so.13) is not available: GPU kernels cannot be compiled",
+        )
+        .hint("Install the CUDA runtime compiler library, or use pg_uvm_share.provider = host."));
     }
     let src = CString::new(SOURCE).expect("no NUL in the kernel source");
     let arch = CString::new(format!("--gpu-architecture=sm_{}{}", info.compute_capability.0, info.compute_capability.1))
@@ -178,7 +181,19 @@ impl Kernels {
         unsafe {
             check(
                 "cuLaunchKernel",
-                sys::cuLaunchKernel(f, self.grid, 1, 1, BLOCK, 1, 1, 0, std::ptr::null_mut(), params.as_mut_ptr(), std::ptr::null_mut()),
+                sys::cuLaunchKernel(
+                    f,
+                    self.grid,
+                    1,
+                    1,
+                    BLOCK,
+                    1,
+                    1,
+                    0,
+                    std::ptr::null_mut(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                ),
             )?;
             check("cuStreamSynchronize", sys::cuStreamSynchronize(std::ptr::null_mut()))
         }
@@ -240,8 +255,12 @@ impl Kernels {
         let buf = self.staging(keys.len() * 16)?;
         self.stage(buf, 0, keys)?;
         self.stage(buf, keys.len() * 8, payloads)?;
-        let (mut s, mut m, mut sd, mut k, mut p, mut n) = (slots, mask, seed, buf, buf + keys.len() as u64 * 8, keys.len() as u64);
-        self.launch(self.join_build_fn, &mut [void(&mut s), void(&mut m), void(&mut sd), void(&mut k), void(&mut p), void(&mut n)])
+        let (mut s, mut m, mut sd, mut k, mut p, mut n) =
+            (slots, mask, seed, buf, buf + keys.len() as u64 * 8, keys.len() as u64);
+        self.launch(
+            self.join_build_fn,
+            &mut [void(&mut s), void(&mut m), void(&mut sd), void(&mut k), void(&mut p), void(&mut n)],
+        )
     }
 
     /// Probes non-NULL `keys` against the table's slots at `slots`; returns (matches, payload

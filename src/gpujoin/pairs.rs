@@ -61,7 +61,15 @@ const _: () = assert!(std::mem::size_of::<PairsHeader>() as u64 == HEADER_BYTES)
 
 impl PairsHeader {
     pub fn new() -> PairsHeader {
-        PairsHeader { magic: MAGIC, version: VERSION, pair_bytes: PAIR_BYTES as u32, next: 0, written: 0, pairs_offset: HEADER_BYTES, _reserved: [0; 3] }
+        PairsHeader {
+            magic: MAGIC,
+            version: VERSION,
+            pair_bytes: PAIR_BYTES as u32,
+            next: 0,
+            written: 0,
+            pairs_offset: HEADER_BYTES,
+            _reserved: [0; 3],
+        }
     }
 
     pub fn as_bytes(&self) -> [u8; HEADER_BYTES as usize] {
@@ -236,9 +244,8 @@ impl Appender for CpuAppender<'_> {
         // SAFETY: `target.base` is the header of a pinned, CPU-addressable buffer (checked by
         // append_batch), 8-byte aligned (segments start on page boundaries); the counters are
         // only ever accessed atomically, by every process.
-        let (next, written) = unsafe {
-            (&*((target.base + NEXT_AT) as *const AtomicU64), &*((target.base + WRITTEN_AT) as *const AtomicU64))
-        };
+        let (next, written) =
+            unsafe { (&*((target.base + NEXT_AT) as *const AtomicU64), &*((target.base + WRITTEN_AT) as *const AtomicU64)) };
         let pairs = (target.base + HEADER_BYTES) as *mut [i64; 2];
         while self.at < self.keys.len() {
             let k = self.keys[self.at];
@@ -358,7 +365,11 @@ mod tests {
         let pin = a.pin("out", ok).unwrap();
         let n = complete_pairs(&pin).unwrap();
         assert_eq!(n, expected.len() as u64);
-        assert!(pin.info.size >= bytes_for(n) && pin.info.chunks.len() > 1, "grew into several chunks: {:?}", pin.info.chunks.len());
+        assert!(
+            pin.info.size >= bytes_for(n) && pin.info.chunks.len() > 1,
+            "grew into several chunks: {:?}",
+            pin.info.chunks.len()
+        );
         let mut got = vec![[0i64; 2]; n as usize];
         read_pairs(&pin, 0, &mut got).unwrap();
         assert_eq!(sorted(got), sorted(expected));

@@ -35,7 +35,9 @@ impl ProbeState {
             return Ok(());
         }
         let text = |b: &[u8]| {
-            std::str::from_utf8(b).map(str::to_string).map_err(|_| UvmError::new(Code::InvalidName, "segment names must be valid UTF-8"))
+            std::str::from_utf8(b)
+                .map(str::to_string)
+                .map_err(|_| UvmError::new(Code::InvalidName, "segment names must be valid UTF-8"))
         };
         if self.key_width == 0 {
             self.segment = text(segment)?;

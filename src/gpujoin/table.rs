@@ -98,7 +98,10 @@ pub fn parse_header(bytes: &[u8], total: u64) -> Result<Header> {
         return Err(not_a_table("unknown key type"));
     }
     let n = header.slot_count;
-    if !n.is_power_of_two() || header.slots_offset != HEADER_BYTES || n.checked_mul(SLOT_BYTES).and_then(|b| b.checked_add(HEADER_BYTES)).is_none_or(|b| b > total) {
+    if !n.is_power_of_two()
+        || header.slots_offset != HEADER_BYTES
+        || n.checked_mul(SLOT_BYTES).and_then(|b| b.checked_add(HEADER_BYTES)).is_none_or(|b| b > total)
+    {
         return Err(not_a_table("inconsistent size"));
     }
     Ok(header)
@@ -318,7 +321,8 @@ mod tests {
         let uniform: Vec<Option<i64>> = (0..20000).map(|_| Some((next() % 6000) as i64)).collect();
         check(&rows, &uniform);
         // skewed: most probes hit a handful of keys
-        let skewed: Vec<Option<i64>> = (0..20000).map(|i| Some(if i % 10 < 8 { (i % 3) as i64 } else { (next() % 3000) as i64 })).collect();
+        let skewed: Vec<Option<i64>> =
+            (0..20000).map(|i| Some(if i % 10 < 8 { (i % 3) as i64 } else { (next() % 3000) as i64 })).collect();
         check(&rows, &skewed);
         let all_miss: Vec<Option<i64>> = (0..1000).map(|i| Some(10_000 + i)).collect();
         check(&rows, &all_miss);
@@ -333,10 +337,7 @@ mod tests {
         assert_eq!(slot_count(1 << 20), 1 << 21);
         assert_eq!(table_bytes(0), 64 + 16 * 24);
         let mut small = buffer(100);
-        assert_eq!(
-            build(as_bytes(&mut small), KeyType::Int8, &[(Some(1), 1)], 0).unwrap_err().code,
-            Code::ProgramLimitExceeded
-        );
+        assert_eq!(build(as_bytes(&mut small), KeyType::Int8, &[(Some(1), 1)], 0).unwrap_err().code, Code::ProgramLimitExceeded);
     }
 
     #[test]

@@ -18,8 +18,8 @@ use std::ffi::c_void;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use cudarc::driver::sys::{
-    self, CUdeviceptr, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationHandleType, CUmemAllocationProp,
-    CUmemAllocationType, CUmemGenericAllocationHandle, CUmemLocation, CUmemLocationType, CUresult,
+    self, CUdeviceptr, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType,
+    CUmemGenericAllocationHandle, CUmemLocation, CUmemLocationType, CUresult,
 };
 
 use super::{Capabilities, Provider, ProviderKind, Reservation, GRANULARITY};
@@ -47,10 +47,9 @@ impl CudaProvider {
     fn location(&self, tier: Tier) -> CUmemLocation {
         match tier {
             Tier::Device => CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: self.gpu.device },
-            Tier::Host => CUmemLocation {
-                type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA,
-                id: self.gpu.info.host_numa_id.max(0),
-            },
+            Tier::Host => {
+                CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA, id: self.gpu.info.host_numa_id.max(0) }
+            }
         }
     }
 
@@ -111,7 +110,10 @@ impl Provider for CudaProvider {
         // SAFETY: valid out-pointers and prop; the local handle is released on every path, the
         // exported fd (which keeps the memory alive) is owned right away.
         unsafe {
-            check(&format!("cuMemCreate ({} bytes, {})", size, tier.name()), sys::cuMemCreate(&mut handle, size as usize, &prop, 0))?;
+            check(
+                &format!("cuMemCreate ({} bytes, {})", size, tier.name()),
+                sys::cuMemCreate(&mut handle, size as usize, &prop, 0),
+            )?;
             let mut fd: libc::c_int = -1;
             let r = sys::cuMemExportToShareableHandle(
                 &mut fd as *mut libc::c_int as *mut c_void,

@@ -279,11 +279,7 @@ pub fn validate_name(name: &str) -> Result<()> {
         return Err(UvmError::new(Code::InvalidName, "segment name must not be empty"));
     }
     if name.len() > MAX_NAME_LEN {
-        return Err(uvm_err!(
-            Code::NameTooLong,
-            "segment name is too long ({} bytes, at most {MAX_NAME_LEN})",
-            name.len()
-        ));
+        return Err(uvm_err!(Code::NameTooLong, "segment name is too long ({} bytes, at most {MAX_NAME_LEN})", name.len()));
     }
     if name.as_bytes().contains(&0) {
         return Err(UvmError::new(Code::InvalidName, "segment name must not contain NUL"));
@@ -305,14 +301,7 @@ pub fn round_up(v: u64, align: u64) -> Option<u64> {
 /// (`min_chunk << nchunks / 2`), so a segment that grows in small steps ends with
 /// O(2 log2(size / min_chunk)) chunks; a growth larger than that step gets one chunk that covers
 /// it exactly. Both are rounded to `gran` and capped at what is left of the reservation.
-pub fn next_chunk_size(
-    committed: u64,
-    nchunks: u32,
-    needed: u64,
-    reserve: u64,
-    min_chunk: u64,
-    gran: u64,
-) -> u64 {
+pub fn next_chunk_size(committed: u64, nchunks: u32, needed: u64, reserve: u64, min_chunk: u64, gran: u64) -> u64 {
     debug_assert!(needed > committed && needed <= reserve);
     let min_chunk = round_up(min_chunk.max(gran), gran).unwrap_or(gran);
     let shift = (nchunks / 2).min(40);
@@ -399,11 +388,7 @@ impl Registry {
         assert!(h.magic == MAGIC && h.layout_version == LAYOUT_VERSION, "registry corrupt");
         Self::layout(
             base,
-            Capacity {
-                max_segments: h.max_segments,
-                max_chunks: h.max_chunks,
-                max_attachments: h.max_attachments,
-            },
+            Capacity { max_segments: h.max_segments, max_chunks: h.max_chunks, max_attachments: h.max_attachments },
         )
     }
 
@@ -448,11 +433,7 @@ impl Registry {
 
     pub fn capacity(&self) -> Capacity {
         let h = self.hdr();
-        Capacity {
-            max_segments: h.max_segments,
-            max_chunks: h.max_chunks,
-            max_attachments: h.max_attachments,
-        }
+        Capacity { max_segments: h.max_segments, max_chunks: h.max_chunks, max_attachments: h.max_attachments }
     }
     pub fn epoch(&self) -> u64 {
         self.hdr().epoch
@@ -514,8 +495,7 @@ impl Registry {
 
     /// Looks a segment up by name, or fails with 42704.
     pub fn lookup(&self, name: &str) -> Result<u32> {
-        self.find(name)
-            .ok_or_else(|| uvm_err!(Code::UndefinedObject, "segment \"{name}\" does not exist"))
+        self.find(name).ok_or_else(|| uvm_err!(Code::UndefinedObject, "segment \"{name}\" does not exist"))
     }
 
     /// A copy of a segment's entry.
@@ -650,19 +630,14 @@ impl Registry {
         let ci = self.free_chunk_slot()?;
         let id = self.hdr().next_chunk_id;
         self.hdr_mut().next_chunk_id += 1;
-        *self.chunk_mut(ci) =
-            ChunkSlot { id, segment_id: seg_id, offset, size, tier: tier as u32, state: CHUNK_PENDING };
+        *self.chunk_mut(ci) = ChunkSlot { id, segment_id: seg_id, offset, size, tier: tier as u32, state: CHUNK_PENDING };
         Ok(PendingChunk { slot: ci, id, segment_id: seg_id, offset, size, tier })
     }
 
     fn free_chunk_slot(&self) -> Result<u32> {
         (0..self.hdr().max_chunks).find(|&i| self.chunk(i).state == CHUNK_FREE).ok_or_else(|| {
-            uvm_err!(
-                Code::ConfigurationLimitExceeded,
-                "too many chunks (pg_uvm_share.max_chunks = {})",
-                self.hdr().max_chunks
-            )
-            .hint("Drop unused segments or raise pg_uvm_share.max_chunks (needs a restart).")
+            uvm_err!(Code::ConfigurationLimitExceeded, "too many chunks (pg_uvm_share.max_chunks = {})", self.hdr().max_chunks)
+                .hint("Drop unused segments or raise pg_uvm_share.max_chunks (needs a restart).")
         })
     }
 
@@ -678,9 +653,9 @@ impl Registry {
     /// Fails if the segment changed meanwhile: it was dropped (42704), or another process
     /// already covered this offset (55006; the caller retries with a fresh snapshot).
     pub fn commit_chunk(&mut self, p: &PendingChunk, new_size: u64) -> Result<u64> {
-        let slot = self.find_id(p.segment_id).ok_or_else(|| {
-            UvmError::new(Code::UndefinedObject, "segment was dropped while it was growing")
-        })?;
+        let slot = self
+            .find_id(p.segment_id)
+            .ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped while it was growing"))?;
         if self.seg(slot).committed != p.offset {
             return Err(UvmError::new(Code::ObjectInUse, "segment was grown concurrently"));
         }
@@ -719,8 +694,9 @@ impl Registry {
         let pins = self.seg(slot).pins.load(Ordering::Acquire);
         if pins > 0 {
             let name = Self::seg_name(self.seg(slot)).to_string();
-            return Err(uvm_err!(Code::ObjectInUse, "segment \"{name}\" is in use")
-                .detail(format!("{pins} pin(s) are held on it.")));
+            return Err(
+                uvm_err!(Code::ObjectInUse, "segment \"{name}\" is in use").detail(format!("{pins} pin(s) are held on it."))
+            );
         }
         let seg_id = self.seg(slot).id;
         let mut ids = Vec::new();
@@ -735,8 +711,7 @@ impl Registry {
                         Tier::Host => self.hdr_mut().host_bytes -= size,
                     }
                 }
-                *self.chunk_mut(ci) =
-                    ChunkSlot { id: 0, segment_id: 0, offset: 0, size: 0, tier: 0, state: CHUNK_FREE };
+                *self.chunk_mut(ci) = ChunkSlot { id: 0, segment_id: 0, offset: 0, size: 0, tier: 0, state: CHUNK_FREE };
             }
         }
         let s = self.seg_mut(slot);
@@ -763,8 +738,9 @@ impl Registry {
         }
         let pins = s.pins.load(Ordering::Acquire);
         if pins > 0 {
-            return Err(uvm_err!(Code::ObjectInUse, "segment \"{name}\" is in use")
-                .detail(format!("{pins} pin(s) are held on it.")));
+            return Err(
+                uvm_err!(Code::ObjectInUse, "segment \"{name}\" is in use").detail(format!("{pins} pin(s) are held on it."))
+            );
         }
         self.seg_mut(slot).flags |= FLAG_MIGRATING;
         Ok(())
@@ -796,9 +772,9 @@ impl Registry {
     /// bumps the generation (every process remaps before its next access). Returns the old
     /// chunk's id, for the caller to release at the broker.
     pub fn replace_chunk(&mut self, p: &PendingChunk, old_id: u64) -> Result<u64> {
-        let slot = self.find_id(p.segment_id).ok_or_else(|| {
-            UvmError::new(Code::UndefinedObject, "segment was dropped while it was migrating")
-        })?;
+        let slot = self
+            .find_id(p.segment_id)
+            .ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped while it was migrating"))?;
         let pos = {
             let s = self.seg(slot);
             s.chunks[..s.nchunks as usize].iter().position(|&ci| self.chunk(ci).id == old_id)
@@ -837,11 +813,7 @@ impl Registry {
 
     /// Ids of every chunk the registry knows (pending or live): the broker keeps exactly these.
     pub fn known_chunk_ids(&self) -> Vec<u64> {
-        (0..self.hdr().max_chunks)
-            .map(|i| self.chunk(i))
-            .filter(|c| c.state != CHUNK_FREE)
-            .map(|c| c.id)
-            .collect()
+        (0..self.hdr().max_chunks).map(|i| self.chunk(i)).filter(|c| c.state != CHUNK_FREE).map(|c| c.id).collect()
     }
 
     /// Records that process `pid` maps segment `segment_id` at `base`.

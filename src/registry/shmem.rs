@@ -56,10 +56,7 @@ fn random_epoch() -> u64 {
     let n = unsafe { libc::getrandom(&mut v as *mut u64 as *mut libc::c_void, 8, 0) };
     if n != 8 || v == 0 {
         // fall back on time and pid: only uniqueness across restarts matters
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1);
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
         v = t ^ ((std::process::id() as u64) << 48) | 1;
     }
     v

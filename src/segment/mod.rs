@@ -118,7 +118,12 @@ impl<E: Env> Pin<E> {
     /// Fails unless the CPU can address every chunk under `[o, o + l)` directly.
     fn check_cpu(&self, o: usize, l: usize) -> Result<()> {
         let (start, end) = (o as u64, (o + l) as u64);
-        match self.info.chunks.iter().find(|c| c.offset < end && start < c.offset + c.size && !self.provider.cpu_accessible(c.tier)) {
+        match self
+            .info
+            .chunks
+            .iter()
+            .find(|c| c.offset < end && start < c.offset + c.size && !self.provider.cpu_accessible(c.tier))
+        {
             None => Ok(()),
             Some(c) => Err(uvm_err!(
                 Code::FeatureNotSupported,
@@ -569,7 +574,8 @@ impl<E: Env> Segments<E> {
         authorize(info.owner)?;
         let ids = {
             let mut reg = self.env.exclusive()?;
-            let slot = reg.find_id(info.id).ok_or_else(|| uvm_err!(Code::UndefinedObject, "segment \"{name}\" does not exist"))?;
+            let slot =
+                reg.find_id(info.id).ok_or_else(|| uvm_err!(Code::UndefinedObject, "segment \"{name}\" does not exist"))?;
             reg.drop_segment(slot)?
         };
         self.detach(info.id);
@@ -645,7 +651,16 @@ impl<E: Env> Segments<E> {
             }
             std::thread::sleep(Duration::from_millis(1));
         };
-        let mut pin = Pin { env: self.env.clone(), provider: Arc::clone(&self.provider), slot: info.slot, att, released: false, base: std::ptr::null_mut(), map_ms: 0.0, info };
+        let mut pin = Pin {
+            env: self.env.clone(),
+            provider: Arc::clone(&self.provider),
+            slot: info.slot,
+            att,
+            released: false,
+            base: std::ptr::null_mut(),
+            map_ms: 0.0,
+            info,
+        };
         // From here on, an error drops `pin`, which gives the pin back.
         let started = Instant::now();
         let a = self.attachments.get_mut(&pin.info.id).expect("attached above");
@@ -715,12 +730,8 @@ impl<E: Env> Segments<E> {
             return Err(crate::provider::tier_unavailable(target, self.provider.kind()));
         }
         let (start, end) = (start as u64, (start + len) as u64);
-        let moving: Vec<ChunkInfo> = info
-            .chunks
-            .iter()
-            .filter(|c| c.offset < end && start < c.offset + c.size && c.tier != target)
-            .copied()
-            .collect();
+        let moving: Vec<ChunkInfo> =
+            info.chunks.iter().filter(|c| c.offset < end && start < c.offset + c.size && c.tier != target).copied().collect();
         if moving.is_empty() {
             return Ok(0);
         }

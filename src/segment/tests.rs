@@ -4,9 +4,9 @@
 //! outside the arena would).
 
 use std::path::PathBuf;
-use std::time::Duration;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
 
 use super::*;
 use crate::broker::server::Server;
@@ -218,7 +218,7 @@ fn pins_block_drop_until_released_or_exit() {
     assert!(b.unpin_session("s").unwrap());
     assert_eq!(a.drop_segment("s", ok).unwrap_err().code, Code::ObjectInUse);
     assert!(a.pin("s", ok).is_ok()); // data still there
-    // b "exits" holding a pin: the pin is given back
+                                     // b "exits" holding a pin: the pin is given back
     b.detach_all();
     assert!(!b.unpin_session("s").unwrap());
     a.drop_segment("s", ok).unwrap();

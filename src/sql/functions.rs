@@ -195,7 +195,9 @@ fn device_info() -> TableIterator<'static, (name!(property, String), name!(value
         if let Some(m) = s.last_migration {
             rows.push(("last_migration_bytes".into(), m.bytes.to_string()));
             rows.push(("last_migration_chunks".into(), m.chunks.to_string()));
-            for (k, v) in [("wait", m.wait_ms), ("map", m.map_ms), ("alloc", m.alloc_ms), ("copy", m.copy_ms), ("other", m.other_ms)] {
+            for (k, v) in
+                [("wait", m.wait_ms), ("map", m.map_ms), ("alloc", m.alloc_ms), ("copy", m.copy_ms), ("other", m.other_ms)]
+            {
                 rows.push((format!("last_migration_{k}_ms"), format!("{v:.3}")));
             }
         }
@@ -203,7 +205,6 @@ fn device_info() -> TableIterator<'static, (name!(property, String), name!(value
     });
     TableIterator::new(rows)
 }
-
 
 /// Runs `f` with the segment manager when the provider is CUDA (benchmarks need a GPU).
 fn with_cuda<R>(f: impl FnOnce(&mut crate::segment::Segments<super::PgEnv>) -> crate::error::Result<R>) -> R {
@@ -235,10 +236,7 @@ fn bench_private_read(bytes: i64, iterations: i32, seed: default!(i64, 1)) -> f6
 
 /// Benchmark baseline: `cuMemcpy` GB/s between pinned host and device memory, both ways.
 #[pg_extern(volatile, parallel_unsafe)]
-fn bench_copy_ceiling(
-    bytes: i64,
-    iterations: i32,
-) -> TableIterator<'static, (name!(direction, String), name!(gbps, f64))> {
+fn bench_copy_ceiling(bytes: i64, iterations: i32) -> TableIterator<'static, (name!(direction, String), name!(gbps, f64))> {
     let (htod, dtoh) = with_cuda(|_| crate::gpu::bench::copy_ceiling(bytes.max(1) as u64, iterations.max(1) as u32));
     TableIterator::new(vec![("htod".to_string(), htod), ("dtoh".to_string(), dtoh)])
 }
@@ -304,13 +302,13 @@ fn segments_internal() -> TableIterator<
                 i.chunks.len() as i32,
                 i.generation as i64,
                 attached,
-                TimestampWithTimeZone::try_from(i.created_at).unwrap_or_else(|_| report(UvmError::new(Code::SystemError, "bad timestamp"))),
+                TimestampWithTimeZone::try_from(i.created_at)
+                    .unwrap_or_else(|_| report(UvmError::new(Code::SystemError, "bad timestamp"))),
             )
         })
         .collect();
     TableIterator::new(rows)
 }
-
 
 /// Rows of the `uvm.attachments` view.
 #[pg_extern(volatile, parallel_safe)]

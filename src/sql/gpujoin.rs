@@ -57,12 +57,10 @@ fn collect_rows(query: &str) -> Result<(KeyType, Vec<(Option<i64>, i64)>)> {
         }
         let key_oid = table.column_type_oid(1).map_err(spi)?.value();
         let payload_oid = table.column_type_oid(2).map_err(spi)?.value();
-        let kt = key_type_of(key_oid).ok_or_else(|| {
-            UvmError::new(Code::DatatypeMismatch, "gpujoin_build keys must be integer or bigint")
-        })?;
-        let pt = key_type_of(payload_oid).ok_or_else(|| {
-            UvmError::new(Code::DatatypeMismatch, "gpujoin_build payloads must be integer or bigint")
-        })?;
+        let kt = key_type_of(key_oid)
+            .ok_or_else(|| UvmError::new(Code::DatatypeMismatch, "gpujoin_build keys must be integer or bigint"))?;
+        let pt = key_type_of(payload_oid)
+            .ok_or_else(|| UvmError::new(Code::DatatypeMismatch, "gpujoin_build payloads must be integer or bigint"))?;
         let get = |row: &pgrx::spi::SpiHeapTupleData, i: usize, t: KeyType| -> Result<Option<i64>> {
             Ok(match t {
                 KeyType::Int4 => row.get::<i32>(i).map_err(spi)?.map(i64::from),
@@ -310,9 +308,8 @@ fn gpujoin_probe_deserial(bytes: &[u8], _unused: Internal, fcinfo: pg_sys::Funct
 
 #[pg_extern(volatile, parallel_safe)]
 fn gpujoin_probe_final(mut internal: Internal) -> pgrx::composite_type!('static, "gpujoin_result") {
-    let mut result = PgHeapTuple::<AllocatedByRust>::new_composite_type("uvm.gpujoin_result").unwrap_or_else(|e| {
-        report(UvmError::new(Code::SystemError, format!("gpujoin_result type: {e}")))
-    });
+    let mut result = PgHeapTuple::<AllocatedByRust>::new_composite_type("uvm.gpujoin_result")
+        .unwrap_or_else(|e| report(UvmError::new(Code::SystemError, format!("gpujoin_result type: {e}"))));
     // SAFETY: the aggregate's state, or null (no rows).
     let (matches, sum) = match unsafe { internal.get_mut::<ProbeState>() } {
         Some(st) => {
@@ -342,7 +339,10 @@ fn gpujoin_pairs_create(
         report(UvmError::new(Code::InvalidParameterValue, format!("initial_pairs must not be negative: {initial_pairs}")));
     }
     if let Some(m) = max_pairs.filter(|&m| m < initial_pairs) {
-        report(UvmError::new(Code::InvalidParameterValue, format!("max_pairs {m} is smaller than initial_pairs {initial_pairs}")));
+        report(UvmError::new(
+            Code::InvalidParameterValue,
+            format!("max_pairs {m} is smaller than initial_pairs {initial_pairs}"),
+        ));
     }
     let size = pairs::bytes_for(initial_pairs as u64).min(i64::MAX as u64) as i64;
     let max_size = max_pairs.map(|m| pairs::bytes_for(m as u64).min(i64::MAX as u64) as i64);

@@ -28,8 +28,8 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 
 use crate::error::{Code, Result, UvmError};
 use crate::guc;
-use crate::provider::host::HostProvider;
 use crate::provider::cuda::CudaProvider;
+use crate::provider::host::HostProvider;
 use crate::provider::{reserve_arena, Provider, ProviderKind};
 use crate::registry::shmem::{self, ExclusiveGuard, SharedGuard};
 use crate::registry::{Capacity, Registry};
@@ -43,11 +43,8 @@ pub extern "C-unwind" fn _PG_init() {
     // SAFETY: a global flag PostgreSQL sets while loading shared_preload_libraries.
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         report(
-            UvmError::new(
-                Code::ObjectNotInPrerequisiteState,
-                "pg_uvm_share must be loaded via shared_preload_libraries",
-            )
-            .hint("Add pg_uvm_share to shared_preload_libraries in postgresql.conf and restart the server."),
+            UvmError::new(Code::ObjectNotInPrerequisiteState, "pg_uvm_share must be loaded via shared_preload_libraries")
+                .hint("Add pg_uvm_share to shared_preload_libraries in postgresql.conf and restart the server."),
         );
     }
     guc::define();
@@ -174,9 +171,9 @@ fn make_provider() -> Result<Box<dyn Provider>> {
     }
     Ok(match kind {
         ProviderKind::Host => Box::new(HostProvider),
-        ProviderKind::Cuda => Box::new(CudaProvider::new().map_err(|e| {
-            e.hint("The cluster's provider is cuda; this process could not initialise CUDA.")
-        })?),
+        ProviderKind::Cuda => Box::new(
+            CudaProvider::new().map_err(|e| e.hint("The cluster's provider is cuda; this process could not initialise CUDA."))?,
+        ),
     })
 }
 

@@ -75,9 +75,6 @@ mod tests {
         assert_eq!(one::<String>("SELECT value FROM uvm.device_info() WHERE property = 'provider'"), "host");
         let pid: String = one("SELECT value FROM uvm.device_info() WHERE property = 'broker_pid'");
         assert!(pid.parse::<i32>().unwrap() > 0);
-        assert_eq!(
-            one::<i64>("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_uvm_share broker'"),
-            1
-        );
+        assert_eq!(one::<i64>("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_uvm_share broker'"), 1);
     }
 }

@@ -30,9 +30,7 @@ pub fn env_var(name: &str) -> String {
 
 fn config_for(user: &str) -> postgres::Config {
     let host = env_var("PGHOST");
-    let port: u16 = env_var("PGPORT")
-        .parse()
-        .unwrap_or_else(|_| panic!("PGPORT is not a port number; run through `make test`"));
+    let port: u16 = env_var("PGPORT").parse().unwrap_or_else(|_| panic!("PGPORT is not a port number; run through `make test`"));
     let dbname = std::env::var("PGDATABASE").unwrap_or_else(|_| "postgres".to_string());
     let mut cfg = postgres::Config::new();
     if host.starts_with('/') {
@@ -40,11 +38,7 @@ fn config_for(user: &str) -> postgres::Config {
     } else {
         cfg.host(&host);
     }
-    cfg.port(port)
-        .user(user)
-        .dbname(&dbname)
-        .application_name("pg_uvm_share_tests")
-        .connect_timeout(Duration::from_secs(10));
+    cfg.port(port).user(user).dbname(&dbname).application_name("pg_uvm_share_tests").connect_timeout(Duration::from_secs(10));
     cfg
 }
 
@@ -60,12 +54,7 @@ pub fn connect() -> Client {
 
 /// Connects as another role (trust authentication).
 pub fn connect_as(user: &str) -> Client {
-    config_for(user).connect(NoTls).unwrap_or_else(|e| {
-        panic!(
-            "cannot connect to the test cluster as {user}: {}",
-            describe(&e)
-        )
-    })
+    config_for(user).connect(NoTls).unwrap_or_else(|e| panic!("cannot connect to the test cluster as {user}: {}", describe(&e)))
 }
 
 /// Connects, retrying until `timeout` (the server may be crash-restarting or in recovery).
@@ -111,27 +100,19 @@ pub fn wait_broker(client: &mut Client, timeout: Duration) -> i32 {
         pid = broker_pid(client);
         pid.is_some()
     });
-    pid.unwrap_or_else(|| {
-        panic!("no '{BROKER_BACKEND_TYPE}' in pg_stat_activity within {timeout:?}")
-    })
+    pid.unwrap_or_else(|| panic!("no '{BROKER_BACKEND_TYPE}' in pg_stat_activity within {timeout:?}"))
 }
 
 /// The backend pid of a connection.
 pub fn backend_pid(client: &mut Client) -> i32 {
-    client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .expect("pg_backend_pid()")
-        .get(0)
+    client.query_one("SELECT pg_backend_pid()", &[]).expect("pg_backend_pid()").get(0)
 }
 
 /// The postmaster's pid: first line of `$UVM_PGDATA/postmaster.pid`.
 pub fn postmaster_pid() -> i32 {
     let path = format!("{}/postmaster.pid", env_var("UVM_PGDATA"));
     let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {path}: {e}"));
-    text.lines()
-        .next()
-        .and_then(|l| l.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{path} does not start with a pid"))
+    text.lines().next().and_then(|l| l.trim().parse().ok()).unwrap_or_else(|| panic!("{path} does not start with a pid"))
 }
 
 /// Whether a process exists (and is not a zombie).
@@ -139,10 +120,7 @@ pub fn process_alive(pid: i32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => {
             // state is the field after the parenthesised command name
-            let state = stat
-                .rsplit(')')
-                .next()
-                .and_then(|s| s.split_whitespace().next());
+            let state = stat.rsplit(')').next().and_then(|s| s.split_whitespace().next());
             state != Some("Z") && state != Some("X")
         }
         Err(_) => false,
@@ -151,9 +129,8 @@ pub fn process_alive(pid: i32) -> bool {
 
 fn fd_targets(pid: i32) -> Vec<String> {
     let dir = format!("/proc/{pid}/fd");
-    let entries = fs::read_dir(&dir).unwrap_or_else(|e| {
-        panic!("cannot list {dir}: {e} (the tests must run as root or as the cluster's owner)")
-    });
+    let entries = fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("cannot list {dir}: {e} (the tests must run as root or as the cluster's owner)"));
     entries
         .filter_map(|e| e.ok())
         .filter_map(|e| fs::read_link(e.path()).ok())
@@ -168,10 +145,7 @@ pub fn fd_count(pid: i32) -> usize {
 
 /// Number of open file descriptors of a process that are memfds (`/memfd:name (deleted)`).
 pub fn memfd_count(pid: i32) -> usize {
-    fd_targets(pid)
-        .iter()
-        .filter(|t| t.starts_with("/memfd:"))
-        .count()
+    fd_targets(pid).iter().filter(|t| t.starts_with("/memfd:")).count()
 }
 
 /// A readable listing of a process's fds, for assertion messages.
@@ -273,12 +247,7 @@ pub fn expect_sqlstate<T: std::fmt::Debug>(r: Result<T, postgres::Error>, code: 
         Ok(v) => panic!("{what}: expected SQLSTATE {code}, but it succeeded ({v:?})"),
         Err(e) => {
             let got = sqlstate(&e);
-            assert_eq!(
-                got.as_deref(),
-                Some(code),
-                "{what}: expected SQLSTATE {code}, got {got:?}: {}",
-                describe(&e)
-            );
+            assert_eq!(got.as_deref(), Some(code), "{what}: expected SQLSTATE {code}, got {got:?}: {}", describe(&e));
         }
     }
 }
@@ -299,16 +268,15 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 
 /// Index of the first differing byte, for readable failures on large buffers.
 pub fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
-    a.iter()
-        .zip(b.iter())
-        .position(|(x, y)| x != y)
-        .or_else(|| {
+    a.iter().zip(b.iter()).position(|(x, y)| x != y).or_else(
+        || {
             if a.len() == b.len() {
                 None
             } else {
                 Some(a.len().min(b.len()))
             }
-        })
+        },
+    )
 }
 
 #[track_caller]
@@ -335,60 +303,31 @@ pub fn create_segment(c: &mut Client, name: &str, size: i64) -> i64 {
 
 /// `uvm.create_segment(name, size, max_size)`, returns the id.
 pub fn create_segment_max(c: &mut Client, name: &str, size: i64, max_size: i64) -> i64 {
-    c.query_one(
-        "SELECT uvm.create_segment($1, $2, $3)::bigint",
-        &[&name, &size, &max_size],
-    )
-    .unwrap_or_else(|e| {
-        panic!(
-            "create_segment({name}, {size}, {max_size}): {}",
-            describe(&e)
-        )
-    })
-    .get(0)
+    c.query_one("SELECT uvm.create_segment($1, $2, $3)::bigint", &[&name, &size, &max_size])
+        .unwrap_or_else(|e| panic!("create_segment({name}, {size}, {max_size}): {}", describe(&e)))
+        .get(0)
 }
 
 pub fn write_segment(c: &mut Client, name: &str, offset: i64, data: &[u8]) -> i64 {
-    c.query_one(
-        "SELECT uvm.write_segment($1, $2, $3)::bigint",
-        &[&name, &offset, &data],
-    )
-    .unwrap_or_else(|e| {
-        panic!(
-            "write_segment({name}, {offset}, {} bytes): {}",
-            data.len(),
-            describe(&e)
-        )
-    })
-    .get(0)
+    c.query_one("SELECT uvm.write_segment($1, $2, $3)::bigint", &[&name, &offset, &data])
+        .unwrap_or_else(|e| panic!("write_segment({name}, {offset}, {} bytes): {}", data.len(), describe(&e)))
+        .get(0)
 }
 
 pub fn read_segment(c: &mut Client, name: &str, offset: i64, len: i32) -> Vec<u8> {
-    c.query_one(
-        "SELECT uvm.read_segment($1, $2, $3)",
-        &[&name, &offset, &len],
-    )
-    .unwrap_or_else(|e| panic!("read_segment({name}, {offset}, {len}): {}", describe(&e)))
-    .get(0)
+    c.query_one("SELECT uvm.read_segment($1, $2, $3)", &[&name, &offset, &len])
+        .unwrap_or_else(|e| panic!("read_segment({name}, {offset}, {len}): {}", describe(&e)))
+        .get(0)
 }
 
 pub fn checksum_segment(c: &mut Client, name: &str, offset: i64, len: i64) -> i64 {
-    c.query_one(
-        "SELECT uvm.checksum_segment($1, $2, $3)::bigint",
-        &[&name, &offset, &len],
-    )
-    .unwrap_or_else(|e| {
-        panic!(
-            "checksum_segment({name}, {offset}, {len}): {}",
-            describe(&e)
-        )
-    })
-    .get(0)
+    c.query_one("SELECT uvm.checksum_segment($1, $2, $3)::bigint", &[&name, &offset, &len])
+        .unwrap_or_else(|e| panic!("checksum_segment({name}, {offset}, {len}): {}", describe(&e)))
+        .get(0)
 }
 
 pub fn try_drop_segment(c: &mut Client, name: &str) -> Result<(), postgres::Error> {
-    c.execute("SELECT uvm.drop_segment($1)", &[&name])
-        .map(|_| ())
+    c.execute("SELECT uvm.drop_segment($1)", &[&name]).map(|_| ())
 }
 
 pub fn drop_segment(c: &mut Client, name: &str) {
@@ -435,9 +374,7 @@ impl SegmentGuard {
         SegmentGuard { names: Vec::new() }
     }
     pub fn with(names: &[&str]) -> Self {
-        SegmentGuard {
-            names: names.iter().map(|s| s.to_string()).collect(),
-        }
+        SegmentGuard { names: names.iter().map(|s| s.to_string()).collect() }
     }
     pub fn add(&mut self, name: &str) {
         self.names.push(name.to_string());
@@ -466,10 +403,7 @@ impl Drop for SegmentGuard {
         if let Ok(mut c) = try_connect() {
             for n in &self.names {
                 // Unknown (already dropped) is fine; anything else is only reported.
-                let _ = c.execute(
-                    "SELECT uvm.drop_segment(name) FROM uvm.segments WHERE name = $1",
-                    &[n],
-                );
+                let _ = c.execute("SELECT uvm.drop_segment(name) FROM uvm.segments WHERE name = $1", &[n]);
             }
         }
     }
@@ -577,26 +511,17 @@ pub fn try_gpu_memory_used_mib() -> Result<u64, String> {
         .output()
         .map_err(|e| format!("cannot run nvidia-smi: {e}"))?;
     if !out.status.success() {
-        return Err(format!(
-            "nvidia-smi --query-gpu=memory.used failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(format!("nvidia-smi --query-gpu=memory.used failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .next()
-        .and_then(|l| l.trim().parse().ok())
-        .ok_or_else(|| format!("unexpected nvidia-smi output: {text:?}"))
+    text.lines().next().and_then(|l| l.trim().parse().ok()).ok_or_else(|| format!("unexpected nvidia-smi output: {text:?}"))
 }
 
 /// Device memory (MiB) that `nvidia-smi` attributes to process `pid`, if it lists it (it does
 /// not when the process runs in another pid namespace than nvidia-smi sees).
 pub fn gpu_process_memory_mib(pid: i32) -> Option<u64> {
     let out = std::process::Command::new("nvidia-smi")
-        .args([
-            "--query-compute-apps=pid,used_memory",
-            "--format=csv,noheader,nounits",
-        ])
+        .args(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
         .output()
         .ok()?;
     if !out.status.success() {
@@ -612,23 +537,16 @@ pub fn gpu_process_memory_mib(pid: i32) -> Option<u64> {
 
 /// `value` of `uvm.device_info()` for `property`, if the provider reports it.
 pub fn device_info_value(c: &mut Client, property: &str) -> Option<String> {
-    c.query_opt(
-        "SELECT value FROM uvm.device_info() WHERE property = $1",
-        &[&property],
-    )
-    .unwrap_or_else(|e| panic!("uvm.device_info(): {}", describe(&e)))
-    .map(|r| r.get(0))
+    c.query_opt("SELECT value FROM uvm.device_info() WHERE property = $1", &[&property])
+        .unwrap_or_else(|e| panic!("uvm.device_info(): {}", describe(&e)))
+        .map(|r| r.get(0))
 }
 
 /// Asserts that the cluster runs the CUDA provider (`uvm.device_info()` property `provider`).
 #[track_caller]
 pub fn assert_cuda_provider(c: &mut Client) {
     let p = device_info_value(c, "provider");
-    assert_eq!(
-        p.as_deref(),
-        Some("cuda"),
-        "the GPU suite needs the CUDA provider (uvm.device_info() says provider = {p:?})"
-    );
+    assert_eq!(p.as_deref(), Some("cuda"), "the GPU suite needs the CUDA provider (uvm.device_info() says provider = {p:?})");
 }
 
 /// `uvm.create_segment(name, size, max_size, tier)`, or the error.
@@ -639,68 +557,35 @@ pub fn try_create_segment_tier(
     max_size: Option<i64>,
     tier: &str,
 ) -> Result<i64, postgres::Error> {
-    c.query_one(
-        "SELECT uvm.create_segment($1, $2, $3, $4)::bigint",
-        &[&name, &size, &max_size, &tier],
-    )
-    .map(|r| r.get(0))
+    c.query_one("SELECT uvm.create_segment($1, $2, $3, $4)::bigint", &[&name, &size, &max_size, &tier]).map(|r| r.get(0))
 }
 
 /// `uvm.create_segment(name, size, max_size, tier)`, returns the id.
-pub fn create_segment_tier(
-    c: &mut Client,
-    name: &str,
-    size: i64,
-    max_size: Option<i64>,
-    tier: &str,
-) -> i64 {
-    try_create_segment_tier(c, name, size, max_size, tier).unwrap_or_else(|e| {
-        panic!(
-            "create_segment({name}, {size}, {max_size:?}, {tier}): {}",
-            describe(&e)
-        )
-    })
+pub fn create_segment_tier(c: &mut Client, name: &str, size: i64, max_size: Option<i64>, tier: &str) -> i64 {
+    try_create_segment_tier(c, name, size, max_size, tier)
+        .unwrap_or_else(|e| panic!("create_segment({name}, {size}, {max_size:?}, {tier}): {}", describe(&e)))
 }
 
 /// `uvm.fill_segment(name, offset, length, seed)` (the GPU fill kernel with the CUDA provider).
 pub fn fill_segment(c: &mut Client, name: &str, offset: i64, len: i64, seed: i64) -> i64 {
-    c.query_one(
-        "SELECT uvm.fill_segment($1, $2, $3, $4)::bigint",
-        &[&name, &offset, &len, &seed],
-    )
-    .unwrap_or_else(|e| {
-        panic!(
-            "fill_segment({name}, {offset}, {len}, {seed}): {}",
-            describe(&e)
-        )
-    })
-    .get(0)
+    c.query_one("SELECT uvm.fill_segment($1, $2, $3, $4)::bigint", &[&name, &offset, &len, &seed])
+        .unwrap_or_else(|e| panic!("fill_segment({name}, {offset}, {len}, {seed}): {}", describe(&e)))
+        .get(0)
 }
 
 /// `uvm.prefetch_segment(name, offset, length, tier)`, returns the bytes moved.
 pub fn prefetch_segment(c: &mut Client, name: &str, offset: i64, len: i64, tier: &str) -> i64 {
-    c.query_one(
-        "SELECT uvm.prefetch_segment($1, $2, $3, $4)::bigint",
-        &[&name, &offset, &len, &tier],
-    )
-    .unwrap_or_else(|e| {
-        panic!(
-            "prefetch_segment({name}, {offset}, {len}, {tier}): {}",
-            describe(&e)
-        )
-    })
-    .get(0)
+    c.query_one("SELECT uvm.prefetch_segment($1, $2, $3, $4)::bigint", &[&name, &offset, &len, &tier])
+        .unwrap_or_else(|e| panic!("prefetch_segment({name}, {offset}, {len}, {tier}): {}", describe(&e)))
+        .get(0)
 }
 
 /// `(device_bytes, host_bytes)` of a segment from `uvm.segments`.
 pub fn tier_bytes(c: &mut Client, name: &str) -> (i64, i64) {
-    c.query_opt(
-        "SELECT device_bytes::bigint, host_bytes::bigint FROM uvm.segments WHERE name = $1",
-        &[&name],
-    )
-    .unwrap_or_else(|e| panic!("uvm.segments for {name}: {}", describe(&e)))
-    .map(|r| (r.get(0), r.get(1)))
-    .unwrap_or_else(|| panic!("segment {name} is not in uvm.segments"))
+    c.query_opt("SELECT device_bytes::bigint, host_bytes::bigint FROM uvm.segments WHERE name = $1", &[&name])
+        .unwrap_or_else(|e| panic!("uvm.segments for {name}: {}", describe(&e)))
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap_or_else(|| panic!("segment {name} is not in uvm.segments"))
 }
 
 /// Reads `[offset, offset + len)` in `read_segment` calls of at most 64 MiB.
@@ -744,11 +629,7 @@ mod checksum_tests {
         fill(&mut whole, 9);
         assert_eq!(&whole[..8], &mix(9).to_le_bytes());
         for (at, len) in [(0usize, 1000usize), (8, 100), (13, 500), (999, 1), (5, 0)] {
-            assert_eq!(
-                fill_range(9, at as u64, len),
-                whole[at..at + len].to_vec(),
-                "at {at} len {len}"
-            );
+            assert_eq!(fill_range(9, at as u64, len), whole[at..at + len].to_vec(), "at {at} len {len}");
         }
         assert_eq!(fill_checksum(9, 1000), checksum(&whole));
         assert_eq!(fill_checksum(9, 0), 0);
@@ -779,10 +660,7 @@ pub fn explain_analyze(c: &mut Client, q: &str) -> String {
 
 /// The `Workers Launched: N` counts of an `EXPLAIN ANALYZE` text.
 pub fn workers_launched(plan: &str) -> Vec<i64> {
-    plan.lines()
-        .filter_map(|l| l.trim().strip_prefix("Workers Launched:"))
-        .filter_map(|n| n.trim().parse().ok())
-        .collect()
+    plan.lines().filter_map(|l| l.trim().strip_prefix("Workers Launched:")).filter_map(|n| n.trim().parse().ok()).collect()
 }
 
 /// The outer tables `gpujoin_tables` makes, by suffix.
@@ -805,13 +683,20 @@ impl GpujoinFixture {
     pub fn new(c: &mut Client, tag: &str, dim_rows: i64, fact_rows: i64) -> GpujoinFixture {
         let p = unique_name(tag);
         gpujoin_tables(c, &p, dim_rows, fact_rows);
-        let f = GpujoinFixture { dim: format!("{p}_dim"), inner: format!("{p}_ht"), inner4: format!("{p}_ht4"), result: format!("{p}_pairs"), p };
+        let f = GpujoinFixture {
+            dim: format!("{p}_dim"),
+            inner: format!("{p}_ht"),
+            inner4: format!("{p}_ht4"),
+            result: format!("{p}_pairs"),
+            p,
+        };
         let builds = [
             (&f.inner, format!("SELECT k, v FROM {}", f.dim)),
             (&f.inner4, format!("SELECT k::int, v FROM {} WHERE k BETWEEN -2147483648 AND 2147483647 OR k IS NULL", f.dim)),
         ];
         for (seg, q) in builds {
-            c.query_one("SELECT uvm.gpujoin_build($1, $2)", &[seg, &q]).unwrap_or_else(|e| panic!("gpujoin_build {seg}: {}", describe(&e)));
+            c.query_one("SELECT uvm.gpujoin_build($1, $2)", &[seg, &q])
+                .unwrap_or_else(|e| panic!("gpujoin_build {seg}: {}", describe(&e)));
         }
         f
     }
@@ -829,7 +714,8 @@ impl GpujoinFixture {
     /// Drops the fixture's tables (its segments are the caller's, or a `SegmentGuard`'s).
     pub fn drop_tables(&self, c: &mut Client) {
         let p = &self.p;
-        let _ = c.batch_execute(&format!("DROP TABLE IF EXISTS {p}_dim, {p}_uniform, {p}_zipf, {p}_all_miss, {p}_all_hit, {p}_nulls"));
+        let _ = c
+            .batch_execute(&format!("DROP TABLE IF EXISTS {p}_dim, {p}_uniform, {p}_zipf, {p}_all_miss, {p}_all_hit, {p}_nulls"));
     }
 }
 
@@ -883,7 +769,14 @@ pub struct PairsBuffer<'a> {
 /// buffer (`result`), under EXPLAIN ANALYZE (so the plan shows the workers), and checks
 /// that the pairs it holds equal PostgreSQL's `outer JOIN dim` as a multiset (both sides sorted
 /// and compared here, NULL payloads as 0). Panics on the first difference. Drops the buffer.
-pub fn materialize_and_compare(c: &mut Client, inner: &str, buffer: PairsBuffer, outer: &str, dim: &str, key_expr: &str) -> Materialized {
+pub fn materialize_and_compare(
+    c: &mut Client,
+    inner: &str,
+    buffer: PairsBuffer,
+    outer: &str,
+    dim: &str,
+    key_expr: &str,
+) -> Materialized {
     let result = buffer.name;
     let _ = c.execute("SELECT uvm.drop_segment(name) FROM uvm.segments WHERE name = $1", &[&result]);
     c.query_one("SELECT uvm.gpujoin_pairs_create($1, $2, NULL, $3)", &[&result, &buffer.initial, &buffer.tier])
@@ -921,7 +814,10 @@ pub fn materialize_and_compare(c: &mut Client, inner: &str, buffer: PairsBuffer,
 /// Checks `uvm.gpujoin_probe(inner, key_expr)` over `outer` against PostgreSQL's join
 /// (`count(*)`, `sum(payload)`); returns the matches.
 pub fn probe_and_compare(c: &mut Client, inner: &str, outer: &str, dim: &str, key_expr: &str) -> i64 {
-    let q = format!("SELECT m.matches, m.payload_sum::text FROM (SELECT (uvm.gpujoin_probe({}, {key_expr})).* FROM {outer}) m", quote_literal(inner));
+    let q = format!(
+        "SELECT m.matches, m.payload_sum::text FROM (SELECT (uvm.gpujoin_probe({}, {key_expr})).* FROM {outer}) m",
+        quote_literal(inner)
+    );
     let ours = c.query_one(q.as_str(), &[]).unwrap_or_else(|e| panic!("{q}: {}", describe(&e)));
     let theirs = c
         .query_one(format!("SELECT count(*), sum(d.v)::text FROM {outer} o JOIN {dim} d ON o.k = d.k").as_str(), &[])

@@ -22,11 +22,7 @@ const GIB_I: i64 = 1 << 30;
 fn note(test: &str, msg: &str) {
     eprintln!("[{test}] {msg}");
     if let Some(path) = std::env::var_os("UVM_GPU_NOTES") {
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
             let _ = writeln!(f, "- `{test}`: {msg}");
         }
     }
@@ -56,10 +52,7 @@ fn wait_alone(c: &mut Client, timeout: Duration) {
             .get(0);
         others == 0
     });
-    assert!(
-        ok,
-        "{others} other sessions still connected after {timeout:?}"
-    );
+    assert!(ok, "{others} other sessions still connected after {timeout:?}");
 }
 
 /// GPU memory used once it stops moving (two readings 300 ms apart within 2 MiB; at most 10 s).
@@ -79,15 +72,7 @@ fn settled_gpu_memory_mib() -> u64 {
 /// Compares `[offset, offset + len)` of a segment (read on the CPU through read_segment) with
 /// the fill pattern of `seed` laid from the segment's offset `fill_start`.
 #[track_caller]
-fn assert_filled(
-    c: &mut Client,
-    name: &str,
-    fill_start: i64,
-    seed: u64,
-    offset: i64,
-    len: i64,
-    what: &str,
-) {
+fn assert_filled(c: &mut Client, name: &str, fill_start: i64, seed: u64, offset: i64, len: i64, what: &str) {
     let got = read_segment_all(c, name, offset, len);
     let want = fill_range(seed, (offset - fill_start) as u64, len as usize);
     assert_bytes_eq(&got, &want, &format!("{what}: {name}[{offset}, +{len})"));
@@ -108,11 +93,7 @@ fn a_checksum_across_sessions_and_parallel_workers() {
     let mut a = connect();
     assert_cuda_provider(&mut a);
     create_segment_tier(&mut a, &seg, SIZE, None, "device");
-    assert_eq!(
-        tier_bytes(&mut a, &seg),
-        (SIZE, 0),
-        "device-tier segment's bytes per tier"
-    );
+    assert_eq!(tier_bytes(&mut a, &seg), (SIZE, 0), "device-tier segment's bytes per tier");
     let mut want = Vec::with_capacity(SIZE as usize);
     for k in 0..SIZE / PIECE {
         let p = pattern(PIECE as usize, 100 + k as u64);
@@ -125,32 +106,15 @@ fn a_checksum_across_sessions_and_parallel_workers() {
     let back = read_segment_all(&mut b, &seg, 0, SIZE);
     assert_bytes_eq(&back, &want, "bytes written in A, read in B");
     let rust = checksum(&back);
-    assert_eq!(
-        checksum_u64(&mut b, &seg, 0, SIZE),
-        rust,
-        "GPU checksum in B vs Rust"
-    );
-    assert_eq!(
-        checksum_u64(&mut a, &seg, 0, SIZE),
-        rust,
-        "GPU checksum in A vs Rust"
-    );
+    assert_eq!(checksum_u64(&mut b, &seg, 0, SIZE), rust, "GPU checksum in B vs Rust");
+    assert_eq!(checksum_u64(&mut a, &seg, 0, SIZE), rust, "GPU checksum in A vs Rust");
 
     // Sub-ranges, aligned or not, across the 64 MiB write boundaries.
-    for (off, len) in [
-        (0i64, 8i64),
-        (12_345, 10_000_001),
-        (PIECE - 3, 7),
-        (PIECE * 2 - 4096, 8192 + 5),
-        (SIZE - 1001, 1001),
-        (SIZE - 1, 1),
-    ] {
+    for (off, len) in
+        [(0i64, 8i64), (12_345, 10_000_001), (PIECE - 3, 7), (PIECE * 2 - 4096, 8192 + 5), (SIZE - 1001, 1001), (SIZE - 1, 1)]
+    {
         let r = checksum(&back[off as usize..(off + len) as usize]);
-        assert_eq!(
-            checksum_u64(&mut b, &seg, off, len),
-            r,
-            "GPU checksum of [{off}, +{len}) in B vs Rust"
-        );
+        assert_eq!(checksum_u64(&mut b, &seg, off, len), r, "GPU checksum of [{off}, +{len}) in B vs Rust");
     }
 
     // Parallel workers: every row of a parallel scan (leader not participating) checksums the
@@ -171,22 +135,12 @@ fn a_checksum_across_sessions_and_parallel_workers() {
          SET force_parallel_mode = on;",
     )
     .expect("parallel settings");
-    let q = format!(
-        "SELECT count(*) FROM {table} WHERE uvm.checksum_segment({}, 0, {SIZE}) = {}",
-        quote_literal(&seg),
-        rust as i64
-    );
+    let q =
+        format!("SELECT count(*) FROM {table} WHERE uvm.checksum_segment({}, 0, {SIZE}) = {}", quote_literal(&seg), rust as i64);
     let t = Instant::now();
-    let n: i64 = b
-        .query_one(q.as_str(), &[])
-        .map_err(|e| describe(&e))
-        .expect("parallel checksum query")
-        .get(0);
+    let n: i64 = b.query_one(q.as_str(), &[]).map_err(|e| describe(&e)).expect("parallel checksum query").get(0);
     let took = t.elapsed();
-    assert_eq!(
-        n, ROWS,
-        "rows whose GPU checksum (computed in parallel workers) matched"
-    );
+    assert_eq!(n, ROWS, "rows whose GPU checksum (computed in parallel workers) matched");
     let plan = explain_analyze(&mut b, &q);
     let launched = workers_launched(&plan);
     assert!(
@@ -219,34 +173,18 @@ fn b_host_tier_and_fill_kernel() {
     assert_cuda_provider(&mut c);
 
     create_segment_tier(&mut c, &host, SIZE, None, "host");
-    assert_eq!(
-        tier_bytes(&mut c, &host),
-        (0, SIZE),
-        "host-tier segment's bytes per tier"
-    );
+    assert_eq!(tier_bytes(&mut c, &host), (0, SIZE), "host-tier segment's bytes per tier");
     create_segment_tier(&mut c, &dev, SIZE, None, "device");
-    assert_eq!(
-        tier_bytes(&mut c, &dev),
-        (SIZE, 0),
-        "device-tier segment's bytes per tier"
-    );
+    assert_eq!(tier_bytes(&mut c, &dev), (SIZE, 0), "device-tier segment's bytes per tier");
 
     for (name, seed) in [(&host, 200u64), (&dev, 201u64)] {
         // Written through SQL (CPU), checksummed by the GPU.
         let mut model = pattern(SIZE as usize, seed);
         write_segment(&mut c, name, 0, &model);
-        assert_eq!(
-            checksum_u64(&mut c, name, 0, SIZE),
-            checksum(&model),
-            "GPU checksum of {name} after an SQL write"
-        );
+        assert_eq!(checksum_u64(&mut c, name, 0, SIZE), checksum(&model), "GPU checksum of {name} after an SQL write");
         // Filled by the GPU, read back on the CPU; bytes around each range stay as they were.
-        let fills: [(i64, i64, i64); 4] = [
-            (MIB_I, 5 * MIB_I + 3, 42),
-            (8 * MIB_I + 5, MIB_I + 1, 1 << 40),
-            (SIZE - 4099, 4099, 3),
-            (0, 1, 77),
-        ];
+        let fills: [(i64, i64, i64); 4] =
+            [(MIB_I, 5 * MIB_I + 3, 42), (8 * MIB_I + 5, MIB_I + 1, 1 << 40), (SIZE - 4099, 4099, 3), (0, 1, 77)];
         for (off, len, s) in fills {
             fill_segment(&mut c, name, off, len, s);
             fill(&mut model[off as usize..(off + len) as usize], s as u64);
@@ -262,11 +200,7 @@ fn b_host_tier_and_fill_kernel() {
         }
         let back = read_segment_all(&mut c, name, 0, SIZE);
         assert_bytes_eq(&back, &model, &format!("{name}, whole, after the fills"));
-        assert_eq!(
-            checksum_u64(&mut c, name, 0, SIZE),
-            checksum(&model),
-            "GPU checksum of {name} after the fills"
-        );
+        assert_eq!(checksum_u64(&mut c, name, 0, SIZE), checksum(&model), "GPU checksum of {name} after the fills");
         // A whole-segment fill.
         fill_segment(&mut c, name, 0, SIZE, 9);
         assert_eq!(
@@ -298,11 +232,7 @@ fn c_growth_seen_by_kernels_in_other_process() {
     create_segment_tier(&mut a, &seg, sizes[0], Some(GIB_I), "device");
     fill_segment(&mut a, &seg, 0, sizes[0], 1);
     let mut want_whole = fill_checksum(1, sizes[0] as u64);
-    assert_eq!(
-        checksum_u64(&mut b, &seg, 0, sizes[0]),
-        want_whole,
-        "B's checksum before growth"
-    );
+    assert_eq!(checksum_u64(&mut b, &seg, 0, sizes[0]), want_whole, "B's checksum before growth");
     let mut generation = segment_row(&mut a, &seg).unwrap().generation;
     // (start, seed) of each filled region
     let mut regions: Vec<(i64, u64)> = vec![(0, 1)];
@@ -317,10 +247,7 @@ fn c_growth_seen_by_kernels_in_other_process() {
             .get::<_, i64>(0);
         assert_eq!(got, new, "grow_segment's result");
         let row = segment_row(&mut a, &seg).unwrap();
-        assert!(
-            row.generation > generation,
-            "generation did not advance with growth"
-        );
+        assert!(row.generation > generation, "generation did not advance with growth");
         generation = row.generation;
         assert_eq!(tier_bytes(&mut a, &seg).0, new, "device bytes after growth");
         fill_segment(&mut a, &seg, old, new - old, seed as i64);
@@ -337,31 +264,11 @@ fn c_growth_seen_by_kernels_in_other_process() {
         fill(&mut piece, seed);
         want_whole = want_whole.wrapping_add(checksum_from(&piece, (old / 8) as u64));
         drop(piece);
-        assert_eq!(
-            checksum_u64(&mut b, &seg, 0, new),
-            want_whole,
-            "B's GPU checksum of the whole segment after growth to {new}"
-        );
+        assert_eq!(checksum_u64(&mut b, &seg, 0, new), want_whole, "B's GPU checksum of the whole segment after growth to {new}");
         // And B's CPU mapping of both sides of the boundary.
         let (prev_start, prev_seed) = regions.last().copied().unwrap();
-        assert_filled(
-            &mut b,
-            &seg,
-            prev_start,
-            prev_seed,
-            old - 4096,
-            4096,
-            "B reads before the growth boundary",
-        );
-        assert_filled(
-            &mut b,
-            &seg,
-            old,
-            seed,
-            old,
-            4096,
-            "B reads after the growth boundary",
-        );
+        assert_filled(&mut b, &seg, prev_start, prev_seed, old - 4096, 4096, "B reads before the growth boundary");
+        assert_filled(&mut b, &seg, old, seed, old, 4096, "B reads after the growth boundary");
         regions.push((old, seed));
     }
     drop(b);
@@ -403,10 +310,7 @@ fn d_spill_beyond_device_memory_limit() {
     std::thread::sleep(Duration::from_millis(1200));
 
     let mut c = connect();
-    let shown: String = c
-        .query_one("SHOW pg_uvm_share.device_memory_limit", &[])
-        .unwrap()
-        .get(0);
+    let shown: String = c.query_one("SHOW pg_uvm_share.device_memory_limit", &[]).unwrap().get(0);
     note(T, &format!("device_memory_limit in a new session: {shown}"));
 
     let t = Instant::now();
@@ -422,10 +326,7 @@ fn d_spill_beyond_device_memory_limit() {
         ),
     );
     assert!(d <= LIMIT, "device_bytes {d} over the 2 GiB limit");
-    assert!(
-        h > 0,
-        "nothing spilled to the host tier (device {d}, host {h})"
-    );
+    assert!(h > 0, "nothing spilled to the host tier (device {d}, host {h})");
     assert_eq!(d + h, SIZE, "device + host bytes of the spilled segment");
 
     expect_sqlstate(
@@ -433,10 +334,7 @@ fn d_spill_beyond_device_memory_limit() {
         "53400",
         "3 GiB device-tier segment under a 2 GiB device limit",
     );
-    assert!(
-        segment_row(&mut c, &dev).is_none(),
-        "the failed device segment is listed"
-    );
+    assert!(segment_row(&mut c, &dev).is_none(), "the failed device segment is listed");
 
     let t = Instant::now();
     fill_segment(&mut c, &seg, 0, SIZE, 7);
@@ -445,41 +343,17 @@ fn d_spill_beyond_device_memory_limit() {
     let gpu = checksum_u64(&mut c, &seg, 0, SIZE);
     let sum_ms = t.elapsed().as_secs_f64() * 1e3;
     let rust = fill_checksum(7, SIZE as u64);
-    assert_eq!(
-        gpu, rust,
-        "GPU checksum of the 3 GiB spilled segment after fill_segment(seed 7)"
-    );
-    note(
-        T,
-        &format!("fill of 3 GiB across tiers {fill_ms:.0} ms, checksum {sum_ms:.0} ms"),
-    );
+    assert_eq!(gpu, rust, "GPU checksum of the 3 GiB spilled segment after fill_segment(seed 7)");
+    note(T, &format!("fill of 3 GiB across tiers {fill_ms:.0} ms, checksum {sum_ms:.0} ms"));
     // The CPU sees the same bytes on both sides of the device/host boundary.
     if d > 0 && h > 0 {
-        assert_filled(
-            &mut c,
-            &seg,
-            0,
-            7,
-            d - MIB_I / 2 - 3,
-            MIB_I,
-            "across the tier boundary",
-        );
+        assert_filled(&mut c, &seg, 0, 7, d - MIB_I / 2 - 3, MIB_I, "across the tier boundary");
     }
-    assert_filled(
-        &mut c,
-        &seg,
-        0,
-        7,
-        SIZE - MIB_I,
-        MIB_I,
-        "end of the host part",
-    );
+    assert_filled(&mut c, &seg, 0, 7, SIZE - MIB_I, MIB_I, "end of the host part");
 
     drop_segment(&mut c, &seg);
     drop(c);
-    admin
-        .batch_execute("ALTER SYSTEM RESET pg_uvm_share.device_memory_limit")
-        .unwrap();
+    admin.batch_execute("ALTER SYSTEM RESET pg_uvm_share.device_memory_limit").unwrap();
     admin.batch_execute("SELECT pg_reload_conf()").unwrap();
 }
 
@@ -501,30 +375,18 @@ fn e_migration_both_ways() {
     let want = fill_checksum(SEED, SIZE as u64);
     let c0 = checksum_u64(&mut a, &seg, 0, SIZE);
     assert_eq!(c0, want, "GPU checksum after fill vs Rust");
-    assert_eq!(
-        checksum_u64(&mut b, &seg, 0, SIZE),
-        want,
-        "B's GPU checksum before migration"
-    );
+    assert_eq!(checksum_u64(&mut b, &seg, 0, SIZE), want, "B's GPU checksum before migration");
     let (d0, h0) = tier_bytes(&mut a, &seg);
     assert_eq!(h0, 0, "device segment has host bytes before migration");
     let committed = d0 + h0;
 
-    let ranges = [
-        (0i64, MIB_I),
-        (200 * MIB_I + 3, 777_777),
-        (SIZE - 4096, 4096),
-    ];
+    let ranges = [(0i64, MIB_I), (200 * MIB_I + 3, 777_777), (SIZE - 4096, 4096)];
     for (tier, (want_d, want_h)) in [("host", (0, committed)), ("device", (committed, 0))] {
         let t = Instant::now();
         let moved = prefetch_segment(&mut a, &seg, 0, SIZE, tier);
         let took = t.elapsed();
         assert!(moved > 0, "prefetch to {tier} moved {moved} bytes");
-        assert_eq!(
-            tier_bytes(&mut a, &seg),
-            (want_d, want_h),
-            "(device_bytes, host_bytes) after prefetch to {tier}"
-        );
+        assert_eq!(tier_bytes(&mut a, &seg), (want_d, want_h), "(device_bytes, host_bytes) after prefetch to {tier}");
         note(
             T,
             &format!(
@@ -534,35 +396,11 @@ fn e_migration_both_ways() {
                 gbps(moved, took)
             ),
         );
-        assert_eq!(
-            checksum_u64(&mut a, &seg, 0, SIZE),
-            c0,
-            "A's GPU checksum after prefetch to {tier}"
-        );
-        assert_eq!(
-            checksum_u64(&mut b, &seg, 0, SIZE),
-            c0,
-            "B's GPU checksum after prefetch to {tier}"
-        );
+        assert_eq!(checksum_u64(&mut a, &seg, 0, SIZE), c0, "A's GPU checksum after prefetch to {tier}");
+        assert_eq!(checksum_u64(&mut b, &seg, 0, SIZE), c0, "B's GPU checksum after prefetch to {tier}");
         for (off, len) in ranges {
-            assert_filled(
-                &mut a,
-                &seg,
-                0,
-                SEED,
-                off,
-                len,
-                &format!("A's CPU read after prefetch to {tier}"),
-            );
-            assert_filled(
-                &mut b,
-                &seg,
-                0,
-                SEED,
-                off,
-                len,
-                &format!("B's CPU read after prefetch to {tier}"),
-            );
+            assert_filled(&mut a, &seg, 0, SEED, off, len, &format!("A's CPU read after prefetch to {tier}"));
+            assert_filled(&mut b, &seg, 0, SEED, off, len, &format!("B's CPU read after prefetch to {tier}"));
         }
         // A second prefetch to the same tier has nothing to move.
         let again = prefetch_segment(&mut a, &seg, 0, SIZE, tier);
@@ -588,11 +426,7 @@ fn f_create_drop_cycles_keep_gpu_memory_flat() {
     let cycle = |c: &mut Client, i: usize| {
         create_segment_tier(c, &seg, SIZE, None, "device");
         fill_segment(c, &seg, 0, SIZE, 5);
-        assert_eq!(
-            checksum_u64(c, &seg, 0, SIZE),
-            want,
-            "checksum in cycle {i}"
-        );
+        assert_eq!(checksum_u64(c, &seg, 0, SIZE), want, "checksum in cycle {i}");
         drop_segment(c, &seg);
     };
     cycle(&mut c, 0);
@@ -615,14 +449,8 @@ fn f_create_drop_cycles_keep_gpu_memory_flat() {
             took.as_secs_f64() * 1e3 / CYCLES as f64
         ),
     );
-    assert!(
-        flat,
-        "GPU memory grew over {CYCLES} create/drop cycles: {before} MiB -> {after} MiB"
-    );
-    let n: i64 = c
-        .query_one("SELECT count(*) FROM uvm.segments WHERE name = $1", &[&seg])
-        .unwrap()
-        .get(0);
+    assert!(flat, "GPU memory grew over {CYCLES} create/drop cycles: {before} MiB -> {after} MiB");
+    let n: i64 = c.query_one("SELECT count(*) FROM uvm.segments WHERE name = $1", &[&seg]).unwrap().get(0);
     assert_eq!(n, 0);
 }
 
@@ -655,29 +483,40 @@ fn g_gpujoin_matches_postgres_join() {
     note(T, &format!("built a {rows}-row inner table on the GPU in {:.0} ms", t.elapsed().as_secs_f64() * 1e3));
     let device: i64 = c.query_one("SELECT device_bytes FROM uvm.segments WHERE name = $1", &[&seg]).unwrap().get(0);
     assert!(device > 0, "the inner table is not device-resident");
-    let q = format!("SELECT m.matches, m.payload_sum::text FROM (SELECT (uvm.gpujoin_probe({}, k)).* FROM gj_fact) m(matches, payload_sum)", quote_literal(&seg));
+    let q = format!(
+        "SELECT m.matches, m.payload_sum::text FROM (SELECT (uvm.gpujoin_probe({}, k)).* FROM gj_fact) m(matches, payload_sum)",
+        quote_literal(&seg)
+    );
     let t = Instant::now();
     let ours = c.query_one(q.as_str(), &[]).map_err(|e| describe(&e)).expect("gpujoin_probe");
     let probe_ms = t.elapsed().as_secs_f64() * 1e3;
-    let theirs = c
-        .query_one("SELECT count(*), sum(d.v)::text FROM gj_fact f JOIN gj_dim d ON f.k = d.k", &[])
-        .expect("PostgreSQL's join");
-    assert_eq!((ours.get::<_, i64>(0), ours.get::<_, Option<String>>(1)), (theirs.get::<_, i64>(0), theirs.get::<_, Option<String>>(1)));
+    let theirs =
+        c.query_one("SELECT count(*), sum(d.v)::text FROM gj_fact f JOIN gj_dim d ON f.k = d.k", &[]).expect("PostgreSQL's join");
+    assert_eq!(
+        (ours.get::<_, i64>(0), ours.get::<_, Option<String>>(1)),
+        (theirs.get::<_, i64>(0), theirs.get::<_, Option<String>>(1))
+    );
     note(T, &format!("GPU probe of 3 M keys: {} matches, same as PostgreSQL's join, in {probe_ms:.0} ms", ours.get::<_, i64>(0)));
     let plan = explain_analyze(&mut c, &q);
     assert!(plan.contains("Partial Aggregate"), "{plan}");
     assert!(workers_launched(&plan).iter().any(|&w| w > 0), "no workers launched:\n{plan}");
     // int4 keys, and a key type mismatch
     let seg4 = unique_name("gj4");
-    c.query_one("SELECT uvm.gpujoin_build($1, 'SELECT k::int, v FROM gj_dim WHERE k BETWEEN 0 AND 2000000000')", &[&seg4]).expect("int4 build");
-    let q4 = format!("SELECT (uvm.gpujoin_probe({}, k::int)).matches FROM gj_fact WHERE k BETWEEN 0 AND 2000000000", quote_literal(&seg4));
+    c.query_one("SELECT uvm.gpujoin_build($1, 'SELECT k::int, v FROM gj_dim WHERE k BETWEEN 0 AND 2000000000')", &[&seg4])
+        .expect("int4 build");
+    let q4 = format!(
+        "SELECT (uvm.gpujoin_probe({}, k::int)).matches FROM gj_fact WHERE k BETWEEN 0 AND 2000000000",
+        quote_literal(&seg4)
+    );
     let m4: i64 = c.query_one(q4.as_str(), &[]).map_err(|e| describe(&e)).expect("int4 probe").get(0);
     let j4: i64 = c
         .query_one("SELECT count(*) FROM gj_fact f JOIN gj_dim d ON f.k = d.k WHERE f.k BETWEEN 0 AND 2000000000", &[])
         .unwrap()
         .get(0);
     assert_eq!(m4, j4);
-    let e = c.query_one(format!("SELECT (uvm.gpujoin_probe({}, k)).matches FROM gj_fact", quote_literal(&seg4)).as_str(), &[]).unwrap_err();
+    let e = c
+        .query_one(format!("SELECT (uvm.gpujoin_probe({}, k)).matches FROM gj_fact", quote_literal(&seg4)).as_str(), &[])
+        .unwrap_err();
     assert_eq!(e.code().map(|c| c.code()), Some("42804"), "{}", describe(&e));
     // bigger than the budget: the table spills to the host tier and the join is still right
     c.batch_execute("ALTER SYSTEM SET pg_uvm_share.device_memory_limit = '2MB'").unwrap();
@@ -695,7 +534,13 @@ fn g_gpujoin_matches_postgres_join() {
     let qh = q.replace(&quote_literal(&seg), &quote_literal(&segh));
     let t = Instant::now();
     let spilled = c2.query_one(qh.as_str(), &[]).map_err(|e| describe(&e)).expect("probe over budget");
-    note(T, &format!("with the table in the host tier ({host} bytes host, {dev} device): same answer in {:.0} ms", t.elapsed().as_secs_f64() * 1e3));
+    note(
+        T,
+        &format!(
+            "with the table in the host tier ({host} bytes host, {dev} device): same answer in {:.0} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        ),
+    );
     assert_eq!(spilled.get::<_, i64>(0), ours.get::<_, i64>(0));
     c.batch_execute("ALTER SYSTEM RESET pg_uvm_share.device_memory_limit").unwrap();
     c.batch_execute("SELECT pg_reload_conf()").unwrap();
@@ -759,10 +604,7 @@ fn z_crash_releases_gpu_memory() {
         let mut p = connect();
         assert_cuda_provider(&mut p);
         let restart: String = p.query_one("SHOW restart_after_crash", &[]).unwrap().get(0);
-        assert_eq!(
-            restart, "on",
-            "the cluster must run with restart_after_crash = on"
-        );
+        assert_eq!(restart, "on", "the cluster must run with restart_after_crash = on");
     }
     // The admin session never calls the extension, so it holds no CUDA context.
     let mut admin = connect();
@@ -784,10 +626,7 @@ fn z_crash_releases_gpu_memory() {
             gpu_process_memory_mib(victim_pid)
         ),
     );
-    assert!(
-        during >= baseline + 4000,
-        "a 4 GiB device segment did not show in GPU memory used ({baseline} -> {during} MiB)"
-    );
+    assert!(during >= baseline + 4000, "a 4 GiB device segment did not show in GPU memory used ({baseline} -> {during} MiB)");
 
     // SIGKILL the attached backend: the postmaster crash-restarts everything.
     drop(admin);
@@ -796,11 +635,7 @@ fn z_crash_releases_gpu_memory() {
     let t = Instant::now();
     let mut c = connect_retry(Duration::from_secs(90));
     let reconnect_s = t.elapsed().as_secs_f64();
-    assert_eq!(
-        postmaster_pid(),
-        postmaster,
-        "the postmaster must survive (crash restart)"
-    );
+    assert_eq!(postmaster_pid(), postmaster, "the postmaster must survive (crash restart)");
 
     let mut now = 0;
     let released = wait_until(Duration::from_secs(30), || {
@@ -815,25 +650,20 @@ fn z_crash_releases_gpu_memory() {
             t.elapsed().as_secs_f64() - reconnect_s
         ),
     );
-    assert!(
-        released,
-        "GPU memory not released within 30 s of the crash restart: {now} MiB used, baseline {baseline} MiB"
-    );
+    assert!(released, "GPU memory not released within 30 s of the crash restart: {now} MiB used, baseline {baseline} MiB");
 
     // The registry is empty after the restart (retry if the connection was caught mid-restart).
     let mut n = -1i64;
-    let ok = wait_until(Duration::from_secs(30), || {
-        match c.query_one("SELECT count(*) FROM uvm.segments", &[]) {
-            Ok(r) => {
-                n = r.get(0);
-                true
+    let ok = wait_until(Duration::from_secs(30), || match c.query_one("SELECT count(*) FROM uvm.segments", &[]) {
+        Ok(r) => {
+            n = r.get(0);
+            true
+        }
+        Err(_) => {
+            if let Ok(cc) = try_connect() {
+                c = cc;
             }
-            Err(_) => {
-                if let Ok(cc) = try_connect() {
-                    c = cc;
-                }
-                false
-            }
+            false
         }
     });
     assert!(ok, "cannot query uvm.segments after the crash restart");
@@ -844,10 +674,6 @@ fn z_crash_releases_gpu_memory() {
     let _guard = SegmentGuard::with(&[&seg]);
     create_segment_tier(&mut c, &seg, 64 * MIB_I, None, "device");
     fill_segment(&mut c, &seg, 0, 64 * MIB_I, 3);
-    assert_eq!(
-        checksum_u64(&mut c, &seg, 0, 64 * MIB_I),
-        fill_checksum(3, 64 << 20),
-        "GPU checksum after the restart"
-    );
+    assert_eq!(checksum_u64(&mut c, &seg, 0, 64 * MIB_I), fill_checksum(3, 64 << 20), "GPU checksum after the restart");
     drop_segment(&mut c, &seg);
 }

@@ -20,7 +20,12 @@ fn materialized_pairs_equal_the_join_as_a_multiset() {
         assert_eq!(m.pairs as i64, matches, "{outer}: pairs vs the probe's matches");
         assert!(m.workers > 0, "{outer}: no parallel workers launched");
         if m.pairs > 16 {
-            assert!(m.buffer_bytes >= 64 + 16 * m.pairs as i64, "{outer}: buffer of {} bytes for {} pairs", m.buffer_bytes, m.pairs);
+            assert!(
+                m.buffer_bytes >= 64 + 16 * m.pairs as i64,
+                "{outer}: buffer of {} bytes for {} pairs",
+                m.buffer_bytes,
+                m.pairs
+            );
         }
         eprintln!("{outer}: {} pairs, {} workers, buffer {} bytes, {:.0} ms", m.pairs, m.workers, m.buffer_bytes, m.ms);
     }

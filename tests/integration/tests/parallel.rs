@@ -60,10 +60,7 @@ fn parallel_workers_read_segments() {
 
     let plan = explain_analyze(&mut a, &q);
     let launched = workers_launched(&plan);
-    assert!(
-        launched.iter().any(|&w| w > 0),
-        "no parallel workers launched (is uvm.read_segment PARALLEL SAFE?):\n{plan}"
-    );
+    assert!(launched.iter().any(|&w| w > 0), "no parallel workers launched (is uvm.read_segment PARALLEL SAFE?):\n{plan}");
 
     // Sum over all rows as a second check of the values the workers read.
     let sum: i64 = a
@@ -82,17 +79,11 @@ fn parallel_workers_read_segments() {
 
     // A slow parallel query in session A (on a thread); session B must see a parallel worker
     // attached to the segment while it runs. One row in 20 sleeps 1 ms: a few seconds in all.
-    let slow_q = count_query(
-        &seg,
-        &table,
-        "AND (i % 20 <> 0 OR pg_sleep(0.001) IS NOT NULL)",
-    );
+    let slow_q = count_query(&seg, &table, "AND (i % 20 <> 0 OR pg_sleep(0.001) IS NOT NULL)");
     let done = Arc::new(AtomicBool::new(false));
     let done2 = done.clone();
     let worker = std::thread::spawn(move || {
-        let r = a
-            .query_one(slow_q.as_str(), &[])
-            .map(|r| r.get::<_, i64>(0));
+        let r = a.query_one(slow_q.as_str(), &[]).map(|r| r.get::<_, i64>(0));
         done2.store(true, Ordering::SeqCst);
         (a, r)
     });
@@ -140,10 +131,7 @@ fn parallel_workers_read_segments() {
             .get(0);
         n == 0
     });
-    assert!(
-        gone,
-        "parallel workers still listed as attached after the query finished"
-    );
+    assert!(gone, "parallel workers still listed as attached after the query finished");
 
     a.batch_execute(&format!("DROP TABLE {table}")).unwrap();
     drop_segment(&mut a, &seg);

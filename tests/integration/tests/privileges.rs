@@ -9,10 +9,7 @@ fn unprivileged_role_is_refused() {
     let mine = unique_name("priv_mine");
     let _guard = SegmentGuard::with(&[&seg, &mine]);
     let mut su = connect();
-    su.batch_execute(&format!(
-        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN"
-    ))
-    .expect("create role");
+    su.batch_execute(&format!("DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN")).expect("create role");
 
     let result = std::panic::catch_unwind(|| {
         let mut su = connect();
@@ -20,13 +17,7 @@ fn unprivileged_role_is_refused() {
         write_segment(&mut su, &seg, 0, b"secret");
 
         let mut user = connect_as(&role);
-        let is_super: bool = user
-            .query_one(
-                "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
-                &[],
-            )
-            .unwrap()
-            .get(0);
+        let is_super: bool = user.query_one("SELECT rolsuper FROM pg_roles WHERE rolname = current_user", &[]).unwrap().get(0);
         assert!(!is_super, "test role must not be a superuser");
 
         expect_sqlstate(
@@ -41,10 +32,7 @@ fn unprivileged_role_is_refused() {
         );
         // The superuser still reads it, and the role created nothing.
         assert_eq!(read_segment(&mut su, &seg, 0, 6), b"secret");
-        assert!(
-            segment_row(&mut su, &mine).is_none(),
-            "refused create left a segment behind"
-        );
+        assert!(segment_row(&mut su, &mine).is_none(), "refused create left a segment behind");
         drop(user);
         drop_segment(&mut su, &seg);
     });

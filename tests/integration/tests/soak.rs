@@ -39,11 +39,7 @@ fn soak_create_write_read_drop() {
                     create_segment(&mut c, &name, size as i64);
                     assert_eq!(write_segment(&mut c, &name, 0, &data), size as i64);
                     let got = read_segment(&mut c, &name, 0, size as i32);
-                    assert_bytes_eq(
-                        &got,
-                        &data,
-                        &format!("session {s} cycle {i} ({size} bytes)"),
-                    );
+                    assert_bytes_eq(&got, &data, &format!("session {s} cycle {i} ({size} bytes)"));
                     drop_segment(&mut c, &name);
                     guard.forget(&name);
                 }
@@ -61,34 +57,15 @@ fn soak_create_write_read_drop() {
             failures.push(format!("session {s}: {msg}"));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "soak sessions failed:\n{}",
-        failures.join("\n")
-    );
-    eprintln!(
-        "soak: {} cycles over {SESSIONS} sessions in {:?}",
-        SESSIONS * CYCLES_PER_SESSION,
-        start.elapsed()
-    );
+    assert!(failures.is_empty(), "soak sessions failed:\n{}", failures.join("\n"));
+    eprintln!("soak: {} cycles over {SESSIONS} sessions in {:?}", SESSIONS * CYCLES_PER_SESSION, start.elapsed());
 
-    let left: i64 = admin
-        .query_one(
-            "SELECT count(*) FROM uvm.segments WHERE name LIKE $1",
-            &[&format!("{tag}_%")],
-        )
-        .unwrap()
-        .get(0);
+    let left: i64 =
+        admin.query_one("SELECT count(*) FROM uvm.segments WHERE name LIKE $1", &[&format!("{tag}_%")]).unwrap().get(0);
     assert_eq!(left, 0, "soak segments left in uvm.segments");
 
-    assert_eq!(
-        broker_pid(&mut admin),
-        Some(broker),
-        "the broker changed during the soak"
-    );
-    let settled = wait_until(Duration::from_secs(10), || {
-        fd_count(broker) == fds_before && memfd_count(broker) == memfds_before
-    });
+    assert_eq!(broker_pid(&mut admin), Some(broker), "the broker changed during the soak");
+    let settled = wait_until(Duration::from_secs(10), || fd_count(broker) == fds_before && memfd_count(broker) == memfds_before);
     assert!(
         settled,
         "broker fds did not return to the baseline: fds {} -> {}, memfds {} -> {}; now:\n  {}",

@@ -13,25 +13,12 @@ fn backend_crash_restarts_cleanly() {
     let mut admin = connect();
     let broker_before = wait_broker(&mut admin, Duration::from_secs(30));
     let postmaster = postmaster_pid();
-    assert!(
-        process_alive(postmaster),
-        "postmaster {postmaster} from postmaster.pid is not running"
-    );
+    assert!(process_alive(postmaster), "postmaster {postmaster} from postmaster.pid is not running");
     let pm_fds_before = fd_count(postmaster);
     let pm_fd_listing_before = fd_listing(postmaster);
-    assert_eq!(
-        memfd_count(postmaster),
-        0,
-        "the postmaster holds memfds before the test:\n  {pm_fd_listing_before}"
-    );
-    let restart: String = admin
-        .query_one("SHOW restart_after_crash", &[])
-        .unwrap()
-        .get(0);
-    assert_eq!(
-        restart, "on",
-        "the cluster must run with restart_after_crash = on"
-    );
+    assert_eq!(memfd_count(postmaster), 0, "the postmaster holds memfds before the test:\n  {pm_fd_listing_before}");
+    let restart: String = admin.query_one("SHOW restart_after_crash", &[]).unwrap().get(0);
+    assert_eq!(restart, "on", "the cluster must run with restart_after_crash = on");
 
     // Segments: one the victim creates and reads (so it is attached), one made by another session.
     let victim_seg = unique_name("crash_v");
@@ -44,39 +31,14 @@ fn backend_crash_restarts_cleanly() {
     create_segment_max(&mut victim, &victim_seg, 4 * MIB as i64, 64 * MIB as i64);
     let data = pattern(4 * MIB, 41);
     write_segment(&mut victim, &victim_seg, 0, &data);
-    assert_bytes_eq(
-        &read_segment(&mut victim, &victim_seg, 0, data.len() as i32),
-        &data,
-        "victim reads",
-    );
-    assert_bytes_eq(
-        &read_segment(&mut victim, &other_seg, 0, MIB as i32),
-        &pattern(MIB, 40),
-        "victim reads other",
-    );
-    let attached: i64 = admin
-        .query_one(
-            "SELECT count(*) FROM uvm.attachments WHERE pid = $1",
-            &[&victim_pid],
-        )
-        .unwrap()
-        .get(0);
-    assert!(
-        attached >= 1,
-        "victim backend not listed in uvm.attachments"
-    );
-    let provider: Option<String> = admin
-        .query_opt(
-            "SELECT value FROM uvm.device_info() WHERE property = 'provider'",
-            &[],
-        )
-        .unwrap()
-        .map(|r| r.get(0));
+    assert_bytes_eq(&read_segment(&mut victim, &victim_seg, 0, data.len() as i32), &data, "victim reads");
+    assert_bytes_eq(&read_segment(&mut victim, &other_seg, 0, MIB as i32), &pattern(MIB, 40), "victim reads other");
+    let attached: i64 = admin.query_one("SELECT count(*) FROM uvm.attachments WHERE pid = $1", &[&victim_pid]).unwrap().get(0);
+    assert!(attached >= 1, "victim backend not listed in uvm.attachments");
+    let provider: Option<String> =
+        admin.query_opt("SELECT value FROM uvm.device_info() WHERE property = 'provider'", &[]).unwrap().map(|r| r.get(0));
     if provider.as_deref() == Some("host") {
-        assert!(
-            memfd_count(broker_before) > 0,
-            "the host provider's broker holds no memfds with two live segments"
-        );
+        assert!(memfd_count(broker_before) > 0, "the host provider's broker holds no memfds with two live segments");
     }
 
     // SIGKILL the attached backend: the postmaster crash-restarts everything.
@@ -88,10 +50,7 @@ fn backend_crash_restarts_cleanly() {
     let mut c = connect_retry(Duration::from_secs(90));
     let mut broker_after = None;
     let ok = wait_until(Duration::from_secs(60), || {
-        match c.query(
-            "SELECT pid FROM pg_stat_activity WHERE backend_type = $1",
-            &[&BROKER_BACKEND_TYPE],
-        ) {
+        match c.query("SELECT pid FROM pg_stat_activity WHERE backend_type = $1", &[&BROKER_BACKEND_TYPE]) {
             Ok(rows) => broker_after = rows.first().map(|r| r.get::<_, i32>(0)),
             Err(_) => {
                 // Connected in a window of the restart; connect again.
@@ -102,36 +61,21 @@ fn backend_crash_restarts_cleanly() {
         }
         matches!(broker_after, Some(p) if p != broker_before)
     });
-    assert!(
-        ok,
-        "no new broker after the crash restart (saw {broker_after:?}, old {broker_before})"
-    );
+    assert!(ok, "no new broker after the crash restart (saw {broker_after:?}, old {broker_before})");
     let broker_after = broker_after.unwrap();
 
-    assert_eq!(
-        postmaster_pid(),
-        postmaster,
-        "the postmaster itself must survive (crash restart, not a new start)"
-    );
+    assert_eq!(postmaster_pid(), postmaster, "the postmaster itself must survive (crash restart, not a new start)");
     assert!(process_alive(postmaster));
 
     // Registry is clean.
-    let n: i64 = c
-        .query_one("SELECT count(*) FROM uvm.segments", &[])
-        .unwrap()
-        .get(0);
+    let n: i64 = c.query_one("SELECT count(*) FROM uvm.segments", &[]).unwrap().get(0);
     assert_eq!(n, 0, "uvm.segments not empty after the crash restart");
-    let n: i64 = c
-        .query_one("SELECT count(*) FROM uvm.attachments", &[])
-        .unwrap()
-        .get(0);
+    let n: i64 = c.query_one("SELECT count(*) FROM uvm.attachments", &[]).unwrap().get(0);
     assert_eq!(n, 0, "uvm.attachments not empty after the crash restart");
 
     // No memfd survives anywhere we can see; the postmaster's fd table is as before.
     let clean = wait_until(Duration::from_secs(10), || {
-        memfd_count(broker_after) == 0
-            && memfd_count(postmaster) == 0
-            && fd_count(postmaster) == pm_fds_before
+        memfd_count(broker_after) == 0 && memfd_count(postmaster) == 0 && fd_count(postmaster) == pm_fds_before
     });
     assert!(
         clean,
@@ -152,21 +96,11 @@ fn backend_crash_restarts_cleanly() {
         let d = pattern(2 * MIB, 42);
         write_segment(&mut c, name, 0, &d);
         let mut other = connect();
-        assert_bytes_eq(
-            &read_segment(&mut other, name, 0, d.len() as i32),
-            &d,
-            "read after restart",
-        );
-        assert_eq!(
-            checksum_segment(&mut c, name, 0, d.len() as i64),
-            checksum_segment(&mut other, name, 0, d.len() as i64)
-        );
+        assert_bytes_eq(&read_segment(&mut other, name, 0, d.len() as i32), &d, "read after restart");
+        assert_eq!(checksum_segment(&mut c, name, 0, d.len() as i64), checksum_segment(&mut other, name, 0, d.len() as i64));
         drop_segment(&mut c, name);
     }
-    let n: i64 = c
-        .query_one("SELECT count(*) FROM uvm.segments", &[])
-        .unwrap()
-        .get(0);
+    let n: i64 = c.query_one("SELECT count(*) FROM uvm.segments", &[]).unwrap().get(0);
     assert_eq!(n, 0);
     assert!(
         wait_until(Duration::from_secs(10), || memfd_count(broker_after) == 0),

@@ -63,17 +63,14 @@ fn sh(cmd: &str, args: &[&str], dir: Option<&str>) -> Option<String> {
         c.current_dir(d);
     }
     let out = c.output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 fn git_commit() -> String {
     let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
     match sh("git", &["rev-parse", "--short", "HEAD"], Some(repo)) {
         Some(c) => {
-            let dirty =
-                sh("git", &["status", "--porcelain"], Some(repo)).is_some_and(|s| !s.is_empty());
+            let dirty = sh("git", &["status", "--porcelain"], Some(repo)).is_some_and(|s| !s.is_empty());
             if dirty {
                 format!("{c}-dirty")
             } else {
@@ -88,10 +85,7 @@ fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
+            s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string())
         })
         .unwrap_or_else(|| "unknown".into())
 }
@@ -100,9 +94,7 @@ fn mem_total() -> String {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .map(|l| l.trim_start_matches("MemTotal:").trim().to_string())
+            s.lines().find(|l| l.starts_with("MemTotal:")).map(|l| l.trim_start_matches("MemTotal:").trim().to_string())
         })
         .map(|kb| {
             let n: f64 = kb.trim_end_matches("kB").trim().parse().unwrap_or(0.0);
@@ -112,20 +104,11 @@ fn mem_total() -> String {
 }
 
 fn drop_if_exists(c: &mut Client, name: &str) {
-    let _ = c.execute(
-        "SELECT uvm.drop_segment(name) FROM uvm.segments WHERE name = $1",
-        &[&name],
-    );
+    let _ = c.execute("SELECT uvm.drop_segment(name) FROM uvm.segments WHERE name = $1", &[&name]);
 }
 
 fn chunks_of(c: &mut Client, name: &str) -> Option<i64> {
-    c.query_opt(
-        "SELECT chunks::bigint FROM uvm.segments WHERE name = $1",
-        &[&name],
-    )
-    .ok()
-    .flatten()
-    .map(|r| r.get(0))
+    c.query_opt("SELECT chunks::bigint FROM uvm.segments WHERE name = $1", &[&name]).ok().flatten().map(|r| r.get(0))
 }
 
 fn run_attach_case(admin: &mut Client, case: &AttachCase) -> AttachResult {
@@ -141,29 +124,15 @@ fn run_attach_case(admin: &mut Client, case: &AttachCase) -> AttachResult {
     drop_if_exists(admin, &case.name);
     let t = Instant::now();
     let created = if case.steps <= 1 {
-        admin
-            .query_one(
-                "SELECT uvm.create_segment($1, $2)",
-                &[&case.name, &case.size],
-            )
-            .map(|_| ())
+        admin.query_one("SELECT uvm.create_segment($1, $2)", &[&case.name, &case.size]).map(|_| ())
     } else {
         let step = case.size / case.steps as i64;
-        admin
-            .query_one(
-                "SELECT uvm.create_segment($1, $2, $3)",
-                &[&case.name, &step, &case.size],
-            )
-            .map(|_| ())
-            .and_then(|_| {
-                for k in 2..=case.steps as i64 {
-                    admin.query_one(
-                        "SELECT uvm.grow_segment($1, $2)",
-                        &[&case.name, &(step * k)],
-                    )?;
-                }
-                Ok(())
-            })
+        admin.query_one("SELECT uvm.create_segment($1, $2, $3)", &[&case.name, &step, &case.size]).map(|_| ()).and_then(|_| {
+            for k in 2..=case.steps as i64 {
+                admin.query_one("SELECT uvm.grow_segment($1, $2)", &[&case.name, &(step * k)])?;
+            }
+            Ok(())
+        })
     };
     res.create_ms = ms(t.elapsed());
     if let Err(e) = created {
@@ -210,16 +179,12 @@ fn memcpy_hot() -> f64 {
     // warm-up
     for _ in 0..50 {
         // SAFETY: both buffers are MIB bytes long and distinct allocations.
-        unsafe {
-            std::ptr::copy_nonoverlapping(black_box(src.as_ptr()), black_box(dst.as_mut_ptr()), MIB)
-        };
+        unsafe { std::ptr::copy_nonoverlapping(black_box(src.as_ptr()), black_box(dst.as_mut_ptr()), MIB) };
     }
     let t = Instant::now();
     for _ in 0..CALLS {
         // SAFETY: both buffers are MIB bytes long and distinct allocations.
-        unsafe {
-            std::ptr::copy_nonoverlapping(black_box(src.as_ptr()), black_box(dst.as_mut_ptr()), MIB)
-        };
+        unsafe { std::ptr::copy_nonoverlapping(black_box(src.as_ptr()), black_box(dst.as_mut_ptr()), MIB) };
         black_box(&mut dst);
     }
     gbps((CALLS * MIB) as f64, t.elapsed())
@@ -235,13 +200,7 @@ fn memcpy_strided() -> f64 {
     for i in 1..=CALLS {
         let off = (i % n) * MIB;
         // SAFETY: `src[off..]` holds at least MIB bytes (off <= (n - 1) MiB); `dst` is MIB long.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                black_box(src[off..].as_ptr()),
-                black_box(dst.as_mut_ptr()),
-                MIB,
-            )
-        };
+        unsafe { std::ptr::copy_nonoverlapping(black_box(src[off..].as_ptr()), black_box(dst.as_mut_ptr()), MIB) };
         black_box(&mut dst);
     }
     gbps((CALLS * MIB) as f64, t.elapsed())
@@ -249,10 +208,7 @@ fn memcpy_strided() -> f64 {
 
 fn run_throughput(c: &mut Client, name: &str) -> Result<Throughput, postgres::Error> {
     drop_if_exists(c, name);
-    c.query_one(
-        "SELECT uvm.create_segment($1, $2)",
-        &[&name, &(RW_SEGMENT_MIB * MIB_I)],
-    )?;
+    c.query_one("SELECT uvm.create_segment($1, $2)", &[&name, &(RW_SEGMENT_MIB * MIB_I)])?;
     let buf = pattern(MIB, 99);
     let write_sql = format!(
         "SELECT count(uvm.write_segment($1, ((i % {RW_SEGMENT_MIB}) * 1048576)::bigint, $2)) \
@@ -273,12 +229,7 @@ fn run_throughput(c: &mut Client, name: &str) -> Result<Throughput, postgres::Er
         .as_str(),
         &[&name, &buf],
     )?;
-    let mut out = Throughput {
-        write_gbps: vec![],
-        read_gbps: vec![],
-        memcpy_hot_gbps: 0.0,
-        memcpy_strided_gbps: 0.0,
-    };
+    let mut out = Throughput { write_gbps: vec![], read_gbps: vec![], memcpy_hot_gbps: 0.0, memcpy_strided_gbps: 0.0 };
     for _ in 0..RW_REPEATS {
         let t = Instant::now();
         let n: i64 = c.query_one(&write, &[&name, &buf])?.get(0);
@@ -293,12 +244,7 @@ fn run_throughput(c: &mut Client, name: &str) -> Result<Throughput, postgres::Er
         out.read_gbps.push(gbps((CALLS * MIB) as f64, d));
     }
     // Spot check: what was written is what is read.
-    let got: Vec<u8> = c
-        .query_one(
-            "SELECT uvm.read_segment($1, $2, 1048576)",
-            &[&name, &(17 * MIB_I)],
-        )?
-        .get(0);
+    let got: Vec<u8> = c.query_one("SELECT uvm.read_segment($1, $2, 1048576)", &[&name, &(17 * MIB_I)])?.get(0);
     assert_bytes_eq(&got, &buf, "bench segment content");
     out.memcpy_hot_gbps = memcpy_hot();
     out.memcpy_strided_gbps = memcpy_strided();
@@ -314,11 +260,7 @@ fn main() {
     let mut admin = connect();
     let server_version: String = admin.query_one("SHOW server_version", &[]).unwrap().get(0);
     let device_info: Vec<(String, String)> = device_info(&mut admin);
-    let provider = device_info
-        .iter()
-        .find(|(k, _)| k == "provider")
-        .map(|(_, v)| v.clone())
-        .unwrap_or_else(|| "unknown".into());
+    let provider = device_info.iter().find(|(k, _)| k == "provider").map(|(_, v)| v.clone()).unwrap_or_else(|| "unknown".into());
     let settings: Vec<(String, String)> = admin
         .query("SELECT name, setting || coalesce(unit, '') FROM pg_settings WHERE name LIKE 'pg_uvm_share.%' ORDER BY name", &[])
         .map(|rows| rows.iter().map(|r| (r.get(0), r.get(1))).collect())
@@ -371,19 +313,9 @@ fn main() {
     let _ = writeln!(md, "| | |\n|---|---|");
     let _ = writeln!(md, "| Date | {date} |");
     let _ = writeln!(md, "| Git commit | {} |", git_commit());
-    let _ = writeln!(
-        md,
-        "| Machine | {} |",
-        sh("uname", &["-srm"], None).unwrap_or_default()
-    );
+    let _ = writeln!(md, "| Machine | {} |", sh("uname", &["-srm"], None).unwrap_or_default());
     let _ = writeln!(md, "| CPU | {} |", cpu_model());
-    let _ = writeln!(
-        md,
-        "| CPUs (nproc) | {} |",
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0)
-    );
+    let _ = writeln!(md, "| CPUs (nproc) | {} |", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
     let _ = writeln!(md, "| Memory | {} |", mem_total());
     let _ = writeln!(md, "| PostgreSQL | {server_version} |");
     let _ = writeln!(md, "| Provider | {provider} |");
@@ -425,11 +357,7 @@ fn main() {
             }
         }
         let min = r.server_ms.iter().cloned().fold(f64::INFINITY, f64::min);
-        let max = r
-            .server_ms
-            .iter()
-            .cloned()
-            .fold(f64::NEG_INFINITY, f64::max);
+        let max = r.server_ms.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let _ = writeln!(
             md,
             "| {} | {} | {} | {:.1} | {:.3} | {:.3} | {:.3}–{:.3} |",
@@ -445,10 +373,7 @@ fn main() {
     }
     let _ = writeln!(md);
 
-    let _ = writeln!(
-        md,
-        "## read_segment / write_segment throughput, 1 MiB per call\n"
-    );
+    let _ = writeln!(md, "## read_segment / write_segment throughput, 1 MiB per call\n");
     match &tp {
         Ok(tp) => {
             let w = median(&tp.write_gbps);
@@ -460,14 +385,10 @@ fn main() {
                  GB/s = 10^9 bytes per second. Reads are `sum(length(uvm.read_segment(...)))`, so \
                  no data crosses the wire; writes send one 1 MiB bytea parameter.\n"
             );
-            let _ = writeln!(md, "| Operation | GB/s (median) | runs (GB/s) | vs memcpy, 1 MiB hot | vs memcpy, 256 MiB strided |");
+            let _ =
+                writeln!(md, "| Operation | GB/s (median) | runs (GB/s) | vs memcpy, 1 MiB hot | vs memcpy, 256 MiB strided |");
             let _ = writeln!(md, "|---|---:|---:|---:|---:|");
-            let runs = |v: &Vec<f64>| {
-                v.iter()
-                    .map(|x| format!("{x:.2}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
+            let runs = |v: &Vec<f64>| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(", ");
             let _ = writeln!(
                 md,
                 "| uvm.write_segment | {w:.2} | {} | {:.1}% | {:.1}% |",
@@ -482,16 +403,9 @@ fn main() {
                 100.0 * r / tp.memcpy_hot_gbps,
                 100.0 * r / tp.memcpy_strided_gbps
             );
-            let _ = writeln!(
-                md,
-                "| memcpy 1 MiB, same buffers (bench process) | {:.2} | | 100% | |",
-                tp.memcpy_hot_gbps
-            );
-            let _ = writeln!(
-                md,
-                "| memcpy 1 MiB from a 256 MiB buffer (bench process) | {:.2} | | | 100% |",
-                tp.memcpy_strided_gbps
-            );
+            let _ = writeln!(md, "| memcpy 1 MiB, same buffers (bench process) | {:.2} | | 100% | |", tp.memcpy_hot_gbps);
+            let _ =
+                writeln!(md, "| memcpy 1 MiB from a 256 MiB buffer (bench process) | {:.2} | | | 100% |", tp.memcpy_strided_gbps);
             let _ = writeln!(
                 md,
                 "\nThe memcpy baselines copy {CALLS} × 1 MiB with `std::ptr::copy_nonoverlapping` in \
@@ -512,8 +426,7 @@ fn main() {
 
     if let Some(parent) = std::path::Path::new(&outfile).parent() {
         if !parent.as_os_str().is_empty() {
-            std::fs::create_dir_all(parent)
-                .unwrap_or_else(|e| panic!("mkdir {}: {e}", parent.display()));
+            std::fs::create_dir_all(parent).unwrap_or_else(|e| panic!("mkdir {}: {e}", parent.display()));
         }
     }
     std::fs::write(&outfile, &md).unwrap_or_else(|e| panic!("write {outfile}: {e}"));

@@ -84,22 +84,8 @@ struct Bench {
 }
 
 impl Bench {
-    fn row(
-        &mut self,
-        metric: &str,
-        value: String,
-        baseline: String,
-        ratio: Option<f64>,
-        goal: Goal,
-    ) {
-        self.rows.push(Row {
-            metric: metric.into(),
-            value,
-            baseline,
-            ratio,
-            target: goal.text(),
-            verdict: goal.verdict(ratio),
-        });
+    fn row(&mut self, metric: &str, value: String, baseline: String, ratio: Option<f64>, goal: Goal) {
+        self.rows.push(Row { metric: metric.into(), value, baseline, ratio, target: goal.text(), verdict: goal.verdict(ratio) });
     }
     fn error(&mut self, metric: &str, e: String) {
         eprintln!("uvm_gpu_bench: {metric}: {e}");
@@ -119,10 +105,7 @@ impl Bench {
         if self.start.elapsed() < Duration::from_secs(TIME_BUDGET_S) {
             return true;
         }
-        self.error(
-            metric,
-            format!("skipped: the bench has run {TIME_BUDGET_S} s already"),
-        );
+        self.error(metric, format!("skipped: the bench has run {TIME_BUDGET_S} s already"));
         false
     }
     fn note(&mut self, s: String) {
@@ -132,10 +115,7 @@ impl Bench {
 }
 
 fn list(v: &[f64], prec: usize) -> String {
-    v.iter()
-        .map(|x| format!("{x:.prec$}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    v.iter().map(|x| format!("{x:.prec$}")).collect::<Vec<_>>().join(", ")
 }
 
 type R<T> = Result<T, String>;
@@ -147,32 +127,24 @@ fn err(what: &str) -> impl Fn(postgres::Error) -> String + '_ {
 /// A new connection (a fresh backend), with a statement timeout so nothing hangs the bench.
 fn fresh() -> R<Client> {
     let mut c = try_connect().map_err(|e| format!("connect: {}", describe(&e)))?;
-    c.batch_execute("SET statement_timeout = '90s'")
-        .map_err(err("SET statement_timeout"))?;
+    c.batch_execute("SET statement_timeout = '90s'").map_err(err("SET statement_timeout"))?;
     Ok(c)
 }
 
 fn create(c: &mut Client, name: &str, size: i64, tier: &str) -> R<f64> {
     drop_if_exists(c, name);
     let t = Instant::now();
-    try_create_segment_tier(c, name, size, None, tier).map_err(err(&format!(
-        "create_segment({name}, {} GiB, {tier})",
-        size / GIB
-    )))?;
+    try_create_segment_tier(c, name, size, None, tier)
+        .map_err(err(&format!("create_segment({name}, {} GiB, {tier})", size / GIB)))?;
     Ok(t.elapsed().as_secs_f64() * 1e3)
 }
 
 fn drop_if_exists(c: &mut Client, name: &str) {
     // A segment can be pinned for a moment by a session that is still exiting: retry briefly.
     for _ in 0..50 {
-        match c.execute(
-            "SELECT uvm.drop_segment(name) FROM uvm.segments WHERE name = $1",
-            &[&name],
-        ) {
+        match c.execute("SELECT uvm.drop_segment(name) FROM uvm.segments WHERE name = $1", &[&name]) {
             Ok(_) => return,
-            Err(e) if sqlstate(&e).as_deref() == Some("55006") => {
-                std::thread::sleep(Duration::from_millis(100))
-            }
+            Err(e) if sqlstate(&e).as_deref() == Some("55006") => std::thread::sleep(Duration::from_millis(100)),
             Err(e) => {
                 eprintln!("uvm_gpu_bench: drop {name}: {}", describe(&e));
                 return;
@@ -183,40 +155,27 @@ fn drop_if_exists(c: &mut Client, name: &str) {
 
 fn context_ms(c: &mut Client) -> R<f64> {
     let v: Option<String> = c
-        .query_opt(
-            "SELECT value FROM uvm.device_info() WHERE property = 'context_ms'",
-            &[],
-        )
+        .query_opt("SELECT value FROM uvm.device_info() WHERE property = 'context_ms'", &[])
         .map_err(err("device_info() context_ms"))?
         .map(|r| r.get(0));
     let v = v.ok_or("uvm.device_info() has no 'context_ms' row")?;
-    v.trim()
-        .parse()
-        .map_err(|_| format!("context_ms is not a number: {v:?}"))
+    v.trim().parse().map_err(|_| format!("context_ms is not a number: {v:?}"))
 }
 
 fn attach_ms(c: &mut Client, name: &str) -> R<f64> {
-    c.query_one("SELECT uvm.attach_segment($1)::float8", &[&name])
-        .map(|r| r.get(0))
-        .map_err(err("attach_segment"))
+    c.query_one("SELECT uvm.attach_segment($1)::float8", &[&name]).map(|r| r.get(0)).map_err(err("attach_segment"))
 }
 
 fn segment_read(c: &mut Client, name: &str, iters: i32) -> R<f64> {
-    c.query_one(
-        "SELECT uvm.bench_segment_read($1, $2)::float8",
-        &[&name, &iters],
-    )
-    .map(|r| r.get(0))
-    .map_err(err("bench_segment_read"))
+    c.query_one("SELECT uvm.bench_segment_read($1, $2)::float8", &[&name, &iters])
+        .map(|r| r.get(0))
+        .map_err(err("bench_segment_read"))
 }
 
 fn private_read(c: &mut Client, bytes: i64, iters: i32) -> R<f64> {
-    c.query_one(
-        "SELECT uvm.bench_private_read($1, $2)::float8",
-        &[&bytes, &iters],
-    )
-    .map(|r| r.get(0))
-    .map_err(err("bench_private_read"))
+    c.query_one("SELECT uvm.bench_private_read($1, $2)::float8", &[&bytes, &iters])
+        .map(|r| r.get(0))
+        .map_err(err("bench_private_read"))
 }
 
 /// Where a migration's time went, from `uvm.device_info()` of the migrating session.
@@ -231,10 +190,7 @@ struct Phases {
 fn prefetch(c: &mut Client, name: &str, size: i64, tier: &str) -> R<(i64, Duration, Phases)> {
     let t = Instant::now();
     let moved: i64 = c
-        .query_one(
-            "SELECT uvm.prefetch_segment($1, 0, $2, $3)::bigint",
-            &[&name, &size, &tier],
-        )
+        .query_one("SELECT uvm.prefetch_segment($1, 0, $2, $3)::bigint", &[&name, &size, &tier])
         .map_err(err(&format!("prefetch_segment to {tier}")))?
         .get(0);
     let elapsed = t.elapsed();
@@ -251,21 +207,13 @@ fn prefetch(c: &mut Client, name: &str, size: i64, tier: &str) -> R<(i64, Durati
 }
 
 fn checksum(c: &mut Client, name: &str, size: i64) -> R<i64> {
-    c.query_one(
-        "SELECT uvm.checksum_segment($1, 0, $2)::bigint",
-        &[&name, &size],
-    )
-    .map(|r| r.get(0))
-    .map_err(err("checksum_segment"))
+    c.query_one("SELECT uvm.checksum_segment($1, 0, $2)::bigint", &[&name, &size])
+        .map(|r| r.get(0))
+        .map_err(err("checksum_segment"))
 }
 
 fn fill(c: &mut Client, name: &str, size: i64, seed: i64) -> R<()> {
-    c.query_one(
-        "SELECT uvm.fill_segment($1, 0, $2, $3)::bigint",
-        &[&name, &size, &seed],
-    )
-    .map(|_| ())
-    .map_err(err("fill_segment"))
+    c.query_one("SELECT uvm.fill_segment($1, 0, $2, $3)::bigint", &[&name, &size, &seed]).map(|_| ()).map_err(err("fill_segment"))
 }
 
 /// Free bytes in /dev/shm (bench_host_register puts its file there).
@@ -297,10 +245,7 @@ fn bench_contexts(b: &mut Bench) {
             if i == 0 {
                 std::thread::sleep(Duration::from_millis(300));
                 let used_after = try_gpu_memory_used_mib()?;
-                mem_note = Some((
-                    gpu_process_memory_mib(pid),
-                    used_after as i64 - used_before as i64,
-                ));
+                mem_note = Some((gpu_process_memory_mib(pid), used_after as i64 - used_before as i64));
             }
             Ok(())
         })();
@@ -341,9 +286,7 @@ fn bench_segment_read(b: &mut Bench, admin: &mut Client, pid: u32) {
     let r = (|| -> R<()> {
         let create_ms = create(admin, &name, READ_BYTES, "device")?;
         fill(admin, &name, READ_BYTES, 1)?;
-        b.note(format!(
-            "created the 8 GiB device segment in {create_ms:.0} ms"
-        ));
+        b.note(format!("created the 8 GiB device segment in {create_ms:.0} ms"));
         let mut s = fresh()?;
         segment_read(&mut s, &name, 2)?; // warm-up: context, attach, kernel load
         private_read(&mut s, READ_BYTES, 2)?;
@@ -357,10 +300,7 @@ fn bench_segment_read(b: &mut Bench, admin: &mut Client, pid: u32) {
         b.row(
             M,
             format!("{sg:.0} ({})", list(&seg, 0)),
-            format!(
-                "{pv:.0} private cuMemAlloc, same backend ({})",
-                list(&private, 0)
-            ),
+            format!("{pv:.0} private cuMemAlloc, same backend ({})", list(&private, 0)),
             Some(sg / pv),
             Goal::AtLeast(0.97),
         );
@@ -382,15 +322,10 @@ fn bench_attach_big(b: &mut Bench, admin: &mut Client, pid: u32) {
     let r = (|| -> R<()> {
         let create_ms = create(admin, &name, ATTACH_BIG, "device")?;
         let chunks: i64 = admin
-            .query_one(
-                "SELECT chunks::bigint FROM uvm.segments WHERE name = $1",
-                &[&name],
-            )
+            .query_one("SELECT chunks::bigint FROM uvm.segments WHERE name = $1", &[&name])
             .map_err(err("uvm.segments"))?
             .get(0);
-        b.note(format!(
-            "created the 64 GiB device segment in {create_ms:.0} ms ({chunks} chunks)"
-        ));
+        b.note(format!("created the 64 GiB device segment in {create_ms:.0} ms ({chunks} chunks)"));
         let mut ms = Vec::new();
         let mut client_ms = Vec::new();
         for _ in 0..FRESH_BACKENDS {
@@ -403,11 +338,7 @@ fn bench_attach_big(b: &mut Bench, admin: &mut Client, pid: u32) {
         let m = median(&ms);
         b.row(
             M,
-            format!(
-                "{m:.2} ({}; round trip median {:.2})",
-                list(&ms, 2),
-                median(&client_ms)
-            ),
+            format!("{m:.2} ({}; round trip median {:.2})", list(&ms, 2), median(&client_ms)),
             format!("{ATTACH_TARGET_MS:.0} ms budget"),
             Some(m / ATTACH_TARGET_MS),
             Goal::AtMost(1.0),
@@ -429,9 +360,7 @@ fn bench_host_tier(b: &mut Bench, admin: &mut Client, pid: u32) {
     }
     let name = format!("gpu_bench_host_{pid}");
     match create(admin, &name, HOST_BYTES, "host") {
-        Ok(create_ms) => b.note(format!(
-            "created the 8 GiB host-tier segment in {create_ms:.0} ms"
-        )),
+        Ok(create_ms) => b.note(format!("created the 8 GiB host-tier segment in {create_ms:.0} ms")),
         Err(e) => {
             b.error(M_ATT, e.clone());
             b.error(M_READ, e);
@@ -443,11 +372,7 @@ fn bench_host_tier(b: &mut Bench, admin: &mut Client, pid: u32) {
         let shm = dev_shm_free().unwrap_or(0);
         let can_register = shm >= HOST_BYTES as u64 + GIB as u64;
         if !can_register {
-            b.note(format!(
-                "/dev/shm has {} MiB free: bench_host_register({} GiB) skipped",
-                shm >> 20,
-                HOST_BYTES / GIB
-            ));
+            b.note(format!("/dev/shm has {} MiB free: bench_host_register({} GiB) skipped", shm >> 20, HOST_BYTES / GIB));
         }
         let mut att = Vec::new();
         let mut reg = Vec::new();
@@ -469,21 +394,12 @@ fn bench_host_tier(b: &mut Bench, admin: &mut Client, pid: u32) {
             b.row(
                 M_ATT,
                 format!("{a:.1} ({})", list(&att, 1)),
-                format!(
-                    "{g:.1} mmap + cuMemHostRegister of populated /dev/shm ({})",
-                    list(&reg, 1)
-                ),
+                format!("{g:.1} mmap + cuMemHostRegister of populated /dev/shm ({})", list(&reg, 1)),
                 Some(a / g),
                 Goal::AtMost(1.0),
             );
         } else {
-            b.row(
-                M_ATT,
-                format!("{a:.1} ({})", list(&att, 1)),
-                "– (no room in /dev/shm)".into(),
-                None,
-                Goal::Info,
-            );
+            b.row(M_ATT, format!("{a:.1} ({})", list(&att, 1)), "– (no room in /dev/shm)".into(), None, Goal::Info);
         }
         Ok(())
     })();
@@ -522,16 +438,9 @@ fn bench_migration(b: &mut Bench, admin: &mut Client, pid: u32) {
     }
     let ceiling: R<(f64, f64)> = (|| {
         let rows = admin
-            .query(
-                "SELECT direction::text, gbps::float8 FROM uvm.bench_copy_ceiling($1, $2)",
-                &[&CEILING_BYTES, &CEILING_ITERS],
-            )
+            .query("SELECT direction::text, gbps::float8 FROM uvm.bench_copy_ceiling($1, $2)", &[&CEILING_BYTES, &CEILING_ITERS])
             .map_err(err("bench_copy_ceiling"))?;
-        let get = |d: &str| {
-            rows.iter()
-                .find(|r| r.get::<_, String>(0) == d)
-                .map(|r| r.get::<_, f64>(1))
-        };
+        let get = |d: &str| rows.iter().find(|r| r.get::<_, String>(0) == d).map(|r| r.get::<_, f64>(1));
         match (get("htod"), get("dtoh")) {
             (Some(h), Some(d)) => Ok((h, d)),
             _ => Err("bench_copy_ceiling did not return rows 'htod' and 'dtoh'".into()),
@@ -546,9 +455,7 @@ fn bench_migration(b: &mut Bench, admin: &mut Client, pid: u32) {
         let to_dev = prefetch(admin, &name, MIG_BYTES, "device")?;
         let after = checksum(admin, &name, MIG_BYTES)?;
         if before != after {
-            return Err(format!(
-                "checksum changed over the round trip: {before:#x} -> {after:#x}"
-            ));
+            return Err(format!("checksum changed over the round trip: {before:#x} -> {after:#x}"));
         }
         Ok([to_host, to_dev])
     })();
@@ -588,33 +495,20 @@ fn bench_migration(b: &mut Bench, admin: &mut Client, pid: u32) {
             );
         }
         let g = moved as f64 / d.as_secs_f64() / 1e9;
-        let value = format!(
-            "{g:.1} ({} MiB in {:.0} ms)",
-            moved / MIB_I,
-            d.as_secs_f64() * 1e3
-        );
+        let value = format!("{g:.1} ({} MiB in {:.0} ms)", moved / MIB_I, d.as_secs_f64() * 1e3);
         match &ceiling {
             Ok((htod, dtoh)) => {
                 let ceil = if dir == "dtoh" { *dtoh } else { *htod };
                 b.row(
                     m,
                     value,
-                    format!(
-                        "{ceil:.1} pinned cuMemcpy {dir}, {} GiB",
-                        CEILING_BYTES / GIB
-                    ),
+                    format!("{ceil:.1} pinned cuMemcpy {dir}, {} GiB", CEILING_BYTES / GIB),
                     Some(g / ceil),
                     Goal::AtLeast(0.9),
                 );
             }
             Err(e) => {
-                b.row(
-                    m,
-                    value,
-                    format!("error: {}", e.replace('|', "\\|")),
-                    None,
-                    Goal::AtLeast(0.9),
-                );
+                b.row(m, value, format!("error: {}", e.replace('|', "\\|")), None, Goal::AtLeast(0.9));
                 b.errors.push(format!("{m}: baseline: {e}"));
             }
         }
@@ -628,7 +522,8 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32) {
     const M_JOIN: &str = "GpuJoin probe vs PostgreSQL's parallel hash join, fact 50 M x dim 5 M (s)";
     const M_SCAN: &str = "GpuJoin probe vs a bare parallel count(*) of fact (s)";
     const M_KERNEL: &str = "GpuJoin probe kernel alone, 4 Mi keys vs the 5 M-row table (M keys/s)";
-    const M_MAT: &str = "GpuJoin materialize (all 12.5 M pairs into a result buffer grown from 64 Ki pairs) vs PostgreSQL's join count (s)";
+    const M_MAT: &str =
+        "GpuJoin materialize (all 12.5 M pairs into a result buffer grown from 64 Ki pairs) vs PostgreSQL's join count (s)";
     if !b.has_time(M_JOIN) {
         return;
     }
@@ -657,10 +552,13 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32) {
         };
         drop_if_exists(&mut c, &seg);
         let (build_s, _) = time(&mut c, &format!("SELECT uvm.gpujoin_build('{seg}', 'SELECT k, v FROM bench_dim')::text"))?;
-        let dev: i64 = c.query_one("SELECT device_bytes FROM uvm.segments WHERE name = $1", &[&seg]).map_err(err("segments"))?.get(0);
+        let dev: i64 =
+            c.query_one("SELECT device_bytes FROM uvm.segments WHERE name = $1", &[&seg]).map_err(err("segments"))?.get(0);
         b.note(format!("gpujoin_build of dim (5 M rows) in {build_s:.2} s; inner table {} MiB on the device", dev >> 20));
         let pg_q = "SELECT count(*)::text, sum(d.v)::text FROM bench_fact f JOIN bench_dim d ON f.k = d.k";
-        let gpu_q = format!("SELECT m.matches::text, m.payload_sum::text FROM (SELECT (uvm.gpujoin_probe('{seg}', k)).* FROM bench_fact) m");
+        let gpu_q = format!(
+            "SELECT m.matches::text, m.payload_sum::text FROM (SELECT (uvm.gpujoin_probe('{seg}', k)).* FROM bench_fact) m"
+        );
         let scan_q = "SELECT count(*)::text FROM bench_fact";
         let (mut pg, mut gpu, mut scan) = (vec![], vec![], vec![]);
         let (mut pg_vals, mut gpu_vals) = (vec![], vec![]);
@@ -678,13 +576,31 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32) {
             return Err(format!("different answers: PostgreSQL {pg_vals:?}, GpuJoin {gpu_vals:?}"));
         }
         let (pgm, gm, sm) = (median(&pg), median(&gpu), median(&scan));
-        b.row(M_JOIN, format!("{gm:.2} ({})", list(&gpu, 2)), format!("{pgm:.2} PostgreSQL, 5 workers ({})", list(&pg, 2)), Some(gm / pgm), Goal::AtMost(0.33));
-        b.row(M_SCAN, format!("{gm:.2}"), format!("{sm:.2} count(*), 5 workers ({})", list(&scan, 2)), Some(gm / sm), Goal::AtMost(1.5));
+        b.row(
+            M_JOIN,
+            format!("{gm:.2} ({})", list(&gpu, 2)),
+            format!("{pgm:.2} PostgreSQL, 5 workers ({})", list(&pg, 2)),
+            Some(gm / pgm),
+            Goal::AtMost(0.33),
+        );
+        b.row(
+            M_SCAN,
+            format!("{gm:.2}"),
+            format!("{sm:.2} count(*), 5 workers ({})", list(&scan, 2)),
+            Some(gm / sm),
+            Goal::AtMost(1.5),
+        );
         b.note(format!("both joins: {} matches, payload sum {}", gpu_vals[0], gpu_vals[1]));
         b.note(format!("probe throughput end to end: {:.0} M keys/s (50 M keys, scan and batching included)", 50.0 / gm));
         let kq = format!("SELECT uvm.bench_join_probe('{seg}', 4194304, 20000000)");
         let kps: f64 = c.query_one(kq.as_str(), &[]).map_err(err("bench_join_probe"))?.get(0);
-        b.row(M_KERNEL, format!("{:.0}", kps / 1e6), format!("{:.0} M keys/s end to end", 50.0 / gm), Some(kps / 1e6 / (50.0 / gm)), Goal::Info);
+        b.row(
+            M_KERNEL,
+            format!("{:.0}", kps / 1e6),
+            format!("{:.0} M keys/s end to end", 50.0 / gm),
+            Some(kps / 1e6 / (50.0 / gm)),
+            Goal::Info,
+        );
         let res = format!("gpu_bench_pairs_{pid}");
         drop_if_exists(&mut c, &res);
         c.query_one("SELECT uvm.gpujoin_pairs_create($1, 65536)", &[&res]).map_err(err("gpujoin_pairs_create"))?;
@@ -693,10 +609,14 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32) {
         if mvals != pg_vals {
             return Err(format!("materialize: different answers: PostgreSQL {pg_vals:?}, GpuJoin {mvals:?}"));
         }
-        let r = c.query_one("SELECT size, device_bytes, host_bytes, chunks::bigint FROM uvm.segments WHERE name = $1", &[&res]).map_err(err("segments"))?;
+        let r = c
+            .query_one("SELECT size, device_bytes, host_bytes, chunks::bigint FROM uvm.segments WHERE name = $1", &[&res])
+            .map_err(err("segments"))?;
         let (size, dev, host, chunks): (i64, i64, i64, i64) = (r.get(0), r.get(1), r.get(2), r.get(3));
         let (n, sum): (i64, String) = {
-            let r = c.query_one("SELECT count(*), sum(payload)::text FROM uvm.gpujoin_pairs($1)", &[&res]).map_err(err("gpujoin_pairs"))?;
+            let r = c
+                .query_one("SELECT count(*), sum(payload)::text FROM uvm.gpujoin_pairs($1)", &[&res])
+                .map_err(err("gpujoin_pairs"))?;
             (r.get(0), r.get(1))
         };
         if n.to_string() != pg_vals[0] || sum != pg_vals[1] {
@@ -732,8 +652,13 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32) {
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             let peak = sampler.join().unwrap_or(0);
             let launched: i64 = workers_launched(&plan).iter().sum();
-            let dev_now: i64 = c.query_one("SELECT device_bytes FROM uvm.segments WHERE name = $1", &[&seg]).map_err(err("segments"))?.get(0);
-            let per = if launched > 0 { format!(", ~{} MiB per worker", peak.saturating_sub(before) / launched as u64) } else { String::new() };
+            let dev_now: i64 =
+                c.query_one("SELECT device_bytes FROM uvm.segments WHERE name = $1", &[&seg]).map_err(err("segments"))?.get(0);
+            let per = if launched > 0 {
+                format!(", ~{} MiB per worker", peak.saturating_sub(before) / launched as u64)
+            } else {
+                String::new()
+            };
             b.note(format!(
                 "{w} worker(s) asked, {launched} launched: probe {s:.2} s; inner table: one segment of {} MiB on the device whatever the workers; \
                  GPU memory in use {before} MiB before the query, {peak} MiB at its peak: +{} MiB for the workers' CUDA contexts{per}",
@@ -757,26 +682,14 @@ fn main() {
     });
     let t_all = Instant::now();
     let pid = std::process::id();
-    let mut b = Bench {
-        rows: Vec::new(),
-        errors: Vec::new(),
-        other_errors: Vec::new(),
-        notes: Vec::new(),
-        start: t_all,
-    };
+    let mut b = Bench { rows: Vec::new(), errors: Vec::new(), other_errors: Vec::new(), notes: Vec::new(), start: t_all };
 
     let mut admin = fresh().unwrap_or_else(|e| panic!("cannot connect: {e}"));
     let info: Vec<(String, String)> = device_info(&mut admin);
-    let provider = info
-        .iter()
-        .find(|(k, _)| k == "provider")
-        .map(|(_, v)| v.as_str())
-        .unwrap_or("unknown");
+    let provider = info.iter().find(|(k, _)| k == "provider").map(|(_, v)| v.as_str()).unwrap_or("unknown");
     if provider != "cuda" {
         b.errors.push(format!("provider is {provider}, not cuda"));
-        b.other_errors.push(format!(
-            "provider is {provider}, not cuda: nothing measured"
-        ));
+        b.other_errors.push(format!("provider is {provider}, not cuda: nothing measured"));
     } else {
         eprintln!("uvm_gpu_bench: contexts ...");
         bench_contexts(&mut b);
@@ -795,10 +708,7 @@ fn main() {
     let mut md = String::new();
     let _ = writeln!(md, "## GPU benchmark\n");
     let commit = std::env::var("UVM_COMMIT").unwrap_or_else(|_| "(UVM_COMMIT not set)".into());
-    let server_version: String = admin
-        .query_one("SHOW server_version", &[])
-        .map(|r| r.get(0))
-        .unwrap_or_default();
+    let server_version: String = admin.query_one("SHOW server_version", &[]).map(|r| r.get(0)).unwrap_or_default();
     let _ = writeln!(
         md,
         "One run (commit {commit}, PostgreSQL {server_version}, provider {provider}, {:.0} s in all). \
@@ -806,10 +716,7 @@ fn main() {
          (a figure from shared/notes/gpu-facts.md) or *budget*. GB/s = 10^9 bytes/s.\n",
         t_all.elapsed().as_secs_f64()
     );
-    let _ = writeln!(
-        md,
-        "| metric | value | baseline | ratio | target | verdict |"
-    );
+    let _ = writeln!(md, "| metric | value | baseline | ratio | target | verdict |");
     let _ = writeln!(md, "|---|---|---|---:|---|---|");
     for r in &b.rows {
         let _ = writeln!(
@@ -818,9 +725,7 @@ fn main() {
             r.metric,
             r.value,
             r.baseline,
-            r.ratio
-                .map(|x| format!("{x:.2}"))
-                .unwrap_or_else(|| "–".into()),
+            r.ratio.map(|x| format!("{x:.2}")).unwrap_or_else(|| "–".into()),
             r.target,
             r.verdict
         );
@@ -837,10 +742,7 @@ fn main() {
             let _ = writeln!(md, "- {}", e.replace('\n', " "));
         }
     }
-    let _ = writeln!(
-        md,
-        "\n<details><summary>uvm.device_info()</summary>\n\n| property | value |\n|---|---|"
-    );
+    let _ = writeln!(md, "\n<details><summary>uvm.device_info()</summary>\n\n| property | value |\n|---|---|");
     for (k, v) in &info {
         let _ = writeln!(md, "| {k} | {} |", v.replace('|', "\\|"));
     }
