@@ -46,6 +46,9 @@ pub enum Code {
     SystemError,
     /// 08P01: the broker answered something that is not the protocol.
     ProtocolViolation,
+    /// 57014: the statement was cancelled (only a test's interrupt hook returns it: in
+    /// PostgreSQL, `CHECK_FOR_INTERRUPTS()` raises the cancel itself).
+    QueryCanceled,
 }
 
 impl Code {
@@ -70,6 +73,7 @@ impl Code {
             Code::LockNotAvailable => "55P03",
             Code::SystemError => "58000",
             Code::ProtocolViolation => "08P01",
+            Code::QueryCanceled => "57014",
         }
     }
 }

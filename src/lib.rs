@@ -8,6 +8,7 @@
 //! - [`segment`]: one process's attachments, the pin/generation protocol, growth and drop.
 //! - [`gpu`]: CUDA in this process: driver loading, the primary context, NVRTC kernels.
 //! - [`gpujoin`]: the GpuJoin inner hash table in a segment (layout, CPU build and probe so far).
+//! - [`interrupt`]: cancel and `statement_timeout` for long plain-Rust loops (a hook `_PG_init` sets).
 //! - [`checksum`]: the segment checksum and fill pattern shared by the CPU and GPU paths.
 //! - [`sql`]: the thin pgrx layer: `_PG_init`, GUCs, SQL functions and views in schema `uvm`.
 //!
@@ -20,6 +21,7 @@ pub mod error;
 pub mod gpu;
 pub mod gpujoin;
 pub mod guc;
+pub mod interrupt;
 pub mod provider;
 pub mod registry;
 pub mod segment;

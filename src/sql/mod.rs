@@ -48,6 +48,7 @@ pub extern "C-unwind" fn _PG_init() {
         );
     }
     guc::define();
+    crate::interrupt::install(check_for_interrupts);
     let cap = Capacity {
         max_segments: guc::MAX_SEGMENTS.get() as u32,
         max_chunks: guc::MAX_CHUNKS.get() as u32,
@@ -92,7 +93,15 @@ fn sqlstate(c: Code) -> PgSqlErrorCode {
         Code::LockNotAvailable => ERRCODE_LOCK_NOT_AVAILABLE,
         Code::SystemError => ERRCODE_SYSTEM_ERROR,
         Code::ProtocolViolation => ERRCODE_PROTOCOL_VIOLATION,
+        Code::QueryCanceled => ERRCODE_QUERY_CANCELED,
     }
+}
+
+/// The interrupt hook of the plain-Rust loops (`crate::interrupt`): a pending cancel or
+/// timeout raises its ERROR here, which unwinds through the loop's guards.
+fn check_for_interrupts() -> Result<()> {
+    pg_sys::check_for_interrupts!();
+    Ok(())
 }
 
 /// The registry through PostgreSQL's LWLock, for the segment layer.

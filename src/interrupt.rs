@@ -1,0 +1,98 @@
+//! Cancel and `statement_timeout` for the long loops of the plain-Rust layers.
+//!
+//! The GpuJoin probe, the table build, the checksum and fill loops and the migration copy run
+//! in plain Rust that never calls into PostgreSQL. Yet each must answer a cancel within
+//! 100 ms. So they call [`check`] every few thousand iterations (see [`EVERY`]), and the SQL
+//! layer installs, in `_PG_init`, a hook that runs `CHECK_FOR_INTERRUPTS()`.
+//!
+//! # How an interrupt leaves the loop
+//!
+//! In PostgreSQL a pending cancel makes `CHECK_FOR_INTERRUPTS()` raise an ERROR. pgrx turns
+//! it into a Rust unwind, so the loop's guards (pins, locks, mappings) drop on the way out,
+//! as on any other error. A hook may also return `Err` (the unit tests' hooks do, with
+//! [`Code::QueryCanceled`](crate::error::Code::QueryCanceled)); callers propagate it with `?`.
+//!
+//! # Threads
+//!
+//! PostgreSQL may only be called from a process's main thread. The hook runs only on the
+//! thread that installed it: `_PG_init` runs in the postmaster, and every backend and worker
+//! is forked from it, so their main threads inherit the mark. Any other thread (the CUDA
+//! start-up helper) gets a no-op.
+//!
+//! # Lifecycle
+//!
+//! `_PG_init` calls [`install`] once; without it (plain `cargo test`) [`check`] does nothing.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use crate::error::Result;
+
+/// How many iterations of a cheap loop (a hash probe, a word of a checksum) may pass between
+/// two checks. At the slowest loop here (host-tier probes, about 0.5 G keys/s) this is far
+/// below a millisecond; a check costs one load and a branch in PostgreSQL.
+pub const EVERY: u64 = 1 << 16;
+
+/// The hook: a plain `fn`, stored as a pointer (null: none).
+static HOOK: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+
+thread_local! {
+    /// Whether this thread may run the hook (set where it was installed, kept across fork).
+    static HOOK_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Installs `hook` for this thread (and, through `fork`, for the main thread of every child).
+pub fn install(hook: fn() -> Result<()>) {
+    HOOK.store(hook as *mut (), Ordering::Release);
+    HOOK_THREAD.with(|t| t.set(true));
+}
+
+/// Serves a pending interrupt: an ERROR raised by PostgreSQL (an unwind) or an `Err`.
+#[inline]
+pub fn check() -> Result<()> {
+    let p = HOOK.load(Ordering::Acquire);
+    if p.is_null() || !HOOK_THREAD.with(|t| t.get()) {
+        return Ok(());
+    }
+    // SAFETY: `p` was stored by `install` from a `fn() -> Result<()>`, and function pointers
+    // and data pointers have the same size and representation on every platform Rust and
+    // PostgreSQL support here.
+    let hook: fn() -> Result<()> = unsafe { std::mem::transmute::<*mut (), fn() -> Result<()>>(p) };
+    hook()
+}
+
+/// [`check`] every [`EVERY`] iterations of a loop counted by `i`.
+#[inline]
+pub fn check_every(i: u64) -> Result<()> {
+    if i % EVERY == 0 {
+        check()
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{Code, UvmError};
+
+    fn cancel() -> Result<()> {
+        Err(UvmError::new(Code::QueryCanceled, "canceling statement due to user request"))
+    }
+
+    #[test]
+    fn hook_runs_only_on_the_installing_thread() {
+        // Unit tests share one process: install on a thread of our own, so that no other
+        // test's loop sees the hook.
+        std::thread::spawn(|| {
+            assert!(check().is_ok());
+            install(cancel);
+            assert_eq!(check().unwrap_err().code, Code::QueryCanceled);
+            assert!(check_every(1).is_ok());
+            assert!(check_every(EVERY).is_err());
+            assert!(std::thread::spawn(check).join().unwrap().is_ok(), "another thread runs no hook");
+        })
+        .join()
+        .unwrap();
+    }
+}
