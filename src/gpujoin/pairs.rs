@@ -276,21 +276,40 @@ pub trait Appender {
     fn run(&mut self, inner: &Inner<'_>, target: Target<'_>) -> Result<Step>;
 }
 
+/// What [`append_batch`] needs of a process's segment manager: pins and growth. The SQL layer
+/// implements it with a short borrow of its manager per call, so that no interrupt check runs
+/// while the manager is borrowed (a FATAL interrupt ends the process from inside the check, and
+/// the exit callback can only detach a manager that is not borrowed).
+pub trait Access<E: Env> {
+    fn pin(&mut self, name: &str, authorize: &dyn Fn(u32) -> Result<()>) -> Result<Pin<E>>;
+    fn grow_at_least(&mut self, name: &str, min_size: u64, authorize: &dyn Fn(u32) -> Result<()>) -> Result<u64>;
+}
+
+impl<E: Env> Access<E> for Segments<E> {
+    fn pin(&mut self, name: &str, authorize: &dyn Fn(u32) -> Result<()>) -> Result<Pin<E>> {
+        Segments::pin(self, name, authorize)
+    }
+
+    fn grow_at_least(&mut self, name: &str, min_size: u64, authorize: &dyn Fn(u32) -> Result<()>) -> Result<u64> {
+        Segments::grow_at_least(self, name, min_size, authorize)
+    }
+}
+
 /// Appends the matches of one batch of keys through `appender`, growing the result buffer as
 /// writers need. `authorize(owner, segment, action)` checks access to each segment.
 pub fn append_batch<E: Env>(
-    segs: &mut Segments<E>,
+    segs: &mut dyn Access<E>,
     inner: &str,
     result: &str,
     key_type: KeyType,
     authorize: &dyn Fn(u32, &str, &str) -> Result<()>,
     appender: &mut dyn Appender,
 ) -> Result<()> {
-    let inner_pin = segs.pin(inner, |o| authorize(o, inner, "read"))?;
+    let inner_pin = segs.pin(inner, &|o| authorize(o, inner, "read"))?;
     let inner_view = Inner::of(&inner_pin, key_type, appender.cpu())?;
     loop {
         crate::interrupt::check()?;
-        let out = segs.pin(result, |o| authorize(o, result, "write"))?;
+        let out = segs.pin(result, &|o| authorize(o, result, "write"))?;
         let target = Target::of(&out, appender.cpu())?;
         let (size, max_size, cap) = (out.info.size, out.info.max_size, target.cap());
         let step = appender.run(&inner_view, target)?;
@@ -302,7 +321,7 @@ pub fn append_batch<E: Env>(
                 // Twice the size when that fits (amortised growth), else exactly what is needed.
                 let doubled = size.saturating_mul(2).max(bytes_for(pairs));
                 let want = if doubled <= max_size { doubled } else { bytes_for(pairs) };
-                segs.grow_at_least(result, want, |o| authorize(o, result, "write")).map_err(|e| {
+                segs.grow_at_least(result, want, &|o| authorize(o, result, "write")).map_err(|e| {
                     if e.code == Code::ProgramLimitExceeded {
                         e.hint("Create the result buffer with a larger max_size.")
                     } else {
@@ -389,7 +408,6 @@ impl Appender for CpuAppender<'_> {
                 }
             }
             self.at += 1;
-            crate::interrupt::check_every(self.at as u64)?;
         }
         Ok(Step::Done)
     }

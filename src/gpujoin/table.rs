@@ -16,8 +16,9 @@
 //!   empty slot (at most half of them are used), so only a corrupted table reaches the bound;
 //!   the probe then fails with 22023 ([`corrupted`]) instead of spinning. A table overwritten
 //!   while it is probed gives that ERROR or a wrong but bounded answer, never a hang or a crash.
-//! - The long loops call [`crate::interrupt::check_every`] so that cancel and
-//!   `statement_timeout` act within milliseconds, however long a chain is.
+//! - The walks count their steps ([`Ticks`]) and check for interrupts every
+//!   [`interrupt::EVERY`] steps, across keys and inside one long chain alike, so that cancel
+//!   and `statement_timeout` act within milliseconds however the work is spread.
 //!
 //! # Building
 //!
@@ -25,6 +26,7 @@
 //! the slots, inserts the rows one by one (streamed: the SQL layer feeds it a cursor's batches),
 //! and writes the header last ([`Builder::finish`]). The kernels follow the same order.
 
+use std::cell::Cell;
 use std::marker::PhantomData;
 
 use crate::checksum::mix;
@@ -209,6 +211,26 @@ impl Header {
     }
 }
 
+/// Steps walked, for interrupt checks every [`interrupt::EVERY`] steps, however they are spread
+/// over keys: a key's walk adds its steps when it ends (one add and a compare), and a walk that
+/// is long by itself checks on its way.
+#[derive(Debug, Default)]
+struct Ticks(Cell<u64>);
+
+impl Ticks {
+    #[inline(always)]
+    fn add(&self, steps: u64) -> Result<()> {
+        let before = self.0.get();
+        let after = before.wrapping_add(steps);
+        self.0.set(after);
+        if before / interrupt::EVERY != after / interrupt::EVERY {
+            interrupt::check()
+        } else {
+            Ok(())
+        }
+    }
+}
+
 /// A validated table in memory that other processes may write to concurrently: its header
 /// (copied once) and a raw pointer to its `slot_count` slots, read with volatile loads.
 pub struct Table<'a> {
@@ -216,6 +238,7 @@ pub struct Table<'a> {
     name: &'a str,
     /// `header.slot_count * SLOT_WORDS` 8-byte-aligned words, readable for `'a`.
     slots: *const u64,
+    ticks: Ticks,
     _bytes: PhantomData<&'a [u8]>,
 }
 
@@ -229,7 +252,7 @@ impl<'a> Table<'a> {
         if start as usize % std::mem::align_of::<u64>() != 0 {
             return Err(not_a_table(name, "misaligned"));
         }
-        Ok(Table { header, name, slots: start as *const u64, _bytes: PhantomData })
+        Ok(Table { header, name, slots: start as *const u64, ticks: Ticks::default(), _bytes: PhantomData })
     }
 
     pub fn header(&self) -> &Header {
@@ -267,7 +290,7 @@ impl<'a> Table<'a> {
         for step in 1..n + 1 {
             let st = self.word(i, 0);
             if st == 0 {
-                return Ok(());
+                return self.ticks.add(step);
             }
             if st == t && self.word(i, 1) as i64 == key {
                 f(self.word(i, 2) as i64);
@@ -281,12 +304,11 @@ impl<'a> Table<'a> {
     /// Matches and payload sum of `keys` (non-NULL keys: NULL keys never match).
     pub fn probe(&self, keys: &[i64]) -> Result<(u64, i128)> {
         let (mut matches, mut sum) = (0u64, 0i128);
-        for (j, k) in keys.iter().enumerate() {
+        for k in keys {
             self.for_each_match(*k, |p| {
                 matches += 1;
                 sum += p as i128;
             })?;
-            interrupt::check_every(j as u64 + 1)?;
         }
         Ok((matches, sum))
     }
@@ -305,6 +327,7 @@ pub struct Builder<'a> {
     capacity: u64,
     stored: u64,
     null_rows: u64,
+    ticks: Ticks,
     _bytes: PhantomData<&'a mut [u8]>,
 }
 
@@ -338,6 +361,7 @@ impl<'a> Builder<'a> {
             capacity: rows,
             stored: 0,
             null_rows: 0,
+            ticks: Ticks::default(),
             _bytes: PhantomData,
         })
     }
@@ -357,7 +381,7 @@ impl<'a> Builder<'a> {
     pub fn insert(&mut self, key: Option<i64>, payload: i64) -> Result<()> {
         let Some(key) = key else {
             self.null_rows += 1;
-            return Ok(());
+            return self.ticks.add(1);
         };
         if self.stored >= self.capacity {
             return Err(UvmError::new(
@@ -378,7 +402,7 @@ impl<'a> Builder<'a> {
                     std::ptr::write_volatile(self.word(i, 2), payload as u64);
                     std::ptr::write_volatile(self.word(i, 0), t);
                     self.stored += 1;
-                    return Ok(());
+                    return self.ticks.add(step);
                 }
             }
             i = (i + 1) & mask;
@@ -409,9 +433,8 @@ impl<'a> Builder<'a> {
 pub fn build(bytes: &mut [u8], key_type: KeyType, rows: &[(Option<i64>, i64)], seed: u64) -> Result<Header> {
     let stored = rows.iter().filter(|r| r.0.is_some()).count() as u64;
     let mut b = Builder::new("(memory)", bytes, key_type, stored, seed)?;
-    for (j, (key, payload)) in rows.iter().enumerate() {
+    for (key, payload) in rows {
         b.insert(*key, *payload)?;
-        interrupt::check_every(j as u64 + 1)?;
     }
     Ok(b.finish())
 }
@@ -621,8 +644,25 @@ mod tests {
             }
             let t = Table::view("t", as_bytes(&mut buf)).unwrap();
             assert!(t.probe(&[1]).unwrap_err().message.contains("corrupted"));
+            // a valid table of 3 rows, whose chains are a few steps long
+            let mut small = buffer(table_bytes(3));
+            build(as_bytes(&mut small), KeyType::Int8, &[(Some(1), 1), (Some(2), 2), (Some(3), 3)], 5).unwrap();
+            let small = Table::view("t", as_bytes(&mut small)).unwrap();
+            let mut inserting = buffer(table_bytes(crate::interrupt::EVERY));
+            let mut builder = Builder::new("t", as_bytes(&mut inserting), KeyType::Int8, crate::interrupt::EVERY, 5).unwrap();
             crate::interrupt::install(cancel);
             assert_eq!(t.probe(&[1]).unwrap_err().code, Code::QueryCanceled);
+            // inserts count their steps too
+            let canceled_at = (0..crate::interrupt::EVERY as i64).position(|i| builder.insert(Some(i), i).is_err());
+            assert!(canceled_at.is_some_and(|n| n > 0), "{canceled_at:?}");
+            // many short walks add up: EVERY keys check at least once
+            assert!(small.probe(&[1; 100]).is_ok(), "100 short walks: no check yet");
+            let keys = vec![1i64; crate::interrupt::EVERY as usize];
+            assert_eq!(small.probe(&keys).unwrap_err().code, Code::QueryCanceled);
+            // and so does a build (its zeroing, then its inserts)
+            let mut b = buffer(table_bytes(crate::interrupt::EVERY));
+            let rows: Vec<(Option<i64>, i64)> = (0..crate::interrupt::EVERY as i64).map(|i| (Some(i), i)).collect();
+            assert_eq!(build(as_bytes(&mut b), KeyType::Int8, &rows, 5).unwrap_err().code, Code::QueryCanceled);
         })
         .join()
         .unwrap();

@@ -235,9 +235,8 @@ fn cpu_build(
     let mut rows = 0u64;
     while cur.fetch(batch) > 0 {
         for (k, p) in batch.iter() {
-            b.insert(*k, *p)?;
+            b.insert(*k, *p)?; // checks for interrupts every so many steps
             rows += 1;
-            crate::interrupt::check_every(rows)?;
         }
     }
     b.finish();
@@ -339,29 +338,46 @@ fn key_type_of_width(width: u32) -> KeyType {
     }
 }
 
-/// Probes (or materializes) the pending keys against the segment's table.
+/// The segment manager for `pairs::append_batch`, borrowed for one call at a time: the
+/// walks between those calls check for interrupts, and a FATAL one (a terminated parallel
+/// worker) exits the process from inside the check, where the exit callback can only detach
+/// this process's segments (giving back its pins) if the manager is not borrowed.
+struct PgAccess;
+
+impl pairs::Access<super::PgEnv> for PgAccess {
+    fn pin(&mut self, name: &str, authorize: &dyn Fn(u32) -> Result<()>) -> Result<crate::segment::Pin<super::PgEnv>> {
+        with_segments(|s| Ok(s.pin(name, authorize)))
+    }
+
+    fn grow_at_least(&mut self, name: &str, min_size: u64, authorize: &dyn Fn(u32) -> Result<()>) -> Result<u64> {
+        with_segments(|s| Ok(s.grow_at_least(name, min_size, authorize)))
+    }
+}
+
+/// Probes (or materializes) the pending keys against the segment's table. The segment manager
+/// is borrowed only to pin and grow ([`PgAccess`]), never while keys are probed.
 fn flush(st: &mut ProbeState) {
     if st.keys.is_empty() {
         return;
     }
     let kt = key_type_of_width(st.key_width);
     let (name, result, keys) = (st.segment.as_str(), st.result.as_str(), st.keys.as_slice());
-    let (m, sum) = with_segments(|s| {
-        let gpu = s.provider().kind() == ProviderKind::Cuda;
+    let gpu = with_segments(|s| Ok(s.provider().kind() == ProviderKind::Cuda));
+    let run = || -> Result<(u64, i128)> {
         if !result.is_empty() {
             let authz = |o: u32, seg: &str, action: &str| authorize(o, seg, action);
             if gpu {
                 return crate::gpu::gpu()?.with_kernels(|k| {
                     let mut a = crate::gpu::KernelAppender::new(k, keys);
-                    pairs::append_batch(s, name, result, kt, &authz, &mut a)?;
+                    pairs::append_batch(&mut PgAccess, name, result, kt, &authz, &mut a)?;
                     Ok((a.matches, a.sum))
                 });
             }
             let mut a = CpuAppender::new(keys);
-            pairs::append_batch(s, name, result, kt, &authz, &mut a)?;
+            pairs::append_batch(&mut PgAccess, name, result, kt, &authz, &mut a)?;
             return Ok((a.matches, a.sum));
         }
-        let pin = s.pin(name, |o| authorize(o, name, "read"))?;
+        let pin = pairs::Access::pin(&mut PgAccess, name, &|o| authorize(o, name, "read"))?;
         // On the GPU: kernels over the table where it lies (device or host tier); on the CPU,
         // bounded walks with interrupt checks.
         let inner = Inner::of(&pin, kt, !gpu)?;
@@ -369,7 +385,8 @@ fn flush(st: &mut ProbeState) {
             Some(t) => t.probe(keys),
             None => crate::gpu::gpu()?.with_kernels(|k| k.join_probe(&inner, keys)),
         }
-    });
+    };
+    let (m, sum) = run().unwrap_or_else(|e| report(e));
     st.absorb(m, sum);
 }
 

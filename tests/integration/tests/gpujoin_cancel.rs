@@ -5,8 +5,10 @@
 //! the session and its segments keep working.
 //!
 //! The work is made long inside pg_uvm_share's own loops, not PostgreSQL's: inner tables whose
-//! keys are all one value have one probe chain as long as the table (the build inserts along
-//! it, quadratic in the rows; every outer key whose home slot falls inside it walks it).
+//! keys are all one value have one probe chain as long as their rows (the build inserts along
+//! it, quadratic in the rows; an outer key of that value walks all of it, and so does, in part,
+//! every other key whose home slot falls inside it). Each batch of 64 Ki outer keys then takes
+//! seconds inside one call, where only the extension's own interrupt checks can end it.
 
 use std::time::{Duration, Instant};
 
@@ -14,9 +16,9 @@ use pg_uvm_share_tests::*;
 
 /// Inner rows for the build that runs for seconds (all one key: every insert walks the chain).
 const BUILD_ROWS: i64 = 80_000;
-/// Inner rows (all one key) of the table that probes walk, and outer keys (all misses).
-const CHAIN_ROWS: i64 = 20_000;
-const FACT_ROWS: i64 = 3_000_000;
+/// Inner rows (all one key, 7) of the table that probes walk, and outer rows.
+const CHAIN_ROWS: i64 = 60_000;
+const FACT_ROWS: i64 = 2_000_000;
 
 /// How a statement that was meant to be interrupted ended.
 struct Interrupted {
@@ -80,11 +82,16 @@ fn check(c: &mut Client, what: &str, i: Interrupted, ran_at_least: Duration) {
 fn build_probe_and_materialize_answer_cancel_and_statement_timeout() {
     let mut c = connect();
     let p = unique_name("gjc");
-    let (fact, chain, pairs, built) = (format!("{p}_fact"), format!("{p}_chain"), format!("{p}_pairs"), format!("{p}_built"));
+    let (hits, misses) = (format!("{p}_hits"), format!("{p}_misses"));
+    let (chain, pairs, built) = (format!("{p}_chain"), format!("{p}_pairs"), format!("{p}_built"));
     let _guard = SegmentGuard::with(&[&chain, &pairs, &built]);
+    // The first ERROR of a backend may take a while to report when RUST_BACKTRACE is set (pgrx
+    // captures a backtrace; symbolizing it loads debug info once): have it before measuring.
+    let _ = c.batch_execute("SELECT uvm.drop_segment('it_gjc_no_such_segment')");
     c.batch_execute(&format!(
         "SET max_parallel_workers_per_gather = 0;
-         CREATE TABLE {fact} AS SELECT (1000000 + i)::bigint AS k FROM generate_series(1, {FACT_ROWS}) i;
+         CREATE TABLE {hits} AS SELECT 7::bigint AS k FROM generate_series(1, {FACT_ROWS}) i;
+         CREATE TABLE {misses} AS SELECT (1000000 + i)::bigint AS k FROM generate_series(1, {FACT_ROWS}) i;
          SELECT uvm.gpujoin_build({}, 'SELECT 7::bigint, i::bigint FROM generate_series(1, {CHAIN_ROWS}) i');
          SELECT uvm.gpujoin_pairs_create({}, 16);",
         quote_literal(&chain),
@@ -98,9 +105,10 @@ fn build_probe_and_materialize_answer_cancel_and_statement_timeout() {
         "SELECT uvm.gpujoin_build({}, 'SELECT 1::bigint, i::bigint FROM generate_series(1, {BUILD_ROWS}) i')",
         quote_literal(&built)
     );
-    let probe = format!("SELECT (uvm.gpujoin_probe({}, k)).* FROM {fact}", quote_literal(&chain));
+    let probe = format!("SELECT (uvm.gpujoin_probe({}, k)).* FROM {hits}", quote_literal(&chain));
+    // (misses: hits would append CHAIN_ROWS pairs per key)
     let materialize =
-        format!("SELECT (uvm.gpujoin_materialize({}, {}, k)).* FROM {fact}", quote_literal(&chain), quote_literal(&pairs));
+        format!("SELECT (uvm.gpujoin_materialize({}, {}, k)).* FROM {misses}", quote_literal(&chain), quote_literal(&pairs));
     let after = Duration::from_millis(1500);
     let ran = Duration::from_millis(1400);
     for (what, sql) in [("build", &build), ("probe", &probe), ("materialize", &materialize)] {
@@ -123,14 +131,15 @@ fn build_probe_and_materialize_answer_cancel_and_statement_timeout() {
     )
     .unwrap_or_else(|e| panic!("build after the cancels: {}", describe(&e)));
     let m: i64 = c
-        .query_one(format!("SELECT (uvm.gpujoin_probe({}, k)).matches FROM {fact}", quote_literal(&built)).as_str(), &[])
+        .query_one(format!("SELECT (uvm.gpujoin_probe({}, k)).matches FROM {misses}", quote_literal(&built)).as_str(), &[])
         .unwrap()
         .get(0);
     assert_eq!(m, 0);
-    // the interrupted appends left the buffer incomplete (reserved pairs never written) or
-    // empty: either way it reads back or says so, and it drops
+    // the interrupted appends found no matches: the buffer is empty and complete
+    let n: i64 = c.query_one("SELECT count(*) FROM uvm.gpujoin_pairs($1)", &[&pairs]).unwrap().get(0);
+    assert_eq!(n, 0);
     for s in [&chain, &pairs, &built] {
         drop_segment(&mut c, s);
     }
-    c.batch_execute(&format!("DROP TABLE {fact}")).unwrap();
+    c.batch_execute(&format!("DROP TABLE {hits}, {misses}")).unwrap();
 }
