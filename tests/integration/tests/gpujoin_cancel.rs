@@ -6,9 +6,10 @@
 //!
 //! The work is made long inside pg_uvm_share's own loops, not PostgreSQL's: inner tables whose
 //! keys are all one value have one probe chain as long as their rows (the build inserts along
-//! it, quadratic in the rows; an outer key of that value walks all of it, and so does, in part,
-//! every other key whose home slot falls inside it). Each batch of 64 Ki outer keys then takes
-//! seconds inside one call, where only the extension's own interrupt checks can end it.
+//! it, quadratic in the rows; an outer key of that value walks all of it, and so does a key of
+//! another value whose home slot is near the chain's start: `chain_walkers` picks such keys with
+//! the table's hash). Each batch of 64 Ki outer keys then takes seconds inside one call, where
+//! only the extension's own interrupt checks can end it.
 
 use std::time::{Duration, Instant};
 
@@ -59,6 +60,16 @@ fn time_out_after(c: &mut Client, sql: &str, after: Duration) -> Interrupted {
     Interrupted { latency: total.saturating_sub(after), total }
 }
 
+/// `n` keys (none of them 7) whose home slot in the chain table lies within the first tenth of
+/// key 7's chain, so that each walks most of it without a match. The table's layout
+/// (src/gpujoin/table.rs): seed 0, tag = mix(key) | 1, home = tag & (slot_count - 1).
+fn chain_walkers(n: usize) -> Vec<i64> {
+    let slots = (2 * CHAIN_ROWS as u64).next_power_of_two();
+    let home = |k: i64| (mix(k as u64) | 1) & (slots - 1);
+    let start = home(7);
+    (1_000_000i64..).filter(|&k| (home(k).wrapping_sub(start) & (slots - 1)) < CHAIN_ROWS as u64 / 10).take(n).collect()
+}
+
 fn pins_held(c: &mut Client, pid: i32) -> i64 {
     c.query_one("SELECT coalesce(sum(pins), 0)::bigint FROM uvm.attachments WHERE pid = $1", &[&pid]).unwrap().get(0)
 }
@@ -91,12 +102,18 @@ fn build_probe_and_materialize_answer_cancel_and_statement_timeout() {
     c.batch_execute(&format!(
         "SET max_parallel_workers_per_gather = 0;
          CREATE TABLE {hits} AS SELECT 7::bigint AS k FROM generate_series(1, {FACT_ROWS}) i;
-         CREATE TABLE {misses} AS SELECT (1000000 + i)::bigint AS k FROM generate_series(1, {FACT_ROWS}) i;
+         CREATE TABLE {misses} (k bigint);
          SELECT uvm.gpujoin_build({}, 'SELECT 7::bigint, i::bigint FROM generate_series(1, {CHAIN_ROWS}) i');
          SELECT uvm.gpujoin_pairs_create({}, 16);",
         quote_literal(&chain),
         quote_literal(&pairs)
     ))
+    .unwrap_or_else(|e| panic!("setup: {}", describe(&e)));
+    let walkers = chain_walkers(1000);
+    c.execute(
+        format!("INSERT INTO {misses} SELECT ($1::bigint[])[1 + i % 1000] FROM generate_series(1, {FACT_ROWS}) i").as_str(),
+        &[&walkers],
+    )
     .unwrap_or_else(|e| panic!("setup: {}", describe(&e)));
 
     // How long each runs uninterrupted is not measured (minutes on a slow machine); each is
