@@ -250,7 +250,7 @@ impl<'a> Target<'a> {
             pin.bytes(0, pin.info.size as i64)?; // refuses tiers the CPU cannot address
         }
         let base = pin.addr(0, HEADER_BYTES as i64)?;
-        if base % 8 != 0 {
+        if !base.is_multiple_of(8) {
             return Err(UvmError::new(Code::SystemError, "result buffer memory is misaligned"));
         }
         Ok(Target { base, cap: capacity(pin.info.size), _pin: std::marker::PhantomData })

@@ -249,7 +249,7 @@ impl<'a> Table<'a> {
         let header = parse_header(name, bytes, bytes.len() as u64)?;
         // SAFETY: parse_header checked that HEADER_BYTES + slot_count * SLOT_BYTES <= len.
         let start = unsafe { bytes.as_ptr().add(HEADER_BYTES as usize) };
-        if start as usize % std::mem::align_of::<u64>() != 0 {
+        if !(start as usize).is_multiple_of(std::mem::align_of::<u64>()) {
             return Err(not_a_table(name, "misaligned"));
         }
         Ok(Table { header, name, slots: start as *const u64, ticks: Ticks::default(), _bytes: PhantomData })
@@ -279,36 +279,66 @@ impl<'a> Table<'a> {
         unsafe { std::ptr::read_volatile(self.slots.add(i as usize * SLOT_WORDS + w)) }
     }
 
-    /// Calls `f(payload)` for every row whose key equals `key`. Walks at most `slot_count`
-    /// slots: a chain without an empty slot is a corrupted table (22023).
-    #[inline]
-    pub fn for_each_match(&self, key: i64, mut f: impl FnMut(i64)) -> Result<()> {
+    /// Walks `key`'s chain, calling `f(payload)` for every row whose key equals `key`. Returns
+    /// the steps walked, or `None` when `slot_count` steps found no empty slot (a corrupted
+    /// table). A walk longer than [`interrupt::EVERY`] steps checks for interrupts on its way;
+    /// the inner loop has no other branch than the bound's.
+    #[inline(always)]
+    fn walk(&self, key: i64, mut f: impl FnMut(i64)) -> Result<Option<u64>> {
         let t = tag(key, self.header.seed);
         let n = self.header.slot_count;
         let mask = n - 1;
         let mut i = t & mask;
-        for step in 1..n + 1 {
-            let st = self.word(i, 0);
-            if st == 0 {
-                return self.ticks.add(step);
+        let mut walked = 0u64;
+        loop {
+            let lim = (n - walked).min(interrupt::EVERY);
+            for step in 0..lim {
+                let st = self.word(i, 0);
+                if st == 0 {
+                    return Ok(Some(walked + step + 1));
+                }
+                if st == t && self.word(i, 1) as i64 == key {
+                    f(self.word(i, 2) as i64);
+                }
+                i = (i + 1) & mask;
             }
-            if st == t && self.word(i, 1) as i64 == key {
-                f(self.word(i, 2) as i64);
+            walked += lim;
+            if walked == n {
+                return Ok(None);
             }
-            i = (i + 1) & mask;
-            interrupt::check_every(step)?;
+            interrupt::check()?;
         }
-        Err(corrupted(self.name, &format!("a probe found no empty slot in {n} slots")))
     }
 
-    /// Matches and payload sum of `keys` (non-NULL keys: NULL keys never match).
+    fn no_empty_slot(&self) -> UvmError {
+        corrupted(self.name, &format!("a probe found no empty slot in {} slots", self.header.slot_count))
+    }
+
+    /// Calls `f(payload)` for every row whose key equals `key`. Walks at most `slot_count`
+    /// slots: a chain without an empty slot is a corrupted table (22023).
+    #[inline]
+    pub fn for_each_match(&self, key: i64, f: impl FnMut(i64)) -> Result<()> {
+        match self.walk(key, f)? {
+            Some(steps) => self.ticks.add(steps),
+            None => Err(self.no_empty_slot()),
+        }
+    }
+
+    /// Matches and payload sum of `keys` (non-NULL keys: NULL keys never match). Checks for
+    /// interrupts every [`interrupt::EVERY`] steps, however they are spread over the keys.
     pub fn probe(&self, keys: &[i64]) -> Result<(u64, i128)> {
         let (mut matches, mut sum) = (0u64, 0i128);
+        let mut ticks = 0u64;
         for k in keys {
-            self.for_each_match(*k, |p| {
+            let walked = self.walk(*k, |p| {
                 matches += 1;
                 sum += p as i128;
             })?;
+            ticks += walked.ok_or_else(|| self.no_empty_slot())?;
+            if ticks >= interrupt::EVERY {
+                ticks = 0;
+                interrupt::check()?;
+            }
         }
         Ok((matches, sum))
     }
@@ -343,7 +373,7 @@ impl<'a> Builder<'a> {
                 format!("a hash table of {rows} rows needs {need} bytes, the segment has {}", bytes.len()),
             ));
         }
-        if bytes.as_ptr() as usize % std::mem::align_of::<u64>() != 0 {
+        if !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<u64>()) {
             return Err(UvmError::new(Code::SystemError, "hash table memory is misaligned"));
         }
         // The header first: from here on the segment is no table until `finish`.
@@ -601,8 +631,8 @@ mod tests {
         let mut buf2 = buffer(table_bytes(4));
         let mut b2 = Builder::new("ht1", as_bytes(&mut buf2), KeyType::Int8, 4, 0).unwrap();
         for i in 0..16 {
-            // SAFETY (test): fills every tag through the builder's own pointer, as another
-            // process could.
+            // SAFETY: the builder's own pointer to slot i's tag (i < 16 slots); fills every
+            // tag as another process could.
             unsafe { std::ptr::write_volatile(b2.word(i, 0), 5) };
         }
         assert!(b2.insert(Some(9), 9).unwrap_err().message.contains("a build found no empty slot in 16 slots"));
@@ -619,7 +649,7 @@ mod tests {
         assert_eq!(b.insert(Some(3), 3).unwrap_err().code, Code::InvalidParameterValue, "more rows than counted");
         assert_eq!(b.rows(), (2, 1));
         // before finish the old table is gone (header zeroed first)
-        // SAFETY (test): reading the header bytes through the builder's base pointer.
+        // SAFETY: the builder's base points to the header of our own, live buffer.
         let magic = unsafe { std::ptr::read(b.base as *const u64) };
         assert_eq!(magic, 0);
         let h = b.finish();
@@ -736,6 +766,35 @@ mod tests {
             let t = Table::view("t", as_bytes(&mut buf)).unwrap();
             let non_null: Vec<i64> = keys.iter().flatten().copied().collect();
             prop_assert_eq!(t.probe(&non_null).unwrap(), reference(&rows, &keys));
+        }
+    }
+}
+
+/// The CPU probe's speed (not run by default):
+/// `cargo test --release -p pg_uvm_share --lib gpujoin::table::bench -- --ignored --nocapture`.
+#[cfg(test)]
+mod bench {
+    use super::*;
+
+    #[test]
+    #[ignore]
+    fn probe_ns_per_key() {
+        for (rows, range) in [(10_000u64, 20_000u64), (1_000_000, 2_000_000)] {
+            let data: Vec<(Option<i64>, i64)> = (0..rows as i64).map(|i| (Some(i), i)).collect();
+            let mut buf = vec![0u64; (table_bytes(rows) as usize).div_ceil(8)];
+            // SAFETY: our own buffer as bytes.
+            let b = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, buf.len() * 8) };
+            build(b, KeyType::Int8, &data, 1).unwrap();
+            let keys: Vec<i64> = (0..10_000_000u64).map(|i| (mix(i) % range) as i64).collect();
+            let t = Table::view("t", b).unwrap();
+            let mut best = f64::MAX;
+            for _ in 0..5 {
+                let s = std::time::Instant::now();
+                let r = t.probe(&keys).unwrap();
+                best = best.min(s.elapsed().as_secs_f64());
+                std::hint::black_box(r);
+            }
+            eprintln!("rows {rows}: {:.2} ns/key", best * 1e9 / keys.len() as f64);
         }
     }
 }

@@ -1,7 +1,9 @@
 //! The GpuJoin SQL surface:
 //!
 //! - `uvm.gpujoin_build` puts an inner hash table into a segment (built by a kernel under the
-//!   CUDA provider, on the CPU under the host provider);
+//!   CUDA provider, on the CPU under the host provider), reading its query twice through a
+//!   scrollable cursor (count, then insert a batch at a time), writing the header last and
+//!   dropping the segment if the build fails or is cancelled;
 //! - the aggregate `uvm.gpujoin_probe(segment, key)` probes it from every parallel worker and
 //!   returns `(matches, payload_sum)`, as `count(*), sum(payload)` of the equivalent join would;
 //! - `uvm.gpujoin_pairs_create` makes a result buffer, the aggregate
@@ -243,8 +245,11 @@ fn cpu_build(
     Ok(rows)
 }
 
+/// Rows per `uvm_join_build` launch: 16 MiB of host buffers, whatever the query returns.
+const GPU_BUILD_ROWS: usize = 1 << 20;
+
 /// Pass two on the GPU: zeroes the header, then the slots (a kernel), inserts the cursor's rows
-/// a batch per kernel launch, and writes the header last; returns the rows.
+/// [`GPU_BUILD_ROWS`] per kernel launch, and writes the header last; returns the rows.
 fn gpu_build(
     pin: &mut crate::segment::Pin<super::PgEnv>,
     cur: &mut BuildCursor,
@@ -259,20 +264,18 @@ fn gpu_build(
     // SAFETY: `slots` addresses the n slots of our pinned segment (bounds-checked by addr),
     // 8-byte aligned (segments start on a page; HEADER_BYTES is a multiple of 8).
     g.with_kernels(|k| unsafe { k.zero(slots, n * table::SLOT_BYTES / 8) })?;
-    let (mut keys, mut payloads) = (Vec::with_capacity(FETCH_ROWS), Vec::with_capacity(FETCH_ROWS));
+    let (mut keys, mut payloads) = (Vec::with_capacity(GPU_BUILD_ROWS), Vec::with_capacity(GPU_BUILD_ROWS));
     let (mut rows, mut inserted) = (0u64, 0u64);
-    while cur.fetch(batch) > 0 {
-        crate::interrupt::check()?;
-        keys.clear();
-        payloads.clear();
+    loop {
+        let got = cur.fetch(batch);
         for (k, p) in batch.iter() {
             if let Some(k) = k {
                 keys.push(*k);
                 payloads.push(*p);
+                inserted += 1;
             }
         }
-        rows += batch.len() as u64;
-        inserted += keys.len() as u64;
+        rows += got as u64;
         if inserted > stored {
             return Err(UvmError::new(
                 Code::InvalidParameterValue,
@@ -280,10 +283,19 @@ fn gpu_build(
             )
             .hint("The query must return the same rows when it is read twice; avoid volatile functions in it."));
         }
-        // SAFETY: as for zero; n is a power of two.
-        let left_out = g.with_kernels(|k| unsafe { k.join_build(slots, n - 1, 0, &keys, &payloads) })?;
-        if left_out > 0 {
-            return Err(table::corrupted(&pin.info.name, &format!("a build found no empty slot in {n} slots")));
+        // One launch per GPU_BUILD_ROWS rows (the next fetch could overflow the buffers), and
+        // one for the rest.
+        if keys.len() + FETCH_ROWS > GPU_BUILD_ROWS || (got == 0 && !keys.is_empty()) {
+            // SAFETY: as for zero; n is a power of two.
+            let left_out = g.with_kernels(|k| unsafe { k.join_build(slots, n - 1, 0, &keys, &payloads) })?;
+            if left_out > 0 {
+                return Err(table::corrupted(&pin.info.name, &format!("a build found no empty slot in {n} slots")));
+            }
+            keys.clear();
+            payloads.clear();
+        }
+        if got == 0 {
+            break;
         }
     }
     let header = table::Header { slot_count: n, ..table::header_for(kt, inserted, rows - inserted, 0) };
@@ -307,7 +319,7 @@ fn defer_limit() -> usize {
 /// # Safety
 /// `fcinfo` must be the aggregate support function's call info; `state` must be null or a
 /// pointer made by this function.
-unsafe fn state<'a>(state: &'a mut Internal, fcinfo: pg_sys::FunctionCallInfo) -> &'a mut ProbeState {
+unsafe fn state(state: &mut Internal, fcinfo: pg_sys::FunctionCallInfo) -> &mut ProbeState {
     // SAFETY: forwarded contract.
     unsafe {
         if !state.initialized() {
@@ -439,7 +451,7 @@ unsafe fn transition(fcinfo: pg_sys::FunctionCallInfo, materialize: bool, key_wi
         if !pgrx::fcinfo::pg_arg_is_null(fcinfo, key_arg) {
             let d = pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, key_arg);
             st.keys.push(if key_width == 4 { i64::from(d.value() as i32) } else { d.value() as i64 });
-            if st.keys.len() % BATCH == 0 && !(crate::gpu::warming() && st.keys.len() < defer_limit()) {
+            if st.keys.len().is_multiple_of(BATCH) && !(crate::gpu::warming() && st.keys.len() < defer_limit()) {
                 flush(st);
             }
         }
