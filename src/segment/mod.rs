@@ -72,6 +72,8 @@ use crate::registry::{
 use crate::uvm_err;
 
 #[cfg(test)]
+mod model_tests;
+#[cfg(test)]
 pub(crate) mod tests;
 
 /// What the segment layer needs from its host process. There is no unlocked access to the
