@@ -8,14 +8,17 @@ use std::time::Duration;
 
 use super::protocol::{self, Op, Request, Response, Status, MAX_MESSAGE};
 use super::server::sockaddr;
-use crate::error::{Code, Result, UvmError};
+use crate::error::{Code, Kind, Result, UvmError};
 
 pub struct Client {
     sock: OwnedFd,
 }
 
+/// A failed connect, send or receive: of kind `BrokerConnection`, which the segment layer
+/// retries once on a fresh connection.
 fn broker_error(what: &str, e: io::Error) -> UvmError {
     UvmError::new(Code::SystemError, format!("could not {what} the pg_uvm_share broker: {e}"))
+        .with_kind(Kind::BrokerConnection)
         .hint("Check the server log for the broker's status.")
 }
 

@@ -101,8 +101,8 @@ fn not_pairs(name: &str, why: &str) -> UvmError {
 
 /// Reads and validates a result buffer's header (wherever its first chunk lies).
 pub fn read_header<E: Env>(pin: &Pin<E>) -> Result<PairsHeader> {
-    let name = &pin.info.name;
-    if pin.info.size < HEADER_BYTES {
+    let name = &pin.info().name;
+    if pin.info().size < HEADER_BYTES {
         return Err(not_pairs(name, "too small"));
     }
     let mut raw = [0u8; HEADER_BYTES as usize];
@@ -121,11 +121,11 @@ pub fn read_header<E: Env>(pin: &Pin<E>) -> Result<PairsHeader> {
 /// The number of pairs a complete buffer holds; an error while writers are missing.
 pub fn complete_pairs<E: Env>(pin: &Pin<E>) -> Result<u64> {
     let h = read_header(pin)?;
-    if h.written != h.next || h.next > capacity(pin.info.size) {
+    if h.written != h.next || h.next > capacity(pin.info().size) {
         return Err(uvm_err!(
             Code::ObjectNotInPrerequisiteState,
             "GpuJoin result buffer \"{}\" is incomplete: {} pairs reserved, {} written",
-            pin.info.name,
+            pin.info().name,
             h.next,
             h.written
         )
@@ -185,7 +185,7 @@ pub fn append_batch<E: Env>(
     appender: &mut dyn Appender,
 ) -> Result<()> {
     let inner_pin = segs.pin(inner, |o| authorize(o, inner, "read"))?;
-    let size = inner_pin.info.size;
+    let size = inner_pin.info().size;
     let (header, slots) = table::locate(&inner_pin, key_type)?;
     let cpu = if appender.cpu() { Some(Table::view(inner_pin.bytes(0, size as i64)?)?) } else { None };
     let inner_view = Inner { header, slots, cpu };
@@ -193,10 +193,10 @@ pub fn append_batch<E: Env>(
         let out = segs.pin(result, |o| authorize(o, result, "write"))?;
         read_header(&out)?;
         if appender.cpu() {
-            out.bytes(0, out.info.size as i64)?; // refuses tiers the CPU cannot address
+            out.bytes(0, out.info().size as i64)?; // refuses tiers the CPU cannot address
         }
-        let target = Target { base: out.addr(0, HEADER_BYTES as i64)?, cap: capacity(out.info.size) };
-        let (size, max_size) = (out.info.size, out.info.max_size);
+        let target = Target { base: out.addr(0, HEADER_BYTES as i64)?, cap: capacity(out.info().size) };
+        let (size, max_size) = (out.info().size, out.info().max_size);
         match appender.run(&inner_view, target)? {
             Step::Done => return Ok(()),
             Step::Need(pairs) => {
@@ -366,9 +366,9 @@ mod tests {
         let n = complete_pairs(&pin).unwrap();
         assert_eq!(n, expected.len() as u64);
         assert!(
-            pin.info.size >= bytes_for(n) && pin.info.chunks.len() > 1,
+            pin.info().size >= bytes_for(n) && pin.info().chunks.len() > 1,
             "grew into several chunks: {:?}",
-            pin.info.chunks.len()
+            pin.info().chunks.len()
         );
         let mut got = vec![[0i64; 2]; n as usize];
         read_pairs(&pin, 0, &mut got).unwrap();

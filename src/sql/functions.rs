@@ -169,7 +169,7 @@ fn unpin_segment(name: &str) -> bool {
 /// spent mapping (0 when the mapping was already current).
 #[pg_extern(volatile, parallel_safe)]
 fn attach_segment(name: &str) -> f64 {
-    with_segments(|s| Ok(s.pin(name, |o| authorize(o, name, "read"))?.map_ms))
+    with_segments(|s| Ok(s.pin(name, |o| authorize(o, name, "read"))?.map_ms()))
 }
 
 /// The provider and its capabilities, as (property, value) rows.
@@ -221,7 +221,7 @@ fn with_cuda<R>(f: impl FnOnce(&mut crate::segment::Segments<super::PgEnv>) -> c
 fn bench_segment_read(name: &str, iterations: i32) -> f64 {
     with_cuda(|s| {
         let pin = s.pin(name, |o| authorize(o, name, "read"))?;
-        let size = pin.info.size as i64;
+        let size = pin.info().size as i64;
         let addr = pin.addr(0, size)?;
         crate::gpu::gpu()?.with_kernels(|k| k.read_bandwidth(addr, size as u64, iterations.max(1) as u32))
     })

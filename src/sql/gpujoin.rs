@@ -184,7 +184,7 @@ fn flush(st: &mut ProbeState) {
             // On the GPU: kernels over the table where it lies (device or host tier).
             return crate::gpu::gpu()?.with_kernels(|k| k.join_probe(slots, h.slot_count - 1, h.seed, keys));
         }
-        Ok(Table::view(pin.bytes(0, pin.info.size as i64)?)?.probe(keys))
+        Ok(Table::view(pin.bytes(0, pin.info().size as i64)?)?.probe(keys))
     });
     st.absorb(m, sum);
 }
@@ -350,7 +350,7 @@ fn gpujoin_pairs_create(
         s.create(segment, size, max_size, pref, current_user(), now())?;
         let mut pin = s.pin(segment, |o| authorize(o, segment, "write"))?;
         pin.write_from(0, &PairsHeader::new().as_bytes())?;
-        Ok(pairs::capacity(pin.info.size) as i64)
+        Ok(pairs::capacity(pin.info().size) as i64)
     })
 }
 
