@@ -395,8 +395,8 @@ fn broker_survives_a_flood_of_connections() {
     // The broker serves MaxBackends + 64 connections (src/broker/worker.rs).
     let max_backends: i64 = admin
         .query_one(
-            "SELECT current_setting('max_connections')::int + current_setting('autovacuum_max_workers')::int + 1 \
-                  + current_setting('max_worker_processes')::int + current_setting('max_wal_senders')::int",
+            "SELECT (current_setting('max_connections')::int + current_setting('autovacuum_max_workers')::int + 1 \
+                  + current_setting('max_worker_processes')::int + current_setting('max_wal_senders')::int)::bigint",
             &[],
         )
         .unwrap()
@@ -428,17 +428,39 @@ fn broker_survives_a_flood_of_connections() {
     assert_survived(&b);
 }
 
-/// Restores a process's open-file limit on scope exit (a failing test must not leave the
+/// The soft and hard open-file limits of a process, from /proc/<pid>/limits.
+fn nofile_limits(pid: i32) -> (u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("read /proc/<pid>/limits");
+    let line = text.lines().find(|l| l.starts_with("Max open files")).expect("a 'Max open files' line");
+    let v: Vec<u64> = line["Max open files".len()..].split_whitespace().take(2).map(|x| x.parse().unwrap()).collect();
+    (v[0], v[1])
+}
+
+/// Sets a process's soft open-file limit. prlimit(2) on another process needs its uid (or
+/// CAP_SYS_RESOURCE, which a container's root may lack): done as the cluster's owner.
+fn set_nofile(pid: i32, soft: u64, hard: u64) -> Result<(), String> {
+    as_cluster_owner(|| {
+        let lim = libc::rlimit { rlim_cur: soft as libc::rlim_t, rlim_max: hard as libc::rlim_t };
+        // SAFETY: prlimit on a process of the cluster, reading a live local.
+        match unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &lim, std::ptr::null_mut()) } {
+            0 => Ok(()),
+            _ => Err(format!("prlimit({pid}, {soft}): {}", io::Error::last_os_error())),
+        }
+    })
+}
+
+/// Restores the broker's open-file limit on scope exit (a failing test must not leave the
 /// broker crippled for the tests that follow).
 struct LimitGuard {
     pid: i32,
-    old: libc::rlimit,
+    old: (u64, u64),
 }
 
 impl Drop for LimitGuard {
     fn drop(&mut self) {
-        // SAFETY: prlimit on a pid of the test's own cluster, reading a live local.
-        unsafe { libc::prlimit(self.pid, libc::RLIMIT_NOFILE, &self.old, std::ptr::null_mut()) };
+        if let Err(e) = set_nofile(self.pid, self.old.0, self.old.1) {
+            eprintln!("could not restore the broker's open-file limit: {e}");
+        }
     }
 }
 
@@ -447,21 +469,14 @@ fn broker_survives_running_out_of_fds() {
     let mut admin = connect();
     let b = before(&mut admin);
     // The lowest fd number the broker has free: with the soft limit there, it can open none.
-    let open: std::collections::HashSet<i32> = std::fs::read_dir(format!("/proc/{}/fd", b.broker))
+    let open: std::collections::HashSet<u64> = std::fs::read_dir(format!("/proc/{}/fd", b.broker))
         .expect("list the broker's fds (the tests run as root or as the cluster's owner)")
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
     let lowest_free = (0..).find(|fd| !open.contains(fd)).unwrap();
-    // SAFETY: rlimit is plain data.
-    let mut old: libc::rlimit = unsafe { std::mem::zeroed() };
-    // SAFETY: prlimit on the broker (root, or its owner), reading and writing live locals.
-    let rc = unsafe { libc::prlimit(b.broker, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) };
-    assert_eq!(rc, 0, "prlimit: {}", io::Error::last_os_error());
+    let old = nofile_limits(b.broker);
     let guard = LimitGuard { pid: b.broker, old };
-    let tight = libc::rlimit { rlim_cur: lowest_free as libc::rlim_t, rlim_max: old.rlim_max };
-    // SAFETY: as above.
-    let rc = unsafe { libc::prlimit(b.broker, libc::RLIMIT_NOFILE, &tight, std::ptr::null_mut()) };
-    assert_eq!(rc, 0, "prlimit: {}", io::Error::last_os_error());
+    set_nofile(b.broker, lowest_free, old.1).unwrap();
 
     // A new session needs a new broker connection: refused, with a clear error.
     let mut fresh = connect();
