@@ -409,6 +409,54 @@ mod tests {
     }
 
     #[test]
+    fn foreign_control_messages_and_surplus_fds_are_reported() {
+        // With SO_PASSCRED the kernel attaches SCM_CREDENTIALS to every message: a control
+        // message that is not SCM_RIGHTS, which the server refuses.
+        let (a, b) = socketpair().unwrap();
+        let on: libc::c_int = 1;
+        // SAFETY: setsockopt reads an int from a live local.
+        let rc = unsafe {
+            libc::setsockopt(
+                b.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PASSCRED,
+                &on as *const libc::c_int as *const libc::c_void,
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0);
+        send_msg(a.as_fd(), b"hi", None).unwrap();
+        let mut buf = [0u8; MAX_MESSAGE];
+        let got = recv(b.as_fd(), &mut buf, true).unwrap();
+        assert!(got.foreign_control && !got.is_clean(), "{got:?}");
+        send_msg(a.as_fd(), b"hi", None).unwrap();
+        assert_eq!(recv_msg(b.as_fd(), &mut buf).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        // More fds than the control buffer holds: those that fit are received (to be closed),
+        // the rest dropped by the kernel, and the message is marked.
+        let (c, d) = socketpair().unwrap();
+        let (p, _q) = socketpair().unwrap();
+        let fds = [p.as_raw_fd(); 20];
+        let mut cbuf = [0u64; 16];
+        let mut iov = libc::iovec { iov_base: b"x".as_ptr() as *mut libc::c_void, iov_len: 1 };
+        // SAFETY: msghdr is plain data; the control buffer (128 bytes) holds one header and 20 fds.
+        unsafe {
+            let mut hdr: libc::msghdr = zeroed();
+            hdr.msg_iov = &mut iov;
+            hdr.msg_iovlen = 1;
+            hdr.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+            hdr.msg_controllen = libc::CMSG_SPACE(80) as usize;
+            let cm = libc::CMSG_FIRSTHDR(&hdr);
+            (*cm).cmsg_level = libc::SOL_SOCKET;
+            (*cm).cmsg_type = libc::SCM_RIGHTS;
+            (*cm).cmsg_len = libc::CMSG_LEN(80) as usize;
+            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cm) as *mut RawFd, 20);
+            assert_eq!(libc::sendmsg(c.as_raw_fd(), &hdr, 0), 1);
+        }
+        let got = recv(d.as_fd(), &mut buf, true).unwrap();
+        assert!(got.fds_truncated && !got.is_clean() && got.fds.len() == (CMSG_BUF - 16) / 4, "{got:?}");
+    }
+
+    #[test]
     fn peer_uid_is_ours() {
         let (a, _b) = socketpair().unwrap();
         // SAFETY: geteuid has no preconditions.

@@ -618,7 +618,7 @@ mod tests {
         assert_eq!(&buf, b"shared!");
         assert_eq!(c2.stats(5).unwrap(), 1);
         let e = c2.get(4, 42).unwrap_err();
-        assert!(e.message.contains("epoch"), "{e}");
+        assert_eq!(e.code, crate::error::Code::ObjectNotInPrerequisiteState, "{e}");
         assert!(c2.get(5, 43).is_err());
         c1.release(5, 42).unwrap();
         assert_eq!(c1.stats(5).unwrap(), 0);
