@@ -183,6 +183,17 @@ fn writers_closed(read_end: &OwnedFd) -> bool {
     n == 1 && p.revents & libc::POLLHUP != 0
 }
 
+/// Raises this process's soft open-file limit to the hard one (the flood holds 1,000 sockets).
+fn raise_nofile() {
+    // SAFETY: getrlimit/setrlimit read and write a live local.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+}
+
 /// Runs `f` as the cluster's OS user: in a forked child that takes the data directory's owner's
 /// uid and gid (or in this process, when it is that user). The child's error comes back through
 /// a pipe.
@@ -191,6 +202,7 @@ fn as_cluster_owner(f: impl FnOnce() -> Result<(), String>) -> Result<(), String
     let (uid, gid) = (meta.uid(), meta.gid());
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == uid {
+        raise_nofile();
         return f();
     }
     let (read_end, write_end) = pipe();
@@ -202,13 +214,9 @@ fn as_cluster_owner(f: impl FnOnce() -> Result<(), String>) -> Result<(), String
     if pid == 0 {
         drop(read_end);
         let r = (|| {
-            // SAFETY: plain credential and limit calls of this (child) process.
+            raise_nofile();
+            // SAFETY: plain credential calls of this (child) process.
             unsafe {
-                // as many connections as the flood needs: soft limit up to the hard one
-                let mut lim: libc::rlimit = std::mem::zeroed();
-                libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-                lim.rlim_cur = lim.rlim_max;
-                libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
                 if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
                     return Err(format!("cannot become uid {uid}: {}", io::Error::last_os_error()));
                 }
