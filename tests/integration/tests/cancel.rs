@@ -6,7 +6,7 @@
 //! were), and the next call works.
 //!
 //! Host provider. A checksum or fill is long only over a large segment, so the segment here is
-//! large (`UVM_CANCEL_SEGMENT_BYTES`, default 3 GiB of memfd, released at the end); the test
+//! large (`UVM_CANCEL_SEGMENT_BYTES`, default 4 GiB of memfd, released at the end); the test
 //! checks that an uninterrupted run takes clearly longer than the moment of the interrupt, so that
 //! a machine fast enough to finish first fails loudly rather than passing for nothing. Growth and
 //! prefetch do no long work per call under the host provider (a chunk is a sparse memfd; one tier,
@@ -22,8 +22,14 @@ use pg_uvm_share_tests::*;
 /// The most an interrupted statement may take to give up.
 const WITHIN: Duration = Duration::from_secs(1);
 
+/// The most a checksum or fill may run on after an interrupt: they serve it between blocks of
+/// well under a millisecond (the issue asks for 100 ms; the rest is slack for a loaded machine).
+/// An uninterrupted run must take clearly longer, so that an interrupt served only by the
+/// executor after the function returned fails this.
+const SERVED_INSIDE: Duration = Duration::from_millis(200);
+
 fn segment_bytes() -> i64 {
-    std::env::var("UVM_CANCEL_SEGMENT_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(3 << 30)
+    std::env::var("UVM_CANCEL_SEGMENT_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(4 << 30)
 }
 
 /// Bytes of the chunks that back segment `name` (`host_bytes + device_bytes`).
@@ -95,7 +101,9 @@ fn checksum_and_fill_of_a_large_segment_answer_cancel_and_timeout() {
     let fill = |seed: i64| format!("SELECT uvm.fill_segment({q}, 0, {size}, {seed})");
     let checksum = format!("SELECT uvm.checksum_segment({q}, 0, {size})");
 
-    // Uninterrupted: how long each takes here, and the reference checksum.
+    // Uninterrupted: how long each takes here (the first fill also faults the pages in, so the
+    // second one is timed), and the reference checksum.
+    timed(&mut c, &fill(7));
     let fill_time = timed(&mut c, &fill(7));
     let t = Instant::now();
     let sum: i64 = c.query_one(checksum.as_str(), &[]).unwrap_or_else(|e| panic!("checksum: {}", describe(&e))).get(0);
@@ -105,10 +113,10 @@ fn checksum_and_fill_of_a_large_segment_answer_cancel_and_timeout() {
     assert_consistent(&mut c, "after the reference fill", &name, Some(size), broker, before);
 
     for (what, sql, full) in [("fill_segment", fill(9), fill_time), ("checksum_segment", checksum.clone(), checksum_time)] {
-        // Interrupt at a quarter of the uninterrupted time, which must leave room to notice.
-        let at = (full / 4).min(Duration::from_millis(300));
+        // Interrupt at a fifth of the uninterrupted time, which must leave room to notice.
+        let at = (full / 5).min(Duration::from_millis(200));
         assert!(
-            full >= Duration::from_millis(200) && full >= at * 3,
+            full >= at + 3 * SERVED_INSIDE,
             "{what} of {size} bytes takes only {} ms here: too short to interrupt; raise UVM_CANCEL_SEGMENT_BYTES",
             full.as_millis()
         );
@@ -116,6 +124,15 @@ fn checksum_and_fill_of_a_large_segment_answer_cancel_and_timeout() {
             let i = run_and_interrupt(&mut c, &sql, how);
             eprintln!("{what}: {}", i.describe());
             assert_interrupted(what, &i, WITHIN);
+            // Served inside the function, not by the executor once the function has finished
+            // (which would also give 57014, and within 1 s on a fast machine).
+            assert!(
+                i.after_interrupt <= SERVED_INSIDE,
+                "{what}: the interrupt was served only {} ms after it came, of {} ms for a whole run; {}",
+                i.after_interrupt.as_millis(),
+                full.as_millis(),
+                i.describe()
+            );
             assert_consistent(&mut c, &format!("{what} after {how:?}"), &name, Some(size), broker, before);
             // The session works on: a small call on the same segment.
             let small: i64 = c
