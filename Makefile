@@ -55,8 +55,20 @@ help:
 prereqs:
 	scripts/install-prereqs.sh
 
+# cargo pgrx install writes the current version's script and copies the update scripts
+# (sql/pg_uvm_share--<from>--<to>.sql), but not the frozen install scripts of earlier versions
+# (sql/pg_uvm_share--<version>.sql), which CREATE EXTENSION ... VERSION '<old>' needs (the
+# upgrade test, tests/regress/sql/uvm_upgrade.sql): those are copied here.
 install: prereqs
 	$(CARGO) pgrx install --release --pg-config $(PG_CONFIG) $(if $(IS_ROOT),,--sudo)
+	@ext="$$($(PG_CONFIG) --sharedir)/extension"; \
+	current="pg_uvm_share--$$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1).sql"; \
+	for f in sql/pg_uvm_share--*.sql; do \
+	  b=$$(basename "$$f"); \
+	  case "$$b" in pg_uvm_share--*--*.sql|"$$current") continue ;; esac; \
+	  echo "installing frozen install script $$b into $$ext"; \
+	  $(if $(IS_ROOT),,sudo) install -m 644 "$$f" "$$ext/$$b"; \
+	done
 
 # Plain-Rust unit tests of the extension crate (the workspace root package only).
 unit:

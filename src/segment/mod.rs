@@ -377,6 +377,8 @@ impl<E: Env> MigrationFlag<E> {
             match attempt {
                 Ok(()) => return Ok(MigrationFlag { env: env.clone(), id }),
                 Err(e) if e.code == Code::ObjectInUse && started.elapsed() < wait => {
+                    // The wait may last pin_wait_timeout (seconds): answer cancel meanwhile.
+                    crate::interrupt::check()?;
                     std::thread::sleep(Duration::from_millis(2));
                 }
                 Err(e) if e.code == Code::ObjectInUse => {
@@ -601,6 +603,8 @@ impl<E: Env> Segments<E> {
         // Set when the device is out of memory for an `auto` chunk: it goes to the host tier.
         let mut spill = false;
         loop {
+            // Before each chunk (none is pending here): a growth by many chunks answers cancel.
+            crate::interrupt::check()?;
             let (pending, epoch) = {
                 let mut reg = self.env.exclusive()?;
                 let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
@@ -754,6 +758,8 @@ impl<E: Env> Segments<E> {
                     self.limits.pin_wait.as_millis()
                 ));
             }
+            // No pin is held yet: an interrupt here leaves nothing behind.
+            crate::interrupt::check()?;
             std::thread::sleep(Duration::from_millis(1));
         };
         // From here on, an error drops `held`, which gives the pin back.
@@ -870,6 +876,9 @@ impl<E: Env> Segments<E> {
         let _flag = MigrationFlag::begin(&self.env, info.id, name, self.limits.pin_wait)?;
         let mut stats = MigrationStats { bytes, chunks: moving.len() as u32, wait_ms: ms(started), ..Default::default() };
         for c in &moving {
+            // Between chunks: each migrate_chunk is all-or-nothing, so an interrupt here leaves
+            // every chunk either moved or in place (and the flag is cleared by its guard).
+            crate::interrupt::check()?;
             self.migrate_chunk(info.id, c, target, &mut stats)?;
         }
         stats.other_ms = ms(started) - stats.wait_ms - stats.map_ms - stats.alloc_ms - stats.copy_ms;

@@ -285,7 +285,9 @@ fn gpujoin_probe_combine(mut a: Internal, mut b: Internal, fcinfo: pg_sys::Funct
     a
 }
 
-#[pg_extern(volatile, parallel_safe)]
+// STRICT, as PostgreSQL requires of serialization functions: a NULL state (a worker that saw
+// no rows) is passed on as NULL without a call.
+#[pg_extern(volatile, parallel_safe, strict)]
 fn gpujoin_probe_serial(mut internal: Internal) -> Vec<u8> {
     // SAFETY: the aggregate's state, or null.
     match unsafe { internal.get_mut::<ProbeState>() } {
@@ -297,7 +299,9 @@ fn gpujoin_probe_serial(mut internal: Internal) -> Vec<u8> {
     }
 }
 
-#[pg_extern(volatile, parallel_safe)]
+// STRICT, as PostgreSQL requires of deserialization functions (it passes a non-NULL dummy as
+// the second argument).
+#[pg_extern(volatile, parallel_safe, strict)]
 fn gpujoin_probe_deserial(bytes: &[u8], _unused: Internal, fcinfo: pg_sys::FunctionCallInfo) -> Internal {
     let value = ProbeState::deserialize(bytes).unwrap_or_else(|e| report(e));
     let mut internal = Internal::default();
