@@ -305,6 +305,8 @@ fn registry_snapshot() -> (Vec<crate::registry::SegmentInfo>, Vec<crate::registr
 }
 
 /// Rows of the `uvm.segments` view.
+// pgrx spells a set-returning function's row type inline, one `name!` per column.
+#[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_safe)]
 fn segments_internal() -> TableIterator<
     'static,
