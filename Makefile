@@ -1,10 +1,10 @@
 # pg_uvm_share: build, test, demo and benchmark.
 #
-#   make test         prereqs, unit, pgtest, install, regress, integration (in that order)
+#   make test         prereqs, lint, unit, pgtest, install, regress, integration (in that order)
 #   make run          install, then run sql/demo.sql against a throwaway cluster
 #   make bench        install, then the segment benchmark -> bench/segment-report.md
 #   make install      build (release) and install into PostgreSQL 15
-#   make unit | pgtest | regress | integration   one test stage each
+#   make lint | unit | pgtest | regress | integration   one test stage each
 #   make regress-accept   copy the last regress results over tests/regress/expected
 #   make gpu-suite-pack   bundle for the GPU machine -> .carry/gpu-bundle (scripts/gpu-suite)
 #   make clean
@@ -43,11 +43,11 @@ BENCH_PORT ?= 54334
 PGRX_TEST_DIR ?= /tmp/uvm-pgrx-test
 
 BENCH_REPORT ?= bench/segment-report.md
-TEST_STAGES := prereqs unit pgtest install regress integration
+TEST_STAGES := prereqs lint unit pgtest install regress integration
 
 PSQL := $(PG_BIN)/psql -X -v ON_ERROR_STOP=1
 
-.PHONY: help prereqs install unit pgtest regress regress-accept integration test run bench gpu-suite-pack clean
+.PHONY: help prereqs install lint unit pgtest regress regress-accept integration test run bench gpu-suite-pack clean
 
 help:
 	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
@@ -55,8 +55,27 @@ help:
 prereqs:
 	scripts/install-prereqs.sh
 
+# cargo pgrx install writes the current version's script and copies the update scripts
+# (sql/pg_uvm_share--<from>--<to>.sql), but not the frozen install scripts of earlier versions
+# (sql/pg_uvm_share--<version>.sql), which CREATE EXTENSION ... VERSION '<old>' needs (the
+# upgrade test, tests/regress/sql/uvm_upgrade.sql): those are copied here.
 install: prereqs
 	$(CARGO) pgrx install --release --pg-config $(PG_CONFIG) $(if $(IS_ROOT),,--sudo)
+	@ext="$$($(PG_CONFIG) --sharedir)/extension"; \
+	current="pg_uvm_share--$$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1).sql"; \
+	for f in sql/pg_uvm_share--*.sql; do \
+	  b=$$(basename "$$f"); \
+	  case "$$b" in pg_uvm_share--*--*.sql|"$$current") continue ;; esac; \
+	  echo "installing frozen install script $$b into $$ext"; \
+	  $(if $(IS_ROOT),,sudo) install -m 644 "$$f" "$$ext/$$b"; \
+	done
+
+# Formatting (rustfmt.toml) and clippy with warnings denied, over every crate, target and
+# feature the suites build (the pgrx tests and the GPU suite's programs included). The lints
+# that hold the unsafe code to its SAFETY comments are set in Cargo.toml ([workspace.lints]).
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets --features pg_uvm_share/pg_test,pg_uvm_share_tests/gpu -- -D warnings
 
 # Plain-Rust unit tests of the extension crate (the workspace root package only).
 unit:

@@ -25,6 +25,13 @@ if ! command -v cargo >/dev/null; then
 fi
 command -v cargo >/dev/null || { echo "install-prereqs: cargo not found (install rustup first)" >&2; exit 1; }
 
+# make lint needs rustfmt and clippy (rustup's default profile has them; a minimal one may not).
+if command -v rustup >/dev/null; then
+  for c in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
+  done
+fi
+
 if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
   echo "install-prereqs: cargo install cargo-pgrx $PGRX_VERSION (several minutes, once)"
   cargo install cargo-pgrx --version "$PGRX_VERSION" --locked

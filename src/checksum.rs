@@ -11,6 +11,17 @@
 //! Addition is associative and commutative, so any split of the range (threads, thread blocks,
 //! chunks, parallel workers) combines to the same value; mixing with the index makes it
 //! sensitive to the order of words as well as to their values.
+//!
+//! # Cancellation
+//!
+//! A segment can be tens of GiB, seconds of CPU work. The SQL functions therefore use
+//! [`checksum_interruptible`] and [`fill_interruptible`], which work through the range in
+//! blocks of [`BLOCK`] bytes (well under a millisecond each) and serve a pending cancel or
+//! `statement_timeout` between two blocks (`crate::interrupt::check`). An interrupted fill
+//! leaves the blocks before the interrupt written and the rest untouched; the caller's guards
+//! (the segment pin) are released on the way out.
+
+use crate::error::Result;
 
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
@@ -57,9 +68,67 @@ pub fn checksum(bytes: &[u8], first_word: u64) -> u64 {
     sum
 }
 
+/// Bytes between two interrupt checks of [`checksum_interruptible`] and [`fill_interruptible`]:
+/// a multiple of 8 (so that blocks start on word boundaries), and well under a millisecond of
+/// work at the slowest (a first touch of memfd pages, about 1 GB/s).
+pub const BLOCK: usize = 256 << 10;
+
+/// [`checksum`] of a whole range (first word index 0), serving interrupts between blocks.
+pub fn checksum_interruptible(bytes: &[u8]) -> Result<u64> {
+    let mut sum = 0u64;
+    for (k, block) in bytes.chunks(BLOCK).enumerate() {
+        crate::interrupt::check()?;
+        sum = sum.wrapping_add(checksum(block, (k * (BLOCK / 8)) as u64));
+    }
+    Ok(sum)
+}
+
+/// [`fill`], serving interrupts between blocks. On an interrupt, the blocks before it are
+/// written and the rest is untouched.
+pub fn fill_interruptible(bytes: &mut [u8], seed: u64) -> Result<()> {
+    for (k, block) in bytes.chunks_mut(BLOCK).enumerate() {
+        crate::interrupt::check()?;
+        fill(block, seed.wrapping_add((k * (BLOCK / 8)) as u64));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::{Code, UvmError};
+
+    #[test]
+    fn interruptible_versions_compute_the_same() {
+        // No hook on this thread: nothing interrupts. Sizes around block boundaries, and ragged.
+        for len in [0, 7, 8, BLOCK - 3, BLOCK, BLOCK + 1, 3 * BLOCK + 13] {
+            let mut a = vec![0u8; len];
+            let mut b = vec![0u8; len];
+            fill(&mut a, 42);
+            fill_interruptible(&mut b, 42).unwrap();
+            assert!(a == b, "fill of {len} bytes");
+            assert_eq!(checksum_interruptible(&a).unwrap(), checksum(&a, 0), "checksum of {len} bytes");
+        }
+    }
+
+    #[test]
+    fn interruptible_versions_stop_at_an_interrupt() {
+        fn cancel() -> Result<()> {
+            Err(UvmError::new(Code::QueryCanceled, "canceling statement due to user request"))
+        }
+        // The hook runs only on the thread that installed it: use a thread of our own.
+        std::thread::spawn(|| {
+            crate::interrupt::install(cancel);
+            let mut data = vec![0u8; 2 * BLOCK];
+            assert_eq!(fill_interruptible(&mut data, 1).unwrap_err().code, Code::QueryCanceled);
+            assert!(data.iter().all(|&b| b == 0), "nothing written before the first check");
+            assert_eq!(checksum_interruptible(&data).unwrap_err().code, Code::QueryCanceled);
+            // an empty range does no work and needs no check
+            assert_eq!(checksum_interruptible(&[]).unwrap(), 0);
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn known_values() {

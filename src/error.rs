@@ -78,10 +78,27 @@ impl Code {
     }
 }
 
-/// An error with its SQLSTATE, message, and optional detail and hint (as `ereport` has them).
+/// What went wrong, where a caller decides on it (retry, fall back, give up): code decides, never
+/// the message text, which is for people and free to change. Most errors are `Other`: their
+/// [`Code`] says all a caller needs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Kind {
+    /// Nothing more particular than the SQLSTATE.
+    #[default]
+    Other,
+    /// An operating-system call failed with this `errno`.
+    Os(i32),
+    /// The connection to the broker failed (connect, send, receive, end of file): the request
+    /// may not have reached the broker, and a fresh connection may succeed.
+    BrokerConnection,
+}
+
+/// An error with its SQLSTATE, message, and optional detail and hint (as `ereport` has them),
+/// and the [`Kind`] that code decides on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UvmError {
     pub code: Code,
+    pub kind: Kind,
     pub message: String,
     pub detail: Option<String>,
     pub hint: Option<String>,
@@ -91,7 +108,13 @@ pub type Result<T> = std::result::Result<T, UvmError>;
 
 impl UvmError {
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        UvmError { code, message: message.into(), detail: None, hint: None }
+        UvmError { code, kind: Kind::Other, message: message.into(), detail: None, hint: None }
+    }
+
+    /// The same error, marked with `kind` for callers that decide on it.
+    pub fn with_kind(mut self, kind: Kind) -> Self {
+        self.kind = kind;
+        self
     }
 
     pub fn detail(mut self, detail: impl Into<String>) -> Self {
@@ -104,13 +127,19 @@ impl UvmError {
         self
     }
 
-    /// An OS error from `errno`, reported as 58000 (53200 for ENOMEM/ENOSPC).
+    /// An OS error from `errno`, reported as 58000 (53200 for ENOMEM/ENOSPC), of kind
+    /// [`Kind::Os`] when the error carries an errno.
     pub fn os(what: impl fmt::Display, err: std::io::Error) -> Self {
-        let code = match err.raw_os_error() {
+        let errno = err.raw_os_error();
+        let code = match errno {
             Some(libc::ENOMEM) | Some(libc::ENOSPC) => Code::OutOfMemory,
             _ => Code::SystemError,
         };
-        UvmError::new(code, format!("{what}: {err}"))
+        let e = UvmError::new(code, format!("{what}: {err}"));
+        match errno {
+            Some(n) => e.with_kind(Kind::Os(n)),
+            None => e,
+        }
     }
 
     /// `errno` of the last failed libc call.
@@ -133,4 +162,22 @@ macro_rules! uvm_err {
     ($code:expr, $($fmt:tt)+) => {
         $crate::error::UvmError::new($code, format!($($fmt)+))
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn os_errors_carry_their_errno_and_sqlstate() {
+        let e = UvmError::os("could not frob", std::io::Error::from_raw_os_error(libc::EBADF));
+        assert_eq!((e.code, e.kind), (Code::SystemError, Kind::Os(libc::EBADF)));
+        let e = UvmError::os("could not frob", std::io::Error::from_raw_os_error(libc::ENOMEM));
+        assert_eq!((e.code, e.kind), (Code::OutOfMemory, Kind::Os(libc::ENOMEM)));
+        // an io::Error without an errno: no kind to decide on, the code stays 58000
+        let e = UvmError::os("could not frob", std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+        assert_eq!((e.code, e.kind), (Code::SystemError, Kind::Other));
+        // a message saying "could not" is no longer a kind of anything
+        assert_eq!(UvmError::new(Code::SystemError, "could not map").kind, Kind::Other);
+    }
 }

@@ -64,7 +64,7 @@ pub fn check() -> Result<()> {
 /// [`check`] every [`EVERY`] iterations of a loop counted by `i`.
 #[inline]
 pub fn check_every(i: u64) -> Result<()> {
-    if i % EVERY == 0 {
+    if i.is_multiple_of(EVERY) {
         check()
     } else {
         Ok(())

@@ -1,5 +1,12 @@
-//! A process's connection to the broker: blocking request/response with a receive timeout, so
-//! that a broker that stopped answering is an ERROR in the caller, never a hang.
+//! A process's connection to the broker: blocking request/response with send and receive
+//! timeouts (set before `connect`, so that a broker whose backlog is full bounds the connect
+//! too), so that a broker that stopped answering is an ERROR in the caller, never a hang.
+//!
+//! Errors, by code: a transport failure (connect, send, receive: the broker is not running, or
+//! closed this connection, e.g. as idle at its client cap) is `SystemError` (58000) and worth
+//! one reconnect; a broker at its client cap or out of fds says so (`TooManyClients`,
+//! `OutOfResources`: `ConfigurationLimitExceeded`, 53400), and a refusal of the request itself
+//! has its own code (`StaleEpoch`: 55000, a malformed exchange: 08P01).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -8,15 +15,35 @@ use std::time::Duration;
 
 use super::protocol::{self, Op, Request, Response, Status, MAX_MESSAGE};
 use super::server::sockaddr;
-use crate::error::{Code, Result, UvmError};
+use crate::error::{Code, Kind, Result, UvmError};
 
 pub struct Client {
     sock: OwnedFd,
 }
 
+/// A failed connect, send or receive: of kind `BrokerConnection`, which the segment layer
+/// retries once on a fresh connection.
 fn broker_error(what: &str, e: io::Error) -> UvmError {
     UvmError::new(Code::SystemError, format!("could not {what} the pg_uvm_share broker: {e}"))
+        .with_kind(Kind::BrokerConnection)
         .hint("Check the server log for the broker's status.")
+}
+
+/// The error for a broker that refused the connection or request for want of resources.
+fn refused(status: Status) -> Option<UvmError> {
+    match status {
+        Status::TooManyClients => Some(
+            UvmError::new(Code::ConfigurationLimitExceeded, "too many connections to the pg_uvm_share broker")
+                .detail("The broker serves one connection per server process and a few more; it refused this one.")
+                .hint("Something other than the server's processes may be holding connections to its socket."),
+        ),
+        Status::OutOfResources => Some(
+            UvmError::new(Code::ConfigurationLimitExceeded, "the pg_uvm_share broker is out of file descriptors")
+                .detail("The broker holds one file descriptor per chunk and one per connection.")
+                .hint("Raise the server's open-file limit (ulimit -n, or LimitNOFILE under systemd)."),
+        ),
+        _ => None,
+    }
 }
 
 impl Client {
@@ -29,22 +56,24 @@ impl Client {
         }
         // SAFETY: a fresh fd owned by nobody else.
         let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        let tv =
+            libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: timeout.subsec_micros() as libc::suseconds_t };
+        for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+            // SAFETY: setsockopt reads a timeval from a live local.
+            unsafe {
+                libc::setsockopt(
+                    sock.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    &tv as *const libc::timeval as *const libc::c_void,
+                    std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+                );
+            }
+        }
         let (addr, len) = sockaddr(path).map_err(|e| broker_error("connect to", e))?;
         // SAFETY: addr is a valid sockaddr_un of `len` bytes.
         if unsafe { libc::connect(sock.as_raw_fd(), &addr as *const _ as *const libc::sockaddr, len) } != 0 {
             return Err(broker_error("connect to", io::Error::last_os_error()));
-        }
-        let tv =
-            libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: timeout.subsec_micros() as libc::suseconds_t };
-        // SAFETY: setsockopt reads a timeval from a live local.
-        unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                &tv as *const libc::timeval as *const libc::c_void,
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            );
         }
         Ok(Client { sock })
     }
@@ -54,12 +83,18 @@ impl Client {
     }
 
     fn call(&self, req: Request, fd: Option<BorrowedFd<'_>>) -> Result<(Response, Option<OwnedFd>)> {
-        protocol::send_msg(self.sock.as_fd(), &req.encode(), fd).map_err(|e| broker_error("send to", e))?;
         let mut buf = [0u8; MAX_MESSAGE];
-        let (n, fd) = protocol::recv_msg(self.sock.as_fd(), &mut buf).map_err(|e| broker_error("receive from", e))?;
-        if n == 0 {
-            return Err(broker_error("receive from", io::Error::from(io::ErrorKind::UnexpectedEof)));
+        if let Err(e) = protocol::send_msg(self.sock.as_fd(), &req.encode(), fd) {
+            return Err(self.refusal_notice().unwrap_or_else(|| broker_error("send to", e)));
         }
+        let (n, fd) = match protocol::recv_msg(self.sock.as_fd(), &mut buf) {
+            Ok((0, _)) => {
+                let eof = io::Error::from(io::ErrorKind::UnexpectedEof);
+                return Err(self.refusal_notice().unwrap_or_else(|| broker_error("receive from", eof)));
+            }
+            Ok(got) => got,
+            Err(e) => return Err(self.refusal_notice().unwrap_or_else(|| broker_error("receive from", e))),
+        };
         let resp = Response::decode(&buf[..n]).map_err(|e| {
             UvmError::new(Code::ProtocolViolation, format!("malformed reply from the pg_uvm_share broker: {e:?}"))
         })?;
@@ -73,8 +108,19 @@ impl Client {
             Status::UnknownChunk => {
                 Err(UvmError::new(Code::SystemError, format!("chunk {} is unknown to the pg_uvm_share broker", req.chunk)))
             }
-            s => Err(UvmError::new(Code::ProtocolViolation, format!("pg_uvm_share broker refused {:?}: {s:?}", req.op))),
+            s => Err(refused(s).unwrap_or_else(|| {
+                UvmError::new(Code::ProtocolViolation, format!("pg_uvm_share broker refused {:?}: {s:?}", req.op))
+            })),
         }
+    }
+
+    /// After a transport failure: the notice a broker that refused this connection (at its cap,
+    /// or out of fds) sent before closing it, if it is still queued. (Closing a connection with
+    /// our request unread makes the first receive report ECONNRESET before the notice.)
+    fn refusal_notice(&self) -> Option<UvmError> {
+        let mut buf = [0u8; MAX_MESSAGE];
+        let got = protocol::recv(self.sock.as_fd(), &mut buf, true).ok()?;
+        refused(Response::decode(&buf[..got.len]).ok()?.status)
     }
 
     /// Hands `fd` to the broker under (epoch, chunk).

@@ -17,7 +17,13 @@
 //!   in the registry and binds `pg_uvm_share.sock` in the data directory (mode 0600, and it
 //!   serves only peers with the cluster's uid).
 //! - Serves `PUT` (creator hands over a new chunk), `GET` (a process maps a chunk), `RELEASE`
-//!   (a segment was dropped) and `STATS`; see `protocol.rs`.
+//!   (a segment was dropped) and `STATS`; see `protocol.rs`. Each process keeps one connection
+//!   (connections carry no state: a request names its epoch and chunk id).
+//! - Survives its clients: it never blocks on one, refuses malformed messages (closing any fd
+//!   they carried), drops clients that die or do not read their replies, serves at most
+//!   `MaxBackends + 64` connections (evicting long-idle ones to make room), and answers running
+//!   out of fds by refusing connections, never by exiting; see `server.rs`. A failure inside
+//!   the broker is a crash of the cluster, so nothing a client sends may cause one.
 //! - Every few seconds it sweeps: fds whose chunk id the registry no longer knows are closed
 //!   (a process that died between allocating and registering a chunk).
 //! - If it exits abnormally the postmaster performs a crash-restart: every process dies, shared

@@ -1,5 +1,8 @@
 //! The broker as a PostgreSQL background worker: registration, signals, the sweep, and the exit
-//! codes that keep the registry and the broker's fds consistent (see `mod.rs`).
+//! codes that keep the registry and the broker's fds consistent (see `mod.rs`). It raises its
+//! soft open-file limit to the hard one, serves up to `MaxBackends + CLIENT_MARGIN` connections
+//! (see `server.rs` for what happens past that and to misbehaving clients) and logs, at most
+//! once per sweep, what it refused or dropped.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -8,7 +11,7 @@ use std::time::{Duration, Instant};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::prelude::*;
 
-use super::server::Server;
+use super::server::{Counters, Limits, Server, EVICT_IDLE};
 use super::SOCKET_NAME;
 use crate::registry::shmem;
 
@@ -38,47 +41,55 @@ fn force_crash_restart(why: &str) -> ! {
     unsafe { libc::_exit(2) }
 }
 
-/// Waits (PostgreSQL's WaitEventSet: latch, postmaster death, sockets) until a socket is
-/// readable, the latch is set or `timeout` passes; returns the readable sockets.
-fn wait_for_sockets(fds: &[i32], timeout: Duration, events: &mut Vec<pg_sys::WaitEvent>) -> Vec<i32> {
-    if events.len() < fds.len() + 2 {
-        events.resize(fds.len() + 2, pg_sys::WaitEvent::default());
-    }
-    // SAFETY: the set is created in TopMemoryContext and freed before returning; the sockets
-    // stay open for the duration (they are owned by the server, which is not touched here);
-    // `events` has room for every registered event.
+/// Connections the broker serves beyond one per server process (`MaxBackends`): room for a
+/// process that reconnects before its old connection is noticed closed, and for tools.
+const CLIENT_MARGIN: usize = 64;
+
+/// Raises the soft open-file limit to the hard one: the broker holds one fd per chunk and one
+/// per connection, more than any other process of the cluster. Returns the limit in force.
+fn raise_fd_limit() -> u64 {
+    // SAFETY: rlimit is plain data; getrlimit/setrlimit read and write a live local.
     unsafe {
-        let set = pg_sys::CreateWaitEventSet(pg_sys::TopMemoryContext, (fds.len() + 2) as i32);
-        pg_sys::AddWaitEventToSet(set, pg_sys::WL_LATCH_SET, pg_sys::PGINVALID_SOCKET, pg_sys::MyLatch, std::ptr::null_mut());
-        pg_sys::AddWaitEventToSet(
-            set,
-            pg_sys::WL_EXIT_ON_PM_DEATH,
-            pg_sys::PGINVALID_SOCKET,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        );
-        for &fd in fds {
-            pg_sys::AddWaitEventToSet(set, pg_sys::WL_SOCKET_READABLE, fd, std::ptr::null_mut(), std::ptr::null_mut());
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 0;
         }
-        let n = pg_sys::WaitEventSetWait(
-            set,
-            timeout.as_millis() as _,
-            events.as_mut_ptr(),
-            events.len() as i32,
-            pg_sys::PG_WAIT_EXTENSION,
-        );
-        let mut ready = Vec::new();
-        for e in &events[..n.max(0) as usize] {
-            if e.events & pg_sys::WL_LATCH_SET != 0 {
-                pg_sys::ResetLatch(pg_sys::MyLatch);
-            }
-            if e.events & pg_sys::WL_SOCKET_READABLE != 0 {
-                ready.push(e.fd);
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                return raised.rlim_cur as u64;
             }
         }
-        pg_sys::FreeWaitEventSet(set);
-        ready
+        lim.rlim_cur as u64
     }
+}
+
+/// Logs what the server refused or dropped since the last report (once per sweep at most).
+fn log_counters(now: &Counters, last: &mut Counters, limits: &Limits) {
+    if now.refused_full != last.refused_full || now.evicted != last.evicted {
+        pgrx::log!(
+            "pg_uvm_share broker: at its limit of {} connections: refused {}, evicted {} idle",
+            limits.max_clients,
+            now.refused_full - last.refused_full,
+            now.evicted - last.evicted
+        );
+    }
+    if now.refused_resources != last.refused_resources || now.accept_pauses != last.accept_pauses {
+        pgrx::log!(
+            "pg_uvm_share broker: out of file descriptors or memory: refused {} connection(s), paused accepting {} time(s)",
+            now.refused_resources - last.refused_resources,
+            now.accept_pauses - last.accept_pauses
+        );
+    }
+    if now.bad_requests != last.bad_requests || now.dropped != last.dropped || now.refused_uid != last.refused_uid {
+        pgrx::log!(
+            "pg_uvm_share broker: {} malformed request(s) refused, {} client(s) dropped, {} connection(s) from another user closed",
+            now.bad_requests - last.bad_requests,
+            now.dropped - last.dropped,
+            now.refused_uid - last.refused_uid
+        );
+    }
+    *last = *now;
 }
 
 #[pg_guard]
@@ -98,14 +109,39 @@ pub extern "C-unwind" fn pg_uvm_share_broker_main(_arg: pg_sys::Datum) {
         reg.epoch()
     };
 
-    let mut server = match Server::bind(Path::new(SOCKET_NAME), epoch) {
+    let fd_limit = raise_fd_limit();
+    // SAFETY: MaxBackends is set by the postmaster before any worker starts and never changes.
+    let max_backends = unsafe { pg_sys::MaxBackends }.max(0) as usize;
+    let limits = Limits { max_clients: max_backends + CLIENT_MARGIN, evict_idle: EVICT_IDLE };
+    let mut server = match Server::bind_with(Path::new(SOCKET_NAME), epoch, limits) {
         Ok(s) => s,
         Err(e) => force_crash_restart(&format!("could not listen on {SOCKET_NAME}: {e}")),
     };
-    pgrx::log!("pg_uvm_share broker listening on {SOCKET_NAME} (epoch {epoch:016x})");
+    pgrx::log!(
+        "pg_uvm_share broker listening on {SOCKET_NAME} (epoch {epoch:016x}, up to {} connections, open-file limit {fd_limit})",
+        limits.max_clients
+    );
 
+    // One wait set for the broker's life: its latch, postmaster death, and the server's epoll
+    // fd (readable whenever a connection, a request or the accept backoff timer is pending).
+    // SAFETY: the set is allocated in TopMemoryContext and lives as long as the process; the
+    // epoll fd stays open as long as `server`, which outlives the loop.
+    let set = unsafe {
+        let set = pg_sys::CreateWaitEventSet(pg_sys::TopMemoryContext, 3);
+        pg_sys::AddWaitEventToSet(set, pg_sys::WL_LATCH_SET, pg_sys::PGINVALID_SOCKET, pg_sys::MyLatch, std::ptr::null_mut());
+        pg_sys::AddWaitEventToSet(
+            set,
+            pg_sys::WL_EXIT_ON_PM_DEATH,
+            pg_sys::PGINVALID_SOCKET,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        pg_sys::AddWaitEventToSet(set, pg_sys::WL_SOCKET_READABLE, server.wait_fd(), std::ptr::null_mut(), std::ptr::null_mut());
+        set
+    };
+    let mut events = [pg_sys::WaitEvent::default(); 3];
     let mut last_sweep = Instant::now();
-    let mut events = vec![pg_sys::WaitEvent::default(); 64];
+    let mut logged = Counters::default();
     loop {
         if BackgroundWorker::sigterm_received() {
             break;
@@ -114,15 +150,27 @@ pub extern "C-unwind" fn pg_uvm_share_broker_main(_arg: pg_sys::Datum) {
         // and other interrupts. Cancels (SIGINT) only set a flag that the broker ignores.
         pg_sys::check_for_interrupts!();
 
-        let fds = server.watched_fds();
-        let ready = wait_for_sockets(&fds, SWEEP_INTERVAL, &mut events);
-        for fd in ready {
-            if let Err(e) = server.on_readable(fd) {
+        let timeout = SWEEP_INTERVAL.saturating_sub(last_sweep.elapsed());
+        // SAFETY: `set` is live; `events` has room for the 3 registered events.
+        let n =
+            unsafe { pg_sys::WaitEventSetWait(set, timeout.as_millis() as _, events.as_mut_ptr(), 3, pg_sys::PG_WAIT_EXTENSION) };
+        let mut readable = false;
+        for e in &events[..n.max(0) as usize] {
+            if e.events & pg_sys::WL_LATCH_SET != 0 {
+                // SAFETY: MyLatch is this process's latch.
+                unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
+            }
+            readable |= e.events & pg_sys::WL_SOCKET_READABLE != 0;
+        }
+        // Whatever a client does is handled inside; an error here is epoll_wait itself failing.
+        if readable {
+            if let Err(e) = server.serve_ready() {
                 force_crash_restart(&format!("socket error: {e}"));
             }
         }
         if last_sweep.elapsed() >= SWEEP_INTERVAL {
             last_sweep = Instant::now();
+            log_counters(&server.counters(), &mut logged, &limits);
             let known: HashSet<u64> = match shmem::shared() {
                 Ok(reg) => reg.known_chunk_ids().into_iter().collect(),
                 Err(_) => continue,

@@ -72,6 +72,8 @@ pub struct Gpu {
 // the warm-up helper thread, which has finished with them by the time the main thread gets the
 // `Gpu` (OnceLock) and the kernels (Mutex). The driver's handles are valid on any thread.
 unsafe impl Send for Gpu {}
+// SAFETY: as for Send: shared use is by one thread at a time (the helper has finished before
+// the main thread sees the `Gpu`), and the mutable state (the kernels) is behind a Mutex.
 unsafe impl Sync for Gpu {}
 
 /// Turns a driver result into a `UvmError` (out-of-memory as 53200, the rest as 58000).

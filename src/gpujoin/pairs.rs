@@ -144,23 +144,23 @@ pub fn parse_header(name: &str, raw: &[u8], size: u64) -> Result<PairsHeader> {
 
 /// Reads and validates a result buffer's header (wherever its first chunk lies).
 pub fn read_header<E: Env>(pin: &Pin<E>) -> Result<PairsHeader> {
-    let name = &pin.info.name;
-    if pin.info.size < HEADER_BYTES {
+    let name = &pin.info().name;
+    if pin.info().size < HEADER_BYTES {
         return Err(not_pairs(name, "too small"));
     }
     let mut raw = [0u8; HEADER_BYTES as usize];
     pin.read_into(0, &mut raw)?;
-    parse_header(name, &raw, pin.info.size)
+    parse_header(name, &raw, pin.info().size)
 }
 
 /// The number of pairs a complete buffer holds; an error while writers are missing.
 pub fn complete_pairs<E: Env>(pin: &Pin<E>) -> Result<u64> {
     let h = read_header(pin)?;
-    if h.written != h.next || h.next > capacity(pin.info.size) {
+    if h.written != h.next || h.next > capacity(pin.info().size) {
         return Err(uvm_err!(
             Code::ObjectNotInPrerequisiteState,
             "GpuJoin result buffer \"{}\" is incomplete: {} pairs reserved, {} written",
-            pin.info.name,
+            pin.info().name,
             h.next,
             h.written
         )
@@ -201,12 +201,12 @@ impl<'a> Inner<'a> {
     /// The table in `pin`, checked to hold `key_type` keys; with `cpu`, viewed for the CPU
     /// (which refuses tiers it cannot address).
     pub fn of<E: Env>(pin: &'a Pin<E>, key_type: KeyType, cpu: bool) -> Result<Inner<'a>> {
-        let name = pin.info.name.as_str();
+        let name = pin.info().name.as_str();
         let (header, slots) = table::locate(pin, key_type)?;
         if !cpu {
             return Ok(Inner { name, header, slots, cpu: None });
         }
-        let t = Table::view(name, pin.bytes(0, pin.info.size as i64)?)?;
+        let t = Table::view(name, pin.bytes(0, pin.info().size as i64)?)?;
         // The view read the header again: use that copy, whose slots it bounds.
         t.header().check_key_type(name, key_type)?;
         Ok(Inner { name, header: *t.header(), slots, cpu: Some(t) })
@@ -247,13 +247,13 @@ impl<'a> Target<'a> {
     pub fn of<E: Env>(pin: &'a Pin<E>, cpu: bool) -> Result<Target<'a>> {
         read_header(pin)?;
         if cpu {
-            pin.bytes(0, pin.info.size as i64)?; // refuses tiers the CPU cannot address
+            pin.bytes(0, pin.info().size as i64)?; // refuses tiers the CPU cannot address
         }
         let base = pin.addr(0, HEADER_BYTES as i64)?;
         if !base.is_multiple_of(8) {
             return Err(UvmError::new(Code::SystemError, "result buffer memory is misaligned"));
         }
-        Ok(Target { base, cap: capacity(pin.info.size), _pin: std::marker::PhantomData })
+        Ok(Target { base, cap: capacity(pin.info().size), _pin: std::marker::PhantomData })
     }
 
     /// Address of the header (8-byte aligned); the pairs follow it.
@@ -311,7 +311,7 @@ pub fn append_batch<E: Env>(
         crate::interrupt::check()?;
         let out = segs.pin(result, &|o| authorize(o, result, "write"))?;
         let target = Target::of(&out, appender.cpu())?;
-        let (size, max_size, cap) = (out.info.size, out.info.max_size, target.cap());
+        let (size, max_size, cap) = (out.info().size, out.info().max_size, target.cap());
         let step = appender.run(&inner_view, target)?;
         drop(out);
         match step {
@@ -500,9 +500,9 @@ mod tests {
         let n = complete_pairs(&pin).unwrap();
         assert_eq!(n, expected.len() as u64);
         assert!(
-            pin.info.size >= bytes_for(n) && pin.info.chunks.len() > 1,
+            pin.info().size >= bytes_for(n) && pin.info().chunks.len() > 1,
             "grew into several chunks: {:?}",
-            pin.info.chunks.len()
+            pin.info().chunks.len()
         );
         let mut got = vec![[0i64; 2]; n as usize];
         read_pairs(&pin, 0, &mut got).unwrap();

@@ -172,13 +172,13 @@ pub fn header_for(key_type: KeyType, stored: u64, null_rows: u64, seed: u64) -> 
 /// to hold `key_type` keys, and the address of its slots for kernels (`slot_count` slots, inside
 /// the pinned segment).
 pub fn locate<E: Env>(pin: &Pin<E>, key_type: KeyType) -> Result<(Header, u64)> {
-    let name = &pin.info.name;
+    let name = &pin.info().name;
     let mut raw = [0u8; HEADER_BYTES as usize];
-    if pin.info.size < HEADER_BYTES {
+    if pin.info().size < HEADER_BYTES {
         return Err(not_a_table(name, "too small"));
     }
     pin.read_into(0, &mut raw)?;
-    let header = parse_header(name, &raw, pin.info.size)?;
+    let header = parse_header(name, &raw, pin.info().size)?;
     header.check_key_type(name, key_type)?;
     let slots = pin.addr(HEADER_BYTES as i64, (header.slot_count * SLOT_BYTES) as i64)?;
     Ok((header, slots))

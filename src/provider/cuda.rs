@@ -85,18 +85,20 @@ impl Provider for CudaProvider {
         tier == Tier::Host
     }
 
-    fn reserve(&self, hint: u64, size: u64, _in_arena: bool) -> Result<Reservation> {
+    fn reserve(&self, hint: u64, size: u64) -> Result<Reservation> {
         // The arena was unmapped before cuInit (gpu::set_arena), so a segment's range in it is
-        // free address space that the driver gives back at exactly that address.
-        // If somebody else has the range, the driver picks another address: the segment layer
-        // records same_address = false, and offsets stay valid.
+        // free address space that the driver gives back at exactly that address (the default
+        // `reserve_in_arena` comes here). If somebody else has the range, the driver picks
+        // another address: the segment layer records same_address = false, and offsets stay
+        // valid. The driver never hands out a range twice.
         let p = self.reserve_at(hint, size)?;
         Ok(Reservation { addr: p, size, in_arena: false })
     }
 
-    fn release_reservation(&self, r: &Reservation) {
-        // SAFETY: a whole reservation of ours, with every chunk in it unmapped. (The driver
-        // unmaps the range; in a CUDA process the arena stays unmapped, see gpu::set_arena.)
+    fn release_reservation(&self, r: Reservation) {
+        // SAFETY: a whole reservation of ours, consumed here. The segment layer unmaps every
+        // chunk first (the driver refuses to free a range with mappings: the range then leaks,
+        // which is safe). In a CUDA process the arena stays unmapped, see gpu::set_arena.
         unsafe { sys::cuMemAddressFree(r.addr, r.size as usize) };
     }
 
@@ -129,17 +131,20 @@ impl Provider for CudaProvider {
         }
     }
 
-    fn map_chunk(&self, fd: BorrowedFd<'_>, tier: Tier, addr: u64, size: u64) -> Result<()> {
-        self.map(fd, tier, addr, size, tier == Tier::Host)
+    fn map_chunk(&self, fd: BorrowedFd<'_>, tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()> {
+        self.map(fd, tier, r.sub_range(offset, size)?, size, tier == Tier::Host)
     }
 
-    fn map_chunk_for_copy(&self, fd: BorrowedFd<'_>, tier: Tier, addr: u64, size: u64) -> Result<()> {
-        self.map(fd, tier, addr, size, false)
+    fn map_chunk_for_copy(&self, fd: BorrowedFd<'_>, tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()> {
+        self.map(fd, tier, r.sub_range(offset, size)?, size, false)
     }
 
-    fn unmap_chunk(&self, addr: u64, size: u64, _tier: Tier) {
-        // SAFETY: a range this process mapped with map_chunk.
-        unsafe { sys::cuMemUnmap(addr, size as usize) };
+    fn unmap_chunk(&self, r: &Reservation, offset: u64, size: u64, _tier: Tier) {
+        if let Ok(addr) = r.sub_range(offset, size) {
+            // SAFETY: inside reservation `r`, which this process owns; the caller no longer
+            // uses the chunk mapped there.
+            unsafe { sys::cuMemUnmap(addr, size as usize) };
+        }
     }
 
     unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) -> Result<()> {
@@ -149,7 +154,8 @@ impl Provider for CudaProvider {
 }
 
 impl CudaProvider {
-    /// Imports and maps a chunk; access for the GPU, and for the CPU if `cpu_access`.
+    /// Imports and maps a chunk at `addr`, which the callers take from a reservation of ours
+    /// (`Reservation::sub_range`); access for the GPU, and for the CPU if `cpu_access`.
     fn map(&self, fd: BorrowedFd<'_>, tier: Tier, addr: u64, size: u64, cpu_access: bool) -> Result<()> {
         // SAFETY: `addr..addr+size` lies in a reservation of ours; the imported handle is
         // released once mapped (the mapping keeps the memory); the fd stays the caller's.

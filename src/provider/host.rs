@@ -7,8 +7,10 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-use super::{make_inaccessible, map_none, tier_unavailable, Capabilities, Provider, ProviderKind, Reservation, GRANULARITY};
-use crate::error::{Result, UvmError};
+use super::{
+    adopt, make_inaccessible, map_none, tier_unavailable, unadopt, Capabilities, Provider, ProviderKind, Reservation, GRANULARITY,
+};
+use crate::error::{Code, Result, UvmError};
 use crate::registry::Tier;
 
 pub struct HostProvider;
@@ -31,11 +33,7 @@ impl Provider for HostProvider {
         tier == Tier::Host
     }
 
-    fn reserve(&self, hint: u64, size: u64, in_arena: bool) -> Result<Reservation> {
-        if in_arena {
-            // The range is already reserved (inherited from the postmaster) and ours alone.
-            return Ok(Reservation { addr: hint, size, in_arena: true });
-        }
+    fn reserve(&self, hint: u64, size: u64) -> Result<Reservation> {
         // SAFETY: without MAP_FIXED the kernel never replaces an existing mapping; the hint is
         // only a preference.
         let addr = unsafe { map_none(hint, size, 0) }
@@ -43,11 +41,21 @@ impl Provider for HostProvider {
         Ok(Reservation { addr, size, in_arena: false })
     }
 
-    fn release_reservation(&self, r: &Reservation) {
+    unsafe fn reserve_in_arena(&self, addr: u64, size: u64) -> Result<Reservation> {
+        // The range is already reserved (inherited from the postmaster, PROT_NONE): nothing to
+        // map, only to make sure this process hands it out once.
+        adopt(addr, size)?;
+        Ok(Reservation { addr, size, in_arena: true })
+    }
+
+    fn release_reservation(&self, r: Reservation) {
         if r.in_arena {
-            let _ = make_inaccessible(r.addr, r.size);
+            // SAFETY: the reservation owns its arena range and is given up here, so nothing
+            // uses what is mapped in it any more.
+            let _ = unsafe { make_inaccessible(r.addr, r.size) };
+            unadopt(r.addr);
         } else {
-            // SAFETY: the reservation was created by `reserve` and is released once.
+            // SAFETY: the reservation was created by `reserve` and is consumed here, once.
             unsafe { libc::munmap(r.addr as *mut libc::c_void, r.size as usize) };
         }
     }
@@ -70,12 +78,26 @@ impl Provider for HostProvider {
         Ok(fd)
     }
 
-    fn map_chunk(&self, fd: BorrowedFd<'_>, tier: Tier, addr: u64, size: u64) -> Result<()> {
+    fn map_chunk(&self, fd: BorrowedFd<'_>, tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()> {
         if tier != Tier::Host {
             return Err(tier_unavailable(tier, ProviderKind::Host));
         }
-        // SAFETY: `addr..addr+size` lies inside a reservation this process owns (the segment
-        // layer guarantees it), so MAP_FIXED replaces only our own PROT_NONE pages.
+        let addr = r.sub_range(offset, size)?;
+        // A memfd shorter than the mapping would raise SIGBUS on access past its end.
+        // SAFETY: all-zero is a valid `stat` (plain integers).
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is a live descriptor borrowed for the call; `st` is a valid out-pointer.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(UvmError::last_os("could not stat a chunk"));
+        }
+        if (st.st_size as u64) < size {
+            return Err(UvmError::new(
+                Code::SystemError,
+                format!("chunk of {} bytes cannot be mapped as {size} bytes", st.st_size),
+            ));
+        }
+        // SAFETY: `[addr, addr + size)` lies inside reservation `r` (checked by sub_range), which
+        // this process owns, so MAP_FIXED replaces only our own pages there.
         let p = unsafe {
             libc::mmap(
                 addr as *mut libc::c_void,
@@ -92,8 +114,12 @@ impl Provider for HostProvider {
         Ok(())
     }
 
-    fn unmap_chunk(&self, addr: u64, size: u64, _tier: Tier) {
-        let _ = make_inaccessible(addr, size);
+    fn unmap_chunk(&self, r: &Reservation, offset: u64, size: u64, _tier: Tier) {
+        if let Ok(addr) = r.sub_range(offset, size) {
+            // SAFETY: inside reservation `r`, which this process owns; the caller no longer
+            // uses the chunk mapped there (the segment layer unmaps only chunks nobody pins).
+            let _ = unsafe { make_inaccessible(addr, size) };
+        }
     }
 
     unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) -> Result<()> {
@@ -112,27 +138,47 @@ mod tests {
     #[test]
     fn chunks_map_into_a_reservation_and_share_bytes() {
         let p = HostProvider;
-        let r = p.reserve(0, 3 * GRANULARITY, false).unwrap();
+        let r = p.reserve(0, 3 * GRANULARITY).unwrap();
         let a = p.create_chunk(Tier::Host, GRANULARITY).unwrap();
         let b = p.create_chunk(Tier::Host, 2 * GRANULARITY).unwrap();
-        p.map_chunk(a.as_fd(), Tier::Host, r.addr, GRANULARITY).unwrap();
-        p.map_chunk(b.as_fd(), Tier::Host, r.addr + GRANULARITY, 2 * GRANULARITY).unwrap();
+        p.map_chunk(a.as_fd(), Tier::Host, &r, 0, GRANULARITY).unwrap();
+        p.map_chunk(b.as_fd(), Tier::Host, &r, GRANULARITY, 2 * GRANULARITY).unwrap();
         // The segment is contiguous across the chunk boundary.
-        let base = r.addr as *mut u8;
+        let base = r.addr() as *mut u8;
         // SAFETY: the whole reservation is mapped read-write above.
         unsafe {
             std::ptr::write_bytes(base.add(GRANULARITY as usize - 4), 0xab, 8);
             assert_eq!(*base.add(GRANULARITY as usize + 3), 0xab);
         }
         // A second mapping of the same fd (as another process would have) sees the same bytes.
-        let r2 = p.reserve(0, GRANULARITY, false).unwrap();
-        p.map_chunk(b.as_fd(), Tier::Host, r2.addr, GRANULARITY).unwrap();
+        let r2 = p.reserve(0, GRANULARITY).unwrap();
+        p.map_chunk(b.as_fd(), Tier::Host, &r2, 0, GRANULARITY).unwrap();
         // SAFETY: mapped above.
-        unsafe { assert_eq!(*(r2.addr as *const u8).add(3), 0xab) };
-        p.unmap_chunk(r2.addr, GRANULARITY, Tier::Host);
-        p.release_reservation(&r2);
-        p.unmap_chunk(r.addr, 3 * GRANULARITY, Tier::Host);
-        p.release_reservation(&r);
+        unsafe { assert_eq!(*(r2.addr() as *const u8).add(3), 0xab) };
+        p.unmap_chunk(&r2, 0, GRANULARITY, Tier::Host);
+        p.release_reservation(r2);
+        p.unmap_chunk(&r, 0, 3 * GRANULARITY, Tier::Host);
+        p.release_reservation(r);
+    }
+
+    #[test]
+    fn mappings_stay_inside_their_reservation_and_their_chunk() {
+        let p = HostProvider;
+        let r = p.reserve(0, 2 * GRANULARITY).unwrap();
+        let c = p.create_chunk(Tier::Host, GRANULARITY).unwrap();
+        let e = p.map_chunk(c.as_fd(), Tier::Host, &r, 2 * GRANULARITY, GRANULARITY).unwrap_err();
+        assert_eq!(e.code, crate::error::Code::InvalidParameterValue);
+        let e = p.map_chunk(c.as_fd(), Tier::Host, &r, u64::MAX, 2).unwrap_err();
+        assert_eq!(e.code, crate::error::Code::InvalidParameterValue);
+        // a chunk mapped larger than it is would raise SIGBUS past its end: refused
+        let e = p.map_chunk(c.as_fd(), Tier::Host, &r, 0, 2 * GRANULARITY).unwrap_err();
+        assert_eq!(e.code, crate::error::Code::SystemError);
+        p.map_chunk(c.as_fd(), Tier::Host, &r, GRANULARITY, GRANULARITY).unwrap();
+        // unmapping outside the reservation does nothing
+        p.unmap_chunk(&r, 2 * GRANULARITY, GRANULARITY, Tier::Host);
+        // SAFETY: mapped above.
+        unsafe { *((r.addr() + GRANULARITY) as *mut u64) = 1 };
+        p.release_reservation(r);
     }
 
     #[test]
@@ -142,19 +188,27 @@ mod tests {
     }
 
     #[test]
-    fn arena_is_aligned_and_usable() {
+    fn arena_is_aligned_and_usable_and_adopted_once() {
         let arena = reserve_arena(64 * GRANULARITY);
         assert_eq!(arena.base % GRANULARITY, 0);
         assert_eq!(arena.size, 64 * GRANULARITY);
         let p = HostProvider;
-        let r = p.reserve(arena.base + 4 * GRANULARITY, GRANULARITY, true).unwrap();
-        assert_eq!(r.addr, arena.base + 4 * GRANULARITY);
+        // SAFETY: a range of the arena this test reserved, used by nothing else.
+        let r = unsafe { p.reserve_in_arena(arena.base + 4 * GRANULARITY, 2 * GRANULARITY) }.unwrap();
+        assert_eq!(r.addr(), arena.base + 4 * GRANULARITY);
+        // a second reservation of part of it is refused while the first is held
+        // SAFETY: as above (it is refused before anything is mapped).
+        let e = unsafe { p.reserve_in_arena(arena.base + 5 * GRANULARITY, GRANULARITY) }.unwrap_err();
+        assert_eq!(e.code, crate::error::Code::ObjectInUse);
         let c = p.create_chunk(Tier::Host, GRANULARITY).unwrap();
-        p.map_chunk(c.as_fd(), Tier::Host, r.addr, GRANULARITY).unwrap();
+        p.map_chunk(c.as_fd(), Tier::Host, &r, 0, GRANULARITY).unwrap();
         // SAFETY: mapped above.
-        unsafe { *(r.addr as *mut u64) = 7 };
-        p.unmap_chunk(r.addr, GRANULARITY, Tier::Host);
-        p.release_reservation(&r);
+        unsafe { *(r.addr() as *mut u64) = 7 };
+        p.unmap_chunk(&r, 0, GRANULARITY, Tier::Host);
+        p.release_reservation(r);
+        // SAFETY: as above; the first reservation is released.
+        let r = unsafe { p.reserve_in_arena(arena.base + 5 * GRANULARITY, GRANULARITY) }.unwrap();
+        p.release_reservation(r);
         // SAFETY: the arena was reserved by this test.
         unsafe { libc::munmap(arena.base as *mut libc::c_void, arena.size as usize) };
     }

@@ -11,12 +11,20 @@
 //!
 //! | operation | host provider (`host.rs`) | CUDA provider (`cuda.rs`) |
 //! | --- | --- | --- |
-//! | `reserve(hint, size)` | inside the inherited arena: nothing to do; else `mmap(PROT_NONE)` | `cuMemAddressReserve(hint)` |
+//! | `reserve(hint, size)` | `mmap(PROT_NONE)` | `cuMemAddressReserve(hint)` |
+//! | `reserve_in_arena(addr, size)` (unsafe) | inside the inherited arena: nothing to map | `cuMemAddressReserve(addr)` |
 //! | `create_chunk(tier, size)` | `memfd_create` + `ftruncate` | `cuMemCreate` + export POSIX fd |
-//! | `map_chunk(fd, addr)` | `mmap(MAP_FIXED|MAP_SHARED)` over the reservation | import + `cuMemMap` + `cuMemSetAccess` |
-//! | `unmap_chunk(addr)` | `mmap(PROT_NONE, MAP_FIXED)` back over it | `cuMemUnmap` |
-//! | `release_reservation` | `PROT_NONE` again (arena) or `munmap` | `cuMemAddressFree` |
-//! | `copy(dst, src)` | `memcpy` | `cuMemcpy`, per chunk |
+//! | `map_chunk(fd, r, offset)` | `mmap(MAP_FIXED|MAP_SHARED)` over the reservation | import + `cuMemMap` + `cuMemSetAccess` |
+//! | `unmap_chunk(r, offset)` | `mmap(PROT_NONE, MAP_FIXED)` back over it | `cuMemUnmap` |
+//! | `release_reservation(r)` | `PROT_NONE` again (arena) or `munmap` | `cuMemAddressFree` |
+//! | `copy(dst, src)` (unsafe) | `memcpy` | `cuMemcpy`, per chunk |
+//!
+//! No safe function maps or unmaps at a raw address. Mapping and unmapping take a
+//! [`Reservation`], which only a provider makes and which is neither `Copy` nor `Clone`, plus an
+//! offset checked against its size: whoever holds one owns that range. The only way to a
+//! reservation at a given address without the provider choosing it, `reserve_in_arena`, is
+//! `unsafe` (the caller vouches the range is its own arena range), and it refuses a range that
+//! overlaps one this process already adopted.
 //!
 //! Releasing a chunk's memory is closing the last fd and unmapping the last mapping; the broker
 //! holds the fd that keeps it alive, so "release" is the broker's `RELEASE` request.
@@ -83,13 +91,64 @@ impl ProviderKind {
     }
 }
 
-/// A reserved address range in this process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A reserved address range in this process, owned by whoever holds this value.
+///
+/// Only a provider makes one (the fields are private, and it is neither `Copy` nor `Clone`), so
+/// holding a `&Reservation` proves that the range is this process's to map chunks into: the
+/// provider's `map_chunk` and `unmap_chunk` take one plus an offset, checked against its size,
+/// never a raw address. `release_reservation` consumes it.
+#[derive(Debug, PartialEq, Eq)]
 pub struct Reservation {
-    pub addr: u64,
-    pub size: u64,
+    addr: u64,
+    size: u64,
     /// The range lies in the inherited arena (not to be unmapped, only reset to PROT_NONE).
-    pub in_arena: bool,
+    in_arena: bool,
+}
+
+impl Reservation {
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+    pub fn in_arena(&self) -> bool {
+        self.in_arena
+    }
+
+    /// The address of `[offset, offset + size)` of the range, or 22023 if that is not inside it.
+    pub fn sub_range(&self, offset: u64, size: u64) -> Result<u64> {
+        match offset.checked_add(size) {
+            Some(end) if end <= self.size => Ok(self.addr + offset),
+            _ => Err(UvmError::new(
+                Code::InvalidParameterValue,
+                format!("range [{offset}, {offset} + {size}) is outside a reservation of {} bytes", self.size),
+            )),
+        }
+    }
+}
+
+/// The arena sub-ranges this process has adopted (see [`Provider::reserve_in_arena`]): one
+/// reservation per range, whatever the number of segment managers in the process.
+static ADOPTED: std::sync::Mutex<Vec<(u64, u64)>> = std::sync::Mutex::new(Vec::new());
+
+/// Records `[addr, addr + size)` as adopted; 55006 if part of it already is.
+fn adopt(addr: u64, size: u64) -> Result<()> {
+    let mut adopted = ADOPTED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&(a, s)) = adopted.iter().find(|&&(a, s)| a < addr + size && addr < a + s) {
+        return Err(UvmError::new(
+            Code::ObjectInUse,
+            format!("address range 0x{addr:x}+{size} overlaps range 0x{a:x}+{s} that this process still maps"),
+        ));
+    }
+    adopted.push((addr, size));
+    Ok(())
+}
+
+/// Forgets an adopted range (its reservation was released).
+fn unadopt(addr: u64) {
+    let mut adopted = ADOPTED.lock().unwrap_or_else(|p| p.into_inner());
+    adopted.retain(|&(a, _)| a != addr);
 }
 
 /// What `uvm.device_info()` reports about a provider.
@@ -114,22 +173,39 @@ pub trait Provider {
     fn cpu_accessible(&self, _tier: Tier) -> bool {
         true
     }
-    /// Reserves `size` bytes of address space, at `hint` if possible (`hint == 0`: anywhere).
-    fn reserve(&self, hint: u64, size: u64, in_arena: bool) -> Result<Reservation>;
-    /// Gives a reservation back; every chunk in it must be unmapped first.
-    fn release_reservation(&self, r: &Reservation);
+    /// Reserves `size` bytes of fresh address space, at `hint` if that is free (`hint == 0`:
+    /// anywhere). Never touches an existing mapping.
+    fn reserve(&self, hint: u64, size: u64) -> Result<Reservation>;
+    /// Takes `[addr, addr + size)` of this process's inherited arena as a reservation. Fails
+    /// (55006) if this process already holds a reservation of part of it.
+    ///
+    /// The default (for providers whose arena was given back to the system, as the CUDA
+    /// provider's is before `cuInit`) is `reserve(addr, size)`: a fresh range there if free.
+    ///
+    /// # Safety
+    /// `[addr, addr + size)` must lie inside this process's arena (the `PROT_NONE` range that
+    /// [`reserve_arena`] made in the postmaster), which nothing but reservations uses: the host
+    /// provider maps chunks there with `MAP_FIXED`, replacing whatever is there.
+    unsafe fn reserve_in_arena(&self, addr: u64, size: u64) -> Result<Reservation> {
+        self.reserve(addr, size)
+    }
+    /// Gives a reservation back. Unmap its chunks first: the host provider unmaps whatever is
+    /// left, but the CUDA driver refuses to free a range with mappings (it then leaks).
+    fn release_reservation(&self, r: Reservation);
     /// Allocates a chunk and returns an fd another process can map.
     fn create_chunk(&self, tier: Tier, size: u64) -> Result<OwnedFd>;
-    /// Maps a chunk at `addr` (inside a reservation), readable and writable by this process.
-    fn map_chunk(&self, fd: BorrowedFd<'_>, tier: Tier, addr: u64, size: u64) -> Result<()>;
+    /// Maps a chunk of `size` bytes at `offset` of reservation `r` (22023 if that is not inside
+    /// it), readable and writable by this process, replacing what was mapped there.
+    fn map_chunk(&self, fd: BorrowedFd<'_>, tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()>;
     /// Maps a chunk only for the provider's own `copy` (a migration's temporary mapping): the
     /// CUDA provider skips CPU access there, which would cost a page-table walk of the whole
     /// chunk (about 250 ms for 8 GiB of host memory, measured) for a copy done by DMA.
-    fn map_chunk_for_copy(&self, fd: BorrowedFd<'_>, tier: Tier, addr: u64, size: u64) -> Result<()> {
-        self.map_chunk(fd, tier, addr, size)
+    fn map_chunk_for_copy(&self, fd: BorrowedFd<'_>, tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()> {
+        self.map_chunk(fd, tier, r, offset, size)
     }
-    /// Unmaps a chunk, leaving its addresses reserved.
-    fn unmap_chunk(&self, addr: u64, size: u64, tier: Tier);
+    /// Unmaps the chunk at `[offset, offset + size)` of `r`, leaving its addresses reserved
+    /// (ignored if the range is not inside `r`).
+    fn unmap_chunk(&self, r: &Reservation, offset: u64, size: u64, tier: Tier);
     /// Copies between mapped chunks (or between a chunk and private memory).
     ///
     /// # Safety
@@ -194,8 +270,12 @@ pub(crate) unsafe fn map_none(addr: u64, size: u64, extra_flags: libc::c_int) ->
 }
 
 /// Resets `[addr, addr + size)` to reserved, inaccessible address space.
-pub(crate) fn make_inaccessible(addr: u64, size: u64) -> Result<()> {
-    // SAFETY: the caller owns this range (a reservation of its own or its arena sub-range).
+///
+/// # Safety
+/// The caller must own the range (a reservation of its own, or its arena sub-range), and
+/// nothing may use memory mapped there any more.
+pub(crate) unsafe fn make_inaccessible(addr: u64, size: u64) -> Result<()> {
+    // SAFETY: the caller owns the range and vouches that nobody uses what is mapped there.
     unsafe { map_none(addr, size, libc::MAP_FIXED) }
         .map(|_| ())
         .map_err(|e| UvmError::os("could not reset reserved address range", e))

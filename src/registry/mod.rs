@@ -19,6 +19,9 @@
 //! derefs to `&Registry` (lookups, pins), an exclusive guard to `&mut Registry` (everything that
 //! changes the table). Pin counts are atomics so that pinning needs only the shared lock, yet a
 //! writer holding the exclusive lock sees a stable count (nobody can pin without the lock).
+//! Releasing a pin needs no lock at all, and only a [`HeldPin`] can do it: `pin_attached` returns
+//! one, and dropping it gives that one pin back. No safe code holds the whole registry without
+//! the lock.
 //!
 //! # Lifecycle of a segment
 //!
@@ -28,8 +31,9 @@
 //!    hands the fd to the broker; `commit_chunk` appends it to the segment (generation + 1), or
 //!    `abort_chunk` forgets it. The broker's garbage sweep closes any fd whose id is neither
 //!    committed nor pending, so a process that dies between the steps leaks nothing for long.
-//! 3. Readers `pin` (shared lock, atomic +1), copy the chunk list, map what they lack, use the
-//!    memory and `unpin`. The generation tells a process whether its mapping is current.
+//! 3. Readers `pin_attached` (shared lock, atomic +1), copy the chunk list, map what they lack,
+//!    use the memory and drop the [`HeldPin`] (no lock, atomic -1). The generation tells a
+//!    process whether its mapping is current.
 //! 4. `drop_segment` (exclusive) refuses while pinned, frees the slots and returns the chunk ids
 //!    for the caller to release at the broker. Processes that still map it notice at their next
 //!    access (the id is gone) and unmap.
@@ -39,7 +43,7 @@
 
 pub mod shmem;
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::error::{Code, Result, UvmError};
 use crate::uvm_err;
@@ -50,7 +54,7 @@ pub const MAX_NAME_LEN: usize = 63;
 /// cover far more than any machine's memory.
 pub const MAX_CHUNKS_PER_SEGMENT: usize = 64;
 const MAGIC: u64 = 0x5556_4d53_4841_5245; // "UVMSHARE"
-const LAYOUT_VERSION: u32 = 1;
+const LAYOUT_VERSION: u32 = 2;
 const NO_CHUNK: u32 = u32::MAX;
 
 /// Where a chunk's memory lives.
@@ -199,9 +203,13 @@ struct AttachSlot {
     segment_id: u64,
     base: u64,
     mapped_generation: u64,
-    pins: AtomicU32,
-    _pad: u32,
+    /// High 32 bits: the slot's incarnation, bumped whenever the slot is freed, so that a
+    /// [`HeldPin`] of an earlier attachment in this slot never releases a later one's pin. Low
+    /// 32 bits: the pins counted on this attachment.
+    pins: AtomicU64,
 }
+
+const PIN_COUNT_MASK: u64 = 0xffff_ffff;
 
 /// One chunk as a process needs it to map it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -310,6 +318,53 @@ pub fn next_chunk_size(committed: u64, nchunks: u32, needed: u64, reserve: u64, 
     exact.max(geometric).min(reserve - committed)
 }
 
+/// A pin that a process holds on a segment through one of its attachments (taken with
+/// [`Registry::pin_attached`]); dropping it gives the pin back, with no lock (two atomic
+/// decrements).
+///
+/// It is the only way to release a pin, once: neither `Copy` nor `Clone`, and made only by
+/// `pin_attached`, so safe code cannot drive a pin count below the pins actually held (which
+/// would let a drop or a migration proceed under a process still using the chunks). If the
+/// attachment was detached meanwhile (its pins were given back, say at process exit), dropping
+/// the `HeldPin` does nothing: the slot's incarnation changed.
+#[must_use = "dropping a HeldPin releases the pin at once"]
+pub struct HeldPin {
+    seg_pins: *const AtomicU32,
+    att_pins: *const AtomicU64,
+    incarnation: u32,
+    slot: u32,
+    att: u32,
+}
+
+impl HeldPin {
+    /// The segment slot pinned.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+    /// The attachment slot the pin is counted on.
+    pub fn att(&self) -> u32 {
+        self.att
+    }
+}
+
+impl Drop for HeldPin {
+    fn drop(&mut self) {
+        // SAFETY: both point into the registry block, which stays mapped while any HeldPin is
+        // used (the contract of `Registry::init` and `Registry::from_raw`); only atomics are
+        // touched, which needs no lock.
+        let (seg, att) = unsafe { (&*self.seg_pins, &*self.att_pins) };
+        let inc = self.incarnation as u64;
+        // Attachment first, then segment: a concurrent `detach` (exclusive lock) gives back the
+        // attachment's count as it finds it, so each pin is given back exactly once.
+        let ours = att
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| (v >> 32 == inc && v & PIN_COUNT_MASK > 0).then(|| v - 1))
+            .is_ok();
+        if ours {
+            let _ = seg.fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| p.checked_sub(1));
+        }
+    }
+}
+
 /// The registry as seen through a lock guard. See the module documentation.
 pub struct Registry {
     hdr: *mut Header,
@@ -319,7 +374,8 @@ pub struct Registry {
 }
 
 // SAFETY: a Registry is only a set of pointers into shared memory; all access goes through lock
-// guards (shmem.rs) or, in tests, through exclusive ownership of the backing buffer.
+// guards (shmem.rs) or, in tests, through exclusive ownership of the backing buffer (the
+// contract of `init` and `from_raw`).
 unsafe impl Send for Registry {}
 
 const fn align8(x: usize) -> usize {
@@ -381,7 +437,11 @@ impl Registry {
     /// Views an initialized registry.
     ///
     /// # Safety
-    /// `base` must point to a block formatted by [`Registry::init`] that stays mapped.
+    /// `base` must point to a block formatted by [`Registry::init`] that stays mapped for as long
+    /// as the returned `Registry`, or any [`HeldPin`] taken through it, is used. The caller holds
+    /// the registry's lock while it uses the `Registry`: in shared mode for `&Registry`, in
+    /// exclusive mode for `&mut Registry` (as `shmem.rs`'s guards do), since its methods read
+    /// and write the slots with plain loads and stores; only a `HeldPin` needs no lock.
     pub unsafe fn from_raw(base: *mut u8) -> Registry {
         // SAFETY: the caller guarantees an initialized header at `base`.
         let h = unsafe { &*(base as *const Header) };
@@ -800,17 +860,6 @@ impl Registry {
         Ok(old_id)
     }
 
-    /// Takes a pin on a segment (shared lock suffices). Pins block drops and migrations.
-    pub fn pin(&self, slot: u32) {
-        self.seg(slot).pins.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// Releases a pin taken with [`Registry::pin`]. Needs no lock at all.
-    pub fn unpin(&self, slot: u32) {
-        let prev = self.seg(slot).pins.fetch_sub(1, Ordering::AcqRel);
-        debug_assert!(prev > 0, "unpin without pin");
-    }
-
     /// Ids of every chunk the registry knows (pending or live): the broker keeps exactly these.
     pub fn known_chunk_ids(&self) -> Vec<u64> {
         (0..self.hdr().max_chunks).map(|i| self.chunk(i)).filter(|c| c.state != CHUNK_FREE).map(|c| c.id).collect()
@@ -832,7 +881,9 @@ impl Registry {
         a.base = base;
         a.same_address = same_address as u32;
         a.mapped_generation = generation;
-        a.pins.store(0, Ordering::Release);
+        // Keep the incarnation (bumped when the slot was freed), no pins.
+        let inc = a.pins.load(Ordering::Acquire) >> 32;
+        a.pins.store(inc << 32, Ordering::Release);
         Ok(i)
     }
 
@@ -841,15 +892,17 @@ impl Registry {
         self.att_mut(att).mapped_generation = generation;
     }
 
-    /// Frees an attachment slot, giving back any pins still counted on it.
+    /// Frees an attachment slot, giving back any pins still counted on it. The slot's next
+    /// incarnation begins: a [`HeldPin`] of this attachment released later does nothing.
     pub fn detach(&mut self, att: u32) {
         let (seg_id, pins) = {
             let a = self.att(att);
-            (a.segment_id, a.pins.swap(0, Ordering::AcqRel))
+            let inc = (a.pins.load(Ordering::Acquire) >> 32).wrapping_add(1) & PIN_COUNT_MASK;
+            (a.segment_id, (a.pins.swap(inc << 32, Ordering::AcqRel) & PIN_COUNT_MASK) as u32)
         };
         if pins > 0 {
             if let Some(slot) = self.find_id(seg_id) {
-                self.seg(slot).pins.fetch_sub(pins, Ordering::AcqRel);
+                let _ = self.seg(slot).pins.fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| Some(p.saturating_sub(pins)));
             }
         }
         let a = self.att_mut(att);
@@ -857,17 +910,19 @@ impl Registry {
         a.segment_id = 0;
     }
 
-    /// Pins a segment on behalf of an attachment, so that the pin is visible per process and
-    /// can be given back if the process exits while holding it.
-    pub fn pin_attached(&self, slot: u32, att: u32) {
-        self.pin(slot);
-        self.att(att).pins.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// Releases a pin taken with [`Registry::pin_attached`].
-    pub fn unpin_attached(&self, slot: u32, att: u32) {
-        self.att(att).pins.fetch_sub(1, Ordering::AcqRel);
-        self.unpin(slot);
+    /// Pins a segment on behalf of an attachment (shared lock suffices), so that the pin is
+    /// visible per process and can be given back if the process exits while holding it. Pins
+    /// block drops and migrations; dropping the returned [`HeldPin`] releases the pin.
+    ///
+    /// Nobody pins without the lock, so a writer holding the exclusive lock sees stable counts.
+    pub fn pin_attached(&self, slot: u32, att: u32) -> HeldPin {
+        let seg_pins: *const AtomicU32 = &self.seg(slot).pins;
+        let att_pins: *const AtomicU64 = &self.att(att).pins;
+        // Segment first, then attachment (the reverse of the release); the lock keeps `detach`
+        // out meanwhile, so the incarnation read here is the attachment's.
+        self.seg(slot).pins.fetch_add(1, Ordering::AcqRel);
+        let v = self.att(att).pins.fetch_add(1, Ordering::AcqRel);
+        HeldPin { seg_pins, att_pins, incarnation: (v >> 32) as u32, slot, att }
     }
 
     /// Every attachment of every process.
@@ -881,7 +936,7 @@ impl Registry {
                 base: a.base,
                 same_address: a.same_address != 0,
                 mapped_generation: a.mapped_generation,
-                pins: a.pins.load(Ordering::Acquire),
+                pins: (a.pins.load(Ordering::Acquire) & PIN_COUNT_MASK) as u32,
             })
             .collect()
     }

@@ -5,7 +5,9 @@
 //! tranche; `shmem_startup_hook` formats the block with a fresh random epoch the first time
 //! (`found == false`), which also happens again after every crash-restart. Every process then
 //! reaches the registry through [`shared`] or [`exclusive`], which return guards that release the
-//! lock when dropped (unless PostgreSQL's error recovery already released all LWLocks).
+//! lock when dropped (unless PostgreSQL's error recovery already released all LWLocks). There is
+//! no unlocked view of the registry: a pin is released through its `HeldPin` (atomics only), and
+//! main shared memory stays mapped for the life of the process, as `HeldPin` needs.
 
 use std::ops::{Deref, DerefMut};
 use std::ptr::null_mut;
@@ -186,11 +188,4 @@ impl DerefMut for ExclusiveGuard {
     fn deref_mut(&mut self) -> &mut Registry {
         &mut self.reg
     }
-}
-
-/// The registry without taking the lock: only for operations on atomics (unpinning).
-pub fn unlocked() -> Result<Registry> {
-    let (base, _) = attached()?;
-    // SAFETY: base was formatted by the startup hook and stays mapped for the process's life.
-    Ok(unsafe { Registry::from_raw(base) })
 }

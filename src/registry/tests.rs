@@ -143,15 +143,43 @@ fn pins_block_drop_and_attachments_give_them_back() {
     add_chunk(r, slot, 2 * MIB, MIB);
     let id = r.info(slot).id;
     let att = r.attach(1234, id, 0x1000, true, 2).unwrap();
-    r.pin_attached(slot, att);
-    r.pin_attached(slot, att);
+    let p1 = r.pin_attached(slot, att);
+    let p2 = r.pin_attached(slot, att);
+    assert_eq!((p1.slot(), p1.att()), (slot, att));
     assert_eq!(r.drop_segment(slot).unwrap_err().code, Code::ObjectInUse);
-    r.unpin_attached(slot, att);
+    drop(p1);
     assert_eq!(r.attachments()[0].pins, 1);
+    assert_eq!(r.info(slot).pins, 1);
     assert_eq!(r.drop_segment(slot).unwrap_err().code, Code::ObjectInUse);
     // the process exits holding a pin: its pins are given back
     r.detach_process(1234);
     assert!(r.attachments().is_empty());
+    assert_eq!(r.info(slot).pins, 0);
+    // the pin's guard, dropped after that, gives nothing back twice: no count goes below zero
+    drop(p2);
+    assert_eq!(r.info(slot).pins, 0);
+    assert!(r.drop_segment(slot).is_ok());
+}
+
+#[test]
+fn a_stale_held_pin_never_releases_a_later_attachments_pin() {
+    let mut t = small();
+    let r = &mut t.reg;
+    let slot = r.create_segment(&spec("a", 8 * MIB)).unwrap();
+    add_chunk(r, slot, 2 * MIB, MIB);
+    let id = r.info(slot).id;
+    let att = r.attach(1, id, 0x1000, true, 2).unwrap();
+    let stale = r.pin_attached(slot, att);
+    r.detach(att); // gives the pin back (process exit, say)
+                   // another process gets the same attachment slot and pins
+    let att2 = r.attach(2, id, 0x2000, true, 2).unwrap();
+    assert_eq!(att2, att);
+    let live = r.pin_attached(slot, att2);
+    drop(stale);
+    assert_eq!(r.info(slot).pins, 1, "the stale guard released the live pin");
+    assert_eq!(r.attachments()[0].pins, 1);
+    assert_eq!(r.drop_segment(slot).unwrap_err().code, Code::ObjectInUse);
+    drop(live);
     assert_eq!(r.info(slot).pins, 0);
     assert!(r.drop_segment(slot).is_ok());
 }

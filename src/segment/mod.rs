@@ -17,14 +17,29 @@
 //! 2. Without any lock: if the generation differs from what this process mapped, map the chunks
 //!    it lacks (fds from the broker), unmap chunks that were replaced, and record the new
 //!    generation in the attachment slot.
-//! 3. The caller uses the memory through the guard, bounded by the size in the snapshot.
-//! 4. Dropping the guard gives the pin back (no lock needed).
+//! 3. The caller uses the memory through the guard, bounded by the size in the snapshot. The
+//!    guard's fields are private; its accessors check every range against that size, which
+//!    step 2 checked against the chunks this process actually mapped (shared memory is not
+//!    trusted with this process's memory safety: a registry entry that contradicts the mapping
+//!    is an error, never an access past it).
+//! 4. Dropping the guard gives the pin back (no lock needed: the guard holds the registry's
+//!    [`HeldPin`], which can release that one pin, once, and nothing else).
 //!
 //! Growth only appends chunks, so it never waits for pins: a process pinned at generation g keeps
 //! using the chunks of g, which stay valid. What removes or replaces chunks (a drop, and the
 //! migrations of the CUDA provider) needs the exclusive lock and a pin count of zero, so no
 //! process can be inside a chunk that disappears. Processes that still map a dropped segment
 //! notice that its id is gone at their next access of any segment, or at exit, and unmap it.
+//!
+//! # Mappings outlive nothing that uses them
+//!
+//! An attachment's reservation and the chunks mapped in it form one [`Mapping`], shared (`Rc`)
+//! by the attachment and every pin on it: it is unmapped when the last of them goes. So detaching
+//! while a guard is alive (`detach_all` at process exit) gives the registry pins back but leaves
+//! the guard's memory mapped until the guard is dropped; and a remap that would unmap replaced
+//! chunks while a guard of this process still uses the mapping is refused. Providers map and
+//! unmap only inside a [`Reservation`], never at a raw address; an arena range is adopted with
+//! the `unsafe` `reserve_in_arena`, once per process.
 //!
 //! # Lifecycle of an attachment
 //!
@@ -38,23 +53,31 @@
 //! This module does not call PostgreSQL: the registry lock and the process identity come through
 //! the [`Env`] trait, implemented over LWLocks by the SQL layer and over a mutex in the tests.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::broker::client::Client;
-use crate::error::{Code, Result, UvmError};
+use crate::error::{Code, Kind, Result, UvmError};
 use crate::provider::{Provider, Reservation, GRANULARITY};
-use crate::registry::{next_chunk_size, round_up, ChunkInfo, NewSegment, PendingChunk, Registry, SegmentInfo, Tier, TierPref};
+use crate::registry::{
+    next_chunk_size, round_up, ChunkInfo, HeldPin, NewSegment, PendingChunk, Registry, SegmentInfo, Tier, TierPref,
+};
 use crate::uvm_err;
 
 #[cfg(test)]
+mod model_tests;
+#[cfg(test)]
 pub(crate) mod tests;
 
-/// What the segment layer needs from its host process.
+/// What the segment layer needs from its host process. There is no unlocked access to the
+/// registry: pins are released through their [`HeldPin`], which touches only its two atomics.
 pub trait Env: Clone {
     type Shared: Deref<Target = Registry>;
     type Exclusive: DerefMut<Target = Registry>;
@@ -62,8 +85,6 @@ pub trait Env: Clone {
     fn shared(&self) -> Result<Self::Shared>;
     /// The registry under its exclusive lock.
     fn exclusive(&self) -> Result<Self::Exclusive>;
-    /// The registry without the lock, for atomic unpins only.
-    fn unlocked(&self) -> Result<Registry>;
     /// This process's id as the registry records it.
     fn pid(&self) -> i32;
     /// Path of the broker's socket.
@@ -81,35 +102,127 @@ pub struct Limits {
     pub pin_wait: Duration,
 }
 
-/// A segment mapped in this process.
-#[derive(Debug)]
-pub struct Attachment {
-    pub segment_id: u64,
-    pub reservation: Reservation,
+/// One reservation of this process and the chunks mapped in it. The attachment and every
+/// [`Pin`] on it share it (`Rc`), so the memory stays mapped until the last of them is gone, even
+/// if the attachment is detached while a pin is still alive (process exit).
+struct Mapping {
+    provider: Arc<dyn Provider>,
+    /// `Some` until `drop` gives it back.
+    reservation: Option<Reservation>,
     /// Chunks mapped in the reservation, by offset.
-    pub mapped: Vec<ChunkInfo>,
-    pub generation: u64,
-    pub att_slot: u32,
-    pub same_address: bool,
+    mapped: RefCell<Vec<ChunkInfo>>,
+}
+
+impl Mapping {
+    fn reservation(&self) -> &Reservation {
+        self.reservation.as_ref().expect("released only in drop")
+    }
+    fn addr(&self) -> u64 {
+        self.reservation().addr()
+    }
+    fn map(&self, fd: BorrowedFd<'_>, c: &ChunkInfo) -> Result<()> {
+        self.provider.map_chunk(fd, c.tier, self.reservation(), c.offset, c.size)?;
+        let mut mapped = self.mapped.borrow_mut();
+        mapped.push(*c);
+        mapped.sort_by_key(|c| c.offset);
+        Ok(())
+    }
+    fn unmap(&self, c: &ChunkInfo) {
+        self.provider.unmap_chunk(self.reservation(), c.offset, c.size, c.tier);
+        self.mapped.borrow_mut().retain(|m| m != c);
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        let Some(r) = self.reservation.take() else { return };
+        for c in self.mapped.get_mut().drain(..) {
+            self.provider.unmap_chunk(&r, c.offset, c.size, c.tier);
+        }
+        self.provider.release_reservation(r);
+    }
+}
+
+/// A segment mapped in this process (read-only to other modules: the reservation in it is what
+/// every pin's memory lives in).
+pub struct Attachment {
+    segment_id: u64,
+    mapping: Rc<Mapping>,
+    generation: u64,
+    att_slot: u32,
+    same_address: bool,
+}
+
+impl Attachment {
+    pub fn segment_id(&self) -> u64 {
+        self.segment_id
+    }
+    /// Where the segment is mapped in this process.
+    pub fn base(&self) -> u64 {
+        self.mapping.addr()
+    }
+    /// The generation whose chunks are mapped.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+    /// The chunks mapped, by offset.
+    pub fn mapped(&self) -> Vec<ChunkInfo> {
+        self.mapping.mapped.borrow().clone()
+    }
+    pub fn same_address(&self) -> bool {
+        self.same_address
+    }
+    fn overlaps(&self, addr: u64, size: u64) -> bool {
+        let r = self.mapping.reservation();
+        r.addr() < addr.saturating_add(size) && addr < r.addr() + r.size()
+    }
+}
+
+impl std::fmt::Debug for Attachment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attachment")
+            .field("segment_id", &self.segment_id)
+            .field("base", &format_args!("0x{:x}", self.base()))
+            .field("generation", &self.generation)
+            .field("att_slot", &self.att_slot)
+            .field("same_address", &self.same_address)
+            .finish()
+    }
 }
 
 /// A pinned, mapped segment: the memory stays valid until the guard is dropped.
 ///
-/// A pin owns clones of the environment and the provider, not a borrow of the manager, so a
-/// process can hold pins on several segments at once (a join's inner table and its result).
+/// A pin owns a share of this process's mapping of the segment and the registry pin
+/// ([`HeldPin`]), not a borrow of the manager, so a process can hold pins on several segments at
+/// once (a join's inner table and its result). Its fields are private: every access goes through
+/// the bounds-checked accessors, against the snapshot taken when the pin was granted, which
+/// `Segments::pin` checked against the chunks this process actually mapped.
 pub struct Pin<E: Env> {
-    env: E,
-    provider: Arc<dyn Provider>,
-    slot: u32,
-    att: u32,
-    released: bool,
-    pub info: SegmentInfo,
-    pub base: *mut u8,
-    /// Milliseconds spent mapping chunks for this pin (0 when the mapping was current).
-    pub map_ms: f64,
+    mapping: Rc<Mapping>,
+    held: HeldPin,
+    info: SegmentInfo,
+    base: *mut u8,
+    map_ms: f64,
+    _env: PhantomData<E>,
 }
 
 impl<E: Env> Pin<E> {
+    /// The snapshot of the segment's entry that the pin protects (its size bounds every access).
+    pub fn info(&self) -> &SegmentInfo {
+        &self.info
+    }
+
+    /// The segment's address in this process. Dereferencing it is the caller's `unsafe`
+    /// business; [`Pin::addr`] gives bounds-checked addresses.
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    /// Milliseconds spent mapping chunks for this pin (0 when the mapping was current).
+    pub fn map_ms(&self) -> f64 {
+        self.map_ms
+    }
+
     /// Checks `[offset, offset + len)` against the segment's size and returns it as a range.
     pub fn check_range(&self, offset: i64, len: i64) -> Result<(usize, usize)> {
         check_range(&self.info, offset, len)
@@ -122,7 +235,7 @@ impl<E: Env> Pin<E> {
             .info
             .chunks
             .iter()
-            .find(|c| c.offset < end && start < c.offset + c.size && !self.provider.cpu_accessible(c.tier))
+            .find(|c| c.offset < end && start < c.offset + c.size && !self.mapping.provider.cpu_accessible(c.tier))
         {
             None => Ok(()),
             Some(c) => Err(uvm_err!(
@@ -136,11 +249,15 @@ impl<E: Env> Pin<E> {
     }
 
     /// The bytes `[offset, offset + len)` as a slice, when the CPU can address all of them.
+    ///
+    /// Other processes (and other pins of this one) may write the same bytes meanwhile, as with
+    /// any shared memory: what the slice shows is then a snapshot in progress.
     pub fn bytes(&self, offset: i64, len: i64) -> Result<&[u8]> {
         let (o, l) = self.check_range(offset, len)?;
         self.check_cpu(o, l)?;
-        // SAFETY: the range lies within `info.size`, which the mapped chunks cover, is
-        // CPU-accessible (checked), and the pin keeps the chunks mapped for the guard's life.
+        // SAFETY: the range lies within `info.size`, which the chunks this process mapped cover
+        // (checked when the pin was granted), is CPU-accessible (checked), and the pin keeps the
+        // mapping alive for the guard's life.
         Ok(unsafe { std::slice::from_raw_parts(self.base.add(o), l) })
     }
 
@@ -177,10 +294,10 @@ impl<E: Env> Pin<E> {
             // SAFETY: [at, at + n) lies in one mapped chunk (pieces), pinned; `d` is ours.
             unsafe {
                 let src = self.base.add(at);
-                if self.provider.cpu_accessible(tier) {
+                if self.mapping.provider.cpu_accessible(tier) {
                     std::ptr::copy_nonoverlapping(src, d.as_mut_ptr(), n);
                 } else {
-                    self.provider.copy(d.as_mut_ptr(), src, n)?;
+                    self.mapping.provider.copy(d.as_mut_ptr(), src, n)?;
                 }
             }
         }
@@ -195,10 +312,10 @@ impl<E: Env> Pin<E> {
             // SAFETY: as in `read_into`, the other way.
             unsafe {
                 let dst = self.base.add(at);
-                if self.provider.cpu_accessible(tier) {
+                if self.mapping.provider.cpu_accessible(tier) {
                     std::ptr::copy_nonoverlapping(s.as_ptr(), dst, n);
                 } else {
-                    self.provider.copy(dst, s.as_ptr(), n)?;
+                    self.mapping.provider.copy(dst, s.as_ptr(), n)?;
                 }
             }
         }
@@ -211,20 +328,9 @@ impl<E: Env> Pin<E> {
         Ok(self.base as u64 + o as u64)
     }
 
-    /// Keeps the pin past the guard's life (a session pin); `Segments::unpin_session` ends it.
-    fn into_session(mut self) -> (u32, u32) {
-        self.released = true;
-        (self.slot, self.att)
-    }
-}
-
-impl<E: Env> Drop for Pin<E> {
-    fn drop(&mut self) {
-        if !self.released {
-            if let Ok(reg) = self.env.unlocked() {
-                reg.unpin_attached(self.slot, self.att);
-            }
-        }
+    /// Keeps the registry pin past the guard's life (a session pin); the mapping share goes.
+    fn into_session(self) -> HeldPin {
+        self.held
     }
 }
 
@@ -271,6 +377,8 @@ impl<E: Env> MigrationFlag<E> {
             match attempt {
                 Ok(()) => return Ok(MigrationFlag { env: env.clone(), id }),
                 Err(e) if e.code == Code::ObjectInUse && started.elapsed() < wait => {
+                    // The wait may last pin_wait_timeout (seconds): answer cancel meanwhile.
+                    crate::interrupt::check()?;
                     std::thread::sleep(Duration::from_millis(2));
                 }
                 Err(e) if e.code == Code::ObjectInUse => {
@@ -322,8 +430,8 @@ pub struct Segments<E: Env> {
     provider: Arc<dyn Provider>,
     broker: Option<Client>,
     attachments: HashMap<u64, Attachment>,
-    /// Session pins (uvm.pin_segment): segment id -> (slot, attachment slot, count).
-    session_pins: HashMap<u64, (u32, u32, u32)>,
+    /// Session pins (uvm.pin_segment): segment id -> the registry pins held.
+    session_pins: HashMap<u64, Vec<HeldPin>>,
     pub limits: Limits,
 }
 
@@ -355,10 +463,11 @@ impl<E: Env> Segments<E> {
         connected(&mut self.broker, &self.env.broker_path())
     }
 
-    /// Runs a broker call; on an I/O failure reconnects once (the connection may be stale).
+    /// Runs a broker call; if the connection failed (`Kind::BrokerConnection`: it may be stale,
+    /// say after a broker restart) reconnects once and tries again. Other errors are answers.
     fn with_broker<T>(&mut self, f: impl Fn(&Client) -> Result<T>) -> Result<T> {
         match f(self.broker()?) {
-            Err(e) if e.code == Code::SystemError && e.message.contains("could not") => {
+            Err(e) if e.kind == Kind::BrokerConnection => {
                 self.broker = None;
                 f(self.broker()?)
             }
@@ -494,6 +603,8 @@ impl<E: Env> Segments<E> {
         // Set when the device is out of memory for an `auto` chunk: it goes to the host tier.
         let mut spill = false;
         loop {
+            // Before each chunk (none is pending here): a growth by many chunks answers cancel.
+            crate::interrupt::check()?;
             let (pending, epoch) = {
                 let mut reg = self.env.exclusive()?;
                 let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
@@ -583,18 +694,16 @@ impl<E: Env> Segments<E> {
         Ok(())
     }
 
-    /// Unmaps segment `id` in this process and frees its attachment slot.
+    /// Frees this process's attachment of segment `id`, giving back its session pins and any
+    /// pins still counted on the slot. The mapping goes with the attachment, or with the last
+    /// [`Pin`] still alive on it.
     fn detach(&mut self, id: u64) {
+        self.session_pins.remove(&id);
         if let Some(a) = self.attachments.remove(&id) {
-            for c in &a.mapped {
-                self.provider.unmap_chunk(a.reservation.addr + c.offset, c.size, c.tier);
-            }
-            self.provider.release_reservation(&a.reservation);
             if let Ok(mut reg) = self.env.exclusive() {
                 reg.detach(a.att_slot);
             }
         }
-        self.session_pins.remove(&id);
     }
 
     /// Detaches every segment (process exit), giving back every pin this process holds.
@@ -603,6 +712,7 @@ impl<E: Env> Segments<E> {
         for id in ids {
             self.detach(id);
         }
+        self.session_pins.clear();
         if let Ok(mut reg) = self.env.exclusive() {
             reg.detach_process(self.env.pid());
         }
@@ -631,15 +741,14 @@ impl<E: Env> Segments<E> {
         // Pin, and take the snapshot that the pin protects. A migration in progress holds new
         // pins back until it ends.
         let waited = Instant::now();
-        let (info, epoch) = loop {
+        let (held, info, epoch) = loop {
             let reg = self.env.shared()?;
             let slot = match reg.find_id(info.id) {
                 Some(s) => s,
                 None => return Err(uvm_err!(Code::UndefinedObject, "segment \"{name}\" does not exist")),
             };
             if !reg.migrating(slot) {
-                reg.pin_attached(slot, att);
-                break (reg.info(slot), reg.epoch());
+                break (reg.pin_attached(slot, att), reg.info(slot), reg.epoch());
             }
             drop(reg);
             if waited.elapsed() >= self.limits.pin_wait {
@@ -649,27 +758,25 @@ impl<E: Env> Segments<E> {
                     self.limits.pin_wait.as_millis()
                 ));
             }
+            // No pin is held yet: an interrupt here leaves nothing behind.
+            crate::interrupt::check()?;
             std::thread::sleep(Duration::from_millis(1));
         };
-        let mut pin = Pin {
-            env: self.env.clone(),
-            provider: Arc::clone(&self.provider),
-            slot: info.slot,
-            att,
-            released: false,
-            base: std::ptr::null_mut(),
-            map_ms: 0.0,
-            info,
-        };
-        // From here on, an error drops `pin`, which gives the pin back.
+        // From here on, an error drops `held`, which gives the pin back.
         let started = Instant::now();
-        let a = self.attachments.get_mut(&pin.info.id).expect("attached above");
-        if a.generation != pin.info.generation {
-            map_missing(self.provider.as_ref(), &mut self.broker, &self.env, a, &pin.info, epoch)?;
-            pin.map_ms = started.elapsed().as_secs_f64() * 1e3;
+        let mut map_ms = 0.0;
+        let a = self.attachments.get_mut(&info.id).expect("attached above");
+        if a.generation != info.generation {
+            map_missing(&mut self.broker, &self.env, a, &info, epoch)?;
+            map_ms = ms(started);
         }
-        pin.base = a.reservation.addr as *mut u8;
-        Ok(pin)
+        // Every access through the pin is bounded by `info.size`: make sure this process really
+        // maps exactly the snapshot's chunks, which cover it, whatever shared memory says.
+        if *a.mapping.mapped.borrow() != info.chunks || info.size > info.committed {
+            return Err(inconsistent(&info, "its chunks are not the ones this process mapped"));
+        }
+        let base = a.mapping.addr() as *mut u8;
+        Ok(Pin { mapping: Rc::clone(&a.mapping), held, info, base, map_ms, _env: PhantomData })
     }
 
     /// Creates this process's attachment (reservation + registry slot) if it has none.
@@ -677,33 +784,49 @@ impl<E: Env> Segments<E> {
         if self.attachments.contains_key(&info.id) {
             return Ok(());
         }
-        let in_arena = self.env.shared()?.in_arena(info.slot);
-        let reservation = self.provider.reserve(info.base_hint, info.reserve, in_arena)?;
-        let same_address = info.base_hint == 0 || reservation.addr == info.base_hint;
-        let att_slot = {
-            let mut reg = match self.env.exclusive() {
-                Ok(r) => r,
-                Err(e) => {
-                    self.provider.release_reservation(&reservation);
-                    return Err(e);
-                }
-            };
-            if info.base_hint == 0 {
-                reg.set_base_hint(info.slot, reservation.addr);
-            }
-            match reg.attach(self.env.pid(), info.id, reservation.addr, same_address, 0) {
-                Ok(s) => s,
-                Err(e) => {
-                    drop(reg);
-                    self.provider.release_reservation(&reservation);
-                    return Err(e);
-                }
-            }
+        let (in_arena, arena) = {
+            let reg = self.env.shared()?;
+            let slot = reg
+                .find_id(info.id)
+                .ok_or_else(|| uvm_err!(Code::UndefinedObject, "segment \"{}\" does not exist", info.name))?;
+            (reg.in_arena(slot), reg.arena())
         };
-        self.attachments.insert(
-            info.id,
-            Attachment { segment_id: info.id, reservation, mapped: Vec::new(), generation: 0, att_slot, same_address },
-        );
+        let reservation = if in_arena {
+            let end = info.base_hint.checked_add(info.reserve);
+            if info.base_hint < arena.base || end.is_none_or(|e| e > arena.base + arena.size) {
+                return Err(inconsistent(info, "its address range is outside the arena"));
+            }
+            // The registry gives live segments disjoint arena ranges, so an attachment of ours
+            // that overlaps this one belongs to a segment dropped since: detach it first.
+            let stale: Vec<u64> =
+                self.attachments.values().filter(|a| a.overlaps(info.base_hint, info.reserve)).map(|a| a.segment_id).collect();
+            for id in stale {
+                self.detach(id);
+            }
+            // SAFETY: the range lies inside this process's arena (checked above): the PROT_NONE
+            // range inherited from the postmaster, which only reservations use. The provider
+            // refuses it if a reservation of this process (say, the mapping of a detached
+            // segment that a pin still holds) still covers part of it.
+            unsafe { self.provider.reserve_in_arena(info.base_hint, info.reserve)? }
+        } else {
+            self.provider.reserve(info.base_hint, info.reserve)?
+        };
+        let addr = reservation.addr();
+        let same_address = info.base_hint == 0 || addr == info.base_hint;
+        let mapping = Rc::new(Mapping {
+            provider: Arc::clone(&self.provider),
+            reservation: Some(reservation),
+            mapped: RefCell::new(Vec::new()),
+        });
+        // An error from here on drops `mapping`, which gives the reservation back.
+        let att_slot = {
+            let mut reg = self.env.exclusive()?;
+            if info.base_hint == 0 {
+                reg.set_base_hint(info.slot, addr);
+            }
+            reg.attach(self.env.pid(), info.id, addr, same_address, 0)?
+        };
+        self.attachments.insert(info.id, Attachment { segment_id: info.id, mapping, generation: 0, att_slot, same_address });
         Ok(())
     }
 
@@ -753,6 +876,9 @@ impl<E: Env> Segments<E> {
         let _flag = MigrationFlag::begin(&self.env, info.id, name, self.limits.pin_wait)?;
         let mut stats = MigrationStats { bytes, chunks: moving.len() as u32, wait_ms: ms(started), ..Default::default() };
         for c in &moving {
+            // Between chunks: each migrate_chunk is all-or-nothing, so an interrupt here leaves
+            // every chunk either moved or in place (and the flag is cleared by its guard).
+            crate::interrupt::check()?;
             self.migrate_chunk(info.id, c, target, &mut stats)?;
         }
         stats.other_ms = ms(started) - stats.wait_ms - stats.map_ms - stats.alloc_ms - stats.copy_ms;
@@ -773,10 +899,16 @@ impl<E: Env> Segments<E> {
         self.ensure_attachment(&info)?;
         let a = self.attachments.get_mut(&id).expect("attached above");
         if a.generation != info.generation {
-            map_missing(self.provider.as_ref(), &mut self.broker, &self.env, a, &info, epoch)?;
+            map_missing(&mut self.broker, &self.env, a, &info, epoch)?;
         }
         stats.map_ms += ms(t);
-        let src = a.reservation.addr + old.offset;
+        // The copy reads the old chunk through this process's mapping: it must be mapped here.
+        if !a.mapping.mapped.borrow().contains(old) {
+            return Err(inconsistent(&info, "the chunk to migrate is not mapped in this process"));
+        }
+        let src = a.mapping.addr() + old.offset;
+        // Holds the mapping (and so the source) for the copy below.
+        let mapping = Rc::clone(&a.mapping);
         let pending = {
             let mut reg = self.env.exclusive()?;
             let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
@@ -790,18 +922,20 @@ impl<E: Env> Segments<E> {
         guard.handed_over = true;
         // Copy through a temporary mapping of the new chunk.
         let provider = guard.segs.provider.as_ref();
-        let tmp = provider.reserve(0, old.size, false)?;
-        let copied = provider.map_chunk_for_copy(fd.as_fd(), target, tmp.addr, old.size).and_then(|()| {
+        let tmp = provider.reserve(0, old.size)?;
+        let copied = provider.map_chunk_for_copy(fd.as_fd(), target, &tmp, 0, old.size).and_then(|()| {
             let t = Instant::now();
             // SAFETY: both ranges are mapped for `old.size` bytes (the old chunk in this
-            // process's reservation, the new one just above) and are distinct mappings.
-            let r = unsafe { provider.copy(tmp.addr as *mut u8, src as *const u8, old.size as usize) };
+            // process's reservation, checked above and held by `mapping`; the new one in `tmp`,
+            // just above) and are distinct mappings.
+            let r = unsafe { provider.copy(tmp.addr() as *mut u8, src as *const u8, old.size as usize) };
             stats.copy_ms += ms(t);
-            provider.unmap_chunk(tmp.addr, old.size, target);
+            provider.unmap_chunk(&tmp, 0, old.size, target);
             r
         });
-        provider.release_reservation(&tmp);
+        provider.release_reservation(tmp);
         drop(fd);
+        drop(mapping);
         copied?;
         let old_id = guard.segs.env.exclusive()?.replace_chunk(&pending, old.id)?;
         guard.committed = true;
@@ -814,18 +948,16 @@ impl<E: Env> Segments<E> {
     pub fn pin_session(&mut self, name: &str, authorize: impl FnOnce(u32) -> Result<()>) -> Result<()> {
         let pin = self.pin(name, authorize)?;
         let id = pin.info.id;
-        let (slot, att) = pin.into_session();
-        self.session_pins.entry(id).or_insert((slot, att, 0)).2 += 1;
+        self.session_pins.entry(id).or_default().push(pin.into_session());
         Ok(())
     }
 
     /// Releases one session pin on `name`; false if this session holds none.
     pub fn unpin_session(&mut self, name: &str) -> Result<bool> {
         let info = self.lookup(name)?;
-        let Some(entry) = self.session_pins.get_mut(&info.id) else { return Ok(false) };
-        self.env.unlocked()?.unpin_attached(entry.0, entry.1);
-        entry.2 -= 1;
-        if entry.2 == 0 {
+        let Some(held) = self.session_pins.get_mut(&info.id) else { return Ok(false) };
+        drop(held.pop()); // gives the pin back
+        if held.is_empty() {
             self.session_pins.remove(&info.id);
         }
         Ok(true)
@@ -851,31 +983,53 @@ fn connected<'a>(slot: &'a mut Option<Client>, path: &std::path::Path) -> Result
     Ok(slot.as_ref().expect("connected above"))
 }
 
+/// The error for a registry entry that contradicts what this process mapped or may map: never
+/// expected, but shared memory is not trusted with this process's memory safety.
+fn inconsistent(info: &SegmentInfo, why: &str) -> UvmError {
+    uvm_err!(Code::SystemError, "segment \"{}\" is inconsistent in the registry: {why}", info.name)
+}
+
+/// Checks that the chunks of `info` tile `[0, committed)` in order, without gaps or overlaps,
+/// inside the reservation, and cover its size.
+fn check_layout(info: &SegmentInfo) -> Result<()> {
+    let mut end = 0u64;
+    for c in &info.chunks {
+        if c.offset != end || c.size == 0 {
+            return Err(inconsistent(info, "its chunks do not tile it"));
+        }
+        end = c.offset.checked_add(c.size).ok_or_else(|| inconsistent(info, "a chunk ends past 2^64"))?;
+    }
+    if end != info.committed || end > info.reserve || info.size > end {
+        return Err(inconsistent(info, "its sizes do not match its chunks"));
+    }
+    Ok(())
+}
+
 /// Maps the chunks of `info` that `a` lacks, unmapping chunks that were replaced, and records the
 /// generation. A free function so that it can borrow the manager's fields separately.
-fn map_missing<E: Env>(
-    provider: &dyn Provider,
-    broker: &mut Option<Client>,
-    env: &E,
-    a: &mut Attachment,
-    info: &SegmentInfo,
-    epoch: u64,
-) -> Result<()> {
-    // Chunks mapped here that the segment no longer has at the same offset: unmap them.
-    let (keep, gone): (Vec<ChunkInfo>, Vec<ChunkInfo>) = a.mapped.drain(..).partition(|m| info.chunks.contains(m));
-    for c in gone {
-        provider.unmap_chunk(a.reservation.addr + c.offset, c.size, c.tier);
+fn map_missing<E: Env>(broker: &mut Option<Client>, env: &E, a: &mut Attachment, info: &SegmentInfo, epoch: u64) -> Result<()> {
+    check_layout(info)?;
+    // Chunks mapped here that the segment no longer has at the same offset: unmap them, unless a
+    // pin of this process still uses the mapping (chunks are replaced only with no pin held, so
+    // this means the registry lost a pin: refuse rather than pull memory from under the pin).
+    let gone: Vec<ChunkInfo> = a.mapping.mapped.borrow().iter().filter(|m| !info.chunks.contains(m)).copied().collect();
+    if !gone.is_empty() && Rc::strong_count(&a.mapping) > 1 {
+        return Err(uvm_err!(
+            Code::ObjectInUse,
+            "chunks of segment \"{}\" were replaced while this process still uses them",
+            info.name
+        ));
     }
-    a.mapped = keep;
+    for c in &gone {
+        a.mapping.unmap(c);
+    }
     for c in &info.chunks {
-        if a.mapped.contains(c) {
+        if a.mapping.mapped.borrow().contains(c) {
             continue;
         }
         let fd = connected(broker, &env.broker_path())?.get(epoch, c.id)?;
-        provider.map_chunk(fd.as_fd(), c.tier, a.reservation.addr + c.offset, c.size)?;
-        a.mapped.push(*c);
+        a.mapping.map(fd.as_fd(), c)?;
     }
-    a.mapped.sort_by_key(|c| c.offset);
     a.generation = info.generation;
     if let Ok(mut reg) = env.exclusive() {
         reg.set_mapped_generation(a.att_slot, info.generation);

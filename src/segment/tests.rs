@@ -23,13 +23,18 @@ pub(crate) struct World {
     broker: Option<std::thread::JoinHandle<usize>>,
 }
 
-// SAFETY: test-only; the registry buffer is leaked and lives for the whole test run.
+// SAFETY: test-only; the registry buffer is leaked and lives for the whole test run, and every
+// access to it goes through the world's RwLock (or a HeldPin's atomics).
 unsafe impl Send for World {}
+// SAFETY: as for Send.
 unsafe impl Sync for World {}
 
 impl World {
     pub(crate) fn new(tag: &str, arena: Arena) -> Arc<World> {
-        let cap = Capacity { max_segments: 8, max_chunks: 64, max_attachments: 16 };
+        Self::with_capacity(tag, arena, Capacity { max_segments: 8, max_chunks: 64, max_attachments: 16 })
+    }
+
+    pub(crate) fn with_capacity(tag: &str, arena: Arena, cap: Capacity) -> Arc<World> {
         let buf: &'static mut [u64] = Box::leak(vec![0u64; Registry::size_for(cap) / 8 + 1].into_boxed_slice());
         let base = buf.as_mut_ptr() as *mut u8;
         // SAFETY: the leaked buffer is large enough and used only through this world.
@@ -59,6 +64,8 @@ impl World {
 
 impl Drop for World {
     fn drop(&mut self) {
+        // A test that failed before `finish`: stop the broker's thread all the same.
+        self.stop.store(true, Ordering::Relaxed);
         // The broker's socket directory (a test's only file): leave nothing behind in /tmp.
         if let Some(dir) = self.path.parent() {
             let _ = std::fs::remove_dir_all(dir);
@@ -70,6 +77,12 @@ impl Drop for World {
 pub(crate) struct TestEnv {
     world: Arc<World>,
     pid: i32,
+}
+
+impl TestEnv {
+    pub(crate) fn new(world: &Arc<World>, pid: i32) -> TestEnv {
+        TestEnv { world: world.clone(), pid }
+    }
 }
 
 pub(crate) struct Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>, Registry);
@@ -103,10 +116,6 @@ impl Env for TestEnv {
         // SAFETY: as above.
         Ok(Excl(self.world.lock.write().unwrap(), unsafe { Registry::from_raw(self.world.base) }))
     }
-    fn unlocked(&self) -> Result<Registry> {
-        // SAFETY: as above.
-        Ok(unsafe { Registry::from_raw(self.world.base) })
-    }
     fn pid(&self) -> i32 {
         self.pid
     }
@@ -136,12 +145,12 @@ fn two_processes_share_bytes_and_growth() {
     {
         let mut p = a.pin("s", ok).unwrap();
         p.bytes_mut(100, 5).unwrap().copy_from_slice(b"hello");
-        assert!(p.map_ms > 0.0);
+        assert!(p.map_ms() > 0.0);
     }
     {
         let p = b.pin("s", ok).unwrap();
         assert_eq!(p.bytes(100, 5).unwrap(), b"hello");
-        assert_eq!(p.info.size, 3 * MIB);
+        assert_eq!(p.info().size, 3 * MIB);
     }
     // a grows; b, still attached at the old generation, maps the new chunk on its next pin
     assert_eq!(a.grow("s", 9 * MIB as i64, ok).unwrap(), 9 * MIB);
@@ -151,12 +160,12 @@ fn two_processes_share_bytes_and_growth() {
     }
     {
         let p = b.pin("s", ok).unwrap();
-        assert_eq!(p.info.chunks.len(), 2);
+        assert_eq!(p.info().chunks.len(), 2);
         assert_eq!(p.bytes(8 * MIB as i64, 3).unwrap(), b"new");
         assert_eq!(p.bytes(100, 5).unwrap(), b"hello");
         // a read across the chunk boundary is contiguous
         assert_eq!(p.bytes(4 * MIB as i64 - 2, 4).unwrap().len(), 4);
-        let generation = p.info.generation;
+        let generation = p.info().generation;
         let reg = a.env.shared().unwrap();
         let atts = reg.attachments();
         assert_eq!(atts.len(), 2);
@@ -237,7 +246,7 @@ fn dropped_segments_are_swept_by_other_processes() {
     a.drop_segment("s", ok).unwrap();
     assert_eq!(b.attachments().count(), 1);
     drop(b.pin("t", ok).unwrap()); // any access sweeps
-    assert_eq!(b.attachments().map(|x| x.segment_id).collect::<Vec<_>>(), vec![a.lookup("t").unwrap().id]);
+    assert_eq!(b.attachments().map(|x| x.segment_id()).collect::<Vec<_>>(), vec![a.lookup("t").unwrap().id]);
     a.drop_segment("t", ok).unwrap();
     b.detach_all();
     drop((a, b));
@@ -297,10 +306,10 @@ fn arena_segments_map_at_their_hint() {
     a.create("s", 4096, Some(8 * MIB as i64), TierPref::Auto, 1, 0).unwrap();
     {
         let p = a.pin("s", ok).unwrap();
-        assert_eq!(p.base as u64, arena.base);
-        assert_eq!(p.info.base_hint, arena.base);
+        assert_eq!(p.base() as u64, arena.base);
+        assert_eq!(p.info().base_hint, arena.base);
     }
-    assert!(a.attachments().all(|x| x.same_address));
+    assert!(a.attachments().all(|x| x.same_address()));
     a.drop_segment("s", ok).unwrap();
     drop(a);
     assert_eq!(world.finish(), 0);
@@ -321,20 +330,24 @@ impl Provider for TwoTierMemfd {
     fn has_tier(&self, _tier: Tier) -> bool {
         true
     }
-    fn reserve(&self, hint: u64, size: u64, in_arena: bool) -> Result<Reservation> {
-        HostProvider.reserve(hint, size, in_arena)
+    fn reserve(&self, hint: u64, size: u64) -> Result<Reservation> {
+        HostProvider.reserve(hint, size)
     }
-    fn release_reservation(&self, r: &Reservation) {
+    unsafe fn reserve_in_arena(&self, addr: u64, size: u64) -> Result<Reservation> {
+        // SAFETY: forwarded contract.
+        unsafe { HostProvider.reserve_in_arena(addr, size) }
+    }
+    fn release_reservation(&self, r: Reservation) {
         HostProvider.release_reservation(r)
     }
     fn create_chunk(&self, _tier: Tier, size: u64) -> Result<std::os::fd::OwnedFd> {
         HostProvider.create_chunk(Tier::Host, size)
     }
-    fn map_chunk(&self, fd: std::os::fd::BorrowedFd<'_>, _tier: Tier, addr: u64, size: u64) -> Result<()> {
-        HostProvider.map_chunk(fd, Tier::Host, addr, size)
+    fn map_chunk(&self, fd: std::os::fd::BorrowedFd<'_>, _tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()> {
+        HostProvider.map_chunk(fd, Tier::Host, r, offset, size)
     }
-    fn unmap_chunk(&self, addr: u64, size: u64, _tier: Tier) {
-        HostProvider.unmap_chunk(addr, size, Tier::Host)
+    fn unmap_chunk(&self, r: &Reservation, offset: u64, size: u64, _tier: Tier) {
+        HostProvider.unmap_chunk(r, offset, size, Tier::Host)
     }
     unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) -> Result<()> {
         // SAFETY: forwarded contract.
@@ -454,5 +467,91 @@ fn device_budget_spills_auto_chunks_and_refuses_device_ones() {
         a.drop_segment(n, ok).unwrap();
     }
     drop(a);
+    assert_eq!(world.finish(), 0);
+}
+
+#[test]
+fn broker_calls_are_retried_by_kind_never_by_message() {
+    let world = World::new("retry", Arena::default());
+    let mut a = process(&world, 1);
+    let calls = std::cell::Cell::new(0);
+    // An answer whose text happens to say "could not": not a connection failure, no retry.
+    let e = a
+        .with_broker(|_| -> Result<()> {
+            calls.set(calls.get() + 1);
+            Err(UvmError::new(Code::SystemError, "could not find chunk 7"))
+        })
+        .unwrap_err();
+    assert_eq!((e.code, calls.get()), (Code::SystemError, 1));
+    // A failed connection, whatever its text: one retry on a fresh connection, which succeeds.
+    calls.set(0);
+    let epoch = a.env.shared().unwrap().epoch();
+    let n = a
+        .with_broker(|b| {
+            calls.set(calls.get() + 1);
+            if calls.get() == 1 {
+                Err(UvmError::new(Code::SystemError, "broker went away").with_kind(crate::error::Kind::BrokerConnection))
+            } else {
+                b.stats(epoch)
+            }
+        })
+        .unwrap();
+    assert_eq!((n, calls.get()), (0, 2));
+    drop(a);
+    assert_eq!(world.finish(), 0);
+}
+
+#[test]
+fn a_pin_keeps_its_memory_mapped_across_its_process_exit() {
+    let world = World::new("exitpin", Arena::default());
+    let mut a = process(&world, 1);
+    a.create("s", 3 * MIB as i64, None, TierPref::Auto, 1, 0).unwrap();
+    let mut p = a.pin("s", ok).unwrap();
+    p.bytes_mut(3 * MIB as i64 - 4, 4).unwrap().copy_from_slice(b"kept");
+    // The process "exits" while the guard is alive: its pins are given back at once...
+    a.detach_all();
+    assert_eq!(a.lookup("s").unwrap().pins, 0);
+    assert_eq!(a.attachments().count(), 0);
+    // ...but the guard's memory stays mapped until the guard goes (this read faulted when
+    // detaching unmapped the reservation under it).
+    assert_eq!(p.bytes(3 * MIB as i64 - 4, 4).unwrap(), b"kept");
+    // The segment can be dropped meanwhile (its pins are gone); dropping the guard afterwards
+    // gives nothing back twice.
+    a.drop_segment("s", ok).unwrap();
+    assert_eq!(p.bytes(0, 1).unwrap(), &[0]);
+    drop(p);
+    a.create("t", 4096, None, TierPref::Auto, 1, 0).unwrap();
+    assert_eq!(a.lookup("t").unwrap().pins, 0);
+    a.drop_segment("t", ok).unwrap();
+    drop(a);
+    assert_eq!(world.finish(), 0);
+}
+
+#[test]
+fn chunks_a_live_pin_uses_are_never_unmapped_under_it() {
+    let world = World::new("underpin", Arena::default());
+    let mut a = two_tier(&world, 1, None);
+    let mut b = two_tier(&world, 2, None);
+    a.create("m", MIB as i64, None, TierPref::Host, 1, 0).unwrap();
+    let mut p = a.pin("m", ok).unwrap();
+    p.bytes_mut(0, 4).unwrap().copy_from_slice(b"mine");
+    drop(b.pin("m", ok).unwrap()); // b attaches
+                                   // Safe code with the exclusive lock frees a's attachment slot, which gives a's pin back
+                                   // although a still uses the memory, and then migrates the chunk away.
+    {
+        let mut reg = b.env.exclusive().unwrap();
+        let att = reg.attachments().iter().position(|x| x.pid == 1).unwrap();
+        reg.detach(att as u32);
+    }
+    assert_eq!(b.prefetch("m", 0, 1, Tier::Device, ok).unwrap(), 2 * MIB);
+    // a's next pin would have to unmap the replaced chunk under `p`: refused, and `p` reads on.
+    assert_eq!(a.pin("m", ok).err().unwrap().code, Code::ObjectInUse);
+    assert_eq!(p.bytes(0, 4).unwrap(), b"mine");
+    drop(p);
+    // With the guard gone, a remaps and sees the migrated bytes.
+    assert_eq!(a.pin("m", ok).unwrap().bytes(0, 4).unwrap(), b"mine");
+    a.detach_all();
+    b.drop_segment("m", ok).unwrap();
+    drop((a, b));
     assert_eq!(world.finish(), 0);
 }

@@ -58,36 +58,68 @@ fn write_segment(name: &str, offset: i64, data: &[u8]) -> i64 {
 
 /// A `bytea` allocated in the function's result memory context and filled in place, so that a
 /// read copies segment bytes once (pgrx's `Vec<u8>` return would copy them twice).
-struct PallocBytea(*mut pg_sys::varlena);
+///
+/// The memory belongs to the memory context that was current at [`PallocBytea::new`] (the
+/// function call's), not to this value: it is freed with that context, and a `PallocBytea`
+/// must not outlive it. Hence `new` is `unsafe`, and the bytes are lent out only for as long as
+/// the value itself is borrowed ([`PallocBytea::data_mut`]); nothing hands out a longer-lived
+/// reference. Dropping the value without returning it leaves the memory to the context (no
+/// leak: the context is reset after the call, also on ERROR).
+struct PallocBytea {
+    /// A complete varlena of `VARHDRSZ + len` bytes, palloc'd.
+    ptr: std::ptr::NonNull<pg_sys::varlena>,
+    len: usize,
+}
 
 pgrx::impl_sql_translatable!(PallocBytea, "bytea");
 
 impl PallocBytea {
-    fn new(len: usize) -> crate::error::Result<(PallocBytea, &'static mut [u8])> {
-        let hdr = pg_sys::VARHDRSZ;
-        const MAX_ALLOC_SIZE: usize = 0x3fff_ffff; // MaxAllocSize in memutils.h
-        if len > MAX_ALLOC_SIZE - hdr {
+    /// The largest payload one bytea can hold (`MaxAllocSize` of memutils.h, less the header).
+    const MAX_LEN: usize = 0x3fff_ffff - pg_sys::VARHDRSZ;
+
+    /// Allocates a zeroed bytea of `len` bytes in `CurrentMemoryContext`. (Zeroed, because a
+    /// `&mut [u8]` may only point to initialised bytes; zeroing costs far less than the copy.)
+    ///
+    /// # Safety
+    ///
+    /// The caller returns the value from the current SQL function call, or drops it, before
+    /// `CurrentMemoryContext` is reset or deleted: it must not be kept across calls or moved
+    /// to another thread (it is neither `Send` nor `Sync`).
+    unsafe fn new(len: usize) -> crate::error::Result<PallocBytea> {
+        if len > Self::MAX_LEN {
             return Err(UvmError::new(
                 Code::ProgramLimitExceeded,
                 format!("cannot read {len} bytes into one bytea (at most 1 GB)"),
             ));
         }
-        // SAFETY: palloc either returns len + VARHDRSZ bytes in CurrentMemoryContext (the
-        // context pgrx calls the function in, which outlives the returned Datum's use) or
-        // raises an ERROR; SET_VARSIZE writes the 4-byte header of that allocation.
-        unsafe {
-            let p = pg_sys::palloc(len + hdr) as *mut pg_sys::varlena;
-            pgrx::set_varsize_4b(p, (len + hdr) as i32);
-            Ok((PallocBytea(p), std::slice::from_raw_parts_mut((p as *mut u8).add(hdr), len)))
-        }
+        let total = len + pg_sys::VARHDRSZ;
+        // SAFETY: palloc0 either returns `total` zeroed bytes in CurrentMemoryContext or raises
+        // an ERROR (it never returns null); `total` is below MaxAllocSize (checked above), and
+        // set_varsize_4b writes the 4-byte header inside that allocation.
+        let ptr = unsafe {
+            let p = pg_sys::palloc0(total) as *mut pg_sys::varlena;
+            pgrx::set_varsize_4b(p, total as i32);
+            std::ptr::NonNull::new_unchecked(p)
+        };
+        Ok(PallocBytea { ptr, len })
+    }
+
+    /// The payload, borrowed for as long as `self` is.
+    fn data_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the allocation holds VARHDRSZ + len initialised (zeroed) bytes (new), lives as
+        // long as the memory context, which outlives `self` (new's contract), and is reachable
+        // only through `self`, so the `&mut self` borrow makes this the only reference; no other
+        // thread sees it (the type is neither Send nor Sync).
+        unsafe { std::slice::from_raw_parts_mut((self.ptr.as_ptr() as *mut u8).add(pg_sys::VARHDRSZ), self.len) }
     }
 }
 
-// SAFETY: the pointer is a complete, palloc'd varlena, which is exactly a bytea Datum.
+// SAFETY: the pointer is a complete, palloc'd varlena, which is exactly a bytea Datum, and it
+// lives in the call's memory context (PallocBytea::new's contract).
 unsafe impl pgrx::callconv::BoxRet for PallocBytea {
     unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
         // SAFETY: returning a valid pointer Datum allocated in the call's memory context.
-        unsafe { fcinfo.return_raw_datum(pg_sys::Datum::from(self.0)) }
+        unsafe { fcinfo.return_raw_datum(pg_sys::Datum::from(self.ptr.as_ptr())) }
     }
 }
 
@@ -97,8 +129,9 @@ fn read_segment(name: &str, offset: i64, length: i32) -> PallocBytea {
     with_segments(|s| {
         let pin = s.pin(name, |o| authorize(o, name, "read"))?;
         pin.check_range(offset, length as i64)?;
-        let (out, dst) = PallocBytea::new(length as usize)?;
-        pin.read_into(offset, dst)?;
+        // SAFETY: `out` is returned from this call (or dropped with the error) right below.
+        let mut out = unsafe { PallocBytea::new(length as usize)? };
+        pin.read_into(offset, out.data_mut())?;
         Ok(out)
     })
 }
@@ -114,7 +147,9 @@ fn checksum_segment(name: &str, offset: i64, length: i64) -> i64 {
             let addr = pin.addr(offset, length)?;
             return crate::gpu::gpu()?.with_kernels(|k| k.checksum(addr, length as u64)).map(|v| v as i64);
         }
-        Ok(crate::checksum::checksum(pin.bytes(offset, length)?, 0) as i64)
+        // In blocks, serving cancel and statement_timeout between them; the pin is given back on
+        // the way out of an interrupt as on any error.
+        Ok(crate::checksum::checksum_interruptible(pin.bytes(offset, length)?)? as i64)
     })
 }
 
@@ -130,7 +165,8 @@ fn fill_segment(name: &str, offset: i64, length: i64, seed: i64) -> i64 {
             let addr = pin.addr(offset, length)?;
             crate::gpu::gpu()?.with_kernels(|k| k.fill(addr, length as u64, seed as u64))?;
         } else {
-            crate::checksum::fill(pin.bytes_mut(offset, length)?, seed as u64);
+            // Interruptible between blocks: a cancelled fill leaves a prefix written.
+            crate::checksum::fill_interruptible(pin.bytes_mut(offset, length)?, seed as u64)?;
         }
         Ok(length)
     })
@@ -169,7 +205,7 @@ fn unpin_segment(name: &str) -> bool {
 /// spent mapping (0 when the mapping was already current).
 #[pg_extern(volatile, parallel_safe)]
 fn attach_segment(name: &str) -> f64 {
-    with_segments(|s| Ok(s.pin(name, |o| authorize(o, name, "read"))?.map_ms))
+    with_segments(|s| Ok(s.pin(name, |o| authorize(o, name, "read"))?.map_ms()))
 }
 
 /// The provider and its capabilities, as (property, value) rows.
@@ -221,7 +257,7 @@ fn with_cuda<R>(f: impl FnOnce(&mut crate::segment::Segments<super::PgEnv>) -> c
 fn bench_segment_read(name: &str, iterations: i32) -> f64 {
     with_cuda(|s| {
         let pin = s.pin(name, |o| authorize(o, name, "read"))?;
-        let size = pin.info.size as i64;
+        let size = pin.info().size as i64;
         let addr = pin.addr(0, size)?;
         crate::gpu::gpu()?.with_kernels(|k| k.read_bandwidth(addr, size as u64, iterations.max(1) as u32))
     })
@@ -265,6 +301,8 @@ fn registry_snapshot() -> (Vec<crate::registry::SegmentInfo>, Vec<crate::registr
 }
 
 /// Rows of the `uvm.segments` view.
+// pgrx spells a set-returning function's row type inline, one `name!` per column.
+#[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_safe)]
 fn segments_internal() -> TableIterator<
     'static,

@@ -231,8 +231,8 @@ fn cpu_build(
     kt: KeyType,
     stored: u64,
 ) -> Result<u64> {
-    let size = pin.info.size as i64;
-    let name = pin.info.name.clone();
+    let size = pin.info().size as i64;
+    let name = pin.info().name.clone();
     let mut b = table::Builder::new(&name, pin.bytes_mut(0, size)?, kt, stored, 0)?;
     let mut rows = 0u64;
     while cur.fetch(batch) > 0 {
@@ -289,7 +289,7 @@ fn gpu_build(
             // SAFETY: as for zero; n is a power of two.
             let left_out = g.with_kernels(|k| unsafe { k.join_build(slots, n - 1, 0, &keys, &payloads) })?;
             if left_out > 0 {
-                return Err(table::corrupted(&pin.info.name, &format!("a build found no empty slot in {n} slots")));
+                return Err(table::corrupted(&pin.info().name, &format!("a build found no empty slot in {n} slots")));
             }
             keys.clear();
             payloads.clear();
@@ -498,7 +498,9 @@ fn gpujoin_probe_combine(mut a: Internal, mut b: Internal, fcinfo: pg_sys::Funct
     a
 }
 
-#[pg_extern(volatile, parallel_safe)]
+// STRICT, as PostgreSQL requires of serialization functions: a NULL state (a worker that saw
+// no rows) is passed on as NULL without a call.
+#[pg_extern(volatile, parallel_safe, strict)]
 fn gpujoin_probe_serial(mut internal: Internal) -> Vec<u8> {
     // SAFETY: the aggregate's state, or null.
     match unsafe { internal.get_mut::<ProbeState>() } {
@@ -510,7 +512,9 @@ fn gpujoin_probe_serial(mut internal: Internal) -> Vec<u8> {
     }
 }
 
-#[pg_extern(volatile, parallel_safe)]
+// STRICT, as PostgreSQL requires of deserialization functions (it passes a non-NULL dummy as
+// the second argument).
+#[pg_extern(volatile, parallel_safe, strict)]
 fn gpujoin_probe_deserial(bytes: &[u8], _unused: Internal, fcinfo: pg_sys::FunctionCallInfo) -> Internal {
     let value = ProbeState::deserialize(bytes).unwrap_or_else(|e| report(e));
     let mut internal = Internal::default();
@@ -563,7 +567,7 @@ fn gpujoin_pairs_create(
         s.create(segment, size, max_size, pref, current_user(), now())?;
         let mut pin = s.pin(segment, |o| authorize(o, segment, "write"))?;
         pin.write_from(0, &PairsHeader::new().as_bytes())?;
-        Ok(pairs::capacity(pin.info.size) as i64)
+        Ok(pairs::capacity(pin.info().size) as i64)
     })
 }
 

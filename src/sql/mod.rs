@@ -32,7 +32,7 @@ use crate::provider::cuda::CudaProvider;
 use crate::provider::host::HostProvider;
 use crate::provider::{reserve_arena, Provider, ProviderKind};
 use crate::registry::shmem::{self, ExclusiveGuard, SharedGuard};
-use crate::registry::{Capacity, Registry};
+use crate::registry::Capacity;
 use crate::segment::{Env, Limits, Segments};
 
 /// Upper bound of the address arena reserved in the postmaster.
@@ -116,9 +116,6 @@ impl Env for PgEnv {
     }
     fn exclusive(&self) -> Result<ExclusiveGuard> {
         shmem::exclusive()
-    }
-    fn unlocked(&self) -> Result<Registry> {
-        shmem::unlocked()
     }
     fn pid(&self) -> i32 {
         // SAFETY: MyProcPid is set at process start and never changes.
