@@ -84,16 +84,38 @@ extern "C" __global__ void uvm_read_bw(const ulonglong2 *p, u64 n, u64 *out) {
 // A slot: tag (0 = empty, else mix(key ^ seed) | 1), key, payload; 24 bytes.
 struct Slot { u64 tag; long long key; long long payload; };
 
+// The table's slots are untrusted (any process may overwrite the segment): every walk along a
+// probe chain stops after mask + 1 (= slot_count) steps, as the CPU's does (table.rs). A walk
+// that reaches the bound counts one in *bad, which the host reads back and turns into an ERROR
+// (22023, "is corrupted"); so that a corrupted table does not keep every thread walking its
+// whole bound, the walks look at *bad every BAD_POLL steps and give up once it is set.
+#define BAD_POLL 4096ull
+
+__device__ __forceinline__ bool gave_up(const u64 *bad, u64 step) {
+    return (step & (BAD_POLL - 1)) == 0 && step != 0 && *(volatile const u64 *)bad != 0ull;
+}
+
 // Inserts n rows (keys[i], payloads[i]) into the table; NULL keys were left out by the caller.
+// A row that finds no empty slot within mask + 1 steps is left out and counted in *bad.
 extern "C" __global__ void uvm_join_build(Slot *slots, u64 mask, u64 seed, const long long *keys,
-                                          const long long *payloads, u64 n) {
+                                          const long long *payloads, u64 n, u64 *bad) {
     for (u64 r = blockIdx.x * (u64)blockDim.x + threadIdx.x; r < n; r += (u64)gridDim.x * blockDim.x) {
         long long k = keys[r];
         u64 t = mix((u64)k ^ seed) | 1ull;
         u64 i = t & mask;
         // claim an empty slot; key and payload are written by the claimer before any probe runs
-        while (atomicCAS(&slots[i].tag, 0ull, t) != 0ull) {
+        bool placed = false;
+        for (u64 step = 0; step <= mask; step++) {
+            if (gave_up(bad, step)) break;
+            if (atomicCAS(&slots[i].tag, 0ull, t) == 0ull) {
+                placed = true;
+                break;
+            }
             i = (i + 1) & mask;
+        }
+        if (!placed) {
+            atomicAdd(bad, 1ull);
+            continue;
         }
         slots[i].key = k;
         slots[i].payload = payloads[r];
@@ -117,7 +139,8 @@ __device__ __forceinline__ void warp_add(u64 *out, u64 v) {
     }
 }
 
-// Probes n keys; adds the matches and the payload sum (lo, hi as above) to out[0..3].
+// Probes n keys; adds the matches and the payload sum (lo, hi as above) to out[0..3], and the
+// keys whose chain had no empty slot within mask + 1 steps to out[3] (a corrupted table).
 extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed, const long long *keys,
                                           u64 n, u64 *out) {
     u64 matches = 0, lo = 0;
@@ -126,14 +149,23 @@ extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed,
         long long k = keys[r];
         u64 t = mix((u64)k ^ seed) | 1ull;
         u64 i = t & mask;
-        for (;;) {
+        bool ended = false;
+        for (u64 step = 0; step <= mask; step++) {
+            if (gave_up(&out[3], step)) break;
             u64 st = slots[i].tag;
-            if (st == 0ull) break;
+            if (st == 0ull) {
+                ended = true;
+                break;
+            }
             if (st == t && slots[i].key == k) {
                 matches++;
                 add_payload(lo, hi, slots[i].payload);
             }
             i = (i + 1) & mask;
+        }
+        if (!ended) {
+            atomicAdd(&out[3], 1ull);
+            break; // the host raises an ERROR: no need to probe this thread's other keys
         }
     }
     warp_add(&out[0], matches);
@@ -150,9 +182,14 @@ extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed,
 // and ctl[1] says how many pairs the buffer needs. The host grows the segment, maps the new
 // chunks and launches again with the same resume state (fresh = 0; the first launch of a batch
 // has fresh = 1), which goes on where it stopped. The grid must be the same for every launch.
-// ctl: [0] stop flag, [1] pairs needed, [2] matches written, [3] payload lo, [4] payload hi.
+// ctl: [0] stop flag, [1] pairs needed, [2] matches written, [3] payload lo, [4] payload hi,
+// [5] corrupted: keys whose chain had no empty slot within mask + 1 steps, or whose second walk
+// found other matches than the first, or whose reservation overflowed (the host raises an
+// ERROR). A thread writes at most the pairs it reserved, below `cap`, whatever the slots hold.
 // `written` (in the header) counts pairs written, so that readers can tell a complete buffer.
 #define NO_RESERVATION (~0ull)
+// The most pairs a buffer's counters may claim (pairs.rs, MAX_PAIRS).
+#define MAX_PAIRS ((0x7fffffffffffffffull - 64ull) / 16ull)
 
 extern "C" __global__ void uvm_join_materialize(const Slot *slots, u64 mask, u64 seed, const long long *keys,
                                                 u64 n, long long *pairs, u64 *next, u64 *written, u64 cap,
@@ -165,26 +202,42 @@ extern "C" __global__ void uvm_join_materialize(const Slot *slots, u64 mask, u64
     long long hi = 0;
     for (; r < n; r += stride) {
         if (*(volatile u64 *)&ctl[0] != 0ull) break; // another thread overflowed: stop here
+        if (*(volatile u64 *)&ctl[5] != 0ull) break; // the table is corrupted: the host fails
         long long k = keys[r];
         u64 t = mix((u64)k ^ seed) | 1ull;
         u64 m = 0, i = t & mask;
-        for (;;) {
+        bool ended = false;
+        for (u64 step = 0; step <= mask; step++) {
+            if (gave_up(&ctl[5], step)) break;
             u64 st = slots[i].tag;
-            if (st == 0ull) break;
+            if (st == 0ull) {
+                ended = true;
+                break;
+            }
             if (st == t && slots[i].key == k) m++;
             i = (i + 1) & mask;
         }
+        if (!ended) {
+            atomicAdd(&ctl[5], 1ull);
+            break;
+        }
         if (m == 0) continue;
         u64 base = pend != NO_RESERVATION ? pend : atomicAdd(next, m);
-        if (base + m > cap) {
+        if (base > MAX_PAIRS || m > MAX_PAIRS - base) {
+            atomicAdd(&ctl[5], 1ull); // a corrupted counter: never write
+            break;
+        }
+        u64 end = base + m;
+        if (end > cap) {
             pend = base;
-            atomicMax(&ctl[1], base + m);
+            atomicMax(&ctl[1], end);
             atomicExch(&ctl[0], 1ull);
             break;
         }
+        // Walk again, writing at most the m pairs reserved (the slots may have changed).
         u64 j = base;
         i = t & mask;
-        for (;;) {
+        for (u64 step = 0; step <= mask && j < end; step++) {
             u64 st = slots[i].tag;
             if (st == 0ull) break;
             if (st == t && slots[i].key == k) {
@@ -196,8 +249,12 @@ extern "C" __global__ void uvm_join_materialize(const Slot *slots, u64 mask, u64
             }
             i = (i + 1) & mask;
         }
-        done += m;
+        done += j - base;
         pend = NO_RESERVATION;
+        if (j != end) {
+            atomicAdd(&ctl[5], 1ull); // part of the reservation stays unwritten: written != next
+            break;
+        }
     }
     resume[2 * tid] = r;
     resume[2 * tid + 1] = pend;

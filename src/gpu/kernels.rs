@@ -12,6 +12,7 @@ use cudarc::nvrtc::sys::{self as rtc, nvrtcResult};
 use super::{check, void, DeviceInfo};
 use crate::error::{Code, Result, UvmError};
 use crate::gpujoin::pairs::{self, Appender, Inner, Step, Target};
+use crate::gpujoin::table;
 
 const SOURCE: &str = include_str!("../../kernels/segment.cu");
 /// Directory of compiled kernels, relative to the data directory (every process runs there).
@@ -24,6 +25,8 @@ const BLOCK: u32 = 256;
 /// Keys per launch at most, so that the staging buffer (kept for the process's lifetime) stays
 /// at 8 MiB however large a batch grows while CUDA starts.
 const MAX_LAUNCH_KEYS: usize = 1 << 20;
+/// Keys one probe benchmark launch takes at most (128 MiB staged on the device).
+pub const MAX_BENCH_KEYS: u64 = 1 << 24;
 
 /// Recombines the split payload sums of the join kernels: hi * 2^32 + lo (see segment.cu),
 /// exact while one launch matches fewer than 2^32 rows (else an error, never a wrong sum).
@@ -243,46 +246,84 @@ impl Kernels {
     }
 
     /// Zeroes `words` 8-byte words at `addr` (which may span chunks).
-    pub fn zero(&self, addr: u64, words: u64) -> Result<()> {
+    ///
+    /// # Safety
+    /// `[addr, addr + 8 * words)` is 8-byte aligned device-accessible memory that nothing else
+    /// of this process uses (a pinned segment's range, bounds-checked by `Pin::addr`).
+    pub unsafe fn zero(&self, addr: u64, words: u64) -> Result<()> {
         let (mut p, mut n) = (addr, words);
         self.launch(self.zero_fn, &mut [void(&mut p), void(&mut n)])
     }
 
-    /// Builds a GpuJoin table's slots at `slots` (`mask + 1` zeroed slots) from rows with
-    /// non-NULL keys, on the GPU.
-    pub fn join_build(&self, slots: u64, mask: u64, seed: u64, keys: &[i64], payloads: &[i64]) -> Result<()> {
+    /// Inserts rows with non-NULL keys into a GpuJoin table's slots at `slots` (`mask + 1`
+    /// slots, zeroed before the first batch), on the GPU, at most [`MAX_LAUNCH_KEYS`] rows per
+    /// launch with an interrupt check between launches. Rows that find no empty slot within
+    /// `mask + 1` steps (the segment was overwritten during the build) are left out; returns
+    /// how many.
+    ///
+    /// # Safety
+    /// `slots` addresses `mask + 1` slots (`mask + 1` a power of two) of writable,
+    /// device-accessible memory, 8-byte aligned, kept mapped for the call (a pinned segment's
+    /// range, bounds-checked by `Pin::addr`).
+    pub unsafe fn join_build(&self, slots: u64, mask: u64, seed: u64, keys: &[i64], payloads: &[i64]) -> Result<u64> {
         debug_assert_eq!(keys.len(), payloads.len());
-        let buf = self.staging(keys.len() * 16)?;
-        self.stage(buf, 0, keys)?;
-        self.stage(buf, keys.len() * 8, payloads)?;
-        let (mut s, mut m, mut sd, mut k, mut p, mut n) =
-            (slots, mask, seed, buf, buf + keys.len() as u64 * 8, keys.len() as u64);
-        self.launch(
-            self.join_build_fn,
-            &mut [void(&mut s), void(&mut m), void(&mut sd), void(&mut k), void(&mut p), void(&mut n)],
-        )
+        let mut left_out = 0;
+        for (ks, ps) in keys.chunks(MAX_LAUNCH_KEYS).zip(payloads.chunks(MAX_LAUNCH_KEYS)) {
+            crate::interrupt::check()?;
+            let buf = self.staging(ks.len() * 16)?;
+            self.stage(buf, 0, ks)?;
+            self.stage(buf, ks.len() * 8, ps)?;
+            // SAFETY: `result` is our RESULT_BYTES device buffer.
+            check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 8) })?;
+            let (mut s, mut m, mut sd, mut k, mut p, mut n, mut bad) =
+                (slots, mask, seed, buf, buf + ks.len() as u64 * 8, ks.len() as u64, self.result);
+            self.launch(
+                self.join_build_fn,
+                &mut [void(&mut s), void(&mut m), void(&mut sd), void(&mut k), void(&mut p), void(&mut n), void(&mut bad)],
+            )?;
+            let mut b = 0u64;
+            // SAFETY: copies 8 bytes from our device buffer into `b`.
+            check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(void(&mut b), self.result, 8) })?;
+            left_out += b;
+        }
+        Ok(left_out)
     }
 
-    /// Probes non-NULL `keys` against the table's slots at `slots`; returns (matches, payload
-    /// sum), exact up to 2^32 matches per call.
-    pub fn join_probe(&self, slots: u64, mask: u64, seed: u64, keys: &[i64]) -> Result<(u64, i128)> {
+    /// Probes non-NULL `keys` against the table of `inner`; returns (matches, payload sum),
+    /// exact up to 2^32 matches per launch. A chain without an empty slot is an ERROR (22023):
+    /// the table is corrupted.
+    pub fn join_probe(&self, inner: &Inner<'_>, keys: &[i64]) -> Result<(u64, i128)> {
         keys.chunks(MAX_LAUNCH_KEYS).try_fold((0, 0), |(m, sum), part| {
+            crate::interrupt::check()?;
             // SAFETY: `result` is our RESULT_BYTES device buffer.
-            check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 24) })?;
-            self.run_probe(slots, mask, seed, part, 1)?;
-            let mut r = [0u64; 3];
-            // SAFETY: copies 24 bytes from our device buffer into `r`.
-            check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(r.as_mut_ptr() as *mut c_void, self.result, 24) })?;
+            check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 32) })?;
+            self.run_probe(inner, part, 1)?;
+            let mut r = [0u64; 4];
+            // SAFETY: copies 32 bytes from our device buffer into `r`.
+            check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(r.as_mut_ptr() as *mut c_void, self.result, 32) })?;
+            if r[3] != 0 {
+                return Err(table::corrupted(
+                    inner.name(),
+                    &format!("a probe found no empty slot in {} slots", inner.header().slot_count),
+                ));
+            }
             Ok((m + r[0], sum + payload_sum(r[0], r[1], r[2])?))
         })
     }
 
     /// Stages `keys` and launches the probe kernel `runs` times, adding into the result buffer;
     /// returns the milliseconds of the last launch.
-    fn run_probe(&self, slots: u64, mask: u64, seed: u64, keys: &[i64], runs: u32) -> Result<f64> {
+    fn run_probe(&self, inner: &Inner<'_>, keys: &[i64], runs: u32) -> Result<f64> {
         let buf = self.staging(keys.len() * 8)?;
         self.stage(buf, 0, keys)?;
-        let (mut s, mut m, mut sd, mut k, mut n, mut out) = (slots, mask, seed, buf, keys.len() as u64, self.result);
+        self.launch_probe(inner, buf, keys.len() as u64, runs)
+    }
+
+    /// Launches the probe kernel `runs` times over `n` keys staged at `keys`.
+    fn launch_probe(&self, inner: &Inner<'_>, keys: CUdeviceptr, n: u64, runs: u32) -> Result<f64> {
+        let h = inner.header();
+        // Inner::of validated the header and bounded the slots inside the pinned segment.
+        let (mut s, mut m, mut sd, mut k, mut n, mut out) = (inner.slots(), h.slot_count - 1, h.seed, keys, n, self.result);
         let mut params = [void(&mut s), void(&mut m), void(&mut sd), void(&mut k), void(&mut n), void(&mut out)];
         let mut ms = 0.0;
         for _ in 0..runs.max(1) {
@@ -304,10 +345,28 @@ impl Kernels {
         Ok(self.resume.get())
     }
 
-    /// Time of one launch of the probe kernel over `keys` (benchmarks only): the kernel alone,
-    /// after a warm-up launch, without the staging copy.
-    pub fn join_probe_kernel_ms(&self, slots: u64, mask: u64, seed: u64, keys: &[i64]) -> Result<f64> {
-        self.run_probe(slots, mask, seed, keys, 2)
+    /// Time of one launch of the probe kernel over `n` keys, `key(i)` for i in `0..n`
+    /// (benchmarks only; `n` at most [`MAX_BENCH_KEYS`]): the kernel alone, after a warm-up
+    /// launch, without the staging copy. The keys are generated and staged a launch's worth at
+    /// a time, so host memory stays constant; the device's staging buffer holds all `n`.
+    pub fn join_probe_kernel_ms(&self, inner: &Inner<'_>, n: u64, key: impl Fn(u64) -> i64) -> Result<f64> {
+        if n == 0 || n > MAX_BENCH_KEYS {
+            return Err(UvmError::new(
+                Code::ProgramLimitExceeded,
+                format!("a probe benchmark takes 1 to {MAX_BENCH_KEYS} keys, not {n}"),
+            ));
+        }
+        let buf = self.staging(n as usize * 8)?;
+        let mut host = Vec::with_capacity(MAX_LAUNCH_KEYS.min(n as usize));
+        for start in (0..n).step_by(MAX_LAUNCH_KEYS) {
+            crate::interrupt::check()?;
+            host.clear();
+            host.extend((start..(start + MAX_LAUNCH_KEYS as u64).min(n)).map(&key));
+            self.stage(buf, start as usize * 8, &host)?;
+        }
+        // SAFETY: `result` is our RESULT_BYTES device buffer.
+        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 32) })?;
+        self.launch_probe(inner, buf, n, 2)
     }
 }
 
@@ -337,8 +396,9 @@ impl Appender for KernelAppender<'_> {
         false
     }
 
-    fn run(&mut self, inner: &Inner<'_>, target: Target) -> Result<Step> {
+    fn run(&mut self, inner: &Inner<'_>, target: Target<'_>) -> Result<Step> {
         while self.at < self.keys.len() {
+            crate::interrupt::check()?;
             let part = &self.keys[self.at..(self.at + MAX_LAUNCH_KEYS).min(self.keys.len())];
             if let Step::Need(pairs) = self.launch(part, inner, target)? {
                 return Ok(Step::Need(pairs));
@@ -351,7 +411,7 @@ impl Appender for KernelAppender<'_> {
 
 impl KernelAppender<'_> {
     /// One launch over `part` (staged on its first launch): starts it, or resumes it.
-    fn launch(&mut self, part: &[i64], inner: &Inner<'_>, target: Target) -> Result<Step> {
+    fn launch(&mut self, part: &[i64], inner: &Inner<'_>, target: Target<'_>) -> Result<Step> {
         let k = self.k;
         let keys = match self.staged {
             Some(p) => p,
@@ -364,11 +424,14 @@ impl KernelAppender<'_> {
         };
         let resume = k.resume_state()?;
         // SAFETY: `result` is our RESULT_BYTES device buffer.
-        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(k.result, 0, 40) })?;
-        let h = &inner.header;
-        let (mut s, mut m, mut sd, mut kp, mut n) = (inner.slots, h.slot_count - 1, h.seed, keys, part.len() as u64);
+        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(k.result, 0, 48) })?;
+        // Inner::of and Target::of validated both headers and bounded both ranges inside their
+        // pinned segments, which the pins behind `inner` and `target` keep mapped.
+        let h = inner.header();
+        let (mut s, mut m, mut sd, mut kp, mut n) = (inner.slots(), h.slot_count - 1, h.seed, keys, part.len() as u64);
+        let base = target.base();
         let (mut pairs, mut next, mut written, mut cap) =
-            (target.base + pairs::HEADER_BYTES, target.base + pairs::NEXT_AT, target.base + pairs::WRITTEN_AT, target.cap);
+            (base + pairs::HEADER_BYTES, base + pairs::NEXT_AT, base + pairs::WRITTEN_AT, target.cap());
         let (mut rs, mut fresh, mut ctl) = (resume, u64::from(self.fresh), k.result);
         k.launch(
             k.join_materialize_fn,
@@ -388,11 +451,18 @@ impl KernelAppender<'_> {
             ],
         )?;
         self.fresh = false;
-        let mut c = [0u64; 5];
-        // SAFETY: copies 40 bytes from our device buffer into `c`.
-        check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(c.as_mut_ptr() as *mut c_void, k.result, 40) })?;
+        let mut c = [0u64; 6];
+        // SAFETY: copies 48 bytes from our device buffer into `c`.
+        check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(c.as_mut_ptr() as *mut c_void, k.result, 48) })?;
         self.matches += c[2];
         self.sum += payload_sum(c[2], c[3], c[4])?;
+        if c[5] != 0 {
+            // Some reservations stay partly unwritten: readers see written != next.
+            return Err(table::corrupted(
+                inner.name(),
+                "a probe found no empty slot or the table changed while it was probed (or the result buffer's counters are corrupted)",
+            ));
+        }
         Ok(if c[0] != 0 { Step::Need(c[1]) } else { Step::Done })
     }
 }

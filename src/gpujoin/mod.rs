@@ -23,6 +23,22 @@
 //! included, and rejects most non-matching slots without comparing keys.
 //!
 //! The hash is `checksum::mix(key ^ seed)`: the same function the GPU kernels use.
+//!
+//! # Untrusted contents
+//!
+//! Segments are shared memory that other processes may overwrite at any time, so nothing read
+//! from one is trusted: headers are validated completely against the segment's size
+//! (`table::parse_header`, `pairs::parse_header`), slots are read with volatile loads through
+//! raw pointers bounded by the validated slot count, every walk along a probe chain stops after
+//! `slot_count` steps (a valid table always has an empty slot; only a corrupted one reaches the
+//! bound, which is an ERROR), and writers stay inside their own reservation. The kernels do the
+//! same and report a bounded walk through a counter the host reads back. Long CPU loops call
+//! `crate::interrupt::check_every`; GPU paths check between launches.
+//!
+//! A table becomes valid only once whole: builds zero the header first, insert, and write the
+//! header last, and the SQL layer drops the segment of a build that fails or is cancelled.
+//! The addresses kernels get come only from `pairs::Inner::of` and `pairs::Target::of`, which
+//! validate a pinned segment and borrow its pin.
 
 pub mod pairs;
 pub mod probe;

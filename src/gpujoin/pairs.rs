@@ -23,6 +23,19 @@
 //! the new chunks; and the writer resumes where it stopped. Growth only appends chunks, so the
 //! pairs already written never move, and processes holding the old size keep writing below it.
 //!
+//! # Untrusted headers
+//!
+//! The header lives in shared memory that any process with the owner's privileges may
+//! overwrite. [`read_header`] validates it before every append and read: magic, version, pair
+//! size, offset, and counters small enough that no arithmetic on them overflows
+//! ([`MAX_PAIRS`]). An appender adds to `next` with checked arithmetic, writes only inside its
+//! own reservation and below the capacity it has mapped, and walks every probe chain at most
+//! `slot_count` slots (`table::Table`). A reader ([`complete_pairs`]) trusts the pairs only
+//! when `written == next <= capacity`. `next` may exceed the capacity while appenders are
+//! growing the buffer (or after a growth failed), so appenders do not require that. A buffer
+//! overwritten while it is appended to gives an ERROR or wrong pairs, never a hang, a write
+//! outside the buffer or a crash.
+//!
 //! # Lifecycle
 //!
 //! `uvm.gpujoin_pairs_create` makes the segment and its header → any number of
@@ -44,6 +57,9 @@ pub const PAIR_BYTES: u64 = 16;
 /// Byte offsets of the two counters in the header.
 pub const NEXT_AT: u64 = 16;
 pub const WRITTEN_AT: u64 = 24;
+/// The most pairs a buffer's counters may claim: a buffer of that many bytes fits an `i64`,
+/// and adding a key's matches (at most a table's slot count, below 2^60) cannot overflow.
+pub const MAX_PAIRS: u64 = (i64::MAX as u64 - HEADER_BYTES) / PAIR_BYTES;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
@@ -99,6 +115,33 @@ fn not_pairs(name: &str, why: &str) -> UvmError {
         .hint("Create one with uvm.gpujoin_pairs_create.")
 }
 
+/// Validates a result buffer's header in `raw` (at least HEADER_BYTES bytes, else an error)
+/// for a segment of `size` bytes. Never reads past `raw`, never panics.
+pub fn parse_header(name: &str, raw: &[u8], size: u64) -> Result<PairsHeader> {
+    if size < HEADER_BYTES || (raw.len() as u64) < HEADER_BYTES {
+        return Err(not_pairs(name, "too small"));
+    }
+    // SAFETY: `raw` holds a header's bytes; read_unaligned copes with any alignment, and every
+    // bit pattern is a valid PairsHeader (plain integers).
+    let h: PairsHeader = unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const PairsHeader) };
+    if h.magic != MAGIC {
+        return Err(not_pairs(name, "no header"));
+    }
+    if h.version != VERSION || h.pair_bytes as u64 != PAIR_BYTES || h.pairs_offset != HEADER_BYTES {
+        return Err(not_pairs(name, "unknown version"));
+    }
+    if h.next > MAX_PAIRS || h.written > MAX_PAIRS {
+        return Err(uvm_err!(
+            Code::InvalidParameterValue,
+            "GpuJoin result buffer \"{name}\" is corrupted: {} pairs reserved, {} written, at most {MAX_PAIRS} possible",
+            h.next,
+            h.written
+        )
+        .hint("The segment was overwritten; drop it and create it again with uvm.gpujoin_pairs_create."));
+    }
+    Ok(h)
+}
+
 /// Reads and validates a result buffer's header (wherever its first chunk lies).
 pub fn read_header<E: Env>(pin: &Pin<E>) -> Result<PairsHeader> {
     let name = &pin.info().name;
@@ -107,15 +150,7 @@ pub fn read_header<E: Env>(pin: &Pin<E>) -> Result<PairsHeader> {
     }
     let mut raw = [0u8; HEADER_BYTES as usize];
     pin.read_into(0, &mut raw)?;
-    // SAFETY: `raw` holds a header's bytes; read_unaligned copes with any alignment.
-    let h: PairsHeader = unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const PairsHeader) };
-    if h.magic != MAGIC {
-        return Err(not_pairs(name, "no header"));
-    }
-    if h.version != VERSION || h.pair_bytes as u64 != PAIR_BYTES || h.pairs_offset != HEADER_BYTES {
-        return Err(not_pairs(name, "unknown version"));
-    }
-    Ok(h)
+    parse_header(name, &raw, pin.info().size)
 }
 
 /// The number of pairs a complete buffer holds; an error while writers are missing.
@@ -134,11 +169,12 @@ pub fn complete_pairs<E: Env>(pin: &Pin<E>) -> Result<u64> {
     Ok(h.next)
 }
 
-/// Copies pairs `[from, from + out.len())` of a buffer into `out`.
+/// Copies pairs `[from, from + out.len())` of a buffer into `out` (2202E past its end).
 pub fn read_pairs<E: Env>(pin: &Pin<E>, from: u64, out: &mut [[i64; 2]]) -> Result<()> {
     // SAFETY: viewing our own [i64; 2] buffer as bytes.
     let raw = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, out.len() * PAIR_BYTES as usize) };
-    pin.read_into((HEADER_BYTES + from * PAIR_BYTES) as i64, raw)
+    let at = from.saturating_mul(PAIR_BYTES).saturating_add(HEADER_BYTES).min(i64::MAX as u64);
+    pin.read_into(at as i64, raw)
 }
 
 /// How a run of an appender ended.
@@ -150,19 +186,85 @@ pub enum Step {
     Need(u64),
 }
 
-/// The inner table as a batch sees it: its header, the address of its slots (for kernels) and,
-/// for CPU appenders, its bytes.
+/// The inner table as a batch sees it, for as long as the pin it came from lives: its
+/// validated header, the address of its `slot_count` slots (for kernels) and, for CPU
+/// appenders, a view of its bytes. Only [`Inner::of`] makes one, so the slots always lie
+/// inside the pinned segment.
 pub struct Inner<'a> {
-    pub header: Header,
-    pub slots: u64,
-    pub cpu: Option<Table<'a>>,
+    name: &'a str,
+    header: Header,
+    slots: u64,
+    cpu: Option<Table<'a>>,
 }
 
-/// The result buffer as a batch sees it: the address of its header and the pairs mapped.
+impl<'a> Inner<'a> {
+    /// The table in `pin`, checked to hold `key_type` keys; with `cpu`, viewed for the CPU
+    /// (which refuses tiers it cannot address).
+    pub fn of<E: Env>(pin: &'a Pin<E>, key_type: KeyType, cpu: bool) -> Result<Inner<'a>> {
+        let name = pin.info().name.as_str();
+        let (header, slots) = table::locate(pin, key_type)?;
+        if !cpu {
+            return Ok(Inner { name, header, slots, cpu: None });
+        }
+        let t = Table::view(name, pin.bytes(0, pin.info().size as i64)?)?;
+        // The view read the header again: use that copy, whose slots it bounds.
+        t.header().check_key_type(name, key_type)?;
+        Ok(Inner { name, header: *t.header(), slots, cpu: Some(t) })
+    }
+
+    /// The segment's name (for messages).
+    pub fn name(&self) -> &'a str {
+        self.name
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// Address of the slots (`header().slot_count` of them), valid while the pin lives.
+    pub fn slots(&self) -> u64 {
+        self.slots
+    }
+
+    /// The CPU view of the table (CPU appenders only).
+    pub fn table(&self) -> Option<&Table<'a>> {
+        self.cpu.as_ref()
+    }
+}
+
+/// The result buffer as a batch sees it, for as long as the pin it came from lives: the address
+/// of its header and the pairs mapped. Only [`Target::of`] makes one.
 #[derive(Clone, Copy, Debug)]
-pub struct Target {
-    pub base: u64,
-    pub cap: u64,
+pub struct Target<'a> {
+    base: u64,
+    cap: u64,
+    _pin: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'a> Target<'a> {
+    /// The result buffer in `pin`, its header validated; with `cpu`, checked to be addressable
+    /// by the CPU. `cap` is the pairs the pin maps.
+    pub fn of<E: Env>(pin: &'a Pin<E>, cpu: bool) -> Result<Target<'a>> {
+        read_header(pin)?;
+        if cpu {
+            pin.bytes(0, pin.info().size as i64)?; // refuses tiers the CPU cannot address
+        }
+        let base = pin.addr(0, HEADER_BYTES as i64)?;
+        if !base.is_multiple_of(8) {
+            return Err(UvmError::new(Code::SystemError, "result buffer memory is misaligned"));
+        }
+        Ok(Target { base, cap: capacity(pin.info().size), _pin: std::marker::PhantomData })
+    }
+
+    /// Address of the header (8-byte aligned); the pairs follow it.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Pairs mapped after the header: `[base + HEADER_BYTES, + cap * PAIR_BYTES)` is writable.
+    pub fn cap(&self) -> u64 {
+        self.cap
+    }
 }
 
 /// Appends a batch's matches: the CPU appender below, or the kernel (`sql/gpujoin.rs`).
@@ -171,41 +273,55 @@ pub trait Appender {
     /// the CPU can address).
     fn cpu(&self) -> bool;
     /// Appends, or goes on appending where the last run stopped, into `target`.
-    fn run(&mut self, inner: &Inner<'_>, target: Target) -> Result<Step>;
+    fn run(&mut self, inner: &Inner<'_>, target: Target<'_>) -> Result<Step>;
+}
+
+/// What [`append_batch`] needs of a process's segment manager: pins and growth. The SQL layer
+/// implements it with a short borrow of its manager per call, so that no interrupt check runs
+/// while the manager is borrowed (a FATAL interrupt ends the process from inside the check, and
+/// the exit callback can only detach a manager that is not borrowed).
+pub trait Access<E: Env> {
+    fn pin(&mut self, name: &str, authorize: &dyn Fn(u32) -> Result<()>) -> Result<Pin<E>>;
+    fn grow_at_least(&mut self, name: &str, min_size: u64, authorize: &dyn Fn(u32) -> Result<()>) -> Result<u64>;
+}
+
+impl<E: Env> Access<E> for Segments<E> {
+    fn pin(&mut self, name: &str, authorize: &dyn Fn(u32) -> Result<()>) -> Result<Pin<E>> {
+        Segments::pin(self, name, authorize)
+    }
+
+    fn grow_at_least(&mut self, name: &str, min_size: u64, authorize: &dyn Fn(u32) -> Result<()>) -> Result<u64> {
+        Segments::grow_at_least(self, name, min_size, authorize)
+    }
 }
 
 /// Appends the matches of one batch of keys through `appender`, growing the result buffer as
 /// writers need. `authorize(owner, segment, action)` checks access to each segment.
 pub fn append_batch<E: Env>(
-    segs: &mut Segments<E>,
+    segs: &mut dyn Access<E>,
     inner: &str,
     result: &str,
     key_type: KeyType,
     authorize: &dyn Fn(u32, &str, &str) -> Result<()>,
     appender: &mut dyn Appender,
 ) -> Result<()> {
-    let inner_pin = segs.pin(inner, |o| authorize(o, inner, "read"))?;
-    let size = inner_pin.info().size;
-    let (header, slots) = table::locate(&inner_pin, key_type)?;
-    let cpu = if appender.cpu() { Some(Table::view(inner_pin.bytes(0, size as i64)?)?) } else { None };
-    let inner_view = Inner { header, slots, cpu };
+    let inner_pin = segs.pin(inner, &|o| authorize(o, inner, "read"))?;
+    let inner_view = Inner::of(&inner_pin, key_type, appender.cpu())?;
     loop {
-        let out = segs.pin(result, |o| authorize(o, result, "write"))?;
-        read_header(&out)?;
-        if appender.cpu() {
-            out.bytes(0, out.info().size as i64)?; // refuses tiers the CPU cannot address
-        }
-        let target = Target { base: out.addr(0, HEADER_BYTES as i64)?, cap: capacity(out.info().size) };
-        let (size, max_size) = (out.info().size, out.info().max_size);
-        match appender.run(&inner_view, target)? {
+        crate::interrupt::check()?;
+        let out = segs.pin(result, &|o| authorize(o, result, "write"))?;
+        let target = Target::of(&out, appender.cpu())?;
+        let (size, max_size, cap) = (out.info().size, out.info().max_size, target.cap());
+        let step = appender.run(&inner_view, target)?;
+        drop(out);
+        match step {
             Step::Done => return Ok(()),
             Step::Need(pairs) => {
-                drop(out);
-                debug_assert!(pairs > target.cap);
+                debug_assert!(pairs > cap);
                 // Twice the size when that fits (amortised growth), else exactly what is needed.
                 let doubled = size.saturating_mul(2).max(bytes_for(pairs));
                 let want = if doubled <= max_size { doubled } else { bytes_for(pairs) };
-                segs.grow_at_least(result, want, |o| authorize(o, result, "write")).map_err(|e| {
+                segs.grow_at_least(result, want, &|o| authorize(o, result, "write")).map_err(|e| {
                     if e.code == Code::ProgramLimitExceeded {
                         e.hint("Create the result buffer with a larger max_size.")
                     } else {
@@ -239,39 +355,57 @@ impl Appender for CpuAppender<'_> {
         true
     }
 
-    fn run(&mut self, inner: &Inner<'_>, target: Target) -> Result<Step> {
-        let table = inner.cpu.as_ref().expect("append_batch views the table for CPU appenders");
-        // SAFETY: `target.base` is the header of a pinned, CPU-addressable buffer (checked by
-        // append_batch), 8-byte aligned (segments start on page boundaries); the counters are
-        // only ever accessed atomically, by every process.
+    fn run(&mut self, inner: &Inner<'_>, target: Target<'_>) -> Result<Step> {
+        let table =
+            inner.table().ok_or_else(|| UvmError::new(Code::SystemError, "a CPU appender got no CPU view of the table"))?;
+        let (cap, name) = (target.cap(), table.name());
+        // SAFETY: Target::of checked that `base` is the 8-byte-aligned header of a buffer that
+        // the pin behind `target` keeps mapped and CPU-addressable; the counters are only ever
+        // accessed atomically, by every process.
         let (next, written) =
-            unsafe { (&*((target.base + NEXT_AT) as *const AtomicU64), &*((target.base + WRITTEN_AT) as *const AtomicU64)) };
-        let pairs = (target.base + HEADER_BYTES) as *mut [i64; 2];
+            unsafe { (&*((target.base() + NEXT_AT) as *const AtomicU64), &*((target.base() + WRITTEN_AT) as *const AtomicU64)) };
+        let pairs = (target.base() + HEADER_BYTES) as *mut i64;
         while self.at < self.keys.len() {
             let k = self.keys[self.at];
             let mut m = 0u64;
-            table.for_each_match(k, |_| m += 1);
+            table.for_each_match(k, |_| m += 1)?;
             if m > 0 {
                 let base = match self.pending {
                     Some(b) => b,
                     None => next.fetch_add(m, Ordering::AcqRel),
                 };
-                if base + m > target.cap {
+                let end = base.checked_add(m).filter(|&e| e <= MAX_PAIRS).ok_or_else(|| {
+                    uvm_err!(Code::InvalidParameterValue, "GpuJoin result buffer is corrupted: {base} pairs reserved")
+                        .hint("The segment was overwritten; drop it and create it again with uvm.gpujoin_pairs_create.")
+                })?;
+                if end > cap {
                     self.pending = Some(base);
-                    return Ok(Step::Need(base + m));
+                    return Ok(Step::Need(end));
                 }
+                // Walk again and write at most the m pairs reserved: a table overwritten between
+                // the two walks must not make us write past our reservation.
                 let mut j = base;
                 let sum = &mut self.sum;
-                table.for_each_match(k, |p| {
-                    // SAFETY: pair j lies in [base, base + m), reserved by us alone and below
-                    // the mapped capacity (checked above).
-                    unsafe { pairs.add(j as usize).write([k, p]) };
-                    *sum += p as i128;
-                    j += 1;
+                let walked = table.for_each_match(k, |p| {
+                    if j < end {
+                        // SAFETY: pair j lies in [base, end), reserved by us alone and below the
+                        // mapped capacity `cap` (checked above); two aligned i64 words each.
+                        unsafe {
+                            std::ptr::write_volatile(pairs.add(2 * j as usize), k);
+                            std::ptr::write_volatile(pairs.add(2 * j as usize + 1), p);
+                        }
+                        *sum += p as i128;
+                        j += 1;
+                    }
                 });
-                written.fetch_add(m, Ordering::Release);
-                self.matches += m;
+                written.fetch_add(j - base, Ordering::Release);
+                self.matches += j - base;
                 self.pending = None;
+                walked?;
+                if j != end {
+                    // The reservation stays partly unwritten: readers see written != next.
+                    return Err(table::corrupted(name, "it changed while it was probed"));
+                }
             }
             self.at += 1;
         }
@@ -406,5 +540,74 @@ mod tests {
         a.drop_segment("inner", ok).unwrap();
         drop(a);
         assert_eq!(world.finish(), 0);
+    }
+
+    /// Counters overwritten with huge values: appends fail with an ERROR (the checked
+    /// arithmetic, the header check, or growth past max_size) and never write outside the
+    /// buffer; a table whose chains have no end fails the append too.
+    #[test]
+    fn corrupted_counters_and_tables_give_errors() {
+        let world = World::new("pairs-corrupt", Arena::default());
+        let mut a = process(&world, 1);
+        let rows: Vec<(Option<i64>, i64)> = (0..10).map(|i| (Some(i), i)).collect();
+        make_inner(&mut a, "inner", &rows);
+        make_result(&mut a, "out", 100, Some(bytes_for(200) as i64));
+        let set = |a: &mut Segments<crate::segment::tests::TestEnv>, name: &str, at: u64, v: u64| {
+            a.pin(name, ok).unwrap().write_from(at as i64, &v.to_le_bytes()).unwrap();
+        };
+        for (next, code) in [
+            (u64::MAX - 1, Code::InvalidParameterValue), // header check
+            (MAX_PAIRS, Code::InvalidParameterValue),    // checked arithmetic
+            (1 << 40, Code::ProgramLimitExceeded),       // growth past max_size
+        ] {
+            set(&mut a, "out", NEXT_AT, next);
+            let e = append_batch(&mut a, "inner", "out", KeyType::Int8, &allow, &mut CpuAppender::new(&[1, 2])).unwrap_err();
+            assert_eq!(e.code, code, "next = {next}: {e}");
+        }
+        set(&mut a, "out", NEXT_AT, 0);
+        set(&mut a, "out", WRITTEN_AT, 0);
+        // a reader refuses counters beyond the buffer's capacity
+        set(&mut a, "out", NEXT_AT, 150);
+        set(&mut a, "out", WRITTEN_AT, 150);
+        let pin = a.pin("out", ok).unwrap();
+        assert_eq!(complete_pairs(&pin).unwrap_err().code, Code::ObjectNotInPrerequisiteState);
+        drop(pin);
+        set(&mut a, "out", NEXT_AT, 0);
+        set(&mut a, "out", WRITTEN_AT, 0);
+        // every slot of the inner table occupied: the probe chain has no end
+        {
+            let mut pin = a.pin("inner", ok).unwrap();
+            for s in 0..32u64 {
+                pin.write_from((table::HEADER_BYTES + s * table::SLOT_BYTES) as i64, &7u64.to_le_bytes()).unwrap();
+            }
+        }
+        let e = append_batch(&mut a, "inner", "out", KeyType::Int8, &allow, &mut CpuAppender::new(&[1])).unwrap_err();
+        assert!(e.message.contains("is corrupted: a probe found no empty slot"), "{e}");
+        a.drop_segment("out", ok).unwrap();
+        a.drop_segment("inner", ok).unwrap();
+        drop(a);
+        assert_eq!(world.finish(), 0);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 512, ..Default::default() })]
+
+        /// Arbitrary bytes and sizes: never a panic; an accepted header has counters that no
+        /// arithmetic overflows on.
+        #[test]
+        fn the_header_parser_takes_any_bytes(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..100),
+            magic in proptest::bool::ANY,
+            size in proptest::prelude::any::<u64>(),
+        ) {
+            let mut bytes = bytes;
+            if magic && bytes.len() >= 24 {
+                bytes[..16].copy_from_slice(&PairsHeader::new().as_bytes()[..16]);
+            }
+            if let Ok(h) = parse_header("p", &bytes, size) {
+                proptest::prop_assert!(h.next <= MAX_PAIRS && h.written <= MAX_PAIRS && size >= HEADER_BYTES);
+                proptest::prop_assert!(bytes_for(h.next) <= i64::MAX as u64);
+            }
+        }
     }
 }

@@ -283,11 +283,7 @@ fn bench_copy_ceiling(bytes: i64, iterations: i32) -> TableIterator<'static, (na
 fn bench_join_probe(name: &str, keys: i64, key_range: i64) -> f64 {
     with_cuda(|s| {
         let pin = s.pin(name, |o| authorize(o, name, "read"))?;
-        let (h, slots) = crate::gpujoin::table::locate(&pin, crate::gpujoin::table::KeyType::Int8)?;
-        let range = key_range.max(1) as u64;
-        let v: Vec<i64> = (0..keys.max(1) as u64).map(|i| (crate::checksum::mix(i) % range) as i64).collect();
-        let ms = crate::gpu::gpu()?.with_kernels(|k| k.join_probe_kernel_ms(slots, h.slot_count - 1, h.seed, &v))?;
-        Ok(v.len() as f64 / (ms / 1e3))
+        crate::gpu::bench::join_probe(&pin, keys, key_range)
     })
 }
 

@@ -1,7 +1,9 @@
 //! The GpuJoin SQL surface:
 //!
 //! - `uvm.gpujoin_build` puts an inner hash table into a segment (built by a kernel under the
-//!   CUDA provider, on the CPU under the host provider);
+//!   CUDA provider, on the CPU under the host provider), reading its query twice through a
+//!   scrollable cursor (count, then insert a batch at a time), writing the header last and
+//!   dropping the segment if the build fails or is cancelled;
 //! - the aggregate `uvm.gpujoin_probe(segment, key)` probes it from every parallel worker and
 //!   returns `(matches, payload_sum)`, as `count(*), sum(payload)` of the equivalent join would;
 //! - `uvm.gpujoin_pairs_create` makes a result buffer, the aggregate
@@ -26,9 +28,9 @@ use pgrx::{AllocatedByRust, AnyNumeric, PgMemoryContexts};
 
 use super::{authorize, current_user, now, report, with_segments};
 use crate::error::{Code, Result, UvmError};
-use crate::gpujoin::pairs::{self, CpuAppender, PairsHeader};
+use crate::gpujoin::pairs::{self, CpuAppender, Inner, PairsHeader};
 use crate::gpujoin::probe::{ProbeState, BATCH};
-use crate::gpujoin::table::{self, KeyType, Table};
+use crate::gpujoin::table::{self, KeyType};
 use crate::provider::ProviderKind;
 use crate::registry::TierPref;
 
@@ -46,67 +48,259 @@ fn key_type_of(oid: pg_sys::Oid) -> Option<KeyType> {
     }
 }
 
-/// Runs `query` and collects its (key, payload) rows: key int4 or int8 (NULL allowed), payload
-/// int4 or int8 (NULL counts as 0 in sums).
-fn collect_rows(query: &str) -> Result<(KeyType, Vec<(Option<i64>, i64)>)> {
-    let spi = |e: pgrx::spi::Error| UvmError::new(Code::InvalidParameterValue, format!("gpujoin_build query: {e}"));
-    Spi::connect(|client| {
-        let table = client.select(query, None, &[]).map_err(spi)?;
-        if table.columns().map_err(spi)? < 2 {
-            return Err(UvmError::new(Code::DatatypeMismatch, "gpujoin_build needs a query of two columns: key, payload"));
-        }
-        let key_oid = table.column_type_oid(1).map_err(spi)?.value();
-        let payload_oid = table.column_type_oid(2).map_err(spi)?.value();
-        let kt = key_type_of(key_oid)
-            .ok_or_else(|| UvmError::new(Code::DatatypeMismatch, "gpujoin_build keys must be integer or bigint"))?;
-        let pt = key_type_of(payload_oid)
-            .ok_or_else(|| UvmError::new(Code::DatatypeMismatch, "gpujoin_build payloads must be integer or bigint"))?;
-        let get = |row: &pgrx::spi::SpiHeapTupleData, i: usize, t: KeyType| -> Result<Option<i64>> {
-            Ok(match t {
-                KeyType::Int4 => row.get::<i32>(i).map_err(spi)?.map(i64::from),
-                KeyType::Int8 => row.get::<i64>(i).map_err(spi)?,
-            })
+/// Rows fetched from the build query's cursor at a time: the only host memory a build uses
+/// besides the segment, whatever the query returns.
+const FETCH_ROWS: usize = 1 << 14;
+
+/// The build query as a scrollable SPI cursor, read twice: once to count the rows (the
+/// table's size), once to insert them. PostgreSQL re-reads what it can (a backward scan) and
+/// keeps the rest in a tuplestore, which spills to disk past `work_mem`, so no user-sized
+/// allocation happens outside PostgreSQL's memory contexts or the segment.
+///
+/// The portal is closed by [`BuildCursor::close`] on success; after an error the transaction's
+/// abort drops it (closing it while unwinding could raise a second error).
+struct BuildCursor {
+    portal: pg_sys::Portal,
+    key: KeyType,
+    payload: KeyType,
+}
+
+impl BuildCursor {
+    /// Opens `query` (within an SPI connection) and checks its columns: exactly two, key and
+    /// payload, each `integer` or `bigint` (42804 otherwise).
+    fn open(query: &str) -> Result<BuildCursor> {
+        let q = std::ffi::CString::new(query)
+            .map_err(|_| UvmError::new(Code::InvalidParameterValue, "gpujoin_build query must not contain NUL bytes"))?;
+        // SAFETY: SPI is connected (Spi::connect); the query string is NUL-terminated and lives
+        // for the call; no parameters. An error in the query raises an ERROR (a Rust unwind).
+        let portal = unsafe {
+            pg_sys::SPI_cursor_open_with_args(
+                std::ptr::null(),
+                q.as_ptr(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                false,
+                pg_sys::CURSOR_OPT_SCROLL as i32,
+            )
         };
-        let mut rows = Vec::with_capacity(table.len());
-        for row in table {
-            rows.push((get(&row, 1, kt)?, get(&row, 2, pt)?.unwrap_or(0)));
+        if portal.is_null() {
+            return Err(UvmError::new(Code::InvalidParameterValue, "gpujoin_build query opened no cursor"));
         }
-        Ok((kt, rows))
-    })
+        // SAFETY: the portal was just opened; its tuple descriptor describes the query's result.
+        let (natts, key_oid, payload_oid) = unsafe {
+            let desc = (*portal).tupDesc;
+            if desc.is_null() {
+                (0, pg_sys::InvalidOid, pg_sys::InvalidOid)
+            } else {
+                let n = (*desc).natts;
+                let t = |i: i32| if n >= i { pg_sys::SPI_gettypeid(desc, i) } else { pg_sys::InvalidOid };
+                (n, t(1), t(2))
+            }
+        };
+        if natts != 2 {
+            return Err(UvmError::new(Code::DatatypeMismatch, "gpujoin_build needs a query of two columns: key, payload")
+                .detail(format!("The query returns {natts} columns.")));
+        }
+        let key = key_type_of(key_oid)
+            .ok_or_else(|| UvmError::new(Code::DatatypeMismatch, "gpujoin_build keys must be integer or bigint"))?;
+        let payload = key_type_of(payload_oid)
+            .ok_or_else(|| UvmError::new(Code::DatatypeMismatch, "gpujoin_build payloads must be integer or bigint"))?;
+        Ok(BuildCursor { portal, key, payload })
+    }
+
+    /// Fetches the next batch into `out` (cleared first; at most FETCH_ROWS rows): (key, payload),
+    /// a NULL payload as 0. Returns the rows fetched (0 at the end).
+    fn fetch(&mut self, out: &mut Vec<(Option<i64>, i64)>) -> usize {
+        out.clear();
+        let value = |d: pg_sys::Datum, t: KeyType| match t {
+            KeyType::Int4 => d.value() as i32 as i64,
+            KeyType::Int8 => d.value() as i64,
+        };
+        // SAFETY: an open portal of this SPI connection; SPI_tuptable holds SPI_processed rows
+        // of two int4/int8 columns (checked in `open`), freed before returning.
+        unsafe {
+            pg_sys::SPI_cursor_fetch(self.portal, true, FETCH_ROWS as std::ffi::c_long);
+            let tt = pg_sys::SPI_tuptable;
+            if tt.is_null() {
+                return 0;
+            }
+            let n = (pg_sys::SPI_processed as usize).min(FETCH_ROWS);
+            for i in 0..n {
+                let tuple = *(*tt).vals.add(i);
+                let (mut kn, mut pn) = (false, false);
+                let k = pg_sys::SPI_getbinval(tuple, (*tt).tupdesc, 1, &mut kn);
+                let p = pg_sys::SPI_getbinval(tuple, (*tt).tupdesc, 2, &mut pn);
+                out.push(((!kn).then(|| value(k, self.key)), if pn { 0 } else { value(p, self.payload) }));
+            }
+            pg_sys::SPI_freetuptable(tt);
+        }
+        out.len()
+    }
+
+    /// Back to before the first row.
+    fn rewind(&mut self) {
+        // SAFETY: an open, scrollable portal of this SPI connection.
+        unsafe { pg_sys::SPI_scroll_cursor_move(self.portal, pg_sys::FetchDirection::FETCH_ABSOLUTE, 0) };
+    }
+
+    fn close(self) {
+        // SAFETY: an open portal of this SPI connection, closed once.
+        unsafe { pg_sys::SPI_cursor_close(self.portal) };
+    }
+}
+
+/// A segment being built: dropped (with its pin, first) unless [`HalfBuilt::done`] is
+/// called, so that an error or a cancel in the middle of a build leaves no segment behind.
+/// Its header is written last anyway, so a segment that could not be dropped (another
+/// process pinned it meanwhile) never passes for a table.
+struct HalfBuilt<'a> {
+    name: Option<&'a str>,
+    pin: Option<crate::segment::Pin<super::PgEnv>>,
+}
+
+impl HalfBuilt<'_> {
+    fn done(mut self) {
+        self.name = None;
+    }
+}
+
+impl Drop for HalfBuilt<'_> {
+    fn drop(&mut self) {
+        drop(self.pin.take());
+        if let Some(name) = self.name.take() {
+            // Runs while an ERROR unwinds (pgrx has flushed PostgreSQL's error state, so taking
+            // the registry lock is allowed); never inside `with_segments`, which is not
+            // re-entrant: the build calls it only around steps that cannot fail halfway.
+            super::SEGMENTS.with(|cell| {
+                if let Ok(mut slot) = cell.try_borrow_mut() {
+                    if let Some(s) = slot.as_mut() {
+                        let _ = s.drop_segment(name, |_| Ok(()));
+                    }
+                }
+            });
+        }
+    }
 }
 
 /// Builds the inner hash table of `query`'s (key, payload) rows into a new segment named
 /// `segment` (tier as for `create_segment`). Returns the rows read, NULL keys included.
+///
+/// The query is read twice through a scrollable cursor ([`BuildCursor`]): first to count the
+/// rows, which sizes the segment, then to insert them a batch at a time (on the CPU, or by a
+/// kernel launch per batch under the CUDA provider). The header is written last; an error or a
+/// cancel at any point drops the half-made segment ([`HalfBuilt`]).
 #[pg_extern(volatile, parallel_unsafe)]
 fn gpujoin_build(segment: &str, query: &str, tier: default!(&str, "'auto'")) -> i64 {
     let pref = TierPref::parse(tier).unwrap_or_else(|e| report(e));
     crate::registry::validate_name(segment).unwrap_or_else(|e| report(e));
-    let (kt, rows) = collect_rows(query).unwrap_or_else(|e| report(e));
-    let stored = rows.iter().filter(|r| r.0.is_some()).count() as u64;
-    let bytes = table::table_bytes(stored);
-    with_segments(|s| {
-        let gpu = s.provider().kind() == ProviderKind::Cuda;
-        s.create(segment, bytes as i64, Some(bytes as i64), pref, current_user(), now())?;
-        let mut pin = s.pin(segment, |o| authorize(o, segment, "write"))?;
-        if gpu {
-            // On the GPU: header from the CPU, slots zeroed and filled by kernels.
-            let header = table::header_for(kt, stored, rows.len() as u64 - stored, 0);
-            pin.write_from(0, &header.as_bytes())?;
-            let slots = pin.addr(table::HEADER_BYTES as i64, (header.slot_count * table::SLOT_BYTES) as i64)?;
-            let (keys, payloads): (Vec<i64>, Vec<i64>) = rows.iter().filter_map(|(k, p)| k.map(|k| (k, *p))).unzip();
-            crate::gpu::gpu()?.with_kernels(|k| {
-                k.zero(slots, header.slot_count * table::SLOT_BYTES / 8)?;
-                k.join_build(slots, header.slot_count - 1, header.seed, &keys, &payloads)
-            })?;
-        } else {
-            let mut buf = vec![0u64; (bytes as usize).div_ceil(8)];
-            // SAFETY: viewing our own u64 buffer as bytes.
-            let raw = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, bytes as usize) };
-            table::build(raw, kt, &rows, 0)?;
-            pin.write_from(0, raw)?;
+    let ok = |r: Result<()>| r.unwrap_or_else(|e| report(e));
+    Spi::connect(|_client| {
+        let mut cur = BuildCursor::open(query).unwrap_or_else(|e| report(e));
+        let mut batch = Vec::with_capacity(FETCH_ROWS);
+        let mut stored = 0u64;
+        while cur.fetch(&mut batch) > 0 {
+            stored += batch.iter().filter(|r| r.0.is_some()).count() as u64;
+            ok(crate::interrupt::check());
         }
-        Ok(rows.len() as i64)
+        cur.rewind();
+        let bytes = table::table_bytes(stored).min(i64::MAX as u64) as i64;
+        with_segments(|s| s.create(segment, bytes, Some(bytes), pref, current_user(), now()));
+        let mut half = HalfBuilt { name: Some(segment), pin: None };
+        let (pin, gpu) = with_segments(|s| {
+            let gpu = s.provider().kind() == ProviderKind::Cuda;
+            Ok((s.pin(segment, |o| authorize(o, segment, "write"))?, gpu))
+        });
+        let pin = half.pin.insert(pin);
+        let kt = cur.key;
+        let rows =
+            if gpu { gpu_build(pin, &mut cur, &mut batch, kt, stored) } else { cpu_build(pin, &mut cur, &mut batch, kt, stored) }
+                .unwrap_or_else(|e| report(e));
+        cur.close();
+        half.done();
+        rows as i64
     })
+}
+
+/// Pass two on the CPU: inserts the cursor's rows into the pinned segment; returns the rows.
+fn cpu_build(
+    pin: &mut crate::segment::Pin<super::PgEnv>,
+    cur: &mut BuildCursor,
+    batch: &mut Vec<(Option<i64>, i64)>,
+    kt: KeyType,
+    stored: u64,
+) -> Result<u64> {
+    let size = pin.info().size as i64;
+    let name = pin.info().name.clone();
+    let mut b = table::Builder::new(&name, pin.bytes_mut(0, size)?, kt, stored, 0)?;
+    let mut rows = 0u64;
+    while cur.fetch(batch) > 0 {
+        for (k, p) in batch.iter() {
+            b.insert(*k, *p)?; // checks for interrupts every so many steps
+            rows += 1;
+        }
+    }
+    b.finish();
+    Ok(rows)
+}
+
+/// Rows per `uvm_join_build` launch: 16 MiB of host buffers, whatever the query returns.
+const GPU_BUILD_ROWS: usize = 1 << 20;
+
+/// Pass two on the GPU: zeroes the header, then the slots (a kernel), inserts the cursor's rows
+/// [`GPU_BUILD_ROWS`] per kernel launch, and writes the header last; returns the rows.
+fn gpu_build(
+    pin: &mut crate::segment::Pin<super::PgEnv>,
+    cur: &mut BuildCursor,
+    batch: &mut Vec<(Option<i64>, i64)>,
+    kt: KeyType,
+    stored: u64,
+) -> Result<u64> {
+    let n = table::slot_count(stored);
+    pin.write_from(0, &[0u8; table::HEADER_BYTES as usize])?;
+    let slots = pin.addr(table::HEADER_BYTES as i64, (n * table::SLOT_BYTES) as i64)?;
+    let g = crate::gpu::gpu()?;
+    // SAFETY: `slots` addresses the n slots of our pinned segment (bounds-checked by addr),
+    // 8-byte aligned (segments start on a page; HEADER_BYTES is a multiple of 8).
+    g.with_kernels(|k| unsafe { k.zero(slots, n * table::SLOT_BYTES / 8) })?;
+    let (mut keys, mut payloads) = (Vec::with_capacity(GPU_BUILD_ROWS), Vec::with_capacity(GPU_BUILD_ROWS));
+    let (mut rows, mut inserted) = (0u64, 0u64);
+    loop {
+        let got = cur.fetch(batch);
+        for (k, p) in batch.iter() {
+            if let Some(k) = k {
+                keys.push(*k);
+                payloads.push(*p);
+                inserted += 1;
+            }
+        }
+        rows += got as u64;
+        if inserted > stored {
+            return Err(UvmError::new(
+                Code::InvalidParameterValue,
+                format!("the gpujoin_build query returned more than the {stored} rows it counted first"),
+            )
+            .hint("The query must return the same rows when it is read twice; avoid volatile functions in it."));
+        }
+        // One launch per GPU_BUILD_ROWS rows (the next fetch could overflow the buffers), and
+        // one for the rest.
+        if keys.len() + FETCH_ROWS > GPU_BUILD_ROWS || (got == 0 && !keys.is_empty()) {
+            // SAFETY: as for zero; n is a power of two.
+            let left_out = g.with_kernels(|k| unsafe { k.join_build(slots, n - 1, 0, &keys, &payloads) })?;
+            if left_out > 0 {
+                return Err(table::corrupted(&pin.info().name, &format!("a build found no empty slot in {n} slots")));
+            }
+            keys.clear();
+            payloads.clear();
+        }
+        if got == 0 {
+            break;
+        }
+    }
+    let header = table::Header { slot_count: n, ..table::header_for(kt, inserted, rows - inserted, 0) };
+    pin.write_from(0, &header.as_bytes())?;
+    Ok(rows)
 }
 
 /// Keys a state gathers at least (32 MiB) while CUDA starts on the helper thread.
@@ -125,7 +319,7 @@ fn defer_limit() -> usize {
 /// # Safety
 /// `fcinfo` must be the aggregate support function's call info; `state` must be null or a
 /// pointer made by this function.
-unsafe fn state<'a>(state: &'a mut Internal, fcinfo: pg_sys::FunctionCallInfo) -> &'a mut ProbeState {
+unsafe fn state(state: &mut Internal, fcinfo: pg_sys::FunctionCallInfo) -> &mut ProbeState {
     // SAFETY: forwarded contract.
     unsafe {
         if !state.initialized() {
@@ -156,36 +350,55 @@ fn key_type_of_width(width: u32) -> KeyType {
     }
 }
 
-/// Probes (or materializes) the pending keys against the segment's table.
+/// The segment manager for `pairs::append_batch`, borrowed for one call at a time: the
+/// walks between those calls check for interrupts, and a FATAL one (a terminated parallel
+/// worker) exits the process from inside the check, where the exit callback can only detach
+/// this process's segments (giving back its pins) if the manager is not borrowed.
+struct PgAccess;
+
+impl pairs::Access<super::PgEnv> for PgAccess {
+    fn pin(&mut self, name: &str, authorize: &dyn Fn(u32) -> Result<()>) -> Result<crate::segment::Pin<super::PgEnv>> {
+        with_segments(|s| Ok(s.pin(name, authorize)))
+    }
+
+    fn grow_at_least(&mut self, name: &str, min_size: u64, authorize: &dyn Fn(u32) -> Result<()>) -> Result<u64> {
+        with_segments(|s| Ok(s.grow_at_least(name, min_size, authorize)))
+    }
+}
+
+/// Probes (or materializes) the pending keys against the segment's table. The segment manager
+/// is borrowed only to pin and grow ([`PgAccess`]), never while keys are probed.
 fn flush(st: &mut ProbeState) {
     if st.keys.is_empty() {
         return;
     }
     let kt = key_type_of_width(st.key_width);
     let (name, result, keys) = (st.segment.as_str(), st.result.as_str(), st.keys.as_slice());
-    let (m, sum) = with_segments(|s| {
-        let gpu = s.provider().kind() == ProviderKind::Cuda;
+    let gpu = with_segments(|s| Ok(s.provider().kind() == ProviderKind::Cuda));
+    let run = || -> Result<(u64, i128)> {
         if !result.is_empty() {
             let authz = |o: u32, seg: &str, action: &str| authorize(o, seg, action);
             if gpu {
                 return crate::gpu::gpu()?.with_kernels(|k| {
                     let mut a = crate::gpu::KernelAppender::new(k, keys);
-                    pairs::append_batch(s, name, result, kt, &authz, &mut a)?;
+                    pairs::append_batch(&mut PgAccess, name, result, kt, &authz, &mut a)?;
                     Ok((a.matches, a.sum))
                 });
             }
             let mut a = CpuAppender::new(keys);
-            pairs::append_batch(s, name, result, kt, &authz, &mut a)?;
+            pairs::append_batch(&mut PgAccess, name, result, kt, &authz, &mut a)?;
             return Ok((a.matches, a.sum));
         }
-        let pin = s.pin(name, |o| authorize(o, name, "read"))?;
-        let (h, slots) = table::locate(&pin, kt)?;
-        if gpu {
-            // On the GPU: kernels over the table where it lies (device or host tier).
-            return crate::gpu::gpu()?.with_kernels(|k| k.join_probe(slots, h.slot_count - 1, h.seed, keys));
+        let pin = pairs::Access::pin(&mut PgAccess, name, &|o| authorize(o, name, "read"))?;
+        // On the GPU: kernels over the table where it lies (device or host tier); on the CPU,
+        // bounded walks with interrupt checks.
+        let inner = Inner::of(&pin, kt, !gpu)?;
+        match inner.table() {
+            Some(t) => t.probe(keys),
+            None => crate::gpu::gpu()?.with_kernels(|k| k.join_probe(&inner, keys)),
         }
-        Ok(Table::view(pin.bytes(0, pin.info().size as i64)?)?.probe(keys))
-    });
+    };
+    let (m, sum) = run().unwrap_or_else(|e| report(e));
     st.absorb(m, sum);
 }
 
@@ -238,7 +451,7 @@ unsafe fn transition(fcinfo: pg_sys::FunctionCallInfo, materialize: bool, key_wi
         if !pgrx::fcinfo::pg_arg_is_null(fcinfo, key_arg) {
             let d = pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, key_arg);
             st.keys.push(if key_width == 4 { i64::from(d.value() as i32) } else { d.value() as i64 });
-            if st.keys.len() % BATCH == 0 && !(crate::gpu::warming() && st.keys.len() < defer_limit()) {
+            if st.keys.len().is_multiple_of(BATCH) && !(crate::gpu::warming() && st.keys.len() < defer_limit()) {
                 flush(st);
             }
         }
