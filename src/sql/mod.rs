@@ -187,10 +187,19 @@ fn make_provider() -> Result<Box<dyn Provider>> {
 unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
     // A FATAL error may have been raised while the registry lock was held.
     shmem::release_if_held();
-    SEGMENTS.with(|cell| {
-        if let Ok(mut segs) = cell.try_borrow_mut() {
+    SEGMENTS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut segs) => {
             if let Some(s) = segs.as_mut() {
                 s.detach_all();
+            }
+        }
+        // A FATAL error (pg_terminate_backend, for one) was raised inside a call that borrows
+        // the manager: PostgreSQL exits without unwinding, so the manager cannot be used. Its
+        // mappings and broker connection end with the process; its attachment slots, and the
+        // pins counted on them, are in shared memory and must be given back here.
+        Err(_) => {
+            if let Ok(mut reg) = PgEnv.exclusive() {
+                reg.detach_process(PgEnv.pid());
             }
         }
     });

@@ -249,3 +249,39 @@ fn prefetch_waiting_for_pins_answers_cancel_and_timeout() {
     assert_eq!(prefetch_segment(&mut c, &name, 0, size, "device"), size);
     assert_eq!(pins_held(&mut c, &name), 0);
 }
+
+/// `pg_terminate_backend` raises FATAL, and PostgreSQL exits without unwinding: a backend
+/// terminated inside a checksum (which holds a pin and borrows its segment manager) must still
+/// give its pins and attachments back at exit, so that the segment can be dropped.
+#[test]
+fn a_backend_terminated_mid_checksum_leaves_no_pin_behind() {
+    let mut c = connect();
+    let broker = wait_broker(&mut c, Duration::from_secs(10));
+    let before = memfd_count(broker);
+    let name = unique_name("terminate_big");
+    let mut guard = SegmentGuard::with(&[&name]);
+    let size = segment_bytes() / 2;
+    create_segment(&mut c, &name, size);
+    let q = quote_literal(&name);
+    timed(&mut c, &format!("SELECT uvm.fill_segment({q}, 0, {size}, 3)"));
+
+    let mut victim = connect();
+    let pid = backend_pid(&mut victim);
+    let sql = format!("SELECT uvm.checksum_segment({q}, 0, {size})");
+    let runner = std::thread::spawn(move || victim.batch_execute(&sql).map_err(|e| describe(&e)));
+    // Terminate once the checksum holds its pin (it pins before it reads).
+    let pinned = wait_until(Duration::from_secs(10), || pins_held(&mut c, &name) > 0);
+    assert!(pinned, "the checksum never pinned {name}");
+    let t = Instant::now();
+    c.execute("SELECT pg_terminate_backend($1)", &[&pid]).unwrap();
+    let outcome = runner.join().unwrap();
+    assert!(outcome.is_err(), "the terminated checksum completed");
+    assert!(wait_until(Duration::from_secs(5), || !process_alive(pid)), "backend {pid} still alive");
+    eprintln!("terminated after {} ms: {}", t.elapsed().as_millis(), outcome.unwrap_err());
+
+    let left: i64 = c.query_one("SELECT count(*) FROM uvm.attachments WHERE pid = $1", &[&pid]).unwrap().get(0);
+    assert_eq!(left, 0, "attachments of the terminated backend {pid} remain");
+    assert_consistent(&mut c, "after pg_terminate_backend", &name, Some(size), broker, before);
+    drop_and_check_fds(&mut c, &name, broker, before);
+    guard.forget(&name);
+}
