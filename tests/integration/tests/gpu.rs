@@ -594,6 +594,65 @@ fn h_gpujoin_materialize_on_the_gpu() {
 // --- z. crash of a backend with a CUDA context and device mappings (runs last) ---------------
 
 #[test]
+fn i_corrupted_tables_end_in_errors_on_the_gpu() {
+    // Issue 8 on the GPU: the kernels' walks are bounded by the slot count, so a valid header
+    // over a slot array with no empty slot (no probe chain ends) gives 22023 at once, from the
+    // probe and the materializing kernels alike, in parallel workers; a header the host check
+    // refuses never reaches a kernel. The statement timeout is only the suite's safety net.
+    const T: &str = "i_corrupted_tables_end_in_errors_on_the_gpu";
+    let mut c = connect();
+    c.batch_execute(
+        "DROP TABLE IF EXISTS gjc_dim, gjc_fact;
+         CREATE TABLE gjc_dim AS SELECT i::bigint AS k, i::bigint AS v FROM generate_series(1, 100) i;
+         CREATE TABLE gjc_fact AS SELECT (i % 200)::bigint AS k FROM generate_series(1, 2000000) i;
+         ANALYZE gjc_dim, gjc_fact;
+         SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; SET min_parallel_table_scan_size = 0;
+         SET max_parallel_workers_per_gather = 4; SET statement_timeout = '20s';",
+    )
+    .expect("test tables");
+    let full = unique_name("gjc_full");
+    let pairs = unique_name("gjc_pairs");
+    let ok = unique_name("gjc_ok");
+    let _guard = SegmentGuard::with(&[&full, &pairs, &ok]);
+    c.query_one("SELECT uvm.gpujoin_build($1, 'SELECT k, v FROM gjc_dim WHERE false')", &[&full]).expect("empty build");
+    let device: i64 = c.query_one("SELECT device_bytes FROM uvm.segments WHERE name = $1", &[&full]).unwrap().get(0);
+    assert!(device > 0, "the table is not device-resident");
+    c.query_one(
+        "SELECT count(uvm.write_segment($1, 64 + 24 * i, '\\x0700000000000000'::bytea)) FROM generate_series(0, 15) i",
+        &[&full],
+    )
+    .expect("fill every slot");
+    c.query_one("SELECT uvm.gpujoin_pairs_create($1, 16)", &[&pairs]).expect("pairs");
+    let q = quote_literal(&full);
+    for (what, sql) in [
+        ("probe", format!("SELECT (uvm.gpujoin_probe({q}, k)).matches FROM gjc_fact")),
+        ("materialize", format!("SELECT (uvm.gpujoin_materialize({q}, {}, k)).matches FROM gjc_fact", quote_literal(&pairs))),
+    ] {
+        let t = Instant::now();
+        let r = c.query_one(sql.as_str(), &[]);
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        expect_sqlstate(r, "22023", &format!("{what} over a full slot array"));
+        note(T, &format!("{what} over a table with no empty slot: 22023 after {ms:.0} ms"));
+        assert!(ms < 10_000.0, "{what}: the error took {ms:.0} ms");
+    }
+    // The issue's reproduction (slot count 1, slot 0 occupied): refused by the header check.
+    c.query_one("SELECT uvm.gpujoin_build($1, 'SELECT k, v FROM gjc_dim')", &[&ok]).expect("build");
+    c.batch_execute(&format!(
+        "SELECT uvm.write_segment({o}, 16, '\\x0100000000000000'); SELECT uvm.write_segment({o}, 64, '\\x0100000000000000');",
+        o = quote_literal(&ok)
+    ))
+    .expect("corrupt the header");
+    let r = c.query_one(format!("SELECT (uvm.gpujoin_probe({}, k)).matches FROM gjc_fact", quote_literal(&ok)).as_str(), &[]);
+    expect_sqlstate(r, "22023", "probe of the issue's corrupted header");
+    assert_eq!(
+        c.query_one("SELECT coalesce(sum(pins), 0)::bigint FROM uvm.attachments", &[]).unwrap().get::<_, i64>(0),
+        0,
+        "pins left after the errors"
+    );
+    c.batch_execute("RESET statement_timeout; DROP TABLE gjc_dim, gjc_fact").unwrap();
+}
+
+#[test]
 fn z_crash_releases_gpu_memory() {
     const T: &str = "z_crash_releases_gpu_memory";
     const SIZE: i64 = 4 * GIB_I;
