@@ -48,7 +48,12 @@ fn wait_for_sockets(fds: &[i32], timeout: Duration, events: &mut Vec<pg_sys::Wai
     // stay open for the duration (they are owned by the server, which is not touched here);
     // `events` has room for every registered event.
     unsafe {
+        // 14-16 take the memory context; 17 on a resource owner (none: freed below, and the
+        // set lives in TopMemoryContext as before).
+        #[cfg(any(feature = "pg14", feature = "pg15", feature = "pg16"))]
         let set = pg_sys::CreateWaitEventSet(pg_sys::TopMemoryContext, (fds.len() + 2) as i32);
+        #[cfg(not(any(feature = "pg14", feature = "pg15", feature = "pg16")))]
+        let set = pg_sys::CreateWaitEventSet(std::ptr::null_mut(), (fds.len() + 2) as i32);
         pg_sys::AddWaitEventToSet(set, pg_sys::WL_LATCH_SET, pg_sys::PGINVALID_SOCKET, pg_sys::MyLatch, std::ptr::null_mut());
         pg_sys::AddWaitEventToSet(
             set,
