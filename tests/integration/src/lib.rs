@@ -14,6 +14,11 @@ pub use postgres::{Client, NoTls};
 /// The backend_type the broker background worker shows in pg_stat_activity.
 pub const BROKER_BACKEND_TYPE: &str = "pg_uvm_share broker";
 
+/// SQL that forces parallel plans on every supported version: the setting is `force_parallel_mode`
+/// on PostgreSQL 14 and 15, `debug_parallel_query` from 16 on (for `batch_execute`).
+pub const FORCE_PARALLEL_SQL: &str =
+    "SELECT set_config(name, 'on', false) FROM pg_settings WHERE name IN ('force_parallel_mode', 'debug_parallel_query');";
+
 pub const KIB: usize = 1 << 10;
 pub const MIB: usize = 1 << 20;
 

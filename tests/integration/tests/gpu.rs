@@ -131,9 +131,9 @@ fn a_checksum_across_sessions_and_parallel_workers() {
          SET parallel_tuple_cost = 0;
          SET min_parallel_table_scan_size = 0;
          SET max_parallel_workers_per_gather = 4;
-         SET parallel_leader_participation = off;
-         SET force_parallel_mode = on;",
+         SET parallel_leader_participation = off;",
     )
+    .and_then(|()| b.batch_execute(FORCE_PARALLEL_SQL))
     .expect("parallel settings");
     let q =
         format!("SELECT count(*) FROM {table} WHERE uvm.checksum_segment({}, 0, {SIZE}) = {}", quote_literal(&seg), rust as i64);

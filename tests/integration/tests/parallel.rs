@@ -18,9 +18,9 @@ fn setup_parallel(c: &mut Client) {
         "SET parallel_setup_cost = 0;
          SET parallel_tuple_cost = 0;
          SET min_parallel_table_scan_size = 0;
-         SET max_parallel_workers_per_gather = 2;
-         SET force_parallel_mode = on;",
+         SET max_parallel_workers_per_gather = 2;",
     )
+    .and_then(|()| c.batch_execute(FORCE_PARALLEL_SQL))
     .expect("parallel settings");
 }
 

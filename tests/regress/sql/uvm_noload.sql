@@ -1,5 +1,7 @@
 -- Without shared_preload_libraries, CREATE EXTENSION fails with a clear error and a hint.
 \set VERBOSITY default
+-- PostgreSQL 18 adds a CONTEXT line (the extension script's statement); the rest is the same
+\set SHOW_CONTEXT never
 SHOW shared_preload_libraries;
 CREATE EXTENSION pg_uvm_share;
 -- the SQLSTATE is 55000 (object_not_in_prerequisite_state)

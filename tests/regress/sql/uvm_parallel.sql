@@ -11,7 +11,9 @@ SET parallel_setup_cost = 0;
 SET parallel_tuple_cost = 0;
 SET min_parallel_table_scan_size = 0;
 SET max_parallel_workers_per_gather = 2;
-SET force_parallel_mode = on;
+-- force_parallel_mode (PostgreSQL 14, 15) is called debug_parallel_query from 16 on
+SELECT set_config(name, 'on', false) AS forced FROM pg_settings
+ WHERE name IN ('force_parallel_mode', 'debug_parallel_query');
 
 EXPLAIN (COSTS OFF)
 SELECT count(*) FROM par_t WHERE uvm.read_segment('par_a', (i % 128)::bigint, 1) = '\x01'::bytea;
@@ -37,6 +39,7 @@ SELECT count(DISTINCT uvm.checksum_segment('par_a', 0, 65536)) AS distinct_value
        min(uvm.checksum_segment('par_a', 0, 65536)) = :leader AS same_as_leader
   FROM par_t WHERE i % 100 = 0;
 
-RESET force_parallel_mode;
+SELECT set_config(name, 'off', false) AS forced FROM pg_settings
+ WHERE name IN ('force_parallel_mode', 'debug_parallel_query');
 DROP TABLE par_t;
 SELECT uvm.drop_segment('par_a');
