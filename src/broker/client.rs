@@ -56,20 +56,7 @@ impl Client {
         }
         // SAFETY: a fresh fd owned by nobody else.
         let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-        let tv =
-            libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: timeout.subsec_micros() as libc::suseconds_t };
-        for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
-            // SAFETY: setsockopt reads a timeval from a live local.
-            unsafe {
-                libc::setsockopt(
-                    sock.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    opt,
-                    &tv as *const libc::timeval as *const libc::c_void,
-                    std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-                );
-            }
-        }
+        protocol::set_timeouts(sock.as_fd(), timeout).map_err(|e| broker_error("connect to", e))?;
         let (addr, len) = sockaddr(path).map_err(|e| broker_error("connect to", e))?;
         // SAFETY: addr is a valid sockaddr_un of `len` bytes.
         if unsafe { libc::connect(sock.as_raw_fd(), &addr as *const _ as *const libc::sockaddr, len) } != 0 {

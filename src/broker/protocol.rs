@@ -309,6 +309,28 @@ pub fn recv_msg(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Opti
     Ok((got.len, got.fds.pop()))
 }
 
+/// Sets `sock`'s receive and send timeouts: a blocking call on it fails with EAGAIN after
+/// `timeout` instead of waiting for ever (the client's calls, and the tests' raw connections).
+pub fn set_timeouts(sock: BorrowedFd<'_>, timeout: std::time::Duration) -> io::Result<()> {
+    let tv = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: timeout.subsec_micros() as libc::suseconds_t };
+    for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+        // SAFETY: setsockopt reads a timeval from a live local.
+        let rc = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                &tv as *const libc::timeval as *const libc::c_void,
+                size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// The uid of the process at the other end of a connected Unix socket.
 pub fn peer_uid(sock: BorrowedFd<'_>) -> io::Result<u32> {
     // SAFETY: ucred is plain data; getsockopt writes at most `len` bytes into it.

@@ -701,19 +701,7 @@ mod tests {
     fn raw_connect(path: &Path) -> io::Result<OwnedFd> {
         // SAFETY: plain socket creation; `owned` takes the fd.
         let sock = owned(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) })?;
-        let tv = libc::timeval { tv_sec: 5, tv_usec: 0 };
-        for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
-            // SAFETY: setsockopt reads a timeval from a live local.
-            unsafe {
-                libc::setsockopt(
-                    sock.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    opt,
-                    &tv as *const libc::timeval as *const libc::c_void,
-                    std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-                )
-            };
-        }
+        protocol::set_timeouts(sock.as_fd(), Duration::from_secs(5))?;
         let (addr, len) = sockaddr(path)?;
         // SAFETY: addr is a valid sockaddr_un of `len` bytes.
         cvt(unsafe { libc::connect(sock.as_raw_fd(), &addr as *const _ as *const libc::sockaddr, len) })?;
