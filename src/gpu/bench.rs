@@ -57,7 +57,8 @@ impl Drop for PinnedBuffer {
 pub fn private_read(bytes: u64, iterations: u32, seed: u64) -> Result<f64> {
     let g = gpu()?;
     let buf = DeviceBuffer::new(bytes as usize)?;
-    g.with_kernels(|k| {
+    // SAFETY: `buf` is our device buffer of `buf.1` bytes, alive for the whole closure.
+    g.with_kernels(|k| unsafe {
         k.fill(buf.0, buf.1 as u64, seed)?;
         k.read_bandwidth(buf.0, buf.1 as u64, iterations)
     })

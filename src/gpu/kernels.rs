@@ -203,7 +203,11 @@ impl Kernels {
     }
 
     /// The checksum (`src/checksum.rs`) of `[addr, addr + len)`, computed on the GPU.
-    pub fn checksum(&self, addr: u64, len: u64) -> Result<u64> {
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` is device-accessible memory kept mapped for the call (a pinned
+    /// segment's range, bounds-checked by `Pin::addr`): the kernel reads every byte of it.
+    pub unsafe fn checksum(&self, addr: u64, len: u64) -> Result<u64> {
         // SAFETY: `result` is our 8-byte device buffer.
         check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 8) })?;
         let (mut p, mut n, mut out) = (addr, len, self.result);
@@ -215,7 +219,12 @@ impl Kernels {
     }
 
     /// Fills `[addr, addr + len)` with the pattern of `src/checksum.rs::fill`, on the GPU.
-    pub fn fill(&self, addr: u64, len: u64, seed: u64) -> Result<()> {
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` is writable device-accessible memory kept mapped for the call (a
+    /// pinned segment's range, bounds-checked by `Pin::addr`, or a buffer of ours): the kernel
+    /// writes every byte of it.
+    pub unsafe fn fill(&self, addr: u64, len: u64, seed: u64) -> Result<()> {
         let (mut p, mut n, mut s) = (addr, len, seed);
         self.launch(self.fill_fn, &mut [void(&mut p), void(&mut n), void(&mut s)])
     }
@@ -469,7 +478,10 @@ impl KernelAppender<'_> {
 
 impl Kernels {
     /// GB/s of a kernel reading `[addr, addr + len)` `iterations` times (after a warm-up).
-    pub fn read_bandwidth(&self, addr: u64, len: u64, iterations: u32) -> Result<f64> {
+    ///
+    /// # Safety
+    /// As for [`Kernels::checksum`]: the kernel reads every byte of `[addr, addr + len)`.
+    pub unsafe fn read_bandwidth(&self, addr: u64, len: u64, iterations: u32) -> Result<f64> {
         let (mut p, mut n, mut out) = (addr, len / 16, self.result);
         self.launch(self.read_bw_fn, &mut [void(&mut p), void(&mut n), void(&mut out)])?;
         let t = Instant::now();

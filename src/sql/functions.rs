@@ -145,7 +145,9 @@ fn checksum_segment(name: &str, offset: i64, length: i64) -> i64 {
         let pin = s.pin(name, |o| authorize(o, name, "read"))?;
         if gpu {
             let addr = pin.addr(offset, length)?;
-            return crate::gpu::gpu()?.with_kernels(|k| k.checksum(addr, length as u64)).map(|v| v as i64);
+            // SAFETY: `addr` is the pinned range `[offset, offset + length)`, checked by
+            // `Pin::addr`, mapped for as long as `pin` lives (past the call).
+            return crate::gpu::gpu()?.with_kernels(|k| unsafe { k.checksum(addr, length as u64) }).map(|v| v as i64);
         }
         // In blocks, serving cancel and statement_timeout between them; the pin is given back on
         // the way out of an interrupt as on any error.
@@ -163,7 +165,9 @@ fn fill_segment(name: &str, offset: i64, length: i64, seed: i64) -> i64 {
         let mut pin = s.pin(name, |o| authorize(o, name, "write"))?;
         if gpu {
             let addr = pin.addr(offset, length)?;
-            crate::gpu::gpu()?.with_kernels(|k| k.fill(addr, length as u64, seed as u64))?;
+            // SAFETY: `addr` is the pinned range `[offset, offset + length)`, checked by
+            // `Pin::addr`, mapped for as long as `pin` lives (past the call).
+            crate::gpu::gpu()?.with_kernels(|k| unsafe { k.fill(addr, length as u64, seed as u64) })?;
         } else {
             // Interruptible between blocks: a cancelled fill leaves a prefix written.
             crate::checksum::fill_interruptible(pin.bytes_mut(offset, length)?, seed as u64)?;
@@ -259,7 +263,9 @@ fn bench_segment_read(name: &str, iterations: i32) -> f64 {
         let pin = s.pin(name, |o| authorize(o, name, "read"))?;
         let size = pin.info().size as i64;
         let addr = pin.addr(0, size)?;
-        crate::gpu::gpu()?.with_kernels(|k| k.read_bandwidth(addr, size as u64, iterations.max(1) as u32))
+        // SAFETY: `addr` is the whole pinned segment, checked by `Pin::addr`, mapped for as long
+        // as `pin` lives (past the call).
+        crate::gpu::gpu()?.with_kernels(|k| unsafe { k.read_bandwidth(addr, size as u64, iterations.max(1) as u32) })
     })
 }
 
