@@ -594,12 +594,13 @@ WHERE NOT EXISTS (SELECT 1 FROM pg_type t WHERE t.oid = c1.reltype AND t.typreli
 
 -- **************** pg_attribute (type_sanity.sql) ****************
 
--- Look for illegal values in pg_attribute fields
+-- Look for illegal values in pg_attribute fields (attcacheoff is gone in PostgreSQL 18,
+-- whose own type_sanity dropped it: read through to_jsonb where the column exists)
 SELECT a1.attrelid::regclass, a1.attname
 FROM pg_attribute as a1
 WHERE a1.attrelid IN (SELECT oid FROM ext_class) AND
     (a1.attrelid = 0 OR a1.atttypid = 0 OR a1.attnum = 0 OR
-     a1.attcacheoff != -1 OR a1.attinhcount < 0 OR
+     coalesce((to_jsonb(a1) ->> 'attcacheoff')::int, -1) != -1 OR a1.attinhcount < 0 OR
      (a1.attinhcount = 0 AND NOT a1.attislocal));
 
 -- Cross-check attnum against parent relation
