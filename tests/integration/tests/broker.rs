@@ -400,10 +400,12 @@ fn broker_survives_a_flood_of_connections() {
     let mut admin = connect();
     let b = before(&mut admin);
     let epoch = epoch(&mut admin);
-    // The broker serves MaxBackends + 64 connections (src/broker/worker.rs).
+    // The broker serves MaxBackends + 64 connections (src/broker/worker.rs). PostgreSQL 18
+    // counts autovacuum_worker_slots where earlier versions count autovacuum_max_workers.
     let max_backends: i64 = admin
         .query_one(
-            "SELECT (current_setting('max_connections')::int + current_setting('autovacuum_max_workers')::int + 1 \
+            "SELECT (current_setting('max_connections')::int \
+                  + coalesce(current_setting('autovacuum_worker_slots', true), current_setting('autovacuum_max_workers'))::int + 1 \
                   + current_setting('max_worker_processes')::int + current_setting('max_wal_senders')::int)::bigint",
             &[],
         )
