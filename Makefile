@@ -195,6 +195,6 @@ gpu-suite-pack:
 	scripts/gpu-suite pack PG=$(PG)
 
 clean:
-	for d in $(REGRESS_DIR)-main $(REGRESS_DIR)-limits $(REGRESS_DIR)-noload $(REGRESS_DIR)-nocuda $(IT_DIR) $(DEMO_DIR) $(BENCH_DIR); do $(CLUSTER) stop $$d || true; rm -rf $$d; done
+	for d in $(REGRESS_DIR)-main $(REGRESS_DIR)-service $(REGRESS_DIR)-limits $(REGRESS_DIR)-noload $(REGRESS_DIR)-nocuda $(IT_DIR) $(DEMO_DIR) $(BENCH_DIR); do $(CLUSTER) stop $$d || true; rm -rf $$d; done
 	rm -rf $(PGRX_TEST_DIR) $(PGRX_TEST_DIR)-$(ME) tests/regress/results tests/regress/regression.diffs tests/regress/regression.out
 	$(CARGO) clean

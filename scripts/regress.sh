@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Runs the pg_regress suites of tests/regress, each against a throwaway cluster of its own:
 #
-#   tests/regress/schedule           the SQL surface, errors, parallel workers (default settings)
+#   tests/regress/schedule           the SQL surface, errors, parallel workers (default settings),
+#                                    then again with pg_uvm_share.gpu_execution = service (every
+#                                    segment operation through the GPU service, on the CPU here)
 #   tests/regress/schedule_limits    capacity errors, with tiny pg_uvm_share.max_* settings
 #   tests/regress/schedule_noload    CREATE EXTENSION without shared_preload_libraries
 #   tests/regress/schedule_nocuda    provider = cuda without a CUDA driver (only where there is none)
 #
-# Usage: regress.sh BASEDIR BASEPORT   (clusters in BASEDIR-<suite>, ports BASEPORT, +1, +2, +3)
+# Usage: regress.sh BASEDIR BASEPORT   (clusters in BASEDIR-<suite>, ports BASEPORT .. BASEPORT+3, and +7)
 set -euo pipefail
 BASE=${1:-/tmp/uvm-regress}
 PORT=${2:-54331}
@@ -47,6 +49,8 @@ run_suite() { # name port schedule [env assignments...]
 }
 
 run_suite main "$PORT" schedule
+# The same expected output in service mode: the SQL surface does not depend on where it runs.
+run_suite service "$((PORT + 7))" schedule UVM_EXTRA_CONF='pg_uvm_share.gpu_execution = service'
 run_suite limits "$((PORT + 1))" schedule_limits \
   UVM_EXTRA_CONF=$'pg_uvm_share.max_segments = 3\npg_uvm_share.max_chunks = 5\npg_uvm_share.max_attachments = 16'
 run_suite noload "$((PORT + 2))" schedule_noload UVM_NO_PRELOAD=1

@@ -23,6 +23,24 @@ pub enum ProviderChoice {
     Cuda,
 }
 
+/// Where segment operations and GPU work run (see `crate::service`).
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ExecutionChoice {
+    /// The service under the CUDA provider, each process under the host provider.
+    #[name = c"auto"]
+    Auto,
+    /// Every operation on segment memory in the GPU service (one CUDA context per GPU).
+    #[name = c"service"]
+    Service,
+    /// Every process on its own (its own CUDA context under the CUDA provider).
+    #[name = c"process"]
+    Process,
+}
+
+pub static GPU_EXECUTION: GucSetting<ExecutionChoice> = GucSetting::<ExecutionChoice>::new(ExecutionChoice::Auto);
+pub static SERVICE_SLOTS: GucSetting<i32> = GucSetting::<i32>::new(32);
+pub static SERVICE_STAGING_MB: GucSetting<i32> = GucSetting::<i32>::new(4);
+pub static SERVICE_THREADS: GucSetting<i32> = GucSetting::<i32>::new(4);
 pub static MAX_SEGMENTS: GucSetting<i32> = GucSetting::<i32>::new(256);
 pub static MAX_CHUNKS: GucSetting<i32> = GucSetting::<i32>::new(4096);
 pub static MAX_ATTACHMENTS: GucSetting<i32> = GucSetting::<i32>::new(4096);
@@ -112,6 +130,46 @@ pub fn define() {
         i32::MAX,
         GucContext::Userset,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_enum_guc(
+        c"pg_uvm_share.gpu_execution",
+        c"Where segment operations and GPU kernels run: auto, service or process.",
+        c"service: in one GPU service process (one CUDA context per GPU for the cluster); process: in \
+          each backend and parallel worker; auto: service under the CUDA provider, process otherwise.",
+        &GPU_EXECUTION,
+        GucContext::Postmaster,
+        GucFlags::empty(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.service_slots",
+        c"Request slots of the GPU service channel (requests in flight at once).",
+        c"Submitters wait for a free slot, in order, when all are taken.",
+        &SERVICE_SLOTS,
+        2,
+        4096,
+        GucContext::Postmaster,
+        GucFlags::empty(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.service_staging",
+        c"Staging memory of each GPU service request slot.",
+        c"Bulk input and output of one request (probe keys, bytes read or written); larger data \
+          travels in several requests. Shared memory holds service_slots times this.",
+        &SERVICE_STAGING_MB,
+        1,
+        1024,
+        GucContext::Postmaster,
+        GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.service_threads",
+        c"Executor threads of the GPU service.",
+        c"Each runs one request at a time; registry changes run on the service's main thread.",
+        &SERVICE_THREADS,
+        1,
+        256,
+        GucContext::Postmaster,
+        GucFlags::empty(),
     );
     // SAFETY: called from _PG_init in the main thread, with a static C string.
     #[cfg(not(feature = "pg14"))]

@@ -19,14 +19,22 @@
 //! is forked from it, so their main threads inherit the mark. Any other thread (the CUDA
 //! start-up helper) gets a no-op.
 //!
+//! # Requests run for another process
+//!
+//! The GPU service runs requests for client processes, on its main thread and on executor
+//! threads. There a "cancel" is the client giving up (`service::channel`): the service marks
+//! the thread with [`watch`] (a flag in shared memory and the value that means "stop"), and
+//! [`check`] returns [`Code::QueryCanceled`](crate::error::Code::QueryCanceled) once the flag
+//! holds it, on any thread, so the same loops stop early for an abandoned request.
+//!
 //! # Lifecycle
 //!
 //! `_PG_init` calls [`install`] once; without it (plain `cargo test`) [`check`] does nothing.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
-use crate::error::Result;
+use crate::error::{Code, Result, UvmError};
 
 /// How many iterations of a cheap loop (a hash probe, a word of a checksum) may pass between
 /// two checks. At the slowest loop here (host-tier probes, about 0.5 G keys/s) this is far
@@ -39,6 +47,40 @@ static HOOK: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
 thread_local! {
     /// Whether this thread may run the hook (set where it was installed, kept across fork).
     static HOOK_THREAD: Cell<bool> = const { Cell::new(false) };
+    /// The flag [`watch`] set for this thread, and the value that means "stop".
+    static WATCHED: Cell<Option<(*const AtomicU32, u32)>> = const { Cell::new(None) };
+}
+
+/// Makes [`check`] on this thread fail with 57014 while `flag` holds `stop`, until the
+/// returned guard drops.
+///
+/// # Safety
+/// `flag` must stay valid until the guard drops (a slot state in shared memory, which lives as
+/// long as the process).
+pub unsafe fn watch(flag: &AtomicU32, stop: u32) -> Watch {
+    let prev = WATCHED.with(|w| w.replace(Some((flag as *const AtomicU32, stop))));
+    Watch { prev }
+}
+
+/// Undoes [`watch`] when dropped.
+pub struct Watch {
+    prev: Option<(*const AtomicU32, u32)>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        WATCHED.with(|w| w.set(self.prev));
+    }
+}
+
+fn watched_stop() -> Result<()> {
+    match WATCHED.with(|w| w.get()) {
+        // SAFETY: `watch`'s contract keeps the flag valid while it is set.
+        Some((flag, stop)) if unsafe { &*flag }.load(Ordering::Relaxed) == stop => {
+            Err(UvmError::new(Code::QueryCanceled, "canceling the request: its client gave up on it"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Installs `hook` for this thread (and, through `fork`, for the main thread of every child).
@@ -50,6 +92,7 @@ pub fn install(hook: fn() -> Result<()>) {
 /// Serves a pending interrupt: an ERROR raised by PostgreSQL (an unwind) or an `Err`.
 #[inline]
 pub fn check() -> Result<()> {
+    watched_stop()?;
     let p = HOOK.load(Ordering::Acquire);
     if p.is_null() || !HOOK_THREAD.with(|t| t.get()) {
         return Ok(());
@@ -74,7 +117,6 @@ pub fn check_every(i: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::{Code, UvmError};
 
     fn cancel() -> Result<()> {
         Err(UvmError::new(Code::QueryCanceled, "canceling statement due to user request"))
@@ -91,6 +133,22 @@ mod tests {
             assert!(check_every(1).is_ok());
             assert!(check_every(EVERY).is_err());
             assert!(std::thread::spawn(check).join().unwrap().is_ok(), "another thread runs no hook");
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_watched_flag_stops_checks_on_any_thread() {
+        static FLAG: AtomicU32 = AtomicU32::new(0);
+        std::thread::spawn(|| {
+            // SAFETY: a static flag.
+            let g = unsafe { watch(&FLAG, 5) };
+            assert!(check().is_ok());
+            FLAG.store(5, Ordering::Relaxed);
+            assert_eq!(check().unwrap_err().code, Code::QueryCanceled);
+            drop(g);
+            assert!(check().is_ok(), "unwatched again");
         })
         .join()
         .unwrap();

@@ -6,6 +6,8 @@
 //! - [`broker`]: the background worker that holds every chunk's fd, and its protocol.
 //! - [`provider`]: where chunk memory comes from (memfd now, CUDA VMM next) and how it is mapped.
 //! - [`segment`]: one process's attachments, the pin/generation protocol, growth and drop.
+//! - [`exec`]: the execution seam: requests, run in this process or in the GPU service.
+//! - [`service`]: the GPU service (one process, one CUDA context per GPU) and its request channel.
 //! - [`gpu`]: CUDA in this process: driver loading, the primary context, NVRTC kernels.
 //! - [`gpujoin`]: the GpuJoin inner hash table in a segment (layout, CPU build and probe so far).
 //! - [`interrupt`]: cancel and `statement_timeout` for long plain-Rust loops (a hook `_PG_init` sets).
@@ -18,6 +20,7 @@
 pub mod broker;
 pub mod checksum;
 pub mod error;
+pub mod exec;
 pub mod gpu;
 pub mod gpujoin;
 pub mod guc;
@@ -25,6 +28,7 @@ pub mod interrupt;
 pub mod provider;
 pub mod registry;
 pub mod segment;
+pub mod service;
 pub mod sql;
 
 ::pgrx::pg_module_magic!();

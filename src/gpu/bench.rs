@@ -145,6 +145,12 @@ pub fn host_register_ms(bytes: u64) -> Result<f64> {
 /// `MAX_BENCH_KEYS` keys (54000 beyond, 22023 below one), generated on the fly, so that the
 /// request sizes no host allocation.
 pub fn join_probe<E: crate::segment::Env>(pin: &crate::segment::Pin<E>, keys: i64, key_range: i64) -> Result<f64> {
+    let inner = crate::gpujoin::pairs::Inner::of(pin, crate::gpujoin::table::KeyType::Int8, false)?;
+    join_probe_view(&inner, keys, key_range)
+}
+
+/// [`join_probe`] against a table already viewed (the GPU service's form).
+pub fn join_probe_view(inner: &crate::gpujoin::pairs::Inner<'_>, keys: i64, key_range: i64) -> Result<f64> {
     use super::kernels::MAX_BENCH_KEYS;
     if keys < 1 || key_range < 1 {
         return Err(UvmError::new(
@@ -158,10 +164,8 @@ pub fn join_probe<E: crate::segment::Env>(pin: &crate::segment::Pin<E>, keys: i6
             format!("a probe benchmark takes at most {MAX_BENCH_KEYS} keys, not {keys}"),
         ));
     }
-    let inner = crate::gpujoin::pairs::Inner::of(pin, crate::gpujoin::table::KeyType::Int8, false)?;
     let range = key_range as u64;
-    let ms =
-        gpu()?.with_kernels(|k| k.join_probe_kernel_ms(&inner, keys as u64, |i| (crate::checksum::mix(i) % range) as i64))?;
+    let ms = gpu()?.with_kernels(|k| k.join_probe_kernel_ms(inner, keys as u64, |i| (crate::checksum::mix(i) % range) as i64))?;
     Ok(keys as f64 / (ms / 1e3))
 }
 

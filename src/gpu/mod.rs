@@ -355,6 +355,18 @@ pub unsafe fn copy(dst: u64, src: u64, len: usize) -> Result<()> {
     }
 }
 
+/// Registers `[addr, addr + len)` of this process's memory with CUDA (page-locked, readable by
+/// kernels and DMA at the same address), for as long as the process lives: the GPU service
+/// does it once for the channel's staging memory.
+pub fn register_host(addr: u64, len: usize) -> Result<()> {
+    gpu()?;
+    // SAFETY: the caller's own mapped memory, kept mapped for the life of the process; the
+    // flags ask for a portable, device-mapped registration.
+    check("cuMemHostRegister", unsafe {
+        sys::cuMemHostRegister_v2(addr as *mut c_void, len, sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP)
+    })
+}
+
 pub(crate) fn void<T>(p: &mut T) -> *mut c_void {
     p as *mut T as *mut c_void
 }

@@ -155,12 +155,17 @@ pub fn read_header<E: Env>(pin: &Pin<E>) -> Result<PairsHeader> {
 
 /// The number of pairs a complete buffer holds; an error while writers are missing.
 pub fn complete_pairs<E: Env>(pin: &Pin<E>) -> Result<u64> {
-    let h = read_header(pin)?;
-    if h.written != h.next || h.next > capacity(pin.info().size) {
+    check_complete(&pin.info().name, pin.info().size, &read_header(pin)?)
+}
+
+/// The pairs of a complete buffer of `size` bytes whose header is `h`; an error while writers
+/// are missing.
+pub fn check_complete(name: &str, size: u64, h: &PairsHeader) -> Result<u64> {
+    if h.written != h.next || h.next > capacity(size) {
         return Err(uvm_err!(
             Code::ObjectNotInPrerequisiteState,
             "GpuJoin result buffer \"{}\" is incomplete: {} pairs reserved, {} written",
-            pin.info().name,
+            name,
             h.next,
             h.written
         )
@@ -195,6 +200,8 @@ pub struct Inner<'a> {
     header: Header,
     slots: u64,
     cpu: Option<Table<'a>>,
+    /// The bytes `cpu` views (address, length), to rebuild it elsewhere ([`RawInner`]).
+    cpu_bytes: Option<(u64, usize)>,
 }
 
 impl<'a> Inner<'a> {
@@ -204,12 +211,14 @@ impl<'a> Inner<'a> {
         let name = pin.info().name.as_str();
         let (header, slots) = table::locate(pin, key_type)?;
         if !cpu {
-            return Ok(Inner { name, header, slots, cpu: None });
+            return Ok(Inner { name, header, slots, cpu: None, cpu_bytes: None });
         }
-        let t = Table::view(name, pin.bytes(0, pin.info().size as i64)?)?;
+        let bytes = pin.bytes(0, pin.info().size as i64)?;
+        let t = Table::view(name, bytes)?;
         // The view read the header again: use that copy, whose slots it bounds.
         t.header().check_key_type(name, key_type)?;
-        Ok(Inner { name, header: *t.header(), slots, cpu: Some(t) })
+        let cpu_bytes = Some((bytes.as_ptr() as u64, bytes.len()));
+        Ok(Inner { name, header: *t.header(), slots, cpu: Some(t), cpu_bytes })
     }
 
     /// The segment's name (for messages).
@@ -229,6 +238,41 @@ impl<'a> Inner<'a> {
     /// The CPU view of the table (CPU appenders only).
     pub fn table(&self) -> Option<&Table<'a>> {
         self.cpu.as_ref()
+    }
+}
+
+/// An [`Inner`] taken apart to cross to another thread (the GPU service prepares a request on
+/// its main thread, which holds the pin, and runs it on an executor thread): plain data, valid
+/// for as long as the pin it came from lives.
+#[derive(Clone, Debug)]
+pub struct RawInner {
+    name: String,
+    header: Header,
+    slots: u64,
+    /// The whole segment's bytes (address, length) when viewed for the CPU.
+    cpu: Option<(u64, usize)>,
+}
+
+impl Inner<'_> {
+    /// This view as plain data (see [`RawInner`]).
+    pub fn raw(&self) -> RawInner {
+        RawInner { name: self.name.to_string(), header: self.header, slots: self.slots, cpu: self.cpu_bytes }
+    }
+}
+
+impl RawInner {
+    /// The view again.
+    ///
+    /// # Safety
+    /// The pin that the [`Inner`] behind this came from must still be held, and its memory
+    /// mapped in this process, for as long as the returned view is used.
+    pub unsafe fn inner(&self) -> Result<Inner<'_>> {
+        let cpu = match self.cpu {
+            // SAFETY: the caller keeps the pin, so the bytes Inner::of viewed are still mapped.
+            Some((addr, len)) => Some(Table::view(&self.name, unsafe { std::slice::from_raw_parts(addr as *const u8, len) })?),
+            None => None,
+        };
+        Ok(Inner { name: &self.name, header: self.header, slots: self.slots, cpu, cpu_bytes: self.cpu })
     }
 }
 

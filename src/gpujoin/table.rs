@@ -396,6 +396,35 @@ impl<'a> Builder<'a> {
         })
     }
 
+    /// A builder that goes on inserting into the `slot_count` slots of a table in `bytes` that
+    /// an earlier builder (or `uvm_join_build`) started: nothing is zeroed, and the rows are
+    /// bounded by the caller (who counts them), not by this builder. For inserts that arrive a
+    /// batch at a time from another process (the GPU service's build requests).
+    pub fn resume(name: &'a str, bytes: &'a mut [u8], key_type: KeyType, slot_count: u64, seed: u64) -> Result<Builder<'a>> {
+        let need = slot_count.checked_mul(SLOT_BYTES).and_then(|b| b.checked_add(HEADER_BYTES));
+        if !slot_count.is_power_of_two() || need.is_none_or(|n| (bytes.len() as u64) < n) {
+            return Err(UvmError::new(
+                Code::InvalidParameterValue,
+                format!("segment \"{name}\" cannot hold a hash table of {slot_count} slots"),
+            ));
+        }
+        if !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<u64>()) {
+            return Err(UvmError::new(Code::SystemError, "hash table memory is misaligned"));
+        }
+        Ok(Builder {
+            name,
+            seed,
+            key_type,
+            base: bytes.as_mut_ptr(),
+            slot_count,
+            capacity: u64::MAX,
+            stored: 0,
+            null_rows: 0,
+            ticks: Ticks::default(),
+            _bytes: PhantomData,
+        })
+    }
+
     /// Pointer to word `w` of slot `i` (`i < slot_count`, `w < SLOT_WORDS`).
     #[inline(always)]
     fn word(&self, i: u64, w: usize) -> *mut u64 {

@@ -41,6 +41,7 @@
 
 pub mod cuda;
 pub mod host;
+pub mod remote;
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 

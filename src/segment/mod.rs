@@ -322,6 +322,18 @@ impl<E: Env> Pin<E> {
         Ok(())
     }
 
+    /// `[offset, offset + len)` split at chunk boundaries: (address, length, whether the CPU
+    /// addresses it directly) per piece, in order. For copies made on another thread while this
+    /// pin is held (the GPU service's executors).
+    pub fn pieces_at(&self, offset: i64, len: i64) -> Result<Vec<(u64, usize, bool)>> {
+        let (o, l) = self.check_range(offset, len)?;
+        Ok(self
+            .pieces(o, l)
+            .into_iter()
+            .map(|(t, at, n)| (self.base as u64 + at as u64, n, self.mapping.provider.cpu_accessible(t)))
+            .collect())
+    }
+
     /// The address of byte `offset` (for kernels), bounds-checked with `len`.
     pub fn addr(&self, offset: i64, len: i64) -> Result<u64> {
         let (o, _) = self.check_range(offset, len)?;
@@ -704,6 +716,19 @@ impl<E: Env> Segments<E> {
                 reg.detach(a.att_slot);
             }
         }
+    }
+
+    /// Detaches the segments that no longer exist (dropped by another process, or by the GPU
+    /// service on this process's behalf); the next pin would do it anyway.
+    pub fn detach_dropped(&mut self) -> Result<()> {
+        let stale = {
+            let reg = self.env.shared()?;
+            self.sweep(&reg)
+        };
+        for id in stale {
+            self.detach(id);
+        }
+        Ok(())
     }
 
     /// Detaches every segment (process exit), giving back every pin this process holds.

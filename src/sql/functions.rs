@@ -7,11 +7,10 @@
 use pgrx::iter::TableIterator;
 use pgrx::prelude::*;
 
-use super::{authorize, current_user, now, report, with_segments};
+use super::{current_user, now, report, resolve, with_executor, with_segments};
 use crate::error::{Code, UvmError};
-use crate::provider::ProviderKind;
+use crate::exec;
 use crate::registry::{Tier, TierPref};
-use crate::segment::Env;
 
 fn parse_tier(tier: &str) -> TierPref {
     TierPref::parse(tier).unwrap_or_else(|e| report(e))
@@ -31,27 +30,31 @@ fn create_segment(
         report(UvmError::new(Code::NullValueNotAllowed, "name, size and tier must not be NULL"))
     };
     let pref = parse_tier(tier);
-    with_segments(|s| s.create(name, size, max_size, pref, current_user(), now())) as i64
+    with_executor(|ex| exec::create(ex, name, size, max_size, pref, current_user(), now())) as i64
 }
 
 /// Drops segment `name`; fails with 55006 while any process holds a pin on it.
 #[pg_extern(volatile, parallel_unsafe)]
 fn drop_segment(name: &str) {
-    with_segments(|s| s.drop_segment(name, |o| authorize(o, name, "drop")))
+    with_executor(|ex| exec::drop(ex, &resolve(name, "drop")?.0));
+    // In service mode the service dropped it: forget this process's own attachment (session
+    // pins and lookups) at once, as a process-mode drop does.
+    super::if_segments(|s| s.detach_dropped());
 }
 
 /// Grows segment `name` to `new_size` bytes (never shrinks). Returns the new size.
 #[pg_extern(volatile, parallel_unsafe)]
 fn grow_segment(name: &str, new_size: i64) -> i64 {
-    with_segments(|s| s.grow(name, new_size, |o| authorize(o, name, "grow"))) as i64
+    with_executor(|ex| exec::grow(ex, &resolve(name, "grow")?.0, new_size)) as i64
 }
 
 /// Writes `data` at `offset`. Returns the number of bytes written.
 #[pg_extern(volatile, parallel_unsafe)]
 fn write_segment(name: &str, offset: i64, data: &[u8]) -> i64 {
-    with_segments(|s| {
-        let mut pin = s.pin(name, |o| authorize(o, name, "write"))?;
-        pin.write_from(offset, data)?;
+    with_executor(|ex| {
+        let (seg, info) = resolve(name, "write")?;
+        crate::segment::check_range(&info, offset, data.len() as i64)?;
+        exec::write(ex, &seg, offset, data)?;
         Ok(data.len() as i64)
     })
 }
@@ -126,33 +129,22 @@ unsafe impl pgrx::callconv::BoxRet for PallocBytea {
 /// Reads `length` bytes at `offset`.
 #[pg_extern(volatile, parallel_safe)]
 fn read_segment(name: &str, offset: i64, length: i32) -> PallocBytea {
-    with_segments(|s| {
-        let pin = s.pin(name, |o| authorize(o, name, "read"))?;
-        pin.check_range(offset, length as i64)?;
+    with_executor(|ex| {
+        let (seg, info) = resolve(name, "read")?;
+        crate::segment::check_range(&info, offset, length as i64)?;
         // SAFETY: `out` is returned from this call (or dropped with the error) right below.
         let mut out = unsafe { PallocBytea::new(length as usize)? };
-        pin.read_into(offset, out.data_mut())?;
+        exec::read(ex, &seg, offset, out.data_mut())?;
         Ok(out)
     })
 }
 
 /// The checksum of `[offset, offset + length)` (see `checksum.rs` for its definition),
-/// computed by a GPU kernel with the CUDA provider and by the CPU with the host provider.
+/// computed by a GPU kernel with the CUDA provider and by the CPU with the host provider
+/// (interruptible between blocks there).
 #[pg_extern(volatile, parallel_safe)]
 fn checksum_segment(name: &str, offset: i64, length: i64) -> i64 {
-    with_segments(|s| {
-        let gpu = s.provider().kind() == ProviderKind::Cuda;
-        let pin = s.pin(name, |o| authorize(o, name, "read"))?;
-        if gpu {
-            let addr = pin.addr(offset, length)?;
-            // SAFETY: `addr` is the pinned range `[offset, offset + length)`, checked by
-            // `Pin::addr`, mapped for as long as `pin` lives (past the call).
-            return crate::gpu::gpu()?.with_kernels(|k| unsafe { k.checksum(addr, length as u64) }).map(|v| v as i64);
-        }
-        // In blocks, serving cancel and statement_timeout between them; the pin is given back on
-        // the way out of an interrupt as on any error.
-        Ok(crate::checksum::checksum_interruptible(pin.bytes(offset, length)?)? as i64)
-    })
+    with_executor(|ex| exec::checksum(ex, &resolve(name, "read")?.0, offset, length)) as i64
 }
 
 /// Fills `[offset, offset + length)` with the pattern of `checksum.rs::fill` (a function of
@@ -160,20 +152,8 @@ fn checksum_segment(name: &str, offset: i64, length: i64) -> i64 {
 /// the bytes written.
 #[pg_extern(volatile, parallel_unsafe)]
 fn fill_segment(name: &str, offset: i64, length: i64, seed: i64) -> i64 {
-    with_segments(|s| {
-        let gpu = s.provider().kind() == ProviderKind::Cuda;
-        let mut pin = s.pin(name, |o| authorize(o, name, "write"))?;
-        if gpu {
-            let addr = pin.addr(offset, length)?;
-            // SAFETY: `addr` is the pinned range `[offset, offset + length)`, checked by
-            // `Pin::addr`, mapped for as long as `pin` lives (past the call).
-            crate::gpu::gpu()?.with_kernels(|k| unsafe { k.fill(addr, length as u64, seed as u64) })?;
-        } else {
-            // Interruptible between blocks: a cancelled fill leaves a prefix written.
-            crate::checksum::fill_interruptible(pin.bytes_mut(offset, length)?, seed as u64)?;
-        }
-        Ok(length)
-    })
+    with_executor(|ex| exec::fill(ex, &resolve(name, "write")?.0, offset, length, seed));
+    length
 }
 
 /// Moves the chunks covering `[offset, offset + length)` to `tier` ('device' or 'host').
@@ -189,14 +169,15 @@ fn prefetch_segment(name: &str, offset: i64, length: i64, tier: &str) -> i64 {
         TierPref::Host => Tier::Host,
         TierPref::Device => Tier::Device,
     };
-    with_segments(|s| s.prefetch(name, offset, length, target, |o| authorize(o, name, "migrate"))) as i64
+    let pin_wait = crate::guc::PIN_WAIT_TIMEOUT_MS.get().max(0) as u64;
+    with_executor(|ex| exec::prefetch(ex, &resolve(name, "migrate")?.0, offset, length, target, pin_wait)) as i64
 }
 
 /// Holds a pin on `name` until `unpin_segment` or the end of the session: the segment cannot
 /// be dropped (or, with the CUDA provider, migrated) meanwhile.
 #[pg_extern(volatile, parallel_unsafe)]
 fn pin_segment(name: &str) {
-    with_segments(|s| s.pin_session(name, |o| authorize(o, name, "pin")))
+    with_segments(|s| s.pin_session(name, |o| super::authorize(o, name, "pin")))
 }
 
 /// Releases one pin taken by this session with `pin_segment`; false if it held none.
@@ -209,77 +190,58 @@ fn unpin_segment(name: &str) -> bool {
 /// spent mapping (0 when the mapping was already current).
 #[pg_extern(volatile, parallel_safe)]
 fn attach_segment(name: &str) -> f64 {
-    with_segments(|s| Ok(s.pin(name, |o| authorize(o, name, "read"))?.map_ms()))
+    with_segments(|s| Ok(s.pin(name, |o| super::authorize(o, name, "read"))?.map_ms()))
 }
 
-/// The provider and its capabilities, as (property, value) rows.
+/// The execution mode, the provider and its capabilities, as (property, value) rows.
 #[pg_extern(volatile, parallel_safe)]
 fn device_info() -> TableIterator<'static, (name!(property, String), name!(value, String))> {
-    let rows = with_segments(|s| {
-        let caps = s.provider().capabilities();
-        let reg = s.env.shared()?;
-        let arena = reg.arena();
-        let mut rows = vec![
-            ("provider".to_string(), s.provider().kind().name().to_string()),
-            ("tiers".into(), caps.tiers.iter().map(|t| t.name()).collect::<Vec<_>>().join(",")),
-            ("granularity".into(), caps.granularity.to_string()),
-            ("gpu_kernels".into(), caps.gpu_kernels.to_string()),
-            ("broker_pid".into(), reg.broker_pid().to_string()),
-            ("epoch".into(), format!("{:016x}", reg.epoch())),
-            ("arena_base".into(), format!("0x{:x}", arena.base)),
-            ("arena_size".into(), arena.size.to_string()),
-            ("device_bytes".into(), reg.tier_bytes(Tier::Device).to_string()),
-            ("host_bytes".into(), reg.tier_bytes(Tier::Host).to_string()),
-        ];
-        rows.extend(caps.details);
-        if let Some(m) = s.last_migration {
-            rows.push(("last_migration_bytes".into(), m.bytes.to_string()));
-            rows.push(("last_migration_chunks".into(), m.chunks.to_string()));
-            for (k, v) in
-                [("wait", m.wait_ms), ("map", m.map_ms), ("alloc", m.alloc_ms), ("copy", m.copy_ms), ("other", m.other_ms)]
-            {
-                rows.push((format!("last_migration_{k}_ms"), format!("{v:.3}")));
-            }
-        }
-        Ok(rows)
-    });
-    TableIterator::new(rows)
+    let mode = super::execution_mode().unwrap_or_else(|e| report(e));
+    let mut rows = with_executor(exec::info);
+    let reg = crate::registry::shmem::shared().unwrap_or_else(|e| report(e));
+    let ch = crate::registry::shmem::channel().unwrap_or_else(|e| report(e));
+    let arena = reg.arena();
+    let (submitted, completed, abandoned) = ch.counters();
+    let mut head = vec![
+        ("execution".to_string(), mode.name().to_string()),
+        ("service_pid".into(), ch.service_pid().to_string()),
+        ("service_requests".into(), format!("{submitted} submitted, {completed} completed, {abandoned} abandoned")),
+    ];
+    let tail = vec![
+        ("broker_pid".to_string(), reg.broker_pid().to_string()),
+        ("epoch".into(), format!("{:016x}", reg.epoch())),
+        ("arena_base".into(), format!("0x{:x}", arena.base)),
+        ("arena_size".into(), arena.size.to_string()),
+        ("device_bytes".into(), reg.tier_bytes(Tier::Device).to_string()),
+        ("host_bytes".into(), reg.tier_bytes(Tier::Host).to_string()),
+    ];
+    // provider, tiers, granularity, gpu_kernels first (as before), then the registry's rows,
+    // then the provider's details and the last migration.
+    let split = rows.len().min(4);
+    let details = rows.split_off(split);
+    head.extend(rows);
+    head.extend(tail);
+    head.extend(details);
+    TableIterator::new(head)
 }
 
-/// Runs `f` with the segment manager when the provider is CUDA (benchmarks need a GPU).
-fn with_cuda<R>(f: impl FnOnce(&mut crate::segment::Segments<super::PgEnv>) -> crate::error::Result<R>) -> R {
-    with_segments(|s| {
-        if s.provider().kind() != ProviderKind::Cuda {
-            return Err(crate::gpu::bench::needs_cuda());
-        }
-        f(s)
-    })
-}
-
-/// Benchmark: GB/s of a GPU kernel reading all of segment `name`, in this backend.
+/// Benchmark: GB/s of a GPU kernel reading all of segment `name`, where kernels run.
 #[pg_extern(volatile, parallel_unsafe)]
 fn bench_segment_read(name: &str, iterations: i32) -> f64 {
-    with_cuda(|s| {
-        let pin = s.pin(name, |o| authorize(o, name, "read"))?;
-        let size = pin.info().size as i64;
-        let addr = pin.addr(0, size)?;
-        // SAFETY: `addr` is the whole pinned segment, checked by `Pin::addr`, mapped for as long
-        // as `pin` lives (past the call).
-        crate::gpu::gpu()?.with_kernels(|k| unsafe { k.read_bandwidth(addr, size as u64, iterations.max(1) as u32) })
-    })
+    with_executor(|ex| exec::bench_segment_read(ex, &resolve(name, "read")?.0, iterations))
 }
 
 /// Benchmark baseline: GB/s of the same kernel over a private `cuMemAlloc` buffer holding
 /// the `fill_segment` pattern of `seed` (compare with a segment filled the same way).
 #[pg_extern(volatile, parallel_unsafe)]
 fn bench_private_read(bytes: i64, iterations: i32, seed: default!(i64, 1)) -> f64 {
-    with_cuda(|_| crate::gpu::bench::private_read(bytes.max(16) as u64, iterations.max(1) as u32, seed as u64))
+    with_executor(|ex| exec::bench_private_read(ex, bytes, iterations, seed))
 }
 
 /// Benchmark baseline: `cuMemcpy` GB/s between pinned host and device memory, both ways.
 #[pg_extern(volatile, parallel_unsafe)]
 fn bench_copy_ceiling(bytes: i64, iterations: i32) -> TableIterator<'static, (name!(direction, String), name!(gbps, f64))> {
-    let (htod, dtoh) = with_cuda(|_| crate::gpu::bench::copy_ceiling(bytes.max(1) as u64, iterations.max(1) as u32));
+    let (htod, dtoh) = with_executor(|ex| exec::bench_copy_ceiling(ex, bytes, iterations));
     TableIterator::new(vec![("htod".to_string(), htod), ("dtoh".to_string(), dtoh)])
 }
 
@@ -287,16 +249,36 @@ fn bench_copy_ceiling(bytes: i64, iterations: i32) -> TableIterator<'static, (na
 /// `keys` pseudo-random int8 keys in `[0, key_range)`, against the table in segment `name`.
 #[pg_extern(volatile, parallel_unsafe)]
 fn bench_join_probe(name: &str, keys: i64, key_range: i64) -> f64 {
-    with_cuda(|s| {
-        let pin = s.pin(name, |o| authorize(o, name, "read"))?;
-        crate::gpu::bench::join_probe(&pin, keys, key_range)
-    })
+    with_executor(|ex| exec::bench_join_probe(ex, &resolve(name, "read")?.0, keys, key_range))
 }
 
 /// Benchmark baseline: milliseconds to `cuMemHostRegister` a populated /dev/shm mapping.
 #[pg_extern(volatile, parallel_unsafe)]
 fn bench_host_register(bytes: i64) -> f64 {
-    with_cuda(|_| crate::gpu::bench::host_register_ms(bytes.max(1) as u64))
+    with_executor(|ex| exec::bench_host_register(ex, bytes))
+}
+
+/// Benchmark: `requests` empty requests in a row to wherever this cluster runs its work (the
+/// GPU service, or this process), timed one by one: the median and 99th percentile round trip
+/// in microseconds.
+#[pg_extern(volatile, parallel_unsafe)]
+fn bench_roundtrip(requests: i32) -> TableIterator<'static, (name!(median_us, f64), name!(p99_us, f64))> {
+    if !(1..=10_000_000).contains(&requests) {
+        report(UvmError::new(Code::InvalidParameterValue, format!("requests must be between 1 and 10000000, not {requests}")));
+    }
+    let mut us = with_executor(|ex| {
+        let mut v = Vec::with_capacity(requests as usize);
+        for i in 0..requests {
+            let t = std::time::Instant::now();
+            exec::ping(ex)?;
+            v.push(t.elapsed().as_secs_f64() * 1e6);
+            crate::interrupt::check_every(i as u64)?;
+        }
+        Ok(v)
+    });
+    us.sort_by(f64::total_cmp);
+    let at = |q: f64| us[((us.len() - 1) as f64 * q).round() as usize];
+    TableIterator::new(vec![(at(0.5), at(0.99))])
 }
 
 /// Every segment and attachment, read from the registry alone: the views work even where no
@@ -402,6 +384,7 @@ REVOKE EXECUTE ON FUNCTION bench_private_read(bigint, integer, bigint) FROM PUBL
 REVOKE EXECUTE ON FUNCTION bench_copy_ceiling(bigint, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION bench_host_register(bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION bench_join_probe(text, bigint, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION bench_roundtrip(integer) FROM PUBLIC;
 "#,
     name = "views_and_privileges",
     finalize

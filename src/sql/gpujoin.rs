@@ -26,12 +26,12 @@ use pgrx::datum::Internal;
 use pgrx::prelude::*;
 use pgrx::{AllocatedByRust, AnyNumeric, PgMemoryContexts};
 
-use super::{authorize, current_user, now, report, with_segments};
+use super::{current_user, now, report, resolve, with_executor};
 use crate::error::{Code, Result, UvmError};
-use crate::gpujoin::pairs::{self, CpuAppender, Inner, PairsHeader};
+use crate::exec::{self, SegRef};
+use crate::gpujoin::pairs::{self, PairsHeader};
 use crate::gpujoin::probe::{ProbeState, BATCH};
 use crate::gpujoin::table::{self, KeyType};
-use crate::provider::ProviderKind;
 use crate::registry::TierPref;
 
 pgrx::extension_sql!(
@@ -151,127 +151,85 @@ impl BuildCursor {
     }
 }
 
-/// A segment being built: dropped (with its pin, first) unless [`HalfBuilt::done`] is
-/// called, so that an error or a cancel in the middle of a build leaves no segment behind.
-/// Its header is written last anyway, so a segment that could not be dropped (another
-/// process pinned it meanwhile) never passes for a table.
-struct HalfBuilt<'a> {
-    name: Option<&'a str>,
-    pin: Option<crate::segment::Pin<super::PgEnv>>,
+/// A segment being built: dropped unless [`HalfBuilt::done`] is called, so that an error or a
+/// cancel in the middle of a build leaves no segment behind. Its header is written last
+/// anyway, so a segment that could not be dropped (another process pinned it meanwhile) never
+/// passes for a table.
+struct HalfBuilt {
+    seg: Option<SegRef>,
 }
 
-impl HalfBuilt<'_> {
+impl HalfBuilt {
     fn done(mut self) {
-        self.name = None;
+        self.seg = None;
     }
 }
 
-impl Drop for HalfBuilt<'_> {
+impl Drop for HalfBuilt {
     fn drop(&mut self) {
-        drop(self.pin.take());
-        if let Some(name) = self.name.take() {
+        if let Some(seg) = self.seg.take() {
             // Runs while an ERROR unwinds (pgrx has flushed PostgreSQL's error state, so taking
-            // the registry lock is allowed); never inside `with_segments`, which is not
-            // re-entrant: the build calls it only around steps that cannot fail halfway.
-            super::SEGMENTS.with(|cell| {
-                if let Ok(mut slot) = cell.try_borrow_mut() {
-                    if let Some(s) = slot.as_mut() {
-                        let _ = s.drop_segment(name, |_| Ok(()));
-                    }
-                }
-            });
+            // the registry lock and waiting for the service are allowed). Interrupts are held
+            // off, so that a second cancel cannot raise an ERROR inside this drop; the drop's
+            // own error (another process pinned the segment) is ignored.
+            // SAFETY: a process-local counter of the main thread, restored below.
+            unsafe { pg_sys::InterruptHoldoffCount += 1 };
+            let _ = std::panic::catch_unwind(|| super::try_with_executor(|ex| exec::drop(ex, &seg)));
+            // SAFETY: as above.
+            unsafe { pg_sys::InterruptHoldoffCount -= 1 };
         }
     }
 }
+
+/// Rows a build sends per request at most (16 MiB of rows in process mode; the service's
+/// staging bounds it further), whatever the query returns.
+const BUILD_ROWS: usize = 1 << 20;
 
 /// Builds the inner hash table of `query`'s (key, payload) rows into a new segment named
 /// `segment` (tier as for `create_segment`). Returns the rows read, NULL keys included.
 ///
 /// The query is read twice through a scrollable cursor ([`BuildCursor`]): first to count the
 /// rows, which sizes the segment, then to insert them a batch at a time (on the CPU, or by a
-/// kernel launch per batch under the CUDA provider). The header is written last; an error or a
-/// cancel at any point drops the half-made segment ([`HalfBuilt`]).
+/// kernel launch per batch under the CUDA provider, wherever the cluster runs its work). The
+/// header is written last; an error or a cancel at any point drops the half-made segment
+/// ([`HalfBuilt`]).
 #[pg_extern(volatile, parallel_unsafe)]
 fn gpujoin_build(segment: &str, query: &str, tier: default!(&str, "'auto'")) -> i64 {
     let pref = TierPref::parse(tier).unwrap_or_else(|e| report(e));
     crate::registry::validate_name(segment).unwrap_or_else(|e| report(e));
-    let ok = |r: Result<()>| r.unwrap_or_else(|e| report(e));
     Spi::connect(|_client| {
         let mut cur = BuildCursor::open(query).unwrap_or_else(|e| report(e));
         let mut batch = Vec::with_capacity(FETCH_ROWS);
         let mut stored = 0u64;
         while cur.fetch(&mut batch) > 0 {
             stored += batch.iter().filter(|r| r.0.is_some()).count() as u64;
-            ok(crate::interrupt::check());
+            crate::interrupt::check().unwrap_or_else(|e| report(e));
         }
         cur.rewind();
         let bytes = table::table_bytes(stored).min(i64::MAX as u64) as i64;
-        with_segments(|s| s.create(segment, bytes, Some(bytes), pref, current_user(), now()));
-        let mut half = HalfBuilt { name: Some(segment), pin: None };
-        let (pin, gpu) = with_segments(|s| {
-            let gpu = s.provider().kind() == ProviderKind::Cuda;
-            Ok((s.pin(segment, |o| authorize(o, segment, "write"))?, gpu))
-        });
-        let pin = half.pin.insert(pin);
-        let kt = cur.key;
-        let rows =
-            if gpu { gpu_build(pin, &mut cur, &mut batch, kt, stored) } else { cpu_build(pin, &mut cur, &mut batch, kt, stored) }
-                .unwrap_or_else(|e| report(e));
+        with_executor(|ex| exec::create(ex, segment, bytes, Some(bytes), pref, current_user(), now()));
+        let (seg, _) = resolve(segment, "write").unwrap_or_else(|e| report(e));
+        let half = HalfBuilt { seg: Some(seg) };
+        let rows = insert_rows(&seg, &mut cur, &mut batch, stored).unwrap_or_else(|e| report(e));
         cur.close();
         half.done();
         rows as i64
     })
 }
 
-/// Pass two on the CPU: inserts the cursor's rows into the pinned segment; returns the rows.
-fn cpu_build(
-    pin: &mut crate::segment::Pin<super::PgEnv>,
-    cur: &mut BuildCursor,
-    batch: &mut Vec<(Option<i64>, i64)>,
-    kt: KeyType,
-    stored: u64,
-) -> Result<u64> {
-    let size = pin.info().size as i64;
-    let name = pin.info().name.clone();
-    let mut b = table::Builder::new(&name, pin.bytes_mut(0, size)?, kt, stored, 0)?;
-    let mut rows = 0u64;
-    while cur.fetch(batch) > 0 {
-        for (k, p) in batch.iter() {
-            b.insert(*k, *p)?; // checks for interrupts every so many steps
-            rows += 1;
-        }
-    }
-    b.finish();
-    Ok(rows)
-}
-
-/// Rows per `uvm_join_build` launch: 16 MiB of host buffers, whatever the query returns.
-const GPU_BUILD_ROWS: usize = 1 << 20;
-
-/// Pass two on the GPU: zeroes the header, then the slots (a kernel), inserts the cursor's rows
-/// [`GPU_BUILD_ROWS`] per kernel launch, and writes the header last; returns the rows.
-fn gpu_build(
-    pin: &mut crate::segment::Pin<super::PgEnv>,
-    cur: &mut BuildCursor,
-    batch: &mut Vec<(Option<i64>, i64)>,
-    kt: KeyType,
-    stored: u64,
-) -> Result<u64> {
+/// Pass two: zeroes the table, inserts the cursor's rows [`BUILD_ROWS`] per request, and
+/// writes the header last; returns the rows read.
+fn insert_rows(seg: &SegRef, cur: &mut BuildCursor, batch: &mut Vec<(Option<i64>, i64)>, stored: u64) -> Result<u64> {
+    let kt = cur.key;
     let n = table::slot_count(stored);
-    pin.write_from(0, &[0u8; table::HEADER_BYTES as usize])?;
-    let slots = pin.addr(table::HEADER_BYTES as i64, (n * table::SLOT_BYTES) as i64)?;
-    let g = crate::gpu::gpu()?;
-    // SAFETY: `slots` addresses the n slots of our pinned segment (bounds-checked by addr),
-    // 8-byte aligned (segments start on a page; HEADER_BYTES is a multiple of 8).
-    g.with_kernels(|k| unsafe { k.zero(slots, n * table::SLOT_BYTES / 8) })?;
-    let (mut keys, mut payloads) = (Vec::with_capacity(GPU_BUILD_ROWS), Vec::with_capacity(GPU_BUILD_ROWS));
+    with_executor(|ex| exec::build_begin(ex, seg, n));
+    let mut rows_buf: Vec<[i64; 2]> = Vec::with_capacity(BUILD_ROWS.min(stored as usize + 1));
     let (mut rows, mut inserted) = (0u64, 0u64);
     loop {
         let got = cur.fetch(batch);
         for (k, p) in batch.iter() {
             if let Some(k) = k {
-                keys.push(*k);
-                payloads.push(*p);
+                rows_buf.push([*k, *p]);
                 inserted += 1;
             }
         }
@@ -283,23 +241,18 @@ fn gpu_build(
             )
             .hint("The query must return the same rows when it is read twice; avoid volatile functions in it."));
         }
-        // One launch per GPU_BUILD_ROWS rows (the next fetch could overflow the buffers), and
-        // one for the rest.
-        if keys.len() + FETCH_ROWS > GPU_BUILD_ROWS || (got == 0 && !keys.is_empty()) {
-            // SAFETY: as for zero; n is a power of two.
-            let left_out = g.with_kernels(|k| unsafe { k.join_build(slots, n - 1, 0, &keys, &payloads) })?;
-            if left_out > 0 {
-                return Err(table::corrupted(&pin.info().name, &format!("a build found no empty slot in {n} slots")));
-            }
-            keys.clear();
-            payloads.clear();
+        // One request per BUILD_ROWS rows (the next fetch could overflow the buffer), and one
+        // for the rest.
+        if rows_buf.len() + FETCH_ROWS > BUILD_ROWS || (got == 0 && !rows_buf.is_empty()) {
+            with_executor(|ex| exec::build_insert(ex, seg, kt, n, &rows_buf));
+            rows_buf.clear();
         }
         if got == 0 {
             break;
         }
     }
     let header = table::Header { slot_count: n, ..table::header_for(kt, inserted, rows - inserted, 0) };
-    pin.write_from(0, &header.as_bytes())?;
+    with_executor(|ex| exec::write(ex, seg, 0, &header.as_bytes()));
     Ok(rows)
 }
 
@@ -350,55 +303,23 @@ fn key_type_of_width(width: u32) -> KeyType {
     }
 }
 
-/// The segment manager for `pairs::append_batch`, borrowed for one call at a time: the
-/// walks between those calls check for interrupts, and a FATAL one (a terminated parallel
-/// worker) exits the process from inside the check, where the exit callback can only detach
-/// this process's segments (giving back its pins) if the manager is not borrowed.
-struct PgAccess;
-
-impl pairs::Access<super::PgEnv> for PgAccess {
-    fn pin(&mut self, name: &str, authorize: &dyn Fn(u32) -> Result<()>) -> Result<crate::segment::Pin<super::PgEnv>> {
-        with_segments(|s| Ok(s.pin(name, authorize)))
-    }
-
-    fn grow_at_least(&mut self, name: &str, min_size: u64, authorize: &dyn Fn(u32) -> Result<()>) -> Result<u64> {
-        with_segments(|s| Ok(s.grow_at_least(name, min_size, authorize)))
-    }
-}
-
-/// Probes (or materializes) the pending keys against the segment's table. The segment manager
-/// is borrowed only to pin and grow ([`PgAccess`]), never while keys are probed.
+/// Probes (or materializes) the pending keys against the segment's table, wherever the
+/// cluster runs its work.
 fn flush(st: &mut ProbeState) {
     if st.keys.is_empty() {
         return;
     }
     let kt = key_type_of_width(st.key_width);
     let (name, result, keys) = (st.segment.as_str(), st.result.as_str(), st.keys.as_slice());
-    let gpu = with_segments(|s| Ok(s.provider().kind() == ProviderKind::Cuda));
-    let run = || -> Result<(u64, i128)> {
-        if !result.is_empty() {
-            let authz = |o: u32, seg: &str, action: &str| authorize(o, seg, action);
-            if gpu {
-                return crate::gpu::gpu()?.with_kernels(|k| {
-                    let mut a = crate::gpu::KernelAppender::new(k, keys);
-                    pairs::append_batch(&mut PgAccess, name, result, kt, &authz, &mut a)?;
-                    Ok((a.matches, a.sum))
-                });
-            }
-            let mut a = CpuAppender::new(keys);
-            pairs::append_batch(&mut PgAccess, name, result, kt, &authz, &mut a)?;
-            return Ok((a.matches, a.sum));
+    let (m, sum) = with_executor(|ex| {
+        let (inner, _) = resolve(name, "read")?;
+        if result.is_empty() {
+            exec::probe(ex, &inner, kt, keys)
+        } else {
+            let (out, _) = resolve(result, "write")?;
+            exec::materialize(ex, &inner, &out, kt, keys)
         }
-        let pin = pairs::Access::pin(&mut PgAccess, name, &|o| authorize(o, name, "read"))?;
-        // On the GPU: kernels over the table where it lies (device or host tier); on the CPU,
-        // bounded walks with interrupt checks.
-        let inner = Inner::of(&pin, kt, !gpu)?;
-        match inner.table() {
-            Some(t) => t.probe(keys),
-            None => crate::gpu::gpu()?.with_kernels(|k| k.join_probe(&inner, keys)),
-        }
-    };
-    let (m, sum) = run().unwrap_or_else(|e| report(e));
+    });
     st.absorb(m, sum);
 }
 
@@ -563,11 +484,11 @@ fn gpujoin_pairs_create(
     }
     let size = pairs::bytes_for(initial_pairs as u64).min(i64::MAX as u64) as i64;
     let max_size = max_pairs.map(|m| pairs::bytes_for(m as u64).min(i64::MAX as u64) as i64);
-    with_segments(|s| {
-        s.create(segment, size, max_size, pref, current_user(), now())?;
-        let mut pin = s.pin(segment, |o| authorize(o, segment, "write"))?;
-        pin.write_from(0, &PairsHeader::new().as_bytes())?;
-        Ok(pairs::capacity(pin.info().size) as i64)
+    with_executor(|ex| {
+        exec::create(ex, segment, size, max_size, pref, current_user(), now())?;
+        let (seg, info) = resolve(segment, "write")?;
+        exec::write(ex, &seg, 0, &PairsHeader::new().as_bytes())?;
+        Ok(pairs::capacity(info.size) as i64)
     })
 }
 
@@ -595,9 +516,14 @@ impl Iterator for PairsIter {
             self.block.resize(n, [0, 0]);
             let name = self.segment.as_str();
             let (at, block) = (self.at, &mut self.block);
-            with_segments(|s| {
-                let pin = s.pin(name, |o| authorize(o, name, "read"))?;
-                pairs::read_pairs(&pin, at, block)
+            with_executor(|ex| {
+                let (seg, _) = resolve(name, "read")?;
+                // SAFETY: viewing our own [i64; 2] buffer as bytes.
+                let raw = unsafe {
+                    std::slice::from_raw_parts_mut(block.as_mut_ptr() as *mut u8, block.len() * pairs::PAIR_BYTES as usize)
+                };
+                let offset = at.saturating_mul(pairs::PAIR_BYTES).saturating_add(pairs::HEADER_BYTES).min(i64::MAX as u64);
+                exec::read(ex, &seg, offset as i64, raw)
             });
             self.at += n as u64;
             self.pos = 0;
@@ -612,9 +538,14 @@ impl Iterator for PairsIter {
 /// particular order.
 #[pg_extern(volatile, parallel_safe)]
 fn gpujoin_pairs(segment: &str) -> TableIterator<'static, (name!(key, i64), name!(payload, i64))> {
-    let total = with_segments(|s| {
-        let pin = s.pin(segment, |o| authorize(o, segment, "read"))?;
-        pairs::complete_pairs(&pin)
+    let total = with_executor(|ex| {
+        let (seg, info) = resolve(segment, "read")?;
+        if info.size < pairs::HEADER_BYTES {
+            return pairs::parse_header(segment, &[], info.size).map(|_| 0);
+        }
+        let mut raw = [0u8; pairs::HEADER_BYTES as usize];
+        exec::read(ex, &seg, 0, &mut raw)?;
+        pairs::check_complete(segment, info.size, &pairs::parse_header(segment, &raw, info.size)?)
     });
     TableIterator::new(PairsIter { segment: segment.to_string(), total, at: 0, block: Vec::new(), pos: 0 })
 }

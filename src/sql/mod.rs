@@ -10,8 +10,15 @@
 //! - postmaster: `_PG_init` defines the GUCs, reserves the address arena, installs the shared
 //!   memory hooks and registers the broker. It never creates, maps or opens a chunk.
 //! - broker (background worker): holds chunk fds (`broker::worker`).
+//! - GPU service (background worker, `crate::service`): in service mode, runs every operation
+//!   on segment memory, with the cluster's provider; not registered under
+//!   `gpu_execution = process`.
 //! - backends, parallel workers, other background workers: a [`Segments`] manager created on
-//!   first use, whose attachments are undone by a `before_shmem_exit` callback.
+//!   first use, whose attachments are undone by a `before_shmem_exit` callback. Its provider
+//!   maps chunks in process mode and maps nothing in service mode (`provider::remote`).
+//!
+//! SQL functions reach segment memory through [`with_executor`], which hands them the
+//! cluster's executor (this process's manager, or the service): they never ask which.
 
 mod functions;
 mod gpujoin;
@@ -27,13 +34,17 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
 use crate::error::{Code, Result, UvmError};
+use crate::exec::local::Local;
+use crate::exec::{Executor, Mode, SegRef};
 use crate::guc;
 use crate::provider::cuda::CudaProvider;
 use crate::provider::host::HostProvider;
+use crate::provider::remote::RemoteProvider;
 use crate::provider::{reserve_arena, Provider, ProviderKind};
-use crate::registry::shmem::{self, ExclusiveGuard, SharedGuard};
-use crate::registry::Capacity;
+use crate::registry::shmem::{self, ChannelSpec, ExclusiveGuard, SharedGuard};
+use crate::registry::{Capacity, SegmentInfo};
 use crate::segment::{Env, Limits, Segments};
+use crate::service::client::Client;
 
 /// Upper bound of the address arena reserved in the postmaster.
 const MAX_ARENA: u64 = 64 << 40;
@@ -55,8 +66,65 @@ pub extern "C-unwind" fn _PG_init() {
         max_attachments: guc::MAX_ATTACHMENTS.get() as u32,
     };
     let arena = reserve_arena((cap.max_segments as u64).saturating_mul(guc::max_segment_size()).min(MAX_ARENA));
-    shmem::install(cap, arena);
+    let process_only = guc::GPU_EXECUTION.get() == guc::ExecutionChoice::Process;
+    let channel = ChannelSpec {
+        slots: guc::SERVICE_SLOTS.get().max(2) as u32,
+        staging_bytes: (guc::SERVICE_STAGING_MB.get().max(1) as u64 * guc::MIB).min(1 << 30) as u32,
+        mode: if process_only { Mode::Process } else { Mode::Undecided },
+    };
+    shmem::install(cap, arena, channel);
     crate::broker::worker::register();
+    if !process_only {
+        crate::service::worker::register();
+    }
+}
+
+/// Whether this process is the GPU service (set once at its start).
+static IS_SERVICE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Marks this process as the GPU service: its segment manager gets the real provider whatever
+/// the mode.
+pub fn set_service_process() {
+    IS_SERVICE.store(true, std::sync::atomic::Ordering::Release);
+}
+
+/// The cluster's execution mode (waiting, serving interrupts, while the service decides it).
+pub fn execution_mode() -> Result<Mode> {
+    crate::service::client::mode(&shmem::channel()?)
+}
+
+/// Runs `f` with the cluster's executor: this process's segment manager in process mode, the
+/// GPU service in service mode. An error is raised as a PostgreSQL ERROR.
+pub fn with_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> R {
+    match execution_mode() {
+        Err(e) => report(e),
+        Ok(Mode::Service) => {
+            let ch = shmem::channel().unwrap_or_else(|e| report(e));
+            f(&mut Client { ch }).unwrap_or_else(|e| report(e))
+        }
+        Ok(_) => with_segments(|s| f(&mut Local { segs: s })),
+    }
+}
+
+/// [`with_executor`], returning the error instead of raising it (for drop guards).
+pub fn try_with_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> Result<R> {
+    match execution_mode()? {
+        Mode::Service => f(&mut Client { ch: shmem::channel()? }),
+        _ => try_with_segments(|s| f(&mut Local { segs: s })),
+    }
+}
+
+/// Finds segment `name` in the registry and checks the current user may `action` it (42501
+/// otherwise): the reference a request carries, and the snapshot it was resolved from.
+pub fn resolve(name: &str, action: &str) -> Result<(SegRef, SegmentInfo)> {
+    crate::registry::validate_name(name)?;
+    let info = {
+        let reg = shmem::shared()?;
+        let slot = reg.lookup(name)?;
+        reg.info(slot)
+    };
+    authorize(info.owner, name, action)?;
+    Ok((SegRef::new(name, info.id)?, info))
 }
 
 /// Raises `e` as a PostgreSQL ERROR with its SQLSTATE. Does not return.
@@ -146,6 +214,10 @@ fn limits() -> Limits {
 /// for the first process, the one `pg_uvm_share.provider` picks (`auto`: CUDA when the driver
 /// loads and the GPU can share VMM memory through POSIX fds, else host).
 fn make_provider() -> Result<Box<dyn Provider>> {
+    if !IS_SERVICE.load(std::sync::atomic::Ordering::Acquire) && execution_mode()? == Mode::Service {
+        let recorded = shmem::shared()?.provider();
+        return Ok(Box::new(RemoteProvider { kind: ProviderKind::from_code(recorded).unwrap_or(ProviderKind::Host) }));
+    }
     let choice = guc::PROVIDER.get();
     let (recorded, arena) = {
         let reg = shmem::shared()?;
@@ -187,6 +259,8 @@ fn make_provider() -> Result<Box<dyn Provider>> {
 unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
     // A FATAL error may have been raised while the registry lock was held.
     shmem::release_if_held();
+    // ... or while this process waited for the GPU service.
+    crate::service::client::abandon_mine();
     SEGMENTS.with(|cell| match cell.try_borrow_mut() {
         Ok(mut segs) => {
             if let Some(s) = segs.as_mut() {
@@ -216,6 +290,9 @@ pub fn warm_up_gpu() {
     if ASKED.with(|a| a.replace(true)) || SEGMENTS.with(|c| c.borrow().is_some()) {
         return;
     }
+    if shmem::channel().map(|c| c.mode()) != Ok(Mode::Process) {
+        return; // the service (or nobody yet) runs the kernels
+    }
     let Ok((recorded, arena)) = shmem::shared().map(|r| (r.provider(), r.arena())) else { return };
     if ProviderKind::from_code(recorded) != Some(ProviderKind::Cuda) {
         return;
@@ -234,7 +311,21 @@ unsafe extern "C-unwind" fn join_warm_up(_code: i32, _arg: pg_sys::Datum) {
 /// Runs `f` with this process's segment manager, creating it on first use; an error is raised
 /// as a PostgreSQL ERROR.
 pub fn with_segments<R>(f: impl FnOnce(&mut Segments<PgEnv>) -> Result<R>) -> R {
-    let r = SEGMENTS.with(|cell| {
+    try_with_segments(f).unwrap_or_else(|e| report(e))
+}
+
+/// Runs `f` with this process's segment manager if it has one (an error is raised).
+pub fn if_segments(f: impl FnOnce(&mut Segments<PgEnv>) -> Result<()>) {
+    let r = SEGMENTS.with(|cell| match cell.borrow_mut().as_mut() {
+        Some(s) => f(s),
+        None => Ok(()),
+    });
+    r.unwrap_or_else(|e| report(e))
+}
+
+/// [`with_segments`], returning the error (the GPU service answers it to its client).
+pub fn try_with_segments<R>(f: impl FnOnce(&mut Segments<PgEnv>) -> Result<R>) -> Result<R> {
+    SEGMENTS.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.is_none() {
             if !shmem::available() {
@@ -252,8 +343,7 @@ pub fn with_segments<R>(f: impl FnOnce(&mut Segments<PgEnv>) -> Result<R>) -> R 
         let segs = slot.as_mut().expect("created above");
         segs.limits = limits(); // the SIGHUP-reloadable settings may have changed
         f(segs)
-    });
-    r.unwrap_or_else(|e| report(e))
+    })
 }
 
 /// The current user, for ownership of new segments.

@@ -48,7 +48,7 @@ SELECT size, max_size, host_bytes FROM uvm.segments WHERE name = 'api_b';
 
 -- attach, pin, prefetch
 SELECT uvm.attach_segment('api_b') >= 0 AS attached;
-SELECT segment, same_address, pins FROM uvm.attachments WHERE pid = pg_backend_pid() ORDER BY segment;
+SELECT segment, same_address, pins FROM uvm.attachments WHERE pid = pg_backend_pid() AND segment = 'api_b';
 SELECT uvm.pin_segment('api_b');
 SELECT segment, pins FROM uvm.attachments WHERE pid = pg_backend_pid() AND segment = 'api_b';
 SELECT uvm.unpin_segment('api_b'), uvm.unpin_segment('api_b');

@@ -1,0 +1,686 @@
+//! The request channel between client processes and the GPU service, in shared memory.
+//!
+//! # Layout
+//!
+//! ```text
+//! Header | Slot 0 | Slot 1 | ... | Slot n-1 | (padding to 4 KiB) | staging 0 | staging 1 | ...
+//! ```
+//!
+//! Every slot has a staging area of `staging_bytes` (a multiple of 4 KiB) that carries the
+//! request's bulk input (probe keys, bytes to write) and output (bytes read): the service reads
+//! and writes it in place, so nothing bulk is copied through the channel itself. The service
+//! registers the whole staging array with CUDA once (`cuMemHostRegister`), so its kernels and
+//! copies read it at host-memory bandwidth.
+//!
+//! # A slot's life
+//!
+//! ```text
+//!  FREE ─claim─▶ CLAIMED ─submit─▶ SUBMITTED ─take─▶ RUNNING ─complete─▶ DONE ─release─▶ FREE
+//!                   │                  │                 │                  │
+//!                   └────── abandon ───┴──▶ ABANDONED ◀──┘                  └─ abandon ─▶ FREE
+//!                           (client: cancel, error,      │
+//!                            exit)                       └─ the service, when it has finished
+//!                                                           with the slot (or never took it) ─▶ FREE
+//! ```
+//!
+//! - The client owns a slot from `claim` until it submits, and again once it sees `DONE`.
+//! - The service owns it from `take` until `complete`. A client that gives up (a cancel, a
+//!   `statement_timeout`, an ERROR, its exit) marks it `ABANDONED` and leaves: the service goes
+//!   on until the request's work is finished or stopped (it polls [`Channel::abandoned`]), and
+//!   only then frees the slot. So a slot's staging memory is never reused while the service may
+//!   still read or write it.
+//! - Every transition is one compare-and-swap on the slot's state, so exactly one side makes
+//!   each of them: a client cannot abandon a slot the service completes at the same moment
+//!   without one of them seeing the other's state and acting on it.
+//!
+//! # Fairness when slots run out
+//!
+//! A client that finds no free slot takes a ticket and waits for its turn: only the holder of
+//! the ticket `now_serving` may claim, and claiming moves the turn on. A waiter that gives up
+//! (a cancel) marks its ticket abandoned in a ring, and whoever moves the turn skips marked
+//! tickets, so one cancelled waiter never stalls the others. Waiting is the caller's (the SQL
+//! layer sleeps on its latch, serving interrupts); this module only answers "may I claim now".
+//!
+//! This module does not call PostgreSQL: the SQL layer and the service worker put the channel
+//! in shared memory and do the waking (latches).
+
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+
+use super::request::{Reply, Request};
+
+/// Slot states (see the module documentation).
+pub const FREE: u32 = 0;
+pub const CLAIMED: u32 = 1;
+pub const SUBMITTED: u32 = 2;
+pub const RUNNING: u32 = 3;
+pub const DONE: u32 = 4;
+pub const ABANDONED: u32 = 5;
+
+/// How the cluster executes GPU work (`pg_uvm_share.gpu_execution`, decided once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Mode {
+    /// Not decided yet: the service has not started (clients wait for it).
+    Undecided = 0,
+    /// Every process runs its own work (and, with CUDA, its own context).
+    Process = 1,
+    /// Every segment operation runs in the service; clients submit requests.
+    Service = 2,
+}
+
+impl Mode {
+    pub fn from_u32(v: u32) -> Mode {
+        match v {
+            1 => Mode::Process,
+            2 => Mode::Service,
+            _ => Mode::Undecided,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Undecided => "undecided",
+            Mode::Process => "process",
+            Mode::Service => "service",
+        }
+    }
+}
+
+const MAGIC: u64 = 0x5556_4d53_4552_5631; // "UVMSERV1"
+/// Tickets a ring can mark abandoned at once (more cancelled waiters than this at the same
+/// moment would be more than any cluster has processes).
+const SKIP_RING: u64 = 4096;
+/// Bytes of a start-up error message kept in the header.
+const ERROR_BYTES: usize = 512;
+
+#[repr(C)]
+struct Header {
+    magic: u64,
+    nslots: u32,
+    staging_bytes: u32,
+    mode: AtomicU32,
+    service_pid: AtomicI32,
+    /// Address of the service's latch (in PostgreSQL shared memory, the same in every process).
+    service_latch: AtomicU64,
+    /// Incremented every time a service starts (a request taken by one incarnation and never
+    /// completed is failed by the next).
+    incarnation: AtomicU64,
+    next_ticket: AtomicU64,
+    now_serving: AtomicU64,
+    skipped: [AtomicU64; (SKIP_RING / 64) as usize],
+    submitted: AtomicU64,
+    completed: AtomicU64,
+    abandoned: AtomicU64,
+    /// Why the service could not start (a UTF-8 message), `error_len` bytes; 0: no error.
+    error_len: AtomicU32,
+    error_code: AtomicU32,
+    error: [u8; ERROR_BYTES],
+}
+
+/// One request slot.
+#[repr(C)]
+pub struct Slot {
+    state: AtomicU32,
+    client_pid: AtomicI32,
+    /// The client's latch (set by whoever completes the request).
+    client_latch: AtomicU64,
+    /// Which service incarnation took it (0: not taken).
+    taken_by: AtomicU64,
+    pub request: Request,
+    pub reply: Reply,
+}
+
+/// The channel over a block of shared memory. A view: copying it copies two pointers.
+#[derive(Clone, Copy)]
+pub struct Channel {
+    base: *mut u8,
+}
+
+// SAFETY: every field the processes and threads share is an atomic, and the plain fields of a
+// slot (request, reply, staging) are written only by its owner of the moment (see the state
+// machine), the handover being a Release store or CAS matched by an Acquire load.
+unsafe impl Send for Channel {}
+// SAFETY: as for Send.
+unsafe impl Sync for Channel {}
+
+fn slots_offset() -> usize {
+    std::mem::size_of::<Header>().next_multiple_of(64)
+}
+
+fn slot_bytes() -> usize {
+    std::mem::size_of::<Slot>().next_multiple_of(64)
+}
+
+fn staging_offset(nslots: u32) -> usize {
+    (slots_offset() + nslots as usize * slot_bytes()).next_multiple_of(4096)
+}
+
+impl Channel {
+    /// Bytes of shared memory for `nslots` slots of `staging_bytes` each (rounded to 4 KiB),
+    /// plus 4 KiB so that the block can be aligned to a page.
+    pub fn size_for(nslots: u32, staging_bytes: u32) -> usize {
+        staging_offset(nslots) + nslots as usize * (staging_bytes as usize).next_multiple_of(4096) + 4096
+    }
+
+    /// Formats a channel in `base` (at the next 4 KiB boundary).
+    ///
+    /// # Safety
+    /// `base` must point to `size_for(nslots, staging_bytes)` writable bytes that live as long as
+    /// every `Channel` made from them, and nobody else may use them during the call.
+    pub unsafe fn init(base: *mut u8, nslots: u32, staging_bytes: u32, mode: Mode) -> Channel {
+        let base = (base as usize).next_multiple_of(4096) as *mut u8;
+        let staging_bytes = (staging_bytes as usize).next_multiple_of(4096) as u32;
+        // SAFETY: the caller gives us the block; all-zero is a valid Header and Slot (atomics,
+        // integers and byte arrays), and FREE is 0.
+        unsafe {
+            std::ptr::write_bytes(base, 0, staging_offset(nslots));
+            let h = base as *mut Header;
+            (*h).magic = MAGIC;
+            (*h).nslots = nslots;
+            (*h).staging_bytes = staging_bytes;
+            (*h).mode.store(mode as u32, Ordering::Release);
+        }
+        Channel { base }
+    }
+
+    /// A channel that `init` formatted at (the 4 KiB boundary after) `base`.
+    ///
+    /// # Safety
+    /// `base` must be the pointer given to `init`, and the block must outlive the `Channel`.
+    pub unsafe fn from_raw(base: *mut u8) -> Channel {
+        let base = (base as usize).next_multiple_of(4096) as *mut u8;
+        // SAFETY: formatted by init (the caller's promise).
+        debug_assert_eq!(unsafe { (*(base as *const Header)).magic }, MAGIC);
+        Channel { base }
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the block holds a formatted header for the life of `self` (init/from_raw).
+        unsafe { &*(self.base as *const Header) }
+    }
+
+    pub fn nslots(&self) -> u32 {
+        self.header().nslots
+    }
+
+    pub fn staging_bytes(&self) -> usize {
+        self.header().staging_bytes as usize
+    }
+
+    /// The staging array (every slot's): its address and length, for the service to register.
+    pub fn staging_range(&self) -> (u64, usize) {
+        let n = self.nslots();
+        (self.base as u64 + staging_offset(n) as u64, n as usize * self.staging_bytes())
+    }
+
+    /// Slot `i` (panics if out of range: indexes come from this module).
+    pub fn slot(&self, i: u32) -> &Slot {
+        assert!(i < self.nslots());
+        // SAFETY: in range (checked); formatted by init; lives with the block.
+        unsafe { &*(self.base.add(slots_offset() + i as usize * slot_bytes()) as *const Slot) }
+    }
+
+    /// Slot `i`'s plain fields, for its owner of the moment.
+    ///
+    /// # Safety
+    /// The caller must own slot `i` in the sense of the state machine (a client between claim
+    /// and submit or after DONE; the service between take and complete), and not hold another
+    /// reference to it.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slot_mut(&self, i: u32) -> &mut Slot {
+        assert!(i < self.nslots());
+        // SAFETY: in range; exclusive by the caller's ownership of the slot.
+        unsafe { &mut *(self.base.add(slots_offset() + i as usize * slot_bytes()) as *mut Slot) }
+    }
+
+    /// Address of slot `i`'s staging area (`staging_bytes` long, 4 KiB aligned).
+    pub fn staging_addr(&self, i: u32) -> u64 {
+        assert!(i < self.nslots());
+        self.staging_range().0 + i as u64 * self.staging_bytes() as u64
+    }
+
+    /// Slot `i`'s staging area.
+    ///
+    /// # Safety
+    /// As for [`Channel::slot_mut`]: only the slot's owner of the moment touches its staging.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn staging(&self, i: u32) -> &mut [u8] {
+        // SAFETY: inside the block (staging_addr checks i); exclusive by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.staging_addr(i) as *mut u8, self.staging_bytes()) }
+    }
+
+    pub fn mode(&self) -> Mode {
+        Mode::from_u32(self.header().mode.load(Ordering::Acquire))
+    }
+
+    pub fn set_mode(&self, m: Mode) {
+        self.header().mode.store(m as u32, Ordering::Release);
+    }
+
+    pub fn service_pid(&self) -> i32 {
+        self.header().service_pid.load(Ordering::Acquire)
+    }
+
+    pub fn service_latch(&self) -> u64 {
+        self.header().service_latch.load(Ordering::Acquire)
+    }
+
+    pub fn incarnation(&self) -> u64 {
+        self.header().incarnation.load(Ordering::Acquire)
+    }
+
+    /// A service announces itself; returns its incarnation number.
+    pub fn service_started(&self, pid: i32, latch: u64) -> u64 {
+        let h = self.header();
+        h.error_len.store(0, Ordering::Release);
+        h.service_latch.store(latch, Ordering::Release);
+        h.service_pid.store(pid, Ordering::Release);
+        h.incarnation.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// The service leaves (its requests were failed first, see `fail_all`).
+    pub fn service_stopped(&self) {
+        let h = self.header();
+        h.service_pid.store(0, Ordering::Release);
+        h.service_latch.store(0, Ordering::Release);
+    }
+
+    /// Records why the service cannot run requests (clients report it).
+    pub fn set_error(&self, code: u32, message: &str) {
+        let h = self.header();
+        let n = message.len().min(ERROR_BYTES);
+        // SAFETY: only the service writes the message, before publishing its length (Release);
+        // readers read at most `error_len` bytes after an Acquire load of it.
+        unsafe {
+            let dst = std::ptr::addr_of!(h.error) as *mut u8;
+            std::ptr::copy_nonoverlapping(message.as_ptr(), dst, n);
+        }
+        h.error_code.store(code, Ordering::Release);
+        h.error_len.store(n as u32, Ordering::Release);
+    }
+
+    /// The service's start-up error, if any: (error code, message).
+    pub fn error(&self) -> Option<(u32, String)> {
+        let h = self.header();
+        let n = h.error_len.load(Ordering::Acquire) as usize;
+        if n == 0 {
+            return None;
+        }
+        Some((h.error_code.load(Ordering::Acquire), String::from_utf8_lossy(&h.error[..n.min(ERROR_BYTES)]).into_owned()))
+    }
+
+    /// Counters: (submitted, completed, abandoned).
+    pub fn counters(&self) -> (u64, u64, u64) {
+        let h = self.header();
+        (h.submitted.load(Ordering::Relaxed), h.completed.load(Ordering::Relaxed), h.abandoned.load(Ordering::Relaxed))
+    }
+
+    /// Slot `i`'s state word (the service watches it for ABANDONED while it works on `i`).
+    pub fn state_flag(&self, i: u32) -> &AtomicU32 {
+        &self.slot(i).state
+    }
+
+    pub fn state(&self, i: u32) -> u32 {
+        self.slot(i).state.load(Ordering::Acquire)
+    }
+
+    // ---- clients ----------------------------------------------------------------------------
+
+    /// Takes a ticket for the queue of claimers.
+    pub fn ticket(&self) -> u64 {
+        self.header().next_ticket.fetch_add(1, Ordering::AcqRel)
+    }
+
+    /// Claims a free slot for the holder of `ticket` if it is its turn and a slot is free.
+    pub fn try_claim(&self, ticket: u64, pid: i32, latch: u64) -> Option<u32> {
+        let h = self.header();
+        if h.now_serving.load(Ordering::Acquire) != ticket {
+            return None;
+        }
+        for i in 0..self.nslots() {
+            let s = self.slot(i);
+            if s.state.compare_exchange(FREE, CLAIMED, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                s.client_pid.store(pid, Ordering::Relaxed);
+                s.client_latch.store(latch, Ordering::Relaxed);
+                s.taken_by.store(0, Ordering::Relaxed);
+                self.advance_turn(ticket);
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Whether any slot is free (waiters check it before sleeping again).
+    pub fn any_free(&self) -> bool {
+        (0..self.nslots()).any(|i| self.state(i) == FREE)
+    }
+
+    /// Gives up `ticket` (its holder stops waiting). If it is the turn now, the turn moves on;
+    /// otherwise it is marked so that whoever moves the turn to it skips it.
+    pub fn abandon_ticket(&self, ticket: u64) {
+        let h = self.header();
+        let (word, bit) = (((ticket % SKIP_RING) / 64) as usize, 1u64 << (ticket % 64));
+        h.skipped[word].fetch_or(bit, Ordering::AcqRel);
+        // If the turn reached us before the mark, nobody will skip us: do it ourselves. If it
+        // reaches us after, the mover sees the mark. advance_turn clears marks as it skips.
+        if h.now_serving.load(Ordering::Acquire) == ticket {
+            self.advance_turn_from(ticket);
+        }
+    }
+
+    /// Moves the turn past `ticket` (its holder claimed), and past abandoned tickets after it.
+    fn advance_turn(&self, ticket: u64) {
+        let h = self.header();
+        if h.now_serving.compare_exchange(ticket, ticket + 1, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            self.skip_marked(ticket + 1);
+        }
+    }
+
+    /// The turn is `ticket`, whose holder left (marked): move past it and further marks.
+    fn advance_turn_from(&self, ticket: u64) {
+        self.skip_marked(ticket);
+    }
+
+    /// While the turn is a marked ticket, clear the mark and move the turn on.
+    fn skip_marked(&self, mut t: u64) {
+        let h = self.header();
+        let issued = h.next_ticket.load(Ordering::Acquire);
+        while t < issued {
+            let (word, bit) = (((t % SKIP_RING) / 64) as usize, 1u64 << (t % 64));
+            if h.skipped[word].load(Ordering::Acquire) & bit == 0 {
+                return;
+            }
+            if h.now_serving.compare_exchange(t, t + 1, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                return; // somebody else moved it
+            }
+            h.skipped[word].fetch_and(!bit, Ordering::AcqRel);
+            t += 1;
+        }
+    }
+
+    /// Publishes a claimed slot's request to the service.
+    pub fn submit(&self, i: u32) {
+        self.header().submitted.fetch_add(1, Ordering::Relaxed);
+        let r = self.slot(i).state.compare_exchange(CLAIMED, SUBMITTED, Ordering::AcqRel, Ordering::Relaxed);
+        debug_assert!(r.is_ok(), "submit of a slot not claimed");
+    }
+
+    /// Whether slot `i`'s reply is ready (the client may then read it and `release`).
+    pub fn is_done(&self, i: u32) -> bool {
+        self.state(i) == DONE
+    }
+
+    /// Frees a slot whose reply the client has read.
+    pub fn release(&self, i: u32) {
+        let r = self.slot(i).state.compare_exchange(DONE, FREE, Ordering::AcqRel, Ordering::Relaxed);
+        debug_assert!(r.is_ok(), "release of a slot not done");
+    }
+
+    /// The client gives up on slot `i` (whatever its state): frees it if the service is not
+    /// (or no longer) involved, else leaves it ABANDONED for the service to free.
+    pub fn abandon(&self, i: u32) {
+        let s = &self.slot(i).state;
+        loop {
+            let cur = s.load(Ordering::Acquire);
+            let next = match cur {
+                CLAIMED | DONE => FREE,
+                SUBMITTED | RUNNING => ABANDONED,
+                _ => return, // FREE or already ABANDONED
+            };
+            if s.compare_exchange(cur, next, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                if next == ABANDONED {
+                    self.header().abandoned.fetch_add(1, Ordering::Relaxed);
+                }
+                return;
+            }
+        }
+    }
+
+    /// Abandons every slot of client `pid` (its exit callback).
+    pub fn abandon_all_of(&self, pid: i32) {
+        for i in 0..self.nslots() {
+            let s = self.slot(i);
+            if s.client_pid.load(Ordering::Acquire) == pid && s.state.load(Ordering::Acquire) != FREE {
+                self.abandon(i);
+            }
+        }
+    }
+
+    // ---- the service ------------------------------------------------------------------------
+
+    /// Takes slot `i` if a request waits in it (SUBMITTED → RUNNING) for `incarnation`.
+    pub fn take(&self, i: u32, incarnation: u64) -> bool {
+        let s = self.slot(i);
+        if s.state.compare_exchange(SUBMITTED, RUNNING, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            s.taken_by.store(incarnation, Ordering::Release);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether the client of a slot the service runs has given up on it (a long request polls
+    /// this to stop early).
+    pub fn abandoned(&self, i: u32) -> bool {
+        self.state(i) == ABANDONED
+    }
+
+    /// The service has finished slot `i` (its reply written): DONE, or FREE if the client left.
+    /// Returns the client's latch to set (0: none, the client left).
+    pub fn complete(&self, i: u32) -> u64 {
+        let s = self.slot(i);
+        self.header().completed.fetch_add(1, Ordering::Relaxed);
+        match s.state.compare_exchange(RUNNING, DONE, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => s.client_latch.load(Ordering::Acquire),
+            Err(_) => {
+                // ABANDONED: nobody waits; the slot is free again.
+                s.state.store(FREE, Ordering::Release);
+                0
+            }
+        }
+    }
+
+    /// Frees slots that clients abandoned before the service took them, and slots taken by an
+    /// earlier incarnation of the service that it never completed (it died): the latter are
+    /// failed with `fail` and completed, so that their clients stop waiting. `running(i)` says
+    /// whether this incarnation is still working on slot `i`. Returns the latches to set.
+    pub fn sweep(&self, incarnation: u64, running: impl Fn(u32) -> bool, mut fail: impl FnMut(&mut Reply)) -> Vec<u64> {
+        let mut wake = Vec::new();
+        for i in 0..self.nslots() {
+            let s = self.slot(i);
+            match s.state.load(Ordering::Acquire) {
+                ABANDONED if !running(i) => {
+                    let _ = s.state.compare_exchange(ABANDONED, FREE, Ordering::AcqRel, Ordering::Relaxed);
+                }
+                RUNNING if s.taken_by.load(Ordering::Acquire) != incarnation && !running(i) => {
+                    // SAFETY: RUNNING belongs to the service, and the incarnation that took it
+                    // is gone: this incarnation owns it now.
+                    fail(unsafe { &mut self.slot_mut(i).reply });
+                    let l = self.complete(i);
+                    if l != 0 {
+                        wake.push(l);
+                    }
+                }
+                _ => {}
+            }
+        }
+        wake
+    }
+
+    /// Indexes of slots waiting for the service.
+    pub fn submitted(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.nslots()).filter(move |&i| self.state(i) == SUBMITTED)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    struct Block {
+        mem: Vec<u64>,
+        ch: Channel,
+    }
+
+    fn block(n: u32, staging: u32) -> Block {
+        let mut mem = vec![0u64; Channel::size_for(n, staging) / 8 + 1];
+        // SAFETY: the vector is large enough and outlives the channel (kept in the Block).
+        let ch = unsafe { Channel::init(mem.as_mut_ptr() as *mut u8, n, staging, Mode::Service) };
+        Block { mem, ch }
+    }
+
+    #[test]
+    fn layout_is_page_aligned_and_inside_the_block() {
+        let b = block(3, 5000);
+        assert_eq!(b.ch.staging_bytes(), 8192);
+        let (addr, len) = b.ch.staging_range();
+        assert_eq!(addr % 4096, 0);
+        let start = b.mem.as_ptr() as u64;
+        assert!(addr + len as u64 <= start + (b.mem.len() * 8) as u64);
+        assert_eq!(b.ch.staging_addr(2), addr + 2 * 8192);
+    }
+
+    #[test]
+    fn a_request_goes_round_and_the_slot_comes_back() {
+        let b = block(2, 4096);
+        let ch = b.ch;
+        let t = ch.ticket();
+        let i = ch.try_claim(t, 7, 0x1000).unwrap();
+        assert_eq!(ch.state(i), CLAIMED);
+        ch.submit(i);
+        assert_eq!(ch.submitted().collect::<Vec<_>>(), vec![i]);
+        assert!(ch.take(i, 1));
+        assert!(!ch.take(i, 1), "taken once");
+        assert_eq!(ch.complete(i), 0x1000);
+        assert!(ch.is_done(i));
+        ch.release(i);
+        assert_eq!(ch.state(i), FREE);
+        assert_eq!(ch.counters(), (1, 1, 0));
+    }
+
+    #[test]
+    fn an_abandoned_request_is_freed_only_by_the_service() {
+        let b = block(1, 4096);
+        let ch = b.ch;
+        let i = ch.try_claim(ch.ticket(), 7, 1).unwrap();
+        ch.submit(i);
+        assert!(ch.take(i, 1));
+        ch.abandon(i);
+        assert_eq!(ch.state(i), ABANDONED);
+        assert!(ch.abandoned(i));
+        // a new client cannot have it while the service runs it
+        assert_eq!(ch.try_claim(ch.ticket(), 8, 1), None);
+        assert_eq!(ch.complete(i), 0, "nobody to wake");
+        assert_eq!(ch.state(i), FREE);
+        // abandoned before the service took it: the sweep frees it
+        let t = ch.ticket();
+        // the ticket of the failed claim above was never given up: give it up now
+        ch.abandon_ticket(t - 1);
+        let i = ch.try_claim(t, 8, 1).unwrap();
+        ch.submit(i);
+        ch.abandon(i);
+        ch.sweep(1, |_| false, |_| {});
+        assert_eq!(ch.state(i), FREE);
+    }
+
+    #[test]
+    fn a_dead_incarnations_requests_are_failed_by_the_next() {
+        let b = block(1, 4096);
+        let ch = b.ch;
+        let i = ch.try_claim(ch.ticket(), 7, 42).unwrap();
+        ch.submit(i);
+        assert!(ch.take(i, 1));
+        let mut failed = 0;
+        assert!(ch.sweep(1, |_| false, |_| failed += 1).is_empty(), "its own incarnation's slot is left alone");
+        assert_eq!(ch.sweep(2, |_| false, |_| failed += 1), vec![42]);
+        assert_eq!(failed, 1);
+        assert!(ch.is_done(i));
+    }
+
+    #[test]
+    fn tickets_are_served_in_order_and_given_up_tickets_are_skipped() {
+        let b = block(1, 4096);
+        let ch = b.ch;
+        let t0 = ch.ticket();
+        let i = ch.try_claim(t0, 1, 1).unwrap(); // the only slot
+        let (t1, t2, t3) = (ch.ticket(), ch.ticket(), ch.ticket());
+        ch.submit(i);
+        ch.take(i, 1);
+        ch.complete(i);
+        ch.release(i);
+        assert_eq!(ch.try_claim(t2, 3, 1), None, "not t2's turn");
+        ch.abandon_ticket(t2); // t2 gives up before its turn
+        ch.abandon_ticket(t1); // t1 gives up at its turn: the turn skips t1 and t2
+        let i = ch.try_claim(t3, 4, 1).expect("t3's turn");
+        assert_eq!(ch.slot(i).client_pid.load(Ordering::Relaxed), 4);
+    }
+
+    #[test]
+    fn many_threads_share_few_slots_without_loss() {
+        let b = Arc::new(block(3, 4096));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // the "service": takes, doubles args[0] into values[0], completes
+        let svc = {
+            let (b, stop) = (b.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let ch = b.ch;
+                while !stop.load(Ordering::Acquire) {
+                    for i in 0..ch.nslots() {
+                        if ch.take(i, 1) {
+                            // SAFETY: taken: the service owns the slot until complete.
+                            let s = unsafe { ch.slot_mut(i) };
+                            s.reply.values[0] = s.request.args[0] * 2;
+                            ch.complete(i);
+                        }
+                    }
+                    ch.sweep(1, |_| false, |_| {});
+                    std::thread::yield_now();
+                }
+            })
+        };
+        let clients: Vec<_> = (0..8)
+            .map(|c| {
+                let b = b.clone();
+                std::thread::spawn(move || {
+                    let ch = b.ch;
+                    for n in 0..300i64 {
+                        let t = ch.ticket();
+                        let i = loop {
+                            if let Some(i) = ch.try_claim(t, c, 1) {
+                                break i;
+                            }
+                            std::thread::yield_now();
+                        };
+                        // SAFETY: claimed: ours until submit.
+                        unsafe { ch.slot_mut(i) }.request.args[0] = n * 100 + c as i64;
+                        ch.submit(i);
+                        if n % 7 == 3 {
+                            ch.abandon(i); // a cancel
+                            continue;
+                        }
+                        while !ch.is_done(i) {
+                            std::thread::yield_now();
+                        }
+                        assert_eq!(ch.slot(i).reply.values[0], (n * 100 + c as i64) * 2);
+                        ch.release(i);
+                    }
+                })
+            })
+            .collect();
+        for c in clients {
+            c.join().unwrap();
+        }
+        // let the service free what was abandoned
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while (0..b.ch.nslots()).any(|i| b.ch.state(i) != FREE) && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        stop.store(true, Ordering::Release);
+        svc.join().unwrap();
+        assert!((0..b.ch.nslots()).all(|i| b.ch.state(i) == FREE), "every slot came back");
+        let (sub, done, abandoned) = b.ch.counters();
+        assert_eq!(sub, 8 * 300);
+        // every request not abandoned before the service took it was completed
+        assert!(done <= sub && done + abandoned >= sub, "{sub} submitted, {done} completed, {abandoned} abandoned");
+    }
+}

@@ -1,0 +1,198 @@
+//! The client side of the GPU service, in a backend or parallel worker: claim a slot, submit,
+//! wait on the process's own latch serving interrupts, read the reply.
+//!
+//! Submitting costs no system call but the `SetLatch` of the service (a `kill(SIGURG)` when it
+//! sleeps). Waiting spins briefly on the slot's state (a short request comes back in tens of
+//! microseconds, and a wake-up costs about as much), then sleeps on the latch with
+//! `CHECK_FOR_INTERRUPTS()` between wake-ups, so a cancel or `statement_timeout` raises its
+//! ERROR at once; the guards below abandon the slot (or the ticket) on the way out.
+
+use std::time::{Duration, Instant};
+
+use pgrx::pg_sys;
+
+use super::channel::{Channel, Mode};
+use super::request::{Reply, Request};
+use crate::error::{Code, Result, UvmError};
+use crate::exec::{Executor, Io};
+
+/// How long a client spins on its slot before sleeping on its latch.
+const SPIN: Duration = Duration::from_micros(30);
+/// How long one latch wait lasts at most (then the service's state is looked at again).
+const WAIT_MS: i64 = 100;
+
+/// This process's latch, as the address the service sets.
+fn my_latch() -> u64 {
+    // SAFETY: MyLatch is set at process start; in a backend it points into its PGPROC, in
+    // shared memory.
+    unsafe { pg_sys::MyLatch as u64 }
+}
+
+fn my_pid() -> i32 {
+    // SAFETY: set at process start.
+    unsafe { pg_sys::MyProcPid }
+}
+
+/// Sleeps on this process's latch for up to `ms`, then serves interrupts.
+fn sleep_on_latch(ms: i64) {
+    // SAFETY: MyLatch is this process's latch; WaitLatch and ResetLatch are called from the
+    // main thread; CHECK_FOR_INTERRUPTS may raise an ERROR, which unwinds through our guards.
+    unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            ms as _,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+    pg_sys::check_for_interrupts!();
+}
+
+/// A ticket in the claim queue, given up unless a slot was claimed with it.
+struct TicketGuard {
+    ch: Channel,
+    ticket: u64,
+    used: bool,
+}
+
+impl Drop for TicketGuard {
+    fn drop(&mut self) {
+        if !self.used {
+            self.ch.abandon_ticket(self.ticket);
+        }
+    }
+}
+
+/// A slot this process claimed, abandoned unless released after its reply was read.
+struct SlotGuard {
+    ch: Channel,
+    slot: u32,
+    released: bool,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        if !self.released {
+            self.ch.abandon(self.slot);
+        }
+    }
+}
+
+/// The cluster's execution mode, waiting (serving interrupts) while the service decides it.
+pub fn mode(ch: &Channel) -> Result<Mode> {
+    let start = Instant::now();
+    loop {
+        match ch.mode() {
+            Mode::Undecided => {}
+            m => return Ok(m),
+        }
+        if let Some((code, msg)) = ch.error() {
+            return Err(UvmError::new(super::request::code_of(code), msg));
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            return Err(UvmError::new(Code::ObjectNotInPrerequisiteState, "the pg_uvm_share GPU service has not started")
+                .hint("Check the server log for the service's start-up."));
+        }
+        sleep_on_latch(10);
+    }
+}
+
+/// Sends requests to the service.
+pub struct Client {
+    pub ch: Channel,
+}
+
+impl Client {
+    fn claim(&self) -> Result<SlotGuard> {
+        let mut t = TicketGuard { ch: self.ch, ticket: self.ch.ticket(), used: false };
+        loop {
+            if let Some(slot) = self.ch.try_claim(t.ticket, my_pid(), my_latch()) {
+                t.used = true;
+                return Ok(SlotGuard { ch: self.ch, slot, released: false });
+            }
+            if let Some((code, msg)) = self.ch.error() {
+                return Err(UvmError::new(super::request::code_of(code), msg));
+            }
+            // Our turn comes when a slot frees; nothing wakes us for it, so poll briefly.
+            sleep_on_latch(1);
+        }
+    }
+
+    fn wait(&self, slot: u32) -> Result<()> {
+        let spin_until = Instant::now() + SPIN;
+        while Instant::now() < spin_until {
+            if self.ch.is_done(slot) {
+                return Ok(());
+            }
+            std::hint::spin_loop();
+        }
+        loop {
+            if self.ch.is_done(slot) {
+                return Ok(());
+            }
+            if self.ch.service_pid() == 0 {
+                if let Some((code, msg)) = self.ch.error() {
+                    return Err(UvmError::new(super::request::code_of(code), msg));
+                }
+            }
+            sleep_on_latch(WAIT_MS);
+        }
+    }
+}
+
+impl Executor for Client {
+    fn mode(&self) -> Mode {
+        Mode::Service
+    }
+
+    fn max_io(&self) -> usize {
+        self.ch.staging_bytes()
+    }
+
+    fn run(&mut self, req: &Request, mut io: Io<'_>) -> Result<([i64; 6], u64)> {
+        let input = match &io {
+            Io::In(b) => *b,
+            _ => &[],
+        };
+        if input.len() > self.max_io() {
+            return Err(UvmError::new(Code::ProgramLimitExceeded, "a request's input exceeds its staging area"));
+        }
+        let mut g = self.claim()?;
+        let slot = g.slot;
+        // SAFETY: claimed: this process owns the slot and its staging until it submits.
+        unsafe {
+            let s = self.ch.slot_mut(slot);
+            s.request = *req;
+            s.request.input = input.len() as u64;
+            s.reply = Reply::default();
+            self.ch.staging(slot)[..input.len()].copy_from_slice(input);
+        }
+        self.ch.submit(slot);
+        let latch = self.ch.service_latch();
+        if latch != 0 {
+            // SAFETY: the service's latch, in shared memory; SetLatch is safe from the main thread.
+            unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
+        }
+        self.wait(slot)?;
+        // SAFETY: DONE: the slot is ours again until we release it.
+        let reply = unsafe { self.ch.slot_mut(slot).reply };
+        let r = reply.result();
+        if let (Ok((_, n)), Io::Out(buf)) = (&r, &mut io) {
+            let n = (*n as usize).min(buf.len()).min(self.ch.staging_bytes());
+            // SAFETY: as above.
+            buf[..n].copy_from_slice(unsafe { &self.ch.staging(slot)[..n] });
+        }
+        self.ch.release(slot);
+        g.released = true;
+        r
+    }
+}
+
+/// Abandons this process's slots (its exit callback: an ERROR path has no guard left, but a
+/// FATAL raised inside a wait leaves the guards unrun).
+pub fn abandon_mine() {
+    if let Ok(ch) = crate::registry::shmem::channel() {
+        ch.abandon_all_of(my_pid());
+    }
+}

@@ -1,0 +1,352 @@
+//! The GPU service as a PostgreSQL background worker: start-up (the provider, and under CUDA the
+//! context and the kernels, before the first request), the main loop, and the executor pool.
+//!
+//! # Lifecycle
+//!
+//! 1. Registered by `_PG_init` unless `gpu_execution = process`; started once the cluster is
+//!    consistent; shows in `pg_stat_activity` as `pg_uvm_share gpu service`.
+//! 2. Creates the cluster's provider (the first process to do so picks it, as a backend would)
+//!    and decides the mode: `service`, or under `auto` with the host provider `process` (it
+//!    then idles, so that a crash-restart finds it again). Under CUDA it loads the kernels and
+//!    registers the channel's staging memory with the driver, so neither costs a request.
+//! 3. Loops: frees what finished, fails what a dead predecessor left, takes submitted
+//!    requests (preparing them, or running registry changes itself), and sleeps on its latch
+//!    and on an eventfd the executors write when they finish.
+//! 4. On SIGTERM: stops taking requests, lets the executors finish theirs, leaves untaken
+//!    requests to its successor, exits 1 (restarted after 1 s). Its segment mappings and pins
+//!    go with it (the segment manager's exit callback).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
+use pgrx::prelude::*;
+
+use super::channel::{Channel, Mode, ABANDONED};
+use super::request::{Op, Reply, Request};
+use crate::error::{Code, Result, UvmError};
+use crate::exec::local::{self, Work};
+use crate::exec::Io;
+use crate::guc;
+use crate::provider::ProviderKind;
+use crate::registry::shmem;
+
+/// Registers the service with the postmaster (from `_PG_init`).
+pub fn register() {
+    BackgroundWorkerBuilder::new("pg_uvm_share gpu service")
+        .set_type("pg_uvm_share gpu service")
+        .set_library("pg_uvm_share")
+        .set_function("pg_uvm_share_service_main")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::ConsistentState)
+        .set_restart_time(Some(Duration::from_secs(1)))
+        .load();
+}
+
+/// Work handed to an executor thread: job id, slot, the work, the request (for its staging).
+struct Task {
+    job: u64,
+    slot: u32,
+    work: Work,
+    req: Request,
+}
+
+/// What the main thread and the executors share.
+struct Pool {
+    queue: Mutex<VecDeque<Task>>,
+    ready: Condvar,
+    /// Jobs whose work has finished (their pins may go).
+    finished: Mutex<Vec<u64>>,
+    /// Written by executors when they finish a job; read by the main thread's wait set.
+    eventfd: libc::c_int,
+    stop: std::sync::atomic::AtomicBool,
+}
+
+/// The staging bytes a request reads or writes.
+///
+/// # Safety
+/// The caller must own slot `slot` (the service, between take and complete).
+unsafe fn io_for<'a>(ch: &'a Channel, slot: u32, req: &Request) -> Io<'a> {
+    // SAFETY: forwarded contract.
+    let staging = unsafe { ch.staging(slot) };
+    match Op::from_u32(req.op) {
+        Some(Op::Read | Op::Info) => Io::Out(staging),
+        Some(Op::Write | Op::Probe | Op::BuildInsert | Op::Materialize) => {
+            let n = (req.input as usize).min(staging.len());
+            Io::In(&staging[..n])
+        }
+        _ => Io::None,
+    }
+}
+
+fn reply_of(r: Result<([i64; 6], u64)>) -> Reply {
+    match r {
+        Ok((v, out)) => Reply::ok(v, out),
+        Err(e) => Reply::error(&e),
+    }
+}
+
+fn executor_loop(ch: Channel, pool: Arc<Pool>) {
+    loop {
+        let task = {
+            let mut q = pool.queue.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if let Some(t) = q.pop_front() {
+                    break t;
+                }
+                if pool.stop.load(std::sync::atomic::Ordering::Acquire) {
+                    return;
+                }
+                q = pool.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let reply = {
+            // SAFETY: the slot's state lives in shared memory as long as the process.
+            let _w = unsafe { crate::interrupt::watch(ch.state_flag(task.slot), ABANDONED) };
+            // SAFETY: the main thread took the slot (we own it until complete) and holds the
+            // job's pins until we report it finished below.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+                task.work.run(io_for(&ch, task.slot, &task.req))
+            }));
+            reply_of(r.unwrap_or_else(|_| Err(UvmError::new(Code::SystemError, "the GPU service's executor failed"))))
+        };
+        // SAFETY: still ours (see above).
+        unsafe { ch.slot_mut(task.slot).reply = reply };
+        pool.finished.lock().unwrap_or_else(|e| e.into_inner()).push(task.job);
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+        unsafe { libc::write(pool.eventfd, &one as *const u64 as *const libc::c_void, 8) };
+        let latch = ch.complete(task.slot);
+        // SAFETY: a client's latch, in shared memory.
+        unsafe { super::set_latch_from_any_thread(latch) };
+    }
+}
+
+/// Spawns the executors with every signal blocked (PostgreSQL's signals are the main thread's).
+fn spawn_executors(ch: Channel, pool: &Arc<Pool>, n: usize) -> Vec<std::thread::JoinHandle<()>> {
+    // SAFETY: sigset operations on locals; pthread_sigmask on the calling thread, restored below.
+    let old = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        old
+    };
+    let handles = (0..n)
+        .filter_map(|i| {
+            let pool = pool.clone();
+            std::thread::Builder::new().name(format!("uvm-exec-{i}")).spawn(move || executor_loop(ch, pool)).ok()
+        })
+        .collect();
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    handles
+}
+
+/// Under CUDA: loads the kernels and registers the staging memory now, not at a request.
+fn warm_cuda(ch: &Channel) {
+    match crate::gpu::gpu().and_then(|g| g.kernels().map(|_| ())) {
+        Ok(()) => {}
+        Err(e) => pgrx::warning!("pg_uvm_share gpu service: kernels unavailable: {}", e.message),
+    }
+    let (addr, len) = ch.staging_range();
+    if let Err(e) = crate::gpu::register_host(addr, len) {
+        pgrx::log!("pg_uvm_share gpu service: staging memory not registered with CUDA ({}); copies will be slower", e.message);
+    }
+}
+
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::connect_worker_to_spi(None, None);
+    let ch = match shmem::channel() {
+        Ok(c) => c,
+        Err(e) => {
+            pgrx::log!("pg_uvm_share gpu service: {}", e.message);
+            // SAFETY: proc_exit runs the exit callbacks and ends the process.
+            unsafe { pg_sys::proc_exit(1) };
+        }
+    };
+    // SAFETY: MyProcPid and MyLatch are set at process start; the latch is in our PGPROC.
+    let (pid, latch) = unsafe { (pg_sys::MyProcPid, pg_sys::MyLatch as u64) };
+    let incarnation = ch.service_started(pid, latch);
+    crate::sql::set_service_process();
+
+    let provider = crate::sql::try_with_segments(|s| Ok(s.provider().kind()));
+    let kind = match provider {
+        Ok(k) => k,
+        Err(e) => {
+            pgrx::log!("pg_uvm_share gpu service: no provider: {}", e.message);
+            ch.set_error(super::request::code_index(e.code), &e.message);
+            idle_until_terminated(&ch);
+        }
+    };
+    let mode = match guc::GPU_EXECUTION.get() {
+        guc::ExecutionChoice::Service => Mode::Service,
+        _ if kind == ProviderKind::Cuda => Mode::Service,
+        _ => Mode::Process,
+    };
+    if mode == Mode::Process {
+        pgrx::log!("pg_uvm_share gpu service: provider {}, execution mode process: idle", kind.name());
+        ch.set_mode(Mode::Process);
+        idle_until_terminated(&ch);
+    }
+    if kind == ProviderKind::Cuda {
+        warm_cuda(&ch);
+    }
+
+    // SAFETY: a fresh non-blocking eventfd, owned by this process until it exits.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if efd < 0 {
+        let e = UvmError::last_os("eventfd failed");
+        ch.set_error(super::request::code_index(e.code), &e.message);
+        idle_until_terminated(&ch);
+    }
+    let pool = Arc::new(Pool {
+        queue: Mutex::new(VecDeque::new()),
+        ready: Condvar::new(),
+        finished: Mutex::new(Vec::new()),
+        eventfd: efd,
+        stop: std::sync::atomic::AtomicBool::new(false),
+    });
+    let threads = guc::SERVICE_THREADS.get().max(1) as usize;
+    let handles = spawn_executors(ch, &pool, threads);
+    ch.set_mode(Mode::Service);
+    pgrx::log!(
+        "pg_uvm_share gpu service: provider {}, {} executor thread(s), {} request slots of {} bytes (incarnation {incarnation})",
+        kind.name(),
+        handles.len(),
+        ch.nslots(),
+        ch.staging_bytes()
+    );
+
+    // SAFETY: the set lives as long as the process (TopMemoryContext, or no resource owner on
+    // 17+); the eventfd stays open as long as the set is used.
+    let set = unsafe {
+        #[cfg(any(feature = "pg14", feature = "pg15", feature = "pg16"))]
+        let set = pg_sys::CreateWaitEventSet(pg_sys::TopMemoryContext, 3);
+        #[cfg(not(any(feature = "pg14", feature = "pg15", feature = "pg16")))]
+        let set = pg_sys::CreateWaitEventSet(std::ptr::null_mut(), 3);
+        pg_sys::AddWaitEventToSet(set, pg_sys::WL_LATCH_SET, pg_sys::PGINVALID_SOCKET, pg_sys::MyLatch, std::ptr::null_mut());
+        pg_sys::AddWaitEventToSet(
+            set,
+            pg_sys::WL_EXIT_ON_PM_DEATH,
+            pg_sys::PGINVALID_SOCKET,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        pg_sys::AddWaitEventToSet(set, pg_sys::WL_SOCKET_READABLE, efd, std::ptr::null_mut(), std::ptr::null_mut());
+        set
+    };
+    let mut events = [pg_sys::WaitEvent::default(); 3];
+    // Jobs whose work runs (or ran) on an executor: id -> (slot, pins).
+    let mut running: HashMap<u64, (u32, Vec<crate::segment::Pin<crate::sql::PgEnv>>)> = HashMap::new();
+    let mut next_job = 1u64;
+    loop {
+        if BackgroundWorker::sigterm_received() {
+            break;
+        }
+        pg_sys::check_for_interrupts!();
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: reloads postgresql.conf in the main thread, as any process does on SIGHUP.
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+        // 1. Give back the pins of finished jobs (before taking anything new: a client that saw
+        //    its reply may already ask to drop the segment).
+        let mut drained = [0u8; 8];
+        // SAFETY: reads up to 8 bytes into a live buffer from our non-blocking eventfd.
+        unsafe { libc::read(efd, drained.as_mut_ptr() as *mut libc::c_void, 8) };
+        let finished: Vec<u64> = std::mem::take(&mut *pool.finished.lock().unwrap_or_else(|e| e.into_inner()));
+        for j in finished {
+            running.remove(&j);
+        }
+        // 2. Free abandoned slots; fail what a dead predecessor took and never answered.
+        let busy: Vec<u32> = running.values().map(|(s, _)| *s).collect();
+        let dead = UvmError::new(Code::SystemError, "the pg_uvm_share GPU service was restarted while it ran this request");
+        for l in ch.sweep(incarnation, |i| busy.contains(&i), |r| *r = Reply::error(&dead)) {
+            // SAFETY: a client's latch in shared memory; the main thread may call SetLatch.
+            unsafe { pg_sys::SetLatch(l as *mut pg_sys::Latch) };
+        }
+        // 3. Take what was submitted.
+        let submitted: Vec<u32> = ch.submitted().collect();
+        for slot in submitted {
+            if !ch.take(slot, incarnation) {
+                continue;
+            }
+            // SAFETY: taken: ours until complete.
+            let req = unsafe { ch.slot_mut(slot).request };
+            let op = Op::from_u32(req.op);
+            if req.input as usize > ch.staging_bytes() {
+                finish_here(
+                    &ch,
+                    slot,
+                    Err(UvmError::new(Code::ProtocolViolation, "a request claims more input than its staging")),
+                );
+                continue;
+            }
+            if op.is_none_or(|o| o.on_main_thread()) {
+                let r = {
+                    // SAFETY: the slot's state lives in shared memory as long as the process.
+                    let _w = unsafe { crate::interrupt::watch(ch.state_flag(slot), ABANDONED) };
+                    // SAFETY: taken: ours until complete.
+                    crate::sql::try_with_segments(|s| local::run_main(s, &req, unsafe { io_for(&ch, slot, &req) }))
+                };
+                finish_here(&ch, slot, r);
+                continue;
+            }
+            match crate::sql::try_with_segments(|s| local::prepare(s, &req)) {
+                Err(e) => finish_here(&ch, slot, Err(e)),
+                Ok(local::Job { pins, work }) => {
+                    let id = next_job;
+                    next_job += 1;
+                    // The pins stay here (the work refers to their memory) until it finishes.
+                    running.insert(id, (slot, pins));
+                    pool.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(Task { job: id, slot, work, req });
+                    pool.ready.notify_one();
+                }
+            }
+        }
+        // SAFETY: `set` is live; `events` has room for the 3 registered events.
+        let n = unsafe { pg_sys::WaitEventSetWait(set, 1000, events.as_mut_ptr(), 3, pg_sys::PG_WAIT_EXTENSION) };
+        for e in &events[..n.max(0) as usize] {
+            if e.events & pg_sys::WL_LATCH_SET != 0 {
+                // SAFETY: MyLatch is this process's latch.
+                unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
+            }
+        }
+    }
+
+    // SIGTERM: let the executors finish what they run; untaken requests stay for the successor.
+    pool.stop.store(true, std::sync::atomic::Ordering::Release);
+    pool.ready.notify_all();
+    for h in handles {
+        let _ = h.join();
+    }
+    drop(running);
+    ch.service_stopped();
+    // SAFETY: proc_exit runs the exit callbacks (the segment manager's detach) and ends the
+    // process; exit code 1: restarted unless the postmaster is shutting down.
+    unsafe { pg_sys::proc_exit(1) };
+}
+
+/// Completes a request on the main thread and wakes its client.
+fn finish_here(ch: &Channel, slot: u32, r: Result<([i64; 6], u64)>) {
+    // SAFETY: taken by us: ours until complete.
+    unsafe { ch.slot_mut(slot).reply = reply_of(r) };
+    let l = ch.complete(slot);
+    if l != 0 {
+        // SAFETY: a client's latch in shared memory; the main thread may call SetLatch.
+        unsafe { pg_sys::SetLatch(l as *mut pg_sys::Latch) };
+    }
+}
+
+/// Sleeps until SIGTERM (a service with nothing to do, or one that cannot start), then exits 1.
+fn idle_until_terminated(ch: &Channel) -> ! {
+    // wait_latch serves interrupts and returns false once SIGTERM came (it consumes the flag).
+    while BackgroundWorker::wait_latch(Some(Duration::from_secs(10))) {}
+    ch.service_stopped();
+    // SAFETY: as at the end of the main function.
+    unsafe { pg_sys::proc_exit(1) };
+}
