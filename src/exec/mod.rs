@@ -47,6 +47,33 @@ pub trait Executor {
     fn max_io(&self) -> usize;
     /// Runs `req`; returns its values and the output bytes it wrote.
     fn run(&mut self, req: &Request, io: Io<'_>) -> Result<([i64; 6], u64)>;
+    /// Starts `req` with `input` (at most `max_io` bytes, copied: the caller may reuse its
+    /// buffer at once) and returns without waiting for it where the executor can (the
+    /// service); the default runs it now.
+    fn start(&mut self, req: &Request, input: &[u8]) -> Result<Pending> {
+        Ok(Pending::Ready(self.run(req, Io::In(input))))
+    }
+}
+
+/// A request in flight, waited for by [`Pending::wait`]. Dropping it unwaited gives the request
+/// up (the service finishes or stops it, and only then reuses its slot).
+pub trait InFlight {
+    fn wait(self: Box<Self>) -> Result<([i64; 6], u64)>;
+}
+
+/// The result of [`Executor::start`]: there already, or to wait for.
+pub enum Pending {
+    Ready(Result<([i64; 6], u64)>),
+    InFlight(Box<dyn InFlight>),
+}
+
+impl Pending {
+    pub fn wait(self) -> Result<([i64; 6], u64)> {
+        match self {
+            Pending::Ready(r) => r,
+            Pending::InFlight(f) => f.wait(),
+        }
+    }
 }
 
 fn with_seg(op: Op, seg: &SegRef) -> Request {
@@ -196,6 +223,25 @@ pub fn probe(ex: &mut dyn Executor, inner: &SegRef, kt: KeyType, keys: &[i64]) -
         let (v, _) = ex.run(&r, Io::In(as_bytes(part)))?;
         Ok((m + v[0] as u64, s + sum_of(v[1], v[2])))
     })
+}
+
+/// Starts probing `keys` (see [`Executor::start`]); [`probe_result`] reads the values. Keys
+/// beyond one request's staging are probed at once, in pieces.
+pub fn probe_start(ex: &mut dyn Executor, inner: &SegRef, kt: KeyType, keys: &[i64]) -> Result<Pending> {
+    if keys.len() * 8 > ex.max_io() {
+        let (m, sum) = probe(ex, inner, kt, keys)?;
+        let (lo, hi) = split_sum(sum);
+        return Ok(Pending::Ready(Ok(([m as i64, lo, hi, 0, 0, 0], 0))));
+    }
+    let mut r = with_seg(Op::Probe, inner);
+    r.args[0] = key_code(kt);
+    r.input = (keys.len() * 8) as u64;
+    ex.start(&r, as_bytes(keys))
+}
+
+/// (matches, payload sum) of a finished probe request.
+pub fn probe_result(v: [i64; 6]) -> (u64, i128) {
+    (v[0] as u64, sum_of(v[1], v[2]))
 }
 
 /// Probes `keys` and appends every matched pair to the result buffer `result`.

@@ -71,6 +71,12 @@ impl ProbeState {
         self.keys.clear();
     }
 
+    /// Folds in the result of probing keys that were handed on already (the pending keys stay).
+    pub fn add(&mut self, matches: u64, sum: i128) {
+        self.matches += matches;
+        self.sum += sum;
+    }
+
     /// Merges another (fully probed) partial state.
     pub fn merge(&mut self, other: &ProbeState) -> Result<()> {
         debug_assert!(other.keys.is_empty());

@@ -7,6 +7,8 @@
 //! `CHECK_FOR_INTERRUPTS()` between wake-ups, so a cancel or `statement_timeout` raises its
 //! ERROR at once; the guards below abandon the slot (or the ticket) on the way out.
 
+use std::cell::RefCell;
+use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
 use pgrx::pg_sys;
@@ -14,7 +16,7 @@ use pgrx::pg_sys;
 use super::channel::{Channel, Mode};
 use super::request::{Reply, Request};
 use crate::error::{Code, Result, UvmError};
-use crate::exec::{Executor, Io};
+use crate::exec::{Executor, InFlight, Io, Pending};
 
 /// How long a client spins on its slot before sleeping on its latch.
 const SPIN: Duration = Duration::from_micros(30);
@@ -106,6 +108,7 @@ pub struct Client {
 impl Client {
     fn claim(&self) -> Result<SlotGuard> {
         let mut t = TicketGuard { ch: self.ch, ticket: self.ch.ticket(), used: false };
+        let mut settled = false;
         loop {
             if let Some(slot) = self.ch.try_claim(t.ticket, my_pid(), my_latch()) {
                 t.used = true;
@@ -113,6 +116,12 @@ impl Client {
             }
             if let Some((code, msg)) = self.ch.error() {
                 return Err(UvmError::new(super::request::code_of(code), msg));
+            }
+            if !settled {
+                // No slot now: free the ones this process holds before waiting for others'.
+                self.settle_mine()?;
+                settled = true;
+                continue;
             }
             // Our turn comes when a slot frees; nothing wakes us for it, so poll briefly.
             sleep_on_latch(1);
@@ -155,10 +164,48 @@ impl Executor for Client {
             Io::In(b) => *b,
             _ => &[],
         };
-        if input.len() > self.max_io() {
+        let mut g = self.submit(req, input)?;
+        self.wait(g.slot)?;
+        let r = self.take_reply(&mut g, |staging, n| {
+            if let Io::Out(buf) = &mut io {
+                let n = n.min(buf.len());
+                buf[..n].copy_from_slice(&staging[..n]);
+            }
+        });
+        r
+    }
+
+    fn start(&mut self, req: &Request, input: &[u8]) -> Result<Pending> {
+        let g = self.submit(req, input)?;
+        let flight = Rc::new(RefCell::new(Flight::Slot(g)));
+        FLIGHTS.with(|f| {
+            let mut f = f.borrow_mut();
+            f.retain(|w| w.strong_count() > 0);
+            f.push(Rc::downgrade(&flight));
+        });
+        Ok(Pending::InFlight(Box::new(Started { client: Client { ch: self.ch }, flight })))
+    }
+}
+
+/// A started request: its slot, or (once settled) its result.
+enum Flight {
+    Slot(SlotGuard),
+    Settled(Result<([i64; 6], u64)>),
+}
+
+thread_local! {
+    /// This process's started requests, so that a process never waits for a free slot while it
+    /// holds one whose reply it has not read (with every slot held so, no one would move).
+    static FLIGHTS: RefCell<Vec<Weak<RefCell<Flight>>>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Client {
+    /// Claims a slot, writes the request and its input, and hands it to the service.
+    fn submit(&self, req: &Request, input: &[u8]) -> Result<SlotGuard> {
+        if input.len() > self.ch.staging_bytes() {
             return Err(UvmError::new(Code::ProgramLimitExceeded, "a request's input exceeds its staging area"));
         }
-        let mut g = self.claim()?;
+        let g = self.claim()?;
         let slot = g.slot;
         // SAFETY: claimed: this process owns the slot and its staging until it submits.
         unsafe {
@@ -174,18 +221,65 @@ impl Executor for Client {
             // SAFETY: the service's latch, in shared memory; SetLatch is safe from the main thread.
             unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
         }
-        self.wait(slot)?;
+        Ok(g)
+    }
+
+    /// Reads a DONE slot's reply (and lets `output` copy the staging bytes it reports), then
+    /// frees the slot.
+    fn take_reply(&self, g: &mut SlotGuard, output: impl FnOnce(&[u8], usize)) -> Result<([i64; 6], u64)> {
         // SAFETY: DONE: the slot is ours again until we release it.
-        let reply = unsafe { self.ch.slot_mut(slot).reply };
+        let reply = unsafe { self.ch.slot_mut(g.slot).reply };
         let r = reply.result();
-        if let (Ok((_, n)), Io::Out(buf)) = (&r, &mut io) {
-            let n = (*n as usize).min(buf.len()).min(self.ch.staging_bytes());
+        if let Ok((_, n)) = &r {
+            let n = (*n as usize).min(self.ch.staging_bytes());
             // SAFETY: as above.
-            buf[..n].copy_from_slice(unsafe { &self.ch.staging(slot)[..n] });
+            output(unsafe { &self.ch.staging(g.slot)[..n] }, n);
         }
-        self.ch.release(slot);
+        self.ch.release(g.slot);
         g.released = true;
         r
+    }
+}
+
+/// A request submitted by [`Executor::start`]; abandoned if dropped unwaited.
+struct Started {
+    client: Client,
+    flight: Rc<RefCell<Flight>>,
+}
+
+impl Client {
+    /// Waits for a started request and reads its reply into process memory, freeing its slot.
+    fn settle(&self, flight: &RefCell<Flight>) -> Result<()> {
+        let slot = match &*flight.borrow() {
+            Flight::Slot(g) => g.slot,
+            Flight::Settled(_) => return Ok(()),
+        };
+        self.wait(slot)?;
+        let mut f = flight.borrow_mut();
+        if let Flight::Slot(g) = &mut *f {
+            let r = self.take_reply(g, |_, _| {});
+            *f = Flight::Settled(r);
+        }
+        Ok(())
+    }
+
+    /// Settles every request this process started (before it waits for a free slot).
+    fn settle_mine(&self) -> Result<()> {
+        let flights: Vec<Rc<RefCell<Flight>>> = FLIGHTS.with(|f| f.borrow().iter().filter_map(Weak::upgrade).collect());
+        for f in flights {
+            self.settle(&f)?;
+        }
+        Ok(())
+    }
+}
+
+impl InFlight for Started {
+    fn wait(self: Box<Self>) -> Result<([i64; 6], u64)> {
+        self.client.settle(&self.flight)?;
+        match std::mem::replace(&mut *self.flight.borrow_mut(), Flight::Settled(Ok(([0; 6], 0)))) {
+            Flight::Settled(r) => r,
+            Flight::Slot(_) => unreachable!("settled above"),
+        }
     }
 }
 

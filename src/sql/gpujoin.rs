@@ -272,13 +272,13 @@ fn defer_limit() -> usize {
 /// # Safety
 /// `fcinfo` must be the aggregate support function's call info; `state` must be null or a
 /// pointer made by this function.
-unsafe fn state(state: &mut Internal, fcinfo: pg_sys::FunctionCallInfo) -> &mut ProbeState {
+unsafe fn state(state: &mut Internal, fcinfo: pg_sys::FunctionCallInfo) -> &mut AggState {
     // SAFETY: forwarded contract.
     unsafe {
         if !state.initialized() {
             *state = Internal::from(Some(pg_sys::Datum::from(new_state(fcinfo))));
         }
-        state.get_mut::<ProbeState>().expect("initialized above")
+        state.get_mut::<AggState>().expect("initialized above")
     }
 }
 
@@ -286,13 +286,13 @@ unsafe fn state(state: &mut Internal, fcinfo: pg_sys::FunctionCallInfo) -> &mut 
 ///
 /// # Safety
 /// `fcinfo` must be an aggregate support function's call info.
-unsafe fn new_state(fcinfo: pg_sys::FunctionCallInfo) -> *mut ProbeState {
+unsafe fn new_state(fcinfo: pg_sys::FunctionCallInfo) -> *mut AggState {
     let mut ctx: pg_sys::MemoryContext = std::ptr::null_mut();
     // SAFETY: forwarded contract; AggCheckCallContext only inspects fcinfo.
     if unsafe { pg_sys::AggCheckCallContext(fcinfo, &mut ctx) } == 0 {
         report(UvmError::new(Code::FeatureNotSupported, "GpuJoin support functions are for the aggregates only"));
     }
-    PgMemoryContexts::For(ctx).leak_and_drop_on_delete(ProbeState::default())
+    PgMemoryContexts::For(ctx).leak_and_drop_on_delete(AggState::default())
 }
 
 fn key_type_of_width(width: u32) -> KeyType {
@@ -303,24 +303,71 @@ fn key_type_of_width(width: u32) -> KeyType {
     }
 }
 
-/// Probes (or materializes) the pending keys against the segment's table, wherever the
-/// cluster runs its work.
-fn flush(st: &mut ProbeState) {
+/// An aggregate's state: the plain-Rust [`ProbeState`] and the probe request in flight, if
+/// any. Probes are double-buffered: a full batch is started (its keys copied into the
+/// service's staging) and the scan goes on gathering the next while the service probes it;
+/// the next full batch first collects the previous one's result. Materializing runs one batch
+/// at a time (its grow-and-resume protocol needs the result before the next). A state dropped
+/// with a request in flight (an ERROR or a cancel deletes the aggregate's memory context)
+/// gives the request up.
+#[derive(Default)]
+struct AggState {
+    st: ProbeState,
+    pending: Option<exec::Pending>,
+}
+
+impl std::ops::Deref for AggState {
+    type Target = ProbeState;
+    fn deref(&self) -> &ProbeState {
+        &self.st
+    }
+}
+
+impl std::ops::DerefMut for AggState {
+    fn deref_mut(&mut self) -> &mut ProbeState {
+        &mut self.st
+    }
+}
+
+/// Collects the result of the probe in flight, if any.
+fn collect(st: &mut AggState) {
+    if let Some(p) = st.pending.take() {
+        let (m, sum) = p.wait().map(|(v, _)| exec::probe_result(v)).unwrap_or_else(|e| report(e));
+        st.st.add(m, sum);
+    }
+}
+
+/// Hands the gathered keys on: probes are started (after collecting the one in flight),
+/// materializing runs now. The keys buffer is free again on return.
+fn flush_batch(st: &mut AggState) {
     if st.keys.is_empty() {
         return;
     }
     let kt = key_type_of_width(st.key_width);
-    let (name, result, keys) = (st.segment.as_str(), st.result.as_str(), st.keys.as_slice());
-    let (m, sum) = with_executor(|ex| {
-        let (inner, _) = resolve(name, "read")?;
-        if result.is_empty() {
-            exec::probe(ex, &inner, kt, keys)
-        } else {
+    if !st.result.is_empty() {
+        let (name, result, keys) = (st.segment.as_str(), st.result.as_str(), st.keys.as_slice());
+        let (m, sum) = with_executor(|ex| {
+            let (inner, _) = resolve(name, "read")?;
             let (out, _) = resolve(result, "write")?;
             exec::materialize(ex, &inner, &out, kt, keys)
-        }
+        });
+        st.st.absorb(m, sum);
+        return;
+    }
+    collect(st);
+    let (name, keys) = (st.st.segment.as_str(), st.st.keys.as_slice());
+    let started = with_executor(|ex| {
+        let (inner, _) = resolve(name, "read")?;
+        exec::probe_start(ex, &inner, kt, keys)
     });
-    st.absorb(m, sum);
+    st.pending = Some(started);
+    st.st.keys.clear();
+}
+
+/// Probes (or materializes) every key gathered and collects every result.
+fn flush(st: &mut AggState) {
+    flush_batch(st);
+    collect(st);
 }
 
 /// Whether the aggregate's first `n` arguments are constants (the Aggref, not the transition
@@ -348,7 +395,7 @@ unsafe fn names_are_constants(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> boo
 unsafe fn transition(fcinfo: pg_sys::FunctionCallInfo, materialize: bool, key_width: u32) -> pg_sys::Datum {
     // SAFETY: forwarded contract: the arguments have the declared types.
     unsafe {
-        let st: *mut ProbeState = if pgrx::fcinfo::pg_arg_is_null(fcinfo, 0) {
+        let st: *mut AggState = if pgrx::fcinfo::pg_arg_is_null(fcinfo, 0) {
             super::warm_up_gpu();
             new_state(fcinfo)
         } else {
@@ -373,10 +420,10 @@ unsafe fn transition(fcinfo: pg_sys::FunctionCallInfo, materialize: bool, key_wi
             let d = pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, key_arg);
             st.keys.push(if key_width == 4 { i64::from(d.value() as i32) } else { d.value() as i64 });
             if st.keys.len().is_multiple_of(BATCH) && !(crate::gpu::warming() && st.keys.len() < defer_limit()) {
-                flush(st);
+                flush_batch(st);
             }
         }
-        pg_sys::Datum::from(st as *mut ProbeState)
+        pg_sys::Datum::from(st as *mut AggState)
     }
 }
 
@@ -408,9 +455,9 @@ transition_fn!(uvm_gpujoin_materialize_trans4, pg_finfo_uvm_gpujoin_materialize_
 fn gpujoin_probe_combine(mut a: Internal, mut b: Internal, fcinfo: pg_sys::FunctionCallInfo) -> Internal {
     // SAFETY: called as the aggregate's combine function; both states are ours or null.
     unsafe {
-        if let Some(other) = b.get_mut::<ProbeState>() {
+        if let Some(other) = b.get_mut::<AggState>() {
             flush(other);
-            let other = other.clone();
+            let other = other.st.clone();
             let st = state(&mut a, fcinfo);
             flush(st);
             st.merge(&other).unwrap_or_else(|e| report(e));
@@ -424,7 +471,7 @@ fn gpujoin_probe_combine(mut a: Internal, mut b: Internal, fcinfo: pg_sys::Funct
 #[pg_extern(volatile, parallel_safe, strict)]
 fn gpujoin_probe_serial(mut internal: Internal) -> Vec<u8> {
     // SAFETY: the aggregate's state, or null.
-    match unsafe { internal.get_mut::<ProbeState>() } {
+    match unsafe { internal.get_mut::<AggState>() } {
         Some(st) => {
             flush(st);
             st.serialize()
@@ -440,7 +487,7 @@ fn gpujoin_probe_deserial(bytes: &[u8], _unused: Internal, fcinfo: pg_sys::Funct
     let value = ProbeState::deserialize(bytes).unwrap_or_else(|e| report(e));
     let mut internal = Internal::default();
     // SAFETY: called as the aggregate's deserial function.
-    *unsafe { state(&mut internal, fcinfo) } = value;
+    unsafe { state(&mut internal, fcinfo) }.st = value;
     internal
 }
 
@@ -449,7 +496,7 @@ fn gpujoin_probe_final(mut internal: Internal) -> pgrx::composite_type!('static,
     let mut result = PgHeapTuple::<AllocatedByRust>::new_composite_type("uvm.gpujoin_result")
         .unwrap_or_else(|e| report(UvmError::new(Code::SystemError, format!("gpujoin_result type: {e}"))));
     // SAFETY: the aggregate's state, or null (no rows).
-    let (matches, sum) = match unsafe { internal.get_mut::<ProbeState>() } {
+    let (matches, sum) = match unsafe { internal.get_mut::<AggState>() } {
         Some(st) => {
             flush(st);
             (st.matches, st.sum)
