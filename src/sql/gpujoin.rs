@@ -314,6 +314,18 @@ fn key_type_of_width(width: u32) -> KeyType {
 struct AggState {
     st: ProbeState,
     pending: Option<exec::Pending>,
+    /// Keys per batch: [`BATCH`] in process mode; in service mode as many as one request's
+    /// staging holds (fewer, larger requests; the service's kernels take any size). Set at the
+    /// first row.
+    batch: usize,
+}
+
+/// Keys per batch for this process (see [`AggState::batch`]).
+fn batch_keys() -> usize {
+    match crate::registry::shmem::channel().map(|c| (c.mode(), c.staging_bytes())) {
+        Ok((exec::Mode::Service, staging)) => (staging / 8).max(BATCH),
+        _ => BATCH,
+    }
 }
 
 impl std::ops::Deref for AggState {
@@ -419,7 +431,10 @@ unsafe fn transition(fcinfo: pg_sys::FunctionCallInfo, materialize: bool, key_wi
         if !pgrx::fcinfo::pg_arg_is_null(fcinfo, key_arg) {
             let d = pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, key_arg);
             st.keys.push(if key_width == 4 { i64::from(d.value() as i32) } else { d.value() as i64 });
-            if st.keys.len().is_multiple_of(BATCH) && !(crate::gpu::warming() && st.keys.len() < defer_limit()) {
+            if st.batch == 0 {
+                st.batch = batch_keys();
+            }
+            if st.keys.len().is_multiple_of(st.batch) && !(crate::gpu::warming() && st.keys.len() < defer_limit()) {
                 flush_batch(st);
             }
         }
