@@ -376,6 +376,17 @@ struct MigrationFlag<E: Env> {
     id: u64,
 }
 
+/// The error of a migration that waited `wait` for a segment's pins to drain, in vain
+/// (`detail`: who holds them).
+pub fn still_pinned(name: &str, wait: Duration, detail: String) -> UvmError {
+    UvmError::new(
+        Code::LockNotAvailable,
+        format!("could not migrate segment \"{name}\": still in use after {} ms", wait.as_millis()),
+    )
+    .detail(detail)
+    .hint("Other sessions hold pins on it (uvm.attachments shows them); see pg_uvm_share.pin_wait_timeout.")
+}
+
 impl<E: Env> MigrationFlag<E> {
     /// Waits up to `wait` for the segment's pins to drain, then sets its migration flag.
     fn begin(env: &E, id: u64, name: &str, wait: Duration) -> Result<Self> {
@@ -393,14 +404,7 @@ impl<E: Env> MigrationFlag<E> {
                     crate::interrupt::check()?;
                     std::thread::sleep(Duration::from_millis(2));
                 }
-                Err(e) if e.code == Code::ObjectInUse => {
-                    return Err(UvmError::new(
-                        Code::LockNotAvailable,
-                        format!("could not migrate segment \"{name}\": still in use after {} ms", wait.as_millis()),
-                    )
-                    .detail(e.detail.unwrap_or(e.message))
-                    .hint("Other sessions hold pins on it (uvm.attachments shows them); see pg_uvm_share.pin_wait_timeout."))
-                }
+                Err(e) if e.code == Code::ObjectInUse => return Err(still_pinned(name, wait, e.detail.unwrap_or(e.message))),
                 Err(e) => return Err(e),
             }
         }

@@ -18,7 +18,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::prelude::*;
@@ -50,6 +50,15 @@ struct Task {
     slot: u32,
     work: Work,
     req: Request,
+}
+
+/// A migration waiting for a segment's pins to drain. The main thread does not sleep on it
+/// (every other request would wait too): it tries again at each turn of its loop until the
+/// client's `pin_wait_timeout` has passed.
+struct Parked {
+    slot: u32,
+    req: Request,
+    since: Instant,
 }
 
 /// What the main thread and the executors share.
@@ -244,6 +253,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     // Jobs whose work runs (or ran) on an executor: id -> (slot, pins).
     let mut running: HashMap<u64, (u32, Vec<crate::segment::Pin<crate::sql::PgEnv>>)> = HashMap::new();
     let mut next_job = 1u64;
+    let mut parked: Vec<Parked> = Vec::new();
     loop {
         if BackgroundWorker::sigterm_received() {
             break;
@@ -263,13 +273,19 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
             running.remove(&j);
         }
         // 2. Free abandoned slots; fail what a dead predecessor took and never answered.
-        let busy: Vec<u32> = running.values().map(|(s, _)| *s).collect();
+        let busy: Vec<u32> = running.values().map(|(s, _)| *s).chain(parked.iter().map(|p| p.slot)).collect();
         let dead = UvmError::new(Code::SystemError, "the pg_uvm_share GPU service was restarted while it ran this request");
         for l in ch.sweep(incarnation, |i| busy.contains(&i), |r| *r = Reply::error(&dead)) {
             // SAFETY: a client's latch in shared memory; the main thread may call SetLatch.
             unsafe { pg_sys::SetLatch(l as *mut pg_sys::Latch) };
         }
-        // 3. Take what was submitted.
+        // 3. Migrations waiting for pins try again (or give up: timed out, or abandoned).
+        for p in std::mem::take(&mut parked) {
+            if let Some(p) = try_prefetch(&ch, p) {
+                parked.push(p);
+            }
+        }
+        // 4. Take what was submitted.
         let submitted: Vec<u32> = ch.submitted().collect();
         for slot in submitted {
             if !ch.take(slot, incarnation) {
@@ -284,6 +300,12 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
                     slot,
                     Err(UvmError::new(Code::ProtocolViolation, "a request claims more input than its staging")),
                 );
+                continue;
+            }
+            if op == Some(Op::Prefetch) {
+                if let Some(p) = try_prefetch(&ch, Parked { slot, req, since: Instant::now() }) {
+                    parked.push(p);
+                }
                 continue;
             }
             if op.is_none_or(|o| o.on_main_thread()) {
@@ -309,7 +331,8 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
             }
         }
         // SAFETY: `set` is live; `events` has room for the 3 registered events.
-        let n = unsafe { pg_sys::WaitEventSetWait(set, 1000, events.as_mut_ptr(), 3, pg_sys::PG_WAIT_EXTENSION) };
+        let timeout = if parked.is_empty() { 1000 } else { 2 };
+        let n = unsafe { pg_sys::WaitEventSetWait(set, timeout, events.as_mut_ptr(), 3, pg_sys::PG_WAIT_EXTENSION) };
         for e in &events[..n.max(0) as usize] {
             if e.events & pg_sys::WL_LATCH_SET != 0 {
                 // SAFETY: MyLatch is this process's latch.
@@ -329,6 +352,35 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     // SAFETY: proc_exit runs the exit callbacks (the segment manager's detach) and ends the
     // process; exit code 1: restarted unless the postmaster is shutting down.
     unsafe { pg_sys::proc_exit(1) };
+}
+
+/// Runs a migration request without waiting for pins: done (answered), or parked again while
+/// the segment is pinned and the client's wait (its `pin_wait_timeout`, `args[3]` ms) lasts.
+fn try_prefetch(ch: &Channel, p: Parked) -> Option<Parked> {
+    if ch.abandoned(p.slot) {
+        finish_here(ch, p.slot, Err(UvmError::new(Code::QueryCanceled, "abandoned")));
+        return None;
+    }
+    let wait = Duration::from_millis(p.req.args[3].max(0) as u64);
+    let mut now = p.req;
+    now.args[3] = 0;
+    let r = {
+        // SAFETY: the slot's state lives in shared memory as long as the process.
+        let _w = unsafe { crate::interrupt::watch(ch.state_flag(p.slot), ABANDONED) };
+        crate::sql::try_with_segments(|s| local::run_main(s, &now, Io::None))
+    };
+    match r {
+        Err(e) if e.code == Code::LockNotAvailable && p.since.elapsed() < wait => Some(p),
+        Err(e) if e.code == Code::LockNotAvailable => {
+            let detail = e.detail.unwrap_or(e.message);
+            finish_here(ch, p.slot, Err(crate::segment::still_pinned(p.req.segs[0].name(), wait, detail)));
+            None
+        }
+        r => {
+            finish_here(ch, p.slot, r);
+            None
+        }
+    }
 }
 
 /// Completes a request on the main thread and wakes its client.
