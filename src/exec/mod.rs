@@ -312,3 +312,6 @@ pub fn bench_host_register(ex: &mut dyn Executor, bytes: i64) -> Result<f64> {
 pub fn mem_info(ex: &mut dyn Executor) -> Result<(u64, u64)> {
     ex.run(&Request::new(Op::MemInfo), Io::None).map(|(v, _)| (v[0] as u64, v[1] as u64))
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,134 @@
+//! The execution seam without PostgreSQL: requests run by [`Local`] over the segment layer's
+//! test world (a heap registry, a real broker thread, memfd chunks), the way a process-mode
+//! backend and the GPU service run them; and the typed helpers' splitting of large data over
+//! requests, through an executor whose requests carry little (as the service's staging does).
+
+use super::local::Local;
+use super::*;
+use crate::error::Code;
+use crate::gpujoin::pairs::{self, PairsHeader};
+use crate::gpujoin::table;
+use crate::registry::{Arena, TierPref};
+use crate::segment::tests::{process, World};
+
+/// A process-mode executor that pretends each request carries at most `max` bytes, so that the
+/// helpers must split as they do for the service.
+struct Small<'a> {
+    inner: Local<'a, crate::segment::tests::TestEnv>,
+    max: usize,
+    requests: usize,
+}
+
+impl Executor for Small<'_> {
+    fn mode(&self) -> Mode {
+        Mode::Service
+    }
+    fn max_io(&self) -> usize {
+        self.max
+    }
+    fn run(&mut self, req: &Request, io: Io<'_>) -> Result<([i64; 6], u64)> {
+        let n = match &io {
+            Io::In(b) => b.len(),
+            Io::Out(b) => b.len(),
+            Io::None => 0,
+        };
+        assert!(n <= self.max, "a request of {n} bytes exceeds {}", self.max);
+        self.requests += 1;
+        self.inner.run(req, io)
+    }
+}
+
+fn seg_ref(segs: &crate::segment::Segments<crate::segment::tests::TestEnv>, name: &str) -> SegRef {
+    SegRef::new(name, segs.lookup(name).unwrap().id).unwrap()
+}
+
+#[test]
+fn requests_run_locally_and_split_over_small_requests() {
+    let world = World::new("exec-split", Arena::default());
+    let mut segs = process(&world, 1);
+    {
+        let mut ex = Small { inner: Local { segs: &mut segs }, max: 4096, requests: 0 };
+        create(&mut ex, "e", 3 << 20, None, TierPref::Host, 10, 0).unwrap();
+        let seg = SegRef::new("e", ex.inner.segs.lookup("e").unwrap().id).unwrap();
+        let data: Vec<u8> = (0..3 << 20).map(|i| (i * 7 % 251) as u8).collect();
+        write(&mut ex, &seg, 0, &data).unwrap();
+        assert_eq!(ex.requests - 1, (3 << 20) / 4096, "one request per 4 KiB written");
+        let mut back = vec![0u8; data.len() - 5];
+        read(&mut ex, &seg, 5, &mut back).unwrap();
+        assert_eq!(&back[..], &data[5..]);
+        assert_eq!(checksum(&mut ex, &seg, 0, data.len() as i64).unwrap(), crate::checksum::checksum(&data, 0));
+        fill(&mut ex, &seg, 1, 1000, 9).unwrap();
+        read(&mut ex, &seg, 0, &mut back[..1001]).unwrap();
+        let mut expect = vec![0u8; 1000];
+        crate::checksum::fill(&mut expect, 9);
+        assert_eq!(&back[1..1001], &expect[..], "the fill pattern, at its offset");
+        // errors carry their codes through the seam
+        assert_eq!(read(&mut ex, &seg, (3 << 20) - 1, &mut [0u8; 2]).unwrap_err().code, Code::OutOfRange);
+        assert_eq!(ping(&mut ex).map(|_| ex.requests > 0), Ok(true));
+        drop(&mut ex, &seg).unwrap();
+    }
+    std::mem::drop(segs);
+    assert_eq!(world.finish(), 0, "every chunk released");
+}
+
+#[test]
+fn a_stale_reference_is_refused() {
+    let world = World::new("exec-stale", Arena::default());
+    let mut segs = process(&world, 1);
+    let mut ex = Local { segs: &mut segs };
+    create(&mut ex, "s", 4096, None, TierPref::Host, 10, 0).unwrap();
+    let old = SegRef::new("s", ex.segs.lookup("s").unwrap().id).unwrap();
+    drop(&mut ex, &old).unwrap();
+    create(&mut ex, "s", 4096, None, TierPref::Host, 10, 0).unwrap();
+    // the name now denotes another segment: every operation refuses the old reference
+    assert_eq!(checksum(&mut ex, &old, 0, 16).unwrap_err().code, Code::UndefinedObject);
+    assert_eq!(drop(&mut ex, &old).unwrap_err().code, Code::UndefinedObject);
+    assert_eq!(grow(&mut ex, &old, 8192).unwrap_err().code, Code::UndefinedObject);
+    let new = SegRef::new("s", ex.segs.lookup("s").unwrap().id).unwrap();
+    drop(&mut ex, &new).unwrap();
+    std::mem::drop(segs);
+    assert_eq!(world.finish(), 0);
+}
+
+#[test]
+fn gpujoin_build_probe_and_materialize_through_requests() {
+    let world = World::new("exec-join", Arena::default());
+    let mut segs = process(&world, 1);
+    {
+        let mut ex = Small { inner: Local { segs: &mut segs }, max: 64 << 10, requests: 0 };
+        let rows: Vec<[i64; 2]> = (0..20_000i64).map(|k| [k % 7000, k]).collect(); // duplicates
+        let bytes = table::table_bytes(rows.len() as u64) as i64;
+        create(&mut ex, "t", bytes, Some(bytes), TierPref::Host, 10, 0).unwrap();
+        let t = seg_ref(ex.inner.segs, "t");
+        let n = table::slot_count(rows.len() as u64);
+        build_begin(&mut ex, &t, n).unwrap();
+        build_insert(&mut ex, &t, KeyType::Int8, n, &rows).unwrap();
+        let header = table::Header { slot_count: n, ..table::header_for(KeyType::Int8, rows.len() as u64, 0, 0) };
+        write(&mut ex, &t, 0, &header.as_bytes()).unwrap();
+        let keys: Vec<i64> = (-100..10_000).collect();
+        let (matches, sum) = probe(&mut ex, &t, KeyType::Int8, &keys).unwrap();
+        let expect: Vec<&[i64; 2]> = rows.iter().filter(|r| keys.contains(&r[0])).collect();
+        assert_eq!(matches, expect.len() as u64);
+        assert_eq!(sum, expect.iter().map(|r| r[1] as i128).sum::<i128>());
+        // started (double-buffered) probes give the same
+        let (m2, s2) = probe_result(probe_start(&mut ex, &t, KeyType::Int8, &keys[..4000]).unwrap().wait().unwrap().0);
+        assert_eq!((m2, s2), probe(&mut ex, &t, KeyType::Int8, &keys[..4000]).unwrap());
+        // materialize into a buffer that must grow
+        create(&mut ex, "r", pairs::bytes_for(4) as i64, None, TierPref::Host, 10, 0).unwrap();
+        let r = seg_ref(ex.inner.segs, "r");
+        write(&mut ex, &r, 0, &PairsHeader::new().as_bytes()).unwrap();
+        let (m3, s3) = materialize(&mut ex, &t, &r, KeyType::Int8, &keys).unwrap();
+        assert_eq!((m3, s3), (matches, sum));
+        let size = ex.inner.segs.lookup("r").unwrap().size;
+        let mut raw = [0u8; pairs::HEADER_BYTES as usize];
+        read(&mut ex, &r, 0, &mut raw).unwrap();
+        assert_eq!(pairs::check_complete("r", size, &pairs::parse_header("r", &raw, size).unwrap()).unwrap(), matches);
+        // a segment that is no table: an error, not a crash
+        assert_eq!(probe(&mut ex, &r, KeyType::Int8, &keys).unwrap_err().code, Code::InvalidParameterValue);
+        for s in [&t, &r] {
+            drop(&mut ex, s).unwrap();
+        }
+    }
+    std::mem::drop(segs);
+    assert_eq!(world.finish(), 0);
+}
