@@ -103,6 +103,15 @@ pub fn mode(ch: &Channel) -> Result<Mode> {
 /// Sends requests to the service.
 pub struct Client {
     pub ch: Channel,
+    /// Give up waiting after this (for cleanups that run with interrupts held off, which no
+    /// cancel could end); `None`: wait as long as the service lives.
+    pub deadline: Option<Instant>,
+}
+
+impl Client {
+    pub fn new(ch: Channel) -> Client {
+        Client { ch, deadline: None }
+    }
 }
 
 impl Client {
@@ -145,6 +154,9 @@ impl Client {
                     return Err(UvmError::new(super::request::code_of(code), msg));
                 }
             }
+            if self.deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(UvmError::new(Code::SystemError, "the pg_uvm_share GPU service did not answer in time"));
+            }
             sleep_on_latch(WAIT_MS);
         }
     }
@@ -183,7 +195,7 @@ impl Executor for Client {
             f.retain(|w| w.strong_count() > 0);
             f.push(Rc::downgrade(&flight));
         });
-        Ok(Pending::InFlight(Box::new(Started { client: Client { ch: self.ch }, flight })))
+        Ok(Pending::InFlight(Box::new(Started { client: Client { ch: self.ch, deadline: self.deadline }, flight })))
     }
 }
 

@@ -79,6 +79,9 @@ pub extern "C-unwind" fn _PG_init() {
     }
 }
 
+/// How long a cleanup waits for the GPU service ([`try_with_executor`]).
+const CLEANUP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Whether this process is the GPU service (set once at its start).
 static IS_SERVICE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -100,16 +103,17 @@ pub fn with_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> R {
         Err(e) => report(e),
         Ok(Mode::Service) => {
             let ch = shmem::channel().unwrap_or_else(|e| report(e));
-            f(&mut Client { ch }).unwrap_or_else(|e| report(e))
+            f(&mut Client::new(ch)).unwrap_or_else(|e| report(e))
         }
         Ok(_) => with_segments(|s| f(&mut Local { segs: s })),
     }
 }
 
-/// [`with_executor`], returning the error instead of raising it (for drop guards).
+/// [`with_executor`], returning the error instead of raising it, and waiting for the service at
+/// most 10 s: for cleanups in drop guards, which run with interrupts held off.
 pub fn try_with_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> Result<R> {
     match execution_mode()? {
-        Mode::Service => f(&mut Client { ch: shmem::channel()? }),
+        Mode::Service => f(&mut Client { ch: shmem::channel()?, deadline: Some(std::time::Instant::now() + CLEANUP_WAIT) }),
         _ => try_with_segments(|s| f(&mut Local { segs: s })),
     }
 }
