@@ -80,10 +80,11 @@ impl Op {
     }
 
     /// Whether the service runs it on its main thread (it changes the registry, or needs the
-    /// segment manager throughout) rather than on an executor thread.
+    /// segment manager throughout; or, for `Ping`, there is nothing to hand over: a trip to an
+    /// executor would only add two thread wake-ups) rather than on an executor thread.
     pub fn on_main_thread(self) -> bool {
         use Op::*;
-        matches!(self, Info | Create | Grow | Drop | Prefetch | GrowAtLeast | Materialize)
+        matches!(self, Ping | Info | Create | Grow | Drop | Prefetch | GrowAtLeast | Materialize)
     }
 }
 
