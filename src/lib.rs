@@ -2,6 +2,8 @@
 //!
 //! The crate is layered so that the architecture is visible in the module tree:
 //!
+//! - [`vocab`]: the plain values every layer shares (tier, arena, chunk info, provider kind), so
+//!   that the provider need not import the registry nor the registry the provider.
 //! - [`registry`]: the table of segments and chunks in PostgreSQL shared memory.
 //! - [`broker`]: the background worker that holds every chunk's fd, and its protocol.
 //! - [`provider`]: where chunk memory comes from (memfd now, CUDA VMM next) and how it is mapped.
@@ -30,6 +32,7 @@ pub mod registry;
 pub mod segment;
 pub mod service;
 pub mod sql;
+pub mod vocab;
 
 ::pgrx::pg_module_magic!();
 

@@ -109,14 +109,14 @@ pub fn driver_present() -> bool {
 }
 
 static GPU: OnceLock<std::result::Result<Gpu, UvmError>> = OnceLock::new();
-static ARENA: OnceLock<crate::registry::Arena> = OnceLock::new();
+static ARENA: OnceLock<crate::vocab::Arena> = OnceLock::new();
 
 /// Tells `gpu` where this process's inherited address arena is. Must come before the first
 /// `gpu()` call: the arena is released just before `cuInit`, because the driver honours
 /// `cuMemAddressReserve` hints only in address space that was free when it initialised
 /// (measured on the H200: a range unmapped after `cuInit` is never given back at its address).
 /// Segments then get their reservations at their arena addresses, the same in every process.
-pub fn set_arena(arena: crate::registry::Arena) {
+pub fn set_arena(arena: crate::vocab::Arena) {
     let _ = ARENA.set(arena);
 }
 

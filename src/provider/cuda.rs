@@ -25,7 +25,7 @@ use cudarc::driver::sys::{
 use super::{Capabilities, Provider, ProviderKind, Reservation, GRANULARITY};
 use crate::error::{Code, Result, UvmError};
 use crate::gpu::{self, check, Gpu};
-use crate::registry::Tier;
+use crate::vocab::Tier;
 
 pub struct CudaProvider {
     gpu: &'static Gpu,
