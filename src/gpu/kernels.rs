@@ -6,9 +6,10 @@ use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use cudarc::driver::sys::{self, CUdeviceptr, CUfunction, CUmodule};
+use cudarc::driver::sys::{self, CUdeviceptr, CUfunction};
 use cudarc::nvrtc::sys::{self as rtc, nvrtcResult};
 
+use super::handles::{DeviceBuffer, Module};
 use super::{check, void, DeviceInfo};
 use crate::error::{Code, Result, UvmError};
 use crate::gpujoin::pairs::{self, Appender, Inner, Step, Target};
@@ -43,7 +44,6 @@ fn payload_sum(matches: u64, lo: u64, hi: u64) -> Result<i128> {
 
 /// The loaded module and its functions, plus a small device buffer for reductions.
 pub struct Kernels {
-    _module: CUmodule,
     checksum_fn: CUfunction,
     fill_fn: CUfunction,
     read_bw_fn: CUfunction,
@@ -51,11 +51,13 @@ pub struct Kernels {
     join_probe_fn: CUfunction,
     join_materialize_fn: CUfunction,
     zero_fn: CUfunction,
-    result: CUdeviceptr,
-    /// Staging buffer for probe keys (grown on demand) and its size in bytes.
-    staging: std::cell::Cell<(CUdeviceptr, usize)>,
+    /// The loaded module: the functions above are valid while it is (unloaded on drop).
+    _module: Module,
+    result: DeviceBuffer,
+    /// Staging buffer for probe keys (grown on demand).
+    staging: std::cell::RefCell<Option<DeviceBuffer>>,
     /// Per-thread resume state of `uvm_join_materialize` (2 words a thread; allocated on first use).
-    resume: std::cell::Cell<CUdeviceptr>,
+    resume: std::cell::RefCell<Option<DeviceBuffer>>,
     grid: u32,
     /// Where the CUBIN came from: "nvrtc (N ms)" or "disk cache".
     pub origin: String,
@@ -145,34 +147,24 @@ fn cubin(info: &DeviceInfo) -> Result<(Vec<u8>, String)> {
     Ok((bytes, origin))
 }
 
-fn function(module: CUmodule, name: &CStr) -> Result<CUfunction> {
-    let mut f: CUfunction = std::ptr::null_mut();
-    // SAFETY: valid out-pointer and module; the name is NUL-terminated.
-    check("cuModuleGetFunction", unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) })?;
-    Ok(f)
-}
-
 impl Kernels {
     pub fn load(info: &DeviceInfo) -> Result<Kernels> {
         let (image, origin) = cubin(info)?;
-        let mut module: CUmodule = std::ptr::null_mut();
-        // SAFETY: `image` is a complete CUBIN; the context is current.
-        check("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) })?;
-        let mut result: CUdeviceptr = 0;
-        // SAFETY: valid out-pointer; RESULT_BYTES of device memory for reductions.
-        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut result, RESULT_BYTES) })?;
+        // SAFETY: a CUBIN from NVRTC or from our disk cache; the context is current (the
+        // caller got `info` from `gpu()`).
+        let module = unsafe { Module::load(&image) }?;
         Ok(Kernels {
-            checksum_fn: function(module, c"uvm_checksum")?,
-            fill_fn: function(module, c"uvm_fill")?,
-            read_bw_fn: function(module, c"uvm_read_bw")?,
-            join_build_fn: function(module, c"uvm_join_build")?,
-            join_probe_fn: function(module, c"uvm_join_probe")?,
-            join_materialize_fn: function(module, c"uvm_join_materialize")?,
-            zero_fn: function(module, c"uvm_zero")?,
-            staging: std::cell::Cell::new((0, 0)),
-            resume: std::cell::Cell::new(0),
+            checksum_fn: module.function(c"uvm_checksum")?,
+            fill_fn: module.function(c"uvm_fill")?,
+            read_bw_fn: module.function(c"uvm_read_bw")?,
+            join_build_fn: module.function(c"uvm_join_build")?,
+            join_probe_fn: module.function(c"uvm_join_probe")?,
+            join_materialize_fn: module.function(c"uvm_join_materialize")?,
+            zero_fn: module.function(c"uvm_zero")?,
+            staging: std::cell::RefCell::new(None),
+            resume: std::cell::RefCell::new(None),
             _module: module,
-            result,
+            result: DeviceBuffer::new(RESULT_BYTES)?,
             grid: (info.sm_count.max(1) * 4) as u32,
             origin,
         })
@@ -208,14 +200,12 @@ impl Kernels {
     /// `[addr, addr + len)` is device-accessible memory kept mapped for the call (a pinned
     /// segment's range, bounds-checked by `Pin::addr`): the kernel reads every byte of it.
     pub unsafe fn checksum(&self, addr: u64, len: u64) -> Result<u64> {
-        // SAFETY: `result` is our 8-byte device buffer.
-        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 8) })?;
-        let (mut p, mut n, mut out) = (addr, len, self.result);
+        self.result.set_bytes(0, 8)?;
+        let (mut p, mut n, mut out) = (addr, len, self.result.ptr());
         self.launch(self.checksum_fn, &mut [void(&mut p), void(&mut n), void(&mut out)])?;
-        let mut v = 0u64;
-        // SAFETY: copies 8 bytes from our device buffer into `v`.
-        check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(void(&mut v), self.result, 8) })?;
-        Ok(v)
+        let mut v = [0u64; 1];
+        self.result.read(&mut v)?;
+        Ok(v[0])
     }
 
     /// Fills `[addr, addr + len)` with the pattern of `src/checksum.rs::fill`, on the GPU.
@@ -230,28 +220,26 @@ impl Kernels {
     }
 
     /// A device buffer of at least `bytes` for staging kernel inputs (kept for the process).
+    /// The address stays valid until a later call asks for more bytes than it holds.
     fn staging(&self, bytes: usize) -> Result<CUdeviceptr> {
-        let (p, n) = self.staging.get();
-        if n >= bytes {
-            return Ok(p);
+        let mut staging = self.staging.borrow_mut();
+        if let Some(b) = staging.as_ref().filter(|b| b.len() >= bytes) {
+            return Ok(b.ptr());
         }
-        if p != 0 {
-            // SAFETY: freeing our own staging buffer, which no kernel uses any more.
-            unsafe { sys::cuMemFree_v2(p) };
-            self.staging.set((0, 0));
-        }
-        let size = bytes.next_power_of_two().max(1 << 20);
-        let mut q: CUdeviceptr = 0;
-        // SAFETY: valid out-pointer.
-        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut q, size) })?;
-        self.staging.set((q, size));
-        Ok(q)
+        // Free the old buffer first (launches are synchronous: no kernel uses it any more).
+        *staging = None;
+        let b = DeviceBuffer::new(bytes.next_power_of_two().max(1 << 20))?;
+        let p = b.ptr();
+        *staging = Some(b);
+        Ok(p)
     }
 
-    /// Copies host values into the staging buffer at byte `at`.
-    fn stage(&self, base: CUdeviceptr, at: usize, v: &[i64]) -> Result<()> {
-        // SAFETY: the staging buffer holds at least `at + 8 * v.len()` bytes (sized by caller).
-        check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(base + at as u64, v.as_ptr() as *const c_void, v.len() * 8) })
+    /// Copies host values into the staging buffer (sized by `staging` first) at byte `at`.
+    fn stage(&self, at: usize, v: &[i64]) -> Result<()> {
+        match self.staging.borrow().as_ref() {
+            Some(b) => b.write(at, v),
+            None => Err(UvmError::new(Code::SystemError, "kernel inputs staged before the staging buffer was sized")),
+        }
     }
 
     /// Zeroes `words` 8-byte words at `addr` (which may span chunks).
@@ -280,20 +268,18 @@ impl Kernels {
         for (ks, ps) in keys.chunks(MAX_LAUNCH_KEYS).zip(payloads.chunks(MAX_LAUNCH_KEYS)) {
             crate::interrupt::check()?;
             let buf = self.staging(ks.len() * 16)?;
-            self.stage(buf, 0, ks)?;
-            self.stage(buf, ks.len() * 8, ps)?;
-            // SAFETY: `result` is our RESULT_BYTES device buffer.
-            check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 8) })?;
+            self.stage(0, ks)?;
+            self.stage(ks.len() * 8, ps)?;
+            self.result.set_bytes(0, 8)?;
             let (mut s, mut m, mut sd, mut k, mut p, mut n, mut bad) =
-                (slots, mask, seed, buf, buf + ks.len() as u64 * 8, ks.len() as u64, self.result);
+                (slots, mask, seed, buf, buf + ks.len() as u64 * 8, ks.len() as u64, self.result.ptr());
             self.launch(
                 self.join_build_fn,
                 &mut [void(&mut s), void(&mut m), void(&mut sd), void(&mut k), void(&mut p), void(&mut n), void(&mut bad)],
             )?;
-            let mut b = 0u64;
-            // SAFETY: copies 8 bytes from our device buffer into `b`.
-            check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(void(&mut b), self.result, 8) })?;
-            left_out += b;
+            let mut b = [0u64; 1];
+            self.result.read(&mut b)?;
+            left_out += b[0];
         }
         Ok(left_out)
     }
@@ -304,12 +290,10 @@ impl Kernels {
     pub fn join_probe(&self, inner: &Inner<'_>, keys: &[i64]) -> Result<(u64, i128)> {
         keys.chunks(MAX_LAUNCH_KEYS).try_fold((0, 0), |(m, sum), part| {
             crate::interrupt::check()?;
-            // SAFETY: `result` is our RESULT_BYTES device buffer.
-            check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 32) })?;
+            self.result.set_bytes(0, 32)?;
             self.run_probe(inner, part, 1)?;
             let mut r = [0u64; 4];
-            // SAFETY: copies 32 bytes from our device buffer into `r`.
-            check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(r.as_mut_ptr() as *mut c_void, self.result, 32) })?;
+            self.result.read(&mut r)?;
             if r[3] != 0 {
                 return Err(table::corrupted(
                     inner.name(),
@@ -324,7 +308,7 @@ impl Kernels {
     /// returns the milliseconds of the last launch.
     fn run_probe(&self, inner: &Inner<'_>, keys: &[i64], runs: u32) -> Result<f64> {
         let buf = self.staging(keys.len() * 8)?;
-        self.stage(buf, 0, keys)?;
+        self.stage(0, keys)?;
         self.launch_probe(inner, buf, keys.len() as u64, runs)
     }
 
@@ -332,7 +316,7 @@ impl Kernels {
     fn launch_probe(&self, inner: &Inner<'_>, keys: CUdeviceptr, n: u64, runs: u32) -> Result<f64> {
         let h = inner.header();
         // Inner::of validated the header and bounded the slots inside the pinned segment.
-        let (mut s, mut m, mut sd, mut k, mut n, mut out) = (inner.slots(), h.slot_count - 1, h.seed, keys, n, self.result);
+        let (mut s, mut m, mut sd, mut k, mut n, mut out) = (inner.slots(), h.slot_count - 1, h.seed, keys, n, self.result.ptr());
         let mut params = [void(&mut s), void(&mut m), void(&mut sd), void(&mut k), void(&mut n), void(&mut out)];
         let mut ms = 0.0;
         for _ in 0..runs.max(1) {
@@ -345,13 +329,15 @@ impl Kernels {
 
     /// The per-thread resume buffer of the materializing kernel.
     fn resume_state(&self) -> Result<CUdeviceptr> {
-        if self.resume.get() == 0 {
-            let mut p: CUdeviceptr = 0;
-            // SAFETY: valid out-pointer; 16 bytes per thread of the (fixed) grid.
-            check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut p, self.grid as usize * BLOCK as usize * 16) })?;
-            self.resume.set(p);
+        let mut resume = self.resume.borrow_mut();
+        if let Some(b) = resume.as_ref() {
+            return Ok(b.ptr());
         }
-        Ok(self.resume.get())
+        // 16 bytes per thread of the (fixed) grid.
+        let b = DeviceBuffer::new(self.grid as usize * BLOCK as usize * 16)?;
+        let p = b.ptr();
+        *resume = Some(b);
+        Ok(p)
     }
 
     /// Time of one launch of the probe kernel over `n` keys, `key(i)` for i in `0..n`
@@ -371,10 +357,9 @@ impl Kernels {
             crate::interrupt::check()?;
             host.clear();
             host.extend((start..(start + MAX_LAUNCH_KEYS as u64).min(n)).map(&key));
-            self.stage(buf, start as usize * 8, &host)?;
+            self.stage(start as usize * 8, &host)?;
         }
-        // SAFETY: `result` is our RESULT_BYTES device buffer.
-        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 32) })?;
+        self.result.set_bytes(0, 32)?;
         self.launch_probe(inner, buf, n, 2)
     }
 }
@@ -426,14 +411,13 @@ impl KernelAppender<'_> {
             Some(p) => p,
             None => {
                 let p = k.staging(part.len() * 8)?;
-                k.stage(p, 0, part)?;
+                k.stage(0, part)?;
                 self.staged = Some(p);
                 p
             }
         };
         let resume = k.resume_state()?;
-        // SAFETY: `result` is our RESULT_BYTES device buffer.
-        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(k.result, 0, 48) })?;
+        k.result.set_bytes(0, 48)?;
         // Inner::of and Target::of validated both headers and bounded both ranges inside their
         // pinned segments, which the pins behind `inner` and `target` keep mapped.
         let h = inner.header();
@@ -441,7 +425,7 @@ impl KernelAppender<'_> {
         let base = target.base();
         let (mut pairs, mut next, mut written, mut cap) =
             (base + pairs::HEADER_BYTES, base + pairs::NEXT_AT, base + pairs::WRITTEN_AT, target.cap());
-        let (mut rs, mut fresh, mut ctl) = (resume, u64::from(self.fresh), k.result);
+        let (mut rs, mut fresh, mut ctl) = (resume, u64::from(self.fresh), k.result.ptr());
         k.launch(
             k.join_materialize_fn,
             &mut [
@@ -461,8 +445,7 @@ impl KernelAppender<'_> {
         )?;
         self.fresh = false;
         let mut c = [0u64; 6];
-        // SAFETY: copies 48 bytes from our device buffer into `c`.
-        check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(c.as_mut_ptr() as *mut c_void, k.result, 48) })?;
+        k.result.read(&mut c)?;
         self.matches += c[2];
         self.sum += payload_sum(c[2], c[3], c[4])?;
         if c[5] != 0 {
@@ -482,7 +465,7 @@ impl Kernels {
     /// # Safety
     /// As for [`Kernels::checksum`]: the kernel reads every byte of `[addr, addr + len)`.
     pub unsafe fn read_bandwidth(&self, addr: u64, len: u64, iterations: u32) -> Result<f64> {
-        let (mut p, mut n, mut out) = (addr, len / 16, self.result);
+        let (mut p, mut n, mut out) = (addr, len / 16, self.result.ptr());
         self.launch(self.read_bw_fn, &mut [void(&mut p), void(&mut n), void(&mut out)])?;
         let t = Instant::now();
         for _ in 0..iterations.max(1) {

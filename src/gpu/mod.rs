@@ -27,8 +27,12 @@
 //!   first use, cached in the process and on disk (`pg_uvm_share_kernels/` in the data
 //!   directory, keyed by a hash of the source, the NVRTC version and the architecture), so a
 //!   new backend loads them without compiling.
+//! - Every CUDA handle (the context's retain, the module, device and pinned buffers, host
+//!   registrations) is owned by a value of [`handles`] that releases it when dropped; what the
+//!   process keeps for its whole life sits in the `Gpu` static, and process exit releases it.
 
 pub mod bench;
+pub mod handles;
 mod kernels;
 
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -63,9 +67,11 @@ pub struct DeviceInfo {
 pub struct Gpu {
     pub info: DeviceInfo,
     pub device: CUdevice,
-    /// The retained primary context (current on every thread that called [`gpu`]).
-    context: sys::CUcontext,
     kernels: std::sync::Mutex<Option<std::result::Result<Kernels, UvmError>>>,
+    /// The retained primary context (current on every thread that called [`gpu`]). Last, so
+    /// that it would be dropped after the kernels' module and buffers made in it (the `Gpu`
+    /// lives in a static and is never dropped: the process's exit releases the context).
+    context: handles::PrimaryContext,
 }
 
 // SAFETY: the raw CUDA handles inside are used by the main thread, and before that at most by
@@ -127,8 +133,8 @@ pub fn gpu() -> Result<&'static Gpu> {
     let g = GPU.get_or_init(probe).as_ref().map_err(Clone::clone)?;
     CURRENT.with(|c| {
         if !c.get() {
-            // SAFETY: a context retained for the life of the process.
-            check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(g.context) })?;
+            // SAFETY: a context retained for the life of the process (`g` is in a static).
+            check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(g.context.raw()) })?;
             c.set(true);
         }
         Ok(g)
@@ -265,12 +271,11 @@ fn probe_inner() -> std::result::Result<Gpu, UvmError> {
         ));
     }
     let t = Instant::now();
-    let mut ctx = std::ptr::null_mut();
-    // SAFETY: valid out-pointer; the primary context is retained for the process's lifetime.
-    unsafe {
-        check("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
-        check("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx))?;
-    }
+    // Retained for the process's lifetime once the `Gpu` is in its static; released if a step
+    // below fails.
+    let ctx = handles::PrimaryContext::retain(dev)?;
+    // SAFETY: a context just retained.
+    check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx.raw()) })?;
     info.context_ms = t.elapsed().as_secs_f64() * 1e3;
     let mut total = 0usize;
     let mut free = 0usize;
@@ -360,11 +365,10 @@ pub unsafe fn copy(dst: u64, src: u64, len: usize) -> Result<()> {
 /// does it once for the channel's staging memory.
 pub fn register_host(addr: u64, len: usize) -> Result<()> {
     gpu()?;
-    // SAFETY: the caller's own mapped memory, kept mapped for the life of the process; the
-    // flags ask for a portable, device-mapped registration.
-    check("cuMemHostRegister", unsafe {
-        sys::cuMemHostRegister_v2(addr as *mut c_void, len, sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP)
-    })
+    let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+    // SAFETY: the caller's own mapped memory, kept mapped for the life of the process (hence
+    // `keep_for_process`); the flags ask for a portable, device-mapped registration.
+    unsafe { handles::HostRegistration::new(addr as *mut c_void, len, flags) }.map(handles::HostRegistration::keep_for_process)
 }
 
 pub(crate) fn void<T>(p: &mut T) -> *mut c_void {
