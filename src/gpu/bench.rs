@@ -123,35 +123,6 @@ impl Drop for Unmap {
     }
 }
 
-/// Keys per second of the GpuJoin probe kernel alone (no scan, no staging copy) over `keys`
-/// pseudo-random int8 keys in `[0, key_range)`, against the int8 table in `pin`: at most
-/// `MAX_BENCH_KEYS` keys (54000 beyond, 22023 below one), generated on the fly, so that the
-/// request sizes no host allocation.
-pub fn join_probe<E: crate::segment::Env>(pin: &crate::segment::Pin<E>, keys: i64, key_range: i64) -> Result<f64> {
-    let inner = crate::gpujoin::pairs::Inner::of(pin, crate::gpujoin::table::KeyType::Int8, false)?;
-    join_probe_view(&inner, keys, key_range)
-}
-
-/// [`join_probe`] against a table already viewed (the GPU service's form).
-pub fn join_probe_view(inner: &crate::gpujoin::pairs::Inner<'_>, keys: i64, key_range: i64) -> Result<f64> {
-    use super::kernels::MAX_BENCH_KEYS;
-    if keys < 1 || key_range < 1 {
-        return Err(UvmError::new(
-            Code::InvalidParameterValue,
-            format!("keys and key_range must be positive, not {keys} and {key_range}"),
-        ));
-    }
-    if keys as u64 > MAX_BENCH_KEYS {
-        return Err(UvmError::new(
-            Code::ProgramLimitExceeded,
-            format!("a probe benchmark takes at most {MAX_BENCH_KEYS} keys, not {keys}"),
-        ));
-    }
-    let range = key_range as u64;
-    let ms = gpu()?.with_kernels(|k| k.join_probe_kernel_ms(inner, keys as u64, |i| (crate::checksum::mix(i) % range) as i64))?;
-    Ok(keys as f64 / (ms / 1e3))
-}
-
 /// The error for benchmarks that need a GPU under the host provider.
 pub fn needs_cuda() -> UvmError {
     UvmError::new(Code::FeatureNotSupported, "this benchmark needs the CUDA provider")

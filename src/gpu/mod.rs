@@ -8,6 +8,21 @@
 //! call into a missing library panics; a too-old driver that lacks a symbol panics too, which
 //! `probe` turns into an error).
 //!
+//! This module is the CUDA layer and nothing above it: it knows the device, the module of
+//! `kernels/segment.cu` and how to launch its functions, never what the callers' data means.
+//!
+//! - `mod.rs`: the device, the process's primary context, copies, host registration.
+//! - [`handles`]: one owner per kind of CUDA handle, released on drop.
+//! - [`launch`]: typed launches. Each kernel's parameter list is a Rust struct declared once,
+//!   in the `kernels!` table of [`segment`] (`kernels/segment.rs`, beside `segment.cu`), and
+//!   checked against the source by a test; a launch with other arguments does not compile.
+//! - [`kernels`]: NVRTC compilation, the disk cache, the loaded module with the buffers that
+//!   launches share, and the segment-generic kernels (checksum, fill, zero, read bandwidth).
+//! - [`bench`]: baselines for the GPU benchmarks.
+//!
+//! GpuJoin's host code (staging its keys, the build, probe and materialize launches, decoding
+//! their results, the grow-and-resume appender) is `src/gpujoin/gpu.rs`, above this layer.
+//!
 //! # Lifecycle
 //!
 //! - The postmaster and the broker never call into CUDA: a process forked after `cuInit` cannot
@@ -33,7 +48,10 @@
 
 pub mod bench;
 pub mod handles;
-mod kernels;
+pub mod kernels;
+pub mod launch;
+#[path = "../../kernels/segment.rs"]
+pub mod segment;
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
@@ -43,7 +61,7 @@ use cudarc::driver::sys::{self, CUdevice, CUdevice_attribute, CUresult};
 
 use crate::error::{Code, Result, UvmError};
 
-pub use kernels::{KernelAppender, Kernels};
+pub use kernels::Kernels;
 
 /// What `probe` found out about device 0.
 #[derive(Clone, Debug, Default)]
@@ -369,8 +387,4 @@ pub fn register_host(addr: u64, len: usize) -> Result<()> {
     // SAFETY: the caller's own mapped memory, kept mapped for the life of the process (hence
     // `keep_for_process`); the flags ask for a portable, device-mapped registration.
     unsafe { handles::HostRegistration::new(addr as *mut c_void, len, flags) }.map(handles::HostRegistration::keep_for_process)
-}
-
-pub(crate) fn void<T>(p: &mut T) -> *mut c_void {
-    p as *mut T as *mut c_void
 }
