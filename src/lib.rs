@@ -2,14 +2,18 @@
 //!
 //! The crate is layered so that the architecture is visible in the module tree:
 //!
+//! - [`vocab`]: the plain values every layer shares (tier, arena, chunk info, provider kind), so
+//!   that the provider need not import the registry nor the registry the provider.
 //! - [`registry`]: the table of segments and chunks in PostgreSQL shared memory.
 //! - [`broker`]: the background worker that holds every chunk's fd, and its protocol.
 //! - [`provider`]: where chunk memory comes from (memfd now, CUDA VMM next) and how it is mapped.
 //! - [`segment`]: one process's attachments, the pin/generation protocol, growth and drop.
 //! - [`exec`]: the execution seam: requests, run in this process or in the GPU service.
 //! - [`service`]: the GPU service (one process, one CUDA context per GPU) and its request channel.
-//! - [`gpu`]: CUDA in this process: driver loading, the primary context, NVRTC kernels.
-//! - [`gpujoin`]: the GpuJoin inner hash table in a segment (layout, CPU build and probe so far).
+//! - [`gpu`]: CUDA in this process: driver loading, the primary context, NVRTC kernels with
+//!   typed launches, CUDA handles owned by RAII. Knows nothing of GpuJoin.
+//! - [`gpujoin`]: the GpuJoin inner hash table in a segment (layout, CPU build and probe, the
+//!   materializing result buffer) and the host side of its kernels, on top of [`gpu`].
 //! - [`interrupt`]: cancel and `statement_timeout` for long plain-Rust loops (a hook `_PG_init` sets).
 //! - [`checksum`]: the segment checksum and fill pattern shared by the CPU and GPU paths.
 //! - [`sql`]: the thin pgrx layer: `_PG_init`, GUCs, SQL functions and views in schema `uvm`.
@@ -30,6 +34,7 @@ pub mod registry;
 pub mod segment;
 pub mod service;
 pub mod sql;
+pub mod vocab;
 
 ::pgrx::pg_module_magic!();
 

@@ -15,6 +15,7 @@
 //! In process mode [`Local`] does all steps in a row, on the caller's thread.
 
 use crate::error::{Code, Result};
+use crate::gpujoin::gpu::{JoinKernels, KernelAppender};
 use crate::gpujoin::pairs::{self, CpuAppender, Inner, RawInner};
 use crate::gpujoin::table::{self, KeyType};
 use crate::provider::{Provider, ProviderKind};
@@ -366,7 +367,7 @@ impl Work {
             Work::BenchJoinProbe { inner, keys, key_range } => {
                 // SAFETY: the pin behind `inner` is held (contract).
                 let view = unsafe { inner.inner() }?;
-                v[0] = f64_word(crate::gpu::bench::join_probe_view(&view, *keys, *key_range)?);
+                v[0] = f64_word(crate::gpujoin::gpu::join_probe_view(&view, *keys, *key_range)?);
             }
             &Work::BenchHostRegister { bytes } => {
                 v[0] = f64_word(crate::gpu::bench::host_register_ms(bytes)?);
@@ -465,7 +466,7 @@ pub fn run_main<E: Env>(segs: &mut Segments<E>, req: &Request, mut io: Io<'_>) -
                     (ap.matches, ap.sum)
                 }
                 Engine::Cuda => crate::gpu::gpu()?.with_kernels(|k| {
-                    let mut ap = crate::gpu::KernelAppender::new(k, keys);
+                    let mut ap = KernelAppender::new(k, keys);
                     pairs::append_batch(segs, seg.name(), result.name(), kt, &allow, &mut ap)?;
                     Ok((ap.matches, ap.sum))
                 })?,

@@ -2,53 +2,28 @@
 //! the calling backend so that they share its context with what they are compared against.
 
 use std::ffi::c_void;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Instant;
 
-use cudarc::driver::sys::{self, CUdeviceptr};
+use cudarc::driver::sys;
 
+use super::handles::{DeviceBuffer, HostRegistration, PinnedHostBuffer};
 use super::{check, gpu};
 use crate::error::{Code, Result, UvmError};
 
-/// Device memory from `cuMemAlloc`, freed on drop.
-struct DeviceBuffer(CUdeviceptr, usize);
-
-impl DeviceBuffer {
-    fn new(bytes: usize) -> Result<Self> {
-        let mut p: CUdeviceptr = 0;
-        // SAFETY: valid out-pointer; the context is current.
-        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut p, bytes) })?;
-        // SAFETY: zero the whole fresh allocation.
-        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(p, 1, bytes) })?;
-        Ok(DeviceBuffer(p, bytes))
-    }
+/// `bytes` of device memory from `cuMemAlloc`, every byte set (to 1) before anything is timed.
+fn device_buffer(bytes: usize) -> Result<DeviceBuffer> {
+    let d = DeviceBuffer::new(bytes)?;
+    d.set_bytes(1, bytes)?;
+    Ok(d)
 }
 
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        // SAFETY: freeing our own allocation once.
-        unsafe { sys::cuMemFree_v2(self.0) };
-    }
-}
-
-/// Pinned host memory from `cuMemAllocHost`, freed on drop.
-struct PinnedBuffer(*mut c_void, usize);
-
-impl PinnedBuffer {
-    fn new(bytes: usize) -> Result<Self> {
-        let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the context is current.
-        check("cuMemAllocHost", unsafe { sys::cuMemAllocHost_v2(&mut p, bytes) })?;
-        // SAFETY: touch every page of our own allocation.
-        unsafe { std::ptr::write_bytes(p as *mut u8, 1, bytes) };
-        Ok(PinnedBuffer(p, bytes))
-    }
-}
-
-impl Drop for PinnedBuffer {
-    fn drop(&mut self) {
-        // SAFETY: freeing our own allocation once.
-        unsafe { sys::cuMemFreeHost(self.0) };
-    }
+/// `bytes` of pinned host memory from `cuMemAllocHost`, every page touched.
+fn pinned_buffer(bytes: usize) -> Result<PinnedHostBuffer> {
+    let h = PinnedHostBuffer::new(bytes)?;
+    // SAFETY: writes the whole of our own fresh allocation, `bytes` long.
+    unsafe { std::ptr::write_bytes(h.ptr() as *mut u8, 1, bytes) };
+    Ok(h)
 }
 
 /// GB/s of the read kernel over a private `cuMemAlloc` buffer of `bytes`, filled with the
@@ -56,11 +31,11 @@ impl Drop for PinnedBuffer {
 /// moved changes the power drawn, and with it the clocks, by a few percent).
 pub fn private_read(bytes: u64, iterations: u32, seed: u64) -> Result<f64> {
     let g = gpu()?;
-    let buf = DeviceBuffer::new(bytes as usize)?;
-    // SAFETY: `buf` is our device buffer of `buf.1` bytes, alive for the whole closure.
+    let buf = device_buffer(bytes as usize)?;
+    // SAFETY: `buf` is our device buffer of `buf.len()` bytes, alive for the whole closure.
     g.with_kernels(|k| unsafe {
-        k.fill(buf.0, buf.1 as u64, seed)?;
-        k.read_bandwidth(buf.0, buf.1 as u64, iterations)
+        k.fill(buf.ptr(), buf.len() as u64, seed)?;
+        k.read_bandwidth(buf.ptr(), buf.len() as u64, iterations)
     })
 }
 
@@ -68,8 +43,8 @@ pub fn private_read(bytes: u64, iterations: u32, seed: u64) -> Result<f64> {
 /// memory of `bytes` each: the ceiling a migration is compared against.
 pub fn copy_ceiling(bytes: u64, iterations: u32) -> Result<(f64, f64)> {
     gpu()?;
-    let d = DeviceBuffer::new(bytes as usize)?;
-    let h = PinnedBuffer::new(bytes as usize)?;
+    let d = device_buffer(bytes as usize)?;
+    let h = pinned_buffer(bytes as usize)?;
     let time = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
         f()?; // warm-up
         let t = Instant::now();
@@ -79,9 +54,9 @@ pub fn copy_ceiling(bytes: u64, iterations: u32) -> Result<(f64, f64)> {
         Ok(bytes as f64 * iterations.max(1) as f64 / t.elapsed().as_secs_f64() / 1e9)
     };
     // SAFETY: both buffers are ours and `bytes` long.
-    let htod = time(&|| check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(d.0, h.0, h.1) }))?;
+    let htod = time(&|| check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(d.ptr(), h.ptr(), h.len()) }))?;
     // SAFETY: as above.
-    let dtoh = time(&|| check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(h.0, d.0, d.1) }))?;
+    let dtoh = time(&|| check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(h.ptr(), d.ptr(), d.len()) }))?;
     Ok((htod, dtoh))
 }
 
@@ -91,82 +66,61 @@ pub fn host_register_ms(bytes: u64) -> Result<f64> {
     gpu()?;
     let path = format!("/dev/shm/pg_uvm_share_bench_{}", std::process::id());
     let c = std::ffi::CString::new(path.clone()).expect("no NUL");
-    // SAFETY: plain file creation; the fd is closed and the file unlinked on every path below.
+    // SAFETY: plain file creation; the fd is owned right away, the file unlinked by `_file`.
     let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, 0o600) };
     if fd < 0 {
         return Err(UvmError::last_os(format!("could not create {path}")));
     }
-    let result = (|| {
-        // SAFETY: reserving the file's blocks up front (ENOSPC instead of SIGBUS on touch).
-        let rc = unsafe { libc::posix_fallocate(fd, 0, bytes as libc::off_t) };
-        if rc != 0 {
-            return Err(UvmError::os(
-                format!("could not allocate {bytes} bytes in /dev/shm"),
-                std::io::Error::from_raw_os_error(rc),
-            ));
-        }
-        // SAFETY: a shared mapping of our own file.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(UvmError::last_os("mmap of the /dev/shm file failed"));
-        }
-        let t = Instant::now();
-        // SAFETY: registering our own mapping, unregistered right after.
-        let reg = check("cuMemHostRegister", unsafe { sys::cuMemHostRegister_v2(p, bytes as usize, 0) });
-        let ms = t.elapsed().as_secs_f64() * 1e3;
-        // SAFETY: undoing the registration and the mapping made above.
-        unsafe {
-            if reg.is_ok() {
-                sys::cuMemHostUnregister(p);
-            }
-            libc::munmap(p, bytes as usize);
-        }
-        reg.map(|()| ms)
-    })();
-    // SAFETY: closing and unlinking the file created above.
-    unsafe {
-        libc::close(fd);
-        libc::unlink(c.as_ptr());
+    // SAFETY: a fresh fd of ours, closed once by the OwnedFd.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let _file = Unlink(c);
+    // SAFETY: reserving the file's blocks up front (ENOSPC instead of SIGBUS on touch).
+    let rc = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, bytes as libc::off_t) };
+    if rc != 0 {
+        return Err(UvmError::os(format!("could not allocate {bytes} bytes in /dev/shm"), std::io::Error::from_raw_os_error(rc)));
     }
-    result
+    // SAFETY: a shared mapping of our own file.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(UvmError::last_os("mmap of the /dev/shm file failed"));
+    }
+    let mapping = Unmap(p, bytes as usize);
+    let t = Instant::now();
+    // SAFETY: our own mapping, which `mapping` keeps until after `reg` is dropped just below.
+    let reg = unsafe { HostRegistration::new(mapping.0, mapping.1, 0) }?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    drop(reg);
+    Ok(ms)
 }
 
-/// Keys per second of the GpuJoin probe kernel alone (no scan, no staging copy) over `keys`
-/// pseudo-random int8 keys in `[0, key_range)`, against the int8 table in `pin`: at most
-/// `MAX_BENCH_KEYS` keys (54000 beyond, 22023 below one), generated on the fly, so that the
-/// request sizes no host allocation.
-pub fn join_probe<E: crate::segment::Env>(pin: &crate::segment::Pin<E>, keys: i64, key_range: i64) -> Result<f64> {
-    let inner = crate::gpujoin::pairs::Inner::of(pin, crate::gpujoin::table::KeyType::Int8, false)?;
-    join_probe_view(&inner, keys, key_range)
+/// Unlinks a file of ours on drop.
+struct Unlink(std::ffi::CString);
+
+impl Drop for Unlink {
+    fn drop(&mut self) {
+        // SAFETY: a path of ours, NUL-terminated.
+        unsafe { libc::unlink(self.0.as_ptr()) };
+    }
 }
 
-/// [`join_probe`] against a table already viewed (the GPU service's form).
-pub fn join_probe_view(inner: &crate::gpujoin::pairs::Inner<'_>, keys: i64, key_range: i64) -> Result<f64> {
-    use super::kernels::MAX_BENCH_KEYS;
-    if keys < 1 || key_range < 1 {
-        return Err(UvmError::new(
-            Code::InvalidParameterValue,
-            format!("keys and key_range must be positive, not {keys} and {key_range}"),
-        ));
+/// A mapping of ours, unmapped on drop.
+struct Unmap(*mut c_void, usize);
+
+impl Drop for Unmap {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unmapped once; nothing uses it any more (a registration of
+        // it is dropped first: it is made after this value).
+        unsafe { libc::munmap(self.0, self.1) };
     }
-    if keys as u64 > MAX_BENCH_KEYS {
-        return Err(UvmError::new(
-            Code::ProgramLimitExceeded,
-            format!("a probe benchmark takes at most {MAX_BENCH_KEYS} keys, not {keys}"),
-        ));
-    }
-    let range = key_range as u64;
-    let ms = gpu()?.with_kernels(|k| k.join_probe_kernel_ms(inner, keys as u64, |i| (crate::checksum::mix(i) % range) as i64))?;
-    Ok(keys as f64 / (ms / 1e3))
 }
 
 /// The error for benchmarks that need a GPU under the host provider.

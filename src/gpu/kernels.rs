@@ -1,61 +1,45 @@
-//! The kernels of `kernels/segment.cu`: NVRTC compilation to a CUBIN for the device's
-//! architecture, a disk cache in the data directory, and typed launches.
+//! The module of `kernels/segment.cu` in this process: NVRTC compilation to a CUBIN for the
+//! device's architecture, a disk cache in the data directory, the typed functions
+//! (`kernels/segment.rs`), the launch geometry, the small device buffers that launches share
+//! (a result buffer that kernels reduce into, a staging buffer for inputs, per-thread state),
+//! and the segment-generic kernels: checksum, fill, zero and the read-bandwidth probe.
+//!
+//! Kernels of other layers (GpuJoin's, `src/gpujoin/gpu.rs`) launch through [`Kernels::launch`]
+//! with the same buffers; this module knows their parameter lists (the table) but none of the
+//! types their callers deal in.
 
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, CStr, CString};
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use cudarc::driver::sys::{self, CUdeviceptr, CUfunction, CUmodule};
+use cudarc::driver::sys::CUdeviceptr;
 use cudarc::nvrtc::sys::{self as rtc, nvrtcResult};
 
-use super::{check, void, DeviceInfo};
+use super::handles::{DeviceBuffer, Module};
+use super::launch::{Kernel, MutPtr, Params, Ptr};
+use super::segment::{self, Segment};
+use super::DeviceInfo;
 use crate::error::{Code, Result, UvmError};
-use crate::gpujoin::pairs::{self, Appender, Inner, Step, Target};
-use crate::gpujoin::table;
 
-const SOURCE: &str = include_str!("../../kernels/segment.cu");
 /// Directory of compiled kernels, relative to the data directory (every process runs there).
 const CACHE_DIR: &str = "pg_uvm_share_kernels";
 
 /// Bytes of the device buffer that kernels reduce into (`ctl` of the materializing kernel).
-const RESULT_BYTES: usize = 64;
+pub const RESULT_BYTES: usize = 64;
 /// Threads per block of every launch.
 const BLOCK: u32 = 256;
-/// Keys per launch at most, so that the staging buffer (kept for the process's lifetime) stays
-/// at 8 MiB however large a batch grows while CUDA starts.
-const MAX_LAUNCH_KEYS: usize = 1 << 20;
-/// Keys one probe benchmark launch takes at most (128 MiB staged on the device).
-pub const MAX_BENCH_KEYS: u64 = 1 << 24;
 
-/// Recombines the split payload sums of the join kernels: hi * 2^32 + lo (see segment.cu),
-/// exact while one launch matches fewer than 2^32 rows (else an error, never a wrong sum).
-fn payload_sum(matches: u64, lo: u64, hi: u64) -> Result<i128> {
-    if matches >= 1 << 32 {
-        return Err(UvmError::new(
-            Code::ProgramLimitExceeded,
-            format!("one GpuJoin kernel launch matched {matches} rows: its payload sum would not be exact"),
-        )
-        .hint("Probe fewer keys per launch, or deduplicate the inner side's keys."));
-    }
-    Ok(((hi as i64 as i128) << 32) + lo as i128)
-}
-
-/// The loaded module and its functions, plus a small device buffer for reductions.
+/// The loaded module and its functions, plus the device buffers that launches share. Used by
+/// one thread at a time (`Gpu::with_kernels` holds a lock).
 pub struct Kernels {
-    _module: CUmodule,
-    checksum_fn: CUfunction,
-    fill_fn: CUfunction,
-    read_bw_fn: CUfunction,
-    join_build_fn: CUfunction,
-    join_probe_fn: CUfunction,
-    join_materialize_fn: CUfunction,
-    zero_fn: CUfunction,
-    result: CUdeviceptr,
-    /// Staging buffer for probe keys (grown on demand) and its size in bytes.
-    staging: std::cell::Cell<(CUdeviceptr, usize)>,
-    /// Per-thread resume state of `uvm_join_materialize` (2 words a thread; allocated on first use).
-    resume: std::cell::Cell<CUdeviceptr>,
+    segment: Segment,
+    result: DeviceBuffer,
+    /// Staging buffer for kernel inputs (grown on demand).
+    staging: RefCell<Option<DeviceBuffer>>,
+    /// Per-thread state kept between launches (allocated on first use).
+    per_thread: RefCell<Option<DeviceBuffer>>,
     grid: u32,
     /// Where the CUBIN came from: "nvrtc (N ms)" or "disk cache".
     pub origin: String,
@@ -72,7 +56,7 @@ fn rtc_check(what: &str, r: nvrtcResult) -> Result<()> {
 
 fn cache_path(info: &DeviceInfo) -> PathBuf {
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    SOURCE.hash(&mut h);
+    segment::SOURCE.hash(&mut h);
     info.nvrtc.hash(&mut h);
     PathBuf::from(CACHE_DIR).join(format!(
         "segment-{:016x}-sm_{}{}.cubin",
@@ -92,7 +76,7 @@ fn compile(info: &DeviceInfo) -> Result<Vec<u8>> {
         )
         .hint("Install the CUDA runtime compiler library, or use pg_uvm_share.provider = host."));
     }
-    let src = CString::new(SOURCE).expect("no NUL in the kernel source");
+    let src = CString::new(segment::SOURCE).expect("no NUL in the kernel source");
     let arch = CString::new(format!("--gpu-architecture=sm_{}{}", info.compute_capability.0, info.compute_capability.1))
         .expect("no NUL");
     let opts = [arch.as_ptr(), c"--std=c++17".as_ptr(), c"-default-device".as_ptr()];
@@ -145,60 +129,96 @@ fn cubin(info: &DeviceInfo) -> Result<(Vec<u8>, String)> {
     Ok((bytes, origin))
 }
 
-fn function(module: CUmodule, name: &CStr) -> Result<CUfunction> {
-    let mut f: CUfunction = std::ptr::null_mut();
-    // SAFETY: valid out-pointer and module; the name is NUL-terminated.
-    check("cuModuleGetFunction", unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) })?;
-    Ok(f)
-}
-
 impl Kernels {
     pub fn load(info: &DeviceInfo) -> Result<Kernels> {
         let (image, origin) = cubin(info)?;
-        let mut module: CUmodule = std::ptr::null_mut();
-        // SAFETY: `image` is a complete CUBIN; the context is current.
-        check("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) })?;
-        let mut result: CUdeviceptr = 0;
-        // SAFETY: valid out-pointer; RESULT_BYTES of device memory for reductions.
-        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut result, RESULT_BYTES) })?;
+        // SAFETY: a CUBIN from NVRTC or from our disk cache; the context is current (the
+        // caller got `info` from `gpu()`).
+        let module = unsafe { Module::load(&image) }?;
         Ok(Kernels {
-            checksum_fn: function(module, c"uvm_checksum")?,
-            fill_fn: function(module, c"uvm_fill")?,
-            read_bw_fn: function(module, c"uvm_read_bw")?,
-            join_build_fn: function(module, c"uvm_join_build")?,
-            join_probe_fn: function(module, c"uvm_join_probe")?,
-            join_materialize_fn: function(module, c"uvm_join_materialize")?,
-            zero_fn: function(module, c"uvm_zero")?,
-            staging: std::cell::Cell::new((0, 0)),
-            resume: std::cell::Cell::new(0),
-            _module: module,
-            result,
+            segment: Segment::load(module)?,
+            result: DeviceBuffer::new(RESULT_BYTES)?,
+            staging: RefCell::new(None),
+            per_thread: RefCell::new(None),
             grid: (info.sm_count.max(1) * 4) as u32,
             origin,
         })
     }
 
-    fn launch(&self, f: CUfunction, params: &mut [*mut c_void]) -> Result<()> {
-        // SAFETY: `params` points to one value per kernel parameter, alive for the call; the
-        // legacy default stream is synchronized before returning.
-        unsafe {
-            check(
-                "cuLaunchKernel",
-                sys::cuLaunchKernel(
-                    f,
-                    self.grid,
-                    1,
-                    1,
-                    BLOCK,
-                    1,
-                    1,
-                    0,
-                    std::ptr::null_mut(),
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                ),
-            )?;
-            check("cuStreamSynchronize", sys::cuStreamSynchronize(std::ptr::null_mut()))
+    /// The functions of `segment.cu`.
+    pub fn segment(&self) -> &Segment {
+        &self.segment
+    }
+
+    /// Launches `kernel` (one of [`Kernels::segment`]'s) over the grid every launch uses, and
+    /// waits for it.
+    ///
+    /// # Safety
+    /// As for [`Kernel::launch`]: every pointer in `params` addresses device-accessible memory,
+    /// mapped for the launch, as large as the kernel reads or writes through it.
+    pub unsafe fn launch<P: Params>(&self, kernel: &Kernel<P>, params: P) -> Result<()> {
+        // SAFETY: forwarded contract; the context is current (this came from `gpu()`).
+        unsafe { kernel.launch(self.grid, BLOCK, params) }
+    }
+
+    /// Threads of every launch (the grid never changes in a process).
+    pub fn threads(&self) -> usize {
+        self.grid as usize * BLOCK as usize
+    }
+
+    /// The device buffer of [`RESULT_BYTES`] that kernels reduce into (clear what a launch adds
+    /// to before it, read it back after).
+    pub fn result(&self) -> &DeviceBuffer {
+        &self.result
+    }
+
+    /// The result buffer's address, as a kernel's `u64 *` parameter.
+    pub fn result_ptr(&self) -> MutPtr<u64> {
+        MutPtr::new(self.result.ptr())
+    }
+
+    /// A device buffer of at least `bytes` for staging kernel inputs (kept for the process).
+    /// The address stays valid until a later call asks for more bytes than it holds.
+    pub fn staging(&self, bytes: usize) -> Result<CUdeviceptr> {
+        let mut staging = self.staging.borrow_mut();
+        if let Some(b) = staging.as_ref().filter(|b| b.len() >= bytes) {
+            return Ok(b.ptr());
+        }
+        // Free the old buffer first (launches are synchronous: no kernel uses it any more).
+        *staging = None;
+        let b = DeviceBuffer::new(bytes.next_power_of_two().max(1 << 20))?;
+        let p = b.ptr();
+        *staging = Some(b);
+        Ok(p)
+    }
+
+    /// Copies host values into the staging buffer (sized by [`Kernels::staging`] first) at
+    /// byte `at`.
+    pub fn stage(&self, at: usize, v: &[i64]) -> Result<()> {
+        match self.staging.borrow().as_ref() {
+            Some(b) => b.write(at, v),
+            None => Err(UvmError::new(Code::SystemError, "kernel inputs staged before the staging buffer was sized")),
+        }
+    }
+
+    /// A device buffer of `bytes_per_thread` for each of [`Kernels::threads`], kept for the
+    /// process, so that its contents survive from one launch to the next (the first call sizes
+    /// it; a later call asking for more is an error).
+    pub fn per_thread_state(&self, bytes_per_thread: usize) -> Result<CUdeviceptr> {
+        let bytes = self.threads() * bytes_per_thread;
+        let mut state = self.per_thread.borrow_mut();
+        match state.as_ref() {
+            Some(b) if b.len() >= bytes => Ok(b.ptr()),
+            Some(b) => Err(UvmError::new(
+                Code::SystemError,
+                format!("per-thread state of {bytes} bytes asked for, {} allocated", b.len()),
+            )),
+            None => {
+                let b = DeviceBuffer::new(bytes)?;
+                let p = b.ptr();
+                *state = Some(b);
+                Ok(p)
+            }
         }
     }
 
@@ -208,14 +228,14 @@ impl Kernels {
     /// `[addr, addr + len)` is device-accessible memory kept mapped for the call (a pinned
     /// segment's range, bounds-checked by `Pin::addr`): the kernel reads every byte of it.
     pub unsafe fn checksum(&self, addr: u64, len: u64) -> Result<u64> {
-        // SAFETY: `result` is our 8-byte device buffer.
-        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 8) })?;
-        let (mut p, mut n, mut out) = (addr, len, self.result);
-        self.launch(self.checksum_fn, &mut [void(&mut p), void(&mut n), void(&mut out)])?;
-        let mut v = 0u64;
-        // SAFETY: copies 8 bytes from our device buffer into `v`.
-        check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(void(&mut v), self.result, 8) })?;
-        Ok(v)
+        self.result.set_bytes(0, 8)?;
+        let params = segment::Checksum { p: Ptr::new(addr), len, out: self.result_ptr() };
+        // SAFETY: the kernel reads [addr, addr + len) (the caller's promise) and adds to the
+        // first word of our result buffer.
+        unsafe { self.launch(self.segment.uvm_checksum(), params) }?;
+        let mut v = [0u64; 1];
+        self.result.read(&mut v)?;
+        Ok(v[0])
     }
 
     /// Fills `[addr, addr + len)` with the pattern of `src/checksum.rs::fill`, on the GPU.
@@ -225,33 +245,8 @@ impl Kernels {
     /// pinned segment's range, bounds-checked by `Pin::addr`, or a buffer of ours): the kernel
     /// writes every byte of it.
     pub unsafe fn fill(&self, addr: u64, len: u64, seed: u64) -> Result<()> {
-        let (mut p, mut n, mut s) = (addr, len, seed);
-        self.launch(self.fill_fn, &mut [void(&mut p), void(&mut n), void(&mut s)])
-    }
-
-    /// A device buffer of at least `bytes` for staging kernel inputs (kept for the process).
-    fn staging(&self, bytes: usize) -> Result<CUdeviceptr> {
-        let (p, n) = self.staging.get();
-        if n >= bytes {
-            return Ok(p);
-        }
-        if p != 0 {
-            // SAFETY: freeing our own staging buffer, which no kernel uses any more.
-            unsafe { sys::cuMemFree_v2(p) };
-            self.staging.set((0, 0));
-        }
-        let size = bytes.next_power_of_two().max(1 << 20);
-        let mut q: CUdeviceptr = 0;
-        // SAFETY: valid out-pointer.
-        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut q, size) })?;
-        self.staging.set((q, size));
-        Ok(q)
-    }
-
-    /// Copies host values into the staging buffer at byte `at`.
-    fn stage(&self, base: CUdeviceptr, at: usize, v: &[i64]) -> Result<()> {
-        // SAFETY: the staging buffer holds at least `at + 8 * v.len()` bytes (sized by caller).
-        check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(base + at as u64, v.as_ptr() as *const c_void, v.len() * 8) })
+        // SAFETY: the kernel writes [addr, addr + len) (the caller's promise).
+        unsafe { self.launch(self.segment.uvm_fill(), segment::Fill { p: MutPtr::new(addr), len, seed }) }
     }
 
     /// Zeroes `words` 8-byte words at `addr` (which may span chunks).
@@ -260,253 +255,65 @@ impl Kernels {
     /// `[addr, addr + 8 * words)` is 8-byte aligned device-accessible memory that nothing else
     /// of this process uses (a pinned segment's range, bounds-checked by `Pin::addr`).
     pub unsafe fn zero(&self, addr: u64, words: u64) -> Result<()> {
-        let (mut p, mut n) = (addr, words);
-        self.launch(self.zero_fn, &mut [void(&mut p), void(&mut n)])
+        // SAFETY: the kernel writes [addr, addr + 8 * words) (the caller's promise).
+        unsafe { self.launch(self.segment.uvm_zero(), segment::Zero { p: MutPtr::new(addr), words }) }
     }
 
-    /// Inserts rows with non-NULL keys into a GpuJoin table's slots at `slots` (`mask + 1`
-    /// slots, zeroed before the first batch), on the GPU, at most [`MAX_LAUNCH_KEYS`] rows per
-    /// launch with an interrupt check between launches. Rows that find no empty slot within
-    /// `mask + 1` steps (the segment was overwritten during the build) are left out; returns
-    /// how many.
-    ///
-    /// # Safety
-    /// `slots` addresses `mask + 1` slots (`mask + 1` a power of two) of writable,
-    /// device-accessible memory, 8-byte aligned, kept mapped for the call (a pinned segment's
-    /// range, bounds-checked by `Pin::addr`).
-    pub unsafe fn join_build(&self, slots: u64, mask: u64, seed: u64, keys: &[i64], payloads: &[i64]) -> Result<u64> {
-        debug_assert_eq!(keys.len(), payloads.len());
-        let mut left_out = 0;
-        for (ks, ps) in keys.chunks(MAX_LAUNCH_KEYS).zip(payloads.chunks(MAX_LAUNCH_KEYS)) {
-            crate::interrupt::check()?;
-            let buf = self.staging(ks.len() * 16)?;
-            self.stage(buf, 0, ks)?;
-            self.stage(buf, ks.len() * 8, ps)?;
-            // SAFETY: `result` is our RESULT_BYTES device buffer.
-            check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 8) })?;
-            let (mut s, mut m, mut sd, mut k, mut p, mut n, mut bad) =
-                (slots, mask, seed, buf, buf + ks.len() as u64 * 8, ks.len() as u64, self.result);
-            self.launch(
-                self.join_build_fn,
-                &mut [void(&mut s), void(&mut m), void(&mut sd), void(&mut k), void(&mut p), void(&mut n), void(&mut bad)],
-            )?;
-            let mut b = 0u64;
-            // SAFETY: copies 8 bytes from our device buffer into `b`.
-            check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(void(&mut b), self.result, 8) })?;
-            left_out += b;
-        }
-        Ok(left_out)
-    }
-
-    /// Probes non-NULL `keys` against the table of `inner`; returns (matches, payload sum),
-    /// exact up to 2^32 matches per launch. A chain without an empty slot is an ERROR (22023):
-    /// the table is corrupted.
-    pub fn join_probe(&self, inner: &Inner<'_>, keys: &[i64]) -> Result<(u64, i128)> {
-        keys.chunks(MAX_LAUNCH_KEYS).try_fold((0, 0), |(m, sum), part| {
-            crate::interrupt::check()?;
-            // SAFETY: `result` is our RESULT_BYTES device buffer.
-            check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 32) })?;
-            self.run_probe(inner, part, 1)?;
-            let mut r = [0u64; 4];
-            // SAFETY: copies 32 bytes from our device buffer into `r`.
-            check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(r.as_mut_ptr() as *mut c_void, self.result, 32) })?;
-            if r[3] != 0 {
-                return Err(table::corrupted(
-                    inner.name(),
-                    &format!("a probe found no empty slot in {} slots", inner.header().slot_count),
-                ));
-            }
-            Ok((m + r[0], sum + payload_sum(r[0], r[1], r[2])?))
-        })
-    }
-
-    /// Stages `keys` and launches the probe kernel `runs` times, adding into the result buffer;
-    /// returns the milliseconds of the last launch.
-    fn run_probe(&self, inner: &Inner<'_>, keys: &[i64], runs: u32) -> Result<f64> {
-        let buf = self.staging(keys.len() * 8)?;
-        self.stage(buf, 0, keys)?;
-        self.launch_probe(inner, buf, keys.len() as u64, runs)
-    }
-
-    /// Launches the probe kernel `runs` times over `n` keys staged at `keys`.
-    fn launch_probe(&self, inner: &Inner<'_>, keys: CUdeviceptr, n: u64, runs: u32) -> Result<f64> {
-        let h = inner.header();
-        // Inner::of validated the header and bounded the slots inside the pinned segment.
-        let (mut s, mut m, mut sd, mut k, mut n, mut out) = (inner.slots(), h.slot_count - 1, h.seed, keys, n, self.result);
-        let mut params = [void(&mut s), void(&mut m), void(&mut sd), void(&mut k), void(&mut n), void(&mut out)];
-        let mut ms = 0.0;
-        for _ in 0..runs.max(1) {
-            let t = Instant::now();
-            self.launch(self.join_probe_fn, &mut params)?;
-            ms = t.elapsed().as_secs_f64() * 1e3;
-        }
-        Ok(ms)
-    }
-
-    /// The per-thread resume buffer of the materializing kernel.
-    fn resume_state(&self) -> Result<CUdeviceptr> {
-        if self.resume.get() == 0 {
-            let mut p: CUdeviceptr = 0;
-            // SAFETY: valid out-pointer; 16 bytes per thread of the (fixed) grid.
-            check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut p, self.grid as usize * BLOCK as usize * 16) })?;
-            self.resume.set(p);
-        }
-        Ok(self.resume.get())
-    }
-
-    /// Time of one launch of the probe kernel over `n` keys, `key(i)` for i in `0..n`
-    /// (benchmarks only; `n` at most [`MAX_BENCH_KEYS`]): the kernel alone, after a warm-up
-    /// launch, without the staging copy. The keys are generated and staged a launch's worth at
-    /// a time, so host memory stays constant; the device's staging buffer holds all `n`.
-    pub fn join_probe_kernel_ms(&self, inner: &Inner<'_>, n: u64, key: impl Fn(u64) -> i64) -> Result<f64> {
-        if n == 0 || n > MAX_BENCH_KEYS {
-            return Err(UvmError::new(
-                Code::ProgramLimitExceeded,
-                format!("a probe benchmark takes 1 to {MAX_BENCH_KEYS} keys, not {n}"),
-            ));
-        }
-        let buf = self.staging(n as usize * 8)?;
-        let mut host = Vec::with_capacity(MAX_LAUNCH_KEYS.min(n as usize));
-        for start in (0..n).step_by(MAX_LAUNCH_KEYS) {
-            crate::interrupt::check()?;
-            host.clear();
-            host.extend((start..(start + MAX_LAUNCH_KEYS as u64).min(n)).map(&key));
-            self.stage(buf, start as usize * 8, &host)?;
-        }
-        // SAFETY: `result` is our RESULT_BYTES device buffer.
-        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.result, 0, 32) })?;
-        self.launch_probe(inner, buf, n, 2)
-    }
-}
-
-/// The materializing GpuJoin on the GPU: `uvm_join_materialize` under the grow-and-resume
-/// protocol of `gpujoin::pairs` (the kernel's state between launches stays on the device).
-pub struct KernelAppender<'k> {
-    k: &'k Kernels,
-    keys: &'k [i64],
-    /// Start of the part of `keys` being appended (at most MAX_LAUNCH_KEYS keys), and where it is
-    /// staged once it is.
-    at: usize,
-    staged: Option<CUdeviceptr>,
-    /// Whether the part's next launch starts it (else it resumes where the last one stopped).
-    fresh: bool,
-    pub matches: u64,
-    pub sum: i128,
-}
-
-impl<'k> KernelAppender<'k> {
-    pub fn new(k: &'k Kernels, keys: &'k [i64]) -> KernelAppender<'k> {
-        KernelAppender { k, keys, at: 0, staged: None, fresh: true, matches: 0, sum: 0 }
-    }
-}
-
-impl Appender for KernelAppender<'_> {
-    fn cpu(&self) -> bool {
-        false
-    }
-
-    fn run(&mut self, inner: &Inner<'_>, target: Target<'_>) -> Result<Step> {
-        while self.at < self.keys.len() {
-            crate::interrupt::check()?;
-            let part = &self.keys[self.at..(self.at + MAX_LAUNCH_KEYS).min(self.keys.len())];
-            if let Step::Need(pairs) = self.launch(part, inner, target)? {
-                return Ok(Step::Need(pairs));
-            }
-            (self.at, self.staged, self.fresh) = (self.at + part.len(), None, true);
-        }
-        Ok(Step::Done)
-    }
-}
-
-impl KernelAppender<'_> {
-    /// One launch over `part` (staged on its first launch): starts it, or resumes it.
-    fn launch(&mut self, part: &[i64], inner: &Inner<'_>, target: Target<'_>) -> Result<Step> {
-        let k = self.k;
-        let keys = match self.staged {
-            Some(p) => p,
-            None => {
-                let p = k.staging(part.len() * 8)?;
-                k.stage(p, 0, part)?;
-                self.staged = Some(p);
-                p
-            }
-        };
-        let resume = k.resume_state()?;
-        // SAFETY: `result` is our RESULT_BYTES device buffer.
-        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(k.result, 0, 48) })?;
-        // Inner::of and Target::of validated both headers and bounded both ranges inside their
-        // pinned segments, which the pins behind `inner` and `target` keep mapped.
-        let h = inner.header();
-        let (mut s, mut m, mut sd, mut kp, mut n) = (inner.slots(), h.slot_count - 1, h.seed, keys, part.len() as u64);
-        let base = target.base();
-        let (mut pairs, mut next, mut written, mut cap) =
-            (base + pairs::HEADER_BYTES, base + pairs::NEXT_AT, base + pairs::WRITTEN_AT, target.cap());
-        let (mut rs, mut fresh, mut ctl) = (resume, u64::from(self.fresh), k.result);
-        k.launch(
-            k.join_materialize_fn,
-            &mut [
-                void(&mut s),
-                void(&mut m),
-                void(&mut sd),
-                void(&mut kp),
-                void(&mut n),
-                void(&mut pairs),
-                void(&mut next),
-                void(&mut written),
-                void(&mut cap),
-                void(&mut rs),
-                void(&mut fresh),
-                void(&mut ctl),
-            ],
-        )?;
-        self.fresh = false;
-        let mut c = [0u64; 6];
-        // SAFETY: copies 48 bytes from our device buffer into `c`.
-        check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(c.as_mut_ptr() as *mut c_void, k.result, 48) })?;
-        self.matches += c[2];
-        self.sum += payload_sum(c[2], c[3], c[4])?;
-        if c[5] != 0 {
-            // Some reservations stay partly unwritten: readers see written != next.
-            return Err(table::corrupted(
-                inner.name(),
-                "a probe found no empty slot or the table changed while it was probed (or the result buffer's counters are corrupted)",
-            ));
-        }
-        Ok(if c[0] != 0 { Step::Need(c[1]) } else { Step::Done })
-    }
-}
-
-impl Kernels {
     /// GB/s of a kernel reading `[addr, addr + len)` `iterations` times (after a warm-up).
     ///
     /// # Safety
     /// As for [`Kernels::checksum`]: the kernel reads every byte of `[addr, addr + len)`.
     pub unsafe fn read_bandwidth(&self, addr: u64, len: u64, iterations: u32) -> Result<f64> {
-        let (mut p, mut n, mut out) = (addr, len / 16, self.result);
-        self.launch(self.read_bw_fn, &mut [void(&mut p), void(&mut n), void(&mut out)])?;
+        let params = segment::ReadBw { p: Ptr::new(addr), n: len / 16, out: self.result_ptr() };
+        // SAFETY: the kernel reads the first n 16-byte vectors of [addr, addr + len) (the
+        // caller's promise) and may add to the first word of our result buffer.
+        unsafe { self.launch(self.segment.uvm_read_bw(), params) }?;
         let t = Instant::now();
         for _ in 0..iterations.max(1) {
-            self.launch(self.read_bw_fn, &mut [void(&mut p), void(&mut n), void(&mut out)])?;
+            // SAFETY: as above.
+            unsafe { self.launch(self.segment.uvm_read_bw(), params) }?;
         }
-        Ok((n * 16) as f64 * iterations.max(1) as f64 / t.elapsed().as_secs_f64() / 1e9)
+        Ok((params.n * 16) as f64 * iterations.max(1) as f64 / t.elapsed().as_secs_f64() / 1e9)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::launch::declared_kernels;
     use super::*;
 
-    /// The kernels' split sums (segment.cu, add_payload), recombined, equal the exact sum.
+    /// The table of `kernels/segment.rs` declares exactly the functions of `segment.cu`, in
+    /// order, each with the source's parameters: same names, same C types, same order. This is
+    /// what makes a typed launch pass exactly what the kernel takes.
     #[test]
-    fn split_payload_sums_recombine_exactly() {
-        let payloads = [-1i64, 5, i64::MIN, i64::MAX, i64::MAX, -7_000_000_000, 0, 1 << 40];
-        let (mut lo, mut hi) = (0u64, 0i64);
-        for p in payloads {
-            lo = lo.wrapping_add(p as u32 as u64);
-            hi = hi.wrapping_add(p >> 32);
+    fn kernel_table_matches_the_source() {
+        let source = declared_kernels(segment::SOURCE);
+        let table = Segment::signatures();
+        let names = |v: Vec<&str>| v.join(", ");
+        assert_eq!(
+            names(table.iter().map(|k| k.0).collect()),
+            names(source.iter().map(|k| k.0.as_str()).collect()),
+            "the table's functions (left) are not the source's (right)"
+        );
+        for ((name, params), (_, declared)) in table.into_iter().zip(source) {
+            let params: Vec<(String, String)> = params.into_iter().map(|(n, t)| (n.to_string(), t)).collect();
+            assert_eq!(params, declared, "{name}: the table's parameters (left) are not the source's (right)");
         }
-        let exact: i128 = payloads.iter().map(|&p| p as i128).sum();
-        assert_eq!(payload_sum(payloads.len() as u64, lo, hi as u64).unwrap(), exact);
-        assert_eq!(payload_sum(1 << 32, lo, hi as u64).unwrap_err().code, Code::ProgramLimitExceeded);
+    }
+
+    /// The parser sees what the table is compared against: spot checks of its reading.
+    #[test]
+    fn source_declarations_are_read_as_written() {
+        let k = declared_kernels(
+            "extern \"C\" __global__ void f(const u8 *p, u64 len,\n    long long *out) {}\n\
+             extern \"C\" __global__ void g(Slot* s) {}",
+        );
+        let own = |v: &[(&str, &str)]| v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<Vec<_>>();
+        assert_eq!(k[0].0, "f");
+        assert_eq!(k[0].1, own(&[("p", "const u8 *"), ("len", "u64"), ("out", "long long *")]));
+        assert_eq!(k[1].1, own(&[("s", "Slot *")]));
+        let probe = Segment::signatures().into_iter().find(|(n, _)| *n == "uvm_join_probe").unwrap().1;
+        assert_eq!(probe[0], ("slots", "const Slot *".to_string()));
+        assert_eq!(probe[3], ("keys", "const long long *".to_string()));
     }
 }

@@ -8,6 +8,21 @@
 //! call into a missing library panics; a too-old driver that lacks a symbol panics too, which
 //! `probe` turns into an error).
 //!
+//! This module is the CUDA layer and nothing above it: it knows the device, the module of
+//! `kernels/segment.cu` and how to launch its functions, never what the callers' data means.
+//!
+//! - `mod.rs`: the device, the process's primary context, copies, host registration.
+//! - [`handles`]: one owner per kind of CUDA handle, released on drop.
+//! - [`launch`]: typed launches. Each kernel's parameter list is a Rust struct declared once,
+//!   in the `kernels!` table of [`segment`] (`kernels/segment.rs`, beside `segment.cu`), and
+//!   checked against the source by a test; a launch with other arguments does not compile.
+//! - [`kernels`]: NVRTC compilation, the disk cache, the loaded module with the buffers that
+//!   launches share, and the segment-generic kernels (checksum, fill, zero, read bandwidth).
+//! - [`bench`]: baselines for the GPU benchmarks.
+//!
+//! GpuJoin's host code (staging its keys, the build, probe and materialize launches, decoding
+//! their results, the grow-and-resume appender) is `src/gpujoin/gpu.rs`, above this layer.
+//!
 //! # Lifecycle
 //!
 //! - The postmaster and the broker never call into CUDA: a process forked after `cuInit` cannot
@@ -27,9 +42,16 @@
 //!   first use, cached in the process and on disk (`pg_uvm_share_kernels/` in the data
 //!   directory, keyed by a hash of the source, the NVRTC version and the architecture), so a
 //!   new backend loads them without compiling.
+//! - Every CUDA handle (the context's retain, the module, device and pinned buffers, host
+//!   registrations) is owned by a value of [`handles`] that releases it when dropped; what the
+//!   process keeps for its whole life sits in the `Gpu` static, and process exit releases it.
 
 pub mod bench;
-mod kernels;
+pub mod handles;
+pub mod kernels;
+pub mod launch;
+#[path = "../../kernels/segment.rs"]
+pub mod segment;
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
@@ -39,7 +61,7 @@ use cudarc::driver::sys::{self, CUdevice, CUdevice_attribute, CUresult};
 
 use crate::error::{Code, Result, UvmError};
 
-pub use kernels::{KernelAppender, Kernels};
+pub use kernels::Kernels;
 
 /// What `probe` found out about device 0.
 #[derive(Clone, Debug, Default)]
@@ -63,9 +85,11 @@ pub struct DeviceInfo {
 pub struct Gpu {
     pub info: DeviceInfo,
     pub device: CUdevice,
-    /// The retained primary context (current on every thread that called [`gpu`]).
-    context: sys::CUcontext,
     kernels: std::sync::Mutex<Option<std::result::Result<Kernels, UvmError>>>,
+    /// The retained primary context (current on every thread that called [`gpu`]). Last, so
+    /// that it would be dropped after the kernels' module and buffers made in it (the `Gpu`
+    /// lives in a static and is never dropped: the process's exit releases the context).
+    context: handles::PrimaryContext,
 }
 
 // SAFETY: the raw CUDA handles inside are used by the main thread, and before that at most by
@@ -109,14 +133,14 @@ pub fn driver_present() -> bool {
 }
 
 static GPU: OnceLock<std::result::Result<Gpu, UvmError>> = OnceLock::new();
-static ARENA: OnceLock<crate::registry::Arena> = OnceLock::new();
+static ARENA: OnceLock<crate::vocab::Arena> = OnceLock::new();
 
 /// Tells `gpu` where this process's inherited address arena is. Must come before the first
 /// `gpu()` call: the arena is released just before `cuInit`, because the driver honours
 /// `cuMemAddressReserve` hints only in address space that was free when it initialised
 /// (measured on the H200: a range unmapped after `cuInit` is never given back at its address).
 /// Segments then get their reservations at their arena addresses, the same in every process.
-pub fn set_arena(arena: crate::registry::Arena) {
+pub fn set_arena(arena: crate::vocab::Arena) {
     let _ = ARENA.set(arena);
 }
 
@@ -127,8 +151,8 @@ pub fn gpu() -> Result<&'static Gpu> {
     let g = GPU.get_or_init(probe).as_ref().map_err(Clone::clone)?;
     CURRENT.with(|c| {
         if !c.get() {
-            // SAFETY: a context retained for the life of the process.
-            check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(g.context) })?;
+            // SAFETY: a context retained for the life of the process (`g` is in a static).
+            check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(g.context.raw()) })?;
             c.set(true);
         }
         Ok(g)
@@ -265,12 +289,11 @@ fn probe_inner() -> std::result::Result<Gpu, UvmError> {
         ));
     }
     let t = Instant::now();
-    let mut ctx = std::ptr::null_mut();
-    // SAFETY: valid out-pointer; the primary context is retained for the process's lifetime.
-    unsafe {
-        check("cuDevicePrimaryCtxRetain", sys::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
-        check("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx))?;
-    }
+    // Retained for the process's lifetime once the `Gpu` is in its static; released if a step
+    // below fails.
+    let ctx = handles::PrimaryContext::retain(dev)?;
+    // SAFETY: a context just retained.
+    check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx.raw()) })?;
     info.context_ms = t.elapsed().as_secs_f64() * 1e3;
     let mut total = 0usize;
     let mut free = 0usize;
@@ -360,13 +383,8 @@ pub unsafe fn copy(dst: u64, src: u64, len: usize) -> Result<()> {
 /// does it once for the channel's staging memory.
 pub fn register_host(addr: u64, len: usize) -> Result<()> {
     gpu()?;
-    // SAFETY: the caller's own mapped memory, kept mapped for the life of the process; the
-    // flags ask for a portable, device-mapped registration.
-    check("cuMemHostRegister", unsafe {
-        sys::cuMemHostRegister_v2(addr as *mut c_void, len, sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP)
-    })
-}
-
-pub(crate) fn void<T>(p: &mut T) -> *mut c_void {
-    p as *mut T as *mut c_void
+    let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+    // SAFETY: the caller's own mapped memory, kept mapped for the life of the process (hence
+    // `keep_for_process`); the flags ask for a portable, device-mapped registration.
+    unsafe { handles::HostRegistration::new(addr as *mut c_void, len, flags) }.map(handles::HostRegistration::keep_for_process)
 }

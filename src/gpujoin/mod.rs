@@ -1,8 +1,10 @@
 //! GpuJoin: an inner hash table built once in a shared segment and probed by every parallel
 //! worker. This module holds what the CPU and GPU paths share: the table layout with the CPU
 //! build and probe (`table.rs`; the kernels in `kernels/segment.cu` follow the same layout),
-//! the probe aggregate's batching state (`probe.rs`), and the materializing mode's shared result
-//! buffer with its grow-and-resume protocol (`pairs.rs`). The SQL surface is `sql/gpujoin.rs`.
+//! the probe aggregate's batching state (`probe.rs`), the materializing mode's shared result
+//! buffer with its grow-and-resume protocol (`pairs.rs`), and the host side of the join kernels
+//! (`gpu.rs`: staging, typed launches through `src/gpu`, decoding their results). The SQL
+//! surface is `sql/gpujoin.rs`; requests reach this module through `src/exec`.
 //!
 //! # Layout
 //!
@@ -40,6 +42,7 @@
 //! The addresses kernels get come only from `pairs::Inner::of` and `pairs::Target::of`, which
 //! validate a pinned segment and borrow its pin.
 
+pub mod gpu;
 pub mod pairs;
 pub mod probe;
 pub mod table;

@@ -311,7 +311,7 @@ impl<'a> Target<'a> {
     }
 }
 
-/// Appends a batch's matches: the CPU appender below, or the kernel (`sql/gpujoin.rs`).
+/// Appends a batch's matches: the CPU appender below, or the kernel (`gpu::KernelAppender`).
 pub trait Appender {
     /// Whether it reads and writes through CPU addresses (then both segments must be in tiers
     /// the CPU can address).

@@ -25,7 +25,7 @@ use cudarc::driver::sys::{
 use super::{Capabilities, Provider, ProviderKind, Reservation, GRANULARITY};
 use crate::error::{Code, Result, UvmError};
 use crate::gpu::{self, check, Gpu};
-use crate::registry::Tier;
+use crate::vocab::Tier;
 
 pub struct CudaProvider {
     gpu: &'static Gpu,
@@ -109,26 +109,28 @@ impl Provider for CudaProvider {
         prop.requestedHandleTypes = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         prop.location = self.location(tier);
         let mut handle: CUmemGenericAllocationHandle = 0;
-        // SAFETY: valid out-pointers and prop; the local handle is released on every path, the
-        // exported fd (which keeps the memory alive) is owned right away.
-        unsafe {
-            check(
-                &format!("cuMemCreate ({} bytes, {})", size, tier.name()),
-                sys::cuMemCreate(&mut handle, size as usize, &prop, 0),
-            )?;
-            let mut fd: libc::c_int = -1;
-            let r = sys::cuMemExportToShareableHandle(
+        // SAFETY: valid out-pointer and prop; the handle is owned right away.
+        check(&format!("cuMemCreate ({} bytes, {})", size, tier.name()), unsafe {
+            sys::cuMemCreate(&mut handle, size as usize, &prop, 0)
+        })?;
+        let handle = Allocation(handle);
+        let mut fd: libc::c_int = -1;
+        // SAFETY: valid out-pointer and a live handle.
+        let r = unsafe {
+            sys::cuMemExportToShareableHandle(
                 &mut fd as *mut libc::c_int as *mut c_void,
-                handle,
+                handle.0,
                 CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                 0,
-            );
-            let released = sys::cuMemRelease(handle);
-            check("cuMemExportToShareableHandle", r)?;
-            let fd = OwnedFd::from_raw_fd(fd);
-            check("cuMemRelease", released)?;
-            Ok(fd)
-        }
+            )
+        };
+        // The exported fd, not the handle, keeps the memory alive.
+        let released = handle.release();
+        check("cuMemExportToShareableHandle", r)?;
+        // SAFETY: the fd the driver just exported for us, owned right away.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        released?;
+        Ok(fd)
     }
 
     fn map_chunk(&self, fd: BorrowedFd<'_>, tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()> {
@@ -157,22 +159,25 @@ impl CudaProvider {
     /// Imports and maps a chunk at `addr`, which the callers take from a reservation of ours
     /// (`Reservation::sub_range`); access for the GPU, and for the CPU if `cpu_access`.
     fn map(&self, fd: BorrowedFd<'_>, tier: Tier, addr: u64, size: u64, cpu_access: bool) -> Result<()> {
-        // SAFETY: `addr..addr+size` lies in a reservation of ours; the imported handle is
-        // released once mapped (the mapping keeps the memory); the fd stays the caller's.
+        let mut handle: CUmemGenericAllocationHandle = 0;
+        // SAFETY: valid out-pointer; the fd is only read (it stays the caller's); the handle is
+        // owned right away.
+        check("cuMemImportFromShareableHandle", unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd.as_raw_fd() as isize as *mut c_void,
+                CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        })?;
+        let handle = Allocation(handle);
+        // SAFETY: `addr..addr+size` lies in a reservation of ours; the handle is live.
+        let mapped = unsafe { sys::cuMemMap(addr, size as usize, 0, handle.0, 0) };
+        // The mapping, not the handle, keeps the memory alive.
+        let released = handle.release();
+        check("cuMemMap", mapped)?;
+        released?;
+        // SAFETY: `addr..addr+size` is the range just mapped; on failure it is unmapped again.
         unsafe {
-            let mut handle: CUmemGenericAllocationHandle = 0;
-            check(
-                "cuMemImportFromShareableHandle",
-                sys::cuMemImportFromShareableHandle(
-                    &mut handle,
-                    fd.as_raw_fd() as isize as *mut c_void,
-                    CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                ),
-            )?;
-            let mapped = sys::cuMemMap(addr, size as usize, 0, handle, 0);
-            let released = sys::cuMemRelease(handle);
-            check("cuMemMap", mapped)?;
-            check("cuMemRelease", released)?;
             let rw = CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
             let mut desc = vec![CUmemAccessDesc { location: self.location(Tier::Device), flags: rw }];
             if cpu_access {
@@ -186,5 +191,27 @@ impl CudaProvider {
             }
         }
         Ok(())
+    }
+}
+
+/// A VMM allocation handle (`cuMemCreate`, `cuMemImportFromShareableHandle`). Once the memory is
+/// exported or mapped, those keep it alive and the handle is given back with
+/// [`Allocation::release`], which reports the driver's answer; dropped on an error path
+/// instead, it is released all the same.
+struct Allocation(CUmemGenericAllocationHandle);
+
+impl Allocation {
+    fn release(self) -> Result<()> {
+        let handle = self.0;
+        std::mem::forget(self);
+        // SAFETY: our own handle, released once (`forget` keeps `drop` from releasing it again).
+        check("cuMemRelease", unsafe { sys::cuMemRelease(handle) })
+    }
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        // SAFETY: our own handle, released once.
+        unsafe { sys::cuMemRelease(self.0) };
     }
 }

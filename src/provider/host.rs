@@ -11,7 +11,7 @@ use super::{
     adopt, make_inaccessible, map_none, tier_unavailable, unadopt, Capabilities, Provider, ProviderKind, Reservation, GRANULARITY,
 };
 use crate::error::{Code, Result, UvmError};
-use crate::registry::Tier;
+use crate::vocab::Tier;
 
 pub struct HostProvider;
 

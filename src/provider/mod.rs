@@ -5,7 +5,9 @@
 //! A provider turns "a chunk of N bytes in tier T" into a file descriptor that any process of the
 //! cluster can map, and maps such an fd at a given address of a reserved range. It is the only
 //! part of pg_uvm_share that knows whether memory is a memfd or a CUDA VMM allocation; the
-//! registry, the broker and the segment layer deal in chunk ids, fds, offsets and tiers.
+//! registry, the broker and the segment layer deal in chunk ids, fds, offsets and tiers. It
+//! imports nothing from the registry: the tiers, the arena and [`ProviderKind`] are words of
+//! `crate::vocab`, which both layers speak.
 //!
 //! The operations are exactly those the segment layer needs:
 //!
@@ -46,7 +48,8 @@ pub mod remote;
 use std::os::fd::{BorrowedFd, OwnedFd};
 
 use crate::error::{Code, Result, UvmError};
-use crate::registry::{Arena, Tier};
+pub use crate::vocab::ProviderKind;
+use crate::vocab::{Arena, Tier};
 
 /// Mapping granularity of every provider: CUDA VMM's (2 MiB) is also used for memfds so that a
 /// segment's layout does not depend on the provider.
@@ -59,36 +62,6 @@ pub fn segment_alignment(reserve: u64) -> u64 {
         1 << 30
     } else {
         GRANULARITY
-    }
-}
-
-/// Which provider backs this process's chunks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProviderKind {
-    Host,
-    Cuda,
-}
-
-impl ProviderKind {
-    /// The code recorded in the registry (never 0).
-    pub fn code(self) -> u32 {
-        match self {
-            ProviderKind::Host => 1,
-            ProviderKind::Cuda => 2,
-        }
-    }
-    pub fn from_code(c: u32) -> Option<ProviderKind> {
-        match c {
-            1 => Some(ProviderKind::Host),
-            2 => Some(ProviderKind::Cuda),
-            _ => None,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            ProviderKind::Host => "host",
-            ProviderKind::Cuda => "cuda",
-        }
     }
 }
 

@@ -15,7 +15,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 
 use super::{adopt, unadopt, Capabilities, Provider, ProviderKind, Reservation, GRANULARITY};
 use crate::error::{Code, Result, UvmError};
-use crate::registry::Tier;
+use crate::vocab::Tier;
 
 /// Maps nothing; see the module documentation. `kind` is the cluster's provider (for display).
 pub struct RemoteProvider {

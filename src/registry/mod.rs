@@ -14,6 +14,9 @@
 //! slots, chunk slots, attachment slots) come from GUCs at postmaster start. The block is laid out
 //! as `Header | SegmentSlot[max_segments] | ChunkSlot[max_chunks] | AttachSlot[max_attachments]`.
 //!
+//! The values it hands out ([`Tier`], [`TierPref`], [`ChunkInfo`], [`Arena`]) are defined in
+//! `crate::vocab` and re-exported here, so that the providers use them without the registry.
+//!
 //! This module is plain Rust: it knows nothing of LWLocks or PostgreSQL. `shmem.rs` puts the block
 //! in shared memory and hands out [`Registry`] only through RAII lock guards: a shared guard
 //! derefs to `&Registry` (lookups, pins), an exclusive guard to `&mut Registry` (everything that
@@ -47,6 +50,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::error::{Code, Result, UvmError};
 use crate::uvm_err;
+pub use crate::vocab::{Arena, ChunkInfo, Tier, TierPref};
 
 /// Longest segment name in bytes, as for PostgreSQL identifiers (`NAMEDATALEN - 1`).
 pub const MAX_NAME_LEN: usize = 63;
@@ -57,82 +61,12 @@ const MAGIC: u64 = 0x5556_4d53_4841_5245; // "UVMSHARE"
 const LAYOUT_VERSION: u32 = 2;
 const NO_CHUNK: u32 = u32::MAX;
 
-/// Where a chunk's memory lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum Tier {
-    /// Pinned host memory (or a memfd with the host provider); CPU-addressable.
-    Host = 1,
-    /// GPU memory.
-    Device = 2,
-}
-
-impl Tier {
-    pub fn name(self) -> &'static str {
-        match self {
-            Tier::Host => "host",
-            Tier::Device => "device",
-        }
-    }
-    fn from_u32(v: u32) -> Tier {
-        if v == Tier::Device as u32 {
-            Tier::Device
-        } else {
-            Tier::Host
-        }
-    }
-}
-
-/// The tier a caller asks for: a fixed tier, or `auto` (device while the budget lasts).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
-pub enum TierPref {
-    Auto = 0,
-    Host = 1,
-    Device = 2,
-}
-
-impl TierPref {
-    /// Parses a tier name as SQL gives it; anything else is a 22023 error.
-    pub fn parse(s: &str) -> Result<TierPref> {
-        match s {
-            "auto" => Ok(TierPref::Auto),
-            "host" => Ok(TierPref::Host),
-            "device" => Ok(TierPref::Device),
-            _ => Err(uvm_err!(Code::InvalidParameterValue, "invalid tier \"{s}\"")
-                .hint("Valid tiers are \"auto\", \"device\" and \"host\".")),
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            TierPref::Auto => "auto",
-            TierPref::Host => "host",
-            TierPref::Device => "device",
-        }
-    }
-    fn from_u32(v: u32) -> TierPref {
-        match v {
-            1 => TierPref::Host,
-            2 => TierPref::Device,
-            _ => TierPref::Auto,
-        }
-    }
-}
-
 /// Slot counts, fixed at postmaster start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capacity {
     pub max_segments: u32,
     pub max_chunks: u32,
     pub max_attachments: u32,
-}
-
-/// The reserved virtual address range that every process inherits from the postmaster. Segments
-/// get disjoint sub-ranges of it, so their base address is the same in every process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Arena {
-    pub base: u64,
-    pub size: u64,
 }
 
 #[repr(C)]
@@ -210,15 +144,6 @@ struct AttachSlot {
 }
 
 const PIN_COUNT_MASK: u64 = 0xffff_ffff;
-
-/// One chunk as a process needs it to map it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ChunkInfo {
-    pub id: u64,
-    pub offset: u64,
-    pub size: u64,
-    pub tier: Tier,
-}
 
 /// A consistent copy of one segment's entry, taken under the lock.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,0 +1,73 @@
+//! The kernels of `segment.cu`, each declared once: its name, and its parameters with their
+//! names and Rust types in the order of the C declaration (see `src/gpu/launch.rs`). Launches
+//! take the generated parameter structs, so a launch with other arguments does not compile;
+//! `src/gpu/kernels.rs` tests that this table and the source declare the same functions and
+//! parameters. Change both together.
+//!
+//! `Ptr<T>` is `const T *`, `MutPtr<T>` is `T *` (device addresses), `u64` is `u64`. What each
+//! kernel reads and writes through its pointers is said at its definition in `segment.cu`.
+
+use crate::gpu::launch::{kernels, CType, MutPtr, Ptr};
+
+/// The CUDA source, compiled by NVRTC at run time (`src/gpu/kernels.rs`).
+pub const SOURCE: &str = include_str!("segment.cu");
+
+/// `Slot` of the source: a GpuJoin table slot, 24 bytes (tag u64, key long long, payload long
+/// long; `src/gpujoin/table.rs` has the layout). Only pointed to.
+pub enum Slot {}
+
+impl CType for Slot {
+    const C: &'static str = "Slot";
+}
+
+/// CUDA's `ulonglong2`: two u64, 16 bytes, 16-byte aligned. Only pointed to.
+pub enum ULongLong2 {}
+
+impl CType for ULongLong2 {
+    const C: &'static str = "ulonglong2";
+}
+
+kernels! {
+    /// The functions of the loaded `segment.cu` module (which it owns).
+    pub struct Segment {
+        /// Adds the checksum of `[p, p + len)` to `*out`.
+        uvm_checksum => Checksum(p: Ptr<u8>, len: u64, out: MutPtr<u64>);
+        /// Writes the fill pattern of `seed` over `[p, p + len)`.
+        uvm_fill => Fill(p: MutPtr<u8>, len: u64, seed: u64);
+        /// Reads `n` 16-byte vectors at `p` (a bandwidth probe); `*out` is practically never
+        /// written.
+        uvm_read_bw => ReadBw(p: Ptr<ULongLong2>, n: u64, out: MutPtr<u64>);
+        /// Inserts `n` rows (`keys[i]`, `payloads[i]`) into `mask + 1` slots; counts the rows
+        /// left out in `*bad`.
+        uvm_join_build => JoinBuild(
+            slots: MutPtr<Slot>,
+            mask: u64,
+            seed: u64,
+            keys: Ptr<i64>,
+            payloads: Ptr<i64>,
+            n: u64,
+            bad: MutPtr<u64>,
+        );
+        /// Probes `n` keys against `mask + 1` slots; adds matches, payload lo and hi, and
+        /// corrupted chains to `out[0..4]`.
+        uvm_join_probe => JoinProbe(slots: Ptr<Slot>, mask: u64, seed: u64, keys: Ptr<i64>, n: u64, out: MutPtr<u64>);
+        /// Appends the matches of `n` keys to a pair buffer, under the grow-and-resume protocol
+        /// (`resume`: 2 words per thread of the grid; `ctl`: 6 words).
+        uvm_join_materialize => JoinMaterialize(
+            slots: Ptr<Slot>,
+            mask: u64,
+            seed: u64,
+            keys: Ptr<i64>,
+            n: u64,
+            pairs: MutPtr<i64>,
+            next: MutPtr<u64>,
+            written: MutPtr<u64>,
+            cap: u64,
+            resume: MutPtr<u64>,
+            fresh: u64,
+            ctl: MutPtr<u64>,
+        );
+        /// Zeroes `words` 8-byte words at `p`.
+        uvm_zero => Zero(p: MutPtr<u64>, words: u64);
+    }
+}

@@ -1,0 +1,309 @@
+//! GpuJoin on the GPU: the host side of the join kernels of `kernels/segment.cu` (build,
+//! probe, materialize), on top of `src/gpu` (the loaded module, its typed launches and the
+//! device buffers launches share).
+//!
+//! Keys are staged into the process's device staging buffer, at most [`MAX_LAUNCH_KEYS`] a
+//! launch, with an interrupt check between launches. The kernels reduce into the result buffer:
+//! the probe adds (matches, payload lo, payload hi, corrupted chains), the materializing kernel
+//! its six `ctl` words; the payload sums come back split in two halves that [`payload_sum`]
+//! recombines exactly. A corrupted table (a chain without an empty slot within `slot_count`
+//! steps, counted by the kernels) is an ERROR, never a wrong answer.
+//!
+//! The table's and the result buffer's addresses come only from [`Inner`] and [`Target`],
+//! which validated their pinned segments' headers and bounded both ranges inside them.
+
+use std::time::Instant;
+
+use cudarc::driver::sys::CUdeviceptr;
+
+use super::pairs::{self, Appender, Inner, Step, Target};
+use super::table;
+use crate::error::{Code, Result, UvmError};
+use crate::gpu::launch::{MutPtr, Ptr};
+use crate::gpu::segment::{JoinBuild, JoinMaterialize, JoinProbe};
+use crate::gpu::Kernels;
+
+/// Keys per launch at most, so that the staging buffer (kept for the process's lifetime) stays
+/// at 8 MiB however large a batch grows while CUDA starts.
+pub const MAX_LAUNCH_KEYS: usize = 1 << 20;
+/// Keys one probe benchmark launch takes at most (128 MiB staged on the device).
+pub const MAX_BENCH_KEYS: u64 = 1 << 24;
+/// Bytes of per-thread state of `uvm_join_materialize` (next key index, pending reservation).
+const RESUME_BYTES_PER_THREAD: usize = 16;
+
+/// Recombines the split payload sums of the join kernels: hi * 2^32 + lo (see segment.cu),
+/// exact while one launch matches fewer than 2^32 rows (else an error, never a wrong sum).
+fn payload_sum(matches: u64, lo: u64, hi: u64) -> Result<i128> {
+    if matches >= 1 << 32 {
+        return Err(UvmError::new(
+            Code::ProgramLimitExceeded,
+            format!("one GpuJoin kernel launch matched {matches} rows: its payload sum would not be exact"),
+        )
+        .hint("Probe fewer keys per launch, or deduplicate the inner side's keys."));
+    }
+    Ok(((hi as i64 as i128) << 32) + lo as i128)
+}
+
+/// The GpuJoin launches, as methods of the process's [`Kernels`].
+pub trait JoinKernels {
+    /// Inserts rows with non-NULL keys into a GpuJoin table's slots at `slots` (`mask + 1`
+    /// slots, zeroed before the first batch), on the GPU, at most [`MAX_LAUNCH_KEYS`] rows per
+    /// launch with an interrupt check between launches. Rows that find no empty slot within
+    /// `mask + 1` steps (the segment was overwritten during the build) are left out; returns
+    /// how many.
+    ///
+    /// # Safety
+    /// `slots` addresses `mask + 1` slots (`mask + 1` a power of two) of writable,
+    /// device-accessible memory, 8-byte aligned, kept mapped for the call (a pinned segment's
+    /// range, bounds-checked by `Pin::addr`).
+    unsafe fn join_build(&self, slots: u64, mask: u64, seed: u64, keys: &[i64], payloads: &[i64]) -> Result<u64>;
+
+    /// Probes non-NULL `keys` against the table of `inner`; returns (matches, payload sum),
+    /// exact up to 2^32 matches per launch. A chain without an empty slot is an ERROR (22023):
+    /// the table is corrupted.
+    fn join_probe(&self, inner: &Inner<'_>, keys: &[i64]) -> Result<(u64, i128)>;
+
+    /// Time of one launch of the probe kernel over `n` keys, `key(i)` for i in `0..n`
+    /// (benchmarks only; `n` at most [`MAX_BENCH_KEYS`]): the kernel alone, after a warm-up
+    /// launch, without the staging copy. The keys are generated and staged a launch's worth at
+    /// a time, so host memory stays constant; the device's staging buffer holds all `n`.
+    fn join_probe_kernel_ms(&self, inner: &Inner<'_>, n: u64, key: impl Fn(u64) -> i64) -> Result<f64>;
+}
+
+impl JoinKernels for Kernels {
+    unsafe fn join_build(&self, slots: u64, mask: u64, seed: u64, keys: &[i64], payloads: &[i64]) -> Result<u64> {
+        debug_assert_eq!(keys.len(), payloads.len());
+        let mut left_out = 0;
+        for (ks, ps) in keys.chunks(MAX_LAUNCH_KEYS).zip(payloads.chunks(MAX_LAUNCH_KEYS)) {
+            crate::interrupt::check()?;
+            let buf = self.staging(ks.len() * 16)?;
+            self.stage(0, ks)?;
+            self.stage(ks.len() * 8, ps)?;
+            self.result().set_bytes(0, 8)?;
+            let params = JoinBuild {
+                slots: MutPtr::new(slots),
+                mask,
+                seed,
+                keys: Ptr::new(buf),
+                payloads: Ptr::new(buf + ks.len() as u64 * 8),
+                n: ks.len() as u64,
+                bad: self.result_ptr(),
+            };
+            // SAFETY: the kernel writes inside `mask + 1` slots at `slots` (the caller's
+            // promise; every walk is bounded by mask + 1 steps), reads n keys and n payloads
+            // from our staging buffer, which holds 16 * n bytes, and adds to the first word of
+            // our result buffer.
+            unsafe { self.launch(self.segment().uvm_join_build(), params) }?;
+            let mut b = [0u64; 1];
+            self.result().read(&mut b)?;
+            left_out += b[0];
+        }
+        Ok(left_out)
+    }
+
+    fn join_probe(&self, inner: &Inner<'_>, keys: &[i64]) -> Result<(u64, i128)> {
+        keys.chunks(MAX_LAUNCH_KEYS).try_fold((0, 0), |(m, sum), part| {
+            crate::interrupt::check()?;
+            self.result().set_bytes(0, 32)?;
+            let buf = self.staging(part.len() * 8)?;
+            self.stage(0, part)?;
+            launch_probe(self, inner, buf, part.len() as u64, 1)?;
+            let mut r = [0u64; 4];
+            self.result().read(&mut r)?;
+            if r[3] != 0 {
+                return Err(table::corrupted(
+                    inner.name(),
+                    &format!("a probe found no empty slot in {} slots", inner.header().slot_count),
+                ));
+            }
+            Ok((m + r[0], sum + payload_sum(r[0], r[1], r[2])?))
+        })
+    }
+
+    fn join_probe_kernel_ms(&self, inner: &Inner<'_>, n: u64, key: impl Fn(u64) -> i64) -> Result<f64> {
+        if n == 0 || n > MAX_BENCH_KEYS {
+            return Err(UvmError::new(
+                Code::ProgramLimitExceeded,
+                format!("a probe benchmark takes 1 to {MAX_BENCH_KEYS} keys, not {n}"),
+            ));
+        }
+        let buf = self.staging(n as usize * 8)?;
+        let mut host = Vec::with_capacity(MAX_LAUNCH_KEYS.min(n as usize));
+        for start in (0..n).step_by(MAX_LAUNCH_KEYS) {
+            crate::interrupt::check()?;
+            host.clear();
+            host.extend((start..(start + MAX_LAUNCH_KEYS as u64).min(n)).map(&key));
+            self.stage(start as usize * 8, &host)?;
+        }
+        self.result().set_bytes(0, 32)?;
+        launch_probe(self, inner, buf, n, 2)
+    }
+}
+
+/// Launches the probe kernel `runs` times over `n` keys staged at `keys` (our staging buffer,
+/// holding at least `n` keys), adding into the result buffer; returns the milliseconds of the
+/// last launch.
+fn launch_probe(k: &Kernels, inner: &Inner<'_>, keys: CUdeviceptr, n: u64, runs: u32) -> Result<f64> {
+    let h = inner.header();
+    let params = JoinProbe {
+        slots: Ptr::new(inner.slots()),
+        mask: h.slot_count - 1,
+        seed: h.seed,
+        keys: Ptr::new(keys),
+        n,
+        out: k.result_ptr(),
+    };
+    let mut ms = 0.0;
+    for _ in 0..runs.max(1) {
+        let t = Instant::now();
+        // SAFETY: Inner::of validated the header and bounded the `slot_count` slots inside the
+        // pinned segment, which the pin behind `inner` keeps mapped; the kernel reads only
+        // those (every walk is bounded by slot_count steps), n keys from our staging buffer
+        // (the caller staged them), and adds to the first 4 words of our result buffer.
+        unsafe { k.launch(k.segment().uvm_join_probe(), params) }?;
+        ms = t.elapsed().as_secs_f64() * 1e3;
+    }
+    Ok(ms)
+}
+
+/// The materializing GpuJoin on the GPU: `uvm_join_materialize` under the grow-and-resume
+/// protocol of `gpujoin::pairs` (the kernel's state between launches stays on the device).
+pub struct KernelAppender<'k> {
+    k: &'k Kernels,
+    keys: &'k [i64],
+    /// Start of the part of `keys` being appended (at most MAX_LAUNCH_KEYS keys), and where it is
+    /// staged once it is.
+    at: usize,
+    staged: Option<CUdeviceptr>,
+    /// Whether the part's next launch starts it (else it resumes where the last one stopped).
+    fresh: bool,
+    pub matches: u64,
+    pub sum: i128,
+}
+
+impl<'k> KernelAppender<'k> {
+    pub fn new(k: &'k Kernels, keys: &'k [i64]) -> KernelAppender<'k> {
+        KernelAppender { k, keys, at: 0, staged: None, fresh: true, matches: 0, sum: 0 }
+    }
+}
+
+impl Appender for KernelAppender<'_> {
+    fn cpu(&self) -> bool {
+        false
+    }
+
+    fn run(&mut self, inner: &Inner<'_>, target: Target<'_>) -> Result<Step> {
+        while self.at < self.keys.len() {
+            crate::interrupt::check()?;
+            let part = &self.keys[self.at..(self.at + MAX_LAUNCH_KEYS).min(self.keys.len())];
+            if let Step::Need(pairs) = self.launch(part, inner, target)? {
+                return Ok(Step::Need(pairs));
+            }
+            (self.at, self.staged, self.fresh) = (self.at + part.len(), None, true);
+        }
+        Ok(Step::Done)
+    }
+}
+
+impl KernelAppender<'_> {
+    /// One launch over `part` (staged on its first launch): starts it, or resumes it.
+    fn launch(&mut self, part: &[i64], inner: &Inner<'_>, target: Target<'_>) -> Result<Step> {
+        let k = self.k;
+        let keys = match self.staged {
+            Some(p) => p,
+            None => {
+                let p = k.staging(part.len() * 8)?;
+                k.stage(0, part)?;
+                self.staged = Some(p);
+                p
+            }
+        };
+        let resume = k.per_thread_state(RESUME_BYTES_PER_THREAD)?;
+        k.result().set_bytes(0, 48)?;
+        let h = inner.header();
+        let base = target.base();
+        let params = JoinMaterialize {
+            slots: Ptr::new(inner.slots()),
+            mask: h.slot_count - 1,
+            seed: h.seed,
+            keys: Ptr::new(keys),
+            n: part.len() as u64,
+            pairs: MutPtr::new(base + pairs::HEADER_BYTES),
+            next: MutPtr::new(base + pairs::NEXT_AT),
+            written: MutPtr::new(base + pairs::WRITTEN_AT),
+            cap: target.cap(),
+            resume: MutPtr::new(resume),
+            fresh: u64::from(self.fresh),
+            ctl: k.result_ptr(),
+        };
+        // SAFETY: Inner::of and Target::of validated both headers and bounded both ranges
+        // inside their pinned segments, which the pins behind `inner` and `target` keep mapped:
+        // the kernel reads only the `slot_count` slots (every walk bounded), writes pairs only
+        // below `cap` and the header's `next` and `written` words. It reads the part's keys
+        // from our staging buffer (staged on the part's first launch and not replaced since:
+        // nothing else stages while this appender runs), 16 bytes per thread of our per-thread
+        // state, and the 6 words of our result buffer.
+        unsafe { k.launch(k.segment().uvm_join_materialize(), params) }?;
+        self.fresh = false;
+        let mut c = [0u64; 6];
+        k.result().read(&mut c)?;
+        self.matches += c[2];
+        self.sum += payload_sum(c[2], c[3], c[4])?;
+        if c[5] != 0 {
+            // Some reservations stay partly unwritten: readers see written != next.
+            return Err(table::corrupted(
+                inner.name(),
+                "a probe found no empty slot or the table changed while it was probed (or the result buffer's counters are corrupted)",
+            ));
+        }
+        Ok(if c[0] != 0 { Step::Need(c[1]) } else { Step::Done })
+    }
+}
+
+/// Keys per second of the GpuJoin probe kernel alone (no scan, no staging copy) over `keys`
+/// pseudo-random int8 keys in `[0, key_range)`, against the int8 table in `pin`: at most
+/// `MAX_BENCH_KEYS` keys (54000 beyond, 22023 below one), generated on the fly, so that the
+/// request sizes no host allocation.
+pub fn join_probe<E: crate::segment::Env>(pin: &crate::segment::Pin<E>, keys: i64, key_range: i64) -> Result<f64> {
+    let inner = Inner::of(pin, table::KeyType::Int8, false)?;
+    join_probe_view(&inner, keys, key_range)
+}
+
+/// [`join_probe`] against a table already viewed (the GPU service's form).
+pub fn join_probe_view(inner: &Inner<'_>, keys: i64, key_range: i64) -> Result<f64> {
+    if keys < 1 || key_range < 1 {
+        return Err(UvmError::new(
+            Code::InvalidParameterValue,
+            format!("keys and key_range must be positive, not {keys} and {key_range}"),
+        ));
+    }
+    if keys as u64 > MAX_BENCH_KEYS {
+        return Err(UvmError::new(
+            Code::ProgramLimitExceeded,
+            format!("a probe benchmark takes at most {MAX_BENCH_KEYS} keys, not {keys}"),
+        ));
+    }
+    let range = key_range as u64;
+    let ms = crate::gpu::gpu()?
+        .with_kernels(|k| k.join_probe_kernel_ms(inner, keys as u64, |i| (crate::checksum::mix(i) % range) as i64))?;
+    Ok(keys as f64 / (ms / 1e3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernels' split sums (segment.cu, add_payload), recombined, equal the exact sum.
+    #[test]
+    fn split_payload_sums_recombine_exactly() {
+        let payloads = [-1i64, 5, i64::MIN, i64::MAX, i64::MAX, -7_000_000_000, 0, 1 << 40];
+        let (mut lo, mut hi) = (0u64, 0i64);
+        for p in payloads {
+            lo = lo.wrapping_add(p as u32 as u64);
+            hi = hi.wrapping_add(p >> 32);
+        }
+        let exact: i128 = payloads.iter().map(|&p| p as i128).sum();
+        assert_eq!(payload_sum(payloads.len() as u64, lo, hi as u64).unwrap(), exact);
+        assert_eq!(payload_sum(1 << 32, lo, hi as u64).unwrap_err().code, Code::ProgramLimitExceeded);
+    }
+}
