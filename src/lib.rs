@@ -18,8 +18,9 @@
 //! - [`checksum`]: the segment checksum and fill pattern shared by the CPU and GPU paths.
 //! - [`sql`]: the thin pgrx layer: `_PG_init`, GUCs, SQL functions and views in schema `uvm`.
 //!
-//! Everything but `sql`, `guc`, `registry::shmem` and `broker::worker` is plain Rust, unit-tested
-//! by `cargo test` without PostgreSQL. `docs/ARCHITECTURE.md` tells the whole story.
+//! Everything but `sql`, `guc`, `registry::shmem`, `broker::worker`, `service::worker` and
+//! `service::client` (and the latch helper of `service`) is plain Rust, unit-tested by
+//! `cargo test` without PostgreSQL. `docs/ARCHITECTURE.md` tells the whole story.
 
 pub mod broker;
 pub mod checksum;

@@ -178,13 +178,12 @@ impl Executor for Client {
         };
         let mut g = self.submit(req, input)?;
         self.wait(g.slot)?;
-        let r = self.take_reply(&mut g, |staging, n| {
+        self.take_reply(&mut g, |staging, n| {
             if let Io::Out(buf) = &mut io {
                 let n = n.min(buf.len());
                 buf[..n].copy_from_slice(&staging[..n]);
             }
-        });
-        r
+        })
     }
 
     fn start(&mut self, req: &Request, input: &[u8]) -> Result<Pending> {
