@@ -21,43 +21,27 @@ use pgrx::pg_sys;
 
 use super::{Arena, Capacity, Registry};
 use crate::error::{Code, Result, UvmError};
-use crate::service::channel::{Channel, Mode};
-
-/// The request channel's shape, fixed at postmaster start (`pg_uvm_share.service_slots`,
-/// `service_staging`), and the mode shared memory starts in: `Process` when
-/// `gpu_execution = process`, else `Undecided` until the service decides.
-#[derive(Clone, Copy, Debug)]
-pub struct ChannelSpec {
-    pub slots: u32,
-    pub staging_bytes: u32,
-    pub mode: Mode,
-}
 
 // ADDIN_SHMEM_INIT_LOCK_INDEX, from the target version's headers (build.rs).
 include!(concat!(env!("OUT_DIR"), "/pg_version_consts.rs"));
 
 const SHMEM_NAME: &std::ffi::CStr = c"pg_uvm_share registry";
-const CHANNEL_NAME: &std::ffi::CStr = c"pg_uvm_share service channel";
 const TRANCHE: &std::ffi::CStr = c"pg_uvm_share";
 
 static mut CAPACITY: Capacity = Capacity { max_segments: 0, max_chunks: 0, max_attachments: 0 };
 static mut ARENA: Arena = Arena { base: 0, size: 0 };
 static mut BASE: *mut u8 = null_mut();
-/// The GPU service's request channel: its size, the mode it starts in, and where it is.
-static mut CHANNEL_SPEC: ChannelSpec = ChannelSpec { slots: 0, staging_bytes: 0, mode: Mode::Undecided };
-static mut CHANNEL_BASE: *mut u8 = null_mut();
 static mut LOCK: *mut pg_sys::LWLock = null_mut();
 #[cfg(not(feature = "pg14"))]
 static mut PREV_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
 static mut PREV_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
 
 /// Installs the shared memory hooks. Called once from `_PG_init` in the postmaster.
-pub fn install(cap: Capacity, arena: Arena, channel: ChannelSpec) {
+pub fn install(cap: Capacity, arena: Arena) {
     // SAFETY: _PG_init runs single-threaded in the postmaster, before any hook can fire.
     unsafe {
         CAPACITY = cap;
         ARENA = arena;
-        CHANNEL_SPEC = channel;
         #[cfg(not(feature = "pg14"))]
         {
             PREV_REQUEST_HOOK = pg_sys::shmem_request_hook;
@@ -90,13 +74,12 @@ fn request_shmem() {
     // 14); CAPACITY was set by install() before.
     unsafe {
         pg_sys::RequestAddinShmemSpace(Registry::size_for(CAPACITY));
-        pg_sys::RequestAddinShmemSpace(Channel::size_for(CHANNEL_SPEC.slots, CHANNEL_SPEC.staging_bytes));
         pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 1);
     }
 }
 
-/// PostgreSQL's `AddinShmemInitLock`.
-fn addin_shmem_init_lock() -> *mut pg_sys::LWLock {
+/// PostgreSQL's `AddinShmemInitLock` (also the GPU service channel's, `service::shmem`).
+pub(crate) fn addin_shmem_init_lock() -> *mut pg_sys::LWLock {
     // SAFETY: MainLWLockArray is set up before any shmem_startup_hook runs and has more than
     // ADDIN_SHMEM_INIT_LOCK_INDEX entries (it is one of the version's individual LWLocks).
     unsafe { &raw mut (*pg_sys::MainLWLockArray.add(ADDIN_SHMEM_INIT_LOCK_INDEX)).lock }
@@ -130,14 +113,6 @@ unsafe extern "C-unwind" fn startup_hook() {
             Registry::init(base as *mut u8, CAPACITY, random_epoch(), ARENA);
         }
         BASE = base as *mut u8;
-        let spec = CHANNEL_SPEC;
-        let size = Channel::size_for(spec.slots, spec.staging_bytes);
-        let mut found = false;
-        let ch = pg_sys::ShmemInitStruct(CHANNEL_NAME.as_ptr(), size, &mut found) as *mut u8;
-        if !found {
-            Channel::init(ch, spec.slots, spec.staging_bytes, spec.mode);
-        }
-        CHANNEL_BASE = ch;
         LOCK = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
         pg_sys::LWLockRelease(init_lock);
     }
@@ -155,19 +130,6 @@ fn attached() -> Result<(*mut u8, *mut pg_sys::LWLock)> {
         .hint("Add pg_uvm_share to shared_preload_libraries in postgresql.conf and restart the server."));
     }
     Ok((base, lock))
-}
-
-/// The GPU service's request channel.
-pub fn channel() -> Result<Channel> {
-    attached()?;
-    // SAFETY: written once by the startup hook before any backend runs (inherited through
-    // fork), like BASE; the block was formatted there and lives as long as the process.
-    let base = unsafe { CHANNEL_BASE };
-    if base.is_null() {
-        return Err(UvmError::new(Code::ObjectNotInPrerequisiteState, "the GPU service channel is not set up"));
-    }
-    // SAFETY: formatted by Channel::init in the startup hook (see above).
-    Ok(unsafe { Channel::from_raw(base) })
 }
 
 /// Whether the registry exists in this process (the library was preloaded).

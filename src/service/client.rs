@@ -297,7 +297,7 @@ impl InFlight for Started {
 /// Abandons this process's slots (its exit callback: an ERROR path has no guard left, but a
 /// FATAL raised inside a wait leaves the guards unrun).
 pub fn abandon_mine() {
-    if let Ok(ch) = crate::registry::shmem::channel() {
+    if let Ok(ch) = super::shmem::channel() {
         ch.abandon_all_of(my_pid());
     }
 }

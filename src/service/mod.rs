@@ -54,6 +54,7 @@ pub mod channel;
 pub mod request;
 
 pub mod client;
+pub mod shmem;
 pub mod worker;
 
 /// Sets a latch owned by another process, from any thread: PostgreSQL's `SetLatch` protocol

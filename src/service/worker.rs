@@ -30,7 +30,6 @@ use crate::exec::local::{self, Work};
 use crate::exec::Io;
 use crate::guc;
 use crate::provider::ProviderKind;
-use crate::registry::shmem;
 
 /// Registers the service with the postmaster (from `_PG_init`).
 pub fn register() {
@@ -170,7 +169,7 @@ fn warm_cuda(ch: &Channel) {
 pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi(None, None);
-    let ch = match shmem::channel() {
+    let ch = match super::shmem::channel() {
         Ok(c) => c,
         Err(e) => {
             pgrx::log!("pg_uvm_share gpu service: {}", e.message);

@@ -199,7 +199,7 @@ fn device_info() -> TableIterator<'static, (name!(property, String), name!(value
     let mode = super::execution_mode().unwrap_or_else(|e| report(e));
     let mut rows = with_executor(exec::info);
     let reg = crate::registry::shmem::shared().unwrap_or_else(|e| report(e));
-    let ch = crate::registry::shmem::channel().unwrap_or_else(|e| report(e));
+    let ch = crate::service::shmem::channel().unwrap_or_else(|e| report(e));
     let arena = reg.arena();
     let (submitted, completed, abandoned) = ch.counters();
     let mut head = vec![

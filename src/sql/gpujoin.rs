@@ -322,7 +322,7 @@ struct AggState {
 
 /// Keys per batch for this process (see [`AggState::batch`]).
 fn batch_keys() -> usize {
-    match crate::registry::shmem::channel().map(|c| (c.mode(), c.staging_bytes())) {
+    match crate::service::shmem::channel().map(|c| (c.mode(), c.staging_bytes())) {
         Ok((exec::Mode::Service, staging)) => (staging / 8).max(BATCH),
         _ => BATCH,
     }

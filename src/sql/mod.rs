@@ -41,10 +41,11 @@ use crate::provider::cuda::CudaProvider;
 use crate::provider::host::HostProvider;
 use crate::provider::remote::RemoteProvider;
 use crate::provider::{reserve_arena, Provider, ProviderKind};
-use crate::registry::shmem::{self, ChannelSpec, ExclusiveGuard, SharedGuard};
+use crate::registry::shmem::{self, ExclusiveGuard, SharedGuard};
 use crate::registry::{Capacity, SegmentInfo};
 use crate::segment::{Env, Limits, Segments};
 use crate::service::client::Client;
+use crate::service::shmem::{channel, ChannelSpec};
 
 /// Upper bound of the address arena reserved in the postmaster.
 const MAX_ARENA: u64 = 64 << 40;
@@ -67,12 +68,13 @@ pub extern "C-unwind" fn _PG_init() {
     };
     let arena = reserve_arena((cap.max_segments as u64).saturating_mul(guc::max_segment_size()).min(MAX_ARENA));
     let process_only = guc::GPU_EXECUTION.get() == guc::ExecutionChoice::Process;
-    let channel = ChannelSpec {
+    let spec = ChannelSpec {
         slots: guc::SERVICE_SLOTS.get().max(2) as u32,
         staging_bytes: (guc::SERVICE_STAGING_MB.get().max(1) as u64 * guc::MIB).min(1 << 30) as u32,
         mode: if process_only { Mode::Process } else { Mode::Undecided },
     };
-    shmem::install(cap, arena, channel);
+    shmem::install(cap, arena);
+    crate::service::shmem::install(spec);
     crate::broker::worker::register();
     if !process_only {
         crate::service::worker::register();
@@ -93,7 +95,7 @@ pub fn set_service_process() {
 
 /// The cluster's execution mode (waiting, serving interrupts, while the service decides it).
 pub fn execution_mode() -> Result<Mode> {
-    crate::service::client::mode(&shmem::channel()?)
+    crate::service::client::mode(&channel()?)
 }
 
 /// Runs `f` with the cluster's executor: this process's segment manager in process mode, the
@@ -102,7 +104,7 @@ pub fn with_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> R {
     match execution_mode() {
         Err(e) => report(e),
         Ok(Mode::Service) => {
-            let ch = shmem::channel().unwrap_or_else(|e| report(e));
+            let ch = channel().unwrap_or_else(|e| report(e));
             f(&mut Client::new(ch)).unwrap_or_else(|e| report(e))
         }
         Ok(_) => with_segments(|s| f(&mut Local { segs: s })),
@@ -113,7 +115,7 @@ pub fn with_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> R {
 /// most 10 s: for cleanups in drop guards, which run with interrupts held off.
 pub fn try_with_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> Result<R> {
     match execution_mode()? {
-        Mode::Service => f(&mut Client { ch: shmem::channel()?, deadline: Some(std::time::Instant::now() + CLEANUP_WAIT) }),
+        Mode::Service => f(&mut Client { ch: channel()?, deadline: Some(std::time::Instant::now() + CLEANUP_WAIT) }),
         _ => try_with_segments(|s| f(&mut Local { segs: s })),
     }
 }
@@ -294,7 +296,7 @@ pub fn warm_up_gpu() {
     if ASKED.with(|a| a.replace(true)) || SEGMENTS.with(|c| c.borrow().is_some()) {
         return;
     }
-    if shmem::channel().map(|c| c.mode()) != Ok(Mode::Process) {
+    if channel().map(|c| c.mode()) != Ok(Mode::Process) {
         return; // the service (or nobody yet) runs the kernels
     }
     let Ok((recorded, arena)) = shmem::shared().map(|r| (r.provider(), r.arena())) else { return };
