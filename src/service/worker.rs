@@ -329,8 +329,8 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
                 }
             }
         }
-        // SAFETY: `set` is live; `events` has room for the 3 registered events.
         let timeout = if parked.is_empty() { 1000 } else { 2 };
+        // SAFETY: `set` is live; `events` has room for the 3 registered events.
         let n = unsafe { pg_sys::WaitEventSetWait(set, timeout, events.as_mut_ptr(), 3, pg_sys::PG_WAIT_EXTENSION) };
         for e in &events[..n.max(0) as usize] {
             if e.events & pg_sys::WL_LATCH_SET != 0 {
