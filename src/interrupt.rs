@@ -104,6 +104,26 @@ pub fn check() -> Result<()> {
     hook()
 }
 
+/// Spawns a thread that never takes PostgreSQL's signals: every signal is blocked while it is
+/// spawned, so it inherits a full mask and the kernel delivers the process's signals (latch
+/// wake-ups, cancels, SIGTERM) to the main thread only. Such threads must never call
+/// PostgreSQL (the CUDA start-up helper, the GPU service's executors).
+pub fn spawn_without_signals<F: FnOnce() + Send + 'static>(name: String, f: F) -> std::io::Result<std::thread::JoinHandle<()>> {
+    // SAFETY: sigset operations on local sets; pthread_sigmask on the calling thread, restored
+    // below.
+    let old = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        old
+    };
+    let spawned = std::thread::Builder::new().name(name).spawn(f);
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    spawned
+}
+
 /// [`check`] every [`EVERY`] iterations of a loop counted by `i`.
 #[inline]
 pub fn check_every(i: u64) -> Result<()> {

@@ -15,10 +15,11 @@
 //! - [`gpujoin`]: the GpuJoin inner hash table in a segment (layout, CPU build and probe, the
 //!   materializing result buffer) and the host side of its kernels, on top of [`gpu`].
 //! - [`interrupt`]: cancel and `statement_timeout` for long plain-Rust loops (a hook `_PG_init` sets).
+//! - [`pgwait`]: the background workers' wait set (latch, postmaster death, one fd).
 //! - [`checksum`]: the segment checksum and fill pattern shared by the CPU and GPU paths.
 //! - [`sql`]: the thin pgrx layer: `_PG_init`, GUCs, SQL functions and views in schema `uvm`.
 //!
-//! Everything but `sql`, `guc`, `registry::shmem`, `broker::worker`, `service::worker` and
+//! Everything but `sql`, `guc`, `registry::shmem`, `broker::worker`, `pgwait`, `service::worker`, `service::shmem` and
 //! `service::client` (and the latch helper of `service`) is plain Rust, unit-tested by
 //! `cargo test` without PostgreSQL. `docs/ARCHITECTURE.md` tells the whole story.
 
@@ -30,6 +31,7 @@ pub mod gpu;
 pub mod gpujoin;
 pub mod guc;
 pub mod interrupt;
+pub mod pgwait;
 pub mod provider;
 pub mod registry;
 pub mod segment;

@@ -124,26 +124,8 @@ pub extern "C-unwind" fn pg_uvm_share_broker_main(_arg: pg_sys::Datum) {
 
     // One wait set for the broker's life: its latch, postmaster death, and the server's epoll
     // fd (readable whenever a connection, a request or the accept backoff timer is pending).
-    // SAFETY: the set is allocated in TopMemoryContext and lives as long as the process; the
-    // epoll fd stays open as long as `server`, which outlives the loop.
-    let set = unsafe {
-        // 14-16 take the memory context; 17 on a resource owner (none: the set lives as long
-        // as the process, in TopMemoryContext, which 17 uses when it is given no owner).
-        #[cfg(any(feature = "pg14", feature = "pg15", feature = "pg16"))]
-        let set = pg_sys::CreateWaitEventSet(pg_sys::TopMemoryContext, 3);
-        #[cfg(not(any(feature = "pg14", feature = "pg15", feature = "pg16")))]
-        let set = pg_sys::CreateWaitEventSet(std::ptr::null_mut(), 3);
-        pg_sys::AddWaitEventToSet(set, pg_sys::WL_LATCH_SET, pg_sys::PGINVALID_SOCKET, pg_sys::MyLatch, std::ptr::null_mut());
-        pg_sys::AddWaitEventToSet(
-            set,
-            pg_sys::WL_EXIT_ON_PM_DEATH,
-            pg_sys::PGINVALID_SOCKET,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        );
-        pg_sys::AddWaitEventToSet(set, pg_sys::WL_SOCKET_READABLE, server.wait_fd(), std::ptr::null_mut(), std::ptr::null_mut());
-        set
-    };
+    // SAFETY: main thread; the epoll fd stays open as long as `server`, which outlives the loop.
+    let set = unsafe { crate::pgwait::latch_and_fd(server.wait_fd()) };
     let mut events = [pg_sys::WaitEvent::default(); 3];
     let mut last_sweep = Instant::now();
     let mut logged = Counters::default();

@@ -180,24 +180,13 @@ pub fn warm_up_in_background() {
     if slot.is_some() {
         return;
     }
-    // Block every signal while spawning, so that the helper inherits a full mask and the
-    // kernel delivers PostgreSQL's signals to the main thread only.
-    // SAFETY: sigset operations on local sets; pthread_sigmask on the calling thread.
-    let old = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        old
-    };
-    let spawned = std::thread::Builder::new().name("uvm-cuda-init".into()).spawn(|| {
+    // PostgreSQL's signals stay the main thread's.
+    let spawned = crate::interrupt::spawn_without_signals("uvm-cuda-init".into(), || {
         if let Ok(g) = gpu() {
             drop(g.kernels()); // loads the module; errors are kept for the main thread
         }
         WARM_DONE.store(true, std::sync::atomic::Ordering::Release);
     });
-    // SAFETY: restores the mask saved above.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     if let Ok(h) = spawned {
         *slot = Some(h);
         WARM_STARTED.store(true, std::sync::atomic::Ordering::Release);

@@ -36,12 +36,33 @@ static mut LOCK: *mut pg_sys::LWLock = null_mut();
 static mut PREV_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
 static mut PREV_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
 
-/// Installs the shared memory hooks. Called once from `_PG_init` in the postmaster.
-pub fn install(cap: Capacity, arena: Arena) {
+/// Another block of main shared memory, set up with the registry's by the same hooks (the GPU
+/// service's request channel, `service::shmem`): its name, its size, the function that formats
+/// it the first time (and after every crash-restart), and where its address is published.
+#[derive(Clone, Copy)]
+pub struct Block {
+    pub name: &'static std::ffi::CStr,
+    pub size: usize,
+    /// # Safety
+    /// Called with `size` fresh bytes of shared memory, under `AddinShmemInitLock`.
+    pub init: unsafe fn(*mut u8),
+    pub base: &'static std::sync::atomic::AtomicPtr<u8>,
+}
+
+/// The other blocks (set once by `install`).
+static mut BLOCKS: [Option<Block>; 2] = [None; 2];
+
+/// Installs the shared memory hooks, for the registry and `blocks` (at most 2). Called once
+/// from `_PG_init` in the postmaster.
+pub fn install(cap: Capacity, arena: Arena, blocks: &[Block]) {
+    assert!(blocks.len() <= 2, "room for two other shared memory blocks");
     // SAFETY: _PG_init runs single-threaded in the postmaster, before any hook can fire.
     unsafe {
         CAPACITY = cap;
         ARENA = arena;
+        for (slot, b) in (*(&raw mut BLOCKS)).iter_mut().zip(blocks) {
+            *slot = Some(*b);
+        }
         #[cfg(not(feature = "pg14"))]
         {
             PREV_REQUEST_HOOK = pg_sys::shmem_request_hook;
@@ -75,11 +96,14 @@ fn request_shmem() {
     unsafe {
         pg_sys::RequestAddinShmemSpace(Registry::size_for(CAPACITY));
         pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 1);
+        for b in (*(&raw const BLOCKS)).iter().flatten() {
+            pg_sys::RequestAddinShmemSpace(b.size);
+        }
     }
 }
 
-/// PostgreSQL's `AddinShmemInitLock` (also the GPU service channel's, `service::shmem`).
-pub(crate) fn addin_shmem_init_lock() -> *mut pg_sys::LWLock {
+/// PostgreSQL's `AddinShmemInitLock`.
+fn addin_shmem_init_lock() -> *mut pg_sys::LWLock {
     // SAFETY: MainLWLockArray is set up before any shmem_startup_hook runs and has more than
     // ADDIN_SHMEM_INIT_LOCK_INDEX entries (it is one of the version's individual LWLocks).
     unsafe { &raw mut (*pg_sys::MainLWLockArray.add(ADDIN_SHMEM_INIT_LOCK_INDEX)).lock }
@@ -114,6 +138,14 @@ unsafe extern "C-unwind" fn startup_hook() {
         }
         BASE = base as *mut u8;
         LOCK = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
+        for b in (*(&raw const BLOCKS)).iter().flatten() {
+            let mut found = false;
+            let p = pg_sys::ShmemInitStruct(b.name.as_ptr(), b.size, &mut found) as *mut u8;
+            if !found {
+                (b.init)(p);
+            }
+            b.base.store(p, std::sync::atomic::Ordering::Release);
+        }
         pg_sys::LWLockRelease(init_lock);
     }
 }

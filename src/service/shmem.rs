@@ -1,20 +1,14 @@
-//! The request channel's home in PostgreSQL main shared memory.
-//!
-//! As the registry's (`registry::shmem`, whose pattern this follows): `_PG_init` calls
-//! [`install`], which asks for the channel's bytes (from `shmem_request_hook` on PostgreSQL 15
-//! and later, directly on 14) and chains a `shmem_startup_hook` that formats the block the first
-//! time (and again after every crash-restart), holding `AddinShmemInitLock`. Every process then
-//! reaches it through [`channel`]. The block starts in the mode `gpu_execution` fixes
-//! (`process`), or undecided until the service decides.
+//! The request channel's home in PostgreSQL main shared memory: a block that the registry's
+//! shared memory hooks (`registry::shmem`) request and format along with the registry's (the
+//! first time, and again after every crash-restart). Every process then reaches it through
+//! [`channel`]. The block starts in the mode `gpu_execution` fixes (`process`), or undecided
+//! until the service decides.
 
-use std::ptr::null_mut;
-
-use pgrx::pg_sys;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use super::channel::{Channel, Mode};
 use crate::error::{Code, Result, UvmError};
-
-const CHANNEL_NAME: &std::ffi::CStr = c"pg_uvm_share service channel";
+use crate::registry::shmem::Block;
 
 /// The request channel's shape, fixed at postmaster start (`pg_uvm_share.service_slots`,
 /// `service_staging`), and the mode shared memory starts in: `Process` when
@@ -27,72 +21,32 @@ pub struct ChannelSpec {
 }
 
 static mut SPEC: ChannelSpec = ChannelSpec { slots: 0, staging_bytes: 0, mode: Mode::Undecided };
-static mut BASE: *mut u8 = null_mut();
-#[cfg(not(feature = "pg14"))]
-static mut PREV_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
-static mut PREV_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
+static BASE: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
 
-/// Installs the channel's shared memory hooks. Called once from `_PG_init` in the postmaster.
-pub fn install(spec: ChannelSpec) {
-    // SAFETY: _PG_init runs single-threaded in the postmaster, before any hook can fire.
-    unsafe {
-        SPEC = spec;
-        #[cfg(not(feature = "pg14"))]
-        {
-            PREV_REQUEST_HOOK = pg_sys::shmem_request_hook;
-            pg_sys::shmem_request_hook = Some(request_hook);
-        }
-        #[cfg(feature = "pg14")]
-        request_shmem();
-        PREV_STARTUP_HOOK = pg_sys::shmem_startup_hook;
-        pg_sys::shmem_startup_hook = Some(startup_hook);
-    }
+/// The channel's block, for `registry::shmem::install` (from `_PG_init` in the postmaster).
+pub fn block(spec: ChannelSpec) -> Block {
+    // SAFETY: _PG_init runs single-threaded in the postmaster, before any hook can fire; the
+    // hooks and every later process only read it.
+    unsafe { SPEC = spec };
+    Block { name: c"pg_uvm_share service channel", size: Channel::size_for(spec.slots, spec.staging_bytes), init, base: &BASE }
 }
 
-#[cfg(not(feature = "pg14"))]
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn request_hook() {
-    // SAFETY: called by the postmaster in its request phase, after install().
+/// Formats the channel (the registry's startup hook calls it, under `AddinShmemInitLock`).
+///
+/// # Safety
+/// `base` points to the block's `Channel::size_for(..)` fresh bytes of shared memory.
+unsafe fn init(base: *mut u8) {
+    // SAFETY: SPEC was set in _PG_init (single-threaded) before any hook ran; the block is
+    // ours to format (contract).
     unsafe {
-        if let Some(prev) = PREV_REQUEST_HOOK {
-            prev();
-        }
-    }
-    request_shmem();
-}
-
-fn request_shmem() {
-    // SAFETY: called in the postmaster during shared memory sizing; SPEC was set by install().
-    unsafe { pg_sys::RequestAddinShmemSpace(Channel::size_for(SPEC.slots, SPEC.staging_bytes)) };
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn startup_hook() {
-    // SAFETY: called in the postmaster (and again after a crash) with shared memory attached;
-    // AddinShmemInitLock serializes initialization as PostgreSQL's own modules do.
-    unsafe {
-        if let Some(prev) = PREV_STARTUP_HOOK {
-            prev();
-        }
-        let init_lock = crate::registry::shmem::addin_shmem_init_lock();
-        pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
         let spec = SPEC;
-        let mut found = false;
-        let base = pg_sys::ShmemInitStruct(CHANNEL_NAME.as_ptr(), Channel::size_for(spec.slots, spec.staging_bytes), &mut found)
-            as *mut u8;
-        if !found {
-            Channel::init(base, spec.slots, spec.staging_bytes, spec.mode);
-        }
-        BASE = base;
-        pg_sys::LWLockRelease(init_lock);
+        Channel::init(base, spec.slots, spec.staging_bytes, spec.mode);
     }
 }
 
 /// The GPU service's request channel.
 pub fn channel() -> Result<Channel> {
-    // SAFETY: written once by the startup hook before any backend runs (inherited through
-    // fork); the block was formatted there and lives as long as the process.
-    let base = unsafe { BASE };
+    let base = BASE.load(Ordering::Acquire);
     if base.is_null() {
         return Err(UvmError::new(
             Code::ObjectNotInPrerequisiteState,
@@ -100,6 +54,7 @@ pub fn channel() -> Result<Channel> {
         )
         .hint("Add pg_uvm_share to shared_preload_libraries in postgresql.conf and restart the server."));
     }
-    // SAFETY: formatted by Channel::init in the startup hook (see above).
+    // SAFETY: formatted by `init` in the startup hook, before any backend ran (inherited
+    // through fork); main shared memory lives as long as the process.
     Ok(unsafe { Channel::from_raw(base) })
 }

@@ -131,25 +131,14 @@ fn executor_loop(ch: Channel, pool: Arc<Pool>) {
     }
 }
 
-/// Spawns the executors with every signal blocked (PostgreSQL's signals are the main thread's).
+/// Spawns the executors (PostgreSQL's signals stay the main thread's).
 fn spawn_executors(ch: Channel, pool: &Arc<Pool>, n: usize) -> Vec<std::thread::JoinHandle<()>> {
-    // SAFETY: sigset operations on locals; pthread_sigmask on the calling thread, restored below.
-    let old = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        old
-    };
-    let handles = (0..n)
+    (0..n)
         .filter_map(|i| {
             let pool = pool.clone();
-            std::thread::Builder::new().name(format!("uvm-exec-{i}")).spawn(move || executor_loop(ch, pool)).ok()
+            crate::interrupt::spawn_without_signals(format!("uvm-exec-{i}"), move || executor_loop(ch, pool)).ok()
         })
-        .collect();
-    // SAFETY: restores the mask saved above.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-    handles
+        .collect()
 }
 
 /// Under CUDA: loads the kernels and registers the staging memory now, not at a request.
@@ -230,24 +219,8 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         ch.staging_bytes()
     );
 
-    // SAFETY: the set lives as long as the process (TopMemoryContext, or no resource owner on
-    // 17+); the eventfd stays open as long as the set is used.
-    let set = unsafe {
-        #[cfg(any(feature = "pg14", feature = "pg15", feature = "pg16"))]
-        let set = pg_sys::CreateWaitEventSet(pg_sys::TopMemoryContext, 3);
-        #[cfg(not(any(feature = "pg14", feature = "pg15", feature = "pg16")))]
-        let set = pg_sys::CreateWaitEventSet(std::ptr::null_mut(), 3);
-        pg_sys::AddWaitEventToSet(set, pg_sys::WL_LATCH_SET, pg_sys::PGINVALID_SOCKET, pg_sys::MyLatch, std::ptr::null_mut());
-        pg_sys::AddWaitEventToSet(
-            set,
-            pg_sys::WL_EXIT_ON_PM_DEATH,
-            pg_sys::PGINVALID_SOCKET,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        );
-        pg_sys::AddWaitEventToSet(set, pg_sys::WL_SOCKET_READABLE, efd, std::ptr::null_mut(), std::ptr::null_mut());
-        set
-    };
+    // SAFETY: main thread; the eventfd stays open for the life of the process.
+    let set = unsafe { crate::pgwait::latch_and_fd(efd) };
     let mut events = [pg_sys::WaitEvent::default(); 3];
     // Jobs whose work runs (or ran) on an executor: id -> (slot, pins).
     let mut running: HashMap<u64, (u32, Vec<crate::segment::Pin<crate::sql::PgEnv>>)> = HashMap::new();

@@ -73,8 +73,7 @@ pub extern "C-unwind" fn _PG_init() {
         staging_bytes: (guc::SERVICE_STAGING_MB.get().max(1) as u64 * guc::MIB).min(1 << 30) as u32,
         mode: if process_only { Mode::Process } else { Mode::Undecided },
     };
-    shmem::install(cap, arena);
-    crate::service::shmem::install(spec);
+    shmem::install(cap, arena, &[crate::service::shmem::block(spec)]);
     crate::broker::worker::register();
     if !process_only {
         crate::service::worker::register();
