@@ -60,9 +60,11 @@ pub fn install(cap: Capacity, arena: Arena, blocks: &[Block]) {
     unsafe {
         CAPACITY = cap;
         ARENA = arena;
-        for (slot, b) in (*(&raw mut BLOCKS)).iter_mut().zip(blocks) {
+        let mut all = [None; 2];
+        for (slot, b) in all.iter_mut().zip(blocks) {
             *slot = Some(*b);
         }
+        BLOCKS = all;
         #[cfg(not(feature = "pg14"))]
         {
             PREV_REQUEST_HOOK = pg_sys::shmem_request_hook;
@@ -96,7 +98,8 @@ fn request_shmem() {
     unsafe {
         pg_sys::RequestAddinShmemSpace(Registry::size_for(CAPACITY));
         pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), 1);
-        for b in (*(&raw const BLOCKS)).iter().flatten() {
+        let blocks = BLOCKS;
+        for b in blocks.iter().flatten() {
             pg_sys::RequestAddinShmemSpace(b.size);
         }
     }
@@ -138,7 +141,8 @@ unsafe extern "C-unwind" fn startup_hook() {
         }
         BASE = base as *mut u8;
         LOCK = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
-        for b in (*(&raw const BLOCKS)).iter().flatten() {
+        let blocks = BLOCKS;
+        for b in blocks.iter().flatten() {
             let mut found = false;
             let p = pg_sys::ShmemInitStruct(b.name.as_ptr(), b.size, &mut found) as *mut u8;
             if !found {
