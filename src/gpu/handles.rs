@@ -127,24 +127,37 @@ impl DeviceBuffer {
     /// Sets the first `n` bytes to `value`.
     pub fn set_bytes(&self, value: u8, n: usize) -> Result<()> {
         self.check_range(0, n)?;
-        // SAFETY: the first n bytes of our allocation (checked above).
-        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(self.ptr, value, n) })
+        // SAFETY: the first n bytes of our allocation (checked above), waited for on this
+        // thread's stream.
+        unsafe {
+            check("cuMemsetD8Async", sys::cuMemsetD8Async(self.ptr, value, n, super::STREAM))?;
+            check("cuStreamSynchronize", sys::cuStreamSynchronize(super::STREAM))
+        }
     }
 
     /// Copies `src` into the buffer at byte `at`.
     pub fn write(&self, at: usize, src: &[i64]) -> Result<()> {
         let n = std::mem::size_of_val(src);
         self.check_range(at, n)?;
-        // SAFETY: [at, at + n) lies in our allocation (checked above); src is n readable bytes.
-        check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(self.ptr + at as u64, src.as_ptr() as *const c_void, n) })
+        // SAFETY: [at, at + n) lies in our allocation (checked above); src is n readable bytes,
+        // borrowed until the copy was waited for on this thread's stream.
+        unsafe {
+            let dst = self.ptr + at as u64;
+            check("cuMemcpyHtoDAsync", sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr() as *const c_void, n, super::STREAM))?;
+            check("cuStreamSynchronize", sys::cuStreamSynchronize(super::STREAM))
+        }
     }
 
     /// Copies the first `8 * dst.len()` bytes of the buffer into `dst`.
     pub fn read(&self, dst: &mut [u64]) -> Result<()> {
         let n = std::mem::size_of_val(dst);
         self.check_range(0, n)?;
-        // SAFETY: the first n bytes of our allocation (checked above) into n writable bytes.
-        check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut c_void, self.ptr, n) })
+        // SAFETY: the first n bytes of our allocation (checked above) into n writable bytes,
+        // borrowed until the copy was waited for on this thread's stream.
+        unsafe {
+            check("cuMemcpyDtoHAsync", sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr() as *mut c_void, self.ptr, n, super::STREAM))?;
+            check("cuStreamSynchronize", sys::cuStreamSynchronize(super::STREAM))
+        }
     }
 }
 

@@ -31,8 +31,9 @@ pub const RESULT_BYTES: usize = 64;
 /// Threads per block of every launch.
 const BLOCK: u32 = 256;
 
-/// The loaded module and its functions, plus the device buffers that launches share. Used by
-/// one thread at a time (`Gpu::with_kernels` holds a lock).
+/// The loaded module and its functions, plus the device buffers that launches share. One per
+/// thread (`Gpu::with_kernels`), so never shared: threads launch concurrently, each on its
+/// own stream (`gpu::STREAM`).
 pub struct Kernels {
     segment: Segment,
     result: DeviceBuffer,

@@ -134,8 +134,8 @@ impl<P: Params> Kernel<P> {
         Ok(Kernel { f: module.function(name)?, _params: PhantomData })
     }
 
-    /// Launches `grid` blocks of `block` threads on the legacy default stream and waits for
-    /// them to finish.
+    /// Launches `grid` blocks of `block` threads on this thread's stream ([`super::STREAM`])
+    /// and waits for them to finish.
     ///
     /// # Safety
     /// The module's context must be current, and every pointer in `params` must address
@@ -160,12 +160,12 @@ impl<P: Params> Kernel<P> {
                         1,
                         1,
                         0,
-                        std::ptr::null_mut(),
+                        super::STREAM,
                         ptrs.as_mut_ptr(),
                         std::ptr::null_mut(),
                     ),
                 )?;
-                check("cuStreamSynchronize", sys::cuStreamSynchronize(std::ptr::null_mut()))
+                check("cuStreamSynchronize", sys::cuStreamSynchronize(super::STREAM))
             }
         })
     }

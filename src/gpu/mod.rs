@@ -27,10 +27,11 @@
 //!
 //! - The postmaster and the broker never call into CUDA: a process forked after `cuInit` cannot
 //!   initialise CUDA itself (measured), and the broker only holds file descriptors.
-//! - The first process that needs a provider (a backend, parallel worker or background worker
-//!   touching a segment) calls [`gpu`]: `cuInit`, device 0, its primary context retained and
-//!   made current, once per process; the times of `cuInit` and of the context creation are kept
-//!   for `uvm.device_info()`. The context lives until the process exits.
+//! - The first process that needs a provider calls [`gpu`]: `cuInit`, device 0, its primary
+//!   context retained and made current, once per process; the times of `cuInit` and of the
+//!   context creation are kept for `uvm.device_info()`. The context lives until the process
+//!   exits. In service mode that process is the GPU service (at its start-up), and no other
+//!   process calls [`gpu`]; in process mode, every backend or worker that touches a segment.
 //! - A parallel worker that will need the GPU (the GpuJoin aggregates) may start all of this on a
 //!   helper thread ([`warm_up_in_background`]) and go on scanning meanwhile: `cuInit`, the
 //!   context and the module (about 0.3 s for one process, 0.6 s each for five starting at once:
@@ -39,9 +40,11 @@
 //!   the main thread), and is joined before the process exits. The context is made current on
 //!   each thread that uses it ([`gpu`] does that).
 //! - Kernels (`kernels/*.cu`) are compiled by NVRTC to a CUBIN for the device's architecture on
-//!   first use, cached in the process and on disk (`pg_uvm_share_kernels/` in the data
-//!   directory, keyed by a hash of the source, the NVRTC version and the architecture), so a
-//!   new backend loads them without compiling.
+//!   first use, cached on disk (`pg_uvm_share_kernels/` in the data directory, keyed by a hash
+//!   of the source, the NVRTC version and the architecture), so a new process loads them
+//!   without compiling. Each thread that launches loads its own copy of the module with its own
+//!   scratch buffers, and every launch, copy and memset goes to that thread's default stream
+//!   ([`STREAM`]) and is waited for there: the GPU service's executor threads run concurrently.
 //! - Every CUDA handle (the context's retain, the module, device and pinned buffers, host
 //!   registrations) is owned by a value of [`handles`] that releases it when dropped; what the
 //!   process keeps for its whole life sits in the `Gpu` static, and process exit releases it.
@@ -85,20 +88,32 @@ pub struct DeviceInfo {
 pub struct Gpu {
     pub info: DeviceInfo,
     pub device: CUdevice,
-    kernels: std::sync::Mutex<Option<std::result::Result<Kernels, UvmError>>>,
     /// The retained primary context (current on every thread that called [`gpu`]). Last, so
     /// that it would be dropped after the kernels' module and buffers made in it (the `Gpu`
     /// lives in a static and is never dropped: the process's exit releases the context).
     context: handles::PrimaryContext,
 }
 
-// SAFETY: the raw CUDA handles inside are used by the main thread, and before that at most by
-// the warm-up helper thread, which has finished with them by the time the main thread gets the
-// `Gpu` (OnceLock) and the kernels (Mutex). The driver's handles are valid on any thread.
+// SAFETY: what a `Gpu` holds is immutable after `probe` (the device info, the device ordinal
+// and the retained primary context); the driver's context handle is valid on any thread, and
+// every thread makes it current for itself (`gpu`). The mutable state, the kernels, is per
+// thread (`THREAD_KERNELS`), not in the `Gpu`.
 unsafe impl Send for Gpu {}
-// SAFETY: as for Send: shared use is by one thread at a time (the helper has finished before
-// the main thread sees the `Gpu`), and the mutable state (the kernels) is behind a Mutex.
+// SAFETY: as for Send.
 unsafe impl Sync for Gpu {}
+
+/// The stream every launch, copy and memset of this crate uses: the calling thread's own
+/// default stream (`CU_STREAM_PER_THREAD`), so that the GPU service's executor threads run
+/// their work concurrently (the legacy default stream would serialise them).
+pub const STREAM: sys::CUstream = 0x2 as sys::CUstream;
+
+thread_local! {
+    /// This thread's kernels: the module and its scratch buffers, loaded on first use (from
+    /// the disk cache once any thread compiled them). One per thread, so that threads launch
+    /// without sharing scratch buffers or waiting for each other.
+    static THREAD_KERNELS: std::cell::RefCell<Option<std::result::Result<Kernels, UvmError>>> =
+        const { std::cell::RefCell::new(None) };
+}
 
 /// Turns a driver result into a `UvmError` (out-of-memory as 53200, the rest as 58000).
 pub fn check(what: &str, r: CUresult) -> Result<()> {
@@ -183,7 +198,9 @@ pub fn warm_up_in_background() {
     // PostgreSQL's signals stay the main thread's.
     let spawned = crate::interrupt::spawn_without_signals("uvm-cuda-init".into(), || {
         if let Ok(g) = gpu() {
-            drop(g.kernels()); // loads the module; errors are kept for the main thread
+            // Compiles the kernels into the disk cache (or finds them there), so that the main
+            // thread's own load is a file read.
+            let _ = g.kernels();
         }
         WARM_DONE.store(true, std::sync::atomic::Ordering::Release);
     });
@@ -298,7 +315,7 @@ fn probe_inner() -> std::result::Result<Gpu, UvmError> {
             }
         }
     }
-    Ok(Gpu { info, device: dev, context: ctx, kernels: std::sync::Mutex::new(None) })
+    Ok(Gpu { info, device: dev, context: ctx })
 }
 
 impl Gpu {
@@ -310,25 +327,28 @@ impl Gpu {
         Ok((free as u64, total as u64))
     }
 
-    /// The kernels, compiled (or loaded from the disk cache) on first use.
-    pub fn kernels(&self) -> Result<std::sync::MutexGuard<'_, Option<std::result::Result<Kernels, UvmError>>>> {
-        let mut k = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
-        if k.is_none() {
-            *k = Some(Kernels::load(&self.info));
-        }
-        if let Some(Err(e)) = k.as_ref() {
-            return Err(e.clone());
-        }
-        Ok(k)
+    /// Loads this thread's kernels (compiled, or from the disk cache) unless it has them; an
+    /// error is kept for the thread.
+    pub fn kernels(&self) -> Result<()> {
+        THREAD_KERNELS.with(|k| {
+            let mut k = k.borrow_mut();
+            if k.is_none() {
+                *k = Some(Kernels::load(&self.info));
+            }
+            match k.as_ref() {
+                Some(Err(e)) => Err(e.clone()),
+                _ => Ok(()),
+            }
+        })
     }
 
-    /// Runs `f` with the loaded kernels.
+    /// Runs `f` with this thread's kernels.
     pub fn with_kernels<R>(&self, f: impl FnOnce(&Kernels) -> Result<R>) -> Result<R> {
-        let k = self.kernels()?;
-        match k.as_ref() {
+        self.kernels()?;
+        THREAD_KERNELS.with(|k| match k.borrow().as_ref() {
             Some(Ok(k)) => f(k),
             _ => unreachable!("kernels() returned Ok"),
-        }
+        })
     }
 
     /// `uvm.device_info()` rows.
@@ -360,10 +380,11 @@ impl Gpu {
 /// # Safety
 /// Both ranges must be valid for `len` bytes (mapped chunks, or host memory of this process).
 pub unsafe fn copy(dst: u64, src: u64, len: usize) -> Result<()> {
-    // SAFETY: forwarded contract; the context is current.
+    // SAFETY: forwarded contract; the context is current; the copy is waited for on this
+    // thread's stream.
     unsafe {
-        check("cuMemcpy", sys::cuMemcpy(dst, src, len))?;
-        check("cuCtxSynchronize", sys::cuCtxSynchronize())
+        check("cuMemcpyAsync", sys::cuMemcpyAsync(dst, src, len, STREAM))?;
+        check("cuStreamSynchronize", sys::cuStreamSynchronize(STREAM))
     }
 }
 

@@ -143,7 +143,9 @@ fn spawn_executors(ch: Channel, pool: &Arc<Pool>, n: usize) -> Vec<std::thread::
 
 /// Under CUDA: loads the kernels and registers the staging memory now, not at a request.
 fn warm_cuda(ch: &Channel) {
-    match crate::gpu::gpu().and_then(|g| g.kernels().map(|_| ())) {
+    // Compiles the kernels into the disk cache (or finds them there): each executor thread
+    // then loads its own copy from it at its first request.
+    match crate::gpu::gpu().and_then(|g| g.kernels()) {
         Ok(()) => {}
         Err(e) => pgrx::warning!("pg_uvm_share gpu service: kernels unavailable: {}", e.message),
     }
