@@ -35,11 +35,15 @@
 //!
 //! # Fairness when slots run out
 //!
-//! A client that finds no free slot takes a ticket and waits for its turn: only the holder of
-//! the ticket `now_serving` may claim, and claiming moves the turn on. A waiter that gives up
-//! (a cancel) marks its ticket abandoned in a ring, and whoever moves the turn skips marked
-//! tickets, so one cancelled waiter never stalls the others. Waiting is the caller's (the SQL
-//! layer sleeps on its latch, serving interrupts); this module only answers "may I claim now".
+//! While nobody waits, a client claims any free slot at once ([`Channel::try_claim_free`]).
+//! A client that finds none takes a ticket and waits for its turn: only the holder of the
+//! ticket `now_serving` may claim, and claiming moves the turn on. A waiter that gives up (a
+//! cancel) marks its ticket abandoned in a ring, and whoever moves the turn skips marked
+//! tickets, so one cancelled waiter never stalls the others. Each waiter leaves its latch in a
+//! second ring, and whoever frees a slot or moves the turn returns the latch of the turn's
+//! holder to set ([`Channel::turn_latch`]), so the queue moves at the speed of the slots, not
+//! of a polling interval. Waiting is the caller's (the SQL layer sleeps on its latch, serving
+//! interrupts); this module only answers "may I claim now" and "whom to wake".
 //!
 //! This module does not call PostgreSQL: the SQL layer and the service worker put the channel
 //! in shared memory and do the waking (latches).
@@ -107,6 +111,9 @@ struct Header {
     next_ticket: AtomicU64,
     now_serving: AtomicU64,
     skipped: [AtomicU64; (SKIP_RING / 64) as usize],
+    /// The latch of the waiter holding ticket t, at t % SKIP_RING (set before it sleeps): who
+    /// frees a slot or moves the turn wakes the new turn's holder at once.
+    turn_latch: [AtomicU64; SKIP_RING as usize],
     submitted: AtomicU64,
     completed: AtomicU64,
     abandoned: AtomicU64,
@@ -330,23 +337,53 @@ impl Channel {
         self.header().next_ticket.fetch_add(1, Ordering::AcqRel)
     }
 
-    /// Claims a free slot for the holder of `ticket` if it is its turn and a slot is free.
-    pub fn try_claim(&self, ticket: u64, pid: i32, latch: u64) -> Option<u32> {
+    /// Claims any free slot when nobody waits for one (no ticket needed).
+    pub fn try_claim_free(&self, pid: i32, latch: u64) -> Option<u32> {
         let h = self.header();
-        if h.now_serving.load(Ordering::Acquire) != ticket {
-            return None;
+        if h.next_ticket.load(Ordering::SeqCst) != h.now_serving.load(Ordering::SeqCst) {
+            return None; // others wait: take a ticket and queue behind them
         }
+        self.claim_any(pid, latch)
+    }
+
+    fn claim_any(&self, pid: i32, latch: u64) -> Option<u32> {
         for i in 0..self.nslots() {
             let s = self.slot(i);
             if s.state.compare_exchange(FREE, CLAIMED, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
                 s.client_pid.store(pid, Ordering::Relaxed);
                 s.client_latch.store(latch, Ordering::Relaxed);
                 s.taken_by.store(0, Ordering::Relaxed);
-                self.advance_turn(ticket);
                 return Some(i);
             }
         }
         None
+    }
+
+    /// Records the latch of the holder of `ticket` (before it checks its turn and sleeps).
+    pub fn wait_with(&self, ticket: u64, latch: u64) {
+        self.header().turn_latch[(ticket % SKIP_RING) as usize].store(latch, Ordering::SeqCst);
+    }
+
+    /// The latch of the waiter whose turn it is, if anybody waits (0: nobody): to set after
+    /// freeing a slot or moving the turn.
+    pub fn turn_latch(&self) -> u64 {
+        let h = self.header();
+        let t = h.now_serving.load(Ordering::SeqCst);
+        if h.next_ticket.load(Ordering::SeqCst) == t {
+            return 0;
+        }
+        h.turn_latch[(t % SKIP_RING) as usize].load(Ordering::SeqCst)
+    }
+
+    /// Claims a free slot for the holder of `ticket` if it is its turn and a slot is free.
+    pub fn try_claim(&self, ticket: u64, pid: i32, latch: u64) -> Option<u32> {
+        let h = self.header();
+        if h.now_serving.load(Ordering::SeqCst) != ticket {
+            return None;
+        }
+        let i = self.claim_any(pid, latch)?;
+        self.advance_turn(ticket);
+        Some(i)
     }
 
     /// Whether any slot is free (waiters check it before sleeping again).
@@ -409,10 +446,12 @@ impl Channel {
         self.state(i) == DONE
     }
 
-    /// Frees a slot whose reply the client has read.
-    pub fn release(&self, i: u32) {
-        let r = self.slot(i).state.compare_exchange(DONE, FREE, Ordering::AcqRel, Ordering::Relaxed);
+    /// Frees a slot whose reply the client has read. Returns the latch of the waiter whose
+    /// turn it is (0: nobody waits), to set.
+    pub fn release(&self, i: u32) -> u64 {
+        let r = self.slot(i).state.compare_exchange(DONE, FREE, Ordering::SeqCst, Ordering::Relaxed);
         debug_assert!(r.is_ok(), "release of a slot not done");
+        self.turn_latch()
     }
 
     /// The client gives up on slot `i` (whatever its state): frees it if the service is not
@@ -465,16 +504,16 @@ impl Channel {
     }
 
     /// The service has finished slot `i` (its reply written): DONE, or FREE if the client left.
-    /// Returns the client's latch to set (0: none, the client left).
+    /// Returns the latch to set: the client's, or (the slot freed) the waiting turn's (0: none).
     pub fn complete(&self, i: u32) -> u64 {
         let s = self.slot(i);
         self.header().completed.fetch_add(1, Ordering::Relaxed);
         match s.state.compare_exchange(RUNNING, DONE, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => s.client_latch.load(Ordering::Acquire),
             Err(_) => {
-                // ABANDONED: nobody waits; the slot is free again.
-                s.state.store(FREE, Ordering::Release);
-                0
+                // ABANDONED: nobody waits for the reply; the slot is free again.
+                s.state.store(FREE, Ordering::SeqCst);
+                self.turn_latch()
             }
         }
     }
@@ -489,7 +528,12 @@ impl Channel {
             let s = self.slot(i);
             match s.state.load(Ordering::Acquire) {
                 ABANDONED if !running(i) => {
-                    let _ = s.state.compare_exchange(ABANDONED, FREE, Ordering::AcqRel, Ordering::Relaxed);
+                    if s.state.compare_exchange(ABANDONED, FREE, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
+                        let l = self.turn_latch();
+                        if l != 0 {
+                            wake.push(l);
+                        }
+                    }
                 }
                 RUNNING if s.taken_by.load(Ordering::Acquire) != incarnation && !running(i) => {
                     // SAFETY: RUNNING belongs to the service, and the incarnation that took it
@@ -613,6 +657,32 @@ mod tests {
         ch.abandon_ticket(t1); // t1 gives up at its turn: the turn skips t1 and t2
         let i = ch.try_claim(t3, 4, 1).expect("t3's turn");
         assert_eq!(ch.slot(i).client_pid.load(Ordering::Relaxed), 4);
+    }
+
+    #[test]
+    fn claims_skip_the_queue_only_while_nobody_waits_and_freeing_names_whom_to_wake() {
+        let b = block(1, 4096);
+        let ch = b.ch;
+        let i = ch.try_claim_free(1, 11).expect("nobody waits: any free slot");
+        assert_eq!(ch.try_claim_free(2, 22), None, "no free slot");
+        assert_eq!(ch.turn_latch(), 0, "nobody waits yet");
+        let t = ch.ticket();
+        ch.wait_with(t, 22);
+        assert_eq!(ch.try_claim(t, 2, 22), None);
+        ch.submit(i);
+        ch.take(i, 1);
+        assert_eq!(ch.complete(i), 11, "the client's latch");
+        assert_eq!(ch.release(i), 22, "the slot is free: wake the waiter whose turn it is");
+        assert_eq!(ch.try_claim_free(3, 33), None, "somebody waits: no queue-jumping");
+        let j = ch.try_claim(t, 2, 22).expect("its turn");
+        assert_eq!(ch.turn_latch(), 0, "the queue is empty again");
+        // an abandoned request freed by the service wakes the next waiter too
+        let t2 = ch.ticket();
+        ch.wait_with(t2, 44);
+        ch.submit(j);
+        ch.take(j, 1);
+        ch.abandon(j);
+        assert_eq!(ch.complete(j), 44);
     }
 
     #[test]
