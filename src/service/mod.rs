@@ -39,7 +39,12 @@
 //!
 //! - A client that is cancelled (or times out, or raises an ERROR, or exits) abandons its
 //!   slot; the service stops the work at its next interrupt check (`interrupt::watch`) or
-//!   finishes it, and frees the slot only then, so staging memory is never reused early.
+//!   finishes it, and frees the slot only then, so staging memory is never reused early. A
+//!   client that exits on a FATAL error (`pg_terminate_backend`) unwinds nothing: its exit
+//!   callback (registered before its first request) abandons its slots and gives up its place
+//!   in the queue for slots. The client has its ERROR before the abandoned work has stopped:
+//!   a drop, growth or migration of that segment (the client's next statement, say) waits in
+//!   the service until it has, rather than finding the segment pinned.
 //! - A client SIGKILLed mid-request makes the postmaster restart the cluster, as any backend
 //!   crash does: shared memory, the broker and the service start afresh.
 //! - The service killed by a signal is a crash too (the cluster restarts, and with it every

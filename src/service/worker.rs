@@ -11,7 +11,8 @@
 //!    registers the channel's staging memory with the driver, so neither costs a request.
 //! 3. Loops: frees what finished, fails what a dead predecessor left, takes submitted
 //!    requests (preparing them, or running registry changes itself), and sleeps on its latch
-//!    and on an eventfd the executors write when they finish.
+//!    and on an eventfd the executors write when they finish. A registry change on a segment
+//!    that abandoned work still pins waits until that work has stopped (`behind_abandoned_work`).
 //! 4. On SIGTERM: stops taking requests, lets the executors finish theirs, leaves untaken
 //!    requests to its successor, exits 1 (restarted after 1 s). Its segment mappings and pins
 //!    go with it (the segment manager's exit callback).
@@ -225,9 +226,11 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     let set = unsafe { crate::pgwait::latch_and_fd(efd) };
     let mut events = [pg_sys::WaitEvent::default(); 3];
     // Jobs whose work runs (or ran) on an executor: id -> (slot, pins).
-    let mut running: HashMap<u64, (u32, Vec<crate::segment::Pin<crate::sql::PgEnv>>)> = HashMap::new();
+    let mut running: Running = HashMap::new();
     let mut next_job = 1u64;
     let mut parked: Vec<Parked> = Vec::new();
+    // Taken requests that wait for abandoned work on their segments to stop (slots).
+    let mut behind: Vec<u32> = Vec::new();
     loop {
         if BackgroundWorker::sigterm_received() {
             break;
@@ -242,12 +245,10 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         let mut drained = [0u8; 8];
         // SAFETY: reads up to 8 bytes into a live buffer from our non-blocking eventfd.
         unsafe { libc::read(efd, drained.as_mut_ptr() as *mut libc::c_void, 8) };
-        let finished: Vec<u64> = std::mem::take(&mut *pool.finished.lock().unwrap_or_else(|e| e.into_inner()));
-        for j in finished {
-            running.remove(&j);
-        }
+        reap(&pool, &mut running);
         // 2. Free abandoned slots; fail what a dead predecessor took and never answered.
-        let busy: Vec<u32> = running.values().map(|(s, _)| *s).chain(parked.iter().map(|p| p.slot)).collect();
+        let busy: Vec<u32> =
+            running.values().map(|(s, _)| *s).chain(parked.iter().map(|p| p.slot)).chain(behind.iter().copied()).collect();
         let dead = UvmError::new(Code::SystemError, "the pg_uvm_share GPU service was restarted while it ran this request");
         for l in ch.sweep(incarnation, |i| busy.contains(&i), |r| *r = Reply::error(&dead)) {
             // SAFETY: a client's latch in shared memory; the main thread may call SetLatch.
@@ -259,10 +260,11 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
                 parked.push(p);
             }
         }
-        // 4. Take what was submitted.
+        // 4. Take what was submitted (after the requests that waited behind abandoned work).
         let submitted: Vec<u32> = ch.submitted().collect();
-        for slot in submitted {
-            if !ch.take(slot, incarnation) {
+        let waited = std::mem::take(&mut behind);
+        for (slot, taken) in waited.into_iter().map(|s| (s, true)).chain(submitted.into_iter().map(|s| (s, false))) {
+            if !taken && !ch.take(slot, incarnation) {
                 continue;
             }
             // SAFETY: taken: ours until complete.
@@ -275,6 +277,16 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
                     Err(UvmError::new(Code::ProtocolViolation, "a request claims more input than its staging")),
                 );
                 continue;
+            }
+            if op.is_some_and(|o| o.on_main_thread()) {
+                if taken && ch.abandoned(slot) {
+                    finish_here(&ch, slot, Err(UvmError::new(Code::QueryCanceled, "abandoned")));
+                    continue;
+                }
+                if behind_abandoned_work(&ch, &pool, &mut running, &req) {
+                    behind.push(slot);
+                    continue;
+                }
             }
             if op == Some(Op::Prefetch) {
                 if let Some(p) = try_prefetch(&ch, Parked { slot, req, since: Instant::now() }) {
@@ -304,7 +316,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
                 }
             }
         }
-        let timeout = if parked.is_empty() { 1000 } else { 2 };
+        let timeout = if parked.is_empty() && behind.is_empty() { 1000 } else { 2 };
         // SAFETY: `set` is live; `events` has room for the 3 registered events.
         let n = unsafe { pg_sys::WaitEventSetWait(set, timeout, events.as_mut_ptr(), 3, pg_sys::PG_WAIT_EXTENSION) };
         for e in &events[..n.max(0) as usize] {
@@ -326,6 +338,32 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     // SAFETY: proc_exit runs the exit callbacks (the segment manager's detach) and ends the
     // process; exit code 1: restarted unless the postmaster is shutting down.
     unsafe { pg_sys::proc_exit(1) };
+}
+
+/// Jobs whose work runs (or ran) on an executor: id -> (slot, the pins of its segments).
+type Running = HashMap<u64, (u32, Vec<crate::segment::Pin<crate::sql::PgEnv>>)>;
+
+/// Gives back the pins of the jobs the executors have finished.
+fn reap(pool: &Pool, running: &mut Running) {
+    let finished: Vec<u64> = std::mem::take(&mut *pool.finished.lock().unwrap_or_else(|e| e.into_inner()));
+    for j in finished {
+        running.remove(&j);
+    }
+}
+
+/// Whether `req` (an operation of the main thread: drop, grow, migrate, materialize) names a
+/// segment that an executor still pins for work whose client has given up on it. Such work
+/// stops at its next interrupt check, and the request waits for it (`behind`), instead of
+/// finding the segment pinned: the client of the abandoned work already has its ERROR and may
+/// be the one asking now (a cancelled `gpujoin_build` drops its half-made table at once, which
+/// a pin would refuse). Work whose client still waits is not waited for: a drop then fails on
+/// its pin, as in process mode.
+fn behind_abandoned_work(ch: &Channel, pool: &Pool, running: &mut Running, req: &Request) -> bool {
+    // An executor reports a job finished before it frees the job's slot: a job still here after
+    // this has not freed it, so its slot's state tells whether its client left.
+    reap(pool, running);
+    let ids: Vec<u64> = req.segs.iter().map(|s| s.id).filter(|&id| id != 0).collect();
+    !ids.is_empty() && running.values().any(|(slot, pins)| ch.abandoned(*slot) && pins.iter().any(|p| ids.contains(&p.info().id)))
 }
 
 /// Runs a migration request without waiting for pins: done (answered), or parked again while

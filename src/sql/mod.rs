@@ -262,10 +262,9 @@ fn make_provider() -> Result<Box<dyn Provider>> {
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
-    // A FATAL error may have been raised while the registry lock was held.
+    // A FATAL error may have been raised while the registry lock was held. (One raised while
+    // this process waited for the GPU service is the client's exit callback's business.)
     shmem::release_if_held();
-    // ... or while this process waited for the GPU service.
-    crate::service::client::abandon_mine();
     SEGMENTS.with(|cell| match cell.try_borrow_mut() {
         Ok(mut segs) => {
             if let Some(s) = segs.as_mut() {

@@ -1,5 +1,6 @@
 //! Parallel workers read segments: uvm.read_segment is evaluated inside a parallel scan, and
-//! the workers show up in uvm.attachments while they run.
+//! the workers show up in uvm.attachments while they run. In service mode the workers map
+//! nothing: they send every read to the GPU service, which alone is attached.
 
 use pg_uvm_share_tests::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -89,6 +90,8 @@ fn parallel_workers_read_segments() {
     });
 
     let mut b = connect();
+    let mode = execution(&mut b);
+    let requests_before = service_requests(&mut b);
     let start = Instant::now();
     let mut seen: Option<(i32, String)> = None;
     let mut polls = 0;
@@ -105,19 +108,45 @@ fn parallel_workers_read_segments() {
             .expect("poll uvm.attachments");
         if let Some(r) = rows.first() {
             seen = Some((r.get(0), r.get(1)));
-            break;
+            if mode == Execution::Process {
+                break;
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     let (mut a, r) = worker.join().expect("slow query thread panicked");
     let n = r.expect("slow parallel query failed");
     assert_eq!(n, ROWS, "slow parallel query result");
-    assert!(
-        seen.is_some(),
-        "no 'parallel worker' row in uvm.attachments for {seg} during the slow query \
-         ({polls} polls over {:?})",
-        start.elapsed()
-    );
+    match mode {
+        Execution::Process => {
+            assert!(
+                seen.is_some(),
+                "no 'parallel worker' row in uvm.attachments for {seg} during the slow query \
+                 ({polls} polls over {:?})",
+                start.elapsed()
+            );
+            assert_eq!(service_requests(&mut b), requests_before, "process mode: requests went to the GPU service");
+        }
+        Execution::Service => {
+            assert!(seen.is_none(), "service mode: a parallel worker mapped {seg}: {seen:?} ({polls} polls)");
+            // Every row's read went to the service (one request each), and the service alone
+            // maps the segment.
+            let after = service_requests(&mut b);
+            assert!(
+                after.completed - requests_before.completed >= ROWS,
+                "service mode: {} requests completed during a query of {ROWS} reads",
+                after.completed - requests_before.completed
+            );
+            let service = service_pid(&mut b);
+            let attached: Vec<i32> = b
+                .query("SELECT pid FROM uvm.attachments WHERE segment::text = $1", &[&seg])
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            assert_eq!(attached, vec![service], "service mode: the processes attached to {seg}");
+        }
+    }
 
     // Workers are gone afterwards; their attachment rows too.
     let gone = wait_until(Duration::from_secs(10), || {

@@ -42,15 +42,28 @@ fn session_b_reads_what_session_a_wrote() {
     write_segment(&mut b, &name, 0, &back);
     assert_bytes_eq(&read_segment(&mut a, &name, 0, back.len() as i32), &back, "A reads B's write");
 
-    // Both sessions are attached now.
+    // Who maps the segment now: both sessions, or (service mode) the GPU service alone, which
+    // did the work of both.
     let row = segment_row(&mut a, &name).expect("segment listed in uvm.segments");
-    assert!(row.attached_processes >= 2, "attached_processes = {} (want >= 2)", row.attached_processes);
     let pids = vec![backend_pid(&mut a), backend_pid(&mut b)];
-    let n: i64 = a
-        .query_one("SELECT count(*) FROM uvm.attachments WHERE segment::text = $1 AND pid = ANY($2)", &[&name, &pids])
+    let attached: Vec<i32> = a
+        .query("SELECT pid FROM uvm.attachments WHERE segment::text = $1 ORDER BY pid", &[&name])
         .unwrap()
-        .get(0);
-    assert_eq!(n, 2, "both sessions should be listed in uvm.attachments");
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    match execution(&mut a) {
+        Execution::Process => {
+            assert!(row.attached_processes >= 2, "attached_processes = {} (want >= 2)", row.attached_processes);
+            let n = attached.iter().filter(|p| pids.contains(p)).count();
+            assert_eq!(n, 2, "both sessions should be listed in uvm.attachments (attached: {attached:?}, sessions: {pids:?})");
+        }
+        Execution::Service => {
+            let service = service_pid(&mut a);
+            assert_eq!(row.attached_processes, 1, "service mode: only the service maps {name}");
+            assert_eq!(attached, vec![service], "service mode: uvm.attachments of {name} (sessions: {pids:?})");
+        }
+    }
 
     drop_segment(&mut a, &name);
     assert!(segment_row(&mut a, &name).is_none(), "segment still listed after drop");
@@ -112,15 +125,22 @@ fn growth_while_another_session_is_attached() {
     assert!(after.chunks > before.chunks, "chunks did not increase: {before:?} -> {after:?}");
     assert!(after.generation > before.generation, "generation did not increase: {before:?} -> {after:?}");
 
-    // B's attachment has caught up with the new generation.
+    // B's attachment (in service mode the service's, which read for B) has caught up with the
+    // new generation.
+    let b_pid = backend_pid(&mut b);
+    let reader = mapping_pid(&mut b, b_pid);
     let mapped: Option<i64> = b
         .query_opt(
-            "SELECT mapped_generation::bigint FROM uvm.attachments WHERE pid = pg_backend_pid() AND segment::text = $1",
-            &[&name],
+            "SELECT mapped_generation::bigint FROM uvm.attachments WHERE pid = $1 AND segment::text = $2",
+            &[&reader, &name],
         )
         .unwrap()
         .map(|r| r.get(0));
-    assert_eq!(mapped, Some(after.generation), "B's row in uvm.attachments (mapped_generation) after reading the grown region");
+    assert_eq!(
+        mapped,
+        Some(after.generation),
+        "B's reader {reader} (backend {b_pid}): its row in uvm.attachments (mapped_generation) after reading the grown region"
+    );
 
     drop_segment(&mut a, &name);
 }

@@ -33,8 +33,12 @@ fn backend_crash_restarts_cleanly() {
     write_segment(&mut victim, &victim_seg, 0, &data);
     assert_bytes_eq(&read_segment(&mut victim, &victim_seg, 0, data.len() as i32), &data, "victim reads");
     assert_bytes_eq(&read_segment(&mut victim, &other_seg, 0, MIB as i32), &pattern(MIB, 40), "victim reads other");
-    let attached: i64 = admin.query_one("SELECT count(*) FROM uvm.attachments WHERE pid = $1", &[&victim_pid]).unwrap().get(0);
-    assert!(attached >= 1, "victim backend not listed in uvm.attachments");
+    // The victim's segments are mapped by the victim itself, or (service mode) by the service.
+    let mode = execution(&mut admin);
+    let mapper = mapping_pid(&mut admin, victim_pid);
+    let attached: i64 = admin.query_one("SELECT count(*) FROM uvm.attachments WHERE pid = $1", &[&mapper]).unwrap().get(0);
+    assert!(attached >= 2, "process {mapper} (victim backend {victim_pid}) maps {attached} segments, want both");
+    let service_before = service_pid(&mut admin);
     let provider: Option<String> =
         admin.query_opt("SELECT value FROM uvm.device_info() WHERE property = 'provider'", &[]).unwrap().map(|r| r.get(0));
     if provider.as_deref() == Some("host") {
@@ -63,6 +67,13 @@ fn backend_crash_restarts_cleanly() {
     });
     assert!(ok, "no new broker after the crash restart (saw {broker_after:?}, old {broker_before})");
     let broker_after = broker_after.unwrap();
+    if mode == Execution::Service {
+        // The restart started a new service; the calls below go through it.
+        let ok =
+            wait_until(Duration::from_secs(30), || matches!(service_pid_in_activity(&mut c), Some(p) if p != service_before));
+        assert!(ok, "no new GPU service after the crash restart (old {service_before})");
+        assert!(!process_alive(service_before), "the old service {service_before} survived the crash restart");
+    }
 
     assert_eq!(postmaster_pid(), postmaster, "the postmaster itself must survive (crash restart, not a new start)");
     assert!(process_alive(postmaster));
