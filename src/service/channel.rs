@@ -455,21 +455,23 @@ impl Channel {
     }
 
     /// The client gives up on slot `i` (whatever its state): frees it if the service is not
-    /// (or no longer) involved, else leaves it ABANDONED for the service to free.
-    pub fn abandon(&self, i: u32) {
+    /// (or no longer) involved, else leaves it ABANDONED for the service to free. Returns the
+    /// latch of the waiter whose turn it is when it freed the slot (0: none to wake).
+    pub fn abandon(&self, i: u32) -> u64 {
         let s = &self.slot(i).state;
         loop {
             let cur = s.load(Ordering::Acquire);
             let next = match cur {
                 CLAIMED | DONE => FREE,
                 SUBMITTED | RUNNING => ABANDONED,
-                _ => return, // FREE or already ABANDONED
+                _ => return 0, // FREE or already ABANDONED
             };
-            if s.compare_exchange(cur, next, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            if s.compare_exchange(cur, next, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
                 if next == ABANDONED {
                     self.header().abandoned.fetch_add(1, Ordering::Relaxed);
+                    return 0;
                 }
-                return;
+                return self.turn_latch();
             }
         }
     }
@@ -479,7 +481,7 @@ impl Channel {
         for i in 0..self.nslots() {
             let s = self.slot(i);
             if s.client_pid.load(Ordering::Acquire) == pid && s.state.load(Ordering::Acquire) != FREE {
-                self.abandon(i);
+                let _ = self.abandon(i); // at exit: the waiters' safety-net timeout finds the slot
             }
         }
     }

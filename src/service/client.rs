@@ -35,6 +35,14 @@ fn my_pid() -> i32 {
     unsafe { pg_sys::MyProcPid }
 }
 
+/// Sets another process's latch (0: nobody to wake).
+fn set_latch(latch: u64) {
+    if latch != 0 {
+        // SAFETY: a latch address published in the channel: a PGPROC's latch, in shared memory.
+        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
+    }
+}
+
 /// Sleeps on this process's latch for up to `ms`, then serves interrupts.
 fn sleep_on_latch(ms: i64) {
     // SAFETY: MyLatch is this process's latch; WaitLatch and ResetLatch are called from the
@@ -96,6 +104,9 @@ impl Drop for TicketGuard {
         WAITING.with(|w| w.set(None));
         if !self.used {
             self.ch.abandon_ticket(self.ticket);
+            if self.ch.any_free() {
+                set_latch(self.ch.turn_latch());
+            }
         }
     }
 }
@@ -110,7 +121,7 @@ struct SlotGuard {
 impl Drop for SlotGuard {
     fn drop(&mut self) {
         if !self.released {
-            self.ch.abandon(self.slot);
+            set_latch(self.ch.abandon(self.slot));
         }
     }
 }
@@ -151,11 +162,21 @@ impl Client {
 impl Client {
     fn claim(&self) -> Result<SlotGuard> {
         hook_exit();
+        // While nobody queues, any free slot will do.
+        if let Some(slot) = self.ch.try_claim_free(my_pid(), my_latch()) {
+            return Ok(SlotGuard { ch: self.ch, slot, released: false });
+        }
         let mut t = TicketGuard::new(self.ch);
         let mut settled = false;
         loop {
+            // Leave our latch for whoever frees a slot or moves the turn to us, then look.
+            self.ch.wait_with(t.ticket, my_latch());
             if let Some(slot) = self.ch.try_claim(t.ticket, my_pid(), my_latch()) {
                 t.used = true;
+                // The turn moved on: if a slot is still free, its holder need not wait.
+                if self.ch.any_free() {
+                    set_latch(self.ch.turn_latch());
+                }
                 return Ok(SlotGuard { ch: self.ch, slot, released: false });
             }
             if let Some((code, msg)) = self.ch.error() {
@@ -167,8 +188,8 @@ impl Client {
                 settled = true;
                 continue;
             }
-            // Our turn comes when a slot frees; nothing wakes us for it, so poll briefly.
-            sleep_on_latch(1);
+            // Woken when a slot frees or the turn comes to us; the timeout is a safety net.
+            sleep_on_latch(10);
         }
     }
 
@@ -262,11 +283,7 @@ impl Client {
             self.ch.staging(slot)[..input.len()].copy_from_slice(input);
         }
         self.ch.submit(slot);
-        let latch = self.ch.service_latch();
-        if latch != 0 {
-            // SAFETY: the service's latch, in shared memory; SetLatch is safe from the main thread.
-            unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
-        }
+        set_latch(self.ch.service_latch());
         Ok(g)
     }
 
@@ -281,7 +298,7 @@ impl Client {
             // SAFETY: as above.
             output(unsafe { &self.ch.staging(g.slot)[..n] }, n);
         }
-        self.ch.release(g.slot);
+        set_latch(self.ch.release(g.slot));
         g.released = true;
         r
     }
