@@ -529,12 +529,12 @@ impl Channel {
         for i in 0..self.nslots() {
             let s = self.slot(i);
             match s.state.load(Ordering::Acquire) {
-                ABANDONED if !running(i) => {
-                    if s.state.compare_exchange(ABANDONED, FREE, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
-                        let l = self.turn_latch();
-                        if l != 0 {
-                            wake.push(l);
-                        }
+                ABANDONED
+                    if !running(i) && s.state.compare_exchange(ABANDONED, FREE, Ordering::SeqCst, Ordering::Relaxed).is_ok() =>
+                {
+                    let l = self.turn_latch();
+                    if l != 0 {
+                        wake.push(l);
                     }
                 }
                 RUNNING if s.taken_by.load(Ordering::Acquire) != incarnation && !running(i) => {
