@@ -68,6 +68,8 @@ const MEM_ALLOWANCE_MIB: f64 = 64.0;
 const JOIN_WORKERS: [i32; 2] = [5, 8];
 const FACT_ROWS: i64 = 50_000_000;
 const DIM_ROWS: i64 = 5_000_000;
+/// fact's keys are random in [0, KEY_RANGE): a quarter of them match.
+const KEY_RANGE: i64 = 20_000_000;
 const JOIN_REPEATS: usize = 3;
 const HASH_JOIN_REPEATS: usize = 2;
 const SCAN_TARGET: f64 = 1.3;
@@ -1300,13 +1302,15 @@ fn gpujoin_tables(b: &mut Bench, c: &mut Client) -> R<()> {
     }
     let t = Instant::now();
     for q in [
-        "DROP TABLE IF EXISTS bench_fact, bench_dim",
-        "CREATE UNLOGGED TABLE bench_dim AS SELECT i::bigint AS k, i::bigint AS v FROM generate_series(1, 5000000) i",
-        "CREATE UNLOGGED TABLE bench_fact AS SELECT (random() * 20000000)::bigint AS k FROM generate_series(1, 50000000)",
-        "VACUUM ANALYZE bench_dim",
-        "VACUUM ANALYZE bench_fact",
+        "DROP TABLE IF EXISTS bench_fact, bench_dim".to_string(),
+        format!("CREATE UNLOGGED TABLE bench_dim AS SELECT i::bigint AS k, i::bigint AS v FROM generate_series(1, {DIM_ROWS}) i"),
+        format!(
+            "CREATE UNLOGGED TABLE bench_fact AS SELECT (random() * {KEY_RANGE})::bigint AS k FROM generate_series(1, {FACT_ROWS})"
+        ),
+        "VACUUM ANALYZE bench_dim".into(),
+        "VACUUM ANALYZE bench_fact".into(),
     ] {
-        c.batch_execute(q).map_err(err(q))?;
+        c.batch_execute(&q).map_err(err(&q))?;
     }
     b.note(format!("generated fact (50 M) and dim (5 M) in {:.0} s", t.elapsed().as_secs_f64()));
     Ok(())
@@ -1432,7 +1436,7 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32, keep_tables: bool)
     let r = (|| -> R<()> {
         c.batch_execute("ALTER TABLE bench_fact SET (parallel_workers = 5); SET max_parallel_workers_per_gather = 5")
             .map_err(err("workers"))?;
-        let kq = format!("SELECT uvm.bench_join_probe('{seg}', 4194304, 20000000)");
+        let kq = format!("SELECT uvm.bench_join_probe('{seg}', 4194304, {KEY_RANGE})");
         let kps: f64 = c.query_one(kq.as_str(), &[]).map_err(err("bench_join_probe"))?.get(0);
         let (value, baseline, ratio) = match probe_s {
             Some(gm) => (
