@@ -540,6 +540,105 @@ pub fn gpu_process_memory_mib(pid: i32) -> Option<u64> {
     })
 }
 
+/// Every process `nvidia-smi` lists as using GPU memory, as (pid, MiB); the MiB is `None` where
+/// nvidia-smi cannot tell (`[N/A]`). An empty list when no process uses the GPU.
+pub fn gpu_compute_apps() -> Result<Vec<(i32, Option<u64>)>, String> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
+        .output()
+        .map_err(|e| format!("cannot run nvidia-smi: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("nvidia-smi --query-compute-apps failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split(',').map(str::trim);
+            let pid: i32 = it.next()?.parse().ok()?;
+            Some((pid, it.next().and_then(|m| m.parse().ok())))
+        })
+        .collect())
+}
+
+/// The CUDA driver and NVRTC libraries (`libcuda.so*`, `libnvrtc*`) process `pid` maps, read
+/// from `/proc/<pid>/maps`: `Ok(None)` once the process is gone, an error when its maps cannot
+/// be read (another user's process needs root).
+pub fn cuda_libraries_mapped(pid: i32) -> Result<Option<Vec<String>>, String> {
+    let maps = match fs::read_to_string(format!("/proc/{pid}/maps")) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => match read_maps_as_owner(pid)? {
+            Some(m) => m,
+            None => return Ok(None),
+        },
+        Err(e) => return Err(format!("cannot read /proc/{pid}/maps: {e}")),
+    };
+    if maps.is_empty() && !process_alive(pid) {
+        return Ok(None); // exited between open and read
+    }
+    let mut libs: Vec<String> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|path| {
+            let file = path.rsplit('/').next().unwrap_or(path);
+            file.starts_with("libcuda.so") || file.starts_with("libnvrtc")
+        })
+        .map(str::to_string)
+        .collect();
+    libs.sort();
+    libs.dedup();
+    Ok(Some(libs))
+}
+
+/// `/proc/<pid>/maps` read as the process's owner, through `setpriv`: root without
+/// CAP_SYS_PTRACE (a container's) may not read another user's maps, but may become that user.
+fn read_maps_as_owner(pid: i32) -> Result<Option<String>, String> {
+    let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else { return Ok(None) };
+    let id = |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).and_then(|r| r.split_whitespace().next());
+    let (Some(uid), Some(gid)) = (id("Uid:"), id("Gid:")) else {
+        return Err(format!("/proc/{pid}/status has no Uid or Gid line"));
+    };
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid", uid, "--regid", gid, "--clear-groups", "cat", &format!("/proc/{pid}/maps")])
+        .output()
+        .map_err(|e| format!("cannot read /proc/{pid}/maps (permission denied) nor run setpriv: {e}"))?;
+    if out.status.success() {
+        Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()))
+    } else if !process_alive(pid) {
+        Ok(None)
+    } else {
+        Err(format!(
+            "cannot read /proc/{pid}/maps, neither as this user nor as uid {uid}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Whether a list from [`cuda_libraries_mapped`] holds the CUDA driver (libcuda).
+pub fn maps_libcuda(libs: &[String]) -> bool {
+    libs.iter().any(|p| p.rsplit('/').next().unwrap_or(p).starts_with("libcuda.so"))
+}
+
+/// The live children of process `parent` (every process of a cluster is a child of its
+/// postmaster), from `/proc/*/stat`.
+pub fn child_pids(parent: i32) -> Vec<i32> {
+    let Ok(dir) = fs::read_dir("/proc") else { return Vec::new() };
+    let mut pids: Vec<i32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            fs::read_to_string(format!("/proc/{pid}/stat")).ok().is_some_and(|stat| {
+                // state and ppid are the two fields after the parenthesised command name
+                let mut rest = stat.rsplit(')').next().unwrap_or("").split_whitespace();
+                let state = rest.next();
+                let ppid = rest.next().and_then(|p| p.parse::<i32>().ok());
+                ppid == Some(parent) && state != Some("Z") && state != Some("X")
+            })
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
 /// `value` of `uvm.device_info()` for `property`, if the provider reports it.
 pub fn device_info_value(c: &mut Client, property: &str) -> Option<String> {
     c.query_opt("SELECT value FROM uvm.device_info() WHERE property = $1", &[&property])

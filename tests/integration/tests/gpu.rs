@@ -3,7 +3,13 @@
 //! Built only with `--features gpu` and run by `scripts/gpu-suite run` on the GPU machine, one
 //! test at a time (`--test-threads=1`, name order): the crash test is named to run last, since
 //! the crash restart terminates every session of the cluster. Every test first asserts that the
-//! cluster runs the CUDA provider.
+//! cluster runs the CUDA provider, in the execution mode the suite expects.
+//!
+//! The suite runs these tests twice, on a cluster started with `pg_uvm_share.gpu_execution =
+//! process` (every process with its own CUDA context) and with `service` (one GPU service runs
+//! every operation on segment memory), setting `UVM_EXPECT_EXECUTION` to the mode. The results
+//! must be the same in both; what is inherently per process (which process holds a CUDA
+//! context, whose pins a request holds) is asserted for the mode at hand, never skipped.
 //!
 //! The expected values come from the crate's own copy of the checksum and fill pattern
 //! (`checksum`, `checksum_from`, `fill`, `fill_range`, `fill_checksum` in src/lib.rs).
@@ -12,11 +18,62 @@
 //! `UVM_GPU_NOTES` names a file, appended to it; the suite puts them in its report.
 
 use pg_uvm_share_tests::*;
+use std::collections::{BTreeSet, HashMap};
 use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const MIB_I: i64 = 1 << 20;
 const GIB_I: i64 = 1 << 30;
+
+/// The execution mode of the cluster under test (`uvm.device_info()` row `execution`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// `gpu_execution = process`: each backend and parallel worker has its own CUDA context.
+    Process,
+    /// `gpu_execution = service`: the GPU service holds the cluster's only CUDA context.
+    Service,
+}
+
+fn parse_mode(s: &str) -> Option<Mode> {
+    match s {
+        "process" => Some(Mode::Process),
+        "service" => Some(Mode::Service),
+        _ => None,
+    }
+}
+
+/// Asserts that the cluster runs the CUDA provider, in the execution mode `UVM_EXPECT_EXECUTION`
+/// names (process or service; scripts/gpu-suite sets it for each cluster it starts), and
+/// returns the mode. Without the variable, the mode is whatever the cluster reports.
+#[track_caller]
+fn start(c: &mut Client) -> Mode {
+    assert_cuda_provider(c);
+    let shown = device_info_value(c, "execution");
+    let mode = shown
+        .as_deref()
+        .and_then(parse_mode)
+        .unwrap_or_else(|| panic!("uvm.device_info() says execution = {shown:?}: neither process nor service"));
+    if let Ok(want) = std::env::var("UVM_EXPECT_EXECUTION") {
+        let want = parse_mode(&want).unwrap_or_else(|| panic!("UVM_EXPECT_EXECUTION={want:?}: must be process or service"));
+        assert_eq!(mode, want, "the cluster runs execution mode {mode:?}, the suite expects {want:?}");
+    }
+    mode
+}
+
+/// The GPU service's pid (`uvm.device_info()` row `service_pid`; 0 when none runs).
+fn service_pid(c: &mut Client) -> i32 {
+    let v = device_info_value(c, "service_pid").expect("uvm.device_info() has no service_pid row");
+    v.trim().parse().unwrap_or_else(|_| panic!("service_pid is not a pid: {v:?}"))
+}
+
+/// Requests submitted to the GPU service so far (`uvm.device_info()` row `service_requests`:
+/// "N submitted, ...").
+fn service_submitted(c: &mut Client) -> u64 {
+    let v = device_info_value(c, "service_requests").expect("uvm.device_info() has no service_requests row");
+    v.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("service_requests: {v:?}"))
+}
 
 /// A measurement for the report: stderr, and a line in `$UVM_GPU_NOTES` if set.
 fn note(test: &str, msg: &str) {
@@ -91,7 +148,7 @@ fn a_checksum_across_sessions_and_parallel_workers() {
     let _guard = SegmentGuard::with(&[&seg]);
 
     let mut a = connect();
-    assert_cuda_provider(&mut a);
+    start(&mut a);
     create_segment_tier(&mut a, &seg, SIZE, None, "device");
     assert_eq!(tier_bytes(&mut a, &seg), (SIZE, 0), "device-tier segment's bytes per tier");
     let mut want = Vec::with_capacity(SIZE as usize);
@@ -170,7 +227,7 @@ fn b_host_tier_and_fill_kernel() {
     let dev = unique_name("gpu_b_dev");
     let _guard = SegmentGuard::with(&[&host, &dev]);
     let mut c = connect();
-    assert_cuda_provider(&mut c);
+    start(&mut c);
 
     create_segment_tier(&mut c, &host, SIZE, None, "host");
     assert_eq!(tier_bytes(&mut c, &host), (0, SIZE), "host-tier segment's bytes per tier");
@@ -225,7 +282,7 @@ fn c_growth_seen_by_kernels_in_other_process() {
     let seg = unique_name("gpu_c");
     let _guard = SegmentGuard::with(&[&seg]);
     let mut a = connect();
-    assert_cuda_provider(&mut a);
+    start(&mut a);
     let mut b = connect();
 
     let sizes = [64 * MIB_I, 256 * MIB_I, GIB_I];
@@ -299,7 +356,7 @@ fn d_spill_beyond_device_memory_limit() {
     let dev = unique_name("gpu_d_dev");
     let _guard = SegmentGuard::with(&[&seg, &dev]);
     let mut admin = connect();
-    assert_cuda_provider(&mut admin);
+    start(&mut admin);
 
     let _reset = ResetDeviceLimit;
     admin
@@ -367,7 +424,7 @@ fn e_migration_both_ways() {
     let seg = unique_name("gpu_e");
     let _guard = SegmentGuard::with(&[&seg]);
     let mut a = connect();
-    assert_cuda_provider(&mut a);
+    start(&mut a);
     let mut b = connect();
 
     create_segment_tier(&mut a, &seg, SIZE, None, "device");
@@ -420,7 +477,7 @@ fn f_create_drop_cycles_keep_gpu_memory_flat() {
     let seg = unique_name("gpu_f");
     let _guard = SegmentGuard::with(&[&seg]);
     let mut c = connect();
-    assert_cuda_provider(&mut c);
+    start(&mut c);
     wait_alone(&mut c, Duration::from_secs(30));
     let want = fill_checksum(5, SIZE as u64);
     let cycle = |c: &mut Client, i: usize| {
@@ -460,6 +517,7 @@ fn f_create_drop_cycles_keep_gpu_memory_flat() {
 fn g_gpujoin_matches_postgres_join() {
     const T: &str = "g_gpujoin_matches_postgres_join";
     let mut c = connect();
+    start(&mut c);
     c.batch_execute(
         "DROP TABLE IF EXISTS gj_dim, gj_fact;
          CREATE TABLE gj_dim AS SELECT i::bigint AS k, (i % 1000)::bigint AS v FROM generate_series(1, 200000) i;
@@ -556,7 +614,7 @@ fn g_gpujoin_matches_postgres_join() {
 fn h_gpujoin_materialize_on_the_gpu() {
     const T: &str = "h_gpujoin_materialize_on_the_gpu";
     let mut c = connect();
-    assert_cuda_provider(&mut c);
+    start(&mut c);
     let f = GpujoinFixture::new(&mut c, "gjm", 200_000, 2_000_000);
     let (inner, inner4, dim) = (&f.inner, &f.inner4, &f.dim);
     let device: i64 = c.query_one("SELECT device_bytes FROM uvm.segments WHERE name = $1", &[inner]).unwrap().get(0);
@@ -591,7 +649,7 @@ fn h_gpujoin_materialize_on_the_gpu() {
     f.drop_tables(&mut c);
 }
 
-// --- z. crash of a backend with a CUDA context and device mappings (runs last) ---------------
+// --- i. corrupted GpuJoin tables on the GPU -----------------------------------------------------
 
 #[test]
 fn i_corrupted_tables_end_in_errors_on_the_gpu() {
@@ -601,6 +659,7 @@ fn i_corrupted_tables_end_in_errors_on_the_gpu() {
     // refuses never reaches a kernel. The statement timeout is only the suite's safety net.
     const T: &str = "i_corrupted_tables_end_in_errors_on_the_gpu";
     let mut c = connect();
+    let mode = start(&mut c);
     c.batch_execute(
         "DROP TABLE IF EXISTS gjc_dim, gjc_fact;
          CREATE TABLE gjc_dim AS SELECT i::bigint AS k, i::bigint AS v FROM generate_series(1, 100) i;
@@ -644,26 +703,261 @@ fn i_corrupted_tables_end_in_errors_on_the_gpu() {
     .expect("corrupt the header");
     let r = c.query_one(format!("SELECT (uvm.gpujoin_probe({}, k)).matches FROM gjc_fact", quote_literal(&ok)).as_str(), &[]);
     expect_sqlstate(r, "22023", "probe of the issue's corrupted header");
-    assert_eq!(
-        c.query_one("SELECT coalesce(sum(pins), 0)::bigint FROM uvm.attachments", &[]).unwrap().get::<_, i64>(0),
-        0,
-        "pins left after the errors"
-    );
+    let pins = |c: &mut Client| -> i64 {
+        c.query_one("SELECT coalesce(sum(pins), 0)::bigint FROM uvm.attachments", &[]).unwrap().get(0)
+    };
+    match mode {
+        // The failed requests' pins were this session's and its workers': gone with the ERROR.
+        Mode::Process => assert_eq!(pins(&mut c), 0, "pins left after the errors"),
+        // They were the service's, given back by its main thread just after the reply (which
+        // the client may see first): a moment, not more.
+        Mode::Service => {
+            let mut left = -1;
+            let gone = wait_until(Duration::from_secs(2), || {
+                left = pins(&mut c);
+                left == 0
+            });
+            assert!(gone, "{left} pins left 2 s after the errors (held by the GPU service)");
+        }
+    }
     c.batch_execute("RESET statement_timeout; DROP TABLE gjc_dim, gjc_fact").unwrap();
 }
+
+// --- j. no CUDA in backends or parallel workers (service mode) --------------------------------
+
+/// What a watch saw of one parallel worker: how often it was sampled, and the CUDA libraries it
+/// mapped at any sample.
+#[derive(Default, Debug)]
+struct WorkerSeen {
+    samples: u32,
+    libs: BTreeSet<String>,
+}
+
+/// Watches the parallel workers of the cluster while a query runs: every few milliseconds, from
+/// a connection of its own, the `parallel worker` rows of `pg_stat_activity` and the CUDA
+/// libraries each of those processes maps (`/proc/<pid>/maps`). A worker maps a library from
+/// the moment it loads it until it exits, so any sample after its first GPU call shows it.
+struct WorkerWatch {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<HashMap<i32, WorkerSeen>, String>>>,
+}
+
+impl WorkerWatch {
+    fn start() -> WorkerWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let mut c = connect();
+        let thread = std::thread::spawn(move || {
+            let mut seen: HashMap<i32, WorkerSeen> = HashMap::new();
+            while !flag.load(Ordering::Acquire) {
+                let rows = c
+                    .query("SELECT pid FROM pg_stat_activity WHERE backend_type = 'parallel worker'", &[])
+                    .map_err(|e| describe(&e))?;
+                for pid in rows.iter().map(|r| r.get::<_, i32>(0)) {
+                    if let Some(libs) = cuda_libraries_mapped(pid)? {
+                        let w = seen.entry(pid).or_default();
+                        w.samples += 1;
+                        w.libs.extend(libs);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(seen)
+        });
+        WorkerWatch { stop, thread: Some(thread) }
+    }
+
+    /// Stops the watch; what it saw, by worker pid.
+    fn finish(mut self) -> HashMap<i32, WorkerSeen> {
+        self.stop.store(true, Ordering::Release);
+        let t = self.thread.take().expect("finished twice");
+        t.join().expect("the watch thread panicked").unwrap_or_else(|e| panic!("watching parallel workers: {e}"))
+    }
+}
+
+impl Drop for WorkerWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn worker_maps_libcuda(w: &WorkerSeen) -> bool {
+    maps_libcuda(&w.libs.iter().cloned().collect::<Vec<_>>())
+}
+
+/// A watch's findings in a few words: "N workers (M samples), K mapping libcuda".
+fn describe_workers(seen: &HashMap<i32, WorkerSeen>) -> String {
+    let samples: u32 = seen.values().map(|w| w.samples).sum();
+    let cuda = seen.values().filter(|w| worker_maps_libcuda(w)).count();
+    format!("{} workers ({samples} samples), {cuda} mapping libcuda", seen.len())
+}
+
+#[test]
+fn j_no_cuda_in_backends_or_parallel_workers() {
+    // Issue 9, point 4: in service mode no backend or parallel worker loads libcuda, whatever
+    // GPU work it asks for; the service does. After a fill and checksums of a device segment in
+    // a backend, GPU checksums in parallel workers and a parallel GpuJoin probe, the maps of
+    // every process of the cluster are read; the workers are watched while they run (they
+    // sleep a little on some rows, so that each lives on after its GPU calls). In process mode
+    // the same reading must find libcuda in the backend and in the workers: the check itself
+    // works.
+    const T: &str = "j_no_cuda_in_backends_or_parallel_workers";
+    const SIZE: i64 = 64 * MIB_I;
+    const ROWS: i64 = 200;
+    let seg = unique_name("gpu_j");
+    let inner = unique_name("gpu_j_ht");
+    let p = unique_name("gpu_j");
+    let (table, dim, fact) = (format!("{p}_t"), format!("{p}_dim"), format!("{p}_fact"));
+    let _guard = SegmentGuard::with(&[&seg, &inner]);
+    let mut c = connect();
+    let mode = start(&mut c);
+    let me = backend_pid(&mut c);
+    let postmaster = postmaster_pid();
+    let services: Vec<i32> = c
+        .query("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_uvm_share gpu service'", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let service = service_pid(&mut c);
+    let requests_before = service_submitted(&mut c);
+
+    // 1. This backend: a device segment, a fill, checksums.
+    create_segment_tier(&mut c, &seg, SIZE, None, "device");
+    assert_eq!(tier_bytes(&mut c, &seg), (SIZE, 0), "device-tier segment's bytes per tier");
+    fill_segment(&mut c, &seg, 0, SIZE, 21);
+    let want = fill_checksum(21, SIZE as u64);
+    assert_eq!(checksum_u64(&mut c, &seg, 0, SIZE), want, "GPU checksum after the fill");
+
+    // 2. GPU checksums in parallel workers (the leader does not scan), 10 ms of sleep per row.
+    c.batch_execute(&format!(
+        "CREATE TABLE {table} (i int NOT NULL) WITH (fillfactor = 10, parallel_workers = 4);
+         INSERT INTO {table} SELECT g FROM generate_series(1, {ROWS}) g;
+         CREATE TABLE {dim} AS SELECT i::bigint AS k, i::bigint AS v FROM generate_series(1, 100000) i;
+         CREATE TABLE {fact} WITH (parallel_workers = 4) AS
+           SELECT (i % 200000)::bigint AS k FROM generate_series(1, 2000000) i;
+         ANALYZE {table}, {dim}, {fact};
+         SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; SET min_parallel_table_scan_size = 0;
+         SET max_parallel_workers_per_gather = 4; SET parallel_leader_participation = off;
+         SET statement_timeout = '60s';"
+    ))
+    .expect("test tables");
+    let q = format!(
+        "SELECT count(*) FROM {table} \
+          WHERE CASE WHEN uvm.checksum_segment({}, 0, {SIZE}) = {} THEN pg_sleep(0.01) IS NOT NULL ELSE false END",
+        quote_literal(&seg),
+        want as i64
+    );
+    let watch = WorkerWatch::start();
+    let n: i64 = c.query_one(q.as_str(), &[]).map_err(|e| describe(&e)).expect("parallel checksum query").get(0);
+    let checksum_workers = watch.finish();
+    assert_eq!(n, ROWS, "rows whose GPU checksum (in parallel workers) matched");
+
+    // 3. A parallel GpuJoin probe; rows with k % 25000 = 0 (80 of them) sleep 20 ms.
+    c.query_one("SELECT uvm.gpujoin_build($1, $2)", &[&inner, &format!("SELECT k, v FROM {dim}")])
+        .map_err(|e| describe(&e))
+        .expect("gpujoin_build");
+    let q = format!(
+        "SELECT (uvm.gpujoin_probe({}, k)).matches FROM {fact} \
+          WHERE CASE WHEN k % 25000 = 0 THEN pg_sleep(0.02) IS NOT NULL ELSE true END",
+        quote_literal(&inner)
+    );
+    let watch = WorkerWatch::start();
+    let matches: i64 = c.query_one(q.as_str(), &[]).map_err(|e| describe(&e)).expect("parallel GpuJoin probe").get(0);
+    let probe_workers = watch.finish();
+    let joined: i64 =
+        c.query_one(format!("SELECT count(*) FROM {fact} f JOIN {dim} d ON f.k = d.k").as_str(), &[]).unwrap().get(0);
+    assert_eq!(matches, joined, "GpuJoin probe vs PostgreSQL's join");
+    for (what, seen) in [("checksum", &checksum_workers), ("GpuJoin probe", &probe_workers)] {
+        assert!(!seen.is_empty(), "the {what} query: no parallel worker seen while it ran");
+    }
+
+    // 4. Every process of the cluster, as it is now.
+    let mut maps: Vec<(i32, Vec<String>)> = Vec::new();
+    for pid in child_pids(postmaster) {
+        if let Some(libs) = cuda_libraries_mapped(pid).unwrap_or_else(|e| panic!("{e}")) {
+            maps.push((pid, libs));
+        }
+    }
+    assert!(maps.iter().any(|(pid, _)| *pid == me), "this test's backend {me} is not among the postmaster's children");
+    let kinds: HashMap<i32, String> = c
+        .query("SELECT pid, coalesce(backend_type, '?') FROM pg_stat_activity", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let kind = |pid: i32| kinds.get(&pid).cloned().unwrap_or_else(|| "(not in pg_stat_activity)".into());
+    let with_cuda: Vec<String> =
+        maps.iter().filter(|(_, l)| maps_libcuda(l)).map(|(pid, l)| format!("{pid} {}: {}", kind(*pid), l.join(" "))).collect();
+    let summary = format!(
+        "{} processes of the cluster read; mapping libcuda: [{}]; parallel workers: checksum query {}, GpuJoin probe {}",
+        maps.len(),
+        with_cuda.join("; "),
+        describe_workers(&checksum_workers),
+        describe_workers(&probe_workers)
+    );
+
+    match mode {
+        Mode::Service => {
+            assert_eq!(services, vec![service], "service mode: the GPU service in pg_stat_activity vs device_info's service_pid");
+            let own = maps.iter().find(|(pid, _)| *pid == service).map(|(_, l)| l.clone());
+            assert!(
+                own.as_deref().is_some_and(maps_libcuda),
+                "service mode: the GPU service {service} does not map libcuda ({own:?}): {summary}"
+            );
+            let others: Vec<&String> = with_cuda.iter().filter(|l| !l.starts_with(&format!("{service} "))).collect();
+            assert!(others.is_empty(), "service mode: processes other than the GPU service map libcuda: {others:?}");
+            for (what, seen) in [("checksum", &checksum_workers), ("GpuJoin probe", &probe_workers)] {
+                let bad: Vec<(&i32, &WorkerSeen)> = seen.iter().filter(|(_, w)| worker_maps_libcuda(w)).collect();
+                assert!(bad.is_empty(), "service mode: parallel workers of the {what} query mapped libcuda: {bad:?}");
+            }
+            // The GPU work did go through the service: every worker's checksum is a request.
+            let requests = service_submitted(&mut c) - requests_before;
+            assert!(requests >= ROWS as u64 + 3, "service mode: only {requests} requests reached the service");
+            note(T, &format!("service mode: {summary}; {requests} requests went to the service (pid {service})"));
+        }
+        Mode::Process => {
+            assert!(services.is_empty(), "process mode: a GPU service runs: {services:?}");
+            assert!(
+                maps.iter().any(|(pid, l)| *pid == me && maps_libcuda(l)),
+                "process mode: this backend ran kernels but does not map libcuda (is the check blind?): {summary}"
+            );
+            for (what, seen) in [("checksum", &checksum_workers), ("GpuJoin probe", &probe_workers)] {
+                assert!(
+                    seen.values().any(worker_maps_libcuda),
+                    "process mode: no parallel worker of the {what} query was seen mapping libcuda: {seen:?}"
+                );
+            }
+            note(T, &format!("process mode: {summary}"));
+        }
+    }
+
+    c.batch_execute(&format!("RESET statement_timeout; DROP TABLE {table}, {dim}, {fact}")).unwrap();
+    drop_segment(&mut c, &inner);
+    drop_segment(&mut c, &seg);
+}
+
+// --- z. crash of a backend with a CUDA context and device mappings (runs last) ---------------
 
 #[test]
 fn z_crash_releases_gpu_memory() {
     const T: &str = "z_crash_releases_gpu_memory";
     const SIZE: i64 = 4 * GIB_I;
     let seg = unique_name("gpu_z");
-    {
-        // Checked in a session of its own: it creates a CUDA context, which must be gone before
-        // the baseline is taken.
+    let (mode, service_before) = {
+        // Checked in a session of its own: in process mode it creates a CUDA context, which must
+        // be gone before the baseline is taken.
         let mut p = connect();
-        assert_cuda_provider(&mut p);
+        let mode = start(&mut p);
         let restart: String = p.query_one("SHOW restart_after_crash", &[]).unwrap().get(0);
         assert_eq!(restart, "on", "the cluster must run with restart_after_crash = on");
+        (mode, service_pid(&mut p))
+    };
+    if mode == Mode::Service {
+        assert!(service_before > 0 && process_alive(service_before), "no GPU service running (service_pid {service_before})");
     }
     // The admin session never calls the extension, so it holds no CUDA context.
     let mut admin = connect();
@@ -677,15 +971,45 @@ fn z_crash_releases_gpu_memory() {
     create_segment_tier(&mut victim, &seg, SIZE, None, "device");
     let sum = checksum_u64(&mut victim, &seg, 0, SIZE);
     let during = gpu_memory_used_mib();
+    let apps = gpu_compute_apps().unwrap_or_else(|e| panic!("{e}"));
+    let listed = |pid: i32| apps.iter().find(|(p, _)| *p == pid).map(|(_, m)| *m);
+    let shown = |pid: i32| match listed(pid) {
+        None => "not listed".to_string(),
+        Some(None) => "listed, memory N/A".to_string(),
+        Some(Some(m)) => format!("{m} MiB"),
+    };
+    let holder = match mode {
+        Mode::Process => "the victim's context and",
+        Mode::Service => "the service's context and",
+    };
     note(
         T,
         &format!(
-            "GPU memory used: baseline {baseline} MiB, with the victim's context and 4 GiB segment {during} MiB \
-             (victim's process: {:?} MiB per nvidia-smi); checksum {sum:#x}",
-            gpu_process_memory_mib(victim_pid)
+            "{mode:?} mode: GPU memory used: baseline {baseline} MiB, with {holder} the 4 GiB segment {during} MiB \
+             (per nvidia-smi: victim backend {}, GPU service {}); checksum {sum:#x}",
+            shown(victim_pid),
+            if service_before > 0 { shown(service_before) } else { "none".into() }
         ),
     );
     assert!(during >= baseline + 4000, "a 4 GiB device segment did not show in GPU memory used ({baseline} -> {during} MiB)");
+    // Who holds a CUDA context: the victim itself in process mode; in service mode only the
+    // service, never the backend that asked for the segment and its checksum.
+    match mode {
+        Mode::Process => assert!(
+            listed(victim_pid).is_some(),
+            "process mode: the victim backend {victim_pid} ran a kernel but nvidia-smi does not list it: {apps:?}"
+        ),
+        Mode::Service => {
+            assert!(
+                listed(victim_pid).is_none(),
+                "service mode: the victim backend {victim_pid} has a CUDA context (nvidia-smi lists it): {apps:?}"
+            );
+            assert!(
+                listed(service_before).is_some(),
+                "service mode: nvidia-smi does not list the GPU service {service_before}: {apps:?}"
+            );
+        }
+    }
 
     // SIGKILL the attached backend: the postmaster crash-restarts everything.
     drop(admin);
@@ -728,8 +1052,16 @@ fn z_crash_releases_gpu_memory() {
     assert!(ok, "cannot query uvm.segments after the crash restart");
     assert_eq!(n, 0, "uvm.segments not empty after the crash restart");
 
-    // The provider works again.
-    assert_cuda_provider(&mut c);
+    // The provider works again, in the same mode; in service mode through a new service (the
+    // crash restart ended the old one with every other process).
+    assert_eq!(start(&mut c), mode, "the execution mode changed over the crash restart");
+    if mode == Mode::Service {
+        let after = service_pid(&mut c);
+        assert!(
+            after > 0 && after != service_before && !process_alive(service_before),
+            "service mode: the GPU service was not restarted with the cluster (pid {service_before} before, {after} after)"
+        );
+    }
     let _guard = SegmentGuard::with(&[&seg]);
     create_segment_tier(&mut c, &seg, 64 * MIB_I, None, "device");
     fill_segment(&mut c, &seg, 0, 64 * MIB_I, 3);
