@@ -512,11 +512,14 @@ impl Channel {
         self.header().completed.fetch_add(1, Ordering::Relaxed);
         match s.state.compare_exchange(RUNNING, DONE, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => s.client_latch.load(Ordering::Acquire),
-            Err(_) => {
-                // ABANDONED: nobody waits for the reply; the slot is free again.
-                s.state.store(FREE, Ordering::SeqCst);
+            // ABANDONED: nobody waits for the reply; the slot is free again.
+            Err(ABANDONED) if s.state.compare_exchange(ABANDONED, FREE, Ordering::SeqCst, Ordering::Relaxed).is_ok() => {
                 self.turn_latch()
             }
+            // Freed already (the sweep may free an abandoned slot once its job is reported
+            // finished, just before the executor gets here), and maybe claimed by another
+            // client since: not ours any more, leave it alone.
+            Err(_) => 0,
         }
     }
 
@@ -685,6 +688,26 @@ mod tests {
         ch.take(j, 1);
         ch.abandon(j);
         assert_eq!(ch.complete(j), 44);
+    }
+
+    #[test]
+    fn a_late_completion_of_an_abandoned_slot_leaves_its_next_request_alone() {
+        let b = block(1, 4096);
+        let ch = b.ch;
+        let i = ch.try_claim_free(1, 11).unwrap();
+        ch.submit(i);
+        assert!(ch.take(i, 1));
+        ch.abandon(i); // the client gives up while an executor works on it
+                       // the executor reports its job finished; the sweep, no longer counting the slot as
+                       // running, frees it; another client claims and submits it
+        ch.sweep(1, |_| false, |_| {});
+        assert_eq!(ch.state(i), FREE);
+        let j = ch.try_claim_free(2, 22).unwrap();
+        assert_eq!(j, i);
+        ch.submit(j);
+        // only now does the executor complete its (long gone) request
+        assert_eq!(ch.complete(i), 0);
+        assert_eq!(ch.state(j), SUBMITTED, "the new request is still there for the service");
     }
 
     #[test]

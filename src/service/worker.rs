@@ -408,8 +408,21 @@ fn finish_here(ch: &Channel, slot: u32, r: Result<([i64; 6], u64)>) {
 
 /// Sleeps until SIGTERM (a service with nothing to do, or one that cannot start), then exits 1.
 fn idle_until_terminated(ch: &Channel) -> ! {
-    // wait_latch serves interrupts and returns false once SIGTERM came (it consumes the flag).
-    while BackgroundWorker::wait_latch(Some(Duration::from_secs(10))) {}
+    // Exits with the postmaster (WL_EXIT_ON_PM_DEATH: pgrx's wait_latch would return at once,
+    // forever, once it died, and the loop would spin).
+    while !BackgroundWorker::sigterm_received() {
+        // SAFETY: MyLatch is this process's latch; main thread.
+        unsafe {
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                10_000,
+                pg_sys::PG_WAIT_EXTENSION,
+            );
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
+        pg_sys::check_for_interrupts!();
+    }
     ch.service_stopped();
     // SAFETY: as at the end of the main function.
     unsafe { pg_sys::proc_exit(1) };
