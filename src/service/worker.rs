@@ -167,6 +167,10 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
             pgrx::log!("pg_uvm_share gpu service: {}", e.message);
             // SAFETY: proc_exit runs the exit callbacks and ends the process.
             unsafe { pg_sys::proc_exit(1) };
+            #[allow(unreachable_code)]
+            {
+                unreachable!("proc_exit returned")
+            }
         }
     };
     // SAFETY: MyProcPid and MyLatch are set at process start; the latch is in our PGPROC.
@@ -338,6 +342,10 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     // SAFETY: proc_exit runs the exit callbacks (the segment manager's detach) and ends the
     // process; exit code 1: restarted unless the postmaster is shutting down.
     unsafe { pg_sys::proc_exit(1) };
+    #[allow(unreachable_code)]
+    {
+        unreachable!("proc_exit returned")
+    }
 }
 
 /// Jobs whose work runs (or ran) on an executor: id -> (slot, the pins of its segments).
@@ -426,4 +434,8 @@ fn idle_until_terminated(ch: &Channel) -> ! {
     ch.service_stopped();
     // SAFETY: as at the end of the main function.
     unsafe { pg_sys::proc_exit(1) };
+    #[allow(unreachable_code)]
+    {
+        unreachable!("proc_exit returned")
+    }
 }

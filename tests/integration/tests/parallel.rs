@@ -81,6 +81,11 @@ fn parallel_workers_read_segments() {
     // A slow parallel query in session A (on a thread); session B must see a parallel worker
     // attached to the segment while it runs. One row in 20 sleeps 1 ms: a few seconds in all.
     let slow_q = count_query(&seg, &table, "AND (i % 20 <> 0 OR pg_sleep(0.001) IS NOT NULL)");
+    // Session B, and the service's counters, before the query starts (else its first reads
+    // would fall before the snapshot).
+    let mut b = connect();
+    let mode = execution(&mut b);
+    let requests_before = service_requests(&mut b);
     let done = Arc::new(AtomicBool::new(false));
     let done2 = done.clone();
     let worker = std::thread::spawn(move || {
@@ -89,9 +94,6 @@ fn parallel_workers_read_segments() {
         (a, r)
     });
 
-    let mut b = connect();
-    let mode = execution(&mut b);
-    let requests_before = service_requests(&mut b);
     let start = Instant::now();
     let mut seen: Option<(i32, String)> = None;
     let mut polls = 0;
