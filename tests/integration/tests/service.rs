@@ -32,6 +32,13 @@ fn long_checksum(name: &str) -> String {
     format!("SELECT uvm.checksum_segment({}, 0, {LONG_BYTES})", quote_literal(name))
 }
 
+/// A statement of long requests one after another, that only an interrupt ends: in service mode
+/// the service's few executors finish one 4 GiB checksum long before forty sessions' cancels
+/// are sent, so a single one would not be running any more when its cancel comes.
+fn endless_checksums(name: &str) -> String {
+    format!("SELECT count(uvm.checksum_segment({}, 0, {LONG_BYTES})) FROM generate_series(1, 1000)", quote_literal(name))
+}
+
 /// Runs `sql` on `c` and interrupts it `how`; returns how it ended and the time from the
 /// interrupt to the error. For a cancel the clock starts before `pg_cancel_backend` is sent (so
 /// the figure includes that call's round trip: an upper bound); for a timeout, at its expiry.
@@ -222,7 +229,7 @@ fn interrupted_and_exiting_clients_give_every_slot_back() {
         let runners: Vec<_> = clients
             .into_iter()
             .map(|mut c| {
-                let sql = long_checksum(&name);
+                let sql = endless_checksums(&name);
                 std::thread::spawn(move || c.batch_execute(&sql).map_err(|e| (sqlstate(&e), describe(&e))))
             })
             .collect();
