@@ -476,16 +476,6 @@ impl Channel {
         }
     }
 
-    /// Abandons every slot of client `pid` (its exit callback).
-    pub fn abandon_all_of(&self, pid: i32) {
-        for i in 0..self.nslots() {
-            let s = self.slot(i);
-            if s.client_pid.load(Ordering::Acquire) == pid && s.state.load(Ordering::Acquire) != FREE {
-                let _ = self.abandon(i); // at exit: the waiters' safety-net timeout finds the slot
-            }
-        }
-    }
-
     // ---- the service ------------------------------------------------------------------------
 
     /// Takes slot `i` if a request waits in it (SUBMITTED → RUNNING) for `incarnation`.
