@@ -476,16 +476,6 @@ impl Channel {
         }
     }
 
-    /// Abandons every slot of client `pid` (its exit callback).
-    pub fn abandon_all_of(&self, pid: i32) {
-        for i in 0..self.nslots() {
-            let s = self.slot(i);
-            if s.client_pid.load(Ordering::Acquire) == pid && s.state.load(Ordering::Acquire) != FREE {
-                let _ = self.abandon(i); // at exit: the waiters' safety-net timeout finds the slot
-            }
-        }
-    }
-
     // ---- the service ------------------------------------------------------------------------
 
     /// Takes slot `i` if a request waits in it (SUBMITTED → RUNNING) for `incarnation`.
@@ -516,9 +506,9 @@ impl Channel {
             Err(ABANDONED) if s.state.compare_exchange(ABANDONED, FREE, Ordering::SeqCst, Ordering::Relaxed).is_ok() => {
                 self.turn_latch()
             }
-            // Freed already (the sweep may free an abandoned slot once its job is reported
-            // finished, just before the executor gets here), and maybe claimed by another
-            // client since: not ours any more, leave it alone.
+            // Not RUNNING nor ABANDONED: not ours any more (this cannot happen while only the
+            // completion frees a slot this incarnation took, see `sweep`; were it freed early
+            // and claimed anew, a RUNNING state would not even be ours): leave it alone.
             Err(_) => 0,
         }
     }
@@ -527,13 +517,21 @@ impl Channel {
     /// earlier incarnation of the service that it never completed (it died): the latter are
     /// failed with `fail` and completed, so that their clients stop waiting. `running(i)` says
     /// whether this incarnation is still working on slot `i`. Returns the latches to set.
+    ///
+    /// A slot this incarnation took is never freed here, abandoned or not: whoever runs its
+    /// work frees it by completing it ([`Channel::complete`]). The service's bookkeeping cannot
+    /// tell exactly when that happens (an executor reports its job finished, so that its pins
+    /// go, a moment before it completes the slot), and a slot freed here in that moment could be
+    /// claimed and submitted anew before the late completion marked the new request done with
+    /// the old reply, or freed it under its new client, which then waited forever.
     pub fn sweep(&self, incarnation: u64, running: impl Fn(u32) -> bool, mut fail: impl FnMut(&mut Reply)) -> Vec<u64> {
         let mut wake = Vec::new();
         for i in 0..self.nslots() {
             let s = self.slot(i);
             match s.state.load(Ordering::Acquire) {
                 ABANDONED
-                    if !running(i) && s.state.compare_exchange(ABANDONED, FREE, Ordering::SeqCst, Ordering::Relaxed).is_ok() =>
+                    if s.taken_by.load(Ordering::Acquire) != incarnation
+                        && s.state.compare_exchange(ABANDONED, FREE, Ordering::SeqCst, Ordering::Relaxed).is_ok() =>
                 {
                     let l = self.turn_latch();
                     if l != 0 {
@@ -698,16 +696,24 @@ mod tests {
         ch.submit(i);
         assert!(ch.take(i, 1));
         ch.abandon(i); // the client gives up while an executor works on it
-                       // the executor reports its job finished; the sweep, no longer counting the slot as
-                       // running, frees it; another client claims and submits it
+                       // The executor reports its job finished; the sweep, no longer counting the slot as
+                       // running, still leaves it alone: only its completion frees it (see `sweep`).
         ch.sweep(1, |_| false, |_| {});
+        assert_eq!(ch.state(i), ABANDONED, "the slot waits for its completion");
+        assert_eq!(ch.try_claim_free(2, 22), None, "nobody claims it meanwhile");
+        assert_eq!(ch.complete(i), 0, "nobody to wake");
         assert_eq!(ch.state(i), FREE);
+        // A completion that finds its slot claimed and submitted anew leaves it alone.
         let j = ch.try_claim_free(2, 22).unwrap();
         assert_eq!(j, i);
         ch.submit(j);
-        // only now does the executor complete its (long gone) request
         assert_eq!(ch.complete(i), 0);
         assert_eq!(ch.state(j), SUBMITTED, "the new request is still there for the service");
+        // Taken by a dead incarnation and abandoned: the next incarnation's sweep frees it.
+        assert!(ch.take(j, 1));
+        ch.abandon(j);
+        ch.sweep(2, |_| false, |_| {});
+        assert_eq!(ch.state(j), FREE);
     }
 
     #[test]

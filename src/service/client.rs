@@ -67,6 +67,11 @@ thread_local! {
     static WAITING: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
     /// Whether this process registered [`on_exit`].
     static EXIT_HOOKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The slots this process holds (claimed, and neither released nor abandoned yet): what the
+    /// exit callback abandons. Recorded here, not found in the channel by pid: a slot keeps the
+    /// pid of its last client after its release, so a scan by pid at exit would abandon slots
+    /// that other processes have claimed since (their requests then never come back).
+    static HELD: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Registers [`on_exit`] once per process, before its first request: a client may have no
@@ -118,11 +123,19 @@ struct SlotGuard {
     released: bool,
 }
 
+impl SlotGuard {
+    fn new(ch: Channel, slot: u32) -> SlotGuard {
+        HELD.with(|h| h.borrow_mut().push(slot));
+        SlotGuard { ch, slot, released: false }
+    }
+}
+
 impl Drop for SlotGuard {
     fn drop(&mut self) {
         if !self.released {
             set_latch(self.ch.abandon(self.slot));
         }
+        HELD.with(|h| h.borrow_mut().retain(|&s| s != self.slot));
     }
 }
 
@@ -164,7 +177,7 @@ impl Client {
         hook_exit();
         // While nobody queues, any free slot will do.
         if let Some(slot) = self.ch.try_claim_free(my_pid(), my_latch()) {
-            return Ok(SlotGuard { ch: self.ch, slot, released: false });
+            return Ok(SlotGuard::new(self.ch, slot));
         }
         let mut t = TicketGuard::new(self.ch);
         let mut settled = false;
@@ -177,7 +190,7 @@ impl Client {
                 if self.ch.any_free() {
                     set_latch(self.ch.turn_latch());
                 }
-                return Ok(SlotGuard { ch: self.ch, slot, released: false });
+                return Ok(SlotGuard::new(self.ch, slot));
             }
             if let Some((code, msg)) = self.ch.error() {
                 return Err(UvmError::new(super::request::code_of(code), msg));
@@ -346,13 +359,16 @@ impl InFlight for Started {
     }
 }
 
-/// Gives up this process's ticket and abandons its slots (at exit: an ERROR path has no guard
-/// left, but a FATAL raised inside a wait leaves the guards unrun).
+/// Gives up this process's ticket and abandons the slots it holds (at exit: an ERROR path has
+/// no guard left, but a FATAL raised inside a wait leaves the guards unrun).
 pub fn abandon_mine() {
     if let Ok(ch) = super::shmem::channel() {
         if let Some(t) = WAITING.with(|w| w.take()) {
             ch.abandon_ticket(t);
         }
-        ch.abandon_all_of(my_pid());
+        let held = HELD.with(|h| h.try_borrow_mut().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default());
+        for slot in held {
+            set_latch(ch.abandon(slot));
+        }
     }
 }

@@ -367,8 +367,9 @@ fn reap(pool: &Pool, running: &mut Running) {
 /// a pin would refuse). Work whose client still waits is not waited for: a drop then fails on
 /// its pin, as in process mode.
 fn behind_abandoned_work(ch: &Channel, pool: &Pool, running: &mut Running, req: &Request) -> bool {
-    // An executor reports a job finished before it frees the job's slot: a job still here after
-    // this has not freed it, so its slot's state tells whether its client left.
+    // An executor reports a job finished before it completes the job's slot: after this reap, a
+    // client that saw its reply finds that job's pins gone, and a job still here has not
+    // completed its slot, whose state tells whether its client left.
     reap(pool, running);
     let ids: Vec<u64> = req.segs.iter().map(|s| s.id).filter(|&id| id != 0).collect();
     !ids.is_empty() && running.values().any(|(slot, pins)| ch.abandoned(*slot) && pins.iter().any(|p| ids.contains(&p.info().id)))
