@@ -133,16 +133,25 @@ fn wait_running(c: &mut Client, name: &str) {
     assert!(wait_until(Duration::from_secs(20), || pins_held(c, name) > 0), "the service never started the request on {name}");
 }
 
+/// In process mode: checks that a request on `name` goes to no service, drops `name`, and
+/// returns true (the crash under test needs the service). In service mode: false.
+fn process_mode_sends_nothing(admin: &mut Client, name: &str) -> bool {
+    if execution(admin) != Execution::Process {
+        return false;
+    }
+    let r = service_requests(admin);
+    checksum_segment(admin, name, 0, MIB as i64);
+    assert_eq!(service_requests(admin), r, "process mode: requests went to the GPU service");
+    drop_segment(admin, name);
+    true
+}
+
 #[test]
 fn a_backend_killed_while_the_service_runs_its_request_restarts_the_cluster_clean() {
     let mut admin = connect_retry(Duration::from_secs(90));
     let name = unique_name("svc_victim");
     create_segment(&mut admin, &name, LONG_BYTES);
-    if execution(&mut admin) == Execution::Process {
-        let r = service_requests(&mut admin);
-        checksum_segment(&mut admin, &name, 0, MIB as i64);
-        assert_eq!(service_requests(&mut admin), r, "process mode: requests went to the GPU service");
-        drop_segment(&mut admin, &name);
+    if process_mode_sends_nothing(&mut admin, &name) {
         return;
     }
     let b = before(&mut admin);
@@ -166,11 +175,7 @@ fn the_service_killed_restarts_the_cluster_clean() {
     let mut admin = connect_retry(Duration::from_secs(90));
     let name = unique_name("svc_killed");
     create_segment(&mut admin, &name, LONG_BYTES);
-    if execution(&mut admin) == Execution::Process {
-        let r = service_requests(&mut admin);
-        checksum_segment(&mut admin, &name, 0, MIB as i64);
-        assert_eq!(service_requests(&mut admin), r, "process mode: requests went to the GPU service");
-        drop_segment(&mut admin, &name);
+    if process_mode_sends_nothing(&mut admin, &name) {
         return;
     }
     let b = before(&mut admin);
