@@ -81,7 +81,7 @@ unsafe fn io_for<'a>(ch: &'a Channel, slot: u32, req: &Request) -> Io<'a> {
     let staging = unsafe { ch.staging(slot) };
     match Op::from_u32(req.op) {
         Some(Op::Read | Op::Info) => Io::Out(staging),
-        Some(Op::Write | Op::Probe | Op::BuildInsert | Op::Materialize) => {
+        Some(Op::Write | Op::Probe | Op::BuildInsert | Op::Materialize | Op::Launch) => {
             let n = (req.input as usize).min(staging.len());
             Io::In(&staging[..n])
         }
@@ -308,7 +308,9 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
                 finish_here(&ch, slot, r);
                 continue;
             }
-            match crate::sql::try_with_segments(|s| local::prepare(s, &req)) {
+            // SAFETY: taken: ours until complete; the input is copied into the work.
+            let io = unsafe { io_for(&ch, slot, &req) };
+            match crate::sql::try_with_segments(|s| local::prepare(s, &req, &io)) {
                 Err(e) => finish_here(&ch, slot, Err(e)),
                 Ok(local::Job { pins, work }) => {
                     let id = next_job;
