@@ -512,7 +512,7 @@ unsafe extern "C-unwind" fn api_device_address(h: u64, offset: i64, len: i64) ->
         }
         let kind = sql::try_with_segments(|s| Ok(s.provider().kind()))?;
         if kind != crate::provider::ProviderKind::Cuda {
-            return Err(crate::gpu::bench::needs_cuda());
+            return Err(crate::gpu::user::needs_cuda());
         }
         PINS.with(|p| p.borrow().iter().find(|x| x.handle == h).map(|x| x.pin.addr(offset, len)))
             .ok_or_else(|| bad_handle("pin", h))?
@@ -643,8 +643,7 @@ unsafe extern "C-unwind" fn release(phase: pg_sys::ResourceReleasePhase::Type, c
     for p in pins {
         if commit {
             pgrx::warning!(
-                "pg_uvm_share: pin {} on segment \"{}\" was not released; released at the end of its resource owner",
-                p.handle,
+                "pg_uvm_share: a pin on segment \"{}\" was not released; released at the end of its resource owner",
                 p.seg.name()
             );
         }
@@ -652,10 +651,7 @@ unsafe extern "C-unwind" fn release(phase: pg_sys::ResourceReleasePhase::Type, c
     }
     for l in launches {
         if commit {
-            pgrx::warning!(
-                "pg_uvm_share: kernel launch {} was never waited for; given up at the end of its resource owner",
-                l.handle
-            );
+            pgrx::warning!("pg_uvm_share: a kernel launch was never waited for; given up at the end of its resource owner");
         }
         drop(l); // an unwaited request is abandoned: the service finishes it, then frees its slot
     }

@@ -255,7 +255,9 @@ pub fn prepare<E: Env>(segs: &mut Segments<E>, req: &Request, io: &Io<'_>) -> Re
         Op::MemInfo => Work::MemInfo { engine },
         Op::Launch => {
             let launch = Launch::decode(input(io))?;
-            cuda_only(engine)?;
+            if engine == Engine::Cpu {
+                return Err(crate::gpu::user::needs_cuda());
+            }
             // One pin per segment reference, in order; the addresses lie inside them.
             for seg in &launch.segs {
                 pins.push(pin_ref(segs, seg)?);

@@ -209,6 +209,12 @@ pub unsafe fn launch(src: &Source, shape: Shape, params: &[u64]) -> Result<()> {
     }
 }
 
+/// The error for a kernel launch or a device address where the cluster has no GPU.
+pub fn needs_cuda() -> UvmError {
+    UvmError::new(Code::FeatureNotSupported, "GPU kernels need the CUDA provider, and this cluster runs the host provider")
+        .hint("pg_uvm_share.provider picks the provider at server start (auto: CUDA where a usable GPU is found).")
+}
+
 fn context_failed(e: UvmError) -> UvmError {
     CONTEXT_LOST.store(true, Ordering::Release);
     UvmError::new(Code::SystemError, format!("a kernel faulted: {}", e.message))
