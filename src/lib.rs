@@ -18,12 +18,15 @@
 //! - [`pgwait`]: the background workers' wait set (latch, postmaster death, one fd).
 //! - [`checksum`]: the segment checksum and fill pattern shared by the CPU and GPU paths.
 //! - [`sql`]: the thin pgrx layer: `_PG_init`, GUCs, SQL functions and views in schema `uvm`.
+//! - [`capi`]: the C API (`include/pg_uvm_share.h`): a versioned function table for extensions
+//!   written in C, beside [`sql`] and as thin: pins per resource owner, handles checked on use.
 //!
-//! Everything but `sql`, `guc`, `registry::shmem`, `broker::worker`, `pgwait`, `service::worker`, `service::shmem` and
+//! Everything but `sql`, `capi`, `guc`, `registry::shmem`, `broker::worker`, `pgwait`, `service::worker`, `service::shmem` and
 //! `service::client` (and the latch helper of `service`) is plain Rust, unit-tested by
 //! `cargo test` without PostgreSQL. `docs/ARCHITECTURE.md` tells the whole story.
 
 pub mod broker;
+pub mod capi;
 pub mod checksum;
 pub mod error;
 pub mod exec;

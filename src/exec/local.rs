@@ -23,6 +23,7 @@ use crate::registry::{Tier, TierPref};
 use crate::segment::{Env, Pin, Segments};
 use crate::uvm_err;
 
+use super::kernel::{Arg, Launch};
 use super::{key_type_of, split_sum, Executor, Io, Mode, Op, Request, SegRef};
 
 /// Where the work runs: the CPU (host provider), or CUDA kernels (CUDA provider). Chosen from
@@ -50,19 +51,72 @@ type Piece = (u64, usize, bool);
 #[derive(Debug)]
 pub enum Work {
     Ping,
-    Checksum { addr: u64, len: u64, engine: Engine },
-    Fill { addr: u64, len: u64, seed: u64, engine: Engine },
-    Read { pieces: Vec<Piece> },
-    Write { pieces: Vec<Piece> },
-    Probe { inner: RawInner, engine: Engine },
-    BuildBegin { addr: u64, len: u64, engine: Engine },
-    BuildInsert { name: String, table: u64, table_len: usize, slot_count: u64, key_type: KeyType, engine: Engine },
-    BenchSegmentRead { addr: u64, len: u64, iterations: u32 },
-    BenchPrivateRead { bytes: u64, iterations: u32, seed: u64 },
-    BenchCopyCeiling { bytes: u64, iterations: u32 },
-    BenchJoinProbe { inner: RawInner, keys: i64, key_range: i64 },
-    BenchHostRegister { bytes: u64 },
-    MemInfo { engine: Engine },
+    Checksum {
+        addr: u64,
+        len: u64,
+        engine: Engine,
+    },
+    Fill {
+        addr: u64,
+        len: u64,
+        seed: u64,
+        engine: Engine,
+    },
+    Read {
+        pieces: Vec<Piece>,
+    },
+    Write {
+        pieces: Vec<Piece>,
+    },
+    Probe {
+        inner: RawInner,
+        engine: Engine,
+    },
+    BuildBegin {
+        addr: u64,
+        len: u64,
+        engine: Engine,
+    },
+    BuildInsert {
+        name: String,
+        table: u64,
+        table_len: usize,
+        slot_count: u64,
+        key_type: KeyType,
+        engine: Engine,
+    },
+    BenchSegmentRead {
+        addr: u64,
+        len: u64,
+        iterations: u32,
+    },
+    BenchPrivateRead {
+        bytes: u64,
+        iterations: u32,
+        seed: u64,
+    },
+    BenchCopyCeiling {
+        bytes: u64,
+        iterations: u32,
+    },
+    BenchJoinProbe {
+        inner: RawInner,
+        keys: i64,
+        key_range: i64,
+    },
+    BenchHostRegister {
+        bytes: u64,
+    },
+    MemInfo {
+        engine: Engine,
+    },
+    /// A caller's kernel with its parameters as words (segment references already turned into
+    /// addresses inside the job's pins).
+    Launch {
+        source: crate::gpu::user::Source,
+        shape: crate::gpu::user::Shape,
+        params: Vec<u64>,
+    },
 }
 
 /// A prepared request: its pins (released when the job drops) and its work.
@@ -99,7 +153,8 @@ fn cuda_only(engine: Engine) -> Result<()> {
 }
 
 /// Pins what `req` names and describes its work (any operation [`run_main`] does not run).
-pub fn prepare<E: Env>(segs: &mut Segments<E>, req: &Request) -> Result<Job<E>> {
+/// `io` is the request's bulk data, read only by operations that describe their work there.
+pub fn prepare<E: Env>(segs: &mut Segments<E>, req: &Request, io: &Io<'_>) -> Result<Job<E>> {
     let op = op_of(req)?;
     let engine = Engine::of(segs.provider());
     let a = req.args;
@@ -198,6 +253,23 @@ pub fn prepare<E: Env>(segs: &mut Segments<E>, req: &Request) -> Result<Job<E>> 
             Work::BenchHostRegister { bytes: a[0].max(1) as u64 }
         }
         Op::MemInfo => Work::MemInfo { engine },
+        Op::Launch => {
+            let launch = Launch::decode(input(io))?;
+            cuda_only(engine)?;
+            // One pin per segment reference, in order; the addresses lie inside them.
+            for seg in &launch.segs {
+                pins.push(pin_ref(segs, seg)?);
+            }
+            let params = launch
+                .args
+                .iter()
+                .map(|a| match *a {
+                    Arg::Scalar { bits, .. } => Ok(bits),
+                    Arg::Segment { seg, offset } => pins[seg].addr(offset, 0),
+                })
+                .collect::<Result<Vec<u64>>>()?;
+            Work::Launch { source: launch.source, shape: launch.shape, params }
+        }
         Op::Info | Op::Create | Op::Grow | Op::Drop | Op::Prefetch | Op::GrowAtLeast | Op::Materialize => {
             return Err(uvm_err!(Code::SystemError, "operation {op:?} is not prepared: it runs whole"))
         }
@@ -372,6 +444,11 @@ impl Work {
             &Work::BenchHostRegister { bytes } => {
                 v[0] = f64_word(crate::gpu::bench::host_register_ms(bytes)?);
             }
+            Work::Launch { source, shape, params } => {
+                // SAFETY: the segment addresses lie in the job's pins (contract); the kernel is
+                // the caller's, who vouches for it (the C API's contract).
+                unsafe { crate::gpu::user::launch(source, *shape, params) }?;
+            }
             &Work::MemInfo { engine } => {
                 if engine == Engine::Cuda {
                     let (free, total) = crate::gpu::gpu()?.mem_info()?;
@@ -475,7 +552,7 @@ pub fn run_main<E: Env>(segs: &mut Segments<E>, req: &Request, mut io: Io<'_>) -
             v[..3].copy_from_slice(&[m as i64, lo, hi]);
         }
         _ => {
-            let job = prepare(segs, req)?;
+            let job = prepare(segs, req, &io)?;
             // SAFETY: the job's pins live until after the work returns.
             return unsafe { job.work.run(io) };
         }

@@ -25,6 +25,7 @@
 //! This module and [`local`] do not call PostgreSQL; the segment manager reaches the registry
 //! through its `Env`.
 
+pub mod kernel;
 pub mod local;
 
 use crate::error::{Code, Result, UvmError};
@@ -306,6 +307,23 @@ pub fn bench_host_register(ex: &mut dyn Executor, bytes: i64) -> Result<f64> {
     let mut r = Request::new(Op::BenchHostRegister);
     r.args[0] = bytes.max(1);
     ex.run(&r, Io::None).map(|(v, _)| f64::from_bits(v[0] as u64))
+}
+
+/// Starts a caller's kernel (see [`kernel::Launch`]): validated here, run where the executor
+/// runs GPU work; [`Pending::wait`] gives its outcome.
+pub fn launch_start(ex: &mut dyn Executor, launch: &kernel::Launch) -> Result<Pending> {
+    launch.validate()?;
+    let bytes = launch.encode();
+    if bytes.len() > ex.max_io() {
+        return Err(UvmError::new(
+            Code::ProgramLimitExceeded,
+            format!("a kernel launch of {} bytes exceeds what one request carries ({} bytes)", bytes.len(), ex.max_io()),
+        )
+        .hint("Shorten the kernel's source, or raise pg_uvm_share.service_staging."));
+    }
+    let mut r = Request::new(Op::Launch);
+    r.input = bytes.len() as u64;
+    ex.start(&r, &bytes)
 }
 
 /// GPU memory (free, total) as the executor's process sees it; (0, 0) without a GPU.

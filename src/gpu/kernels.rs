@@ -69,6 +69,18 @@ fn cache_path(info: &DeviceInfo) -> PathBuf {
 
 /// Compiles the kernels to a CUBIN for the device's architecture.
 fn compile(info: &DeviceInfo) -> Result<Vec<u8>> {
+    let src = CString::new(segment::SOURCE).expect("no NUL in the kernel source");
+    // Our own source failing to compile is a fault of this build, not of the caller's input.
+    nvrtc_cubin(info, &src, c"segment.cu", &[c"--std=c++17", c"-default-device"]).map_err(|mut e| {
+        e.code = Code::SystemError;
+        e
+    })
+}
+
+/// Compiles CUDA C `src` (named `file` in messages) with NVRTC to a CUBIN for the device's
+/// architecture, with `options` besides the architecture. A source that does not compile is a
+/// 22023 error whose detail is NVRTC's log.
+pub(super) fn nvrtc_cubin(info: &DeviceInfo, src: &CStr, file: &CStr, options: &[&CStr]) -> Result<Vec<u8>> {
     // SAFETY: dlopen probe only.
     if info.nvrtc.is_none() || !unsafe { rtc::is_culib_present() } {
         return Err(UvmError::new(
@@ -77,17 +89,16 @@ fn compile(info: &DeviceInfo) -> Result<Vec<u8>> {
         )
         .hint("Install the CUDA runtime compiler library, or use pg_uvm_share.provider = host."));
     }
-    let src = CString::new(segment::SOURCE).expect("no NUL in the kernel source");
     let arch = CString::new(format!("--gpu-architecture=sm_{}{}", info.compute_capability.0, info.compute_capability.1))
         .expect("no NUL");
-    let opts = [arch.as_ptr(), c"--std=c++17".as_ptr(), c"-default-device".as_ptr()];
+    let opts: Vec<*const c_char> = std::iter::once(arch.as_ptr()).chain(options.iter().map(|o| o.as_ptr())).collect();
     // SAFETY: NVRTC calls with valid C strings and out-pointers; the program is destroyed on
     // every path.
     unsafe {
         let mut prog: rtc::nvrtcProgram = std::ptr::null_mut();
         rtc_check(
             "nvrtcCreateProgram",
-            rtc::nvrtcCreateProgram(&mut prog, src.as_ptr(), c"segment.cu".as_ptr(), 0, std::ptr::null(), std::ptr::null()),
+            rtc::nvrtcCreateProgram(&mut prog, src.as_ptr(), file.as_ptr(), 0, std::ptr::null(), std::ptr::null()),
         )?;
         let r = rtc::nvrtcCompileProgram(prog, opts.len() as c_int, opts.as_ptr());
         let out = if r != nvrtcResult::NVRTC_SUCCESS {
@@ -96,7 +107,8 @@ fn compile(info: &DeviceInfo) -> Result<Vec<u8>> {
             let mut log = vec![0 as c_char; n.max(1)];
             rtc::nvrtcGetProgramLog(prog, log.as_mut_ptr());
             let log = CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned();
-            rtc_check("nvrtcCompileProgram", r).map_err(|e| e.detail(log)).map(|_| Vec::new())
+            Err(UvmError::new(Code::InvalidParameterValue, format!("kernel source {} does not compile", file.to_string_lossy()))
+                .detail(log))
         } else {
             let mut n = 0usize;
             rtc_check("nvrtcGetCUBINSize", rtc::nvrtcGetCUBINSize(prog, &mut n)).and_then(|_| {

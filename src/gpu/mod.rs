@@ -18,6 +18,8 @@
 //!   checked against the source by a test; a launch with other arguments does not compile.
 //! - [`kernels`]: NVRTC compilation, the disk cache, the loaded module with the buffers that
 //!   launches share, and the segment-generic kernels (checksum, fill, zero, read bandwidth).
+//! - [`user`]: kernels that callers hand in as text (the C API): compiled once per text, a module
+//!   cache shared by the process's threads, launches with parameters as words.
 //! - [`bench`]: baselines for the GPU benchmarks.
 //!
 //! GpuJoin's host code (staging its keys, the build, probe and materialize launches, decoding
@@ -55,6 +57,7 @@ pub mod kernels;
 pub mod launch;
 #[path = "../../kernels/segment.rs"]
 pub mod segment;
+pub mod user;
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;

@@ -223,6 +223,12 @@ impl<E: Env> Pin<E> {
         self.map_ms
     }
 
+    /// Whether this process's CPU addresses chunks of `tier` at `base() + offset` (not in
+    /// service mode's client processes, which map nothing; not device chunks under CUDA).
+    pub fn cpu_mapped(&self, tier: Tier) -> bool {
+        self.mapping.provider.cpu_accessible(tier)
+    }
+
     /// Checks `[offset, offset + len)` against the segment's size and returns it as a range.
     pub fn check_range(&self, offset: i64, len: i64) -> Result<(usize, usize)> {
         check_range(&self.info, offset, len)

@@ -48,6 +48,8 @@ pub enum Op {
     BenchHostRegister = 20,
     /// GPU memory in use now (free, total), for the benchmarks.
     MemInfo = 21,
+    /// Runs a caller's kernel, described in staging (`exec::kernel::Launch`).
+    Launch = 22,
 }
 
 impl Op {
@@ -75,6 +77,7 @@ impl Op {
             19 => BenchJoinProbe,
             20 => BenchHostRegister,
             21 => MemInfo,
+            22 => Launch,
             _ => return None,
         })
     }

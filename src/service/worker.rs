@@ -13,8 +13,9 @@
 //!    requests (preparing them, or running registry changes itself), and sleeps on its latch
 //!    and on an eventfd the executors write when they finish. A registry change on a segment
 //!    that abandoned work still pins waits until that work has stopped (`behind_abandoned_work`).
-//! 4. On SIGTERM: stops taking requests, lets the executors finish theirs, leaves untaken
-//!    requests to its successor, exits 1 (restarted after 1 s). Its segment mappings and pins
+//! 4. On SIGTERM, or once a caller's kernel has faulted (the CUDA context is then unusable:
+//!    `gpu::user::context_lost`): stops taking requests, lets the executors finish theirs,
+//!    leaves untaken requests to its successor, exits 1 (restarted after 1 s). Its segment mappings and pins
 //!    go with it (the segment manager's exit callback).
 
 use std::collections::{HashMap, VecDeque};
@@ -81,7 +82,7 @@ unsafe fn io_for<'a>(ch: &'a Channel, slot: u32, req: &Request) -> Io<'a> {
     let staging = unsafe { ch.staging(slot) };
     match Op::from_u32(req.op) {
         Some(Op::Read | Op::Info) => Io::Out(staging),
-        Some(Op::Write | Op::Probe | Op::BuildInsert | Op::Materialize) => {
+        Some(Op::Write | Op::Probe | Op::BuildInsert | Op::Materialize | Op::Launch) => {
             let n = (req.input as usize).min(staging.len());
             Io::In(&staging[..n])
         }
@@ -239,6 +240,13 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         if BackgroundWorker::sigterm_received() {
             break;
         }
+        if crate::gpu::user::context_lost() {
+            // A caller's kernel faulted: the context is unusable for every later request. Leave
+            // as on SIGTERM; the successor starts with a new context (its chunks are the
+            // broker's fds, which outlive us).
+            pgrx::log!("pg_uvm_share gpu service: a kernel faulted and the CUDA context is lost; restarting");
+            break;
+        }
         pg_sys::check_for_interrupts!();
         if BackgroundWorker::sighup_received() {
             // SAFETY: reloads postgresql.conf in the main thread, as any process does on SIGHUP.
@@ -308,7 +316,9 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
                 finish_here(&ch, slot, r);
                 continue;
             }
-            match crate::sql::try_with_segments(|s| local::prepare(s, &req)) {
+            // SAFETY: taken: ours until complete; the input is copied into the work.
+            let io = unsafe { io_for(&ch, slot, &req) };
+            match crate::sql::try_with_segments(|s| local::prepare(s, &req, &io)) {
                 Err(e) => finish_here(&ch, slot, Err(e)),
                 Ok(local::Job { pins, work }) => {
                     let id = next_job;

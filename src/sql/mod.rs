@@ -75,6 +75,7 @@ pub extern "C-unwind" fn _PG_init() {
     };
     shmem::install(cap, arena, &[crate::service::shmem::block(spec)]);
     crate::broker::worker::register();
+    crate::capi::publish();
     if !process_only {
         crate::service::worker::register();
     }
@@ -100,13 +101,14 @@ pub fn execution_mode() -> Result<Mode> {
 /// Runs `f` with the cluster's executor: this process's segment manager in process mode, the
 /// GPU service in service mode. An error is raised as a PostgreSQL ERROR.
 pub fn with_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> R {
-    match execution_mode() {
-        Err(e) => report(e),
-        Ok(Mode::Service) => {
-            let ch = channel().unwrap_or_else(|e| report(e));
-            f(&mut Client::new(ch)).unwrap_or_else(|e| report(e))
-        }
-        Ok(_) => with_segments(|s| f(&mut Local { segs: s })),
+    try_executor(f).unwrap_or_else(|e| report(e))
+}
+
+/// [`with_executor`], returning the error instead of raising it.
+pub fn try_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> Result<R> {
+    match execution_mode()? {
+        Mode::Service => f(&mut Client::new(channel()?)),
+        _ => try_with_segments(|s| f(&mut Local { segs: s })),
     }
 }
 

@@ -940,6 +940,127 @@ fn j_no_cuda_in_backends_or_parallel_workers() {
     drop_segment(&mut c, &seg);
 }
 
+// --- k. the C API: a consumer extension's own kernels, through the executor -----------------
+
+/// The consumer's kernel as PTX (hand-written): adds `v` to the first word of `p` (`n` unused).
+const ADD_FIRST_PTX: &str = "
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry add_first(.param .u64 p, .param .u64 n, .param .u64 v)
+{
+    .reg .b64 %rd<5>;
+    ld.param.u64 %rd1, [p];
+    ld.param.u64 %rd2, [v];
+    cvta.to.global.u64 %rd3, %rd1;
+    ld.global.u64 %rd4, [%rd3];
+    add.s64 %rd4, %rd4, %rd2;
+    st.global.u64 [%rd3], %rd4;
+    ret;
+}
+";
+
+/// Words `[0, n)` of a segment, read on the CPU through SQL.
+fn words(c: &mut Client, name: &str, n: usize) -> Vec<u64> {
+    read_segment_all(c, name, 0, (n * 8) as i64).chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().unwrap())).collect()
+}
+
+fn word_bytes(v: impl Iterator<Item = u64>) -> Vec<u8> {
+    v.flat_map(|w| w.to_le_bytes()).collect()
+}
+
+#[test]
+fn k_c_api_consumer_kernels() {
+    const T: &str = "k_c_api_consumer_kernels";
+    const N: usize = 1 << 20; // words the kernel adds to
+    const SIZE: i64 = 64 * MIB_I;
+    let dev = unique_name("gpu_k_dev");
+    let host = unique_name("gpu_k_host");
+    let _guard = SegmentGuard::with(&[&dev, &host]);
+    let mut c = connect();
+    let mode = start(&mut c);
+    c.batch_execute("DROP EXTENSION IF EXISTS uvm_consumer; CREATE EXTENSION uvm_consumer")
+        .expect("CREATE EXTENSION uvm_consumer");
+    create_segment_tier(&mut c, &dev, SIZE, None, "device");
+    create_segment_tier(&mut c, &host, SIZE, None, "host");
+
+    for name in [&dev, &host] {
+        // Words 0..N+1024 hold their index; the kernel adds to the first N only.
+        write_segment(&mut c, name, 0, &word_bytes(0..(N as u64 + 1024)));
+        let t = Instant::now();
+        c.execute("SELECT launch_add($1, $2, 5, false)", &[name, &(N as i64)]).expect("launch_add, synchronous");
+        let first_ms = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        c.execute("SELECT launch_add($1, $2, 7, true)", &[name, &(N as i64)]).expect("launch_add, started and waited for");
+        let again_ms = t.elapsed().as_secs_f64() * 1e3;
+        let got = words(&mut c, name, N + 1024);
+        for (i, &w) in got.iter().enumerate() {
+            let want = if i < N { i as u64 + 12 } else { i as u64 };
+            assert_eq!(w, want, "{name}: word {i} after two launches (+5, +7 on the first {N} words)");
+        }
+        note(T, &format!("{mode:?} mode, {name}: first launch {first_ms:.1} ms (compiles once per process or service), next {again_ms:.1} ms"));
+    }
+
+    // The same kernel text as PTX, loaded by the driver.
+    c.execute("SELECT launch_source($1, $2, 'add_first', true, 1, 1, 0, 1000)", &[&dev, &ADD_FIRST_PTX]).expect("a PTX kernel");
+    assert_eq!(words(&mut c, &dev, 1)[0], 12 + 1000, "word 0 after the PTX kernel added 1000");
+
+    // Caller mistakes are ERRORs with 22023, and leave the context usable.
+    expect_sqlstate(
+        c.execute("SELECT launch_source($1, 'extern \"C\" __global__ void k(unsigned long long *p, unsigned long long n, unsigned long long v) { p[0] = }', 'k', false, 1, 1, 0, 0)", &[&dev]),
+        "22023",
+        "a kernel that does not compile",
+    );
+    expect_sqlstate(
+        c.execute("SELECT launch_source($1, 'extern \"C\" __global__ void k(unsigned long long *p, unsigned long long n, unsigned long long v) { }', 'no_such_entry', false, 1, 1, 0, 0)", &[&dev]),
+        "22023",
+        "a kernel without the named entry",
+    );
+    expect_sqlstate(
+        c.execute("SELECT launch_source($1, $2, 'add_first', true, 1, 4096, 0, 0)", &[&dev, &ADD_FIRST_PTX]),
+        "22023",
+        "a block of 4096 threads (the device allows 1024)",
+    );
+    c.execute("SELECT launch_add($1, 1, 1, false)", &[&dev]).expect("a launch after the refused ones");
+    assert_eq!(words(&mut c, &dev, 1)[0], 12 + 1000 + 1, "word 0 after the launch that followed the errors");
+
+    // Device addresses for the consumer's own kernels exist only where it maps segments.
+    match mode {
+        Mode::Process => {
+            let a: i64 = c.query_one("SELECT device_address($1)", &[&dev]).expect("device_address").get(0);
+            assert!(a != 0, "a device address in process mode");
+        }
+        Mode::Service => {
+            expect_sqlstate(c.query_one("SELECT device_address($1)", &[&dev]), "0A000", "device_address in service mode")
+        }
+    }
+
+    // Eight sessions launch at once, each on its own range of the device segment.
+    let threads: Vec<_> = (0..8i64)
+        .map(|k| {
+            let dev = dev.clone();
+            std::thread::spawn(move || {
+                let mut s = connect();
+                for _ in 0..20 {
+                    // Each adds 1 to words [k * 4096 + 1, +4096): its own range, past word 0.
+                    s.execute("SELECT launch_range($1, $2, 4096, 1)", &[&dev, &(k * 4096 + 1)]).expect("launch_range");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a launching session");
+    }
+    let got = words(&mut c, &dev, 8 * 4096 + 2);
+    for (i, &w) in got.iter().enumerate().skip(1).take(8 * 4096) {
+        assert_eq!(w, i as u64 + 12 + 20, "word {i} after 20 launches of +1 by its session");
+    }
+    assert_eq!(got[8 * 4096 + 1], (8 * 4096 + 1) as u64 + 12, "the word after the eight ranges is untouched");
+    c.batch_execute("DROP EXTENSION uvm_consumer").unwrap();
+    drop_segment(&mut c, &dev);
+    drop_segment(&mut c, &host);
+}
+
 // --- z. crash of a backend with a CUDA context and device mappings (runs last) ---------------
 
 #[test]
