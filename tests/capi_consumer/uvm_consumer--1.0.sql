@@ -51,5 +51,13 @@ RETURNS integer AS 'MODULE_PATHNAME', 'uvm_consumer_abi_check' LANGUAGE C VOLATI
 CREATE FUNCTION launch_add(name text, n bigint, v bigint, async boolean DEFAULT false)
 RETURNS void AS 'MODULE_PATHNAME', 'uvm_consumer_launch_add' LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
+CREATE FUNCTION launch_range(name text, first bigint, n bigint, v bigint)
+RETURNS void AS 'MODULE_PATHNAME', 'uvm_consumer_launch_range' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+-- Any kernel on the cluster's GPU: not for everyone.
+CREATE FUNCTION launch_source(name text, source text, entry text, is_ptx boolean, grid integer, block integer, n bigint, v bigint)
+RETURNS void AS 'MODULE_PATHNAME', 'uvm_consumer_launch_source' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+REVOKE EXECUTE ON FUNCTION launch_source(text, text, text, boolean, integer, integer, bigint, bigint) FROM PUBLIC;
+
 CREATE FUNCTION device_address(name text)
 RETURNS bigint AS 'MODULE_PATHNAME', 'uvm_consumer_device_address' LANGUAGE C VOLATILE PARALLEL UNSAFE;

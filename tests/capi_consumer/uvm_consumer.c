@@ -486,70 +486,148 @@ uvm_consumer_abi_check(PG_FUNCTION_ARGS)
 	PG_RETURN_INT32((int32) (api->abi_version >> 16));
 }
 
-/*
- * Adds v to the first n words of the segment with the CUDA C kernel above, run where the cluster
- * runs its GPU work: synchronously (launch) or started and then waited for (launch_start,
- * launch_wait). The segment argument is a pin and an offset, which the library turns into a
- * device address. On an ERROR (0A000 without a GPU) the resource owner releases the pin and
- * gives up a launch never waited for.
- */
-PG_FUNCTION_INFO_V1(uvm_consumer_launch_add);
-Datum
-uvm_consumer_launch_add(PG_FUNCTION_ARGS)
+/* Blocks of 256 threads for n words: at least 1, at most 1024 (the loop strides over the rest). */
+static uint32
+blocks_for(int64 n)
 {
-	const PgUvmShareApi *api = pg_uvm_share_api();
-	char	   *name = name_arg(fcinfo, 0);
-	int64		n = int64_arg(fcinfo, 1, "n");
-	int64		v = int64_arg(fcinfo, 2, "v");
-	bool		async = !PG_ARGISNULL(3) && PG_GETARG_BOOL(3);
-	UvmPin		pin;
-	UvmKernel	kernel;
+	return (uint32) Min(Max((n + 255) / 256, 1), 1024);
+}
+
+/*
+ * Runs `kernel` with the parameters (word pointer, n, v) where the cluster runs its GPU work:
+ * synchronously (launch) or started and then waited for (launch_start, launch_wait). The
+ * pointer is a pin and a byte offset, which the library turns into a device address. On an
+ * ERROR (0A000 without a GPU) the resource owner releases the pin and gives up a launch never
+ * waited for: no cleanup here.
+ */
+static void
+run_kernel(const PgUvmShareApi *api, UvmKernel *kernel, UvmPinHandle pin, int64 byte_offset,
+		   int64 n, int64 v, bool async)
+{
 	UvmKernelArg args[3];
-	int64		blocks;
-
-	if (n < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("n must not be negative")));
-	api->pin(name, NULL, &pin);
-	if ((uint64) n > pin.info.size / sizeof(uint64))
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("%lld words do not fit in segment \"%s\" of %llu bytes",
-						(long long) n, name, (unsigned long long) pin.info.size)));
-
-	memset(&kernel, 0, sizeof(kernel));
-	kernel.source = add_kernel_source;
-	kernel.source_len = 0;		/* NUL-terminated */
-	kernel.is_ptx = 0;
-	kernel.entry = "uvm_consumer_add";
-	blocks = Min(Max((n + 255) / 256, 1), 1024);	/* the loop strides over the rest */
-	kernel.grid[0] = (uint32) blocks;
-	kernel.grid[1] = kernel.grid[2] = 1;
-	kernel.block[0] = 256;
-	kernel.block[1] = kernel.block[2] = 1;
-	kernel.shared_mem_bytes = 0;
 
 	memset(args, 0, sizeof(args));
-	args[0].kind = UVM_ARG_SEGMENT;	/* words: byte 0 of the pinned segment */
-	args[0].value = 0;
-	args[0].pin = pin.handle;
-	args[1].kind = UVM_ARG_SCALAR;	/* n */
+	args[0].kind = UVM_ARG_SEGMENT;	/* unsigned long long *words */
+	args[0].value = (uint64) byte_offset;
+	args[0].pin = pin;
+	args[1].kind = UVM_ARG_SCALAR;	/* unsigned long long n */
 	args[1].size = sizeof(uint64);
 	args[1].value = (uint64) n;
-	args[2].kind = UVM_ARG_SCALAR;	/* v */
+	args[2].kind = UVM_ARG_SCALAR;	/* unsigned long long v */
 	args[2].size = sizeof(uint64);
 	args[2].value = (uint64) v;
 
 	if (async)
 	{
-		UvmLaunchHandle h = api->launch_start(&kernel, args, lengthof(args));
+		UvmLaunchHandle h = api->launch_start(kernel, args, lengthof(args));
 
 		/* (a consumer would do other work here) */
 		api->launch_wait(h);
 	}
 	else
-		api->launch(&kernel, args, lengthof(args));
+		api->launch(kernel, args, lengthof(args));
+}
+
+/* The add kernel over n words from `first`, pinned: 2202E unless they lie in the pinned size. */
+static void
+launch_add_words(const char *name, int64 first, int64 n, int64 v, bool async)
+{
+	const PgUvmShareApi *api = pg_uvm_share_api();
+	UvmPin		pin;
+	UvmKernel	kernel;
+
+	if (first < 0 || n < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("the first word and the word count must not be negative")));
+	api->pin(name, NULL, &pin);
+	/* the kernel writes words [first, first + n): the library cannot know, so check here */
+	if ((uint64) first > pin.info.size / sizeof(uint64) ||
+		(uint64) n > pin.info.size / sizeof(uint64) - (uint64) first)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("words [%lld, %lld + %lld) do not fit in segment \"%s\" of %llu bytes",
+						(long long) first, (long long) first, (long long) n, name,
+						(unsigned long long) pin.info.size)));
+
+	memset(&kernel, 0, sizeof(kernel));
+	kernel.source = add_kernel_source;
+	kernel.source_len = 0;		/* NUL-terminated */
+	kernel.is_ptx = 0;			/* CUDA C, compiled by NVRTC once per text */
+	kernel.entry = "uvm_consumer_add";
+	kernel.grid[0] = blocks_for(n);
+	kernel.grid[1] = kernel.grid[2] = 1;
+	kernel.block[0] = 256;
+	kernel.block[1] = kernel.block[2] = 1;
+	kernel.shared_mem_bytes = 0;
+	run_kernel(api, &kernel, pin.handle, first * (int64) sizeof(uint64), n, v, async);
+	api->unpin(pin.handle);
+}
+
+/* Adds v to the first n words: synchronously, or started and waited for. */
+PG_FUNCTION_INFO_V1(uvm_consumer_launch_add);
+Datum
+uvm_consumer_launch_add(PG_FUNCTION_ARGS)
+{
+	char	   *name = name_arg(fcinfo, 0);
+	int64		n = int64_arg(fcinfo, 1, "n");
+	int64		v = int64_arg(fcinfo, 2, "v");
+	bool		async = !PG_ARGISNULL(3) && PG_GETARG_BOOL(3);
+
+	launch_add_words(name, 0, n, v, async);
+	PG_RETURN_VOID();
+}
+
+/* Adds v to words [first, first + n): a segment argument at an offset. */
+PG_FUNCTION_INFO_V1(uvm_consumer_launch_range);
+Datum
+uvm_consumer_launch_range(PG_FUNCTION_ARGS)
+{
+	char	   *name = name_arg(fcinfo, 0);
+	int64		first = int64_arg(fcinfo, 1, "first");
+	int64		n = int64_arg(fcinfo, 2, "n");
+	int64		v = int64_arg(fcinfo, 3, "v");
+
+	launch_add_words(name, first, n, v, false);
+	PG_RETURN_VOID();
+}
+
+/*
+ * Runs a caller's kernel (CUDA C, or PTX) over the segment with the parameters (pointer to its
+ * byte 0, n, v), synchronously: for the GPU suite's compile errors and PTX. The kernel is
+ * arbitrary code on the cluster's GPU, so the SQL function is revoked from PUBLIC.
+ */
+PG_FUNCTION_INFO_V1(uvm_consumer_launch_source);
+Datum
+uvm_consumer_launch_source(PG_FUNCTION_ARGS)
+{
+	const PgUvmShareApi *api = pg_uvm_share_api();
+	char	   *name = name_arg(fcinfo, 0);
+	char	   *source = text_arg(fcinfo, 1, "source");
+	char	   *entry = text_arg(fcinfo, 2, "entry");
+	bool		is_ptx = !PG_ARGISNULL(3) && PG_GETARG_BOOL(3);
+	int32		grid = int32_arg(fcinfo, 4, "grid");
+	int32		block = int32_arg(fcinfo, 5, "block");
+	int64		n = int64_arg(fcinfo, 6, "n");
+	int64		v = int64_arg(fcinfo, 7, "v");
+	UvmPin		pin;
+	UvmKernel	kernel;
+
+	if (grid < 0 || block < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("grid and block must not be negative")));
+	api->pin(name, NULL, &pin);
+	memset(&kernel, 0, sizeof(kernel));
+	kernel.source = source;
+	kernel.source_len = (uint32) strlen(source);
+	kernel.is_ptx = is_ptx ? 1 : 0;
+	kernel.entry = entry;
+	kernel.grid[0] = (uint32) grid;	/* 0 is the library's to refuse (22023) */
+	kernel.grid[1] = kernel.grid[2] = 1;
+	kernel.block[0] = (uint32) block;
+	kernel.block[1] = kernel.block[2] = 1;
+	run_kernel(api, &kernel, pin.handle, 0, n, v, false);
 	api->unpin(pin.handle);
 	PG_RETURN_VOID();
 }
