@@ -156,6 +156,8 @@ endif
 capi-consumer:
 	@[ -f "$(CAPI_HEADER_DIR)/pg_uvm_share.h" ] || { echo "no $(CAPI_HEADER_DIR)/pg_uvm_share.h: run make install$(if $(filter 15,$(PG)),, PG=$(PG)) first" >&2; exit 1; }
 	@cmp -s include/pg_uvm_share.h "$(CAPI_HEADER_DIR)/pg_uvm_share.h" || { echo "$(CAPI_HEADER_DIR)/pg_uvm_share.h differs from include/pg_uvm_share.h: run make install$(if $(filter 15,$(PG)),, PG=$(PG)) again" >&2; exit 1; }
+	@# clean first: PGXS does not know which PostgreSQL built the objects it finds (another PG=N)
+	$(MAKE) -C tests/capi_consumer PG_CONFIG=$(PG_CONFIG) clean
 	$(MAKE) -C tests/capi_consumer PG_CONFIG=$(PG_CONFIG)
 	$(if $(SUDO_FLAG),sudo) $(MAKE) -C tests/capi_consumer PG_CONFIG=$(PG_CONFIG) install
 
