@@ -9,8 +9,8 @@
  *
  * Pins: every function either unpins before it returns or relies on the resource owner. No
  * function catches an ERROR to unpin: an ERROR aborts the (sub)transaction, whose resource owners
- * release every pin taken under them (that is what pin_and_fail() shows). Only
- * pin_for_transaction() uses PG_TRY, to put CurrentResourceOwner back.
+ * release every pin taken under them (that is what pin_and_fail() shows). Only pin_under() (for
+ * pin_for_transaction()) uses PG_TRY, to put CurrentResourceOwner back.
  */
 #include "postgres.h"
 
