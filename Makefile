@@ -4,10 +4,14 @@
 #                     integration-service
 #   make run          install, then run sql/demo.sql against a throwaway cluster
 #   make bench        install, then the segment benchmark -> bench/segment-report.md
-#   make install      build (release) and install into the PostgreSQL of PG
+#   make install      build (release) and install into the PostgreSQL of PG, with the C API's
+#                     header (include/pg_uvm_share.h, see docs/C-API.md)
+#   make capi-consumer   build the C API's test consumer (tests/capi_consumer) with PGXS against
+#                     the installed header, and install it (make regress does this first)
 #   make lint | unit | pgtest | regress | integration | integration-service   one test stage each
 #                     (integration-service: the integration suite with gpu_execution = service)
-#   make regress-accept   copy the last regress results over tests/regress/expected
+#   make regress-accept   copy the last regress results over tests/regress/expected (and
+#                     tests/capi_consumer/expected)
 #   make gpu-suite-pack   bundle for the GPU machine -> .carry/gpu-bundle (scripts/gpu-suite)
 #   make clean
 #   PG=N (14..18, default 15) picks the PostgreSQL major for any of these: 15 is Debian's,
@@ -87,10 +91,10 @@ TEST_STAGES := prereqs $(if $(filter 15,$(PG)),lint) unit pgtest install regress
 
 PSQL := $(PG_BIN)/psql -X -v ON_ERROR_STOP=1
 
-.PHONY: help prereqs install lint unit pgtest regress regress-accept integration integration-service test run bench gpu-suite-pack clean
+.PHONY: help prereqs install capi-consumer lint unit pgtest regress regress-accept integration integration-service test run bench gpu-suite-pack clean
 
 help:
-	@sed -n '2,15p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,19p' Makefile | sed 's/^# \{0,1\}//'
 
 prereqs:
 	scripts/install-prereqs.sh $(PG)
@@ -98,9 +102,14 @@ prereqs:
 # cargo pgrx install writes the current version's script and copies the update scripts
 # (sql/pg_uvm_share--<from>--<to>.sql), but not the frozen install scripts of earlier versions
 # (sql/pg_uvm_share--<version>.sql), which CREATE EXTENSION ... VERSION '<old>' needs (the
-# upgrade test, tests/regress/sql/uvm_upgrade.sql): those are copied here.
+# upgrade test, tests/regress/sql/uvm_upgrade.sql): those are copied here. The C API's header
+# goes where PostgreSQL keeps extension headers, as contrib's do, so that a PGXS module includes
+# it as "extension/pg_uvm_share/pg_uvm_share.h" (docs/C-API.md).
+CAPI_HEADER_DIR = $(shell $(PG_CONFIG) --includedir-server 2>/dev/null)/extension/pg_uvm_share
 install: prereqs
 	$(CARGO) pgrx install --release --pg-config $(PG_CONFIG) $(SUDO_FLAG)
+	@echo "installing include/pg_uvm_share.h into $(CAPI_HEADER_DIR)"
+	@$(if $(SUDO_FLAG),sudo) install -D -m 644 include/pg_uvm_share.h "$(CAPI_HEADER_DIR)/pg_uvm_share.h"
 	@ext="$$($(PG_CONFIG) --sharedir)/extension"; \
 	current="pg_uvm_share--$$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1).sql"; \
 	for f in sql/pg_uvm_share--*.sql; do \
@@ -140,9 +149,22 @@ else
 	fi
 endif
 
+# The C API's consumer: a C extension built with PGXS against the INSTALLED header, as any other
+# extension would be, and installed next to pg_uvm_share (sudo where `make install` uses it).
+# It needs `make install` first; a header changed since then is refused, so that the test never
+# builds against a stale contract.
+capi-consumer:
+	@[ -f "$(CAPI_HEADER_DIR)/pg_uvm_share.h" ] || { echo "no $(CAPI_HEADER_DIR)/pg_uvm_share.h: run make install$(if $(filter 15,$(PG)),, PG=$(PG)) first" >&2; exit 1; }
+	@cmp -s include/pg_uvm_share.h "$(CAPI_HEADER_DIR)/pg_uvm_share.h" || { echo "$(CAPI_HEADER_DIR)/pg_uvm_share.h differs from include/pg_uvm_share.h: run make install$(if $(filter 15,$(PG)),, PG=$(PG)) again" >&2; exit 1; }
+	@# clean first: PGXS does not know which PostgreSQL built the objects it finds (another PG=N)
+	$(MAKE) -C tests/capi_consumer PG_CONFIG=$(PG_CONFIG) clean
+	$(MAKE) -C tests/capi_consumer PG_CONFIG=$(PG_CONFIG)
+	$(if $(SUDO_FLAG),sudo) $(MAKE) -C tests/capi_consumer PG_CONFIG=$(PG_CONFIG) install
+
 # pg_regress suites, each against a throwaway cluster of its own (scripts/regress.sh): the
-# SQL surface (tests/regress/schedule), capacity limits, and loading without the preload.
-regress:
+# SQL surface (tests/regress/schedule) and the C API's consumer (tests/capi_consumer), in both
+# execution modes, capacity limits, and loading without the preload.
+regress: capi-consumer
 	scripts/regress.sh $(REGRESS_DIR) $(REGRESS_PORT)
 
 # After reviewing a regress run's diffs: take its results as the expected output. Only for the
@@ -151,7 +173,10 @@ regress:
 regress-accept:
 	@[ "$(PG)" = 15 ] || { echo "regress-accept takes PostgreSQL 15's results; keep PG=$(PG)'s differences in NAME_1.out by hand" >&2; exit 1; }
 	@ls $(REGRESS_DIR)-*/out/results/*.out >/dev/null 2>&1 || { echo "no results in $(REGRESS_DIR)-*/out/results: run make regress first" >&2; exit 1; }
-	cp -v $(REGRESS_DIR)-*/out/results/*.out tests/regress/expected/
+	@# One cp per file: the main and service suites share file names (and one expected output),
+	@# which a single cp of both refuses ("will not overwrite just-created").
+	for f in $(REGRESS_DIR)-*/out/results/*.out; do cp -v "$$f" tests/regress/expected/; done
+	for f in $(REGRESS_DIR)-*/out-capi/results/*.out; do cp -v "$$f" tests/capi_consumer/expected/; done
 
 # Integration tests (tests/integration) against a throwaway cluster with the extension created.
 # One test at a time per binary; binaries run in name order, the crash tests (zz_*) last.
@@ -214,4 +239,5 @@ gpu-suite-pack:
 clean:
 	for d in $(REGRESS_DIR)-main $(REGRESS_DIR)-service $(REGRESS_DIR)-limits $(REGRESS_DIR)-noload $(REGRESS_DIR)-nocuda $(IT_DIR) $(IT_SERVICE_DIR) $(DEMO_DIR) $(BENCH_DIR); do $(CLUSTER) stop $$d || true; rm -rf $$d; done
 	rm -rf $(PGRX_TEST_DIR) $(PGRX_TEST_DIR)-$(ME) tests/regress/results tests/regress/regression.diffs tests/regress/regression.out
+	rm -rf tests/capi_consumer/{uvm_consumer.o,uvm_consumer.so,uvm_consumer.bc,results,regression.diffs,regression.out,log}
 	$(CARGO) clean

