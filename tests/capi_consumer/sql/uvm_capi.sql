@@ -94,17 +94,12 @@ SELECT uvm_consumer.pin_and_fail('cap_a');
 ROLLBACK;
 SELECT pg_temp.my_pins('cap_a') AS pins_after_rollback, uvm_consumer.unpin_all() AS left_to_unpin;
 -- a pin never given back is released with a WARNING when its owner is released: the
--- statement's, or the transaction's at commit (the message names the pin's handle, which holds
--- the pid: only its SQLSTATE is shown)
-\set VERBOSITY sqlstate
+-- statement's, or the transaction's at commit
 SELECT uvm_consumer.leak_pin('cap_a') AS pinned_size;
-\set VERBOSITY terse
 SELECT pg_temp.my_pins('cap_a') AS pins_after_leak;
 BEGIN;
 SELECT uvm_consumer.pin_for_transaction('cap_a') AS pinned_size;
-\set VERBOSITY sqlstate
 COMMIT;
-\set VERBOSITY terse
 SELECT pg_temp.my_pins('cap_a') AS pins_after_commit;
 
 -- handles: released (its number holds the pid: masked), never issued, 0
