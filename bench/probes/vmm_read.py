@@ -3,23 +3,25 @@
 
 Run on the GPU machine (Python with cuda.bindings and CuPy): `python3 bench/probes/vmm_read.py`.
 Reads 8 GiB with the extension's own read kernel (uvm_read_bw of kernels/segment.cu, same grid:
-4 blocks per SM of 256 threads), median of 7, over:
+4 blocks per SM of 256 threads), median of 7 launches per round, 5 rounds alternating over:
 
   alloc        cuMemAlloc (the baseline of the report)
   vmm          one cuMemCreate of 8 GiB, POSIX-fd shareable (as the extension's chunks), mapped in a
-               reservation aligned to 2 MiB (as the extension reserves) but placed `+2m` past a 1 GiB
-               boundary, or aligned to 1 GiB, or aligned to 1 GiB with no shareable handle
-  vmm-chunks   8 GiB as 64 separate 128 MiB chunks mapped back to back (1 GiB aligned)
+               reservation aligned to 2 MiB (as the extension reserves), 2 MiB past a 1 GiB boundary;
+               the same exported as a POSIX fd and imported (as every process maps a chunk); one not
+               shareable, 1 GiB aligned; 64 separate 128 MiB chunks mapped back to back
 
 Every buffer is filled with the same pattern first (the data read changes the power drawn, and
 with it the clocks). Prints one line per case: GB/s and the ratio to cuMemAlloc.
 """
+import os
 import sys
 
 import cupy
 from cuda.bindings import driver as cu
 
 OK = cu.CUresult.CUDA_SUCCESS
+FD = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 GIB, MIB = 1 << 30, 1 << 20
 SIZE = 8 * GIB
 
@@ -80,7 +82,7 @@ def main():
         p.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
         p.location.id = 0
         if shareable:
-            p.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+            p.requestedHandleTypes = FD
         return p
 
     def access():
@@ -90,38 +92,54 @@ def main():
         d.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
         return d
 
-    def vmm(chunk, align, skew, shareable=True):
+    def vmm(chunk, align, skew, shareable=True, imported=False):
+        """Maps SIZE bytes of cuMemCreate chunks; returns (base, cleanup)."""
         va = int(ck(cu.cuMemAddressReserve(SIZE + skew + align, align, 0, 0), "reserve"))
         base = va + skew
         handles = []
         for off in range(0, SIZE, chunk):
             h = ck(cu.cuMemCreate(chunk, prop(shareable), 0), "create")
+            if imported:
+                # as the extension does: export a POSIX fd, import it, map the imported handle
+                fd = ck(cu.cuMemExportToShareableHandle(h, FD, 0), "export")
+                h2 = ck(cu.cuMemImportFromShareableHandle(fd, FD), "import")
+                ck(cu.cuMemRelease(h), "release original")
+                os.close(int(fd))
+                h = h2
             ck(cu.cuMemMap(base + off, chunk, 0, h, 0), "map")
             handles.append(h)
         ck(cu.cuMemSetAccess(base, SIZE, [access()], 1), "access")
-        try:
-            return gbps(base), base
-        finally:
+
+        def cleanup():
             ck(cu.cuMemUnmap(base, SIZE), "unmap")
             for h in handles:
                 ck(cu.cuMemRelease(h), "release")
             ck(cu.cuMemAddressFree(va, SIZE + skew + align), "free")
 
+        return base, cleanup
+
+    # Every case stays allocated; rounds alternate between them, so that the clocks' drift over
+    # the run (measured: up to 15 % between the start and the end of a run) weighs on all alike.
     ptr = int(ck(cu.cuMemAlloc(SIZE), "alloc"))
-    base_rate = gbps(ptr)
-    print(f"alloc                         {base_rate:7.0f} GB/s  1.000   at {ptr:#x} (1 GiB aligned: {ptr % GIB == 0})")
-    cases = [
-        ("vmm, 2 MiB aligned, +2 MiB", SIZE, 2 * MIB, 2 * MIB, True),
-        ("vmm, 1 GiB aligned", SIZE, GIB, 0, True),
-        ("vmm, 1 GiB aligned, no fd", SIZE, GIB, 0, False),
-        ("vmm-chunks 128 MiB, 1 GiB al.", 128 * MIB, GIB, 0, True),
-    ]
-    for name, chunk, align, skew, shareable in cases:
-        rate, base = vmm(chunk, align, skew, shareable)
-        print(f"{name:29s} {rate:7.0f} GB/s  {rate / base_rate:.3f}   at {base:#x}")
-    # cuMemAlloc again, for the drift of the clocks over the run
-    again = gbps(ptr)
-    print(f"alloc again                   {again:7.0f} GB/s  {again / base_rate:.3f}")
+    cases = [("alloc (cuMemAlloc)", ptr, None)]
+    for name, chunk, align, skew, shareable, imported in [
+        ("vmm, 2 MiB aligned, +2 MiB", SIZE, 2 * MIB, 2 * MIB, True, False),
+        ("vmm, fd exported + imported", SIZE, 2 * MIB, 2 * MIB, True, True),
+        ("vmm, 1 GiB aligned, no fd", SIZE, GIB, 0, False, False),
+        ("vmm, 64 chunks of 128 MiB", 128 * MIB, 2 * MIB, 0, True, False),
+    ]:
+        base, cleanup = vmm(chunk, align, skew, shareable, imported)
+        cases.append((name, base, cleanup))
+    rates = {name: [] for name, _, _ in cases}
+    for _ in range(5):
+        for name, base, _ in cases:
+            rates[name].append(gbps(base))
+    ref = sorted(rates[cases[0][0]])[2]
+    for name, base, _ in cases:
+        r = sorted(rates[name])
+        print(f"{name:30s} {r[2]:7.0f} GB/s  {r[2] / ref:.3f}   (rounds: {', '.join(f'{x:.0f}' for x in rates[name])})  at {base:#x}")
+    for _, _, cleanup in cases[1:]:
+        cleanup()
     ck(cu.cuMemFree(ptr), "free")
     return 0
 
