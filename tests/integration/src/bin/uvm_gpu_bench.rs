@@ -911,9 +911,9 @@ fn bench_segment_read(b: &mut Bench, admin: &mut Client, pid: u32) {
         let mut private = Vec::new();
         // Both sides do the same GPU work in the same order: fill the 8 GiB with the pattern
         // of seed 1, then read it (bench_private_read fills its fresh buffer right before it
-        // reads). Reading a segment filled long before measured 0.94 of the private buffer,
-        // while bench/probes/vmm_read.py reads VMM and cuMemAlloc memory alike (1.00) when
-        // both are filled just before.
+        // reads). The ratio stays 0.95 either way (0.94 when the segment was filled once, before
+        // the rounds), while bench/probes/vmm_read.py reads VMM and cuMemAlloc memory alike
+        // (1.00): the gap is not the VMM mechanism.
         for _ in 0..3 {
             fill(&mut s, &name, READ_BYTES, 1)?;
             seg.push(segment_read(&mut s, &name, READ_ITERS)?);
