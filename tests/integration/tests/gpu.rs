@@ -1061,6 +1061,65 @@ fn k_c_api_consumer_kernels() {
     drop_segment(&mut c, &host);
 }
 
+/// A kernel that writes to address 16: an illegal address, which CUDA reports as a sticky error.
+const FAULTING_KERNEL: &str = "extern \"C\" __global__ void fault(unsigned long long *p, unsigned long long n, \
+unsigned long long v) { *(volatile unsigned long long *) 16 = v; }";
+
+#[test]
+fn l_a_faulting_kernel_is_an_error_and_the_gpu_work_goes_on() {
+    const T: &str = "l_a_faulting_kernel_is_an_error_and_the_gpu_work_goes_on";
+    let seg = unique_name("gpu_l");
+    let _guard = SegmentGuard::with(&[&seg]);
+    let mut c = connect();
+    let mode = start(&mut c);
+    c.batch_execute("DROP EXTENSION IF EXISTS uvm_consumer; CREATE EXTENSION uvm_consumer")
+        .expect("CREATE EXTENSION uvm_consumer");
+    create_segment_tier(&mut c, &seg, 16 * MIB_I, None, "device");
+    write_segment(&mut c, &seg, 0, &word_bytes(0..4096));
+    let service_before = service_pid(&mut c);
+
+    let t = Instant::now();
+    expect_sqlstate(
+        c.execute("SELECT launch_source($1, $2, 'fault', false, 1, 1, 0, 7)", &[&seg, &FAULTING_KERNEL]),
+        "58000",
+        "a kernel that writes to an illegal address",
+    );
+    note(T, &format!("{mode:?} mode: the fault came back as 58000 in {:.0} ms", t.elapsed().as_secs_f64() * 1e3));
+
+    match mode {
+        Mode::Service => {
+            // The service leaves (its context is unusable) and the postmaster starts another.
+            let mut now = service_before;
+            let restarted = wait_until(Duration::from_secs(60), || {
+                let mut p = connect();
+                now = service_pid(&mut p);
+                now > 0 && now != service_before && device_info_value(&mut p, "execution").as_deref() == Some("service")
+            });
+            assert!(restarted, "the GPU service did not restart after the fault (pid {service_before}, now {now})");
+            note(T, &format!("service {service_before} left; service {now} runs after {:.1} s", t.elapsed().as_secs_f64()));
+        }
+        Mode::Process => {
+            // This backend's context is lost: its next launch says so; a new session works.
+            expect_sqlstate(
+                c.execute("SELECT launch_add($1, 1, 1, false)", &[&seg]),
+                "58000",
+                "a launch after the fault, same backend",
+            );
+            c = connect();
+        }
+    }
+    // The segment survived (the broker holds its chunk), and kernels run again.
+    c.batch_execute("DROP EXTENSION IF EXISTS uvm_consumer; CREATE EXTENSION uvm_consumer")
+        .expect("CREATE EXTENSION uvm_consumer");
+    c.execute("SELECT launch_add($1, 4096, 1, false)", &[&seg]).expect("a launch after the fault");
+    let got = words(&mut c, &seg, 4096);
+    for (i, &w) in got.iter().enumerate() {
+        assert_eq!(w, i as u64 + 1, "word {i} after the fault and one launch of +1");
+    }
+    c.batch_execute("DROP EXTENSION uvm_consumer").unwrap();
+    drop_segment(&mut c, &seg);
+}
+
 // --- z. crash of a backend with a CUDA context and device mappings (runs last) ---------------
 
 #[test]
