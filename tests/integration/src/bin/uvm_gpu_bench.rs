@@ -1290,6 +1290,60 @@ fn gpujoin_with_workers(
     Ok(JoinRun { workers: w, launched, planned_pg, planned_scan, gpu, pg, scan, mem })
 }
 
+/// The same join written as plain SQL, planned as the GpuJoin plan node (issue 12), against the
+/// 5-worker parallel hash join measured just before and PostgreSQL's serial hash join. The node
+/// runs without parallel workers in this version, so the ratio is information, not the target.
+fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, parallel_hash_s: f64, want: &Option<Vec<String>>) {
+    const K: &str = "gj_node";
+    const M: &str = "plain SQL join through the GpuJoin plan node, serial, 50 M x 5 M, vs the 5-worker parallel hash join (s)";
+    if !b.has_time(&[(K, M)]) {
+        return;
+    }
+    let r = (|| -> R<(Vec<f64>, Vec<f64>)> {
+        c.batch_execute("SET max_parallel_workers_per_gather = 0; SET pg_uvm_share.enable_gpujoin = on")
+            .map_err(err("enable_gpujoin"))?;
+        let plan = explain(c, pg_q)?;
+        if !plan.contains("GpuJoin") {
+            return Err(format!("the planner did not choose GpuJoin: {}", plan.replace('\n', " / ")));
+        }
+        let mut node = Vec::new();
+        for _ in 0..JOIN_REPEATS {
+            let (s, vals) = time_query(c, pg_q)?;
+            if want.as_ref().is_some_and(|w| *w != vals) {
+                return Err(format!("the plan node answered {vals:?}, the other joins {want:?}"));
+            }
+            node.push(s);
+        }
+        c.batch_execute("SET pg_uvm_share.enable_gpujoin = off").map_err(err("enable_gpujoin"))?;
+        let mut serial = Vec::new();
+        for _ in 0..HASH_JOIN_REPEATS {
+            serial.push(time_query(c, pg_q)?.0);
+        }
+        c.batch_execute("RESET pg_uvm_share.enable_gpujoin; RESET max_parallel_workers_per_gather").map_err(err("reset"))?;
+        Ok((node, serial))
+    })();
+    match r {
+        Ok((node, serial)) => {
+            let (n, sh) = (median(&node), median(&serial));
+            b.row(
+                K,
+                M,
+                format!("{n:.2} s = {:.2}x the parallel hash join", n / parallel_hash_s),
+                format!(
+                    "{n:.2} ({}); serial hash join {sh:.2} s ({}), node / serial = {:.2}",
+                    list(&node, 2),
+                    list(&serial, 2),
+                    n / sh
+                ),
+                format!("{parallel_hash_s:.2} PostgreSQL's parallel hash join, 5 workers"),
+                Some(n / parallel_hash_s),
+                Target::info(),
+            );
+        }
+        Err(e) => b.error(K, M, e),
+    }
+}
+
 /// Makes bench_fact (50 M random int8 keys in [0, 20 M)) and bench_dim (5 M unique keys with a
 /// payload), unless an earlier mode's run left them complete.
 fn gpujoin_tables(b: &mut Bench, c: &mut Client) -> R<()> {
@@ -1443,6 +1497,9 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32, keep_tables: bool)
                 b.error(kh, mh, e);
             }
         }
+    }
+    if let Some(pgm) = pg_s {
+        bench_gpujoin_node(b, &mut c, pg_q, pgm, &want);
     }
     if let Some(w) = &want {
         b.note(format!("every join answered {} matches, payload sum {}", w[0], w.get(1).cloned().unwrap_or_default()));
