@@ -47,10 +47,11 @@ pub fn track(seg: SegRef) {
     LIST.with(|l| l.borrow_mut().push(Entry { seg, subxact }));
 }
 
-/// Drops a temporary segment now and forgets it (a node's End or rebuild). An error is raised.
+/// Drops a temporary segment now and forgets it (a node's End or rebuild). An error is raised,
+/// and the segment stays listed for the abort callback to try again.
 pub fn drop_now(seg: &SegRef) {
-    forget(seg);
     crate::sql::with_executor(|ex| exec::drop(ex, seg));
+    forget(seg);
 }
 
 fn forget(seg: &SegRef) {
