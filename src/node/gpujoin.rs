@@ -875,3 +875,29 @@ impl JoinScan for GpuJoinScan {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_types_map_by_width_and_values_keep_their_sign() {
+        for (oid, kt) in [
+            (pg_sys::INT2OID, KeyType::Int4),
+            (pg_sys::INT4OID, KeyType::Int4),
+            (pg_sys::DATEOID, KeyType::Int4),
+            (pg_sys::INT8OID, KeyType::Int8),
+            (pg_sys::TIMESTAMPOID, KeyType::Int8),
+            (pg_sys::TIMESTAMPTZOID, KeyType::Int8),
+        ] {
+            assert_eq!(key_type_of(oid), Some(kt));
+        }
+        assert_eq!(key_type_of(pg_sys::NUMERICOID), None);
+        assert_eq!(key_type_of(pg_sys::TEXTOID), None);
+        // Datums of narrow types carry their value sign-extended or not: only the low bits count.
+        assert_eq!(key_of(pg_sys::Datum::from(0xffff_usize), pg_sys::INT2OID), -1);
+        assert_eq!(key_of(pg_sys::Datum::from(0xffff_ffff_usize), pg_sys::INT4OID), -1);
+        assert_eq!(key_of(pg_sys::Datum::from(-7i32 as usize), pg_sys::DATEOID), -7);
+        assert_eq!(key_of(pg_sys::Datum::from(i64::MIN), pg_sys::TIMESTAMPTZOID), i64::MIN);
+    }
+}
