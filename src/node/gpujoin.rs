@@ -44,10 +44,12 @@
 //!   workers and build 5 M rows in 0.8 s (`bench/gpu-report.md`): the CPU side dominates,
 //!   which the next term prices;
 //! - the node's own CPU work per tuple (copying it, gathering its key, forming the output):
-//!   `cpu_operator_cost` per inner and outer tuple, plus `cpu_tuple_cost` per output row;
+//!   `cpu_operator_cost` per outer tuple, [`INNER_ROW_FACTOR`] times that per inner tuple
+//!   (kept for the whole scan), plus `cpu_tuple_cost` per output row;
 //! - a fixed start-up of [`SETUP_COST`] for the two segments and the round trips.
 //!
-//! startup = inner total + inner rows × (1 + GPU_ROW_FACTOR) × cpu_operator_cost + SETUP_COST;
+//! startup = inner total + inner rows × (INNER_ROW_FACTOR + GPU_ROW_FACTOR) × cpu_operator_cost
+//! + SETUP_COST;
 //! total = startup + outer total + outer rows × (1 + GPU_ROW_FACTOR) × cpu_operator_cost +
 //! output rows × cpu_tuple_cost. On the CPU path (host provider) these numbers are too low:
 //! there the node is only used when forced (`enable_gpujoin = on`), never by `auto`.
@@ -76,6 +78,10 @@ pub const BATCH_TUPLES: usize = 1 << 16;
 const RESULT_PAIRS: u64 = 1 << 16;
 /// The GPU part of a row's cost, as a fraction of `cpu_operator_cost` (see the module comment).
 pub const GPU_ROW_FACTOR: f64 = 0.05;
+/// The node's CPU work per inner tuple, in `cpu_operator_cost`: copied and kept for the whole
+/// scan, and a (key, row id) row sent to the build; twice an outer tuple's, so that the
+/// smaller side is the inner one.
+pub const INNER_ROW_FACTOR: f64 = 2.0;
 /// Start-up cost: two segments created and dropped, a few round trips to the executor.
 pub const SETUP_COST: f64 = 10.0;
 
@@ -269,10 +275,11 @@ unsafe fn add_path(
         {
             p.disabled_nodes = (*outer_path).disabled_nodes + (*inner_path).disabled_nodes;
         }
-        let op = pg_sys::cpu_operator_cost * (1.0 + GPU_ROW_FACTOR);
-        p.startup_cost = (*inner_path).total_cost + (*inner_path).rows * op + SETUP_COST;
+        let build = pg_sys::cpu_operator_cost * (INNER_ROW_FACTOR + GPU_ROW_FACTOR);
+        let probe = pg_sys::cpu_operator_cost * (1.0 + GPU_ROW_FACTOR);
+        p.startup_cost = (*inner_path).total_cost + (*inner_path).rows * build + SETUP_COST;
         p.total_cost =
-            p.startup_cost + (*outer_path).total_cost + (*outer_path).rows * op + (*joinrel).rows * pg_sys::cpu_tuple_cost;
+            p.startup_cost + (*outer_path).total_cost + (*outer_path).rows * probe + (*joinrel).rows * pg_sys::cpu_tuple_cost;
         let mut children = PgList::<pg_sys::Path>::new();
         children.push(outer_path);
         children.push(inner_path);
