@@ -48,10 +48,14 @@
 //!   (kept for the whole scan), plus `cpu_tuple_cost` per output row;
 //! - a fixed start-up of [`SETUP_COST`] for the two segments and the round trips.
 //!
+//! ```text
 //! startup = inner total + inner rows × (INNER_ROW_FACTOR + GPU_ROW_FACTOR) × cpu_operator_cost
-//! + SETUP_COST;
-//! total = startup + outer total + outer rows × (1 + GPU_ROW_FACTOR) × cpu_operator_cost +
-//! output rows × cpu_tuple_cost. On the CPU path (host provider) these numbers are too low:
+//!           + SETUP_COST
+//! total   = startup + outer total + outer rows × (1 + GPU_ROW_FACTOR) × cpu_operator_cost
+//!           + output rows × cpu_tuple_cost
+//! ```
+//!
+//! On the CPU path (host provider) these numbers are too low:
 //! there the node is only used when forced (`enable_gpujoin = on`), never by `auto`.
 
 use std::ffi::CStr;
