@@ -862,7 +862,8 @@ impl JoinScan for GpuJoinScan {
             let ctx = pg_sys::set_deparse_context_plan((*es).deparse_cxt, plan, ancestors);
             let clause = PgList::<pg_sys::Node>::from_pg((*cscan).custom_exprs).get_ptr(0).expect("join clause");
             let text = pg_sys::deparse_expression(clause, ctx, true, false);
-            let cond = format!("({})", CStr::from_ptr(text).to_string_lossy());
+            // deparse_expression puts an operator clause in parentheses already.
+            let cond = CStr::from_ptr(text).to_string_lossy().into_owned();
             let prop = |label: &CStr, value: &str| {
                 let v = std::ffi::CString::new(value.replace('\0', "")).expect("no NUL");
                 pg_sys::ExplainPropertyText(label.as_ptr(), v.as_ptr(), es);

@@ -167,12 +167,26 @@ FROM gjn_o_int4_hit o JOIN gjn_i_int4 i ON o.k = i.k;
 SELECT pg_temp.leftovers() AS after;
 
 -- cursors: fetched in pieces, moved back and forth (SCROLL adds a Materialize above it)
+CREATE FUNCTION pg_temp.scroll(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE c refcursor := 'gjn_scroll'; a bigint; b bigint; d bigint; r record;
+BEGIN
+  OPEN c SCROLL FOR EXECUTE q;
+  MOVE FORWARD 10 IN c;
+  MOVE FORWARD ALL IN c;
+  GET DIAGNOSTICS a = ROW_COUNT;
+  MOVE BACKWARD ALL IN c;
+  GET DIAGNOSTICS b = ROW_COUNT;
+  FETCH RELATIVE 5 FROM c INTO r;
+  MOVE FORWARD ALL IN c;
+  GET DIAGNOSTICS d = ROW_COUNT;
+  CLOSE c;
+  RETURN format('10 + %s forward, %s back, 5 + %s forward again', a, b, d);
+END $$;
+SELECT pg_temp.scroll('SELECT o.id, i.id FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT count(*) FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k;
 BEGIN;
 DECLARE c1 SCROLL CURSOR FOR SELECT o.id, i.id FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k;
 MOVE FORWARD 10 IN c1;
-MOVE FORWARD ALL IN c1;
-MOVE BACKWARD ALL IN c1;
-MOVE FORWARD ALL IN c1;
 DECLARE c2 CURSOR FOR SELECT o.id, i.id AS iid FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k ORDER BY 1, 2;
 FETCH 3 FROM c2;
 FETCH 2 FROM c2;
@@ -204,6 +218,8 @@ SELECT pg_temp.plan_has('SELECT * FROM gjn_o_int4_hit o JOIN gjn_i_int4 i ON o.k
        = ((SELECT value FROM uvm.device_info() WHERE property = 'provider') = 'cuda') AS auto_follows_provider;
 
 -- an ERROR in the middle of the join, at top level and in a subtransaction: nothing is left
+-- (terse: an environment with RUST_BACKTRACE set shows a backtrace as the DETAIL)
+\set VERBOSITY terse
 SET pg_uvm_share.enable_gpujoin = on;
 SELECT count(*) FROM gjn_o_int4_hit o JOIN gjn_i_int4 i ON o.k = i.k WHERE 1 / (o.id - 1000) > -5;
 SELECT pg_temp.leftovers() AS after_error;
@@ -221,6 +237,7 @@ SELECT pg_temp.leftovers() AS after_rollback;
 SET statement_timeout = '300ms';
 SELECT count(*) FROM gjn_o_int4_hit o JOIN gjn_i_int4 i ON o.k = i.k WHERE pg_sleep(0.01) IS NOT NULL;
 RESET statement_timeout;
+\set VERBOSITY default
 SELECT pg_temp.leftovers() AS after_cancel;
 
 RESET pg_uvm_share.enable_gpujoin;
