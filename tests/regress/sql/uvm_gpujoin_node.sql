@@ -135,6 +135,9 @@ SELECT pg_temp.check($$SELECT s.g, (SELECT count(*) FROM gjn_o_int4_dup o JOIN g
   WHERE i.x = s.g) AS c FROM generate_series(0, 9) s(g)$$);
 SELECT pg_temp.check($$SELECT s.g, (SELECT max(o.id) FROM gjn_o_int8_hit o JOIN gjn_i_int8 i ON o.k = i.k
   WHERE i.x = s.g AND o.id % 7 = s.g % 7) AS m FROM generate_series(0, 20) s(g)$$);
+-- the inner side of a nested loop (LATERAL: rescanned with a new parameter per outer row)
+SELECT pg_temp.check($$SELECT s.g, x.c FROM generate_series(0, 9) s(g),
+  LATERAL (SELECT count(*) AS c FROM gjn_o_int2_dup o JOIN gjn_i_int2 i ON o.k = i.k WHERE i.x = s.g OR o.id = s.g) x$$);
 
 -- the plan and EXPLAIN ANALYZE's figures (the tier depends on the provider)
 SET pg_uvm_share.enable_gpujoin = on;
