@@ -643,9 +643,13 @@ impl JoinScan for GpuJoinScan {
             let first = PgList::<pg_sys::RestrictInfo>::from_pg(rinfos).get_ptr(0).expect("join clause");
             let (ov, iv) = hash_clause(first, outer_rel, inner_rel).expect("the path's join clause");
             let quals = pg_sys::extract_actual_clauses(pg_sys::list_copy_tail(rinfos, 1), false);
-            // Every Var the target list, the qual and the join clause use, once.
+            // Every Var the join's output, the qual and the join clause use, once. The output is
+            // the path's target, not only `tlist`: PostgreSQL 14 plans a projection above a
+            // custom scan by asking for no target list (CP_IGNORE_TLIST) and then putting the
+            // projection's own, made of the path target's Vars, in its place.
             let mut vars: Vec<*mut pg_sys::Var> = vec![ov, iv];
-            for n in [tlist as *mut pg_sys::Node, quals as *mut pg_sys::Node] {
+            let target = (*(*path).path.pathtarget).exprs as *mut pg_sys::Node;
+            for n in [target, tlist as *mut pg_sys::Node, quals as *mut pg_sys::Node] {
                 for v in PgList::<pg_sys::Node>::from_pg(pg_sys::pull_var_clause(n, 0)).iter_ptr() {
                     let v = as_var(v).expect("plain Vars only (checked by the path)");
                     if !vars.iter().any(|w| (**w).varno == (*v).varno && (**w).varattno == (*v).varattno) {
