@@ -37,6 +37,20 @@ pub enum ExecutionChoice {
     Process,
 }
 
+/// Whether the planner may use the GpuJoin plan node (`crate::node::gpujoin`).
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum GpuJoinChoice {
+    /// On when the cluster's provider is CUDA (the CPU path is never faster than PostgreSQL's
+    /// own joins).
+    #[name = c"auto"]
+    Auto,
+    #[name = c"on"]
+    On,
+    #[name = c"off"]
+    Off,
+}
+
+pub static ENABLE_GPUJOIN: GucSetting<GpuJoinChoice> = GucSetting::<GpuJoinChoice>::new(GpuJoinChoice::Auto);
 pub static GPU_EXECUTION: GucSetting<ExecutionChoice> = GucSetting::<ExecutionChoice>::new(ExecutionChoice::Auto);
 pub static SERVICE_SLOTS: GucSetting<i32> = GucSetting::<i32>::new(32);
 pub static SERVICE_STAGING_MB: GucSetting<i32> = GucSetting::<i32>::new(4);
@@ -130,6 +144,14 @@ pub fn define() {
         i32::MAX,
         GucContext::Userset,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_enum_guc(
+        c"pg_uvm_share.enable_gpujoin",
+        c"Whether the planner may run inner equi-joins as a GpuJoin plan node: auto, on or off.",
+        c"auto: when the cluster's provider is cuda; on: also on the CPU path (for tests).",
+        &ENABLE_GPUJOIN,
+        GucContext::Userset,
+        GucFlags::empty(),
     );
     GucRegistry::define_enum_guc(
         c"pg_uvm_share.gpu_execution",

@@ -17,23 +17,27 @@
 //! - [`interrupt`]: cancel and `statement_timeout` for long plain-Rust loops (a hook `_PG_init` sets).
 //! - [`pgwait`]: the background workers' wait set (latch, postmaster death, one fd).
 //! - [`checksum`]: the segment checksum and fill pattern shared by the CPU and GPU paths.
+//! - [`customscan`]: custom scan plan nodes: the method tables and trampolines, written once.
+//! - [`node`]: plan nodes over the extension's operations (GpuJoin as a join node).
 //! - [`sql`]: the thin pgrx layer: `_PG_init`, GUCs, SQL functions and views in schema `uvm`.
 //! - [`capi`]: the C API (`include/pg_uvm_share.h`): a versioned function table for extensions
 //!   written in C, beside [`sql`] and as thin: pins per resource owner, handles checked on use.
 //!
-//! Everything but `sql`, `capi`, `guc`, `registry::shmem`, `broker::worker`, `pgwait`, `service::worker`, `service::shmem` and
+//! Everything but `sql`, `capi`, `customscan`, `node` (except `node::matching`), `guc`, `registry::shmem`, `broker::worker`, `pgwait`, `service::worker`, `service::shmem` and
 //! `service::client` (and the latch helper of `service`) is plain Rust, unit-tested by
 //! `cargo test` without PostgreSQL. `docs/ARCHITECTURE.md` tells the whole story.
 
 pub mod broker;
 pub mod capi;
 pub mod checksum;
+pub mod customscan;
 pub mod error;
 pub mod exec;
 pub mod gpu;
 pub mod gpujoin;
 pub mod guc;
 pub mod interrupt;
+pub mod node;
 pub mod pgwait;
 pub mod provider;
 pub mod registry;

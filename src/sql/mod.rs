@@ -76,6 +76,7 @@ pub extern "C-unwind" fn _PG_init() {
     shmem::install(cap, arena, &[crate::service::shmem::block(spec)]);
     crate::broker::worker::register();
     crate::capi::publish();
+    crate::node::init();
     if !process_only {
         crate::service::worker::register();
     }

@@ -1,0 +1,919 @@
+//! GpuJoin as a plan node: plain SQL inner equi-joins run through the GpuJoin operations.
+//!
+//! # What runs where
+//!
+//! - **Planner** (`set_join_pathlist_hook`, this backend): for an inner join whose restriction
+//!   list holds a hashable equality between a plain column of the outer relation and one of
+//!   the inner relation, both of one type among int2, int4, date (held as int4 keys) and
+//!   int8, timestamp, timestamptz (int8 keys), and whose target list and clauses hold plain
+//!   columns only, it adds a `CustomPath` "GpuJoin" over the cheapest unparameterized paths of
+//!   both sides, when `pg_uvm_share.enable_gpujoin` allows (`auto`: when the cluster's
+//!   provider is CUDA). The other clauses become the node's qual. The path is not parallel
+//!   safe in this slice (parallel workers come next).
+//! - **Plan** (`PlanCustomPath`): a `CustomScan` with `scanrelid = 0`, the two child plans,
+//!   `custom_scan_tlist` = every column the target list, the qual and the join clause use,
+//!   each taken from one child's target list; `custom_private` says where (side, attribute
+//!   number), the key columns' positions and the key type; `custom_exprs` keeps the join
+//!   clause for EXPLAIN. `set_customscan_references` rewrites the Vars to `INDEX_VAR`.
+//! - **Executor** (this backend; the GpuJoin operations run where the cluster runs them, in
+//!   this process or in the GPU service, on the CPU or the GPU): at the first call it drains
+//!   the inner child, copying each tuple with a non-NULL key (row id = its index) into a
+//!   memory context of the node, and builds the GpuJoin table in a temporary segment exactly
+//!   as `uvm.gpujoin_build` does (payload = row id), plus a result buffer. Then it reads the
+//!   outer child a batch at a time ([`BATCH_TUPLES`] tuples with a non-NULL key, copied),
+//!   materializes the batch's distinct keys into the result buffer (reset before each batch),
+//!   reads the (key, row id) pairs back and emits one joined row per call, from the outer
+//!   tuples of that key and the inner row (`super::matching`), after the qual, projected.
+//!
+//! # Lifecycle
+//!
+//! Rescan: the outer child is rescanned; the inner table is kept unless the inner child's
+//! parameters changed. End: the children end and both segments are dropped. After an ERROR
+//! or a cancel, `super::cleanup` drops the segments at (sub)transaction abort and the
+//! memory context's reset callback frees the node's Rust memory (`crate::customscan`).
+//!
+//! # Cost model
+//!
+//! PostgreSQL's cost unit is about one sequential page read; `cpu_operator_cost` (0.0025) is
+//! a few nanoseconds of CPU. The constants below:
+//!
+//! - the GPU work per key: the H200 probes 31 G keys/s and builds at a similar rate
+//!   (`bench/gpu-report.md`, `../shared/notes/gpu-facts.md`), well under a nanosecond, so
+//!   the GPU part is priced at [`GPU_ROW_FACTOR`] × `cpu_operator_cost` per row. End to end
+//!   (scan, key gathering, service round trips) the aggregates reach 106 M keys/s with 5
+//!   workers and build 5 M rows in 0.8 s (`bench/gpu-report.md`): the CPU side dominates,
+//!   which the next term prices;
+//! - the node's own CPU work per tuple (copying it, gathering its key, forming the output):
+//!   `cpu_operator_cost` per outer tuple, [`INNER_ROW_FACTOR`] times that per inner tuple
+//!   (kept for the whole scan), plus `cpu_tuple_cost` per output row;
+//! - a fixed start-up of [`SETUP_COST`] for the two segments and the round trips.
+//!
+//! ```text
+//! startup = inner total + inner rows × (INNER_ROW_FACTOR + GPU_ROW_FACTOR) × cpu_operator_cost
+//!           + SETUP_COST
+//! total   = startup + outer total + outer rows × (1 + GPU_ROW_FACTOR) × cpu_operator_cost
+//!           + output rows × cpu_tuple_cost
+//! ```
+//!
+//! On the CPU path (host provider) these numbers are too low:
+//! there the node is only used when forced (`enable_gpujoin = on`), never by `auto`.
+
+use std::ffi::CStr;
+use std::time::{Duration, Instant};
+
+use pgrx::pg_sys;
+use pgrx::PgList;
+
+use super::cleanup;
+use super::matching::{Batch, Emitter};
+use crate::customscan::{self, JoinScan, Methods};
+use crate::error::{Code, Result, UvmError};
+use crate::exec::{self, SegRef};
+use crate::gpujoin::pairs::{self, PairsHeader};
+use crate::gpujoin::table::{self, KeyType};
+use crate::guc::{self, GpuJoinChoice};
+use crate::registry::TierPref;
+use crate::sql::{current_user, now, report, with_executor};
+use crate::vocab::{ProviderKind, Tier};
+
+/// Outer tuples with a non-NULL key per batch.
+pub const BATCH_TUPLES: usize = 1 << 16;
+/// Pairs the result buffer holds at first (it grows on demand).
+const RESULT_PAIRS: u64 = 1 << 16;
+/// The GPU part of a row's cost, as a fraction of `cpu_operator_cost` (see the module comment).
+pub const GPU_ROW_FACTOR: f64 = 0.05;
+/// The node's CPU work per inner tuple, in `cpu_operator_cost`: copied and kept for the whole
+/// scan, and a (key, row id) row sent to the build; twice an outer tuple's, so that the
+/// smaller side is the inner one.
+pub const INNER_ROW_FACTOR: f64 = 2.0;
+/// Start-up cost: two segments created and dropped, a few round trips to the executor.
+pub const SETUP_COST: f64 = 10.0;
+
+static METHODS: Methods = customscan::methods::<GpuJoinScan>();
+
+static mut PREV_HOOK: pg_sys::set_join_pathlist_hook_type = None;
+
+/// Installs the planner hook (chaining the previous one) and registers the scan methods.
+pub fn install() {
+    // SAFETY: _PG_init runs once per process, before any planning; the hook chain is
+    // process-local.
+    unsafe {
+        PREV_HOOK = pg_sys::set_join_pathlist_hook;
+        pg_sys::set_join_pathlist_hook = Some(join_pathlist_hook);
+    }
+    customscan::register::<GpuJoinScan>();
+}
+
+/// Whether the planner may offer GpuJoin now.
+fn enabled() -> bool {
+    match guc::ENABLE_GPUJOIN.get() {
+        GpuJoinChoice::On => true,
+        GpuJoinChoice::Off => false,
+        GpuJoinChoice::Auto => crate::registry::shmem::shared()
+            .map(|r| ProviderKind::from_code(r.provider()) == Some(ProviderKind::Cuda))
+            .unwrap_or(false),
+    }
+}
+
+/// The table's key type for a column type (int2, int4, date: int4 keys; int8, timestamp,
+/// timestamptz: int8 keys).
+pub fn key_type_of(oid: pg_sys::Oid) -> Option<KeyType> {
+    match oid {
+        pg_sys::INT2OID | pg_sys::INT4OID | pg_sys::DATEOID => Some(KeyType::Int4),
+        pg_sys::INT8OID | pg_sys::TIMESTAMPOID | pg_sys::TIMESTAMPTZOID => Some(KeyType::Int8),
+        _ => None,
+    }
+}
+
+/// A key datum of type `oid` as the table's i64 key.
+fn key_of(d: pg_sys::Datum, oid: pg_sys::Oid) -> i64 {
+    match oid {
+        pg_sys::INT2OID => d.value() as i16 as i64,
+        pg_sys::INT4OID | pg_sys::DATEOID => d.value() as i32 as i64,
+        _ => d.value() as i64,
+    }
+}
+
+/// The plain Var `n` is, if it is one of this query level.
+///
+/// # Safety
+/// `n` is null or a node.
+unsafe fn as_var(n: *mut pg_sys::Node) -> Option<*mut pg_sys::Var> {
+    // SAFETY: forwarded contract.
+    unsafe {
+        (!n.is_null() && (*n).type_ == pg_sys::NodeTag::T_Var && (*(n as *mut pg_sys::Var)).varlevelsup == 0)
+            .then_some(n as *mut pg_sys::Var)
+    }
+}
+
+/// Whether `expr` holds anything but plain Vars where it holds Vars (a PlaceHolderVar).
+///
+/// # Safety
+/// `expr` is an expression tree of the planner.
+unsafe fn only_plain_vars(expr: *mut pg_sys::Node) -> bool {
+    // SAFETY: forwarded contract; pull_var_clause walks the tree.
+    unsafe {
+        let vars = PgList::<pg_sys::Node>::from_pg(pg_sys::pull_var_clause(expr, pg_sys::PVC_INCLUDE_PLACEHOLDERS as i32));
+        let ok = vars.iter_ptr().all(|v| as_var(v).is_some());
+        ok
+    }
+}
+
+/// The outer and inner Vars of a usable join clause, if `rinfo` is one.
+///
+/// # Safety
+/// Planner structures.
+unsafe fn hash_clause(
+    rinfo: *mut pg_sys::RestrictInfo,
+    outer: *mut pg_sys::RelOptInfo,
+    inner: *mut pg_sys::RelOptInfo,
+) -> Option<(*mut pg_sys::Var, *mut pg_sys::Var)> {
+    // SAFETY: forwarded contract.
+    unsafe {
+        if !(*rinfo).can_join || (*rinfo).hashjoinoperator == pg_sys::InvalidOid {
+            return None;
+        }
+        let clause = (*rinfo).clause as *mut pg_sys::Node;
+        if clause.is_null() || (*clause).type_ != pg_sys::NodeTag::T_OpExpr {
+            return None;
+        }
+        let args = PgList::<pg_sys::Node>::from_pg((*(clause as *mut pg_sys::OpExpr)).args);
+        if args.len() != 2 {
+            return None;
+        }
+        let a = as_var(args.get_ptr(0)?)?;
+        let b = as_var(args.get_ptr(1)?)?;
+        if (*a).vartype != (*b).vartype || key_type_of((*a).vartype).is_none() {
+            return None;
+        }
+        // Var.varno is an Index (u32) on PostgreSQL 14, an int from 15 on.
+        #[allow(clippy::unnecessary_cast)]
+        let in_rel = |v: *mut pg_sys::Var, r: *mut pg_sys::RelOptInfo| pg_sys::bms_is_member((*v).varno as i32, (*r).relids);
+        if in_rel(a, outer) && in_rel(b, inner) {
+            Some((a, b))
+        } else if in_rel(b, outer) && in_rel(a, inner) {
+            Some((b, a))
+        } else {
+            None
+        }
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn join_pathlist_hook(
+    root: *mut pg_sys::PlannerInfo,
+    joinrel: *mut pg_sys::RelOptInfo,
+    outerrel: *mut pg_sys::RelOptInfo,
+    innerrel: *mut pg_sys::RelOptInfo,
+    jointype: pg_sys::JoinType::Type,
+    extra: *mut pg_sys::JoinPathExtraData,
+) {
+    // SAFETY: PostgreSQL's planner calls the hook with valid structures; the previous hook is
+    // called with the same arguments.
+    unsafe {
+        if let Some(prev) = PREV_HOOK {
+            prev(root, joinrel, outerrel, innerrel, jointype, extra);
+        }
+        if jointype != pg_sys::JoinType::JOIN_INNER || !enabled() {
+            return;
+        }
+        add_path(joinrel, outerrel, innerrel, extra);
+    }
+}
+
+/// Adds a GpuJoin path to `joinrel` if the join qualifies (see the module comment).
+///
+/// # Safety
+/// The hook's arguments.
+unsafe fn add_path(
+    joinrel: *mut pg_sys::RelOptInfo,
+    outerrel: *mut pg_sys::RelOptInfo,
+    innerrel: *mut pg_sys::RelOptInfo,
+    extra: *mut pg_sys::JoinPathExtraData,
+) {
+    // SAFETY: forwarded contract; every node is allocated in the planner's memory context.
+    unsafe {
+        let outer_path = (*outerrel).cheapest_total_path;
+        let inner_path = (*innerrel).cheapest_total_path;
+        if outer_path.is_null()
+            || inner_path.is_null()
+            || !(*outer_path).param_info.is_null()
+            || !(*inner_path).param_info.is_null()
+        {
+            return;
+        }
+        let rinfos = PgList::<pg_sys::RestrictInfo>::from_pg((*extra).restrictlist);
+        let mut chosen = None;
+        for (i, r) in rinfos.iter_ptr().enumerate() {
+            if (*r).pseudoconstant || !only_plain_vars((*r).clause as *mut pg_sys::Node) {
+                return;
+            }
+            if chosen.is_none() && hash_clause(r, outerrel, innerrel).is_some() {
+                chosen = Some(i);
+            }
+        }
+        let Some(chosen) = chosen else { return };
+        if !only_plain_vars((*(*joinrel).reltarget).exprs as *mut pg_sys::Node) {
+            return;
+        }
+        // The join clause first, then the others.
+        let mut ordered = PgList::<pg_sys::RestrictInfo>::new();
+        ordered.push(rinfos.get_ptr(chosen).expect("in range"));
+        for (i, r) in rinfos.iter_ptr().enumerate() {
+            if i != chosen {
+                ordered.push(r);
+            }
+        }
+        let cp = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomPath>()) as *mut pg_sys::CustomPath;
+        let p = &mut (*cp).path;
+        p.type_ = pg_sys::NodeTag::T_CustomPath;
+        p.pathtype = pg_sys::NodeTag::T_CustomScan;
+        p.parent = joinrel;
+        p.pathtarget = (*joinrel).reltarget;
+        p.param_info = std::ptr::null_mut();
+        p.parallel_aware = false;
+        p.parallel_safe = false;
+        p.parallel_workers = 0;
+        p.rows = (*joinrel).rows;
+        #[cfg(feature = "pg18")]
+        {
+            p.disabled_nodes = (*outer_path).disabled_nodes + (*inner_path).disabled_nodes;
+        }
+        let build = pg_sys::cpu_operator_cost * (INNER_ROW_FACTOR + GPU_ROW_FACTOR);
+        let probe = pg_sys::cpu_operator_cost * (1.0 + GPU_ROW_FACTOR);
+        p.startup_cost = (*inner_path).total_cost + (*inner_path).rows * build + SETUP_COST;
+        p.total_cost =
+            p.startup_cost + (*outer_path).total_cost + (*outer_path).rows * probe + (*joinrel).rows * pg_sys::cpu_tuple_cost;
+        let mut children = PgList::<pg_sys::Path>::new();
+        children.push(outer_path);
+        children.push(inner_path);
+        (*cp).custom_paths = children.into_pg();
+        (*cp).custom_private = ordered.into_pg();
+        (*cp).methods = &METHODS.path;
+        pg_sys::add_path(joinrel, cp as *mut pg_sys::Path);
+    }
+}
+
+/// An int8 constant (custom_private holds only Consts: copyable and printable on every major).
+fn int_node(v: i64) -> *mut pg_sys::Node {
+    // SAFETY: makeConst allocates a Const in the current memory context.
+    unsafe {
+        pg_sys::makeConst(pg_sys::INT8OID, -1, pg_sys::InvalidOid, 8, pg_sys::Datum::from(v), false, true) as *mut pg_sys::Node
+    }
+}
+
+fn text_node(s: &str) -> *mut pg_sys::Node {
+    let c = std::ffi::CString::new(s.replace('\0', "")).expect("no NUL");
+    // SAFETY: cstring_to_text copies the string into a palloc'd text.
+    unsafe {
+        let t = pg_sys::cstring_to_text(c.as_ptr());
+        pg_sys::makeConst(pg_sys::TEXTOID, -1, pg_sys::DEFAULT_COLLATION_OID, -1, pg_sys::Datum::from(t), false, false)
+            as *mut pg_sys::Node
+    }
+}
+
+/// # Safety
+/// `n` is an int8 Const made by [`int_node`].
+unsafe fn int_of(n: *mut pg_sys::Node) -> i64 {
+    // SAFETY: forwarded contract.
+    unsafe { (*(n as *mut pg_sys::Const)).constvalue.value() as i64 }
+}
+
+/// # Safety
+/// `n` is a text Const made by [`text_node`].
+unsafe fn text_of(n: *mut pg_sys::Node) -> String {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let c = pg_sys::text_to_cstring((*(n as *mut pg_sys::Const)).constvalue.cast_mut_ptr());
+        CStr::from_ptr(c).to_string_lossy().into_owned()
+    }
+}
+
+/// The resno of `var` in `tlist` (a child plan's target list), matched by relation and column.
+///
+/// # Safety
+/// Planner structures.
+unsafe fn resno_in(tlist: *mut pg_sys::List, var: *mut pg_sys::Var) -> Option<i64> {
+    // SAFETY: forwarded contract.
+    unsafe {
+        PgList::<pg_sys::TargetEntry>::from_pg(tlist).iter_ptr().find_map(|te| {
+            let v = as_var((*te).expr as *mut pg_sys::Node)?;
+            ((*v).varno == (*var).varno && (*v).varattno == (*var).varattno).then_some((*te).resno as i64)
+        })
+    }
+}
+
+/// "relname alias" of every base relation in `relids`.
+///
+/// # Safety
+/// Planner structures.
+unsafe fn relation_names(root: *mut pg_sys::PlannerInfo, relids: *mut pg_sys::Bitmapset) -> String {
+    // SAFETY: forwarded contract; simple_rte_array has an entry for every relid.
+    unsafe {
+        let mut names = Vec::new();
+        let mut i = pg_sys::bms_next_member(relids, -1);
+        while i >= 0 {
+            let rte = *(*root).simple_rte_array.add(i as usize);
+            if !rte.is_null() && (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION {
+                let rel = pg_sys::get_rel_name((*rte).relid);
+                let rel = if rel.is_null() { String::from("?") } else { CStr::from_ptr(rel).to_string_lossy().into_owned() };
+                let alias = if (*rte).eref.is_null() {
+                    rel.clone()
+                } else {
+                    CStr::from_ptr((*(*rte).eref).aliasname).to_string_lossy().into_owned()
+                };
+                names.push(if alias == rel { rel } else { format!("{rel} {alias}") });
+            }
+            i = pg_sys::bms_next_member(relids, i);
+        }
+        names.join(", ")
+    }
+}
+
+/// The plan's private list: [key type oid, outer key resno, inner key resno, inner relation
+/// names, then (side, resno) per custom_scan_tlist entry].
+struct Private {
+    key_oid: pg_sys::Oid,
+    outer_key: i32,
+    inner_key: i32,
+    inner_names: String,
+    /// (0 outer / 1 inner, resno) per scan tuple column.
+    map: Vec<(u8, i32)>,
+}
+
+impl Private {
+    fn to_list(&self) -> *mut pg_sys::List {
+        let mut l = PgList::<pg_sys::Node>::new();
+        l.push(int_node(u32::from(self.key_oid) as i64));
+        l.push(int_node(self.outer_key as i64));
+        l.push(int_node(self.inner_key as i64));
+        l.push(text_node(&self.inner_names));
+        for &(side, resno) in &self.map {
+            l.push(int_node(side as i64));
+            l.push(int_node(resno as i64));
+        }
+        l.into_pg()
+    }
+
+    /// # Safety
+    /// A list made by [`Private::to_list`].
+    unsafe fn from_list(list: *mut pg_sys::List) -> Private {
+        // SAFETY: forwarded contract.
+        unsafe {
+            let l = PgList::<pg_sys::Node>::from_pg(list);
+            let at = |i: usize| int_of(l.get_ptr(i).expect("GpuJoin plan private data"));
+            let mut map = Vec::new();
+            let mut i = 4;
+            while i + 1 < l.len() {
+                map.push((at(i) as u8, at(i + 1) as i32));
+                i += 2;
+            }
+            Private {
+                key_oid: pg_sys::Oid::from(at(0) as u32),
+                outer_key: at(1) as i32,
+                inner_key: at(2) as i32,
+                inner_names: text_of(l.get_ptr(3).expect("GpuJoin plan private data")),
+                map,
+            }
+        }
+    }
+}
+
+/// The node's execution statistics (EXPLAIN ANALYZE).
+#[derive(Default)]
+struct Stats {
+    inner_rows: u64,
+    table_bytes: u64,
+    tier: String,
+    batches: u64,
+    gpu: Duration,
+}
+
+/// The GpuJoin custom scan.
+pub struct GpuJoinScan {
+    p: Private,
+    key: KeyType,
+    outer: *mut pg_sys::PlanState,
+    inner: *mut pg_sys::PlanState,
+    inner_ctx: pg_sys::MemoryContext,
+    batch_ctx: pg_sys::MemoryContext,
+    outer_reader: *mut pg_sys::TupleTableSlot,
+    inner_reader: *mut pg_sys::TupleTableSlot,
+    inner_tuples: Vec<pg_sys::MinimalTuple>,
+    outer_tuples: Vec<pg_sys::MinimalTuple>,
+    table: Option<SegRef>,
+    result: Option<SegRef>,
+    built: bool,
+    outer_done: bool,
+    batch: Batch,
+    emitter: Emitter,
+    max_outer_att: i32,
+    max_inner_att: i32,
+    stats: Stats,
+}
+
+fn tup_is_null(slot: *mut pg_sys::TupleTableSlot) -> bool {
+    // SAFETY: reads the flags of a live slot.
+    slot.is_null() || unsafe { (*slot).tts_flags } & pg_sys::TTS_FLAG_EMPTY as u16 != 0
+}
+
+/// Attribute `att` (1-based) of `slot`, deforming up to `upto`.
+///
+/// # Safety
+/// A live slot with at least `upto >= att` attributes.
+unsafe fn attr(slot: *mut pg_sys::TupleTableSlot, att: i32, upto: i32) -> (pg_sys::Datum, bool) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        if ((*slot).tts_nvalid as i32) < upto {
+            pg_sys::slot_getsomeattrs_int(slot, upto);
+        }
+        let i = (att - 1) as usize;
+        (*(*slot).tts_values.add(i), *(*slot).tts_isnull.add(i))
+    }
+}
+
+impl GpuJoinScan {
+    /// Runs `f` with the executor, counting its time as GPU time.
+    fn timed<R>(&mut self, f: impl FnOnce(&mut dyn exec::Executor) -> Result<R>) -> R {
+        let t = Instant::now();
+        let r = with_executor(f);
+        self.stats.gpu += t.elapsed();
+        r
+    }
+
+    /// Drains the inner child and builds the table and the result buffer.
+    ///
+    /// # Safety
+    /// Called from exec with the node's children initialized.
+    unsafe fn build(&mut self) {
+        // SAFETY: forwarded contract; tuples are copied into the node's inner context.
+        unsafe {
+            pg_sys::MemoryContextReset(self.inner_ctx);
+            self.inner_tuples.clear();
+            let mut rows: Vec<[i64; 2]> = Vec::new();
+            let mut nulls = 0u64;
+            loop {
+                let slot = pg_sys::ExecProcNode(self.inner);
+                if tup_is_null(slot) {
+                    break;
+                }
+                let (d, isnull) = attr(slot, self.p.inner_key, self.p.inner_key);
+                if isnull {
+                    nulls += 1;
+                    continue;
+                }
+                let old = pg_sys::MemoryContextSwitchTo(self.inner_ctx);
+                let mt = pg_sys::ExecCopySlotMinimalTuple(slot);
+                pg_sys::MemoryContextSwitchTo(old);
+                rows.push([key_of(d, self.p.key_oid), self.inner_tuples.len() as i64]);
+                self.inner_tuples.push(mt);
+            }
+            self.stats.inner_rows = rows.len() as u64;
+            if rows.is_empty() {
+                return;
+            }
+            let stored = rows.len() as u64;
+            let bytes = table::table_bytes(stored).min(i64::MAX as u64) as i64;
+            let name = cleanup::temp_name("inner");
+            let id = self.timed(|ex| exec::create(ex, &name, bytes, Some(bytes), TierPref::Auto, current_user(), now()));
+            let seg = SegRef::new(&name, id).unwrap_or_else(|e| report(e));
+            cleanup::track(seg);
+            cleanup::install_exit_once();
+            self.table = Some(seg);
+            let kt = self.key;
+            let n = table::slot_count(stored);
+            self.timed(|ex| {
+                exec::build_begin(ex, &seg, n)?;
+                exec::build_insert(ex, &seg, kt, n, &rows)?;
+                let header = table::Header { slot_count: n, ..table::header_for(kt, stored, nulls, 0) };
+                exec::write(ex, &seg, 0, &header.as_bytes())
+            });
+            self.stats.table_bytes = bytes as u64;
+            let info = crate::sql::resolve(&name, "read").map(|(_, i)| i).ok();
+            self.stats.tier = match info.map(|i| (i.bytes_in(Tier::Device), i.bytes_in(Tier::Host))) {
+                Some((d, 0)) if d > 0 => "device".into(),
+                Some((0, h)) if h > 0 => "host".into(),
+                Some(_) => "device+host".into(),
+                None => "?".into(),
+            };
+            let rname = cleanup::temp_name("pairs");
+            let size = pairs::bytes_for(RESULT_PAIRS) as i64;
+            let rid = self.timed(|ex| exec::create(ex, &rname, size, None, TierPref::Auto, current_user(), now()));
+            let rseg = SegRef::new(&rname, rid).unwrap_or_else(|e| report(e));
+            cleanup::track(rseg);
+            self.result = Some(rseg);
+        }
+    }
+
+    /// Reads the next outer batch and probes it; false at the end of the outer side.
+    ///
+    /// # Safety
+    /// Called from exec after the build, with a non-empty inner side.
+    unsafe fn next_batch(&mut self) -> bool {
+        // SAFETY: forwarded contract; tuples are copied into the batch context.
+        unsafe {
+            pg_sys::MemoryContextReset(self.batch_ctx);
+            self.outer_tuples.clear();
+            self.batch.clear();
+            while self.batch.len() < BATCH_TUPLES {
+                let slot = pg_sys::ExecProcNode(self.outer);
+                if tup_is_null(slot) {
+                    self.outer_done = true;
+                    break;
+                }
+                let (d, isnull) = attr(slot, self.p.outer_key, self.p.outer_key);
+                if isnull {
+                    continue; // a NULL key never matches
+                }
+                let old = pg_sys::MemoryContextSwitchTo(self.batch_ctx);
+                let mt = pg_sys::ExecCopySlotMinimalTuple(slot);
+                pg_sys::MemoryContextSwitchTo(old);
+                self.outer_tuples.push(mt);
+                self.batch.push(Some(key_of(d, self.p.key_oid)));
+            }
+            if self.batch.is_empty() {
+                return !self.outer_done;
+            }
+            self.stats.batches += 1;
+            let (table, result) = (self.table.expect("built"), self.result.expect("built"));
+            let kt = self.key;
+            let mut buf = self.emitter.take_buffer();
+            let keys = self.batch.distinct();
+            let t = Instant::now();
+            let got = crate::sql::try_executor(|ex| {
+                exec::write(ex, &result, 0, &PairsHeader::new().as_bytes())?;
+                let (m, _) = exec::materialize(ex, &table, &result, kt, keys)?;
+                let mut raw = [0u8; pairs::HEADER_BYTES as usize];
+                exec::read(ex, &result, 0, &mut raw)?;
+                let name = result.name().to_string();
+                let h = pairs::parse_header(&name, &raw, pairs::HEADER_BYTES)?;
+                if h.next != m || h.written != m {
+                    return Err(UvmError::new(
+                        Code::ObjectNotInPrerequisiteState,
+                        format!(
+                            "GpuJoin result buffer \"{name}\" holds {} pairs ({} written), the probe found {m}",
+                            h.next, h.written
+                        ),
+                    ));
+                }
+                buf.resize(m as usize, [0, 0]);
+                // SAFETY: viewing our own [i64; 2] buffer as bytes.
+                let bytes = std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, buf.len() * pairs::PAIR_BYTES as usize);
+                exec::read(ex, &result, pairs::HEADER_BYTES as i64, bytes)?;
+                Ok(buf)
+            });
+            self.stats.gpu += t.elapsed();
+            let buf = got.unwrap_or_else(|e| report(e));
+            self.emitter.reset(buf);
+            true
+        }
+    }
+
+    /// Drops the node's segments (End, or a rebuild).
+    fn drop_segments(&mut self) {
+        for seg in [self.table.take(), self.result.take()].into_iter().flatten() {
+            cleanup::drop_now(&seg);
+        }
+    }
+}
+
+impl JoinScan for GpuJoinScan {
+    const NAME: &'static CStr = c"GpuJoin";
+
+    fn methods() -> &'static Methods {
+        &METHODS
+    }
+
+    unsafe fn plan(
+        root: *mut pg_sys::PlannerInfo,
+        rel: *mut pg_sys::RelOptInfo,
+        path: *mut pg_sys::CustomPath,
+        tlist: *mut pg_sys::List,
+        _clauses: *mut pg_sys::List,
+        custom_plans: *mut pg_sys::List,
+    ) -> *mut pg_sys::CustomScan {
+        // SAFETY: PlanCustomPath's arguments; the path is ours (custom_private: the join
+        // clause first, then the other restrict clauses; custom_paths: outer, inner).
+        unsafe {
+            let plans = PgList::<pg_sys::Plan>::from_pg(custom_plans);
+            let (outer_plan, inner_plan) = (plans.get_ptr(0).expect("outer plan"), plans.get_ptr(1).expect("inner plan"));
+            let paths = PgList::<pg_sys::Path>::from_pg((*path).custom_paths);
+            let (outer_rel, inner_rel) = ((*paths.get_ptr(0).expect("outer")).parent, (*paths.get_ptr(1).expect("inner")).parent);
+            let rinfos = (*path).custom_private;
+            let first = PgList::<pg_sys::RestrictInfo>::from_pg(rinfos).get_ptr(0).expect("join clause");
+            let (ov, iv) = hash_clause(first, outer_rel, inner_rel).expect("the path's join clause");
+            let quals = pg_sys::extract_actual_clauses(pg_sys::list_copy_tail(rinfos, 1), false);
+            // Every Var the join's output, the qual and the join clause use, once. The output is
+            // the path's target, not only `tlist`: PostgreSQL 14 plans a projection above a
+            // custom scan by asking for no target list (CP_IGNORE_TLIST) and then putting the
+            // projection's own, made of the path target's Vars, in its place.
+            let mut vars: Vec<*mut pg_sys::Var> = vec![ov, iv];
+            let target = (*(*path).path.pathtarget).exprs as *mut pg_sys::Node;
+            for n in [target, tlist as *mut pg_sys::Node, quals as *mut pg_sys::Node] {
+                for v in PgList::<pg_sys::Node>::from_pg(pg_sys::pull_var_clause(n, 0)).iter_ptr() {
+                    let v = as_var(v).expect("plain Vars only (checked by the path)");
+                    if !vars.iter().any(|w| (**w).varno == (*v).varno && (**w).varattno == (*v).varattno) {
+                        vars.push(v);
+                    }
+                }
+            }
+            let mut scan_tlist = PgList::<pg_sys::TargetEntry>::new();
+            let mut map = Vec::with_capacity(vars.len());
+            for (i, v) in vars.iter().enumerate() {
+                let side = if let Some(r) = resno_in((*outer_plan).targetlist, *v) {
+                    (0u8, r as i32)
+                } else if let Some(r) = resno_in((*inner_plan).targetlist, *v) {
+                    (1u8, r as i32)
+                } else {
+                    report(UvmError::new(Code::SystemError, "GpuJoin: a column of the join is in neither child's target list"))
+                };
+                map.push(side);
+                let copy = pg_sys::copyObjectImpl(*v as *const std::ffi::c_void) as *mut pg_sys::Expr;
+                scan_tlist.push(pg_sys::makeTargetEntry(copy, (i + 1) as i16, std::ptr::null_mut(), false));
+            }
+            let p = Private {
+                key_oid: (*ov).vartype,
+                outer_key: map[0].1,
+                inner_key: map[1].1,
+                inner_names: relation_names(root, (*inner_rel).relids),
+                map,
+            };
+            let cscan = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
+            (*cscan).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
+            (*cscan).scan.plan.targetlist = tlist;
+            (*cscan).scan.plan.qual = quals;
+            (*cscan).scan.scanrelid = 0;
+            (*cscan).flags = (*path).flags;
+            (*cscan).custom_plans = custom_plans;
+            (*cscan).custom_scan_tlist = scan_tlist.into_pg();
+            let mut exprs = PgList::<pg_sys::Node>::new();
+            exprs.push(pg_sys::copyObjectImpl((*first).clause as *const std::ffi::c_void) as *mut pg_sys::Node);
+            (*cscan).custom_exprs = exprs.into_pg();
+            (*cscan).custom_private = p.to_list();
+            (*cscan).custom_relids = (*rel).relids;
+            cscan
+        }
+    }
+
+    unsafe fn create(cscan: *mut pg_sys::CustomScan) -> Self {
+        // SAFETY: our plan, made by `plan`.
+        let p = unsafe { Private::from_list((*cscan).custom_private) };
+        let key =
+            key_type_of(p.key_oid).unwrap_or_else(|| report(UvmError::new(Code::SystemError, "GpuJoin: bad key type in plan")));
+        let max_outer_att = p.map.iter().filter(|m| m.0 == 0).map(|m| m.1).max().unwrap_or(0).max(p.outer_key);
+        let max_inner_att = p.map.iter().filter(|m| m.0 == 1).map(|m| m.1).max().unwrap_or(0).max(p.inner_key);
+        GpuJoinScan {
+            p,
+            key,
+            outer: std::ptr::null_mut(),
+            inner: std::ptr::null_mut(),
+            inner_ctx: std::ptr::null_mut(),
+            batch_ctx: std::ptr::null_mut(),
+            outer_reader: std::ptr::null_mut(),
+            inner_reader: std::ptr::null_mut(),
+            inner_tuples: Vec::new(),
+            outer_tuples: Vec::new(),
+            table: None,
+            result: None,
+            built: false,
+            outer_done: false,
+            batch: Batch::default(),
+            emitter: Emitter::default(),
+            max_outer_att,
+            max_inner_att,
+            stats: Stats::default(),
+        }
+    }
+
+    unsafe fn begin(&mut self, node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::EState, eflags: i32) {
+        // SAFETY: BeginCustomScan's arguments; the children are initialized in the query's
+        // memory context (the current one) and listed in custom_ps for EXPLAIN.
+        unsafe {
+            let cscan = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
+            let plans = PgList::<pg_sys::Plan>::from_pg((*cscan).custom_plans);
+            self.outer = pg_sys::ExecInitNode(plans.get_ptr(0).expect("outer"), estate, eflags);
+            self.inner = pg_sys::ExecInitNode(plans.get_ptr(1).expect("inner"), estate, eflags);
+            let mut ps = PgList::<pg_sys::PlanState>::new();
+            ps.push(self.outer);
+            ps.push(self.inner);
+            (*node).custom_ps = ps.into_pg();
+            let ctx = |name: &CStr| {
+                pg_sys::AllocSetContextCreateInternal(
+                    pg_sys::CurrentMemoryContext,
+                    name.as_ptr(),
+                    pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
+                    pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
+                    pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
+                )
+            };
+            self.inner_ctx = ctx(c"GpuJoin inner tuples");
+            self.batch_ctx = ctx(c"GpuJoin outer batch");
+            self.outer_reader =
+                pg_sys::MakeSingleTupleTableSlot(pg_sys::ExecGetResultType(self.outer), &pg_sys::TTSOpsMinimalTuple);
+            self.inner_reader =
+                pg_sys::MakeSingleTupleTableSlot(pg_sys::ExecGetResultType(self.inner), &pg_sys::TTSOpsMinimalTuple);
+        }
+    }
+
+    unsafe fn exec(&mut self, node: *mut pg_sys::CustomScanState) -> *mut pg_sys::TupleTableSlot {
+        // SAFETY: ExecCustomScan's argument; the scan slot has the custom_scan_tlist's shape
+        // (PostgreSQL made it from it); the stored tuples live until the next batch or build.
+        unsafe {
+            if !self.built {
+                self.build();
+                self.built = true;
+            }
+            if self.table.is_none() {
+                return std::ptr::null_mut(); // no inner row has a non-NULL key
+            }
+            let econtext = (*node).ss.ps.ps_ExprContext;
+            let scan = (*node).ss.ss_ScanTupleSlot;
+            loop {
+                pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
+                let Some((pos, row)) = self.emitter.next(&self.batch) else {
+                    if self.outer_done {
+                        return std::ptr::null_mut();
+                    }
+                    pg_sys::check_for_interrupts!();
+                    self.next_batch();
+                    continue;
+                };
+                let (Some(&ot), Some(&it)) = (self.outer_tuples.get(pos as usize), self.inner_tuples.get(row as usize)) else {
+                    report(UvmError::new(
+                        Code::ObjectNotInPrerequisiteState,
+                        "GpuJoin: a pair names no row (the result buffer was overwritten)",
+                    ));
+                };
+                pg_sys::ExecStoreMinimalTuple(ot, self.outer_reader, false);
+                pg_sys::ExecStoreMinimalTuple(it, self.inner_reader, false);
+                pg_sys::ExecClearTuple(scan);
+                for (i, &(side, resno)) in self.p.map.iter().enumerate() {
+                    let (slot, upto) =
+                        if side == 0 { (self.outer_reader, self.max_outer_att) } else { (self.inner_reader, self.max_inner_att) };
+                    let (d, isnull) = attr(slot, resno, upto);
+                    *(*scan).tts_values.add(i) = d;
+                    *(*scan).tts_isnull.add(i) = isnull;
+                }
+                pg_sys::ExecStoreVirtualTuple(scan);
+                (*econtext).ecxt_scantuple = scan;
+                let qual = (*node).ss.ps.qual;
+                if !qual.is_null() && !pg_sys::ExecQual(qual, econtext) {
+                    if !(*node).ss.ps.instrument.is_null() {
+                        (*(*node).ss.ps.instrument).nfiltered1 += 1.0;
+                    }
+                    continue;
+                }
+                let proj = (*node).ss.ps.ps_ProjInfo;
+                return if proj.is_null() { scan } else { pg_sys::ExecProject(proj) };
+            }
+        }
+    }
+
+    unsafe fn rescan(&mut self, node: *mut pg_sys::CustomScanState) {
+        // SAFETY: ReScanCustomScan's argument; children initialized in begin.
+        unsafe {
+            let chg = (*node).ss.ps.chgParam;
+            if !chg.is_null() {
+                pg_sys::UpdateChangedParamSet(self.outer, chg);
+                pg_sys::UpdateChangedParamSet(self.inner, chg);
+            }
+            if !(*self.inner).chgParam.is_null() {
+                // New parameters for the inner side: build again (ExecProcNode rescans it).
+                self.drop_segments();
+                self.built = false;
+            }
+            if (*self.outer).chgParam.is_null() {
+                pg_sys::ExecReScan(self.outer);
+            }
+            self.outer_done = false;
+            self.batch.clear();
+            self.emitter.reset(Vec::new());
+            self.outer_tuples.clear();
+        }
+    }
+
+    unsafe fn end(&mut self, _node: *mut pg_sys::CustomScanState) {
+        // SAFETY: EndCustomScan; children and slots made in begin (null in EXPLAIN-only runs
+        // that failed before begin).
+        unsafe {
+            self.drop_segments();
+            for s in [self.outer_reader, self.inner_reader] {
+                if !s.is_null() {
+                    pg_sys::ExecDropSingleTupleTableSlot(s);
+                }
+            }
+            self.outer_reader = std::ptr::null_mut();
+            self.inner_reader = std::ptr::null_mut();
+            for c in [self.outer, self.inner] {
+                if !c.is_null() {
+                    pg_sys::ExecEndNode(c);
+                }
+            }
+        }
+    }
+
+    unsafe fn explain(
+        &mut self,
+        node: *mut pg_sys::CustomScanState,
+        ancestors: *mut pg_sys::List,
+        es: *mut pg_sys::ExplainState,
+    ) {
+        // SAFETY: ExplainCustomScan's arguments; custom_exprs holds the join clause with Vars
+        // rewritten to the scan tuple, which ruleutils resolves through custom_scan_tlist.
+        unsafe {
+            let plan = (*node).ss.ps.plan;
+            let cscan = plan as *mut pg_sys::CustomScan;
+            let ctx = pg_sys::set_deparse_context_plan((*es).deparse_cxt, plan, ancestors);
+            let clause = PgList::<pg_sys::Node>::from_pg((*cscan).custom_exprs).get_ptr(0).expect("join clause");
+            let text = pg_sys::deparse_expression(clause, ctx, true, false);
+            // deparse_expression puts an operator clause in parentheses already.
+            let cond = CStr::from_ptr(text).to_string_lossy().into_owned();
+            let prop = |label: &CStr, value: &str| {
+                let v = std::ffi::CString::new(value.replace('\0', "")).expect("no NUL");
+                pg_sys::ExplainPropertyText(label.as_ptr(), v.as_ptr(), es);
+            };
+            prop(c"GpuJoin Cond", &cond);
+            prop(c"Inner Relation", &self.p.inner_names);
+            if (*es).analyze {
+                let int = |label: &CStr, unit: Option<&CStr>, v: u64| {
+                    pg_sys::ExplainPropertyInteger(label.as_ptr(), unit.map_or(std::ptr::null(), |u| u.as_ptr()), v as i64, es)
+                };
+                int(c"Inner Rows", None, self.stats.inner_rows);
+                int(c"Inner Table", Some(c"bytes"), self.stats.table_bytes);
+                if !self.stats.tier.is_empty() {
+                    prop(c"Inner Table Tier", &self.stats.tier);
+                }
+                int(c"Batches", None, self.stats.batches);
+                if (*es).timing {
+                    pg_sys::ExplainPropertyFloat(c"GPU Time".as_ptr(), c"ms".as_ptr(), self.stats.gpu.as_secs_f64() * 1e3, 3, es);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_types_map_by_width_and_values_keep_their_sign() {
+        for (oid, kt) in [
+            (pg_sys::INT2OID, KeyType::Int4),
+            (pg_sys::INT4OID, KeyType::Int4),
+            (pg_sys::DATEOID, KeyType::Int4),
+            (pg_sys::INT8OID, KeyType::Int8),
+            (pg_sys::TIMESTAMPOID, KeyType::Int8),
+            (pg_sys::TIMESTAMPTZOID, KeyType::Int8),
+        ] {
+            assert_eq!(key_type_of(oid), Some(kt));
+        }
+        assert_eq!(key_type_of(pg_sys::NUMERICOID), None);
+        assert_eq!(key_type_of(pg_sys::TEXTOID), None);
+        // Datums of narrow types carry their value sign-extended or not: only the low bits count.
+        assert_eq!(key_of(pg_sys::Datum::from(0xffff_usize), pg_sys::INT2OID), -1);
+        assert_eq!(key_of(pg_sys::Datum::from(0xffff_ffff_usize), pg_sys::INT4OID), -1);
+        assert_eq!(key_of(pg_sys::Datum::from(-7i32 as usize), pg_sys::DATEOID), -7);
+        assert_eq!(key_of(pg_sys::Datum::from(i64::MIN), pg_sys::TIMESTAMPTZOID), i64::MIN);
+    }
+}

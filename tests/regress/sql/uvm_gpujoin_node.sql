@@ -1,0 +1,250 @@
+-- GpuJoin as a plan node (serial; the CPU path here): plain SQL inner equi-joins planned as
+-- Custom Scan (GpuJoin) when pg_uvm_share.enable_gpujoin = on, compared with PostgreSQL's own
+-- joins as multisets (both EXCEPT ALL differences empty, same row counts), for every key type
+-- and data shape, with the plans checked. Then quals, projections, aggregates, sorts,
+-- limits, rescans, cursors, prepared statements, EXPLAIN, and no segment left after an ERROR
+-- or a cancel.
+CREATE EXTENSION IF NOT EXISTS pg_uvm_share;
+
+-- whether EXPLAIN (COSTS OFF) of q has a line matching re
+CREATE FUNCTION pg_temp.plan_has(q text, re text) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE l text;
+BEGIN
+  FOR l IN EXECUTE 'EXPLAIN (COSTS OFF) ' || q LOOP
+    IF l ~ re THEN RETURN true; END IF;
+  END LOOP;
+  RETURN false;
+END $$;
+
+-- settings for the rest of the statement: the node forced, or off
+CREATE FUNCTION pg_temp.mode(forced boolean) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM set_config('pg_uvm_share.enable_gpujoin', CASE WHEN forced THEN 'on' ELSE 'off' END, true);
+  PERFORM set_config('enable_hashjoin', CASE WHEN forced THEN 'off' ELSE 'on' END, true);
+  PERFORM set_config('enable_mergejoin', CASE WHEN forced THEN 'off' ELSE 'on' END, true);
+  PERFORM set_config('enable_nestloop', CASE WHEN forced THEN 'off' ELSE 'on' END, true);
+END $$;
+
+-- runs q forced and off: row counts, both multiset differences, whether each plan has GpuJoin
+CREATE FUNCTION pg_temp.check(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE p_on boolean; p_off boolean; n_on bigint; n_off bigint; d1 bigint; d2 bigint;
+BEGIN
+  PERFORM pg_temp.mode(true);
+  p_on := pg_temp.plan_has(q, 'Custom Scan \(GpuJoin\)');
+  EXECUTE 'CREATE TEMP TABLE gjn_r_on AS ' || q;
+  PERFORM pg_temp.mode(false);
+  p_off := pg_temp.plan_has(q, 'Custom Scan \(GpuJoin\)');
+  EXECUTE 'CREATE TEMP TABLE gjn_r_off AS ' || q;
+  SELECT count(*) INTO n_on FROM gjn_r_on;
+  SELECT count(*) INTO n_off FROM gjn_r_off;
+  SELECT count(*) INTO d1 FROM (SELECT * FROM gjn_r_on EXCEPT ALL SELECT * FROM gjn_r_off) x;
+  SELECT count(*) INTO d2 FROM (SELECT * FROM gjn_r_off EXCEPT ALL SELECT * FROM gjn_r_on) x;
+  DROP TABLE gjn_r_on, gjn_r_off;
+  RETURN format('rows %s/%s diff %s/%s gpujoin %s/%s', n_on, n_off, d1, d2, p_on, p_off);
+END $$;
+
+CREATE FUNCTION pg_temp.try(q text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+  EXECUTE q;
+  RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+  RETURN SQLSTATE || ': ' || SQLERRM;
+END $$;
+
+CREATE FUNCTION pg_temp.leftovers() RETURNS bigint LANGUAGE sql AS
+  $$SELECT count(*) FROM uvm.segments WHERE name LIKE 'pg_temp_gpujoin%'$$;
+
+-- Tables per key type: gjn_i_<t> (inner: keys 1..500 once, 1..50 three more times, 20 NULL
+-- keys) and one outer table per data shape, gjn_o_<t>_<shape>. The key of integer g is
+-- format(expr, g). Payloads: text, numeric and int columns with NULLs.
+CREATE FUNCTION pg_temp.make(t text, expr text) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE k text := format(expr, 'g');
+BEGIN
+  EXECUTE format($q$CREATE TABLE gjn_i_%s AS
+    SELECT row_number() OVER () AS id, %s AS k,
+           CASE WHEN g %% 7 = 0 THEN NULL ELSE 'v' || g END AS v,
+           CASE WHEN g %% 5 = 0 THEN NULL ELSE g / 3.0 END AS n,
+           (g %% 100)::int AS x
+    FROM (SELECT g FROM generate_series(1, 500) g
+          UNION ALL SELECT g FROM generate_series(1, 50) g, generate_series(1, 3)) s$q$, t, k);
+  EXECUTE format('INSERT INTO gjn_i_%s SELECT 1000 + g, NULL, ''null key'', 0, 1 FROM generate_series(1, 20) g', t);
+  EXECUTE format($q$CREATE TABLE gjn_o_%s_uniform AS
+    SELECT g AS id, %s AS k, 'o' || g AS w FROM (SELECT g, 1 + (g * 7919) %% 1000 AS h FROM generate_series(1, 3000) g) s$q$,
+    t, format(expr, 'h'));
+  EXECUTE format($q$CREATE TABLE gjn_o_%s_skewed AS
+    SELECT g AS id, %s AS k, 'o' || g AS w FROM (SELECT g, 1 + 60 / (1 + g %% 61) AS h FROM generate_series(1, 3000) g) s$q$,
+    t, format(expr, 'h'));
+  EXECUTE format($q$CREATE TABLE gjn_o_%s_miss AS
+    SELECT g AS id, %s AS k, 'o' || g AS w FROM (SELECT g, 600 + g AS h FROM generate_series(1, 2000) g) s$q$,
+    t, format(expr, 'h'));
+  EXECUTE format($q$CREATE TABLE gjn_o_%s_hit AS
+    SELECT g AS id, %s AS k, 'o' || g AS w FROM (SELECT g, 1 + g %% 500 AS h FROM generate_series(1, 2000) g) s$q$,
+    t, format(expr, 'h'));
+  EXECUTE format($q$CREATE TABLE gjn_o_%s_dup AS
+    SELECT g AS id, %s AS k, 'o' || g AS w FROM (SELECT g, 1 + g %% 40 AS h FROM generate_series(1, 2000) g) s$q$,
+    t, format(expr, 'h'));
+  EXECUTE format($q$CREATE TABLE gjn_o_%s_nulls AS
+    SELECT g AS id, CASE WHEN g %% 3 = 0 THEN NULL ELSE %s END AS k, NULL::text AS w
+    FROM (SELECT g, 1 + g %% 700 AS h FROM generate_series(1, 2000) g) s$q$,
+    t, format(expr, 'h'));
+END $$;
+
+SELECT pg_temp.make('int2', '(%s)::int2');
+SELECT pg_temp.make('int4', '(%s)::int4 - 250');
+SELECT pg_temp.make('int8', '(%s)::int8 * 10000000019');
+SELECT pg_temp.make('date', 'date ''2000-01-01'' + (%s)::int');
+SELECT pg_temp.make('ts', 'timestamp ''2000-01-01'' + (%s) * interval ''1 hour 1 second''');
+SELECT pg_temp.make('tstz', 'timestamptz ''2000-01-01 00:00+00'' + (%s) * interval ''1 day 1 microsecond''');
+SELECT pg_temp.leftovers() AS leftovers_before;
+
+-- every key type and data shape: the same rows with the node forced and off
+SELECT t, s, pg_temp.check(format(
+         'SELECT o.id AS oid_, o.k AS ok, o.w, i.id AS iid, i.v, i.n FROM gjn_o_%s_%s o JOIN gjn_i_%s i ON o.k = i.k', t, s, t))
+FROM unnest(ARRAY['int2', 'int4', 'int8', 'date', 'ts', 'tstz']) WITH ORDINALITY a(t, ta),
+     unnest(ARRAY['uniform', 'skewed', 'miss', 'hit', 'dup', 'nulls']) WITH ORDINALITY b(s, sb)
+ORDER BY ta, sb;
+
+-- the inner side as the smaller table written first, and as the outer relation
+SELECT pg_temp.check('SELECT i.id AS iid, o.id AS oid_ FROM gjn_i_int4 i JOIN gjn_o_int4_dup o ON i.k = o.k');
+-- quals on either side and across both sides
+SELECT pg_temp.check($$SELECT o.id AS oid_, i.id AS iid, i.v FROM gjn_o_int8_uniform o JOIN gjn_i_int8 i
+  ON o.k = i.k AND o.id % 3 = 0 AND i.x > 10 AND o.id > i.x * 5$$);
+SELECT pg_temp.check($$SELECT o.id AS oid_, i.n FROM gjn_o_date_hit o, gjn_i_date i
+  WHERE o.k = i.k AND (i.v IS NULL OR o.w LIKE 'o1%')$$);
+-- expressions over both sides' columns in the target list
+SELECT pg_temp.check($$SELECT o.w || '/' || coalesce(i.v, '-') AS both_, i.n * o.id AS product, i.n IS NULL AS no_n
+  FROM gjn_o_ts_skewed o JOIN gjn_i_ts i ON o.k = i.k$$);
+-- under an aggregate, a sort and a limit
+SELECT pg_temp.check($$SELECT count(*) AS c, sum(i.n) AS s, count(i.v) AS cv, min(o.w) AS mw
+  FROM gjn_o_int2_uniform o JOIN gjn_i_int2 i ON o.k = i.k$$);
+SELECT pg_temp.check($$SELECT i.x, count(*) AS c FROM gjn_o_int4_skewed o JOIN gjn_i_int4 i ON o.k = i.k GROUP BY i.x$$);
+SELECT pg_temp.check($$SELECT o.id AS oid_, i.id AS iid FROM gjn_o_tstz_dup o JOIN gjn_i_tstz i ON o.k = i.k
+  ORDER BY o.id DESC, i.id LIMIT 25$$);
+-- a three-way join: GpuJoin under (or over) another join
+SELECT pg_temp.check($$SELECT o.id AS oid_, i.id AS iid, o2.id AS o2id FROM gjn_o_int4_hit o
+  JOIN gjn_i_int4 i ON o.k = i.k JOIN gjn_o_int4_dup o2 ON o2.id = o.id$$);
+-- a join on a key of another type is not offered (int4 = int8), nor an outer join
+SELECT pg_temp.check('SELECT o.id AS oid_, i.id AS iid FROM gjn_o_int4_hit o JOIN gjn_i_int8 i ON o.id = i.id');
+SELECT pg_temp.check('SELECT o.id AS oid_, i.id AS iid FROM gjn_o_int4_hit o LEFT JOIN gjn_i_int4 i ON o.k = i.k');
+
+-- rescans: the join inside a correlated subquery, with the parameter on the outer side (the
+-- inner table is kept) and on the inner side (it is built again)
+SELECT pg_temp.check($$SELECT s.g, (SELECT count(*) FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k
+  WHERE o.id % 10 = s.g) AS c FROM generate_series(0, 9) s(g)$$);
+SELECT pg_temp.check($$SELECT s.g, (SELECT count(*) FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k
+  WHERE i.x = s.g) AS c FROM generate_series(0, 9) s(g)$$);
+SELECT pg_temp.check($$SELECT s.g, (SELECT max(o.id) FROM gjn_o_int8_hit o JOIN gjn_i_int8 i ON o.k = i.k
+  WHERE i.x = s.g AND o.id % 7 = s.g % 7) AS m FROM generate_series(0, 20) s(g)$$);
+-- the inner side of a nested loop (LATERAL: rescanned with a new parameter per outer row)
+SELECT pg_temp.check($$SELECT s.g, x.c FROM generate_series(0, 9) s(g),
+  LATERAL (SELECT count(*) AS c FROM gjn_o_int2_dup o JOIN gjn_i_int2 i ON o.k = i.k WHERE i.x = s.g OR o.id = s.g) x$$);
+
+-- the plan and EXPLAIN ANALYZE's figures (the tier depends on the provider)
+SET pg_uvm_share.enable_gpujoin = on;
+SET enable_hashjoin = off;
+SET enable_mergejoin = off;
+SET enable_nestloop = off;
+EXPLAIN (COSTS OFF) SELECT o.id, i.v FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k AND o.id > i.x;
+EXPLAIN (COSTS OFF, VERBOSE) SELECT o.w, i.v FROM gjn_o_int8_hit o JOIN gjn_i_int8 i ON o.k = i.k;
+CREATE FUNCTION pg_temp.explain_analyze(q text) RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE l text;
+BEGIN
+  -- the GpuJoin node's lines only, without the figures whose format varies by version
+  FOR l IN EXECUTE 'EXPLAIN (ANALYZE, BUFFERS OFF, COSTS OFF, TIMING OFF, SUMMARY OFF) ' || q LOOP
+    CONTINUE WHEN l !~ '(GpuJoin|Inner|Batches)';
+    l := regexp_replace(l, ' *\(actual.*\)', '');
+    RETURN NEXT regexp_replace(l, 'Inner Table Tier: \S+', 'Inner Table Tier: (tier)');
+  END LOOP;
+END $$;
+SELECT pg_temp.explain_analyze('SELECT count(*) FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k');
+-- more than one batch (BATCH_TUPLES = 65536 outer tuples with a key)
+CREATE TABLE gjn_big AS SELECT g AS id, (1 + g % 700)::int4 - 250 AS k FROM generate_series(1, 140000) g;
+SELECT pg_temp.explain_analyze('SELECT count(*) FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.check('SELECT o.id AS oid_, i.id AS iid FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
+-- an inner side without a non-NULL key: no segment, no row
+SELECT count(*) FROM gjn_o_int4_hit o JOIN (SELECT * FROM gjn_i_int4 WHERE k IS NULL) i ON o.k = i.k;
+-- the node's two segments exist while it runs (the InitPlan runs at the first joined row),
+-- and are gone after
+SELECT DISTINCT (SELECT count(*) FROM uvm.segments WHERE name LIKE 'pg_temp_gpujoin%') AS during
+FROM gjn_o_int4_hit o JOIN gjn_i_int4 i ON o.k = i.k;
+SELECT pg_temp.leftovers() AS after;
+
+-- cursors: fetched in pieces, moved back and forth (SCROLL adds a Materialize above it)
+CREATE FUNCTION pg_temp.scroll(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE c refcursor := 'gjn_scroll'; a bigint; b bigint; d bigint; r record;
+BEGIN
+  OPEN c SCROLL FOR EXECUTE q;
+  MOVE FORWARD 10 IN c;
+  MOVE FORWARD ALL IN c;
+  GET DIAGNOSTICS a = ROW_COUNT;
+  MOVE BACKWARD ALL IN c;
+  GET DIAGNOSTICS b = ROW_COUNT;
+  FETCH RELATIVE 5 FROM c INTO r;
+  MOVE FORWARD ALL IN c;
+  GET DIAGNOSTICS d = ROW_COUNT;
+  CLOSE c;
+  RETURN format('10 + %s forward, %s back, 5 + %s forward again', a, b, d);
+END $$;
+SELECT pg_temp.scroll('SELECT o.id, i.id FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT count(*) FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k;
+BEGIN;
+DECLARE c1 SCROLL CURSOR FOR SELECT o.id, i.id FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k;
+MOVE FORWARD 10 IN c1;
+DECLARE c2 CURSOR FOR SELECT o.id, i.id AS iid FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k ORDER BY 1, 2;
+FETCH 3 FROM c2;
+FETCH 2 FROM c2;
+SELECT pg_temp.leftovers() AS while_open;
+CLOSE c1;
+CLOSE c2;
+SELECT pg_temp.leftovers() AS closed;
+COMMIT;
+
+-- prepared statements, custom and generic plans
+PREPARE gjn_p(int) AS SELECT count(*), sum(i.n) FROM gjn_o_int4_skewed o JOIN gjn_i_int4 i ON o.k = i.k WHERE i.x < $1;
+EXECUTE gjn_p(10);
+EXECUTE gjn_p(20);
+EXECUTE gjn_p(30);
+EXECUTE gjn_p(40);
+EXECUTE gjn_p(50);
+EXECUTE gjn_p(60);
+EXECUTE gjn_p(100);
+SET pg_uvm_share.enable_gpujoin = off;
+RESET enable_hashjoin;
+SELECT count(*), sum(i.n) FROM gjn_o_int4_skewed o JOIN gjn_i_int4 i ON o.k = i.k WHERE i.x < 60;
+SELECT count(*), sum(i.n) FROM gjn_o_int4_skewed o JOIN gjn_i_int4 i ON o.k = i.k WHERE i.x < 100;
+DEALLOCATE gjn_p;
+
+-- auto: on only under the CUDA provider
+SET pg_uvm_share.enable_gpujoin = auto;
+SET enable_hashjoin = off;
+SELECT pg_temp.plan_has('SELECT * FROM gjn_o_int4_hit o JOIN gjn_i_int4 i ON o.k = i.k', 'GpuJoin')
+       = ((SELECT value FROM uvm.device_info() WHERE property = 'provider') = 'cuda') AS auto_follows_provider;
+
+-- an ERROR in the middle of the join, at top level and in a subtransaction: nothing is left
+-- (terse: an environment with RUST_BACKTRACE set shows a backtrace as the DETAIL)
+\set VERBOSITY terse
+SET pg_uvm_share.enable_gpujoin = on;
+SELECT count(*) FROM gjn_o_int4_hit o JOIN gjn_i_int4 i ON o.k = i.k WHERE 1 / (o.id - 1000) > -5;
+SELECT pg_temp.leftovers() AS after_error;
+SELECT pg_temp.try('SELECT count(*) FROM gjn_o_int4_hit o JOIN gjn_i_int4 i ON o.k = i.k WHERE 1 / (o.id - 1000) > -5');
+SELECT pg_temp.leftovers() AS after_subxact_error;
+BEGIN;
+DECLARE c3 CURSOR FOR SELECT o.id FROM gjn_o_int4_hit o JOIN gjn_i_int4 i ON o.k = i.k;
+FETCH 1 FROM c3 \g /dev/null
+SELECT pg_temp.leftovers() AS cursor_open;
+SELECT pg_temp.try('SELECT count(*) FROM gjn_o_int4_hit o JOIN gjn_i_int4 i ON o.k = i.k WHERE 1 / (o.id - 1000) > -5');
+SELECT pg_temp.leftovers() AS cursor_kept_after_subxact_error;
+ROLLBACK;
+SELECT pg_temp.leftovers() AS after_rollback;
+-- a cancel (statement_timeout) in the middle of the join
+SET statement_timeout = '300ms';
+SELECT count(*) FROM gjn_o_int4_hit o JOIN gjn_i_int4 i ON o.k = i.k WHERE pg_sleep(0.01) IS NOT NULL;
+RESET statement_timeout;
+\set VERBOSITY default
+SELECT pg_temp.leftovers() AS after_cancel;
+
+RESET pg_uvm_share.enable_gpujoin;
+RESET enable_hashjoin;
+RESET enable_mergejoin;
+RESET enable_nestloop;
+DROP TABLE gjn_big;
