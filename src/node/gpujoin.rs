@@ -7,8 +7,8 @@
 //!   the inner relation, both of one type among int2, int4, date (held as int4 keys) and
 //!   int8, timestamp, timestamptz (int8 keys), and whose target list and clauses hold plain
 //!   columns only, it adds a `CustomPath` "GpuJoin" over the cheapest unparameterized paths of
-//!   both sides, when `pg_uvm_share.enable_gpujoin` allows (`auto`: when the cluster's
-//!   provider is CUDA). The other clauses become the node's qual. The path is not parallel
+//!   both sides, when `pg_uvm_share.enable_gpujoin` is `on` (`auto`, the default, leaves it
+//!   off in this version: see [`enabled`]). The other clauses become the node's qual. The path is not parallel
 //!   safe in this slice (parallel workers come next).
 //! - **Plan** (`PlanCustomPath`): a `CustomScan` with `scanrelid = 0`, the two child plans,
 //!   `custom_scan_tlist` = every column the target list, the qual and the join clause use,
@@ -55,8 +55,9 @@
 //!           + output rows × cpu_tuple_cost
 //! ```
 //!
-//! On the CPU path (host provider) these numbers are too low:
-//! there the node is only used when forced (`enable_gpujoin = on`), never by `auto`.
+//! These constants are what the GPU could reach, not what this serial version does: measured on
+//! the H200 it is slower than PostgreSQL's hash join (see [`enabled`]), so it is used only when
+//! forced (`enable_gpujoin = on`), never by `auto`, until the parallel version meets them.
 
 use std::ffi::CStr;
 use std::time::{Duration, Instant};
@@ -74,7 +75,7 @@ use crate::gpujoin::table::{self, KeyType};
 use crate::guc::{self, GpuJoinChoice};
 use crate::registry::TierPref;
 use crate::sql::{current_user, now, report, with_executor};
-use crate::vocab::{ProviderKind, Tier};
+use crate::vocab::Tier;
 
 /// Outer tuples with a non-NULL key per batch.
 pub const BATCH_TUPLES: usize = 1 << 16;
@@ -109,9 +110,12 @@ fn enabled() -> bool {
     match guc::ENABLE_GPUJOIN.get() {
         GpuJoinChoice::On => true,
         GpuJoinChoice::Off => false,
-        GpuJoinChoice::Auto => crate::registry::shmem::shared()
-            .map(|r| ProviderKind::from_code(r.provider()) == Some(ProviderKind::Cuda))
-            .unwrap_or(false),
+        // Off on every provider in this version: on the H200 the serial node took 1.17 to 1.33
+        // times PostgreSQL's serial hash join on the 50 M x 5 M join, and 5.6 to 7.1 times its
+        // parallel hash join (bench/gpu-report-gpujoin-node.md), so a planner that picked it by
+        // itself would make large joins slower. `auto` will follow the provider once the node
+        // runs in parallel workers and beats PostgreSQL's joins where its cost model says so.
+        GpuJoinChoice::Auto => false,
     }
 }
 
