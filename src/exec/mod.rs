@@ -29,7 +29,8 @@ pub mod kernel;
 pub mod local;
 
 use crate::error::{Code, Result, UvmError};
-use crate::gpujoin::table::KeyType;
+use crate::gpujoin::pairs::PairsHeader;
+use crate::gpujoin::table::{self, KeyType};
 use crate::registry::{Tier, TierPref};
 pub use crate::service::channel::Mode;
 pub use crate::service::request::{Op, Reply, Request, SegRef};
@@ -275,6 +276,19 @@ pub fn build_insert(ex: &mut dyn Executor, seg: &SegRef, kt: KeyType, slot_count
         ex.run(&r, Io::In(as_bytes(part)))?;
     }
     Ok(())
+}
+
+/// Ends a build: writes the header of a table of `slot_count` slots holding `rows` rows (and
+/// `nulls` rows left out for their NULL keys). Written last: a table is valid only once its
+/// header is, so a build that failed before leaves no usable table.
+pub fn build_finish(ex: &mut dyn Executor, seg: &SegRef, kt: KeyType, slot_count: u64, rows: u64, nulls: u64) -> Result<()> {
+    let header = table::Header { slot_count, ..table::header_for(kt, rows, nulls, 0) };
+    write(ex, seg, 0, &header.as_bytes())
+}
+
+/// Makes `seg` an empty result buffer (a fresh header: no pair reserved or written).
+pub fn pairs_reset(ex: &mut dyn Executor, seg: &SegRef) -> Result<()> {
+    write(ex, seg, 0, &PairsHeader::new().as_bytes())
 }
 
 /// GB/s of a kernel reading all of the segment.

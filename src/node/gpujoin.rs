@@ -70,7 +70,7 @@ use super::matching::{Batch, Emitter};
 use crate::customscan::{self, JoinScan, Methods};
 use crate::error::{Code, Result, UvmError};
 use crate::exec::{self, SegRef};
-use crate::gpujoin::pairs::{self, PairsHeader};
+use crate::gpujoin::pairs;
 use crate::gpujoin::table::{self, KeyType};
 use crate::guc::{self, GpuJoinChoice};
 use crate::registry::TierPref;
@@ -529,8 +529,7 @@ impl GpuJoinScan {
             self.timed(|ex| {
                 exec::build_begin(ex, &seg, n)?;
                 exec::build_insert(ex, &seg, kt, n, &rows)?;
-                let header = table::Header { slot_count: n, ..table::header_for(kt, stored, nulls, 0) };
-                exec::write(ex, &seg, 0, &header.as_bytes())
+                exec::build_finish(ex, &seg, kt, n, stored, nulls)
             });
             self.stats.table_bytes = bytes as u64;
             let info = crate::sql::resolve(&name, "read").map(|(_, i)| i).ok();
@@ -585,7 +584,7 @@ impl GpuJoinScan {
             let keys = self.batch.distinct();
             let t = Instant::now();
             let got = crate::sql::try_executor(|ex| {
-                exec::write(ex, &result, 0, &PairsHeader::new().as_bytes())?;
+                exec::pairs_reset(ex, &result)?;
                 let (m, _) = exec::materialize(ex, &table, &result, kt, keys)?;
                 let mut raw = [0u8; pairs::HEADER_BYTES as usize];
                 exec::read(ex, &result, 0, &mut raw)?;

@@ -29,7 +29,7 @@ use pgrx::{AllocatedByRust, AnyNumeric, PgMemoryContexts};
 use super::{current_user, now, report, resolve, with_executor};
 use crate::error::{Code, Result, UvmError};
 use crate::exec::{self, SegRef};
-use crate::gpujoin::pairs::{self, PairsHeader};
+use crate::gpujoin::pairs;
 use crate::gpujoin::probe::{ProbeState, BATCH};
 use crate::gpujoin::table::{self, KeyType};
 use crate::registry::TierPref;
@@ -251,8 +251,7 @@ fn insert_rows(seg: &SegRef, cur: &mut BuildCursor, batch: &mut Vec<(Option<i64>
             break;
         }
     }
-    let header = table::Header { slot_count: n, ..table::header_for(kt, inserted, rows - inserted, 0) };
-    with_executor(|ex| exec::write(ex, seg, 0, &header.as_bytes()));
+    with_executor(|ex| exec::build_finish(ex, seg, kt, n, inserted, rows - inserted));
     Ok(rows)
 }
 
@@ -549,7 +548,7 @@ fn gpujoin_pairs_create(
     with_executor(|ex| {
         exec::create(ex, segment, size, max_size, pref, current_user(), now())?;
         let (seg, info) = resolve(segment, "write")?;
-        exec::write(ex, &seg, 0, &PairsHeader::new().as_bytes())?;
+        exec::pairs_reset(ex, &seg)?;
         Ok(pairs::capacity(info.size) as i64)
     })
 }
