@@ -19,6 +19,12 @@
 //! outside the process (segments) are cleaned up by transaction callbacks (see
 //! `crate::node::cleanup`).
 //!
+//! A node that runs in parallel workers (its plan marked `parallel_aware`) also implements the
+//! parallel methods: PostgreSQL gives it a piece of the parallel query's dynamic shared memory
+//! (sized by `estimate_dsm`, set up by the leader in `initialize_dsm`, found by each worker in
+//! `initialize_worker`, reset for a rescan in `reinitialize_dsm`) and calls `shutdown` before
+//! that memory goes away. The defaults do nothing, for nodes that never run in parallel.
+//!
 //! Only the pieces that differ between PostgreSQL 14 and 18 are behind `#[cfg(feature)]`, in
 //! the node modules (CustomPath's `custom_restrictinfo` in 17, `disabled_nodes` in 18).
 
@@ -78,6 +84,61 @@ pub trait JoinScan: Sized + 'static {
     /// # Safety
     /// As for `ExplainCustomScan`.
     unsafe fn explain(&mut self, node: *mut pg_sys::CustomScanState, ancestors: *mut pg_sys::List, es: *mut pg_sys::ExplainState);
+
+    /// Bytes of dynamic shared memory the node needs in a parallel query (`EstimateDSMCustomScan`;
+    /// PostgreSQL calls the parallel methods only for a plan marked `parallel_aware`).
+    ///
+    /// # Safety
+    /// As for `EstimateDSMCustomScan`.
+    unsafe fn estimate_dsm(&mut self, _node: *mut pg_sys::CustomScanState, _pcxt: *mut pg_sys::ParallelContext) -> usize {
+        0
+    }
+
+    /// Initializes `coordinate` (the bytes [`JoinScan::estimate_dsm`] asked for), in the leader,
+    /// before the workers start (`InitializeDSMCustomScan`).
+    ///
+    /// # Safety
+    /// As for `InitializeDSMCustomScan`.
+    unsafe fn initialize_dsm(
+        &mut self,
+        _node: *mut pg_sys::CustomScanState,
+        _pcxt: *mut pg_sys::ParallelContext,
+        _coordinate: *mut c_void,
+    ) {
+    }
+
+    /// Resets the shared state for a rescan, in the leader, before the workers start again
+    /// (`ReInitializeDSMCustomScan`; the node's `rescan` resets its local state).
+    ///
+    /// # Safety
+    /// As for `ReInitializeDSMCustomScan`.
+    unsafe fn reinitialize_dsm(
+        &mut self,
+        _node: *mut pg_sys::CustomScanState,
+        _pcxt: *mut pg_sys::ParallelContext,
+        _coordinate: *mut c_void,
+    ) {
+    }
+
+    /// Attaches a worker's node to the shared state the leader initialized
+    /// (`InitializeWorkerCustomScan`).
+    ///
+    /// # Safety
+    /// As for `InitializeWorkerCustomScan`.
+    unsafe fn initialize_worker(
+        &mut self,
+        _node: *mut pg_sys::CustomScanState,
+        _toc: *mut pg_sys::shm_toc,
+        _coordinate: *mut c_void,
+    ) {
+    }
+
+    /// The last moment the shared state is mapped (`ShutdownCustomScan`, before the Gather above
+    /// destroys the parallel context).
+    ///
+    /// # Safety
+    /// As for `ShutdownCustomScan`.
+    unsafe fn shutdown(&mut self, _node: *mut pg_sys::CustomScanState) {}
 }
 
 /// The three method tables of a node.
@@ -109,11 +170,11 @@ pub const fn methods<T: JoinScan>() -> Methods {
             ReScanCustomScan: Some(rescan::<T>),
             MarkPosCustomScan: None,
             RestrPosCustomScan: None,
-            EstimateDSMCustomScan: None,
-            InitializeDSMCustomScan: None,
-            ReInitializeDSMCustomScan: None,
-            InitializeWorkerCustomScan: None,
-            ShutdownCustomScan: None,
+            EstimateDSMCustomScan: Some(estimate_dsm::<T>),
+            InitializeDSMCustomScan: Some(initialize_dsm::<T>),
+            ReInitializeDSMCustomScan: Some(reinitialize_dsm::<T>),
+            InitializeWorkerCustomScan: Some(initialize_worker::<T>),
+            ShutdownCustomScan: Some(shutdown::<T>),
             ExplainCustomScan: Some(explain::<T>),
         },
     }
@@ -246,4 +307,44 @@ unsafe extern "C-unwind" fn explain<T: JoinScan>(
 ) {
     // SAFETY: as for begin.
     unsafe { pgrx_extern_c_guard(|| state::<T>(node).explain(node, ancestors, es)) }
+}
+
+unsafe extern "C-unwind" fn estimate_dsm<T: JoinScan>(
+    node: *mut pg_sys::CustomScanState,
+    pcxt: *mut pg_sys::ParallelContext,
+) -> usize {
+    // SAFETY: as for begin.
+    unsafe { pgrx_extern_c_guard(|| state::<T>(node).estimate_dsm(node, pcxt)) }
+}
+
+unsafe extern "C-unwind" fn initialize_dsm<T: JoinScan>(
+    node: *mut pg_sys::CustomScanState,
+    pcxt: *mut pg_sys::ParallelContext,
+    coordinate: *mut c_void,
+) {
+    // SAFETY: as for begin; `coordinate` holds the bytes estimate_dsm asked for.
+    unsafe { pgrx_extern_c_guard(|| state::<T>(node).initialize_dsm(node, pcxt, coordinate)) }
+}
+
+unsafe extern "C-unwind" fn reinitialize_dsm<T: JoinScan>(
+    node: *mut pg_sys::CustomScanState,
+    pcxt: *mut pg_sys::ParallelContext,
+    coordinate: *mut c_void,
+) {
+    // SAFETY: as for initialize_dsm.
+    unsafe { pgrx_extern_c_guard(|| state::<T>(node).reinitialize_dsm(node, pcxt, coordinate)) }
+}
+
+unsafe extern "C-unwind" fn initialize_worker<T: JoinScan>(
+    node: *mut pg_sys::CustomScanState,
+    toc: *mut pg_sys::shm_toc,
+    coordinate: *mut c_void,
+) {
+    // SAFETY: as for initialize_dsm, in a worker.
+    unsafe { pgrx_extern_c_guard(|| state::<T>(node).initialize_worker(node, toc, coordinate)) }
+}
+
+unsafe extern "C-unwind" fn shutdown<T: JoinScan>(node: *mut pg_sys::CustomScanState) {
+    // SAFETY: as for begin.
+    unsafe { pgrx_extern_c_guard(|| state::<T>(node).shutdown(node)) }
 }
