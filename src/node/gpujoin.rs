@@ -6,31 +6,38 @@
 //!   list holds a hashable equality between a plain column of the outer relation and one of
 //!   the inner relation, both of one type among int2, int4, date (held as int4 keys) and
 //!   int8, timestamp, timestamptz (int8 keys), and whose target list and clauses hold plain
-//!   columns only, it adds a `CustomPath` "GpuJoin" over the cheapest unparameterized paths of
-//!   both sides, when `pg_uvm_share.enable_gpujoin` is `on` (`auto`, the default, leaves it
-//!   off in this version: see [`enabled`]). The other clauses become the node's qual. The path is not parallel
-//!   safe in this slice (parallel workers come next).
+//!   columns only, it adds `CustomPath`s "GpuJoin", when `pg_uvm_share.enable_gpujoin` is `on`
+//!   (`auto`, the default, leaves it off in this version: see [`enabled`]): a serial one over
+//!   the cheapest unparameterized paths of both sides, and a parallel-aware partial one over
+//!   the outer side's cheapest partial path and the inner side's cheapest parallel-safe path,
+//!   which PostgreSQL puts under a Gather. The other clauses become the node's qual.
 //! - **Plan** (`PlanCustomPath`): a `CustomScan` with `scanrelid = 0`, the two child plans,
 //!   `custom_scan_tlist` = every column the target list, the qual and the join clause use,
 //!   each taken from one child's target list; `custom_private` says where (side, attribute
 //!   number), the key columns' positions and the key type; `custom_exprs` keeps the join
 //!   clause for EXPLAIN. `set_customscan_references` rewrites the Vars to `INDEX_VAR`.
-//! - **Executor** (this backend; the GpuJoin operations run where the cluster runs them, in
-//!   this process or in the GPU service, on the CPU or the GPU): at the first call it drains
-//!   the inner child, copying each tuple with a non-NULL key (row id = its index) into a
-//!   memory context of the node, and builds the GpuJoin table in a temporary segment exactly
-//!   as `uvm.gpujoin_build` does (payload = row id), plus a result buffer. Then it reads the
-//!   outer child a batch at a time ([`BATCH_TUPLES`] tuples with a non-NULL key, copied),
-//!   materializes the batch's distinct keys into the result buffer (reset before each batch),
-//!   reads the (key, row id) pairs back and emits one joined row per call, from the outer
-//!   tuples of that key and the inner row (`super::matching`), after the qual, projected.
+//! - **Executor** (each participant; the GpuJoin operations run where the cluster runs them, in
+//!   this process or in the GPU service, on the CPU or the GPU): at the first call the inner
+//!   side is built: the inner child is drained, each tuple with a non-NULL key kept (row id =
+//!   its index), and the GpuJoin table built in a temporary segment exactly as
+//!   `uvm.gpujoin_build` does (payload = row id). Serially the tuples stay in a memory context
+//!   of the node; in a parallel query one participant builds for all, the tuples going to the
+//!   query's DSA area, while the others wait (`super::shared`). Then each participant reads
+//!   its outer child (its share of a parallel scan) a batch at a time ([`BATCH_TUPLES`] tuples
+//!   with a non-NULL key, copied), materializes the batch's distinct keys into its own result
+//!   buffer (a temporary segment, reset before each batch), reads the (key, row id) pairs back
+//!   and emits one joined row per call, from the outer tuples of that key and the inner row
+//!   (`super::matching`), after the qual, projected.
 //!
 //! # Lifecycle
 //!
-//! Rescan: the outer child is rescanned; the inner table is kept unless the inner child's
-//! parameters changed. End: the children end and both segments are dropped. After an ERROR
-//! or a cancel, `super::cleanup` drops the segments at (sub)transaction abort and the
-//! memory context's reset callback frees the node's Rust memory (`crate::customscan`).
+//! Rescan: the outer child is rescanned; a serial node keeps its inner table unless the inner
+//! child's parameters changed, a parallel one builds it again (the leader resets the shared
+//! state before the workers start again). End: the children end and the segments this process
+//! owns are dropped (a parallel query's table belongs to the leader, which creates it when it
+//! sets up the shared memory). After an ERROR or a cancel, `super::cleanup` drops the segments
+//! at (sub)transaction abort (in each worker too) and the memory context's reset callback frees
+//! the node's Rust memory (`crate::customscan`).
 //!
 //! # Cost model
 //!
@@ -67,6 +74,7 @@ use pgrx::PgList;
 
 use super::cleanup;
 use super::matching::{Batch, Emitter};
+use super::shared::{InnerRows, Role, RowWriter, Shared, TIERS};
 use crate::customscan::{self, JoinScan, Methods};
 use crate::error::{Code, Result, UvmError};
 use crate::exec::{self, SegRef};
@@ -225,7 +233,9 @@ unsafe extern "C-unwind" fn join_pathlist_hook(
     }
 }
 
-/// Adds a GpuJoin path to `joinrel` if the join qualifies (see the module comment).
+/// Adds GpuJoin paths to `joinrel` if the join qualifies (see the module comment): a serial
+/// path over both sides' cheapest paths, and a parallel-aware partial path over the outer
+/// side's cheapest partial path where the join may run in parallel workers.
 ///
 /// # Safety
 /// The hook's arguments.
@@ -237,13 +247,8 @@ unsafe fn add_path(
 ) {
     // SAFETY: forwarded contract; every node is allocated in the planner's memory context.
     unsafe {
-        let outer_path = (*outerrel).cheapest_total_path;
         let inner_path = (*innerrel).cheapest_total_path;
-        if outer_path.is_null()
-            || inner_path.is_null()
-            || !(*outer_path).param_info.is_null()
-            || !(*inner_path).param_info.is_null()
-        {
+        if inner_path.is_null() || !(*inner_path).param_info.is_null() {
             return;
         }
         let rinfos = PgList::<pg_sys::RestrictInfo>::from_pg((*extra).restrictlist);
@@ -261,13 +266,67 @@ unsafe fn add_path(
             return;
         }
         // The join clause first, then the others.
-        let mut ordered = PgList::<pg_sys::RestrictInfo>::new();
-        ordered.push(rinfos.get_ptr(chosen).expect("in range"));
-        for (i, r) in rinfos.iter_ptr().enumerate() {
-            if i != chosen {
-                ordered.push(r);
+        let ordered = || {
+            let mut ordered = PgList::<pg_sys::RestrictInfo>::new();
+            ordered.push(rinfos.get_ptr(chosen).expect("in range"));
+            for (i, r) in rinfos.iter_ptr().enumerate() {
+                if i != chosen {
+                    ordered.push(r);
+                }
+            }
+            ordered.into_pg()
+        };
+        let outer_path = (*outerrel).cheapest_total_path;
+        if !outer_path.is_null() && (*outer_path).param_info.is_null() {
+            let cp = make_path(joinrel, outer_path, inner_path, ordered(), None);
+            pg_sys::add_path(joinrel, cp as *mut pg_sys::Path);
+        }
+        // In parallel: the outer side's cheapest partial path, split among the participants; the
+        // inner side built once for all of them (so it need only be safe to run in a worker).
+        let partial = PgList::<pg_sys::Path>::from_pg((*outerrel).partial_pathlist).get_ptr(0);
+        if let Some(outer_partial) = partial {
+            // The cheapest inner path that may run in a worker (not a Gather), unparameterized.
+            let safe_inner = pg_sys::get_cheapest_parallel_safe_total_inner((*innerrel).pathlist);
+            if (*joinrel).consider_parallel
+                && !safe_inner.is_null()
+                && (*outer_partial).param_info.is_null()
+                && (*outer_partial).parallel_workers > 0
+            {
+                let workers = (*outer_partial).parallel_workers;
+                let cp = make_path(joinrel, outer_partial, safe_inner, ordered(), Some(workers));
+                pg_sys::add_partial_path(joinrel, cp as *mut pg_sys::Path);
             }
         }
+    }
+}
+
+/// The share of the rows one participant of a parallel plan with `workers` workers handles
+/// (costsize.c's `get_parallel_divisor`, which is not exported).
+fn parallel_divisor(workers: i32) -> f64 {
+    let mut divisor = workers as f64;
+    // SAFETY: reads a GUC of this process.
+    if unsafe { pg_sys::parallel_leader_participation } {
+        let leader = 1.0 - 0.3 * workers as f64;
+        if leader > 0.0 {
+            divisor += leader;
+        }
+    }
+    divisor
+}
+
+/// A GpuJoin path over `outer_path` and `inner_path`; parallel-aware with `workers` when given.
+///
+/// # Safety
+/// Planner structures of one join.
+unsafe fn make_path(
+    joinrel: *mut pg_sys::RelOptInfo,
+    outer_path: *mut pg_sys::Path,
+    inner_path: *mut pg_sys::Path,
+    clauses: *mut pg_sys::List,
+    workers: Option<i32>,
+) -> *mut pg_sys::CustomPath {
+    // SAFETY: forwarded contract.
+    unsafe {
         let cp = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomPath>()) as *mut pg_sys::CustomPath;
         let p = &mut (*cp).path;
         p.type_ = pg_sys::NodeTag::T_CustomPath;
@@ -275,10 +334,15 @@ unsafe fn add_path(
         p.parent = joinrel;
         p.pathtarget = (*joinrel).reltarget;
         p.param_info = std::ptr::null_mut();
-        p.parallel_aware = false;
-        p.parallel_safe = false;
-        p.parallel_workers = 0;
-        p.rows = (*joinrel).rows;
+        p.parallel_aware = workers.is_some();
+        p.parallel_safe = workers.is_some();
+        p.parallel_workers = workers.unwrap_or(0);
+        // A partial path's rows are one participant's.
+        let rows = match workers {
+            Some(w) => pg_sys::clamp_row_est((*joinrel).rows / parallel_divisor(w)),
+            None => (*joinrel).rows,
+        };
+        p.rows = rows;
         #[cfg(feature = "pg18")]
         {
             p.disabled_nodes = (*outer_path).disabled_nodes + (*inner_path).disabled_nodes;
@@ -286,15 +350,14 @@ unsafe fn add_path(
         let build = pg_sys::cpu_operator_cost * (INNER_ROW_FACTOR + GPU_ROW_FACTOR);
         let probe = pg_sys::cpu_operator_cost * (1.0 + GPU_ROW_FACTOR);
         p.startup_cost = (*inner_path).total_cost + (*inner_path).rows * build + SETUP_COST;
-        p.total_cost =
-            p.startup_cost + (*outer_path).total_cost + (*outer_path).rows * probe + (*joinrel).rows * pg_sys::cpu_tuple_cost;
+        p.total_cost = p.startup_cost + (*outer_path).total_cost + (*outer_path).rows * probe + rows * pg_sys::cpu_tuple_cost;
         let mut children = PgList::<pg_sys::Path>::new();
         children.push(outer_path);
         children.push(inner_path);
         (*cp).custom_paths = children.into_pg();
-        (*cp).custom_private = ordered.into_pg();
+        (*cp).custom_private = clauses;
         (*cp).methods = &METHODS.path;
-        pg_sys::add_path(joinrel, cp as *mut pg_sys::Path);
+        cp
     }
 }
 
@@ -443,12 +506,24 @@ pub struct GpuJoinScan {
     batch_ctx: pg_sys::MemoryContext,
     outer_reader: *mut pg_sys::TupleTableSlot,
     inner_reader: *mut pg_sys::TupleTableSlot,
-    inner_tuples: Vec<pg_sys::MinimalTuple>,
+    rows: InnerRows,
     outer_tuples: Vec<pg_sys::MinimalTuple>,
+    /// The inner table; dropped by this process only if it `owns_table` (a parallel query's
+    /// table belongs to the leader).
     table: Option<SegRef>,
+    owns_table: bool,
+    /// This participant's result buffer.
     result: Option<SegRef>,
-    built: bool,
+    /// The plan runs in parallel workers (its inner side is built again at every rescan).
+    parallel_aware: bool,
+    /// The parallel query's shared state (null in a serial execution).
+    shared: *mut Shared,
+    estate: *mut pg_sys::EState,
+    /// The inner side is built (or attached) for this scan.
+    ready: bool,
     outer_done: bool,
+    /// This participant's statistics went to the shared counters.
+    reported: bool,
     batch: Batch,
     emitter: Emitter,
     max_outer_att: i32,
@@ -485,15 +560,14 @@ impl GpuJoinScan {
         r
     }
 
-    /// Drains the inner child and builds the table and the result buffer.
+    /// Drains the inner child: the (key, row id) rows of the tuples with a non-NULL key, each
+    /// kept by `keep` (which gives its row id), and the count of NULL keys.
     ///
     /// # Safety
     /// Called from exec with the node's children initialized.
-    unsafe fn build(&mut self) {
-        // SAFETY: forwarded contract; tuples are copied into the node's inner context.
+    unsafe fn drain_inner(&mut self, mut keep: impl FnMut(*mut pg_sys::TupleTableSlot) -> i64) -> (Vec<[i64; 2]>, u64) {
+        // SAFETY: forwarded contract.
         unsafe {
-            pg_sys::MemoryContextReset(self.inner_ctx);
-            self.inner_tuples.clear();
             let mut rows: Vec<[i64; 2]> = Vec::new();
             let mut nulls = 0u64;
             loop {
@@ -506,45 +580,148 @@ impl GpuJoinScan {
                     nulls += 1;
                     continue;
                 }
-                let old = pg_sys::MemoryContextSwitchTo(self.inner_ctx);
-                let mt = pg_sys::ExecCopySlotMinimalTuple(slot);
-                pg_sys::MemoryContextSwitchTo(old);
-                rows.push([key_of(d, self.p.key_oid), self.inner_tuples.len() as i64]);
-                self.inner_tuples.push(mt);
+                rows.push([key_of(d, self.p.key_oid), keep(slot)]);
             }
             self.stats.inner_rows = rows.len() as u64;
+            (rows, nulls)
+        }
+    }
+
+    /// Builds the table in `seg` (at least the table's size) from `rows`; returns its bytes and
+    /// tier code.
+    fn fill_table(&mut self, seg: &SegRef, rows: &[[i64; 2]], nulls: u64) -> (u64, u32) {
+        let kt = self.key;
+        let stored = rows.len() as u64;
+        let n = table::slot_count(stored);
+        let bytes = table::table_bytes(stored);
+        self.timed(|ex| {
+            exec::grow_at_least(ex, seg, bytes)?;
+            exec::build_begin(ex, seg, n)?;
+            exec::build_insert(ex, seg, kt, n, rows)?;
+            exec::build_finish(ex, seg, kt, n, stored, nulls)
+        });
+        let info = crate::sql::resolve(seg.name(), "read").map(|(_, i)| i).ok();
+        let tier = match info.map(|i| (i.bytes_in(Tier::Device), i.bytes_in(Tier::Host))) {
+            Some((d, 0)) if d > 0 => 1,
+            Some((0, h)) if h > 0 => 2,
+            Some(_) => 3,
+            None => 0,
+        };
+        self.stats.table_bytes = bytes;
+        self.stats.tier = TIERS[tier as usize].into();
+        (bytes, tier)
+    }
+
+    /// Creates a temporary segment of `bytes` that this process drops (End, or abort).
+    fn create_temp(&mut self, what: &str, bytes: u64, max: Option<u64>) -> SegRef {
+        let name = cleanup::temp_name(what);
+        let (size, max) = (bytes.min(i64::MAX as u64) as i64, max.map(|m| m.min(i64::MAX as u64) as i64));
+        let id = self.timed(|ex| exec::create(ex, &name, size, max, TierPref::Auto, current_user(), now()));
+        let seg = SegRef::new(&name, id).unwrap_or_else(|e| report(e));
+        cleanup::track(seg);
+        cleanup::install_exit_once();
+        seg
+    }
+
+    /// A serial execution's build: the inner tuples in the node's memory, the table in a
+    /// temporary segment of this process.
+    ///
+    /// # Safety
+    /// Called from exec with the node's children initialized.
+    unsafe fn build_local(&mut self) {
+        // SAFETY: forwarded contract; tuples are copied into the node's inner context.
+        unsafe {
+            self.drop_table();
+            pg_sys::MemoryContextReset(self.inner_ctx);
+            let ctx = self.inner_ctx;
+            let mut tuples = Vec::new();
+            let (rows, nulls) = self.drain_inner(|slot| {
+                let old = pg_sys::MemoryContextSwitchTo(ctx);
+                tuples.push(pg_sys::ExecCopySlotMinimalTuple(slot));
+                pg_sys::MemoryContextSwitchTo(old);
+                (tuples.len() - 1) as i64
+            });
+            self.rows = InnerRows::Local(tuples);
             if rows.is_empty() {
                 return;
             }
-            let stored = rows.len() as u64;
-            let bytes = table::table_bytes(stored).min(i64::MAX as u64) as i64;
-            let name = cleanup::temp_name("inner");
-            let id = self.timed(|ex| exec::create(ex, &name, bytes, Some(bytes), TierPref::Auto, current_user(), now()));
-            let seg = SegRef::new(&name, id).unwrap_or_else(|e| report(e));
-            cleanup::track(seg);
-            cleanup::install_exit_once();
+            let bytes = table::table_bytes(rows.len() as u64);
+            let seg = self.create_temp("inner", bytes, Some(bytes));
             self.table = Some(seg);
-            let kt = self.key;
-            let n = table::slot_count(stored);
-            self.timed(|ex| {
-                exec::build_begin(ex, &seg, n)?;
-                exec::build_insert(ex, &seg, kt, n, &rows)?;
-                exec::build_finish(ex, &seg, kt, n, stored, nulls)
-            });
-            self.stats.table_bytes = bytes as u64;
-            let info = crate::sql::resolve(&name, "read").map(|(_, i)| i).ok();
-            self.stats.tier = match info.map(|i| (i.bytes_in(Tier::Device), i.bytes_in(Tier::Host))) {
-                Some((d, 0)) if d > 0 => "device".into(),
-                Some((0, h)) if h > 0 => "host".into(),
-                Some(_) => "device+host".into(),
-                None => "?".into(),
-            };
-            let rname = cleanup::temp_name("pairs");
-            let size = pairs::bytes_for(RESULT_PAIRS) as i64;
-            let rid = self.timed(|ex| exec::create(ex, &rname, size, None, TierPref::Auto, current_user(), now()));
-            let rseg = SegRef::new(&rname, rid).unwrap_or_else(|e| report(e));
-            cleanup::track(rseg);
-            self.result = Some(rseg);
+            self.owns_table = true;
+            self.fill_table(&seg, &rows, nulls);
+        }
+    }
+
+    /// A parallel execution: builds the inner side for every participant, or waits for the
+    /// participant that does (see `super::shared`), then attaches to it.
+    ///
+    /// # Safety
+    /// Called from exec with `self.shared` set up and the query's DSA area attached.
+    unsafe fn attach_shared(&mut self) {
+        // SAFETY: forwarded contract; the builder writes the tuples into the query's DSA area.
+        unsafe {
+            let sh = self.shared;
+            let area = (*self.estate).es_query_dsa;
+            if area.is_null() {
+                report(UvmError::new(Code::SystemError, "GpuJoin: a parallel execution without a query DSA area"));
+            }
+            if let Role::Build = Shared::claim_or_wait(sh) {
+                let mut writer = RowWriter::new(area);
+                let scratch = self.batch_ctx;
+                pg_sys::MemoryContextReset(scratch);
+                let mut copied = 0u32;
+                let (rows, nulls) = self.drain_inner(|slot| {
+                    copied += 1;
+                    if copied % 1024 == 0 {
+                        pg_sys::MemoryContextReset(scratch);
+                    }
+                    let old = pg_sys::MemoryContextSwitchTo(scratch);
+                    let mt = pg_sys::ExecCopySlotMinimalTuple(slot);
+                    pg_sys::MemoryContextSwitchTo(old);
+                    writer.push(mt)
+                });
+                pg_sys::MemoryContextReset(scratch);
+                writer.finish(sh);
+                if !rows.is_empty() {
+                    let seg = (*sh).table;
+                    let (bytes, tier) = self.fill_table(&seg, &rows, nulls);
+                    (*sh).table_bytes = bytes;
+                    (*sh).tier = tier;
+                }
+                Shared::publish(sh);
+            }
+            self.table = Some((*sh).table);
+            self.rows = InnerRows::of_shared(sh, area);
+            self.copy_shared_stats();
+        }
+    }
+
+    /// The build's statistics and the participants' counters, from the shared state.
+    fn copy_shared_stats(&mut self) {
+        if self.shared.is_null() {
+            return;
+        }
+        // SAFETY: the shared state is mapped while `self.shared` is set.
+        unsafe {
+            let sh = &*self.shared;
+            self.stats.inner_rows = sh.rows;
+            self.stats.table_bytes = sh.table_bytes;
+            self.stats.tier = TIERS.get(sh.tier as usize).copied().unwrap_or("").into();
+        }
+    }
+
+    /// Adds this participant's batches and executor time to the shared counters, once per scan.
+    fn report_stats(&mut self) {
+        if self.shared.is_null() || self.reported {
+            return;
+        }
+        self.reported = true;
+        // SAFETY: as above; the counters are atomics.
+        unsafe {
+            let sh = &*self.shared;
+            sh.batches.fetch_add(self.stats.batches, std::sync::atomic::Ordering::Relaxed);
+            sh.gpu_ns.fetch_add(self.stats.gpu.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -578,7 +755,11 @@ impl GpuJoinScan {
                 return !self.outer_done;
             }
             self.stats.batches += 1;
-            let (table, result) = (self.table.expect("built"), self.result.expect("built"));
+            if self.result.is_none() {
+                let seg = self.create_temp("pairs", pairs::bytes_for(RESULT_PAIRS), None);
+                self.result = Some(seg);
+            }
+            let (table, result) = (self.table.expect("built"), self.result.expect("created"));
             let kt = self.key;
             let mut buf = self.emitter.take_buffer();
             let keys = self.batch.distinct();
@@ -612,10 +793,12 @@ impl GpuJoinScan {
         }
     }
 
-    /// Drops the node's segments (End, or a rebuild).
-    fn drop_segments(&mut self) {
-        for seg in [self.table.take(), self.result.take()].into_iter().flatten() {
-            cleanup::drop_now(&seg);
+    /// Forgets the inner table, dropping it if this process owns it (End, or a rebuild).
+    fn drop_table(&mut self) {
+        if let Some(seg) = self.table.take() {
+            if std::mem::replace(&mut self.owns_table, false) {
+                cleanup::drop_now(&seg);
+            }
         }
     }
 }
@@ -705,6 +888,8 @@ impl JoinScan for GpuJoinScan {
             key_type_of(p.key_oid).unwrap_or_else(|| report(UvmError::new(Code::SystemError, "GpuJoin: bad key type in plan")));
         let max_outer_att = p.map.iter().filter(|m| m.0 == 0).map(|m| m.1).max().unwrap_or(0).max(p.outer_key);
         let max_inner_att = p.map.iter().filter(|m| m.0 == 1).map(|m| m.1).max().unwrap_or(0).max(p.inner_key);
+        // SAFETY: our plan.
+        let parallel_aware = unsafe { (*cscan).scan.plan.parallel_aware };
         GpuJoinScan {
             p,
             key,
@@ -714,12 +899,17 @@ impl JoinScan for GpuJoinScan {
             batch_ctx: std::ptr::null_mut(),
             outer_reader: std::ptr::null_mut(),
             inner_reader: std::ptr::null_mut(),
-            inner_tuples: Vec::new(),
+            rows: InnerRows::default(),
             outer_tuples: Vec::new(),
             table: None,
+            owns_table: false,
             result: None,
-            built: false,
+            parallel_aware,
+            shared: std::ptr::null_mut(),
+            estate: std::ptr::null_mut(),
+            ready: false,
             outer_done: false,
+            reported: false,
             batch: Batch::default(),
             emitter: Emitter::default(),
             max_outer_att,
@@ -751,6 +941,7 @@ impl JoinScan for GpuJoinScan {
             };
             self.inner_ctx = ctx(c"GpuJoin inner tuples");
             self.batch_ctx = ctx(c"GpuJoin outer batch");
+            self.estate = estate;
             self.outer_reader =
                 pg_sys::MakeSingleTupleTableSlot(pg_sys::ExecGetResultType(self.outer), &pg_sys::TTSOpsMinimalTuple);
             self.inner_reader =
@@ -762,11 +953,17 @@ impl JoinScan for GpuJoinScan {
         // SAFETY: ExecCustomScan's argument; the scan slot has the custom_scan_tlist's shape
         // (PostgreSQL made it from it); the stored tuples live until the next batch or build.
         unsafe {
-            if !self.built {
-                self.build();
-                self.built = true;
+            if !self.ready {
+                if self.shared.is_null() {
+                    self.build_local();
+                } else {
+                    self.attach_shared();
+                }
+                self.ready = true;
+                self.reported = false;
             }
-            if self.table.is_none() {
+            if self.rows.len() == 0 {
+                self.report_stats();
                 return std::ptr::null_mut(); // no inner row has a non-NULL key
             }
             let econtext = (*node).ss.ps.ps_ExprContext;
@@ -775,13 +972,14 @@ impl JoinScan for GpuJoinScan {
                 pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
                 let Some((pos, row)) = self.emitter.next(&self.batch) else {
                     if self.outer_done {
+                        self.report_stats();
                         return std::ptr::null_mut();
                     }
                     pg_sys::check_for_interrupts!();
                     self.next_batch();
                     continue;
                 };
-                let (Some(&ot), Some(&it)) = (self.outer_tuples.get(pos as usize), self.inner_tuples.get(row as usize)) else {
+                let (Some(&ot), Some(it)) = (self.outer_tuples.get(pos as usize), self.rows.get(row)) else {
                     report(UvmError::new(
                         Code::ObjectNotInPrerequisiteState,
                         "GpuJoin: a pair names no row (the result buffer was overwritten)",
@@ -820,10 +1018,18 @@ impl JoinScan for GpuJoinScan {
                 pg_sys::UpdateChangedParamSet(self.outer, chg);
                 pg_sys::UpdateChangedParamSet(self.inner, chg);
             }
-            if !(*self.inner).chgParam.is_null() {
+            if self.parallel_aware {
+                // A parallel plan builds its inner side again at every rescan (the leader's
+                // ReInitializeDSM resets the shared state; any participant may build it).
+                if (*self.inner).chgParam.is_null() {
+                    pg_sys::ExecReScan(self.inner);
+                }
+                self.ready = false;
+                self.rows = InnerRows::default();
+            } else if !(*self.inner).chgParam.is_null() {
                 // New parameters for the inner side: build again (ExecProcNode rescans it).
-                self.drop_segments();
-                self.built = false;
+                self.drop_table();
+                self.ready = false;
             }
             if (*self.outer).chgParam.is_null() {
                 pg_sys::ExecReScan(self.outer);
@@ -839,7 +1045,10 @@ impl JoinScan for GpuJoinScan {
         // SAFETY: EndCustomScan; children and slots made in begin (null in EXPLAIN-only runs
         // that failed before begin).
         unsafe {
-            self.drop_segments();
+            self.drop_table();
+            if let Some(seg) = self.result.take() {
+                cleanup::drop_now(&seg);
+            }
             for s in [self.outer_reader, self.inner_reader] {
                 if !s.is_null() {
                     pg_sys::ExecDropSingleTupleTableSlot(s);
@@ -853,6 +1062,74 @@ impl JoinScan for GpuJoinScan {
                 }
             }
         }
+    }
+
+    unsafe fn estimate_dsm(&mut self, _node: *mut pg_sys::CustomScanState, _pcxt: *mut pg_sys::ParallelContext) -> usize {
+        std::mem::size_of::<Shared>()
+    }
+
+    unsafe fn initialize_dsm(
+        &mut self,
+        _node: *mut pg_sys::CustomScanState,
+        _pcxt: *mut pg_sys::ParallelContext,
+        coordinate: *mut std::ffi::c_void,
+    ) {
+        // The leader creates the table segment (so that it owns and drops it) and sets up the
+        // shared state; a participant grows the segment when it builds.
+        self.drop_table();
+        let seg = self.create_temp("inner", table::table_bytes(0), None);
+        self.table = Some(seg);
+        self.owns_table = true;
+        // SAFETY: `coordinate` holds the bytes estimate_dsm asked for, in the DSM.
+        unsafe { Shared::init(coordinate as *mut Shared, seg) };
+        self.shared = coordinate as *mut Shared;
+        self.ready = false;
+    }
+
+    unsafe fn reinitialize_dsm(
+        &mut self,
+        _node: *mut pg_sys::CustomScanState,
+        _pcxt: *mut pg_sys::ParallelContext,
+        coordinate: *mut std::ffi::c_void,
+    ) {
+        // SAFETY: our shared state; no worker runs (the Gather stopped them before a rescan);
+        // this process's view of the old rows is dropped first.
+        unsafe {
+            self.rows = InnerRows::default();
+            self.ready = false;
+            Shared::reset(coordinate as *mut Shared, (*self.estate).es_query_dsa);
+        }
+        self.shared = coordinate as *mut Shared;
+    }
+
+    unsafe fn initialize_worker(
+        &mut self,
+        _node: *mut pg_sys::CustomScanState,
+        _toc: *mut pg_sys::shm_toc,
+        coordinate: *mut std::ffi::c_void,
+    ) {
+        self.shared = coordinate as *mut Shared;
+        self.owns_table = false;
+        self.ready = false;
+    }
+
+    unsafe fn shutdown(&mut self, _node: *mut pg_sys::CustomScanState) {
+        // The parallel context goes away next: keep the totals for EXPLAIN ANALYZE and forget
+        // the shared state (a rescan after this sets up a new one).
+        if self.shared.is_null() {
+            return;
+        }
+        self.report_stats();
+        self.copy_shared_stats();
+        // SAFETY: mapped until the Gather above cleans up, after this call.
+        unsafe {
+            let sh = &*self.shared;
+            self.stats.batches = sh.batches.load(std::sync::atomic::Ordering::Relaxed);
+            self.stats.gpu = Duration::from_nanos(sh.gpu_ns.load(std::sync::atomic::Ordering::Relaxed));
+        }
+        self.shared = std::ptr::null_mut();
+        self.rows = InnerRows::default();
+        self.ready = false;
     }
 
     unsafe fn explain(

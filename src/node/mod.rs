@@ -2,11 +2,13 @@
 //!
 //! - [`gpujoin`]: the GpuJoin custom scan (planner hook, executor), over `crate::customscan`.
 //! - [`matching`]: its batch matching, plain Rust.
+//! - [`shared`]: what the participants of a parallel GpuJoin share (one inner side per query).
 //! - [`cleanup`]: the temporary segments of plan nodes, dropped however the query ends.
 
 pub mod cleanup;
 pub mod gpujoin;
 pub mod matching;
+pub mod shared;
 
 /// Installs the planner hook and the cleanup callbacks (from `_PG_init`).
 pub fn init() {

@@ -247,4 +247,95 @@ RESET pg_uvm_share.enable_gpujoin;
 RESET enable_hashjoin;
 RESET enable_mergejoin;
 RESET enable_nestloop;
+
+-- Parallel: "Parallel Custom Scan (GpuJoin)" under a Gather, the outer side split among the
+-- participants, the inner side built once for all of them by whichever participant comes
+-- first. The same comparisons, with the parallel plan checked.
+SET parallel_setup_cost = 0;
+SET parallel_tuple_cost = 0;
+SET min_parallel_table_scan_size = 0;
+SET max_parallel_workers_per_gather = 2;
+CREATE FUNCTION pg_temp.pcheck(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE r text := pg_temp.check(q);
+BEGIN
+  PERFORM pg_temp.mode(true);
+  RETURN r || ' parallel ' || pg_temp.plan_has(q, 'Parallel Custom Scan \(GpuJoin\)')
+           || ' gather ' || pg_temp.plan_has(q, 'Gather');
+END $$;
+SELECT t, s, pg_temp.pcheck(format(
+         'SELECT o.id AS oid_, o.k AS ok, o.w, i.id AS iid, i.v, i.n FROM gjn_o_%s_%s o JOIN gjn_i_%s i ON o.k = i.k', t, s, t))
+FROM unnest(ARRAY['int2', 'int4', 'int8', 'date', 'ts', 'tstz']) WITH ORDINALITY a(t, ta),
+     unnest(ARRAY['uniform', 'skewed', 'miss', 'hit', 'dup', 'nulls']) WITH ORDINALITY b(s, sb)
+ORDER BY ta, sb;
+-- the workers alone (the leader only gathers): a worker builds the inner side, the others wait
+SET parallel_leader_participation = off;
+SELECT t, s, pg_temp.pcheck(format(
+         'SELECT o.id AS oid_, o.w, i.id AS iid, i.v, i.n FROM gjn_o_%s_%s o JOIN gjn_i_%s i ON o.k = i.k', t, s, t))
+FROM unnest(ARRAY['int4', 'int8']) WITH ORDINALITY a(t, ta),
+     unnest(ARRAY['uniform', 'skewed', 'dup', 'nulls']) WITH ORDINALITY b(s, sb)
+ORDER BY ta, sb;
+SELECT pg_temp.pcheck('SELECT o.id AS oid_, i.id AS iid FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
+RESET parallel_leader_participation;
+-- quals, projections, aggregates (partial aggregates in the workers), sort and limit
+SELECT pg_temp.check($$SELECT o.id AS oid_, i.id AS iid, i.v FROM gjn_big o JOIN gjn_i_int4 i
+  ON o.k = i.k AND o.id % 3 = 0 AND i.x > 10 AND o.id > i.x * 5$$);
+SELECT pg_temp.pcheck($$SELECT count(*) AS c, sum(i.n) AS s, count(i.v) AS cv, min(i.v || o.id) AS mv
+  FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k$$);
+SELECT pg_temp.pcheck($$SELECT i.x, count(*) AS c FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k GROUP BY i.x$$);
+SELECT pg_temp.pcheck($$SELECT o.id AS oid_, i.id AS iid FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k
+  ORDER BY o.id DESC, i.id LIMIT 25$$);
+-- the inner side ran once per scan, whatever the number of participants (its loops; the
+-- other nodes' figures depend on how many workers started and how the rows were shared)
+CREATE FUNCTION pg_temp.inner_loops(q text) RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE l text;
+BEGIN
+  FOR l IN EXECUTE 'EXPLAIN (ANALYZE, BUFFERS OFF, COSTS OFF, TIMING OFF, SUMMARY OFF) ' || q LOOP
+    CONTINUE WHEN l !~ '(GpuJoin|Inner Rows|Seq Scan|Gather|Aggregate|Loop)';
+    IF l ~ 'Seq Scan on gjn_i_' THEN
+      RETURN NEXT regexp_replace(l, 'rows=[0-9.]+ ', '');
+    ELSE
+      RETURN NEXT regexp_replace(l, ' *\(actual.*\)', '');
+    END IF;
+  END LOOP;
+END $$;
+SET pg_uvm_share.enable_gpujoin = on;
+SET enable_hashjoin = off;
+SET enable_mergejoin = off;
+SET enable_nestloop = off;
+SELECT pg_temp.inner_loops('SELECT count(*) FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
+-- rescans: a Gather over the node on the inner side of a nested loop, started again per outer
+-- row (the leader resets the shared state, the inner side is built again: 3 loops)
+SET enable_nestloop = on;
+SET enable_material = off;
+SELECT pg_temp.inner_loops($$SELECT v.x, ss.c FROM (SELECT count(*) AS c, sum(i.x) AS s
+  FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k) ss RIGHT JOIN (VALUES (1), (2), (3)) v(x) ON true$$);
+SELECT v.x, ss.c, ss.s FROM (SELECT count(*) AS c, sum(i.x) AS s
+  FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k) ss RIGHT JOIN (VALUES (1), (2), (3)) v(x) ON true;
+RESET enable_material;
+SET pg_uvm_share.enable_gpujoin = off;
+SELECT count(*) AS c, sum(i.x) AS s FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k;
+SET pg_uvm_share.enable_gpujoin = on;
+SET enable_nestloop = off;
+-- an ERROR in a worker and a cancel: nothing is left by the leader or the workers
+\set VERBOSITY terse
+SET parallel_leader_participation = off;
+SELECT count(*) FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k WHERE 1 / (o.id + i.x - 100101) > -5;
+SELECT pg_temp.leftovers() AS after_worker_error;
+SELECT pg_temp.try('SELECT count(*) FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k WHERE 1 / (o.id + i.x - 100101) > -5');
+SELECT pg_temp.leftovers() AS after_worker_subxact_error;
+SET statement_timeout = '300ms';
+SELECT count(*) FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k WHERE pg_sleep(0.0001) IS NOT NULL;
+RESET statement_timeout;
+RESET parallel_leader_participation;
+\set VERBOSITY default
+SELECT pg_temp.leftovers() AS after_parallel_cancel;
+
+RESET pg_uvm_share.enable_gpujoin;
+RESET enable_hashjoin;
+RESET enable_mergejoin;
+RESET enable_nestloop;
+RESET parallel_setup_cost;
+RESET parallel_tuple_cost;
+RESET min_parallel_table_scan_size;
+RESET max_parallel_workers_per_gather;
 DROP TABLE gjn_big;
