@@ -75,6 +75,9 @@ const JOIN_REPEATS: usize = 3;
 const HASH_JOIN_REPEATS: usize = 2;
 const SCAN_TARGET: f64 = 1.3;
 const HASH_TARGET: f64 = 0.25;
+/// Issue 12's targets for the plain SQL join through the plan node.
+const NODE_HASH_TARGET: f64 = 0.25;
+const NODE_SCAN_TARGET: f64 = 1.5;
 const DEFAULT_BUDGET_S: u64 = 150;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -1290,53 +1293,98 @@ fn gpujoin_with_workers(
     Ok(JoinRun { workers: w, launched, planned_pg, planned_scan, gpu, pg, scan, mem })
 }
 
-/// The same join written as plain SQL, planned as the GpuJoin plan node (issue 12), against the
-/// 5-worker parallel hash join measured just before and PostgreSQL's serial hash join. The node
-/// runs without parallel workers in this version, so the ratio is information, not the target.
-fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, parallel_hash_s: f64, want: &Option<Vec<String>>) {
-    const K: &str = "gj_node";
-    const M: &str = "plain SQL join through the GpuJoin plan node, serial, 50 M x 5 M, vs the 5-worker parallel hash join (s)";
-    if !b.has_time(&[(K, M)]) {
+/// The same join written as plain SQL, planned as the parallel GpuJoin plan node (issue 12),
+/// 5 workers, against PostgreSQL's parallel hash join and the bare parallel count(*) measured
+/// just before with the same workers; then a query returning columns of both sides (a top-N
+/// sort over the join), node on vs off.
+fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, scan_s: f64, want: &Option<Vec<String>>) {
+    const KH: &str = "gj_node_hash";
+    const MH: &str =
+        "plain SQL join through the parallel GpuJoin plan node, 50 M x 5 M, 5 workers, vs PostgreSQL's parallel hash join (s)";
+    const KS: &str = "gj_node_scan";
+    const MS: &str =
+        "plain SQL join through the parallel GpuJoin plan node, 50 M x 5 M, 5 workers, vs a bare parallel count(*) of fact (s)";
+    const KT: &str = "gj_node_topn";
+    const MT: &str =
+        "columns of both sides through the plan node (join, ORDER BY d.v DESC, f.k LIMIT 10), 5 workers, node on vs off (s)";
+    if !b.has_time(&[(KH, MH), (KS, MS), (KT, MT)]) {
         return;
     }
-    let r = (|| -> R<(Vec<f64>, Vec<f64>)> {
-        c.batch_execute("SET max_parallel_workers_per_gather = 0; SET pg_uvm_share.enable_gpujoin = on")
-            .map_err(err("enable_gpujoin"))?;
-        let plan = explain(c, pg_q)?;
-        if !plan.contains("GpuJoin") {
-            return Err(format!("the planner did not choose GpuJoin: {}", plan.replace('\n', " / ")));
+    let topn_q = "SELECT f.k::text, d.v::text FROM bench_fact f JOIN bench_dim d ON f.k = d.k ORDER BY d.v DESC, f.k LIMIT 10";
+    let r = (|| -> R<(Vec<f64>, i64, Vec<f64>, Vec<f64>)> {
+        c.batch_execute(
+            "ALTER TABLE bench_fact SET (parallel_workers = 5); SET max_parallel_workers_per_gather = 5; \
+             SET pg_uvm_share.enable_gpujoin = on",
+        )
+        .map_err(err("enable_gpujoin"))?;
+        let plan = try_explain_analyze(c, pg_q).map_err(err("EXPLAIN ANALYZE through the node"))?;
+        if !plan.contains("Parallel Custom Scan (GpuJoin)") {
+            return Err(format!("the planner did not choose the parallel GpuJoin: {}", plan.replace('\n', " / ")));
         }
-        // One run each: a serial pass over 50 M rows takes 20 to 30 s, and the suite has a
-        // deadline (the figure is information until the node runs in parallel workers).
-        let (s, vals) = time_query(c, pg_q)?;
-        if want.as_ref().is_some_and(|w| *w != vals) {
-            return Err(format!("the plan node answered {vals:?}, the other joins {want:?}"));
+        let launched: i64 = workers_launched(&plan).iter().sum();
+        let mut node = Vec::new();
+        for _ in 0..JOIN_REPEATS {
+            let (s, vals) = time_query(c, pg_q)?;
+            if want.as_ref().is_some_and(|w| *w != vals) {
+                return Err(format!("the plan node answered {vals:?}, the other joins {want:?}"));
+            }
+            node.push(s);
         }
-        let node = vec![s];
-        c.batch_execute("SET pg_uvm_share.enable_gpujoin = off").map_err(err("enable_gpujoin"))?;
-        let serial = vec![time_query(c, pg_q)?.0];
+        let (mut on, mut off) = (Vec::new(), Vec::new());
+        let mut top: Option<Vec<String>> = None;
+        for _ in 0..HASH_JOIN_REPEATS {
+            c.batch_execute("SET pg_uvm_share.enable_gpujoin = on").map_err(err("enable_gpujoin"))?;
+            let (s, v) = time_query(c, topn_q)?;
+            on.push(s);
+            c.batch_execute("SET pg_uvm_share.enable_gpujoin = off").map_err(err("enable_gpujoin"))?;
+            let (s2, v2) = time_query(c, topn_q)?;
+            off.push(s2);
+            if v != v2 || top.as_ref().is_some_and(|t| *t != v) {
+                return Err(format!("top-N through the node {v:?}, without {v2:?}"));
+            }
+            top = Some(v);
+        }
         c.batch_execute("RESET pg_uvm_share.enable_gpujoin; RESET max_parallel_workers_per_gather").map_err(err("reset"))?;
-        Ok((node, serial))
+        Ok((node, launched, on, off))
     })();
     match r {
-        Ok((node, serial)) => {
-            let (n, sh) = (median(&node), median(&serial));
+        Ok((node, launched, on, off)) => {
+            let n = median(&node);
+            let detail = format!("{n:.2} ({}; {launched} workers launched)", list(&node, 2));
             b.row(
-                K,
-                M,
-                format!("{n:.2} s = {:.2}x the parallel hash join", n / parallel_hash_s),
-                format!(
-                    "{n:.2} ({}); serial hash join {sh:.2} s ({}), node / serial = {:.2}",
-                    list(&node, 2),
-                    list(&serial, 2),
-                    n / sh
-                ),
-                format!("{parallel_hash_s:.2} PostgreSQL's parallel hash join, 5 workers"),
-                Some(n / parallel_hash_s),
+                KH,
+                MH,
+                format!("{n:.2} s = {:.2}x the hash join", n / hash_s),
+                detail.clone(),
+                format!("{hash_s:.2} PostgreSQL's parallel hash join, 5 workers"),
+                Some(n / hash_s),
+                Target::service(Goal::AtMost(NODE_HASH_TARGET)),
+            );
+            b.row(
+                KS,
+                MS,
+                format!("{n:.2} s = {:.2}x count(*)", n / scan_s),
+                detail,
+                format!("{scan_s:.2} bare parallel count(*), 5 workers"),
+                Some(n / scan_s),
+                Target::service(Goal::AtMost(NODE_SCAN_TARGET)),
+            );
+            let (t_on, t_off) = (median(&on), median(&off));
+            b.row(
+                KT,
+                MT,
+                format!("{t_on:.2} s = {:.2}x without the node", t_on / t_off),
+                format!("{t_on:.2} ({})", list(&on, 2)),
+                format!("{t_off:.2} PostgreSQL's own plan ({})", list(&off, 2)),
+                Some(t_on / t_off),
                 Target::info(),
             );
         }
-        Err(e) => b.error(K, M, e),
+        Err(e) => {
+            for (k, m) in [(KH, MH), (KS, MS), (KT, MT)] {
+                b.error(k, m, e.clone());
+            }
+        }
     }
 }
 
@@ -1435,6 +1483,7 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32, keep_tables: bool)
     let scan_q = "SELECT count(*)::text FROM bench_fact";
     let mut probe_s = None;
     let mut pg_s = None;
+    let mut scan_s = None;
     for (i, w) in JOIN_WORKERS.iter().enumerate() {
         let (ks, ms) = &keys[2 * i];
         let (kh, mh) = &keys[2 * i + 1];
@@ -1447,6 +1496,7 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32, keep_tables: bool)
                 if r.workers == 5 {
                     probe_s = Some(gm);
                     pg_s = Some(pgm);
+                    scan_s = Some(sm);
                 }
                 let launched = if r.launched == r.workers as i64 {
                     format!("{} workers launched", r.launched)
@@ -1494,8 +1544,8 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32, keep_tables: bool)
             }
         }
     }
-    if let Some(pgm) = pg_s {
-        bench_gpujoin_node(b, &mut c, pg_q, pgm, &want);
+    if let (Some(pgm), Some(sm)) = (pg_s, scan_s) {
+        bench_gpujoin_node(b, &mut c, pg_q, pgm, sm, &want);
     }
     if let Some(w) = &want {
         b.note(format!("every join answered {} matches, payload sum {}", w[0], w.get(1).cloned().unwrap_or_default()));
@@ -1658,7 +1708,17 @@ fn measure(mode: Mode, results: String, keep_tables: bool) -> i32 {
         ("64 GiB attach", Box::new(|b: &mut Bench, admin: &mut Client| bench_attach_big(b, admin, pid))),
         ("host tier", Box::new(|b: &mut Bench, admin: &mut Client| bench_host_tier(b, admin, pid))),
     ];
+    // GPU_SUITE_BENCH_STEPS="GpuJoin,migration" runs only the steps whose names contain one of
+    // the words (a run spent on one figure); the others are left out of the report.
+    let only: Option<Vec<String>> = std::env::var("GPU_SUITE_BENCH_STEPS")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .map(|v| v.split(',').map(|w| w.trim().to_string()).collect());
     for (what, mut step) in steps {
+        if only.as_ref().is_some_and(|o| !o.iter().any(|w| what.contains(w.as_str()))) {
+            b.note(format!("step \"{what}\" left out (GPU_SUITE_BENCH_STEPS)"));
+            continue;
+        }
         eprintln!("uvm_gpu_bench [{}]: {what} ... ({:.0} s)", mode.name(), t_all.elapsed().as_secs_f64());
         step(&mut b, &mut admin);
         b.save();
