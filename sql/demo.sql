@@ -66,6 +66,24 @@ SELECT (SELECT count(*) FROM (SELECT key, payload FROM uvm.gpujoin_pairs('demo_p
           EXCEPT ALL SELECT f.k, d.v FROM uvm_demo_fact f JOIN uvm_demo_dim d ON f.k = d.k) x) AS pairs_not_in_join,
        (SELECT count(*) FROM (SELECT f.k, d.v FROM uvm_demo_fact f JOIN uvm_demo_dim d ON f.k = d.k
           EXCEPT ALL SELECT key, payload FROM uvm.gpujoin_pairs('demo_pairs')) x) AS join_rows_missing;
+\echo '== GpuJoin as a plan node: the same join written as plain SQL, the node on and off'
+\echo '   (pg_uvm_share.enable_gpujoin: auto, the default, leaves it off in this version; see README)'
+SET pg_uvm_share.enable_gpujoin = on;
+SET enable_hashjoin = off;
+SET enable_mergejoin = off;
+EXPLAIN (COSTS OFF) SELECT count(*) AS matches, sum(d.v) AS payload_sum
+  FROM uvm_demo_fact f JOIN uvm_demo_dim d ON f.k = d.k;
+\timing on
+SELECT 'plan node on' AS method, count(*) AS matches, sum(d.v) AS payload_sum
+  FROM uvm_demo_fact f JOIN uvm_demo_dim d ON f.k = d.k;
+RESET enable_hashjoin;
+RESET enable_mergejoin;
+SET pg_uvm_share.enable_gpujoin = off;
+SELECT 'plan node off' AS method, count(*) AS matches, sum(d.v) AS payload_sum
+  FROM uvm_demo_fact f JOIN uvm_demo_dim d ON f.k = d.k;
+\timing off
+EXPLAIN (COSTS OFF) SELECT count(*) AS matches, sum(d.v) AS payload_sum
+  FROM uvm_demo_fact f JOIN uvm_demo_dim d ON f.k = d.k;
 RESET ALL;
 SELECT uvm.drop_segment('demo_pairs');
 SELECT uvm.drop_segment('demo_dim');
