@@ -13,18 +13,20 @@
 //!
 //! # Layout (this runs once per outer row: tens of nanoseconds in all is the budget)
 //!
-//! - An open-addressing table of our own: a power-of-two number of [`Slot`]s, each the key, the
-//!   key's index in `distinct` and a *generation*; the splitmix64 finalizer spreads the key and
-//!   linear probing resolves collisions. A slot belongs to the current batch only when its
-//!   generation is the batch's, so [`Batch::clear`] empties the table by bumping one counter
-//!   (every 2^32 - 1 batches it wipes the slots once, when the counter wraps). The table doubles
-//!   whenever a new key would take it past half full, so a probe meets an empty slot within a few
-//!   steps; its capacity follows the distinct keys, not the tuples (a batch of one key keeps a
-//!   small table), and stays at the largest size seen.
-//! - The positions of a key form a chain in batch order: `head[i]` and `tail[i]` are the first
-//!   and last positions of distinct key `i`, `next[p]` the position after `p` with the same key
-//!   ([`NONE`] at the end, and for a NULL key). A chain's positions strictly increase, so every
-//!   walk ends within the batch's length.
+//! - An open-addressing table of our own: a power-of-two number of 16-byte [`Slot`]s, each a
+//!   key, the key's last position in the batch and a *generation*; the splitmix64 finalizer
+//!   spreads the key and linear probing resolves collisions. A slot belongs to the current batch
+//!   only when its generation is the batch's, so [`Batch::clear`] empties the table by bumping
+//!   one counter (when the counter wraps, every 2^32 - 1 batches, it wipes the slots once). The
+//!   table doubles whenever a new key would take it past half full, so a probe meets an empty
+//!   slot within a few steps; its capacity follows the distinct keys rather than the tuples (a
+//!   batch of one key keeps a small table) and stays at the largest size seen.
+//! - The positions of a key form a *circular* chain through `next` (one `u32` per position):
+//!   in batch order, and the last position's `next` is the first. The slot holds the last
+//!   position, so appending a duplicate is two writes and the chain's start is one read away;
+//!   a walk from the first position ends where `next` stops increasing (the wrap, or a key's
+//!   only position pointing at itself), so it is bounded by the batch's length whatever it is
+//!   given. No array per distinct key but the keys themselves (`distinct`, first-seen order).
 //! - Every buffer is cleared, never freed, between batches: in steady state a batch allocates
 //!   nothing, whatever its keys.
 //! - [`Emitter`] looks each pair's key up once and then follows the chain with a cursor, so a
@@ -32,19 +34,20 @@
 //!   process could overwrite: a key not in the batch finds no slot and yields nothing, and no
 //!   loop depends on their contents for its bound.
 
-/// End of a chain; also the `next` of a NULL key's position. Never a position (a batch holds at
-/// most `NONE` tuples, positions `0..NONE`).
+/// Not a position: the `next` of a NULL key's position, and the cursor of a walk that is done.
+/// A batch holds at most `NONE` tuples, positions `0..NONE`.
 const NONE: u32 = u32::MAX;
 
 /// The smallest table, in slots.
 const MIN_SLOTS: usize = 16;
 
-/// One slot of the key table: `key`'s index in `distinct`, when `generation` is the batch's.
+/// One slot of the key table: the last position of `key` in the batch, when `generation` is the
+/// batch's (otherwise the slot is empty).
 #[derive(Clone, Copy, Default, Debug)]
 struct Slot {
     key: i64,
     generation: u32,
-    index: u32,
+    last: u32,
 }
 
 /// The splitmix64 finalizer: every key bit reaches every hash bit, so consecutive or strided
@@ -62,13 +65,10 @@ fn mix(key: i64) -> u64 {
 pub struct Batch {
     /// Distinct keys in first-seen order (the keys probed).
     keys: Vec<i64>,
-    /// Per distinct key (same index as `keys`): its first and last position.
-    head: Vec<u32>,
-    tail: Vec<u32>,
-    /// Per position: the next position with the same key, or [`NONE`]. Its length is the
-    /// number of tuples in the batch, NULL keys included.
+    /// Per position: the next position with the same key, the first one after the last (a
+    /// circular chain), [`NONE`] for a NULL key. Its length is the batch's, NULL keys included.
     next: Vec<u32>,
-    /// The key table; its length is a power of two, at least twice `keys.len()`.
+    /// The key table; its length is 0 or a power of two at least twice `keys.len()`.
     slots: Vec<Slot>,
     /// The generation of the current batch's slots; never 0 (the generation of a slot never
     /// written).
@@ -77,7 +77,7 @@ pub struct Batch {
 
 impl Default for Batch {
     fn default() -> Self {
-        Batch { keys: Vec::new(), head: Vec::new(), tail: Vec::new(), next: Vec::new(), slots: Vec::new(), generation: 1 }
+        Batch { keys: Vec::new(), next: Vec::new(), slots: Vec::new(), generation: 1 }
     }
 }
 
@@ -85,8 +85,6 @@ impl Batch {
     /// Empties the batch, keeping every buffer's capacity.
     pub fn clear(&mut self) {
         self.keys.clear();
-        self.head.clear();
-        self.tail.clear();
         self.next.clear();
         self.generation = self.generation.wrapping_add(1);
         if self.generation == 0 {
@@ -95,11 +93,11 @@ impl Batch {
         }
     }
 
-    /// Where `key` is in the table: `Ok(distinct index)`, or `Err(empty slot)` where it would go.
-    /// The table has an empty slot (it is at most half full), so the probe stops at one; the
-    /// bound of the loop is the table's size all the same.
+    /// Where `key` is in the table: `Ok(its slot)`, or `Err(the empty slot where it would go)`.
+    /// A non-empty table is at most half full, so the probe stops at an empty slot within a few
+    /// steps; the loop's bound is the table's size all the same. `Err(0)` for the empty table.
     #[inline]
-    fn find(&self, key: i64) -> Result<u32, usize> {
+    fn find(&self, key: i64) -> Result<usize, usize> {
         let mask = self.slots.len().wrapping_sub(1);
         let mut i = mix(key) as usize & mask;
         for _ in 0..self.slots.len() {
@@ -108,22 +106,21 @@ impl Batch {
                 return Err(i);
             }
             if s.key == key {
-                return Ok(s.index);
+                return Ok(i);
             }
             i = (i + 1) & mask;
         }
-        Err(usize::MAX) // unreachable while the table is at most half full
+        Err(0) // the empty table (a full one cannot be)
     }
 
-    /// Doubles the table (or makes the first one) and puts the batch's keys back in.
+    /// Doubles the table (or makes the first one) and moves the batch's slots over.
     #[cold]
     fn grow(&mut self) {
         let size = (self.slots.len() * 2).max(MIN_SLOTS);
-        self.slots.clear();
-        self.slots.resize(size, Slot::default());
-        for (index, &key) in self.keys.iter().enumerate() {
-            if let Err(at) = self.find(key) {
-                self.slots[at] = Slot { key, generation: self.generation, index: index as u32 };
+        let old = std::mem::replace(&mut self.slots, vec![Slot::default(); size]);
+        for s in old.into_iter().filter(|s| s.generation == self.generation) {
+            if let Err(at) = self.find(s.key) {
+                self.slots[at] = s;
             }
         }
     }
@@ -132,30 +129,32 @@ impl Batch {
     ///
     /// # Panics
     /// When the batch already holds `u32::MAX` tuples (the node's batches hold 65,536).
+    #[inline]
     pub fn push(&mut self, key: Option<i64>) -> u32 {
-        let pos = self.next.len() as u32;
         assert!(self.next.len() < NONE as usize, "a matching batch holds fewer than 2^32 - 1 tuples");
-        self.next.push(NONE);
-        let Some(key) = key else { return pos };
-        if self.slots.is_empty() {
-            self.grow();
-        }
+        let pos = self.next.len() as u32;
+        let Some(key) = key else {
+            self.next.push(NONE);
+            return pos;
+        };
         match self.find(key) {
-            Ok(index) => {
-                let index = index as usize;
-                let last = self.tail[index];
-                self.next[last as usize] = pos;
-                self.tail[index] = pos;
+            Ok(s) => {
+                // Append to the circular chain: the last position now leads here, and this one
+                // back to the first.
+                let last = self.slots[s].last as usize;
+                let first = self.next[last];
+                self.next[last] = pos;
+                self.next.push(first);
+                self.slots[s].last = pos;
             }
             Err(mut at) => {
                 if (self.keys.len() + 1) * 2 > self.slots.len() {
                     self.grow();
                     at = self.find(key).expect_err("a new key");
                 }
-                self.slots[at] = Slot { key, generation: self.generation, index: self.keys.len() as u32 };
+                self.slots[at] = Slot { key, generation: self.generation, last: pos };
                 self.keys.push(key);
-                self.head.push(pos);
-                self.tail.push(pos);
+                self.next.push(pos); // a chain of one
             }
         }
         pos
@@ -175,30 +174,36 @@ impl Batch {
         &self.keys
     }
 
-    /// The first position of the outer tuples whose key is `key` (the head of its chain), or
-    /// [`NONE`] for a key not in the batch.
+    /// The first position of the outer tuples whose key is `key`, or [`NONE`] for a key not in
+    /// the batch.
     #[inline]
     fn first(&self, key: i64) -> u32 {
-        if self.slots.is_empty() {
-            return NONE;
-        }
         match self.find(key) {
-            Ok(index) => self.head[index as usize],
+            Ok(s) => self.next[self.slots[s].last as usize],
             Err(_) => NONE,
+        }
+    }
+
+    /// The position after `p` in its chain, [`NONE`] after the last (or for `p` not a position).
+    #[inline]
+    fn after(&self, p: u32) -> u32 {
+        match self.next.get(p as usize) {
+            Some(&n) if n > p => n,
+            _ => NONE,
         }
     }
 
     /// Positions of the outer tuples whose key is `key`, in batch order (none for a key not in
     /// the batch, which a pair from an overwritten result buffer could carry).
     pub fn positions(&self, key: i64) -> Positions<'_> {
-        Positions { next: &self.next, at: self.first(key) }
+        Positions { batch: self, at: self.first(key) }
     }
 }
 
 /// The positions of one key of a [`Batch`], in batch order ([`Batch::positions`]).
 #[derive(Debug)]
 pub struct Positions<'a> {
-    next: &'a [u32],
+    batch: &'a Batch,
     at: u32,
 }
 
@@ -207,8 +212,10 @@ impl Iterator for Positions<'_> {
 
     fn next(&mut self) -> Option<u32> {
         let p = self.at;
-        self.at = *self.next.get(p as usize)?;
-        Some(p)
+        (p != NONE).then(|| {
+            self.at = self.batch.after(p);
+            p
+        })
     }
 }
 
@@ -251,13 +258,13 @@ impl Emitter {
     ///
     /// One table lookup per pair, then one step along the key's chain per row. `batch` must be
     /// the batch the pairs were probed for; with another one the positions are meaningless but
-    /// stay within it (and the walk still ends).
+    /// stay within it, and the walk still ends.
     #[inline]
     pub fn next(&mut self, batch: &Batch) -> Option<(u32, i64)> {
         loop {
-            if let Some(&after) = batch.next.get(self.at as usize) {
+            if (self.at as usize) < batch.len() {
                 let p = self.at;
-                self.at = after;
+                self.at = batch.after(p);
                 return Some((p, self.row));
             }
             let &[key, row] = self.pairs.get(self.pair)?;
@@ -268,8 +275,20 @@ impl Emitter {
     }
 }
 
+/// xorshift64: deterministic pseudo-random numbers for the tests.
+#[cfg(test)]
+fn tests_rng(mut x: u64) -> impl FnMut() -> u64 {
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::tests_rng as rng;
     use super::*;
 
     /// The join by nested loops, as the reference.
@@ -314,16 +333,6 @@ mod tests {
 
     fn by_batch(outer: &[Option<i64>], inner: &[Option<i64>]) -> Vec<(u32, i64)> {
         by_batch_with(&mut Batch::default(), &mut Emitter::default(), outer, inner)
-    }
-
-    /// xorshift64: deterministic pseudo-random numbers for the tests.
-    fn rng(mut x: u64) -> impl FnMut() -> u64 {
-        move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        }
     }
 
     #[test]
@@ -429,7 +438,7 @@ mod tests {
         };
         fill(&mut b, 5000, 1);
         let buffers = |b: &Batch| {
-            [b.keys.as_ptr() as usize, b.head.as_ptr() as usize, b.tail.as_ptr() as usize, b.next.as_ptr() as usize]
+            [b.keys.as_ptr() as usize, b.next.as_ptr() as usize]
                 .into_iter()
                 .chain([b.slots.as_ptr() as usize, b.slots.len()])
                 .collect::<Vec<_>>()
@@ -440,6 +449,27 @@ mod tests {
             assert_eq!(buffers(&b), before, "{n} tuples, stride {stride}");
             assert_eq!(b.distinct().len(), (n - n / 10) as usize);
         }
+    }
+
+    #[test]
+    fn an_emitter_walked_against_another_batch_stays_in_it_and_ends() {
+        let mut b = Batch::default();
+        for k in [1, 2, 1, 1, 3, 1, 2, 1] {
+            b.push(Some(k));
+        }
+        let mut e = Emitter::default();
+        e.reset(vec![[1, 10], [2, 20], [1, 11]]);
+        assert_eq!(e.next(&b), Some((0, 10)));
+        assert_eq!(e.next(&b), Some((2, 10)));
+        // The batch changes under the walk (a caller's bug): the cursor (position 3) is past the
+        // new batch, so the pair ends; the rest are looked up in the new batch.
+        b.clear();
+        for k in [2, 1] {
+            b.push(Some(k));
+        }
+        let rest: Vec<_> = std::iter::from_fn(|| e.next(&b)).collect();
+        assert_eq!(rest, [(0, 20), (1, 11)]);
+        assert_eq!(e.next(&b), None);
     }
 
     #[test]
