@@ -275,7 +275,7 @@ impl Emitter {
     }
 }
 
-/// xorshift64: deterministic pseudo-random numbers for the tests.
+/// xorshift64: deterministic pseudo-random numbers for the tests and the measurement.
 #[cfg(test)]
 fn tests_rng(mut x: u64) -> impl FnMut() -> u64 {
     move || {
@@ -379,10 +379,12 @@ mod tests {
         let mut next = rng(0x9e37_79b9_7f4a_7c15);
         for round in 0..50 {
             let range = 1 + round % 17;
-            let outer: Vec<Option<i64>> =
-                (0..(next() % 60)).map(|_| if next() % 7 == 0 { None } else { Some((next() % range) as i64 - 3) }).collect();
-            let inner: Vec<Option<i64>> =
-                (0..(next() % 40)).map(|_| if next() % 5 == 0 { None } else { Some((next() % range) as i64 - 3) }).collect();
+            let outer: Vec<Option<i64>> = (0..(next() % 60))
+                .map(|_| if next().is_multiple_of(7) { None } else { Some((next() % range) as i64 - 3) })
+                .collect();
+            let inner: Vec<Option<i64>> = (0..(next() % 40))
+                .map(|_| if next().is_multiple_of(5) { None } else { Some((next() % range) as i64 - 3) })
+                .collect();
             assert_eq!(by_batch(&outer, &inner), reference(&outer, &inner), "round {round}");
         }
     }
@@ -417,8 +419,9 @@ mod tests {
         let sizes = [0, 1, 2, 15, 16, 17, 300, 0, 5, 2000, 64, 1, 4097, 3, 1000];
         for (round, &n) in sizes.iter().cycle().take(45).enumerate() {
             let range = [1, 3, 50, 1 << 40][round % 4];
-            let outer: Vec<Option<i64>> =
-                (0..n).map(|_| if next() % 9 == 0 { None } else { Some((next() % range) as i64 - (range / 2) as i64) }).collect();
+            let outer: Vec<Option<i64>> = (0..n)
+                .map(|_| if next().is_multiple_of(9) { None } else { Some((next() % range) as i64 - (range / 2) as i64) })
+                .collect();
             let inner: Vec<Option<i64>> = outer.iter().step_by(3).map(|k| k.map(|k| k ^ (next() % 2) as i64)).collect();
             assert_eq!(by_batch_with(&mut b, &mut e, &outer, &inner), reference(&outer, &inner), "round {round}, {n} tuples");
             let mut seen = std::collections::HashSet::new();
@@ -486,5 +489,208 @@ mod tests {
         b.push(Some(2));
         assert_eq!(b.distinct(), &[2]);
         assert_eq!(b.positions(2).collect::<Vec<_>>(), [0]);
+    }
+}
+
+/// Old (std `HashMap<i64, Vec<u32>>`) against new, on the node's batch size:
+/// `cargo test -p pg_uvm_share --lib --release matching -- --ignored --nocapture`.
+#[cfg(test)]
+mod bench {
+    use super::{Batch, Emitter};
+    use std::hint::black_box;
+    use std::time::Instant;
+
+    /// The implementation this module had before its own table, kept only to measure against.
+    mod old {
+        use std::collections::HashMap;
+
+        #[derive(Default)]
+        pub struct Batch {
+            keys: Vec<i64>,
+            positions: HashMap<i64, Vec<u32>>,
+            tuples: u32,
+        }
+
+        impl Batch {
+            pub fn clear(&mut self) {
+                self.keys.clear();
+                self.positions.clear();
+                self.tuples = 0;
+            }
+
+            pub fn push(&mut self, key: Option<i64>) -> u32 {
+                let pos = self.tuples;
+                self.tuples += 1;
+                if let Some(k) = key {
+                    let v = self.positions.entry(k).or_default();
+                    if v.is_empty() {
+                        self.keys.push(k);
+                    }
+                    v.push(pos);
+                }
+                pos
+            }
+
+            pub fn distinct(&self) -> &[i64] {
+                &self.keys
+            }
+
+            pub fn positions(&self, key: i64) -> &[u32] {
+                self.positions.get(&key).map(Vec::as_slice).unwrap_or(&[])
+            }
+        }
+
+        #[derive(Default)]
+        pub struct Emitter {
+            pairs: Vec<[i64; 2]>,
+            pair: usize,
+            pos: usize,
+        }
+
+        impl Emitter {
+            pub fn reset(&mut self, pairs: Vec<[i64; 2]>) {
+                self.pairs = pairs;
+                self.pair = 0;
+                self.pos = 0;
+            }
+
+            pub fn take_buffer(&mut self) -> Vec<[i64; 2]> {
+                let mut v = std::mem::take(&mut self.pairs);
+                v.clear();
+                self.pair = 0;
+                self.pos = 0;
+                v
+            }
+
+            pub fn next(&mut self, batch: &Batch) -> Option<(u32, i64)> {
+                while self.pair < self.pairs.len() {
+                    let [key, row] = self.pairs[self.pair];
+                    let ps = batch.positions(key);
+                    if self.pos < ps.len() {
+                        let p = ps[self.pos];
+                        self.pos += 1;
+                        return Some((p, row));
+                    }
+                    self.pair += 1;
+                    self.pos = 0;
+                }
+                None
+            }
+        }
+    }
+
+    /// The calls the node makes, for either implementation.
+    trait Matching: Default {
+        type Emitter: Default;
+        fn clear(&mut self);
+        fn push(&mut self, key: Option<i64>) -> u32;
+        fn distinct(&self) -> &[i64];
+        fn take_buffer(e: &mut Self::Emitter) -> Vec<[i64; 2]>;
+        fn reset(e: &mut Self::Emitter, pairs: Vec<[i64; 2]>);
+        fn next(e: &mut Self::Emitter, b: &Self) -> Option<(u32, i64)>;
+    }
+
+    macro_rules! matching {
+        ($b:ty, $e:ty) => {
+            impl Matching for $b {
+                type Emitter = $e;
+                fn clear(&mut self) {
+                    <$b>::clear(self)
+                }
+                fn push(&mut self, key: Option<i64>) -> u32 {
+                    <$b>::push(self, key)
+                }
+                fn distinct(&self) -> &[i64] {
+                    <$b>::distinct(self)
+                }
+                fn take_buffer(e: &mut $e) -> Vec<[i64; 2]> {
+                    e.take_buffer()
+                }
+                fn reset(e: &mut $e, pairs: Vec<[i64; 2]>) {
+                    e.reset(pairs)
+                }
+                fn next(e: &mut $e, b: &$b) -> Option<(u32, i64)> {
+                    e.next(b)
+                }
+            }
+        };
+    }
+    matching!(Batch, Emitter);
+    matching!(old::Batch, old::Emitter);
+
+    /// Best of `runs` (each `batches` batches, steady state) ns per outer tuple for clear + push
+    /// + distinct, and for reset + the emit walk; and the rows yielded per batch.
+    fn time<M: Matching>(keys: &[Option<i64>], pairs: &[[i64; 2]], runs: usize, batches: usize) -> (f64, f64, usize) {
+        let (mut b, mut e) = (M::default(), M::Emitter::default());
+        let (mut push_ns, mut emit_ns, mut rows) = (f64::MAX, f64::MAX, 0);
+        for _ in 0..runs {
+            let (mut push, mut emit) = (0u128, 0u128);
+            for _ in 0..batches {
+                let t = Instant::now();
+                b.clear();
+                for &k in keys {
+                    b.push(black_box(k));
+                }
+                black_box(b.distinct().len());
+                push += t.elapsed().as_nanos();
+                let mut buf = M::take_buffer(&mut e);
+                buf.extend_from_slice(pairs); // the read from the result buffer: not timed
+                let t = Instant::now();
+                M::reset(&mut e, buf);
+                let (mut n, mut sum) = (0usize, 0u64);
+                while let Some((p, row)) = M::next(&mut e, &b) {
+                    n += 1;
+                    sum = sum.wrapping_add(p as u64 ^ row as u64);
+                }
+                black_box(sum);
+                emit += t.elapsed().as_nanos();
+                rows = n;
+            }
+            let per = (batches * keys.len()) as f64;
+            push_ns = push_ns.min(push as f64 / per);
+            emit_ns = emit_ns.min(emit as f64 / per);
+        }
+        (push_ns, emit_ns, rows)
+    }
+
+    /// One pair per distinct key (each fact key finds one dim row, as in the benchmark join), in
+    /// a shuffled order (the GPU's materialize does not keep the probe's order).
+    fn pairs_for(keys: &[Option<i64>], next: &mut impl FnMut() -> u64) -> Vec<[i64; 2]> {
+        let mut b = Batch::default();
+        for &k in keys {
+            b.push(k);
+        }
+        let mut pairs: Vec<[i64; 2]> = b.distinct().iter().map(|&k| [k, (next() % 5_000_000) as i64]).collect();
+        for i in (1..pairs.len()).rev() {
+            pairs.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        pairs
+    }
+
+    #[test]
+    #[ignore = "a measurement: run with --release -- --ignored --nocapture"]
+    fn old_against_new() {
+        const N: usize = crate::node::gpujoin::BATCH_TUPLES;
+        let mut next = super::tests_rng(0x6a09_e667_f3bc_c908);
+        let uniform: Vec<Option<i64>> = (0..N).map(|_| Some((next() % 5_000_000) as i64)).collect();
+        let hot: Vec<i64> = (0..10).map(|_| (next() % 5_000_000) as i64).collect();
+        let skewed: Vec<Option<i64>> = (0..N)
+            .map(|_| Some(if next() % 10 < 9 { hot[(next() % 10) as usize] } else { (next() % 5_000_000) as i64 }))
+            .collect();
+        for (name, keys) in [("uniform, range 5 M", &uniform), ("skewed, 90% on 10 keys", &skewed)] {
+            let pairs = pairs_for(keys, &mut next);
+            let distinct = pairs.len();
+            let (op, oe, orows) = time::<old::Batch>(keys, &pairs, 5, 100);
+            let (np, ne, nrows) = time::<Batch>(keys, &pairs, 5, 100);
+            assert_eq!((orows, nrows), (N, N), "one pair per distinct key joins every tuple once");
+            println!(
+                "{name}: {N} tuples, {distinct} distinct; ns per outer tuple: push+distinct old {op:.1} new {np:.1} \
+                 ({:.1}x), emit old {oe:.1} new {ne:.1} ({:.1}x), total old {:.1} new {:.1}",
+                op / np,
+                oe / ne,
+                op + oe,
+                np + ne
+            );
+        }
     }
 }
