@@ -13,7 +13,7 @@
 //!
 //! # Layout (this runs once per outer row: tens of nanoseconds in all is the budget)
 //!
-//! - An open-addressing table of our own: a power-of-two number of 16-byte [`Slot`]s, each a
+//! - An open-addressing table of our own: a power-of-two number of 16-byte `Slot`s, each a
 //!   key, the key's last position in the batch and a *generation*; the splitmix64 finalizer
 //!   spreads the key and linear probing resolves collisions. A slot belongs to the current batch
 //!   only when its generation is the batch's, so [`Batch::clear`] empties the table by bumping
