@@ -10,68 +10,231 @@
 //! [`Batch`] gathers the keys (bounded by the batch size the node picks), [`Batch::distinct`]
 //! gives the keys to probe, and [`Emitter`] walks (pair, outer position) combinations one at a
 //! time, so a skewed key yields its cross product without materializing it.
+//!
+//! # Layout (this runs once per outer row: tens of nanoseconds in all is the budget)
+//!
+//! - An open-addressing table of our own: a power-of-two number of 16-byte `Slot`s, each a
+//!   key, the key's last position in the batch and a *generation*; the splitmix64 finalizer
+//!   spreads the key and linear probing resolves collisions. A slot belongs to the current batch
+//!   only when its generation is the batch's, so [`Batch::clear`] empties the table by bumping
+//!   one counter (when the counter wraps, every 2^32 - 1 batches, it wipes the slots once). The
+//!   table doubles whenever a new key would take it past half full, so a probe meets an empty
+//!   slot within a few steps; its capacity follows the distinct keys rather than the tuples (a
+//!   batch of one key keeps a small table) and stays at the largest size seen.
+//! - The positions of a key form a *circular* chain through `next` (one `u32` per position):
+//!   in batch order, and the last position's `next` is the first. The slot holds the last
+//!   position, so appending a duplicate is two writes and the chain's start is one read away;
+//!   a walk from the first position ends where `next` stops increasing (the wrap, or a key's
+//!   only position pointing at itself), so it is bounded by the batch's length whatever it is
+//!   given. No array per distinct key but the keys themselves (`distinct`, first-seen order).
+//! - Every buffer is cleared, never freed, between batches: in steady state a batch allocates
+//!   nothing, whatever its keys.
+//! - [`Emitter`] looks each pair's key up once and then follows the chain with a cursor, so a
+//!   yielded row costs O(1) whatever the duplicates. The pairs come from a segment another
+//!   process could overwrite: a key not in the batch finds no slot and yields nothing, and no
+//!   loop depends on their contents for its bound.
 
-use std::collections::HashMap;
+/// Not a position: the `next` of a NULL key's position, and the cursor of a walk that is done.
+/// A batch holds at most `NONE` tuples, positions `0..NONE`.
+const NONE: u32 = u32::MAX;
+
+/// The smallest table, in slots.
+const MIN_SLOTS: usize = 16;
+
+/// One slot of the key table: the last position of `key` in the batch, when `generation` is the
+/// batch's (otherwise the slot is empty).
+#[derive(Clone, Copy, Default, Debug)]
+struct Slot {
+    key: i64,
+    generation: u32,
+    last: u32,
+}
+
+/// The splitmix64 finalizer: every key bit reaches every hash bit, so consecutive or strided
+/// keys (the usual ids) spread over the table's low bits.
+#[inline]
+fn mix(key: i64) -> u64 {
+    let mut z = key as u64;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
 
 /// The keys of one outer batch: positions of the tuples (in the batch) per distinct key.
-#[derive(Default, Debug)]
+#[derive(Debug)]
 pub struct Batch {
     /// Distinct keys in first-seen order (the keys probed).
     keys: Vec<i64>,
-    /// Key -> positions of the outer tuples with that key, in batch order.
-    positions: HashMap<i64, Vec<u32>>,
-    /// Tuples in the batch, NULL keys included.
-    tuples: u32,
+    /// Per position: the next position with the same key, the first one after the last (a
+    /// circular chain), [`NONE`] for a NULL key. Its length is the batch's, NULL keys included.
+    next: Vec<u32>,
+    /// The key table; its length is 0 or a power of two at least twice `keys.len()`.
+    slots: Vec<Slot>,
+    /// The generation of the current batch's slots; never 0 (the generation of a slot never
+    /// written).
+    generation: u32,
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Batch { keys: Vec::new(), next: Vec::new(), slots: Vec::new(), generation: 1 }
+    }
 }
 
 impl Batch {
+    /// Empties the batch, keeping every buffer's capacity.
     pub fn clear(&mut self) {
         self.keys.clear();
-        self.positions.clear();
-        self.tuples = 0;
+        self.next.clear();
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 {
+            self.slots.fill(Slot::default());
+            self.generation = 1;
+        }
+    }
+
+    /// Where `key` is in the table: `Ok(its slot)`, or `Err(the empty slot where it would go)`.
+    /// A non-empty table is at most half full, so the probe stops at an empty slot within a few
+    /// steps; the loop's bound is the table's size all the same. `Err(0)` for the empty table.
+    #[inline]
+    fn find(&self, key: i64) -> Result<usize, usize> {
+        let mask = self.slots.len().wrapping_sub(1);
+        let mut i = mix(key) as usize & mask;
+        for _ in 0..self.slots.len() {
+            let s = &self.slots[i];
+            if s.generation != self.generation {
+                return Err(i);
+            }
+            if s.key == key {
+                return Ok(i);
+            }
+            i = (i + 1) & mask;
+        }
+        Err(0) // the empty table (a full one cannot be)
+    }
+
+    /// Doubles the table (or makes the first one) and moves the batch's slots over.
+    #[cold]
+    fn grow(&mut self) {
+        let size = (self.slots.len() * 2).max(MIN_SLOTS);
+        let old = std::mem::replace(&mut self.slots, vec![Slot::default(); size]);
+        for s in old.into_iter().filter(|s| s.generation == self.generation) {
+            if let Err(at) = self.find(s.key) {
+                self.slots[at] = s;
+            }
+        }
     }
 
     /// Adds the next outer tuple of the batch (its key, `None` for NULL); returns its position.
+    ///
+    /// # Panics
+    /// When the batch already holds `u32::MAX` tuples (the node's batches hold 65,536).
+    #[inline]
     pub fn push(&mut self, key: Option<i64>) -> u32 {
-        let pos = self.tuples;
-        self.tuples += 1;
-        if let Some(k) = key {
-            let v = self.positions.entry(k).or_default();
-            if v.is_empty() {
-                self.keys.push(k);
+        assert!(self.next.len() < NONE as usize, "a matching batch holds fewer than 2^32 - 1 tuples");
+        let pos = self.next.len() as u32;
+        let Some(key) = key else {
+            self.next.push(NONE);
+            return pos;
+        };
+        match self.find(key) {
+            Ok(s) => {
+                // Append to the circular chain: the last position now leads here, and this one
+                // back to the first.
+                let last = self.slots[s].last as usize;
+                let first = self.next[last];
+                self.next[last] = pos;
+                self.next.push(first);
+                self.slots[s].last = pos;
             }
-            v.push(pos);
+            Err(mut at) => {
+                if (self.keys.len() + 1) * 2 > self.slots.len() {
+                    self.grow();
+                    at = self.find(key).expect_err("a new key");
+                }
+                self.slots[at] = Slot { key, generation: self.generation, last: pos };
+                self.keys.push(key);
+                self.next.push(pos); // a chain of one
+            }
         }
         pos
     }
 
     /// Tuples in the batch, NULL keys included.
     pub fn len(&self) -> usize {
-        self.tuples as usize
+        self.next.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.tuples == 0
+        self.next.is_empty()
     }
 
-    /// The distinct non-NULL keys, each once: what the batch probes.
+    /// The distinct non-NULL keys, each once, in first-seen order: what the batch probes.
     pub fn distinct(&self) -> &[i64] {
         &self.keys
     }
 
-    /// Positions of the outer tuples whose key is `key` (empty for a key not in the batch,
-    /// which a pair from an overwritten result buffer could carry).
-    pub fn positions(&self, key: i64) -> &[u32] {
-        self.positions.get(&key).map(Vec::as_slice).unwrap_or(&[])
+    /// The first position of the outer tuples whose key is `key`, or [`NONE`] for a key not in
+    /// the batch.
+    #[inline]
+    fn first(&self, key: i64) -> u32 {
+        match self.find(key) {
+            Ok(s) => self.next[self.slots[s].last as usize],
+            Err(_) => NONE,
+        }
+    }
+
+    /// The position after `p` in its chain, [`NONE`] after the last (or for `p` not a position).
+    #[inline]
+    fn after(&self, p: u32) -> u32 {
+        match self.next.get(p as usize) {
+            Some(&n) if n > p => n,
+            _ => NONE,
+        }
+    }
+
+    /// Positions of the outer tuples whose key is `key`, in batch order (none for a key not in
+    /// the batch, which a pair from an overwritten result buffer could carry).
+    pub fn positions(&self, key: i64) -> Positions<'_> {
+        Positions { batch: self, at: self.first(key) }
+    }
+}
+
+/// The positions of one key of a [`Batch`], in batch order ([`Batch::positions`]).
+#[derive(Debug)]
+pub struct Positions<'a> {
+    batch: &'a Batch,
+    at: u32,
+}
+
+impl Iterator for Positions<'_> {
+    type Item = u32;
+
+    fn next(&mut self) -> Option<u32> {
+        let p = self.at;
+        (p != NONE).then(|| {
+            self.at = self.batch.after(p);
+            p
+        })
     }
 }
 
 /// Walks the joined (outer position, inner row id) combinations of a batch's pairs.
-#[derive(Default, Debug)]
+#[derive(Debug)]
 pub struct Emitter {
     pairs: Vec<[i64; 2]>,
+    /// The next pair to look up.
     pair: usize,
-    pos: usize,
+    /// The current pair's row and the next outer position to join it with ([`NONE`]: look the
+    /// next pair up).
+    row: i64,
+    at: u32,
+}
+
+impl Default for Emitter {
+    fn default() -> Self {
+        Emitter { pairs: Vec::new(), pair: 0, row: 0, at: NONE }
+    }
 }
 
 impl Emitter {
@@ -79,7 +242,7 @@ impl Emitter {
     pub fn reset(&mut self, pairs: Vec<[i64; 2]>) {
         self.pairs = pairs;
         self.pair = 0;
-        self.pos = 0;
+        self.at = NONE;
     }
 
     /// The pairs' buffer, emptied, to read the next batch's pairs into (no reallocation).
@@ -87,29 +250,45 @@ impl Emitter {
         let mut v = std::mem::take(&mut self.pairs);
         v.clear();
         self.pair = 0;
-        self.pos = 0;
+        self.at = NONE;
         v
     }
 
     /// The next (outer position, inner row id), or `None` when the batch is done.
+    ///
+    /// One table lookup per pair, then one step along the key's chain per row. `batch` must be
+    /// the batch the pairs were probed for; with another one the positions are meaningless but
+    /// stay within it, and the walk still ends.
+    #[inline]
     pub fn next(&mut self, batch: &Batch) -> Option<(u32, i64)> {
-        while self.pair < self.pairs.len() {
-            let [key, row] = self.pairs[self.pair];
-            let ps = batch.positions(key);
-            if self.pos < ps.len() {
-                let p = ps[self.pos];
-                self.pos += 1;
-                return Some((p, row));
+        loop {
+            if (self.at as usize) < batch.len() {
+                let p = self.at;
+                self.at = batch.after(p);
+                return Some((p, self.row));
             }
+            let &[key, row] = self.pairs.get(self.pair)?;
             self.pair += 1;
-            self.pos = 0;
+            self.row = row;
+            self.at = batch.first(key);
         }
-        None
+    }
+}
+
+/// xorshift64: deterministic pseudo-random numbers for the tests and the measurement.
+#[cfg(test)]
+fn tests_rng(mut x: u64) -> impl FnMut() -> u64 {
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::tests_rng as rng;
     use super::*;
 
     /// The join by nested loops, as the reference.
@@ -126,13 +305,15 @@ mod tests {
         out
     }
 
-    /// The node's way: distinct keys probed against the inner side, pairs expanded.
-    fn by_batch(outer: &[Option<i64>], inner: &[Option<i64>]) -> Vec<(u32, i64)> {
-        let mut b = Batch::default();
-        for k in outer {
-            b.push(*k);
+    /// The node's way, with the caller's (reused) batch and emitter: distinct keys probed
+    /// against the inner side, pairs expanded.
+    fn by_batch_with(b: &mut Batch, e: &mut Emitter, outer: &[Option<i64>], inner: &[Option<i64>]) -> Vec<(u32, i64)> {
+        b.clear();
+        for (i, k) in outer.iter().enumerate() {
+            assert_eq!(b.push(*k), i as u32);
         }
-        let mut pairs = Vec::new();
+        assert_eq!(b.len(), outer.len());
+        let mut pairs = e.take_buffer();
         for &k in b.distinct() {
             for (j, n) in inner.iter().enumerate() {
                 if *n == Some(k) {
@@ -140,14 +321,18 @@ mod tests {
                 }
             }
         }
-        let mut e = Emitter::default();
         e.reset(pairs);
         let mut out = Vec::new();
-        while let Some(x) = e.next(&b) {
+        while let Some(x) = e.next(b) {
             out.push(x);
         }
+        assert_eq!(e.next(b), None, "an emitter stays done");
         out.sort();
         out
+    }
+
+    fn by_batch(outer: &[Option<i64>], inner: &[Option<i64>]) -> Vec<(u32, i64)> {
+        by_batch_with(&mut Batch::default(), &mut Emitter::default(), outer, inner)
     }
 
     #[test]
@@ -166,19 +351,24 @@ mod tests {
             b.push(k);
         }
         assert_eq!(b.distinct(), &[5, 3, 7]);
-        assert_eq!(b.positions(5), &[0, 2]);
-        assert_eq!(b.positions(9), &[] as &[u32]);
+        assert_eq!(b.positions(5).collect::<Vec<_>>(), [0, 2]);
+        assert_eq!(b.positions(3).collect::<Vec<_>>(), [1, 4]);
+        assert_eq!(b.positions(7).collect::<Vec<_>>(), [5]);
+        assert_eq!(b.positions(9).count(), 0);
         assert_eq!(b.len(), 6);
         b.clear();
         assert!(b.is_empty() && b.distinct().is_empty());
+        assert_eq!(b.positions(5).count(), 0, "a cleared batch forgets its keys");
     }
 
     #[test]
     fn a_pair_whose_key_is_not_in_the_batch_yields_nothing() {
         let mut b = Batch::default();
-        b.push(Some(1));
         let mut e = Emitter::default();
-        e.reset(vec![[42, 0], [1, 7], [43, 1]]);
+        e.reset(vec![[1, 7]]);
+        assert_eq!(e.next(&b), None, "an empty batch (no table yet) matches nothing");
+        b.push(Some(1));
+        e.reset(vec![[42, 0], [1, 7], [43, 1], [i64::MIN, 2], [i64::MAX, 3]]);
         assert_eq!(e.next(&b), Some((0, 7)));
         assert_eq!(e.next(&b), None);
         assert!(e.take_buffer().is_empty());
@@ -186,20 +376,321 @@ mod tests {
 
     #[test]
     fn matches_the_reference_on_pseudo_random_data() {
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = rng(0x9e37_79b9_7f4a_7c15);
         for round in 0..50 {
             let range = 1 + round % 17;
-            let outer: Vec<Option<i64>> =
-                (0..(next() % 60)).map(|_| if next() % 7 == 0 { None } else { Some((next() % range) as i64 - 3) }).collect();
-            let inner: Vec<Option<i64>> =
-                (0..(next() % 40)).map(|_| if next() % 5 == 0 { None } else { Some((next() % range) as i64 - 3) }).collect();
+            let outer: Vec<Option<i64>> = (0..(next() % 60))
+                .map(|_| if next().is_multiple_of(7) { None } else { Some((next() % range) as i64 - 3) })
+                .collect();
+            let inner: Vec<Option<i64>> = (0..(next() % 40))
+                .map(|_| if next().is_multiple_of(5) { None } else { Some((next() % range) as i64 - 3) })
+                .collect();
             assert_eq!(by_batch(&outer, &inner), reference(&outer, &inner), "round {round}");
+        }
+    }
+
+    #[test]
+    fn one_key_for_the_whole_batch_yields_its_cross_product_in_order() {
+        const N: usize = 1 << 16;
+        let mut b = Batch::default();
+        for _ in 0..N {
+            b.push(Some(-7));
+        }
+        assert_eq!(b.distinct(), &[-7]);
+        assert!(b.positions(-7).eq(0..N as u32));
+        let mut e = Emitter::default();
+        e.reset(vec![[-7, 10], [8, 99], [-7, 11], [-7, 12]]);
+        let mut n = 0usize;
+        while let Some((p, row)) = e.next(&b) {
+            // Pair by pair, each pair's positions in batch order.
+            assert_eq!((p as usize, row), (n % N, 10 + (n / N) as i64), "yield {n}");
+            n += 1;
+        }
+        assert_eq!(n, 3 * N);
+        assert_eq!(n, 196_608);
+    }
+
+    #[test]
+    fn one_batch_reused_across_batches_of_many_sizes() {
+        let mut next = rng(0x2545_f491_4f6c_dd1d);
+        let (mut b, mut e) = (Batch::default(), Emitter::default());
+        // Sizes that grow the table, shrink back to nothing and grow again; key ranges from all
+        // duplicates to all distinct.
+        let sizes = [0, 1, 2, 15, 16, 17, 300, 0, 5, 2000, 64, 1, 4097, 3, 1000];
+        for (round, &n) in sizes.iter().cycle().take(45).enumerate() {
+            let range = [1, 3, 50, 1 << 40][round % 4];
+            let outer: Vec<Option<i64>> = (0..n)
+                .map(|_| if next().is_multiple_of(9) { None } else { Some((next() % range) as i64 - (range / 2) as i64) })
+                .collect();
+            let inner: Vec<Option<i64>> = outer.iter().step_by(3).map(|k| k.map(|k| k ^ (next() % 2) as i64)).collect();
+            assert_eq!(by_batch_with(&mut b, &mut e, &outer, &inner), reference(&outer, &inner), "round {round}, {n} tuples");
+            let mut seen = std::collections::HashSet::new();
+            let firsts: Vec<i64> = outer.iter().flatten().copied().filter(|k| seen.insert(*k)).collect();
+            assert_eq!(b.distinct(), firsts, "round {round}");
+        }
+    }
+
+    #[test]
+    fn a_batch_no_larger_than_the_largest_seen_allocates_nothing() {
+        let mut b = Batch::default();
+        let fill = |b: &mut Batch, n: i64, stride: i64| {
+            b.clear();
+            for k in 0..n {
+                b.push(if k % 10 == 9 { None } else { Some(k * stride) });
+            }
+        };
+        fill(&mut b, 5000, 1);
+        let buffers = |b: &Batch| {
+            [b.keys.as_ptr() as usize, b.next.as_ptr() as usize]
+                .into_iter()
+                .chain([b.slots.as_ptr() as usize, b.slots.len()])
+                .collect::<Vec<_>>()
+        };
+        let before = buffers(&b);
+        for (n, stride) in [(5000, 7), (10, 1), (0, 1), (4999, -3), (5000, 1 << 33)] {
+            fill(&mut b, n, stride);
+            assert_eq!(buffers(&b), before, "{n} tuples, stride {stride}");
+            assert_eq!(b.distinct().len(), (n - n / 10) as usize);
+        }
+    }
+
+    #[test]
+    fn an_emitter_walked_against_another_batch_stays_in_it_and_ends() {
+        let mut b = Batch::default();
+        for k in [1, 2, 1, 1, 3, 1, 2, 1] {
+            b.push(Some(k));
+        }
+        let mut e = Emitter::default();
+        e.reset(vec![[1, 10], [2, 20], [1, 11]]);
+        assert_eq!(e.next(&b), Some((0, 10)));
+        assert_eq!(e.next(&b), Some((2, 10)));
+        // The batch changes under the walk (a caller's bug): the cursor (position 3) is past the
+        // new batch, so the pair ends; the rest are looked up in the new batch.
+        b.clear();
+        for k in [2, 1] {
+            b.push(Some(k));
+        }
+        let rest: Vec<_> = std::iter::from_fn(|| e.next(&b)).collect();
+        assert_eq!(rest, [(0, 20), (1, 11)]);
+        assert_eq!(e.next(&b), None);
+    }
+
+    #[test]
+    fn the_generation_wraps_without_resurrecting_old_keys() {
+        let mut b = Batch::default();
+        b.push(Some(1));
+        b.generation = u32::MAX - 1;
+        b.clear();
+        b.push(Some(2)); // a slot of generation u32::MAX
+        b.clear(); // wraps: every slot wiped, generation 1 again
+        assert_eq!(b.generation, 1);
+        assert_eq!(b.positions(1).count(), 0);
+        assert_eq!(b.positions(2).count(), 0);
+        b.push(Some(2));
+        assert_eq!(b.distinct(), &[2]);
+        assert_eq!(b.positions(2).collect::<Vec<_>>(), [0]);
+    }
+}
+
+/// Old (std `HashMap<i64, Vec<u32>>`) against new, on the node's batch size:
+/// `cargo test -p pg_uvm_share --lib --release matching -- --ignored --nocapture`.
+#[cfg(test)]
+mod bench {
+    use super::{Batch, Emitter};
+    use std::hint::black_box;
+    use std::time::Instant;
+
+    /// The implementation this module had before its own table, kept only to measure against.
+    mod old {
+        use std::collections::HashMap;
+
+        #[derive(Default)]
+        pub struct Batch {
+            keys: Vec<i64>,
+            positions: HashMap<i64, Vec<u32>>,
+            tuples: u32,
+        }
+
+        impl Batch {
+            pub fn clear(&mut self) {
+                self.keys.clear();
+                self.positions.clear();
+                self.tuples = 0;
+            }
+
+            pub fn push(&mut self, key: Option<i64>) -> u32 {
+                let pos = self.tuples;
+                self.tuples += 1;
+                if let Some(k) = key {
+                    let v = self.positions.entry(k).or_default();
+                    if v.is_empty() {
+                        self.keys.push(k);
+                    }
+                    v.push(pos);
+                }
+                pos
+            }
+
+            pub fn distinct(&self) -> &[i64] {
+                &self.keys
+            }
+
+            pub fn positions(&self, key: i64) -> &[u32] {
+                self.positions.get(&key).map(Vec::as_slice).unwrap_or(&[])
+            }
+        }
+
+        #[derive(Default)]
+        pub struct Emitter {
+            pairs: Vec<[i64; 2]>,
+            pair: usize,
+            pos: usize,
+        }
+
+        impl Emitter {
+            pub fn reset(&mut self, pairs: Vec<[i64; 2]>) {
+                self.pairs = pairs;
+                self.pair = 0;
+                self.pos = 0;
+            }
+
+            pub fn take_buffer(&mut self) -> Vec<[i64; 2]> {
+                let mut v = std::mem::take(&mut self.pairs);
+                v.clear();
+                self.pair = 0;
+                self.pos = 0;
+                v
+            }
+
+            pub fn next(&mut self, batch: &Batch) -> Option<(u32, i64)> {
+                while self.pair < self.pairs.len() {
+                    let [key, row] = self.pairs[self.pair];
+                    let ps = batch.positions(key);
+                    if self.pos < ps.len() {
+                        let p = ps[self.pos];
+                        self.pos += 1;
+                        return Some((p, row));
+                    }
+                    self.pair += 1;
+                    self.pos = 0;
+                }
+                None
+            }
+        }
+    }
+
+    /// The calls the node makes, for either implementation.
+    trait Matching: Default {
+        type Emitter: Default;
+        fn clear(&mut self);
+        fn push(&mut self, key: Option<i64>) -> u32;
+        fn distinct(&self) -> &[i64];
+        fn take_buffer(e: &mut Self::Emitter) -> Vec<[i64; 2]>;
+        fn reset(e: &mut Self::Emitter, pairs: Vec<[i64; 2]>);
+        fn next(e: &mut Self::Emitter, b: &Self) -> Option<(u32, i64)>;
+    }
+
+    macro_rules! matching {
+        ($b:ty, $e:ty) => {
+            impl Matching for $b {
+                type Emitter = $e;
+                fn clear(&mut self) {
+                    <$b>::clear(self)
+                }
+                fn push(&mut self, key: Option<i64>) -> u32 {
+                    <$b>::push(self, key)
+                }
+                fn distinct(&self) -> &[i64] {
+                    <$b>::distinct(self)
+                }
+                fn take_buffer(e: &mut $e) -> Vec<[i64; 2]> {
+                    e.take_buffer()
+                }
+                fn reset(e: &mut $e, pairs: Vec<[i64; 2]>) {
+                    e.reset(pairs)
+                }
+                fn next(e: &mut $e, b: &$b) -> Option<(u32, i64)> {
+                    e.next(b)
+                }
+            }
+        };
+    }
+    matching!(Batch, Emitter);
+    matching!(old::Batch, old::Emitter);
+
+    /// Best of `runs` (each `batches` batches, steady state) ns per outer tuple for clear + push
+    /// + distinct, and for reset + the emit walk; and the rows yielded per batch.
+    fn time<M: Matching>(keys: &[Option<i64>], pairs: &[[i64; 2]], runs: usize, batches: usize) -> (f64, f64, usize) {
+        let (mut b, mut e) = (M::default(), M::Emitter::default());
+        let (mut push_ns, mut emit_ns, mut rows) = (f64::MAX, f64::MAX, 0);
+        for _ in 0..runs {
+            let (mut push, mut emit) = (0u128, 0u128);
+            for _ in 0..batches {
+                let t = Instant::now();
+                b.clear();
+                for &k in keys {
+                    b.push(black_box(k));
+                }
+                black_box(b.distinct().len());
+                push += t.elapsed().as_nanos();
+                let mut buf = M::take_buffer(&mut e);
+                buf.extend_from_slice(pairs); // the read from the result buffer: not timed
+                let t = Instant::now();
+                M::reset(&mut e, buf);
+                let (mut n, mut sum) = (0usize, 0u64);
+                while let Some((p, row)) = M::next(&mut e, &b) {
+                    n += 1;
+                    sum = sum.wrapping_add(p as u64 ^ row as u64);
+                }
+                black_box(sum);
+                emit += t.elapsed().as_nanos();
+                rows = n;
+            }
+            let per = (batches * keys.len()) as f64;
+            push_ns = push_ns.min(push as f64 / per);
+            emit_ns = emit_ns.min(emit as f64 / per);
+        }
+        (push_ns, emit_ns, rows)
+    }
+
+    /// One pair per distinct key (each fact key finds one dim row, as in the benchmark join), in
+    /// a shuffled order (the GPU's materialize does not keep the probe's order).
+    fn pairs_for(keys: &[Option<i64>], next: &mut impl FnMut() -> u64) -> Vec<[i64; 2]> {
+        let mut b = Batch::default();
+        for &k in keys {
+            b.push(k);
+        }
+        let mut pairs: Vec<[i64; 2]> = b.distinct().iter().map(|&k| [k, (next() % 5_000_000) as i64]).collect();
+        for i in (1..pairs.len()).rev() {
+            pairs.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        pairs
+    }
+
+    #[test]
+    #[ignore = "a measurement: run with --release -- --ignored --nocapture"]
+    fn old_against_new() {
+        const N: usize = crate::node::gpujoin::BATCH_TUPLES;
+        let mut next = super::tests_rng(0x6a09_e667_f3bc_c908);
+        let uniform: Vec<Option<i64>> = (0..N).map(|_| Some((next() % 5_000_000) as i64)).collect();
+        let hot: Vec<i64> = (0..10).map(|_| (next() % 5_000_000) as i64).collect();
+        let skewed: Vec<Option<i64>> = (0..N)
+            .map(|_| Some(if next() % 10 < 9 { hot[(next() % 10) as usize] } else { (next() % 5_000_000) as i64 }))
+            .collect();
+        for (name, keys) in [("uniform, range 5 M", &uniform), ("skewed, 90% on 10 keys", &skewed)] {
+            let pairs = pairs_for(keys, &mut next);
+            let distinct = pairs.len();
+            let (op, oe, orows) = time::<old::Batch>(keys, &pairs, 5, 100);
+            let (np, ne, nrows) = time::<Batch>(keys, &pairs, 5, 100);
+            assert_eq!((orows, nrows), (N, N), "one pair per distinct key joins every tuple once");
+            println!(
+                "{name}: {N} tuples, {distinct} distinct; ns per outer tuple: push+distinct old {op:.1} new {np:.1} \
+                 ({:.1}x), emit old {oe:.1} new {ne:.1} ({:.1}x), total old {:.1} new {:.1}",
+                op / np,
+                oe / ne,
+                op + oe,
+                np + ne
+            );
         }
     }
 }
