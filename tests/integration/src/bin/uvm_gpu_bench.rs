@@ -1296,7 +1296,9 @@ fn gpujoin_with_workers(
 /// The same join written as plain SQL, planned as the parallel GpuJoin plan node (issue 12),
 /// 5 workers, against PostgreSQL's parallel hash join and the bare parallel count(*) measured
 /// just before with the same workers; then a query returning columns of both sides (a top-N
-/// sort over the join), node on vs off.
+/// sort over the join), node on vs off. PostgreSQL's joins are turned off while the node runs,
+/// as in the regression tests: `auto` leaves the node off, and with `on` the planner still
+/// costs PostgreSQL's parallel hash join lower (it splits the inner scan among the workers).
 fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, scan_s: f64, want: &Option<Vec<String>>) {
     const KH: &str = "gj_node_hash";
     const MH: &str =
@@ -1314,7 +1316,8 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, sc
     let r = (|| -> R<(Vec<f64>, i64, Vec<f64>, Vec<f64>)> {
         c.batch_execute(
             "ALTER TABLE bench_fact SET (parallel_workers = 5); SET max_parallel_workers_per_gather = 5; \
-             SET pg_uvm_share.enable_gpujoin = on",
+             SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off; \
+             SET enable_nestloop = off",
         )
         .map_err(err("enable_gpujoin"))?;
         let plan = try_explain_analyze(c, pg_q).map_err(err("EXPLAIN ANALYZE through the node"))?;
@@ -1333,10 +1336,10 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, sc
         let (mut on, mut off) = (Vec::new(), Vec::new());
         let mut top: Option<Vec<String>> = None;
         for _ in 0..HASH_JOIN_REPEATS {
-            c.batch_execute("SET pg_uvm_share.enable_gpujoin = on").map_err(err("enable_gpujoin"))?;
+            c.batch_execute("SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off").map_err(err("enable_gpujoin"))?;
             let (s, v) = time_query(c, topn_q)?;
             on.push(s);
-            c.batch_execute("SET pg_uvm_share.enable_gpujoin = off").map_err(err("enable_gpujoin"))?;
+            c.batch_execute("SET pg_uvm_share.enable_gpujoin = off; RESET enable_hashjoin").map_err(err("enable_gpujoin"))?;
             let (s2, v2) = time_query(c, topn_q)?;
             off.push(s2);
             if v != v2 || top.as_ref().is_some_and(|t| *t != v) {
@@ -1344,7 +1347,11 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, sc
             }
             top = Some(v);
         }
-        c.batch_execute("RESET pg_uvm_share.enable_gpujoin; RESET max_parallel_workers_per_gather").map_err(err("reset"))?;
+        c.batch_execute(
+            "RESET pg_uvm_share.enable_gpujoin; RESET max_parallel_workers_per_gather; RESET enable_hashjoin; \
+             RESET enable_mergejoin; RESET enable_nestloop",
+        )
+        .map_err(err("reset"))?;
         Ok((node, launched, on, off))
     })();
     match r {
