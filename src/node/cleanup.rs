@@ -10,13 +10,17 @@
 //! - process exit (`before_shmem_exit`) drops what is left (a FATAL error, `pg_terminate_backend`).
 //!
 //! A backend killed by SIGKILL takes the cluster through a restart, which wipes every segment.
-//! Drops run with interrupts held off and their errors ignored (another process may have
-//! pinned the segment; nothing else can be done about it in a callback).
+//! Drops run with interrupts held off. A segment still pinned by a request this process gave up
+//! on (the GPU service finishes it) is tried again for up to [`IN_USE_WAIT`]; any other error
+//! is written to the server log and ignored (nothing else can be done about it in a callback).
 
 use std::cell::RefCell;
 
 use pgrx::pg_sys;
 
+use std::time::{Duration, Instant};
+
+use crate::error::Code;
 use crate::exec::{self, SegRef};
 
 struct Entry {
@@ -40,7 +44,13 @@ pub fn temp_name(what: &str) -> String {
     format!("pg_temp_gpujoin_{}_{n}_{what}", unsafe { pg_sys::MyProcPid })
 }
 
-/// Lists a temporary segment just created.
+/// How long the cleanup waits, in all, for segments still pinned by an abandoned request.
+const IN_USE_WAIT: Duration = Duration::from_secs(5);
+
+/// Lists a temporary segment about to be created (id 0: by name) or just created. A segment is
+/// listed before the request that creates it, so that an ERROR, a cancel or a terminate while
+/// the request runs (in the GPU service, which finishes it anyway) cannot leave it unlisted;
+/// [`listed_as`] then gives it its id.
 pub fn track(seg: SegRef) {
     // SAFETY: reads the current subtransaction's id.
     let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
@@ -52,6 +62,15 @@ pub fn track(seg: SegRef) {
 pub fn drop_now(seg: &SegRef) {
     crate::sql::with_executor(|ex| exec::drop(ex, seg));
     forget(seg);
+}
+
+/// Gives the listed `pending` entry (made by [`track`] before the creation) its segment's id.
+pub fn listed_as(pending: &SegRef, seg: SegRef) {
+    LIST.with(|l| {
+        for e in l.borrow_mut().iter_mut().filter(|e| e.seg == *pending) {
+            e.seg = seg;
+        }
+    });
 }
 
 fn forget(seg: &SegRef) {
@@ -76,8 +95,28 @@ fn drop_where(which: impl Fn(&Entry) -> bool) {
     }
     // SAFETY: a process-local counter of the main thread, restored below.
     unsafe { pg_sys::InterruptHoldoffCount += 1 };
+    let deadline = Instant::now() + IN_USE_WAIT;
     for seg in victims {
-        let _ = std::panic::catch_unwind(|| crate::sql::try_with_executor(|ex| exec::drop(ex, &seg)));
+        loop {
+            let r = std::panic::catch_unwind(|| crate::sql::try_with_executor(|ex| exec::drop(ex, &seg)));
+            let why = match r {
+                Ok(Ok(())) => break,
+                // Listed before its creation, which failed or was interrupted: nothing to drop.
+                Ok(Err(e)) if e.code == Code::UndefinedObject => break,
+                // A request this process gave up on (a cancel, a terminate) still runs in the GPU
+                // service with the segment pinned; it ends soon.
+                Ok(Err(e)) if e.code == Code::ObjectInUse && Instant::now() < deadline => {
+                    // SAFETY: a plain sleep of the main thread.
+                    unsafe { pg_sys::pg_usleep(2_000) };
+                    continue;
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "a panic".to_string(),
+            };
+            // Nothing can be raised here: the server log says which segment stayed, and why.
+            pgrx::log!("pg_uvm_share: temporary segment \"{}\" was not dropped: {why}", seg.name());
+            break;
+        }
     }
     // SAFETY: as above.
     unsafe { pg_sys::InterruptHoldoffCount -= 1 };

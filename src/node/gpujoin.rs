@@ -496,6 +496,28 @@ struct Stats {
     gpu: Duration,
 }
 
+// utils/datum.h, which pgrx's bindings leave out (the same signature on PostgreSQL 14 to 18).
+unsafe extern "C-unwind" {
+    #[link_name = "datumCopy"]
+    fn datum_copy_raw(value: pg_sys::Datum, typ_by_val: bool, typ_len: std::ffi::c_int) -> pg_sys::Datum;
+}
+
+/// `datumCopy` into the current memory context, its ERROR (out of memory) raised as pgrx does.
+///
+/// # Safety
+/// `value` is a datum of a type with `typ_len`, passed by reference.
+unsafe fn datum_copy(value: pg_sys::Datum, typ_by_val: bool, typ_len: std::ffi::c_int) -> pg_sys::Datum {
+    // SAFETY: forwarded contract; the boundary turns a longjmp into a Rust panic.
+    unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| datum_copy_raw(value, typ_by_val, typ_len)) }
+}
+
+/// An outer column the node keeps for each tuple of a batch.
+struct OuterCol {
+    resno: i32,
+    byval: bool,
+    len: i16,
+}
+
 /// The GpuJoin custom scan.
 pub struct GpuJoinScan {
     p: Private,
@@ -504,10 +526,16 @@ pub struct GpuJoinScan {
     inner: *mut pg_sys::PlanState,
     inner_ctx: pg_sys::MemoryContext,
     batch_ctx: pg_sys::MemoryContext,
-    outer_reader: *mut pg_sys::TupleTableSlot,
     inner_reader: *mut pg_sys::TupleTableSlot,
     rows: InnerRows,
-    outer_tuples: Vec<pg_sys::MinimalTuple>,
+    /// The outer columns the join uses, kept per batch tuple (`outer_vals`, `outer_nulls`:
+    /// `outer_cols.len()` entries per tuple; by-reference values copied into the batch context)
+    /// instead of whole tuples.
+    outer_cols: Vec<OuterCol>,
+    outer_vals: Vec<pg_sys::Datum>,
+    outer_nulls: Vec<bool>,
+    /// Per scan tuple column of an outer column: its index in `outer_cols`.
+    outer_index: Vec<usize>,
     /// The inner table; dropped by this process only if it `owns_table` (a parallel query's
     /// table belongs to the leader).
     table: Option<SegRef>,
@@ -616,10 +644,12 @@ impl GpuJoinScan {
     fn create_temp(&mut self, what: &str, bytes: u64, max: Option<u64>) -> SegRef {
         let name = cleanup::temp_name(what);
         let (size, max) = (bytes.min(i64::MAX as u64) as i64, max.map(|m| m.min(i64::MAX as u64) as i64));
+        let pending = SegRef::new(&name, 0).unwrap_or_else(|e| report(e));
+        cleanup::track(pending);
+        cleanup::install_exit_once();
         let id = self.timed(|ex| exec::create(ex, &name, size, max, TierPref::Auto, current_user(), now()));
         let seg = SegRef::new(&name, id).unwrap_or_else(|e| report(e));
-        cleanup::track(seg);
-        cleanup::install_exit_once();
+        cleanup::listed_as(&pending, seg);
         seg
     }
 
@@ -733,7 +763,8 @@ impl GpuJoinScan {
         // SAFETY: forwarded contract; tuples are copied into the batch context.
         unsafe {
             pg_sys::MemoryContextReset(self.batch_ctx);
-            self.outer_tuples.clear();
+            self.outer_vals.clear();
+            self.outer_nulls.clear();
             self.batch.clear();
             while self.batch.len() < BATCH_TUPLES {
                 let slot = pg_sys::ExecProcNode(self.outer);
@@ -745,10 +776,16 @@ impl GpuJoinScan {
                 if isnull {
                     continue; // a NULL key never matches
                 }
-                let old = pg_sys::MemoryContextSwitchTo(self.batch_ctx);
-                let mt = pg_sys::ExecCopySlotMinimalTuple(slot);
-                pg_sys::MemoryContextSwitchTo(old);
-                self.outer_tuples.push(mt);
+                for c in &self.outer_cols {
+                    let (mut v, isnull) = attr(slot, c.resno, self.max_outer_att);
+                    if !isnull && !c.byval {
+                        let old = pg_sys::MemoryContextSwitchTo(self.batch_ctx);
+                        v = datum_copy(v, false, c.len as i32);
+                        pg_sys::MemoryContextSwitchTo(old);
+                    }
+                    self.outer_vals.push(v);
+                    self.outer_nulls.push(isnull);
+                }
                 self.batch.push(Some(key_of(d, self.p.key_oid)));
             }
             if self.batch.is_empty() {
@@ -897,10 +934,12 @@ impl JoinScan for GpuJoinScan {
             inner: std::ptr::null_mut(),
             inner_ctx: std::ptr::null_mut(),
             batch_ctx: std::ptr::null_mut(),
-            outer_reader: std::ptr::null_mut(),
             inner_reader: std::ptr::null_mut(),
             rows: InnerRows::default(),
-            outer_tuples: Vec::new(),
+            outer_cols: Vec::new(),
+            outer_vals: Vec::new(),
+            outer_nulls: Vec::new(),
+            outer_index: Vec::new(),
             table: None,
             owns_table: false,
             result: None,
@@ -942,8 +981,26 @@ impl JoinScan for GpuJoinScan {
             self.inner_ctx = ctx(c"GpuJoin inner tuples");
             self.batch_ctx = ctx(c"GpuJoin outer batch");
             self.estate = estate;
-            self.outer_reader =
-                pg_sys::MakeSingleTupleTableSlot(pg_sys::ExecGetResultType(self.outer), &pg_sys::TTSOpsMinimalTuple);
+            // The outer columns to keep, with how to copy them.
+            let desc = pg_sys::ExecGetResultType(self.outer);
+            for (side, resno) in self.p.map.clone() {
+                if side != 0 {
+                    self.outer_index.push(usize::MAX);
+                    continue;
+                }
+                let at = match self.outer_cols.iter().position(|c| c.resno == resno) {
+                    Some(at) => at,
+                    None => {
+                        if resno < 1 || resno > (*desc).natts {
+                            report(UvmError::new(Code::SystemError, "GpuJoin: an outer column outside the outer side's row"));
+                        }
+                        let a = (*desc).attrs.as_ptr().add((resno - 1) as usize);
+                        self.outer_cols.push(OuterCol { resno, byval: (*a).attbyval, len: (*a).attlen });
+                        self.outer_cols.len() - 1
+                    }
+                };
+                self.outer_index.push(at);
+            }
             self.inner_reader =
                 pg_sys::MakeSingleTupleTableSlot(pg_sys::ExecGetResultType(self.inner), &pg_sys::TTSOpsMinimalTuple);
         }
@@ -979,19 +1036,23 @@ impl JoinScan for GpuJoinScan {
                     self.next_batch();
                     continue;
                 };
-                let (Some(&ot), Some(it)) = (self.outer_tuples.get(pos as usize), self.rows.get(row)) else {
+                let n = self.outer_cols.len();
+                let base = pos as usize * n;
+                let (true, Some(it)) = (base + n <= self.outer_vals.len(), self.rows.get(row)) else {
                     report(UvmError::new(
                         Code::ObjectNotInPrerequisiteState,
                         "GpuJoin: a pair names no row (the result buffer was overwritten)",
                     ));
                 };
-                pg_sys::ExecStoreMinimalTuple(ot, self.outer_reader, false);
                 pg_sys::ExecStoreMinimalTuple(it, self.inner_reader, false);
                 pg_sys::ExecClearTuple(scan);
                 for (i, &(side, resno)) in self.p.map.iter().enumerate() {
-                    let (slot, upto) =
-                        if side == 0 { (self.outer_reader, self.max_outer_att) } else { (self.inner_reader, self.max_inner_att) };
-                    let (d, isnull) = attr(slot, resno, upto);
+                    let (d, isnull) = if side == 0 {
+                        let at = base + self.outer_index[i];
+                        (self.outer_vals[at], self.outer_nulls[at])
+                    } else {
+                        attr(self.inner_reader, resno, self.max_inner_att)
+                    };
                     *(*scan).tts_values.add(i) = d;
                     *(*scan).tts_isnull.add(i) = isnull;
                 }
@@ -1037,7 +1098,8 @@ impl JoinScan for GpuJoinScan {
             self.outer_done = false;
             self.batch.clear();
             self.emitter.reset(Vec::new());
-            self.outer_tuples.clear();
+            self.outer_vals.clear();
+            self.outer_nulls.clear();
         }
     }
 
@@ -1049,12 +1111,9 @@ impl JoinScan for GpuJoinScan {
             if let Some(seg) = self.result.take() {
                 cleanup::drop_now(&seg);
             }
-            for s in [self.outer_reader, self.inner_reader] {
-                if !s.is_null() {
-                    pg_sys::ExecDropSingleTupleTableSlot(s);
-                }
+            if !self.inner_reader.is_null() {
+                pg_sys::ExecDropSingleTupleTableSlot(self.inner_reader);
             }
-            self.outer_reader = std::ptr::null_mut();
             self.inner_reader = std::ptr::null_mut();
             for c in [self.outer, self.inner] {
                 if !c.is_null() {
