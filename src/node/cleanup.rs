@@ -9,6 +9,9 @@
 //! - a commit drops any still listed (a portal closed without End; none is expected);
 //! - process exit (`before_shmem_exit`) drops what is left (a FATAL error, `pg_terminate_backend`).
 //!
+//! A parallel worker terminated inside one of its segment operations cannot drop its own (see
+//! [`sweep_orphans`]): its leader drops them at abort, by the creator's pid in the name.
+//!
 //! A backend killed by SIGKILL takes the cluster through a restart, which wipes every segment.
 //! Drops run with interrupts held off. A segment still pinned by a request this process gave up
 //! on (the GPU service finishes it) is tried again for up to [`IN_USE_WAIT`]; any other error
@@ -97,36 +100,82 @@ fn drop_where(which: impl Fn(&Entry) -> bool) {
     unsafe { pg_sys::InterruptHoldoffCount += 1 };
     let deadline = Instant::now() + IN_USE_WAIT;
     for seg in victims {
-        loop {
-            let r = std::panic::catch_unwind(|| crate::sql::try_with_executor(|ex| exec::drop(ex, &seg)));
-            let why = match r {
-                Ok(Ok(())) => break,
-                // Listed before its creation, which failed or was interrupted: nothing to drop.
-                Ok(Err(e)) if e.code == Code::UndefinedObject => break,
-                // A request this process gave up on (a cancel, a terminate) still runs in the GPU
-                // service with the segment pinned; it ends soon.
-                Ok(Err(e)) if e.code == Code::ObjectInUse && Instant::now() < deadline => {
-                    // SAFETY: a plain sleep of the main thread.
-                    unsafe { pg_sys::pg_usleep(2_000) };
-                    continue;
-                }
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => "a panic".to_string(),
-            };
-            // Nothing can be raised here: the server log says which segment stayed, and why.
-            pgrx::log!("pg_uvm_share: temporary segment \"{}\" was not dropped: {why}", seg.name());
-            break;
-        }
+        drop_quietly(&seg, deadline);
     }
     // SAFETY: as above.
     unsafe { pg_sys::InterruptHoldoffCount -= 1 };
 }
 
+/// Drops `seg`, trying again until `deadline` while a request this process gave up on still
+/// pins it; other failures go to the server log. Called with interrupts held off.
+fn drop_quietly(seg: &SegRef, deadline: Instant) {
+    loop {
+        let r = std::panic::catch_unwind(|| crate::sql::try_with_executor(|ex| exec::drop(ex, seg)));
+        let why = match r {
+            Ok(Ok(())) => return,
+            // Listed before its creation, which failed or was interrupted: nothing to drop.
+            Ok(Err(e)) if e.code == Code::UndefinedObject => return,
+            // A request this process gave up on (a cancel, a terminate) still runs in the GPU
+            // service with the segment pinned; it ends soon.
+            Ok(Err(e)) if e.code == Code::ObjectInUse && Instant::now() < deadline => {
+                // SAFETY: a plain sleep of the main thread.
+                unsafe { pg_sys::pg_usleep(2_000) };
+                continue;
+            }
+            Ok(Err(e)) => e.to_string(),
+            // This process's segment manager is unusable (a FATAL exit inside one of its
+            // operations): another process's `sweep_orphans` drops the segment.
+            Err(_) => "the segment manager is busy (an exit inside an operation)".to_string(),
+        };
+        pgrx::log!("pg_uvm_share: temporary segment \"{}\" was not dropped: {why}", seg.name());
+        return;
+    }
+}
+
+/// The pid in a temporary segment's name (`pg_temp_gpujoin_<pid>_<n>_<what>`).
+fn creator_pid(name: &str) -> Option<i32> {
+    name.strip_prefix("pg_temp_gpujoin_")?.split('_').next()?.parse().ok()
+}
+
+/// Drops this user's temporary segments whose creating process is gone. A parallel worker
+/// terminated inside one of its segment operations exits without its own cleanup (a FATAL
+/// exit does not unwind the operation, so the process's segment manager stays busy); its
+/// leader runs this at abort, after the workers have exited. A pid used again by a live
+/// process keeps its segments (they may be that process's).
+pub fn sweep_orphans() {
+    // SAFETY: reads this process's pid.
+    let me = unsafe { pg_sys::MyProcPid };
+    let user = crate::sql::current_user();
+    let Ok(orphans) = crate::registry::shmem::shared().map(|reg| {
+        reg.segments()
+            .into_iter()
+            .filter(|i| i.owner == user)
+            .filter(|i| creator_pid(&i.name).is_some_and(|pid| pid != me && pid > 0 && !alive(pid)))
+            .filter_map(|i| SegRef::new(&i.name, i.id).ok())
+            .collect::<Vec<_>>()
+    }) else {
+        return;
+    };
+    let deadline = Instant::now() + IN_USE_WAIT;
+    for seg in orphans {
+        drop_quietly(&seg, deadline);
+    }
+}
+
+/// Whether process `pid` exists.
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists and may be signalled.
+    unsafe { libc::kill(pid, 0) == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM) }
+}
+
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     match event {
-        pg_sys::XactEvent::XACT_EVENT_ABORT
-        | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT
+        pg_sys::XactEvent::XACT_EVENT_ABORT => {
+            drop_where(|_| true);
+            sweep_orphans_quietly();
+        }
+        pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT
         | pg_sys::XactEvent::XACT_EVENT_COMMIT
         | pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT
         | pg_sys::XactEvent::XACT_EVENT_PREPARE => drop_where(|_| true),
@@ -144,7 +193,17 @@ unsafe extern "C-unwind" fn subxact_callback(
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
         // Subtransaction ids grow: the aborted one's children have larger ids.
         drop_where(|e| e.subxact >= my_subid);
+        sweep_orphans_quietly();
     }
+}
+
+/// [`sweep_orphans`] from a callback: interrupts held off, nothing raised.
+fn sweep_orphans_quietly() {
+    // SAFETY: a process-local counter of the main thread, restored below.
+    unsafe { pg_sys::InterruptHoldoffCount += 1 };
+    let _ = std::panic::catch_unwind(sweep_orphans);
+    // SAFETY: as above.
+    unsafe { pg_sys::InterruptHoldoffCount -= 1 };
 }
 
 #[pgrx::pg_guard]
@@ -171,5 +230,19 @@ pub fn install_exit_once() {
     if !DONE.with(|d| d.replace(true)) {
         // SAFETY: registers a pg_guard'ed callback PostgreSQL runs at process exit.
         unsafe { pg_sys::before_shmem_exit(Some(on_exit), pg_sys::Datum::from(0)) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::creator_pid;
+
+    #[test]
+    fn the_creator_pid_comes_from_the_temporary_name_only() {
+        assert_eq!(creator_pid("pg_temp_gpujoin_4242_7_pairs"), Some(4242));
+        assert_eq!(creator_pid("pg_temp_gpujoin_17_1_inner"), Some(17));
+        assert_eq!(creator_pid("pg_temp_gpujoin_x_1_inner"), None);
+        assert_eq!(creator_pid("gpujoin_4242_7_pairs"), None);
+        assert_eq!(creator_pid("pg_temp_gpujoin_"), None);
     }
 }
