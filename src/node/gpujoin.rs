@@ -74,7 +74,7 @@ use pgrx::PgList;
 
 use super::cleanup;
 use super::matching::{Batch, Emitter};
-use super::shared::{InnerRows, Role, RowWriter, Shared, TIERS};
+use super::shared::{Arena, Col, InnerRows, Role, RowWriter, Shared, TIERS};
 use crate::customscan::{self, JoinScan, Methods};
 use crate::error::{Code, Result, UvmError};
 use crate::exec::{self, SegRef};
@@ -511,13 +511,6 @@ unsafe fn datum_copy(value: pg_sys::Datum, typ_by_val: bool, typ_len: std::ffi::
     unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| datum_copy_raw(value, typ_by_val, typ_len)) }
 }
 
-/// An outer column the node keeps for each tuple of a batch.
-struct OuterCol {
-    resno: i32,
-    byval: bool,
-    len: i16,
-}
-
 /// The GpuJoin custom scan.
 pub struct GpuJoinScan {
     p: Private,
@@ -526,16 +519,20 @@ pub struct GpuJoinScan {
     inner: *mut pg_sys::PlanState,
     inner_ctx: pg_sys::MemoryContext,
     batch_ctx: pg_sys::MemoryContext,
-    inner_reader: *mut pg_sys::TupleTableSlot,
+    /// The inner rows (the inner columns the join uses: `inner_cols`, read from the inner
+    /// child's `inner_resnos`).
     rows: InnerRows,
+    inner_cols: Vec<Col>,
+    inner_resnos: Vec<i32>,
     /// The outer columns the join uses, kept per batch tuple (`outer_vals`, `outer_nulls`:
     /// `outer_cols.len()` entries per tuple; by-reference values copied into the batch context)
     /// instead of whole tuples.
-    outer_cols: Vec<OuterCol>,
+    outer_cols: Vec<Col>,
+    outer_resnos: Vec<i32>,
     outer_vals: Vec<pg_sys::Datum>,
     outer_nulls: Vec<bool>,
-    /// Per scan tuple column of an outer column: its index in `outer_cols`.
-    outer_index: Vec<usize>,
+    /// Per scan tuple column: its index in `outer_cols` or `inner_cols` (by its side).
+    col_index: Vec<usize>,
     /// The inner table; dropped by this process only if it `owns_table` (a parallel query's
     /// table belongs to the leader).
     table: Option<SegRef>,
@@ -653,25 +650,51 @@ impl GpuJoinScan {
         seg
     }
 
-    /// A serial execution's build: the inner tuples in the node's memory, the table in a
+    /// Drains the inner child into `writer` (the columns the join uses); by-reference values
+    /// that need flattening are made in `scratch`, reset as it goes.
+    ///
+    /// # Safety
+    /// Called from exec with the node's children initialized; the writer's arena is live.
+    unsafe fn drain_into(&mut self, writer: &mut RowWriter, scratch: pg_sys::MemoryContext) -> (Vec<[i64; 2]>, u64) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            let resnos = self.inner_resnos.clone();
+            let upto = self.max_inner_att;
+            let (mut values, mut nulls) = (vec![pg_sys::Datum::from(0); resnos.len()], vec![false; resnos.len()]);
+            pg_sys::MemoryContextReset(scratch);
+            let mut stored = 0u32;
+            let r = self.drain_inner(|slot| {
+                stored = stored.wrapping_add(1);
+                if stored % 1024 == 0 {
+                    pg_sys::MemoryContextReset(scratch);
+                }
+                for (i, &resno) in resnos.iter().enumerate() {
+                    (values[i], nulls[i]) = attr(slot, resno, upto);
+                }
+                let old = pg_sys::MemoryContextSwitchTo(scratch);
+                let id = writer.push(&values, &nulls);
+                pg_sys::MemoryContextSwitchTo(old);
+                id
+            });
+            pg_sys::MemoryContextReset(scratch);
+            r
+        }
+    }
+
+    /// A serial execution's build: the inner rows in the node's memory, the table in a
     /// temporary segment of this process.
     ///
     /// # Safety
     /// Called from exec with the node's children initialized.
     unsafe fn build_local(&mut self) {
-        // SAFETY: forwarded contract; tuples are copied into the node's inner context.
+        // SAFETY: forwarded contract; the rows are stored in the node's inner context.
         unsafe {
             self.drop_table();
+            self.rows = InnerRows::default();
             pg_sys::MemoryContextReset(self.inner_ctx);
-            let ctx = self.inner_ctx;
-            let mut tuples = Vec::new();
-            let (rows, nulls) = self.drain_inner(|slot| {
-                let old = pg_sys::MemoryContextSwitchTo(ctx);
-                tuples.push(pg_sys::ExecCopySlotMinimalTuple(slot));
-                pg_sys::MemoryContextSwitchTo(old);
-                (tuples.len() - 1) as i64
-            });
-            self.rows = InnerRows::Local(tuples);
+            let mut writer = RowWriter::new(Arena::Local(self.inner_ctx), &self.inner_cols);
+            let (rows, nulls) = self.drain_into(&mut writer, self.batch_ctx);
+            self.rows = writer.into_local();
             if rows.is_empty() {
                 return;
             }
@@ -689,7 +712,7 @@ impl GpuJoinScan {
     /// # Safety
     /// Called from exec with `self.shared` set up and the query's DSA area attached.
     unsafe fn attach_shared(&mut self) {
-        // SAFETY: forwarded contract; the builder writes the tuples into the query's DSA area.
+        // SAFETY: forwarded contract; the builder writes the rows into the query's DSA area.
         unsafe {
             let sh = self.shared;
             let area = (*self.estate).es_query_dsa;
@@ -697,22 +720,9 @@ impl GpuJoinScan {
                 report(UvmError::new(Code::SystemError, "GpuJoin: a parallel execution without a query DSA area"));
             }
             if let Role::Build = Shared::claim_or_wait(sh) {
-                let mut writer = RowWriter::new(area);
-                let scratch = self.batch_ctx;
-                pg_sys::MemoryContextReset(scratch);
-                let mut copied = 0u32;
-                let (rows, nulls) = self.drain_inner(|slot| {
-                    copied += 1;
-                    if copied % 1024 == 0 {
-                        pg_sys::MemoryContextReset(scratch);
-                    }
-                    let old = pg_sys::MemoryContextSwitchTo(scratch);
-                    let mt = pg_sys::ExecCopySlotMinimalTuple(slot);
-                    pg_sys::MemoryContextSwitchTo(old);
-                    writer.push(mt)
-                });
-                pg_sys::MemoryContextReset(scratch);
-                writer.finish(sh);
+                let mut writer = RowWriter::new(Arena::Shared(area), &self.inner_cols);
+                let (rows, nulls) = self.drain_into(&mut writer, self.batch_ctx);
+                writer.publish(sh);
                 if !rows.is_empty() {
                     let seg = (*sh).table;
                     let (bytes, tier) = self.fill_table(&seg, &rows, nulls);
@@ -722,7 +732,7 @@ impl GpuJoinScan {
                 Shared::publish(sh);
             }
             self.table = Some((*sh).table);
-            self.rows = InnerRows::of_shared(sh, area);
+            self.rows = InnerRows::of_shared(sh, area, &self.inner_cols);
             self.copy_shared_stats();
         }
     }
@@ -776,8 +786,8 @@ impl GpuJoinScan {
                 if isnull {
                     continue; // a NULL key never matches
                 }
-                for c in &self.outer_cols {
-                    let (mut v, isnull) = attr(slot, c.resno, self.max_outer_att);
+                for (c, &resno) in self.outer_cols.iter().zip(&self.outer_resnos) {
+                    let (mut v, isnull) = attr(slot, resno, self.max_outer_att);
                     if !isnull && !c.byval {
                         let old = pg_sys::MemoryContextSwitchTo(self.batch_ctx);
                         v = datum_copy(v, false, c.len as i32);
@@ -934,12 +944,14 @@ impl JoinScan for GpuJoinScan {
             inner: std::ptr::null_mut(),
             inner_ctx: std::ptr::null_mut(),
             batch_ctx: std::ptr::null_mut(),
-            inner_reader: std::ptr::null_mut(),
             rows: InnerRows::default(),
+            inner_cols: Vec::new(),
+            inner_resnos: Vec::new(),
             outer_cols: Vec::new(),
+            outer_resnos: Vec::new(),
             outer_vals: Vec::new(),
             outer_nulls: Vec::new(),
-            outer_index: Vec::new(),
+            col_index: Vec::new(),
             table: None,
             owns_table: false,
             result: None,
@@ -981,28 +993,30 @@ impl JoinScan for GpuJoinScan {
             self.inner_ctx = ctx(c"GpuJoin inner tuples");
             self.batch_ctx = ctx(c"GpuJoin outer batch");
             self.estate = estate;
-            // The outer columns to keep, with how to copy them.
-            let desc = pg_sys::ExecGetResultType(self.outer);
+            // The columns to keep from each side, with how to copy them.
+            let (odesc, idesc) = (pg_sys::ExecGetResultType(self.outer), pg_sys::ExecGetResultType(self.inner));
             for (side, resno) in self.p.map.clone() {
-                if side != 0 {
-                    self.outer_index.push(usize::MAX);
-                    continue;
-                }
-                let at = match self.outer_cols.iter().position(|c| c.resno == resno) {
+                let (desc, resnos) = if side == 0 { (odesc, &mut self.outer_resnos) } else { (idesc, &mut self.inner_resnos) };
+                let at = match resnos.iter().position(|&r| r == resno) {
                     Some(at) => at,
                     None => {
-                        if resno < 1 || resno > (*desc).natts {
-                            report(UvmError::new(Code::SystemError, "GpuJoin: an outer column outside the outer side's row"));
+                        // The executor's descriptor, borrowed (not released by the wrapper).
+                        let desc = pgrx::PgTupleDesc::from_pg_unchecked(desc);
+                        let Some(a) = usize::try_from(resno - 1).ok().and_then(|i| desc.get(i)) else {
+                            report(UvmError::new(Code::SystemError, "GpuJoin: a column outside its side's row"));
+                        };
+                        resnos.push(resno);
+                        let col = Col { byval: a.attbyval, len: a.attlen };
+                        if side == 0 {
+                            self.outer_cols.push(col);
+                        } else {
+                            self.inner_cols.push(col);
                         }
-                        let a = (*desc).attrs.as_ptr().add((resno - 1) as usize);
-                        self.outer_cols.push(OuterCol { resno, byval: (*a).attbyval, len: (*a).attlen });
-                        self.outer_cols.len() - 1
+                        resnos.len() - 1
                     }
                 };
-                self.outer_index.push(at);
+                self.col_index.push(at);
             }
-            self.inner_reader =
-                pg_sys::MakeSingleTupleTableSlot(pg_sys::ExecGetResultType(self.inner), &pg_sys::TTSOpsMinimalTuple);
         }
     }
 
@@ -1038,20 +1052,19 @@ impl JoinScan for GpuJoinScan {
                 };
                 let n = self.outer_cols.len();
                 let base = pos as usize * n;
-                let (true, Some(it)) = (base + n <= self.outer_vals.len(), self.rows.get(row)) else {
+                let (true, Some(ir)) = (base + n <= self.outer_vals.len(), self.rows.get(row)) else {
                     report(UvmError::new(
                         Code::ObjectNotInPrerequisiteState,
                         "GpuJoin: a pair names no row (the result buffer was overwritten)",
                     ));
                 };
-                pg_sys::ExecStoreMinimalTuple(it, self.inner_reader, false);
                 pg_sys::ExecClearTuple(scan);
-                for (i, &(side, resno)) in self.p.map.iter().enumerate() {
+                for (i, &(side, _)) in self.p.map.iter().enumerate() {
                     let (d, isnull) = if side == 0 {
-                        let at = base + self.outer_index[i];
+                        let at = base + self.col_index[i];
                         (self.outer_vals[at], self.outer_nulls[at])
                     } else {
-                        attr(self.inner_reader, resno, self.max_inner_att)
+                        self.rows.value(ir, self.col_index[i])
                     };
                     *(*scan).tts_values.add(i) = d;
                     *(*scan).tts_isnull.add(i) = isnull;
@@ -1111,10 +1124,6 @@ impl JoinScan for GpuJoinScan {
             if let Some(seg) = self.result.take() {
                 cleanup::drop_now(&seg);
             }
-            if !self.inner_reader.is_null() {
-                pg_sys::ExecDropSingleTupleTableSlot(self.inner_reader);
-            }
-            self.inner_reader = std::ptr::null_mut();
             for c in [self.outer, self.inner] {
                 if !c.is_null() {
                     pg_sys::ExecEndNode(c);
