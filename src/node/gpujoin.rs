@@ -1110,7 +1110,8 @@ impl JoinScan for GpuJoinScan {
             }
             self.outer_done = false;
             self.batch.clear();
-            self.emitter.reset(Vec::new());
+            let buf = self.emitter.take_buffer();
+            self.emitter.reset(buf);
             self.outer_vals.clear();
             self.outer_nulls.clear();
         }

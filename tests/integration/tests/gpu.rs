@@ -600,6 +600,36 @@ fn g_gpujoin_matches_postgres_join() {
         ),
     );
     assert_eq!(spilled.get::<_, i64>(0), ours.get::<_, i64>(0));
+    // The same join as plain SQL through the parallel plan node (issue 12, point 3): its inner
+    // table, bigger than the budget, spills to the host tier, and the answer is PostgreSQL's.
+    c2.batch_execute(
+        "SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off; \
+         SET enable_nestloop = off",
+    )
+    .unwrap();
+    let plain = "SELECT count(*), sum(d.v)::text FROM gj_fact f JOIN gj_dim d ON f.k = d.k";
+    let plan = explain_analyze(&mut c2, plain);
+    assert!(plan.contains("Parallel Custom Scan (GpuJoin)"), "the plan node is not used:\n{plan}");
+    let tier = plan.lines().find_map(|l| l.trim().strip_prefix("Inner Table Tier: ")).unwrap_or("").to_string();
+    assert!(tier == "host" || tier == "device+host", "the node's inner table did not spill (tier {tier:?}):\n{plan}");
+    let t = Instant::now();
+    let node = c2.query_one(plain, &[]).map_err(|e| describe(&e)).expect("the join through the plan node over budget");
+    note(
+        T,
+        &format!(
+            "plain SQL through the parallel plan node with its inner table over the budget (tier {tier}): same answer in {:.0} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        ),
+    );
+    assert_eq!(
+        (node.get::<_, i64>(0), node.get::<_, Option<String>>(1)),
+        (theirs.get::<_, i64>(0), theirs.get::<_, Option<String>>(1))
+    );
+    assert_eq!(
+        c2.query_one("SELECT count(*) FROM uvm.segments WHERE name LIKE 'pg_temp_gpujoin%'", &[]).unwrap().get::<_, i64>(0),
+        0,
+        "temporary segments left after the plan node"
+    );
     c.batch_execute("ALTER SYSTEM RESET pg_uvm_share.device_memory_limit").unwrap();
     c.batch_execute("SELECT pg_reload_conf()").unwrap();
     for n in [&seg, &seg4, &segh] {
