@@ -14,7 +14,7 @@
 //!
 //! A backend killed by SIGKILL takes the cluster through a restart, which wipes every segment.
 //! Drops run with interrupts held off. A segment still pinned by a request this process gave up
-//! on (the GPU service finishes it) is tried again for up to [`IN_USE_WAIT`]; any other error
+//! on (the GPU service finishes it) is tried again for up to `IN_USE_WAIT`; any other error
 //! is written to the server log and ignored (nothing else can be done about it in a callback).
 
 use std::cell::RefCell;

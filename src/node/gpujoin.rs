@@ -62,9 +62,13 @@
 //!           + output rows × cpu_tuple_cost
 //! ```
 //!
-//! These constants are what the GPU could reach, not what this serial version does: measured on
-//! the H200 it is slower than PostgreSQL's hash join (see [`enabled`]), so it is used only when
-//! forced (`enable_gpujoin = on`), never by `auto`, until the parallel version meets them.
+//! In a partial path the inner and outer figures are one participant's (the inner side's
+//! when its plan is partial too). These constants are what the GPU could reach, not yet
+//! calibrated against the node as it runs: on the H200's 50 M x 5 M join the parallel node takes
+//! 0.67x PostgreSQL's parallel hash join (service mode) while this model prices it slightly
+//! above it, and its fixed costs (segments, round trips: milliseconds) are priced far lower
+//! than they are. So `auto` leaves the node off (see [`enabled`]) until the model is fitted to
+//! measurements at several sizes.
 
 use std::ffi::CStr;
 use std::time::{Duration, Instant};
@@ -74,7 +78,7 @@ use pgrx::PgList;
 
 use super::cleanup;
 use super::matching::{Batch, Emitter};
-use super::shared::{Arena, Col, InnerRows, Role, RowWriter, Shared, TIERS};
+use super::shared::{self, Arena, Col, InnerRows, Role, RowWriter, Shared, TIERS};
 use crate::customscan::{self, JoinScan, Methods};
 use crate::error::{Code, Result, UvmError};
 use crate::exec::{self, SegRef};
@@ -118,11 +122,11 @@ fn enabled() -> bool {
     match guc::ENABLE_GPUJOIN.get() {
         GpuJoinChoice::On => true,
         GpuJoinChoice::Off => false,
-        // Off on every provider in this version: on the H200 the serial node took 1.17 to 1.33
-        // times PostgreSQL's serial hash join on the 50 M x 5 M join, and 5.6 to 7.1 times its
-        // parallel hash join (bench/gpu-report-gpujoin-node.md), so a planner that picked it by
-        // itself would make large joins slower. `auto` will follow the provider once the node
-        // runs in parallel workers and beats PostgreSQL's joins where its cost model says so.
+        // Off on every provider in this version: the parallel node beats PostgreSQL's parallel
+        // hash join on the H200's 50 M x 5 M join (bench/gpu-report-gpujoin-node.md), but the
+        // cost model is not fitted to the node's measured costs (see the module comment), so a
+        // planner that picked it by itself could pick it where it loses (small joins, where
+        // its fixed costs dominate). `auto` will follow the provider once it is.
         GpuJoinChoice::Auto => false,
     }
 }
@@ -285,8 +289,16 @@ unsafe fn add_path(
         // inner side built once for all of them (so it need only be safe to run in a worker).
         let partial = PgList::<pg_sys::Path>::from_pg((*outerrel).partial_pathlist).get_ptr(0);
         if let Some(outer_partial) = partial {
-            // The cheapest inner path that may run in a worker (not a Gather), unparameterized.
-            let safe_inner = pg_sys::get_cheapest_parallel_safe_total_inner((*innerrel).pathlist);
+            // The inner side: its cheapest partial path (every participant scans a share and
+            // the table is built from all of them), else the cheapest path that may run in a
+            // worker (not a Gather), which the first participant scans whole.
+            let partial_inner = PgList::<pg_sys::Path>::from_pg((*innerrel).partial_pathlist)
+                .get_ptr(0)
+                .filter(|p| (**p).param_info.is_null() && (**p).parallel_aware);
+            let safe_inner = match partial_inner {
+                Some(p) => p,
+                None => pg_sys::get_cheapest_parallel_safe_total_inner((*innerrel).pathlist),
+            };
             if (*joinrel).consider_parallel
                 && !safe_inner.is_null()
                 && (*outer_partial).param_info.is_null()
@@ -438,12 +450,14 @@ unsafe fn relation_names(root: *mut pg_sys::PlannerInfo, relids: *mut pg_sys::Bi
 }
 
 /// The plan's private list: [key type oid, outer key resno, inner key resno, inner relation
-/// names, then (side, resno) per custom_scan_tlist entry].
+/// names, whether the inner plan is partial, then (side, resno) per custom_scan_tlist entry].
 struct Private {
     key_oid: pg_sys::Oid,
     outer_key: i32,
     inner_key: i32,
     inner_names: String,
+    /// The inner plan is partial (a parallel query's participants each scan a share of it).
+    inner_partial: bool,
     /// (0 outer / 1 inner, resno) per scan tuple column.
     map: Vec<(u8, i32)>,
 }
@@ -455,6 +469,7 @@ impl Private {
         l.push(int_node(self.outer_key as i64));
         l.push(int_node(self.inner_key as i64));
         l.push(text_node(&self.inner_names));
+        l.push(int_node(self.inner_partial as i64));
         for &(side, resno) in &self.map {
             l.push(int_node(side as i64));
             l.push(int_node(resno as i64));
@@ -470,7 +485,7 @@ impl Private {
             let l = PgList::<pg_sys::Node>::from_pg(list);
             let at = |i: usize| int_of(l.get_ptr(i).expect("GpuJoin plan private data"));
             let mut map = Vec::new();
-            let mut i = 4;
+            let mut i = 5;
             while i + 1 < l.len() {
                 map.push((at(i) as u8, at(i + 1) as i32));
                 i += 2;
@@ -480,6 +495,7 @@ impl Private {
                 outer_key: at(1) as i32,
                 inner_key: at(2) as i32,
                 inner_names: text_of(l.get_ptr(3).expect("GpuJoin plan private data")),
+                inner_partial: at(4) != 0,
                 map,
             }
         }
@@ -614,15 +630,17 @@ impl GpuJoinScan {
 
     /// Builds the table in `seg` (at least the table's size) from `rows`; returns its bytes and
     /// tier code.
-    fn fill_table(&mut self, seg: &SegRef, rows: &[[i64; 2]], nulls: u64) -> (u64, u32) {
+    fn fill_table(&mut self, seg: &SegRef, parts: &[&[[i64; 2]]], nulls: u64) -> (u64, u32) {
         let kt = self.key;
-        let stored = rows.len() as u64;
+        let stored = parts.iter().map(|p| p.len() as u64).sum();
         let n = table::slot_count(stored);
         let bytes = table::table_bytes(stored);
         self.timed(|ex| {
             exec::grow_at_least(ex, seg, bytes)?;
             exec::build_begin(ex, seg, n)?;
-            exec::build_insert(ex, seg, kt, n, rows)?;
+            for rows in parts {
+                exec::build_insert(ex, seg, kt, n, rows)?;
+            }
             exec::build_finish(ex, seg, kt, n, stored, nulls)
         });
         let info = crate::sql::resolve(seg.name(), "read").map(|(_, i)| i).ok();
@@ -665,7 +683,7 @@ impl GpuJoinScan {
             let mut stored = 0u32;
             let r = self.drain_inner(|slot| {
                 stored = stored.wrapping_add(1);
-                if stored % 1024 == 0 {
+                if stored.is_multiple_of(1024) {
                     pg_sys::MemoryContextReset(scratch);
                 }
                 for (i, &resno) in resnos.iter().enumerate() {
@@ -692,7 +710,7 @@ impl GpuJoinScan {
             self.drop_table();
             self.rows = InnerRows::default();
             pg_sys::MemoryContextReset(self.inner_ctx);
-            let mut writer = RowWriter::new(Arena::Local(self.inner_ctx), &self.inner_cols);
+            let mut writer = RowWriter::new(Arena::Local(self.inner_ctx), &self.inner_cols, 0);
             let (rows, nulls) = self.drain_into(&mut writer, self.batch_ctx);
             self.rows = writer.into_local();
             if rows.is_empty() {
@@ -702,7 +720,7 @@ impl GpuJoinScan {
             let seg = self.create_temp("inner", bytes, Some(bytes));
             self.table = Some(seg);
             self.owns_table = true;
-            self.fill_table(&seg, &rows, nulls);
+            self.fill_table(&seg, &[&rows], nulls);
         }
     }
 
@@ -719,17 +737,26 @@ impl GpuJoinScan {
             if area.is_null() {
                 report(UvmError::new(Code::SystemError, "GpuJoin: a parallel execution without a query DSA area"));
             }
-            if let Role::Build = Shared::claim_or_wait(sh) {
-                let mut writer = RowWriter::new(Arena::Shared(area), &self.inner_cols);
+            if let Role::Scan = Shared::join(sh) {
+                // This participant's share of the inner side (all of it for a non-partial
+                // inner plan, which only the first participant scans).
+                let mut writer = RowWriter::new(Arena::Shared(area), &self.inner_cols, shared::my_slot());
                 let (rows, nulls) = self.drain_into(&mut writer, self.batch_ctx);
-                writer.publish(sh);
-                if !rows.is_empty() {
-                    let seg = (*sh).table;
-                    let (bytes, tier) = self.fill_table(&seg, &rows, nulls);
-                    (*sh).table_bytes = bytes;
-                    (*sh).tier = tier;
+                writer.publish(sh, &rows, nulls);
+                drop(rows);
+                if Shared::leave(sh) {
+                    // The last to finish builds the table from every participant's pairs.
+                    let (parts, nulls) = Shared::keys(sh, area);
+                    if parts.iter().any(|p| !p.is_empty()) {
+                        let seg = (*sh).table;
+                        let (bytes, tier) = self.fill_table(&seg, &parts, nulls);
+                        (*sh).table_bytes = bytes;
+                        (*sh).tier = tier;
+                    }
+                    Shared::publish(sh);
+                } else {
+                    Shared::wait_built(sh);
                 }
-                Shared::publish(sh);
             }
             self.table = Some((*sh).table);
             self.rows = InnerRows::of_shared(sh, area, &self.inner_cols);
@@ -745,7 +772,7 @@ impl GpuJoinScan {
         // SAFETY: the shared state is mapped while `self.shared` is set.
         unsafe {
             let sh = &*self.shared;
-            self.stats.inner_rows = sh.rows;
+            self.stats.inner_rows = sh.rows.load(std::sync::atomic::Ordering::Relaxed);
             self.stats.table_bytes = sh.table_bytes;
             self.stats.tier = TIERS.get(sh.tier as usize).copied().unwrap_or("").into();
         }
@@ -909,6 +936,9 @@ impl JoinScan for GpuJoinScan {
                 outer_key: map[0].1,
                 inner_key: map[1].1,
                 inner_names: relation_names(root, (*inner_rel).relids),
+                // From the path: a partial inner path here is a parallel-aware scan (add_path
+                // takes no other), whatever the planner puts above it in the plan.
+                inner_partial: (*path).path.parallel_aware && (*paths.get_ptr(1).expect("inner")).parallel_aware,
                 map,
             };
             let cscan = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
@@ -1033,7 +1063,7 @@ impl JoinScan for GpuJoinScan {
                 self.ready = true;
                 self.reported = false;
             }
-            if self.rows.len() == 0 {
+            if self.rows.is_empty() {
                 self.report_stats();
                 return std::ptr::null_mut(); // no inner row has a non-NULL key
             }
@@ -1133,14 +1163,15 @@ impl JoinScan for GpuJoinScan {
         }
     }
 
-    unsafe fn estimate_dsm(&mut self, _node: *mut pg_sys::CustomScanState, _pcxt: *mut pg_sys::ParallelContext) -> usize {
-        std::mem::size_of::<Shared>()
+    unsafe fn estimate_dsm(&mut self, _node: *mut pg_sys::CustomScanState, pcxt: *mut pg_sys::ParallelContext) -> usize {
+        // SAFETY: PostgreSQL's parallel context.
+        shared::shared_bytes(unsafe { (*pcxt).nworkers }.max(0) as usize + 1)
     }
 
     unsafe fn initialize_dsm(
         &mut self,
         _node: *mut pg_sys::CustomScanState,
-        _pcxt: *mut pg_sys::ParallelContext,
+        pcxt: *mut pg_sys::ParallelContext,
         coordinate: *mut std::ffi::c_void,
     ) {
         // The leader creates the table segment (so that it owns and drops it) and sets up the
@@ -1150,7 +1181,11 @@ impl JoinScan for GpuJoinScan {
         self.table = Some(seg);
         self.owns_table = true;
         // SAFETY: `coordinate` holds the bytes estimate_dsm asked for, in the DSM.
-        unsafe { Shared::init(coordinate as *mut Shared, seg) };
+        // (One slot per participant: the leader and every worker the context may start.)
+        unsafe {
+            let participants = (*pcxt).nworkers.max(0) as u32 + 1;
+            Shared::init(coordinate as *mut Shared, seg, self.p.inner_partial, participants)
+        };
         self.shared = coordinate as *mut Shared;
         self.ready = false;
     }

@@ -3,66 +3,100 @@
 //! # Design
 //!
 //! PostgreSQL's parallel hash join has every participant help build one hash table in the
-//! query's dynamic shared memory. GpuJoin's table is built by the executor (this process or the
-//! GPU service, on the CPU or the GPU) from (key, row id) rows, so one participant builds it
-//! and the others wait: the first participant to reach the node claims the build (an atomic
-//! state), drains the inner child, and publishes; the others sleep on a condition variable
-//! until it has. The pieces:
+//! query's dynamic shared memory. GpuJoin does the same with its inner rows: when the inner
+//! plan is partial (a parallel scan), every participant that reaches the node while the scan is
+//! open joins it, stores its share of the rows, and leaves; the last one to leave builds the
+//! table (through the executor: this process or the GPU service, on the CPU or the GPU) from
+//! everyone's (key, row id) pairs and publishes it; the others sleep on a condition variable
+//! until it has. A participant arriving after the scan closed only waits. When the inner plan
+//! is not partial, the first participant scans it whole and closes the scan to the others.
+//! The table is built by one participant because its inserts are not atomic on the CPU path;
+//! the scan, where most of the inner side's time goes, is shared. The pieces:
 //!
-//! - [`Shared`], in the node's piece of the parallel query's DSM: the build state, the
-//!   condition variable, the table segment (created by the leader when it sets up the DSM, so
-//!   that the leader owns it: a worker that built it may exit while others still probe), the
-//!   inner rows' page lists, and counters the participants add their statistics to.
-//! - The inner rows, written by the builder ([`RowWriter`]) into pages of the query's DSA area
-//!   (`es_query_dsa`, which every participant maps): only the columns the join uses, each row
-//!   of a fixed size (a word per column, the value or, for a by-reference type, the DSA
-//!   pointer of its bytes, copied beside; then the null flags), so that row `r` is found by
-//!   arithmetic and no tuple is copied or deformed whole. They are CPU data (the GPU only sees
+//! - [`Shared`], in the node's piece of the parallel query's DSM: the phase and the count of
+//!   participants scanning (one atomic word, so that "the last one leaves" and "a new one joins"
+//!   cannot both win), the condition variable, the table segment (created by the leader when it
+//!   sets up the DSM, so that the leader owns it: a worker that built it may exit while others
+//!   still probe), counters the participants add their statistics to, and then one `Slot`
+//!   per participant (the leader's, then worker `n`'s at `n + 1`): its rows' page lists and its
+//!   (key, row id) pairs.
+//! - The inner rows, written by each scanning participant ([`RowWriter`]) into pages of the
+//!   query's DSA area (`es_query_dsa`, which every participant maps): only the columns the join
+//!   uses, each row of a fixed size (a word per column, the value or, for a by-reference type,
+//!   the DSA pointer of its bytes, copied beside; then the null flags), so that a row is found
+//!   by arithmetic and no tuple is copied or deformed whole. A row id is the participant's slot
+//!   above `ROW_BITS` bits and its row number below. They are CPU data (the GPU only sees
 //!   keys and row ids), so they live where PostgreSQL keeps a parallel hash join's tuples. The
-//!   page list is trusted (only the builder writes it); row ids come from a segment another
-//!   process could overwrite, so [`InnerRows::get`] checks each against the row count.
-//! - A serial execution stores its rows the same way in a memory context of the node
+//!   page lists are trusted (only their participants write them); row ids come from a segment
+//!   another process could overwrite, so [`InnerRows::get`] checks each against its slot's rows.
+//! - A serial execution stores its rows the same way (slot 0) in a memory context of the node
 //!   ([`Arena`]), so the executor code above does not care which.
 //!
 //! # Lifecycle
 //!
-//! `Shared::init` (leader, InitializeDSM) → a participant claims the build, the others wait →
-//! [`RowWriter`] writes the rows, `Shared::publish` wakes the others → everyone probes →
-//! `Shared::reset` (leader, ReInitializeDSM, before a rescan's workers start) frees the pages
-//! and the page lists and sets the state back, so the inner side is built again (its parameters
-//! may have changed). The DSA area itself goes away with the parallel query.
+//! `Shared::init` (leader, InitializeDSM) → participants `join` the scan, store their rows,
+//! `publish` them to their slot and `leave`; the last one builds the table and wakes the others
+//! (`Shared::publish`), a participant that left earlier or came late waits (`wait_built`,
+//! `join`) → everyone probes → `Shared::reset` (leader, ReInitializeDSM, before a rescan's
+//! workers start) frees every slot's rows and sets the phase back, so the inner side is built
+//! again (its parameters may have changed). The DSA area itself goes away with the parallel
+//! query.
 //!
-//! A builder that fails raises its ERROR in its own process; a worker's ERROR reaches the leader
-//! (waiting on the condition variable, which checks for interrupts and so for worker messages),
-//! whose abort stops every worker. Nobody waits for a build that will not come.
+//! A participant that fails raises its ERROR in its own process; a worker's ERROR reaches the
+//! leader (waiting on the condition variable, which checks for interrupts and so for worker
+//! messages), whose abort stops every worker. Nobody waits for a build that will not come.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use pgrx::pg_sys;
 
 use crate::exec::SegRef;
 
-const UNBUILT: u32 = 0;
-const BUILDING: u32 = 1;
-const BUILT: u32 = 2;
+/// The build's phases, in the high half of [`Shared::sync`]; the low half counts the
+/// participants scanning (and holds [`CLOSED`]).
+const SCANNING: u64 = 0;
+const BUILDING: u64 = 1;
+const BUILT: u64 = 2;
+/// No more participants may join the scan (set by the one participant that scans a non-partial
+/// inner plan whole).
+const CLOSED: u64 = 1 << 31;
+const ACTIVE: u64 = CLOSED - 1;
 
-/// Bytes of a DSA page of inner tuples (a larger tuple gets an allocation of its own).
+/// Row ids: the participant's slot above this many bits, its own row number below.
+const ROW_BITS: u32 = 40;
+
+/// Bytes of a DSA page of inner rows (a larger value gets an allocation of its own).
 const PAGE_BYTES: usize = 1 << 20;
 
-/// The node's shared state, in the parallel query's DSM.
+/// A participant's part of the inner side, in the DSM (written by that participant only).
 #[repr(C)]
-pub struct Shared {
-    state: AtomicU32,
-    cv: pg_sys::ConditionVariable,
-    /// The table segment the leader created.
-    pub table: SegRef,
-    /// Inner rows with a non-NULL key (row ids are 0..rows).
-    pub rows: u64,
+#[derive(Clone, Copy)]
+struct Slot {
+    rows: u64,
     /// DSA array of the row pages' DSA pointers, in row order.
     row_pages: pg_sys::dsa_pointer,
     /// DSA array of `nallocations` DSA pointers: every allocation of the rows (freed by `reset`).
     allocations: pg_sys::dsa_pointer,
     nallocations: u64,
+    /// DSA array of `rows` (key, row id) pairs, for the table's build.
+    keys: pg_sys::dsa_pointer,
+}
+
+/// The node's shared state, in the parallel query's DSM, followed by one [`Slot`] per
+/// participant (the leader's first, then worker `n`'s at `n + 1`).
+#[repr(C)]
+pub struct Shared {
+    sync: AtomicU64,
+    cv: pg_sys::ConditionVariable,
+    /// The table segment the leader created.
+    pub table: SegRef,
+    /// Every participant scans a share of the inner side (a partial inner plan), or the first
+    /// one scans it whole.
+    partial: bool,
+    nslots: u32,
+    /// Inner rows with a non-NULL key, and NULL keys, over all participants.
+    pub rows: AtomicU64,
+    nulls: AtomicU64,
     /// The table's bytes and tier (EXPLAIN ANALYZE).
     pub table_bytes: u64,
     pub tier: u32,
@@ -76,8 +110,9 @@ pub const TIERS: [&str; 4] = ["", "device", "host", "device+host"];
 
 /// A participant's part of the build.
 pub enum Role {
-    /// This participant builds the inner side, then calls [`Shared::publish`].
-    Build,
+    /// This participant scans (its share of) the inner side into its slot, then calls
+    /// [`Shared::leave`].
+    Scan,
     /// The inner side is built.
     Built,
 }
@@ -99,32 +134,62 @@ fn alloc_flags(bytes: usize) -> i32 {
     }
 }
 
+/// The DSM bytes of a shared state with `participants` slots.
+pub fn shared_bytes(participants: usize) -> usize {
+    std::mem::size_of::<Shared>() + participants * std::mem::size_of::<Slot>()
+}
+
+/// This process's slot: 0 for the leader (or a serial execution), `n + 1` for worker `n`.
+pub fn my_slot() -> u32 {
+    // SAFETY: reads a global of this process (-1 outside parallel workers).
+    let n = unsafe { pg_sys::ParallelWorkerNumber };
+    u32::try_from(n + 1).unwrap_or(0)
+}
+
 impl Shared {
-    /// Sets up `p` (uninitialized DSM bytes) for a query whose table segment is `table`.
+    /// Sets up `p` (uninitialized DSM bytes: [`shared_bytes`] of `participants`) for a query
+    /// whose table segment is `table`.
     ///
     /// # Safety
-    /// `p` points at `size_of::<Shared>()` writable bytes of the DSM, suitably aligned.
-    pub unsafe fn init(p: *mut Shared, table: SegRef) {
+    /// `p` points at that many writable bytes of the DSM, suitably aligned.
+    pub unsafe fn init(p: *mut Shared, table: SegRef, partial: bool, participants: u32) {
         // SAFETY: forwarded contract; the condition variable is initialized in place.
         unsafe {
-            std::ptr::write_bytes(p as *mut u8, 0, std::mem::size_of::<Shared>());
+            std::ptr::write_bytes(p as *mut u8, 0, shared_bytes(participants as usize));
             (*p).table = table;
+            (*p).partial = partial;
+            (*p).nslots = participants;
             pg_sys::ConditionVariableInit(&mut (*p).cv);
         }
     }
 
-    /// Claims the build, or waits (answering interrupts) until another participant has built.
+    /// Slot `i`, if there is one.
+    ///
+    /// # Safety
+    /// `p` was set up by [`Shared::init`].
+    unsafe fn slot(p: *mut Shared, i: u32) -> Option<*mut Slot> {
+        // SAFETY: forwarded contract; the slots follow the header.
+        unsafe { (i < (*p).nslots).then(|| (p.add(1) as *mut Slot).add(i as usize)) }
+    }
+
+    /// Joins the scan of the inner side while it is open, or waits (answering interrupts) until
+    /// the others have built it.
     ///
     /// # Safety
     /// `p` was set up by [`Shared::init`]; called on the main thread.
-    pub unsafe fn claim_or_wait(p: *mut Shared) -> Role {
+    pub unsafe fn join(p: *mut Shared) -> Role {
         // SAFETY: forwarded contract; the condition variable lives in the DSM.
         unsafe {
+            let sync = &(*p).sync;
             let role = loop {
-                match (*p).state.load(Ordering::Acquire) {
+                let v = sync.load(Ordering::Acquire);
+                match v >> 32 {
                     BUILT => break Role::Built,
-                    UNBUILT if (*p).state.compare_exchange(UNBUILT, BUILDING, Ordering::AcqRel, Ordering::Acquire).is_ok() => {
-                        break Role::Build
+                    SCANNING if v & CLOSED == 0 => {
+                        let next = (v + 1) | if (*p).partial { 0 } else { CLOSED };
+                        if sync.compare_exchange(v, next, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                            break Role::Scan;
+                        }
                     }
                     // The first call prepares to sleep and returns at once; the loop checks again.
                     _ => pg_sys::ConditionVariableSleep(&mut (*p).cv, pg_sys::PG_WAIT_EXTENSION),
@@ -136,47 +201,104 @@ impl Shared {
         }
     }
 
+    /// Ends this participant's scan; true when it was the last one scanning, which then builds
+    /// the table from every slot and calls [`Shared::publish`] (no one joins the scan after).
+    ///
+    /// # Safety
+    /// `p` was set up by [`Shared::init`]; this participant joined the scan.
+    pub unsafe fn leave(p: *mut Shared) -> bool {
+        // SAFETY: forwarded contract.
+        let sync = unsafe { &(*p).sync };
+        loop {
+            let v = sync.load(Ordering::Acquire);
+            let last = v & ACTIVE == 1;
+            let next = if last { BUILDING << 32 } else { v - 1 };
+            if sync.compare_exchange(v, next, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                return last;
+            }
+        }
+    }
+
+    /// Waits (answering interrupts) until the last participant to leave the scan has built the
+    /// table.
+    ///
+    /// # Safety
+    /// `p` was set up by [`Shared::init`]; this participant left the scan; the main thread.
+    pub unsafe fn wait_built(p: *mut Shared) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            while (*p).sync.load(Ordering::Acquire) >> 32 != BUILT {
+                pg_sys::ConditionVariableSleep(&mut (*p).cv, pg_sys::PG_WAIT_EXTENSION);
+            }
+            #[allow(clippy::let_unit_value)]
+            let _ = pg_sys::ConditionVariableCancelSleep();
+        }
+    }
+
     /// Makes the built inner side visible and wakes the waiting participants.
     ///
     /// # Safety
-    /// `p` was set up by [`Shared::init`]; this participant claimed the build.
+    /// `p` was set up by [`Shared::init`]; this participant was the last to leave the scan.
     pub unsafe fn publish(p: *mut Shared) {
         // SAFETY: forwarded contract.
         unsafe {
-            (*p).state.store(BUILT, Ordering::Release);
+            (*p).sync.store(BUILT << 32, Ordering::Release);
             pg_sys::ConditionVariableBroadcast(&mut (*p).cv);
         }
     }
 
-    /// Frees the inner side in `area` and sets the state back to unbuilt (a rescan).
+    /// Every participant's (key, row id) pairs and the NULL keys, for the table's build.
+    ///
+    /// # Safety
+    /// `p` is in its building phase (every scan ended); `area` is the query's DSA area.
+    pub unsafe fn keys(p: *mut Shared, area: *mut pg_sys::dsa_area) -> (Vec<&'static [[i64; 2]]>, u64) {
+        // SAFETY: forwarded contract; each slot's pairs were written by its participant before
+        // it left the scan, and stay allocated until `reset`.
+        unsafe {
+            let mut parts = Vec::new();
+            for i in 0..(*p).nslots {
+                let s = *Shared::slot(p, i).expect("in range");
+                if s.keys != 0 && s.rows > 0 {
+                    let k = pg_sys::dsa_get_address(area, s.keys) as *const [i64; 2];
+                    parts.push(std::slice::from_raw_parts(k, s.rows as usize));
+                }
+            }
+            (parts, (*p).nulls.load(Ordering::Relaxed))
+        }
+    }
+
+    /// Frees the inner side in `area` and sets the state back to scanning (a rescan).
     ///
     /// # Safety
     /// `p` was set up by [`Shared::init`] in `area`'s query; no participant is running.
     pub unsafe fn reset(p: *mut Shared, area: *mut pg_sys::dsa_area) {
-        // SAFETY: forwarded contract; the rows' allocations and page lists were allocated in `area` by
-        // the builder and are referenced by nothing once the participants stopped.
+        // SAFETY: forwarded contract; the rows' allocations, page lists and pairs were allocated
+        // in `area` by the participants and are referenced by nothing once they stopped.
         unsafe {
-            if !area.is_null() {
-                if (*p).allocations != 0 {
-                    let all = pg_sys::dsa_get_address(area, (*p).allocations) as *const pg_sys::dsa_pointer;
-                    for i in 0..(*p).nallocations as usize {
-                        pg_sys::dsa_free(area, *all.add(i));
+            for i in 0..(*p).nslots {
+                let s = Shared::slot(p, i).expect("in range");
+                if !area.is_null() {
+                    if (*s).allocations != 0 {
+                        let all = pg_sys::dsa_get_address(area, (*s).allocations) as *const pg_sys::dsa_pointer;
+                        for j in 0..(*s).nallocations as usize {
+                            pg_sys::dsa_free(area, *all.add(j));
+                        }
                     }
-                    pg_sys::dsa_free(area, (*p).allocations);
+                    for dp in [(*s).allocations, (*s).row_pages, (*s).keys] {
+                        if dp != 0 {
+                            pg_sys::dsa_free(area, dp);
+                        }
+                    }
                 }
-                if (*p).row_pages != 0 {
-                    pg_sys::dsa_free(area, (*p).row_pages);
-                }
+                std::ptr::write_bytes(s, 0, 1);
             }
-            (*p).row_pages = 0;
-            (*p).allocations = 0;
-            (*p).nallocations = 0;
-            (*p).rows = 0;
+            (*p).rows.store(0, Ordering::Relaxed);
+            (*p).nulls.store(0, Ordering::Relaxed);
             (*p).table_bytes = 0;
             (*p).tier = 0;
             (*p).batches.store(0, Ordering::Relaxed);
             (*p).gpu_ns.store(0, Ordering::Relaxed);
-            (*p).state.store(UNBUILT, Ordering::Release);
+            (*p).sync.store(SCANNING << 32, Ordering::Release);
         }
     }
 }
@@ -271,7 +393,7 @@ unsafe fn value_bytes(v: pg_sys::Datum, len: i16) -> (*const u8, usize) {
     }
 }
 
-/// Writes the inner rows (the builder): the columns the join uses, each row of a fixed size,
+/// Writes a participant's inner rows: the columns the join uses, each row of a fixed size,
 /// by-reference values copied beside them.
 pub struct RowWriter {
     arena: Arena,
@@ -285,11 +407,15 @@ pub struct RowWriter {
     allocations: Vec<u64>,
     blob: (u64, *mut u8),
     blob_used: usize,
+    /// This participant's slot: the high bits of its row ids.
+    slot: u32,
 }
 
 impl RowWriter {
-    pub fn new(arena: Arena, cols: &[Col]) -> RowWriter {
+    /// A writer for participant `slot` (0 in a serial execution).
+    pub fn new(arena: Arena, cols: &[Col], slot: u32) -> RowWriter {
         RowWriter {
+            slot,
             arena,
             cols: cols.to_vec(),
             layout: Layout::of(cols.len()),
@@ -359,7 +485,7 @@ impl RowWriter {
                 row.add(8 * l.n + i).write(u8::from(nulls[i]));
             }
             self.rows += 1;
-            (self.rows - 1) as i64
+            ((u64::from(self.slot) << ROW_BITS) | (self.rows - 1)) as i64
         }
     }
 
@@ -374,17 +500,29 @@ impl RowWriter {
     pub unsafe fn into_local(self) -> InnerRows {
         // SAFETY: forwarded contract.
         let pages = self.pages.iter().map(|&h| unsafe { self.arena.resolve(h) } as *const u8).collect();
-        InnerRows { arena: Some(self.arena), cols: self.cols, layout: Some(self.layout), pages, rows: self.rows }
+        InnerRows {
+            arena: Some(self.arena),
+            cols: self.cols,
+            layout: Some(self.layout),
+            slots: vec![SlotRows { pages, rows: self.rows }],
+        }
     }
 
-    /// Writes the page lists into the area and records them in `p` (a parallel build).
+    /// Records this participant's rows, and their (key, row id) pairs for the table, in its
+    /// slot of `p` (a parallel execution).
     ///
     /// # Safety
-    /// `p` is the query's [`Shared`]; this participant claimed the build; the arena is the
-    /// query's DSA area.
-    pub unsafe fn publish(self, p: *mut Shared) {
+    /// `p` is the query's [`Shared`]; this participant joined the scan and has not left it; the
+    /// arena is the query's DSA area.
+    pub unsafe fn publish(self, p: *mut Shared, keys: &[[i64; 2]], nulls: u64) {
         // SAFETY: forwarded contract; each array is copied into an allocation of its size.
         unsafe {
+            let Some(s) = Shared::slot(p, self.slot) else {
+                crate::sql::report(crate::error::UvmError::new(
+                    crate::error::Code::SystemError,
+                    "GpuJoin: a participant without a slot in the shared state",
+                ));
+            };
             let copy = |v: &[u64]| -> pg_sys::dsa_pointer {
                 if v.is_empty() {
                     return 0;
@@ -393,10 +531,14 @@ impl RowWriter {
                 std::ptr::copy_nonoverlapping(v.as_ptr(), dst as *mut u64, v.len());
                 h
             };
-            (*p).row_pages = copy(&self.pages);
-            (*p).allocations = copy(&self.allocations);
-            (*p).nallocations = self.allocations.len() as u64;
-            (*p).rows = self.rows;
+            (*s).row_pages = copy(&self.pages);
+            (*s).allocations = copy(&self.allocations);
+            (*s).nallocations = self.allocations.len() as u64;
+            // SAFETY (layout): [i64; 2] is two u64 words.
+            (*s).keys = copy(std::slice::from_raw_parts(keys.as_ptr() as *const u64, keys.len() * 2));
+            (*s).rows = self.rows;
+            (*p).rows.fetch_add(self.rows, Ordering::Relaxed);
+            (*p).nulls.fetch_add(nulls, Ordering::Relaxed);
         }
     }
 }
@@ -407,7 +549,11 @@ pub struct InnerRows {
     arena: Option<Arena>,
     cols: Vec<Col>,
     layout: Option<Layout>,
-    /// The row pages' addresses in this process.
+    /// Per participant's slot: its row pages' addresses in this process, and its rows.
+    slots: Vec<SlotRows>,
+}
+
+struct SlotRows {
     pages: Vec<*const u8>,
     rows: u64,
 }
@@ -421,29 +567,41 @@ impl InnerRows {
     ///
     /// # Safety
     /// `p` is built; `area` is the query's attached DSA area.
-    pub unsafe fn of_shared(p: *const Shared, area: *mut pg_sys::dsa_area, cols: &[Col]) -> InnerRows {
-        // SAFETY: forwarded contract: the page list holds one handle per page of `rows` rows.
+    pub unsafe fn of_shared(p: *mut Shared, area: *mut pg_sys::dsa_area, cols: &[Col]) -> InnerRows {
+        // SAFETY: forwarded contract: each slot's page list holds one handle per page of its rows.
         unsafe {
             let layout = Layout::of(cols.len());
             let arena = Arena::Shared(area);
-            let rows = if (*p).row_pages == 0 { 0 } else { (*p).rows };
-            let npages = (rows as usize).div_ceil(layout.rows_per_page);
-            let list = if npages == 0 { std::ptr::null() } else { arena.resolve((*p).row_pages) as *const u64 };
-            let pages = (0..npages).map(|i| arena.resolve(*list.add(i)) as *const u8).collect();
-            InnerRows { arena: Some(arena), cols: cols.to_vec(), layout: Some(layout), pages, rows }
+            let mut slots = Vec::new();
+            for i in 0..(*p).nslots {
+                let s = *Shared::slot(p, i).expect("in range");
+                let rows = if s.row_pages == 0 { 0 } else { s.rows };
+                let npages = (rows as usize).div_ceil(layout.rows_per_page);
+                let list = if npages == 0 { std::ptr::null() } else { arena.resolve(s.row_pages) as *const u64 };
+                let pages = (0..npages).map(|j| arena.resolve(*list.add(j)) as *const u8).collect();
+                slots.push(SlotRows { pages, rows });
+            }
+            InnerRows { arena: Some(arena), cols: cols.to_vec(), layout: Some(layout), slots }
         }
     }
 
+    /// Rows over all participants.
     pub fn len(&self) -> u64 {
-        self.rows
+        self.slots.iter().map(|s| s.rows).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Row `row`, or `None` for an id that names no row (row ids come from a segment another
     /// process could overwrite).
     pub fn get(&self, row: i64) -> Option<RowRef> {
         let l = self.layout?;
-        let r = u64::try_from(row).ok().filter(|r| *r < self.rows)? as usize;
-        let page = *self.pages.get(r / l.rows_per_page)?;
+        let row = u64::try_from(row).ok()?;
+        let slot = self.slots.get(usize::try_from(row >> ROW_BITS).ok()?)?;
+        let r = Some(row & ((1 << ROW_BITS) - 1)).filter(|r| *r < slot.rows)? as usize;
+        let page = *slot.pages.get(r / l.rows_per_page)?;
         // SAFETY: the row lies inside its page (rows_per_page rows of row_bytes each).
         Some(RowRef(unsafe { page.add((r % l.rows_per_page) * l.row_bytes) }))
     }

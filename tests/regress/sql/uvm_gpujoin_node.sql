@@ -284,14 +284,16 @@ SELECT pg_temp.pcheck($$SELECT count(*) AS c, sum(i.n) AS s, count(i.v) AS cv, m
 SELECT pg_temp.pcheck($$SELECT i.x, count(*) AS c FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k GROUP BY i.x$$);
 SELECT pg_temp.pcheck($$SELECT o.id AS oid_, i.id AS iid FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k
   ORDER BY o.id DESC, i.id LIMIT 25$$);
--- the inner side ran once per scan, whatever the number of participants (its loops; the
--- other nodes' figures depend on how many workers started and how the rows were shared)
+-- the inner side was read once per scan, whatever the number of participants: its rows
+-- (Inner Rows) once, shared among the participants by a parallel scan, or read whole by the
+-- first participant when the inner plan is not partial (its loops; the other figures depend
+-- on how many workers started and how the rows were shared)
 CREATE FUNCTION pg_temp.inner_loops(q text) RETURNS SETOF text LANGUAGE plpgsql AS $$
 DECLARE l text;
 BEGIN
   FOR l IN EXECUTE 'EXPLAIN (ANALYZE, BUFFERS OFF, COSTS OFF, TIMING OFF, SUMMARY OFF) ' || q LOOP
-    CONTINUE WHEN l !~ '(GpuJoin|Inner Rows|Seq Scan|Gather|Aggregate|Loop)';
-    IF l ~ 'Seq Scan on gjn_i_' THEN
+    CONTINUE WHEN l !~ '(GpuJoin|Inner Rows|Scan|Gather|Aggregate|Loop)';
+    IF l ~ 'Seq Scan on gjn_i_np' THEN
       RETURN NEXT regexp_replace(l, 'rows=[0-9.]+ ', '');
     ELSE
       RETURN NEXT regexp_replace(l, ' *\(actual.*\)', '');
@@ -303,8 +305,39 @@ SET enable_hashjoin = off;
 SET enable_mergejoin = off;
 SET enable_nestloop = off;
 SELECT pg_temp.inner_loops('SELECT count(*) FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
+-- a larger inner side, its parallel scan shared among the participants: each one's rows, the
+-- table built from all of them
+CREATE TABLE gjn_big_i AS SELECT g AS id, g - 250 AS k, 'i' || g AS v FROM generate_series(1, 30000) g;
+ANALYZE gjn_big_i;
+SELECT pg_temp.pcheck('SELECT o.k AS ok, count(*) AS c, sum(i.id) AS s, max(i.v) AS mv
+  FROM gjn_big o JOIN gjn_big_i i ON o.k = i.k GROUP BY o.k');
+SET parallel_leader_participation = off;
+SELECT pg_temp.pcheck('SELECT o.k AS ok, count(*) AS c, sum(i.id) AS s, max(i.v) AS mv
+  FROM gjn_big o JOIN gjn_big_i i ON o.k = i.k GROUP BY o.k');
+RESET parallel_leader_participation;
+DROP TABLE gjn_big_i;
+SET pg_uvm_share.enable_gpujoin = on;
+SET enable_hashjoin = off;
+SET enable_mergejoin = off;
+SET enable_nestloop = off;
+-- an inner side without a partial plan (its table allows no parallel scan): the first
+-- participant reads it whole, the others wait
+CREATE TABLE gjn_i_np AS SELECT * FROM gjn_i_int4;
+ALTER TABLE gjn_i_np SET (parallel_workers = 0);
+ANALYZE gjn_i_np;
+SELECT pg_temp.inner_loops('SELECT count(*) FROM gjn_big o JOIN gjn_i_np i ON o.k = i.k');
+SELECT pg_temp.pcheck('SELECT o.id AS oid_, i.id AS iid, i.v, i.n FROM gjn_big o JOIN gjn_i_np i ON o.k = i.k');
+SET parallel_leader_participation = off;
+SELECT pg_temp.pcheck('SELECT o.id AS oid_, i.id AS iid, i.v, i.n FROM gjn_big o JOIN gjn_i_np i ON o.k = i.k');
+RESET parallel_leader_participation;
+DROP TABLE gjn_i_np;
+SET pg_uvm_share.enable_gpujoin = on;
+SET enable_hashjoin = off;
+SET enable_mergejoin = off;
+SET enable_nestloop = off;
 -- rescans: a Gather over the node on the inner side of a nested loop, started again per outer
--- row (the leader resets the shared state, the inner side is built again: 3 loops)
+-- row (the leader resets the shared state, the inner side is built again: the same rows, the
+-- same answer, three times)
 SET enable_nestloop = on;
 SET enable_material = off;
 SELECT pg_temp.inner_loops($$SELECT v.x, ss.c FROM (SELECT count(*) AS c, sum(i.x) AS s

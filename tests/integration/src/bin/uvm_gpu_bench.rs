@@ -1315,7 +1315,9 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, sc
     // One row (time_query reads one): the ten rows folded into a text.
     let topn_q = "SELECT string_agg(k::text || '/' || v::text, ' ') FROM (SELECT f.k, d.v FROM bench_fact f \
                   JOIN bench_dim d ON f.k = d.k ORDER BY d.v DESC, f.k LIMIT 10) t";
-    let r = (|| -> R<(Vec<f64>, i64, Vec<f64>, Vec<f64>)> {
+    // (node runs, workers launched, top-N with the node, top-N without)
+    type NodeRuns = (Vec<f64>, i64, Vec<f64>, Vec<f64>);
+    let r = (|| -> R<NodeRuns> {
         c.batch_execute(
             "ALTER TABLE bench_fact SET (parallel_workers = 5); SET max_parallel_workers_per_gather = 5; \
              SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off; \
