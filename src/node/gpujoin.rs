@@ -89,12 +89,8 @@ use crate::registry::TierPref;
 use crate::sql::{current_user, now, report, with_executor};
 use crate::vocab::Tier;
 
-/// Outer tuples with a non-NULL key per batch: 16 Ki, so that the batch's key table (2 slots of
-/// 16 bytes per key, `super::matching`) stays in a core's L2 cache. Profiled on the CPU path,
-/// the batch table's cache misses (one at the push, one at the emit) were most of the node's own
-/// time with 64 Ki; 8 Ki tuples took 0.84x the time of 64 Ki on that join (5 M x 500 K, serial),
-/// and the service's round trips per batch (tens of microseconds) stay small at 16 Ki.
-pub const BATCH_TUPLES: usize = 1 << 14;
+/// Outer tuples with a non-NULL key per batch.
+pub const BATCH_TUPLES: usize = 1 << 16;
 /// Pairs the result buffer holds at first (it grows on demand).
 const RESULT_PAIRS: u64 = 1 << 16;
 /// The GPU part of a row's cost, as a fraction of `cpu_operator_cost` (see the module comment).

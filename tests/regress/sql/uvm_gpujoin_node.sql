@@ -157,7 +157,7 @@ BEGIN
   END LOOP;
 END $$;
 SELECT pg_temp.explain_analyze('SELECT count(*) FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k');
--- more than one batch (BATCH_TUPLES = 16384 outer tuples with a key)
+-- more than one batch (BATCH_TUPLES = 65536 outer tuples with a key)
 CREATE TABLE gjn_big AS SELECT g AS id, (1 + g % 700)::int4 - 250 AS k FROM generate_series(1, 140000) g;
 SELECT pg_temp.explain_analyze('SELECT count(*) FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
 SELECT pg_temp.check('SELECT o.id AS oid_, i.id AS iid FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
