@@ -65,7 +65,7 @@
 //! In a partial path the inner and outer figures are one participant's (the inner side's
 //! when its plan is partial too). These constants are what the GPU could reach, not yet
 //! calibrated against the node as it runs: on the H200's 50 M x 5 M join the parallel node takes
-//! 0.67x PostgreSQL's parallel hash join (service mode) while this model prices it slightly
+//! 0.47x PostgreSQL's parallel hash join (service mode) while this model prices it slightly
 //! above it, and its fixed costs (segments, round trips: milliseconds) are priced far lower
 //! than they are. So `auto` leaves the node off (see [`enabled`]) until the model is fitted to
 //! measurements at several sizes.
