@@ -316,10 +316,6 @@ SELECT pg_temp.pcheck('SELECT o.k AS ok, count(*) AS c, sum(i.id) AS s, max(i.v)
   FROM gjn_big o JOIN gjn_big_i i ON o.k = i.k GROUP BY o.k');
 RESET parallel_leader_participation;
 DROP TABLE gjn_big_i;
-SET pg_uvm_share.enable_gpujoin = on;
-SET enable_hashjoin = off;
-SET enable_mergejoin = off;
-SET enable_nestloop = off;
 -- an inner side without a partial plan (its table allows no parallel scan): the first
 -- participant reads it whole, the others wait
 CREATE TABLE gjn_i_np AS SELECT * FROM gjn_i_int4;
@@ -331,10 +327,6 @@ SET parallel_leader_participation = off;
 SELECT pg_temp.pcheck('SELECT o.id AS oid_, i.id AS iid, i.v, i.n FROM gjn_big o JOIN gjn_i_np i ON o.k = i.k');
 RESET parallel_leader_participation;
 DROP TABLE gjn_i_np;
-SET pg_uvm_share.enable_gpujoin = on;
-SET enable_hashjoin = off;
-SET enable_mergejoin = off;
-SET enable_nestloop = off;
 -- rescans: a Gather over the node on the inner side of a nested loop, started again per outer
 -- row (the leader resets the shared state, the inner side is built again: the same rows, the
 -- same answer, three times)
