@@ -9,8 +9,9 @@
 //!   columns only, it adds `CustomPath`s "GpuJoin", when `pg_uvm_share.enable_gpujoin` is `on`
 //!   (`auto`, the default, leaves it off in this version: see [`enabled`]): a serial one over
 //!   the cheapest unparameterized paths of both sides, and a parallel-aware partial one over
-//!   the outer side's cheapest partial path and the inner side's cheapest parallel-safe path,
-//!   which PostgreSQL puts under a Gather. The other clauses become the node's qual.
+//!   the outer side's cheapest partial path and the inner side's cheapest partial (parallel
+//!   scan) path, else its cheapest parallel-safe one, which PostgreSQL puts under a Gather.
+//!   The other clauses become the node's qual.
 //! - **Plan** (`PlanCustomPath`): a `CustomScan` with `scanrelid = 0`, the two child plans,
 //!   `custom_scan_tlist` = every column the target list, the qual and the join clause use,
 //!   each taken from one child's target list; `custom_private` says where (side, attribute
@@ -18,16 +19,18 @@
 //!   clause for EXPLAIN. `set_customscan_references` rewrites the Vars to `INDEX_VAR`.
 //! - **Executor** (each participant; the GpuJoin operations run where the cluster runs them, in
 //!   this process or in the GPU service, on the CPU or the GPU): at the first call the inner
-//!   side is built: the inner child is drained, each tuple with a non-NULL key kept (row id =
-//!   its index), and the GpuJoin table built in a temporary segment exactly as
-//!   `uvm.gpujoin_build` does (payload = row id). Serially the tuples stay in a memory context
-//!   of the node; in a parallel query one participant builds for all, the tuples going to the
-//!   query's DSA area, while the others wait (`super::shared`). Then each participant reads
-//!   its outer child (its share of a parallel scan) a batch at a time ([`BATCH_TUPLES`] tuples
-//!   with a non-NULL key, copied), materializes the batch's distinct keys into its own result
-//!   buffer (a temporary segment, reset before each batch), reads the (key, row id) pairs back
-//!   and emits one joined row per call, from the outer tuples of that key and the inner row
-//!   (`super::matching`), after the qual, projected.
+//!   side is built: the inner child is drained, the columns the join uses of each row with a
+//!   non-NULL key stored (`super::shared::RowWriter`: row id = its number), and the GpuJoin
+//!   table built in a temporary segment exactly as `uvm.gpujoin_build` does (payload = row
+//!   id). Serially the rows stay in a memory context of the node; in a parallel query they go
+//!   to the query's DSA area, every participant storing its share of a partial inner plan and
+//!   the last one building the table, or the first storing all of a non-partial one, while
+//!   the others wait (`super::shared`). Then each participant reads its outer child (its share
+//!   of a parallel scan) a batch at a time ([`BATCH_TUPLES`] tuples with a non-NULL key, their
+//!   used columns kept), materializes the batch's distinct keys into its own result buffer (a
+//!   temporary segment, reset before each batch), reads the (key, row id) pairs back and emits
+//!   one joined row per call, from the outer columns of each tuple with that key and the inner
+//!   row (`super::matching`), after the qual, projected.
 //!
 //! # Lifecycle
 //!
@@ -628,8 +631,8 @@ impl GpuJoinScan {
         }
     }
 
-    /// Builds the table in `seg` (at least the table's size) from `rows`; returns its bytes and
-    /// tier code.
+    /// Builds the table in `seg` (grown to the table's size) from the (key, row id) pairs of
+    /// `parts`; returns its bytes and tier code.
     fn fill_table(&mut self, seg: &SegRef, parts: &[&[[i64; 2]]], nulls: u64) -> (u64, u32) {
         let kt = self.key;
         let stored = parts.iter().map(|p| p.len() as u64).sum();
@@ -753,6 +756,8 @@ impl GpuJoinScan {
                         (*sh).table_bytes = bytes;
                         (*sh).tier = tier;
                     }
+                    drop(parts);
+                    Shared::free_keys(sh, area);
                     Shared::publish(sh);
                 } else {
                     Shared::wait_built(sh);

@@ -267,6 +267,23 @@ impl Shared {
         }
     }
 
+    /// Frees every slot's (key, row id) pairs once the table is built from them.
+    ///
+    /// # Safety
+    /// As for [`Shared::keys`]; the slices it gave are no longer used.
+    pub unsafe fn free_keys(p: *mut Shared, area: *mut pg_sys::dsa_area) {
+        // SAFETY: forwarded contract; only the builder reads the pairs.
+        unsafe {
+            for i in 0..(*p).nslots {
+                let s = Shared::slot(p, i).expect("in range");
+                if (*s).keys != 0 {
+                    pg_sys::dsa_free(area, (*s).keys);
+                    (*s).keys = 0;
+                }
+            }
+        }
+    }
+
     /// Frees the inner side in `area` and sets the state back to scanning (a rescan).
     ///
     /// # Safety
