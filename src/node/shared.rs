@@ -146,6 +146,34 @@ pub fn my_slot() -> u32 {
     u32::try_from(n + 1).unwrap_or(0)
 }
 
+/// What a participant arriving at sync word `v` does.
+#[derive(Debug, PartialEq, Eq)]
+enum Joined {
+    /// Joins the scan: the word becomes this.
+    Scan(u64),
+    /// The scan is closed and the table not built yet.
+    Wait,
+    Built,
+}
+
+fn joined(v: u64, partial: bool) -> Joined {
+    match v >> 32 {
+        BUILT => Joined::Built,
+        SCANNING if v & CLOSED == 0 => Joined::Scan((v + 1) | if partial { 0 } else { CLOSED }),
+        _ => Joined::Wait,
+    }
+}
+
+/// The sync word after a participant leaves the scan at `v`, and whether it was the last one
+/// (the scan then closes for good: the phase becomes building).
+fn left(v: u64) -> (u64, bool) {
+    if v & ACTIVE == 1 {
+        (BUILDING << 32, true)
+    } else {
+        (v - 1, false)
+    }
+}
+
 impl Shared {
     /// Sets up `p` (uninitialized DSM bytes: [`shared_bytes`] of `participants`) for a query
     /// whose table segment is `table`.
@@ -183,16 +211,15 @@ impl Shared {
             let sync = &(*p).sync;
             let role = loop {
                 let v = sync.load(Ordering::Acquire);
-                match v >> 32 {
-                    BUILT => break Role::Built,
-                    SCANNING if v & CLOSED == 0 => {
-                        let next = (v + 1) | if (*p).partial { 0 } else { CLOSED };
+                match joined(v, (*p).partial) {
+                    Joined::Built => break Role::Built,
+                    Joined::Scan(next) => {
                         if sync.compare_exchange(v, next, Ordering::AcqRel, Ordering::Acquire).is_ok() {
                             break Role::Scan;
                         }
                     }
                     // The first call prepares to sleep and returns at once; the loop checks again.
-                    _ => pg_sys::ConditionVariableSleep(&mut (*p).cv, pg_sys::PG_WAIT_EXTENSION),
+                    Joined::Wait => pg_sys::ConditionVariableSleep(&mut (*p).cv, pg_sys::PG_WAIT_EXTENSION),
                 }
             };
             #[allow(clippy::let_unit_value)]
@@ -211,8 +238,7 @@ impl Shared {
         let sync = unsafe { &(*p).sync };
         loop {
             let v = sync.load(Ordering::Acquire);
-            let last = v & ACTIVE == 1;
-            let next = if last { BUILDING << 32 } else { v - 1 };
+            let (next, last) = left(v);
             if sync.compare_exchange(v, next, Ordering::AcqRel, Ordering::Acquire).is_ok() {
                 return last;
             }
@@ -640,6 +666,57 @@ impl InnerRows {
             } else {
                 (pg_sys::Datum::from(arena.resolve(word)), false)
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Participants joining and leaving in a given order, as the atomic word sees them.
+    #[test]
+    fn the_last_to_leave_builds_and_no_one_joins_after() {
+        let start = SCANNING << 32;
+        // Partial: three join, leave in turn; only the third leaving is the last.
+        let mut v = start;
+        for _ in 0..3 {
+            let Joined::Scan(n) = joined(v, true) else { panic!("could not join at {v:#x}") };
+            v = n;
+        }
+        assert_eq!(v & ACTIVE, 3);
+        let (v1, last) = left(v);
+        assert!(!last);
+        // A fourth may still join while others scan.
+        let Joined::Scan(v2) = joined(v1, true) else { panic!("late joiner refused") };
+        let (v3, l1) = left(v2);
+        let (v4, l2) = left(v3);
+        assert!(!l1 && !l2);
+        let (v5, l3) = left(v4);
+        assert!(l3, "the last one leaving builds");
+        assert_eq!(v5 >> 32, BUILDING);
+        // After the last left, newcomers wait; once built, they go on.
+        assert_eq!(joined(v5, true), Joined::Wait);
+        assert_eq!(joined(BUILT << 32, true), Joined::Built);
+    }
+
+    #[test]
+    fn a_non_partial_inner_side_is_scanned_by_the_first_only() {
+        let Joined::Scan(v) = joined(SCANNING << 32, false) else { panic!("the first could not join") };
+        assert_eq!(v & ACTIVE, 1);
+        assert_ne!(v & CLOSED, 0);
+        assert_eq!(joined(v, false), Joined::Wait, "a second participant must not scan it again");
+        let (v, last) = left(v);
+        assert!(last);
+        assert_eq!(v >> 32, BUILDING);
+    }
+
+    #[test]
+    fn rows_are_found_by_arithmetic_within_their_page() {
+        for n in [0usize, 1, 2, 7, 8, 9, 64] {
+            let l = Layout::of(n);
+            assert!(l.row_bytes >= 8 * n + n && l.row_bytes % 8 == 0, "{n} columns: {l:?}");
+            assert!(l.rows_per_page * l.row_bytes <= PAGE_BYTES);
         }
     }
 }
