@@ -715,7 +715,7 @@ mod tests {
     fn rows_are_found_by_arithmetic_within_their_page() {
         for n in [0usize, 1, 2, 7, 8, 9, 64] {
             let l = Layout::of(n);
-            assert!(l.row_bytes >= 8 * n + n && l.row_bytes % 8 == 0, "{n} columns: {l:?}");
+            assert!(l.row_bytes >= 8 * n + n && l.row_bytes.is_multiple_of(8), "{n} columns: {l:?}");
             assert!(l.rows_per_page * l.row_bytes <= PAGE_BYTES);
         }
     }
