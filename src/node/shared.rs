@@ -548,6 +548,7 @@ impl RowWriter {
             cols: self.cols,
             layout: Some(self.layout),
             slots: vec![SlotRows { pages, rows: self.rows }],
+            total: self.rows,
         }
     }
 
@@ -594,6 +595,8 @@ pub struct InnerRows {
     layout: Option<Layout>,
     /// Per participant's slot: its row pages' addresses in this process, and its rows.
     slots: Vec<SlotRows>,
+    /// Rows over all slots (asked at every call of the node's exec).
+    total: u64,
 }
 
 struct SlotRows {
@@ -624,13 +627,14 @@ impl InnerRows {
                 let pages = (0..npages).map(|j| arena.resolve(*list.add(j)) as *const u8).collect();
                 slots.push(SlotRows { pages, rows });
             }
-            InnerRows { arena: Some(arena), cols: cols.to_vec(), layout: Some(layout), slots }
+            let total = slots.iter().map(|s| s.rows).sum();
+            InnerRows { arena: Some(arena), cols: cols.to_vec(), layout: Some(layout), slots, total }
         }
     }
 
     /// Rows over all participants.
     pub fn len(&self) -> u64 {
-        self.slots.iter().map(|s| s.rows).sum()
+        self.total
     }
 
     pub fn is_empty(&self) -> bool {
