@@ -37,7 +37,7 @@ thread_local! {
 }
 
 /// A fresh name for a temporary segment of this process (`pg_temp_gpujoin_<pid>_<n>_<what>`).
-pub fn temp_name(what: &str) -> String {
+fn temp_name(what: &str) -> String {
     let n = COUNTER.with(|c| {
         let v = c.get() + 1;
         c.set(v);
@@ -50,11 +50,22 @@ pub fn temp_name(what: &str) -> String {
 /// How long the cleanup waits, in all, for segments still pinned by an abandoned request.
 const IN_USE_WAIT: Duration = Duration::from_secs(5);
 
-/// Lists a temporary segment about to be created (id 0: by name) or just created. A segment is
-/// listed before the request that creates it, so that an ERROR, a cancel or a terminate while
-/// the request runs (in the GPU service, which finishes it anyway) cannot leave it unlisted;
-/// [`listed_as`] then gives it its id.
-pub fn track(seg: SegRef) {
+/// Creates a temporary segment of this process named for `what`: `make` creates a segment of
+/// the name it is given and returns its id. The segment is listed (by name) before `make`
+/// runs, so that an ERROR, a cancel or a terminate while the request runs (in the GPU service,
+/// which finishes it anyway) cannot leave it unlisted; then it is listed with its id.
+pub fn create(what: &str, make: impl FnOnce(&str) -> u64) -> SegRef {
+    let name = temp_name(what);
+    let pending = SegRef::new(&name, 0).unwrap_or_else(|e| crate::sql::report(e));
+    track(pending);
+    install_exit_once();
+    let seg = SegRef::new(&name, make(&name)).unwrap_or_else(|e| crate::sql::report(e));
+    listed_as(&pending, seg);
+    seg
+}
+
+/// Lists a temporary segment about to be created (id 0: by name).
+fn track(seg: SegRef) {
     // SAFETY: reads the current subtransaction's id.
     let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
     LIST.with(|l| l.borrow_mut().push(Entry { seg, subxact }));
@@ -68,7 +79,7 @@ pub fn drop_now(seg: &SegRef) {
 }
 
 /// Gives the listed `pending` entry (made by [`track`] before the creation) its segment's id.
-pub fn listed_as(pending: &SegRef, seg: SegRef) {
+fn listed_as(pending: &SegRef, seg: SegRef) {
     LIST.with(|l| {
         for e in l.borrow_mut().iter_mut().filter(|e| e.seg == *pending) {
             e.seg = seg;
@@ -223,7 +234,7 @@ pub fn install() {
 /// Registers the exit callback; called when this process creates its first temporary segment
 /// (before_shmem_exit callbacks run in reverse order of registration, so this runs before the
 /// segment manager's own exit callback, which is registered earlier).
-pub fn install_exit_once() {
+fn install_exit_once() {
     thread_local! {
         static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }

@@ -660,15 +660,8 @@ impl GpuJoinScan {
 
     /// Creates a temporary segment of `bytes` that this process drops (End, or abort).
     fn create_temp(&mut self, what: &str, bytes: u64, max: Option<u64>) -> SegRef {
-        let name = cleanup::temp_name(what);
         let (size, max) = (bytes.min(i64::MAX as u64) as i64, max.map(|m| m.min(i64::MAX as u64) as i64));
-        let pending = SegRef::new(&name, 0).unwrap_or_else(|e| report(e));
-        cleanup::track(pending);
-        cleanup::install_exit_once();
-        let id = self.timed(|ex| exec::create(ex, &name, size, max, TierPref::Auto, current_user(), now()));
-        let seg = SegRef::new(&name, id).unwrap_or_else(|e| report(e));
-        cleanup::listed_as(&pending, seg);
-        seg
+        cleanup::create(what, |name| self.timed(|ex| exec::create(ex, name, size, max, TierPref::Auto, current_user(), now())))
     }
 
     /// Drains the inner child into `writer` (the columns the join uses); by-reference values
