@@ -604,33 +604,6 @@ impl GpuJoinScan {
         r
     }
 
-    /// Drains the inner child: the (key, row id) rows of the tuples with a non-NULL key, each
-    /// kept by `keep` (which gives its row id), and the count of NULL keys.
-    ///
-    /// # Safety
-    /// Called from exec with the node's children initialized.
-    unsafe fn drain_inner(&mut self, mut keep: impl FnMut(*mut pg_sys::TupleTableSlot) -> i64) -> (Vec<[i64; 2]>, u64) {
-        // SAFETY: forwarded contract.
-        unsafe {
-            let mut rows: Vec<[i64; 2]> = Vec::new();
-            let mut nulls = 0u64;
-            loop {
-                let slot = pg_sys::ExecProcNode(self.inner);
-                if tup_is_null(slot) {
-                    break;
-                }
-                let (d, isnull) = attr(slot, self.p.inner_key, self.p.inner_key);
-                if isnull {
-                    nulls += 1;
-                    continue;
-                }
-                rows.push([key_of(d, self.p.key_oid), keep(slot)]);
-            }
-            self.stats.inner_rows = rows.len() as u64;
-            (rows, nulls)
-        }
-    }
-
     /// Builds the table in `seg` (grown to the table's size) from the (key, row id) pairs of
     /// `parts`; returns its bytes and tier code.
     fn fill_table(&mut self, seg: &SegRef, parts: &[&[[i64; 2]]], nulls: u64) -> (u64, u32) {
@@ -664,34 +637,44 @@ impl GpuJoinScan {
         cleanup::create(what, |name| self.timed(|ex| exec::create(ex, name, size, max, TierPref::Auto, current_user(), now())))
     }
 
-    /// Drains the inner child into `writer` (the columns the join uses); by-reference values
-    /// that need flattening are made in `scratch`, reset as it goes.
+    /// Drains the inner child into `writer` (the columns the join uses of each row with a
+    /// non-NULL key): returns the (key, row id) pairs and the count of NULL keys. By-reference
+    /// values that need flattening are made in `scratch`, reset as it goes.
     ///
     /// # Safety
     /// Called from exec with the node's children initialized; the writer's arena is live.
     unsafe fn drain_into(&mut self, writer: &mut RowWriter, scratch: pg_sys::MemoryContext) -> (Vec<[i64; 2]>, u64) {
         // SAFETY: forwarded contract.
         unsafe {
-            let resnos = self.inner_resnos.clone();
-            let upto = self.max_inner_att;
-            let (mut values, mut nulls) = (vec![pg_sys::Datum::from(0); resnos.len()], vec![false; resnos.len()]);
+            let n = self.inner_resnos.len();
+            let (mut values, mut isnulls) = (vec![pg_sys::Datum::from(0); n], vec![false; n]);
+            let mut rows: Vec<[i64; 2]> = Vec::new();
+            let mut nulls = 0u64;
             pg_sys::MemoryContextReset(scratch);
-            let mut stored = 0u32;
-            let r = self.drain_inner(|slot| {
-                stored = stored.wrapping_add(1);
-                if stored.is_multiple_of(1024) {
+            loop {
+                let slot = pg_sys::ExecProcNode(self.inner);
+                if tup_is_null(slot) {
+                    break;
+                }
+                let (d, isnull) = attr(slot, self.p.inner_key, self.p.inner_key);
+                if isnull {
+                    nulls += 1;
+                    continue;
+                }
+                if (rows.len() + 1).is_multiple_of(1024) {
                     pg_sys::MemoryContextReset(scratch);
                 }
-                for (i, &resno) in resnos.iter().enumerate() {
-                    (values[i], nulls[i]) = attr(slot, resno, upto);
+                for (i, &resno) in self.inner_resnos.iter().enumerate() {
+                    (values[i], isnulls[i]) = attr(slot, resno, self.max_inner_att);
                 }
                 let old = pg_sys::MemoryContextSwitchTo(scratch);
-                let id = writer.push(&values, &nulls);
+                let id = writer.push(&values, &isnulls);
                 pg_sys::MemoryContextSwitchTo(old);
-                id
-            });
+                rows.push([key_of(d, self.p.key_oid), id]);
+            }
             pg_sys::MemoryContextReset(scratch);
-            r
+            self.stats.inner_rows = rows.len() as u64;
+            (rows, nulls)
         }
     }
 
