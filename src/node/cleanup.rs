@@ -107,14 +107,12 @@ fn drop_where(which: impl Fn(&Entry) -> bool) {
     if victims.is_empty() {
         return;
     }
-    // SAFETY: a process-local counter of the main thread, restored below.
-    unsafe { pg_sys::InterruptHoldoffCount += 1 };
-    let deadline = Instant::now() + IN_USE_WAIT;
-    for seg in victims {
-        drop_quietly(&seg, deadline);
-    }
-    // SAFETY: as above.
-    unsafe { pg_sys::InterruptHoldoffCount -= 1 };
+    crate::sql::held_off(|| {
+        let deadline = Instant::now() + IN_USE_WAIT;
+        for seg in victims {
+            drop_quietly(&seg, deadline);
+        }
+    });
 }
 
 /// Drops `seg`, trying again until `deadline` while a request this process gave up on still
@@ -210,11 +208,9 @@ unsafe extern "C-unwind" fn subxact_callback(
 
 /// [`sweep_orphans`] from a callback: interrupts held off, nothing raised.
 fn sweep_orphans_quietly() {
-    // SAFETY: a process-local counter of the main thread, restored below.
-    unsafe { pg_sys::InterruptHoldoffCount += 1 };
-    let _ = std::panic::catch_unwind(sweep_orphans);
-    // SAFETY: as above.
-    unsafe { pg_sys::InterruptHoldoffCount -= 1 };
+    crate::sql::held_off(|| {
+        let _ = std::panic::catch_unwind(sweep_orphans);
+    });
 }
 
 #[pgrx::pg_guard]

@@ -172,11 +172,9 @@ impl Drop for HalfBuilt {
             // the registry lock and waiting for the service are allowed). Interrupts are held
             // off, so that a second cancel cannot raise an ERROR inside this drop; the drop's
             // own error (another process pinned the segment) is ignored.
-            // SAFETY: a process-local counter of the main thread, restored below.
-            unsafe { pg_sys::InterruptHoldoffCount += 1 };
-            let _ = std::panic::catch_unwind(|| super::try_with_executor(|ex| exec::drop(ex, &seg)));
-            // SAFETY: as above.
-            unsafe { pg_sys::InterruptHoldoffCount -= 1 };
+            super::held_off(|| {
+                let _ = std::panic::catch_unwind(|| super::try_with_executor(|ex| exec::drop(ex, &seg)));
+            });
         }
     }
 }

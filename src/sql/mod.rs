@@ -113,6 +113,23 @@ pub fn try_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> Result
     }
 }
 
+/// Runs `f` with interrupts held off (`HOLD_INTERRUPTS`), so that a cancel arriving meanwhile
+/// cannot raise an ERROR inside it: for cleanups in drop guards and callbacks. The hold ends
+/// when `f` returns or unwinds.
+pub fn held_off<R>(f: impl FnOnce() -> R) -> R {
+    struct Hold;
+    impl Drop for Hold {
+        fn drop(&mut self) {
+            // SAFETY: a process-local counter of the main thread, raised by `held_off` below.
+            unsafe { pg_sys::InterruptHoldoffCount -= 1 };
+        }
+    }
+    // SAFETY: as above; lowered again by Hold's drop.
+    unsafe { pg_sys::InterruptHoldoffCount += 1 };
+    let _hold = Hold;
+    f()
+}
+
 /// [`with_executor`], returning the error instead of raising it, and waiting for the service at
 /// most 10 s: for cleanups in drop guards, which run with interrupts held off.
 pub fn try_with_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> Result<R> {
