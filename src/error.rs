@@ -46,6 +46,8 @@ pub enum Code {
     SystemError,
     /// 08P01: the broker answered something that is not the protocol.
     ProtocolViolation,
+    /// 22003: a result outside its type's range (an aggregate's int8 sum).
+    NumericValueOutOfRange,
     /// 57014: the statement was cancelled (only a test's interrupt hook returns it: in
     /// PostgreSQL, `CHECK_FOR_INTERRUPTS()` raises the cancel itself).
     QueryCanceled,
@@ -73,6 +75,7 @@ impl Code {
             Code::LockNotAvailable => "55P03",
             Code::SystemError => "58000",
             Code::ProtocolViolation => "08P01",
+            Code::NumericValueOutOfRange => "22003",
             Code::QueryCanceled => "57014",
         }
     }

@@ -79,6 +79,7 @@ use std::time::{Duration, Instant};
 use pgrx::pg_sys;
 use pgrx::PgList;
 
+use super::agg::{self, Acc, Arg, Kind, Out, Value};
 use super::cleanup;
 use super::matching::{Batch, Emitter};
 use super::shared::{self, Arena, Col, InnerRows, Role, RowWriter, Shared, TIERS};
@@ -104,6 +105,9 @@ pub const GPU_ROW_FACTOR: f64 = 0.05;
 pub const INNER_ROW_FACTOR: f64 = 2.0;
 /// Start-up cost: two segments created and dropped, a few round trips to the executor.
 pub const SETUP_COST: f64 = 10.0;
+/// An aggregate computed in the node: its fold per joined row, in `cpu_operator_cost` (an
+/// addition, where PostgreSQL's Aggregate calls a transition function).
+pub const AGG_FOLD_FACTOR: f64 = 0.25;
 
 static METHODS: Methods = customscan::methods::<GpuJoinScan>();
 
@@ -121,7 +125,7 @@ pub fn install() {
 }
 
 /// Whether the planner may offer GpuJoin now.
-fn enabled() -> bool {
+pub fn enabled() -> bool {
     match guc::ENABLE_GPUJOIN.get() {
         GpuJoinChoice::On => true,
         GpuJoinChoice::Off => false,
@@ -157,7 +161,7 @@ fn key_of(d: pg_sys::Datum, oid: pg_sys::Oid) -> i64 {
 ///
 /// # Safety
 /// `n` is null or a node.
-unsafe fn as_var(n: *mut pg_sys::Node) -> Option<*mut pg_sys::Var> {
+pub unsafe fn as_var(n: *mut pg_sys::Node) -> Option<*mut pg_sys::Var> {
     // SAFETY: forwarded contract.
     unsafe {
         (!n.is_null() && (*n).type_ == pg_sys::NodeTag::T_Var && (*(n as *mut pg_sys::Var)).varlevelsup == 0)
@@ -287,6 +291,7 @@ unsafe fn add_path(
         if !outer_path.is_null() && (*outer_path).param_info.is_null() {
             let cp = make_path(joinrel, outer_path, inner_path, ordered(), None);
             pg_sys::add_path(joinrel, cp as *mut pg_sys::Path);
+            candidates::remember(joinrel, make_path(joinrel, outer_path, inner_path, ordered(), None));
         }
         // In parallel: the outer side's cheapest partial path, split among the participants; the
         // inner side built once for all of them (so it need only be safe to run in a worker).
@@ -310,8 +315,124 @@ unsafe fn add_path(
                 let workers = (*outer_partial).parallel_workers;
                 let cp = make_path(joinrel, outer_partial, safe_inner, ordered(), Some(workers));
                 pg_sys::add_partial_path(joinrel, cp as *mut pg_sys::Path);
+                candidates::remember(joinrel, make_path(joinrel, outer_partial, safe_inner, ordered(), Some(workers)));
             }
         }
+    }
+}
+
+/// The GpuJoin paths the planner was offered for each join relation, kept aside for the
+/// aggregate push-down (`super::preagg`), which runs later, at the grouping stage.
+///
+/// `add_path` may throw a path away (and free it) when a cheaper one of the relation
+/// dominates it, yet the aggregate above a GpuJoin can still be the cheapest way to compute
+/// the query's aggregates: so every join hook call also makes a copy that no path list owns,
+/// and this keeps the cheapest copy of each kind (serial, partial) per join relation. The
+/// copies live in the planner's memory context; a reset callback on that context forgets them
+/// when it goes (end of planning, an ERROR, GEQO's per-plan contexts), so no entry outlives
+/// what it points to.
+pub mod candidates {
+    use std::cell::RefCell;
+
+    use pgrx::pg_sys;
+
+    struct Entry {
+        ctx: pg_sys::MemoryContext,
+        joinrel: *mut pg_sys::RelOptInfo,
+        serial: *mut pg_sys::CustomPath,
+        partial: *mut pg_sys::CustomPath,
+    }
+
+    thread_local! {
+        static ENTRIES: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// Keeps `path` (a GpuJoin path of `joinrel` that no path list holds) if it is the cheapest
+    /// of its kind so far.
+    ///
+    /// # Safety
+    /// Planner structures, allocated in the current memory context.
+    pub unsafe fn remember(joinrel: *mut pg_sys::RelOptInfo, path: *mut pg_sys::CustomPath) {
+        // SAFETY: forwarded contract; the callback is allocated in the context it watches.
+        unsafe {
+            let ctx = pg_sys::CurrentMemoryContext;
+            let register = ENTRIES.with_borrow(|e| !e.iter().any(|x| x.ctx == ctx));
+            if register {
+                let cb =
+                    pg_sys::palloc0(std::mem::size_of::<pg_sys::MemoryContextCallback>()) as *mut pg_sys::MemoryContextCallback;
+                (*cb).func = Some(forget);
+                (*cb).arg = ctx as *mut std::ffi::c_void;
+                pg_sys::MemoryContextRegisterResetCallback(ctx, cb);
+            }
+            ENTRIES.with_borrow_mut(|entries| {
+                let at = match entries.iter().position(|x| x.joinrel == joinrel && x.ctx == ctx) {
+                    Some(at) => at,
+                    None => {
+                        let null = std::ptr::null_mut();
+                        entries.push(Entry { ctx, joinrel, serial: null, partial: null });
+                        entries.len() - 1
+                    }
+                };
+                let e = &mut entries[at];
+                let slot = if (*path).path.parallel_aware { &mut e.partial } else { &mut e.serial };
+                if slot.is_null() || (*path).path.total_cost < (**slot).path.total_cost {
+                    *slot = path;
+                }
+            });
+        }
+    }
+
+    /// The cheapest serial and partial GpuJoin paths offered for `joinrel` (null where none).
+    pub fn of(joinrel: *mut pg_sys::RelOptInfo) -> (*mut pg_sys::CustomPath, *mut pg_sys::CustomPath) {
+        ENTRIES.with_borrow(|entries| {
+            entries
+                .iter()
+                .find(|x| x.joinrel == joinrel)
+                .map_or((std::ptr::null_mut(), std::ptr::null_mut()), |e| (e.serial, e.partial))
+        })
+    }
+
+    #[pgrx::pg_guard]
+    unsafe extern "C-unwind" fn forget(arg: *mut std::ffi::c_void) {
+        let ctx = arg as pg_sys::MemoryContext;
+        ENTRIES.with_borrow_mut(|entries| entries.retain(|x| x.ctx != ctx));
+    }
+}
+
+/// Whether `path` (a GpuJoin path) can compute aggregates itself: it has no clause but the
+/// join's (the aggregate mode evaluates no qual).
+///
+/// # Safety
+/// A path made by this module.
+pub unsafe fn can_aggregate(path: *mut pg_sys::CustomPath) -> bool {
+    // SAFETY: forwarded contract: custom_private is the path's restrict clauses.
+    unsafe { PgList::<pg_sys::RestrictInfo>::from_pg((*path).custom_private).len() == 1 }
+}
+
+/// A copy of the GpuJoin path `path` that computes `target`'s aggregates (each expression an
+/// Aggref that `super::agg::spec_of` takes, over plain Vars of the join) and returns one row
+/// of their partial results per participant, instead of the joined rows.
+///
+/// Its cost is the join's without the output rows, plus [`AGG_FOLD_FACTOR`] ×
+/// `cpu_operator_cost` per joined row and aggregate.
+///
+/// # Safety
+/// `path` is a path of this module for which [`can_aggregate`] holds; `target` a planner
+/// PathTarget.
+pub unsafe fn with_aggregates(path: *mut pg_sys::CustomPath, target: *mut pg_sys::PathTarget) -> *mut pg_sys::CustomPath {
+    // SAFETY: forwarded contract; the copy is allocated in the planner's memory context.
+    unsafe {
+        let cp = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomPath>()) as *mut pg_sys::CustomPath;
+        std::ptr::copy_nonoverlapping(path, cp, 1);
+        let p = &mut (*cp).path;
+        let joined = p.rows;
+        let naggs = PgList::<pg_sys::Node>::from_pg((*target).exprs).len() as f64;
+        p.pathtarget = target;
+        p.rows = 1.0;
+        p.total_cost =
+            p.total_cost - joined * pg_sys::cpu_tuple_cost + joined * naggs * AGG_FOLD_FACTOR * pg_sys::cpu_operator_cost;
+        p.startup_cost = p.total_cost;
+        cp
     }
 }
 
@@ -453,7 +574,8 @@ unsafe fn relation_names(root: *mut pg_sys::PlannerInfo, relids: *mut pg_sys::Bi
 }
 
 /// The plan's private list: [key type oid, outer key resno, inner key resno, inner relation
-/// names, whether the inner plan is partial, then (side, resno) per custom_scan_tlist entry].
+/// names, whether the inner plan is partial, the number of aggregates, (function OID, column)
+/// per aggregate, then (side, resno) per column kept].
 struct Private {
     key_oid: pg_sys::Oid,
     outer_key: i32,
@@ -461,8 +583,12 @@ struct Private {
     inner_names: String,
     /// The inner plan is partial (a parallel query's participants each scan a share of it).
     inner_partial: bool,
-    /// (0 outer / 1 inner, resno) per scan tuple column.
+    /// (0 outer / 1 inner, resno) per column of the join the node keeps: per scan tuple
+    /// column, or in the aggregate mode per scan tuple column after the aggregates'.
     map: Vec<(u8, i32)>,
+    /// The aggregate mode (empty: the join mode): per aggregate, its function's OID and the
+    /// index in `map` of its argument (-1 for `count(*)`).
+    aggs: Vec<(u32, i32)>,
 }
 
 impl Private {
@@ -473,6 +599,11 @@ impl Private {
         l.push(int_node(self.inner_key as i64));
         l.push(text_node(&self.inner_names));
         l.push(int_node(self.inner_partial as i64));
+        l.push(int_node(self.aggs.len() as i64));
+        for &(fnoid, col) in &self.aggs {
+            l.push(int_node(fnoid as i64));
+            l.push(int_node(col as i64));
+        }
         for &(side, resno) in &self.map {
             l.push(int_node(side as i64));
             l.push(int_node(resno as i64));
@@ -487,8 +618,10 @@ impl Private {
         unsafe {
             let l = PgList::<pg_sys::Node>::from_pg(list);
             let at = |i: usize| int_of(l.get_ptr(i).expect("GpuJoin plan private data"));
+            let naggs = at(5).max(0) as usize;
+            let aggs = (0..naggs).map(|j| (at(6 + 2 * j) as u32, at(7 + 2 * j) as i32)).collect();
             let mut map = Vec::new();
-            let mut i = 5;
+            let mut i = 6 + 2 * naggs;
             while i + 1 < l.len() {
                 map.push((at(i) as u8, at(i + 1) as i32));
                 i += 2;
@@ -500,6 +633,7 @@ impl Private {
                 inner_names: text_of(l.get_ptr(3).expect("GpuJoin plan private data")),
                 inner_partial: at(4) != 0,
                 map,
+                aggs,
             }
         }
     }
@@ -573,6 +707,81 @@ pub struct GpuJoinScan {
     max_outer_att: i32,
     max_inner_att: i32,
     stats: Stats,
+    /// The aggregate mode's aggregates (empty in the join mode), and whether this scan's row of
+    /// results was returned.
+    aggs: Vec<NodeAgg>,
+    agg_done: bool,
+}
+
+/// An aggregate the node computes: its state, the index in `Private::map` of its argument
+/// (`None` for `count(*)`), and its result type.
+struct NodeAgg {
+    acc: Acc,
+    col: Option<usize>,
+    out: Out,
+}
+
+/// The aggregates of a plan's private list, checked.
+fn node_aggs(p: &Private) -> Vec<NodeAgg> {
+    p.aggs
+        .iter()
+        .map(|&(fnoid, col)| {
+            let Some((kind, arg)) = agg::spec_of(fnoid) else {
+                report(UvmError::new(Code::SystemError, format!("GpuJoin: aggregate function {fnoid} in plan")));
+            };
+            let col = usize::try_from(col).ok().filter(|&c| c < p.map.len());
+            if col.is_none() != (kind == Kind::CountStar) {
+                report(UvmError::new(Code::SystemError, "GpuJoin: an aggregate's argument is not a column of the join"));
+            }
+            NodeAgg { acc: Acc::new(kind, arg), col, out: agg::out_of(kind, arg) }
+        })
+        .collect()
+}
+
+/// An `int2`, `int4` or `int8` datum (`arg`) as an i64 (`Arg::Any`: 0, only its NULL counts).
+pub fn int_of_datum(d: pg_sys::Datum, arg: Arg) -> i64 {
+    match arg {
+        Arg::Any => 0,
+        Arg::Int2 => d.value() as i16 as i64,
+        Arg::Int4 => d.value() as i32 as i64,
+        Arg::Int8 => d.value() as i64,
+    }
+}
+
+/// An aggregate's value as a datum of its type `out` (a numeric is allocated in the current
+/// memory context).
+pub fn datum_of_value(v: Value, out: Out) -> (pg_sys::Datum, bool) {
+    match (v, out) {
+        (Value::Null, _) => (pg_sys::Datum::from(0), true),
+        (Value::Int(x), Out::Int2) => (pg_sys::Datum::from(x as i16), false),
+        (Value::Int(x), Out::Int4) => (pg_sys::Datum::from(x as i32), false),
+        (Value::Int(x), Out::Int8) => (pg_sys::Datum::from(x), false),
+        (Value::Int(x), Out::Numeric) => datum_of_value(Value::Big(x as i128), out),
+        (Value::Big(x), _) => {
+            let n = pgrx::AnyNumeric::from(x);
+            (pgrx::IntoDatum::into_datum(n).expect("a numeric datum"), false)
+        }
+    }
+}
+
+/// A datum of type `out`, as an aggregate's partial value (a numeric must hold an integer).
+///
+/// # Safety
+/// `d` is a datum of type `out` (not NULL).
+pub unsafe fn value_of_datum(d: pg_sys::Datum, out: Out) -> Result<Value> {
+    Ok(match out {
+        Out::Int2 => Value::Int(d.value() as i16 as i64),
+        Out::Int4 => Value::Int(d.value() as i32 as i64),
+        Out::Int8 => Value::Int(d.value() as i64),
+        Out::Numeric => {
+            // SAFETY: forwarded contract.
+            let n = unsafe { <pgrx::AnyNumeric as pgrx::FromDatum>::from_datum(d, false) }.expect("not NULL");
+            let text = n.to_string();
+            Value::Big(text.parse::<i128>().map_err(|_| {
+                UvmError::new(Code::ProtocolViolation, format!("a GpuJoin partial sum is not an integer: {text}"))
+            })?)
+        }
+    })
 }
 
 fn tup_is_null(slot: *mut pg_sys::TupleTableSlot) -> bool {
@@ -848,6 +1057,90 @@ impl GpuJoinScan {
         }
     }
 
+    /// The aggregate mode's exec: folds every joined row of this participant's share into the
+    /// aggregates, then returns one row of their (partial) results, once per scan.
+    ///
+    /// # Safety
+    /// As for exec, after the build.
+    unsafe fn exec_aggregates(&mut self, node: *mut pg_sys::CustomScanState) -> *mut pg_sys::TupleTableSlot {
+        // SAFETY: forwarded contract; the scan slot has the aggregates' results first.
+        unsafe {
+            if self.agg_done {
+                return std::ptr::null_mut();
+            }
+            if !self.rows.is_empty() {
+                loop {
+                    while let Some((pos, row)) = self.emitter.next(&self.batch) {
+                        if let Err(e) = self.fold(pos, row) {
+                            report(e);
+                        }
+                    }
+                    if self.outer_done {
+                        break;
+                    }
+                    pg_sys::check_for_interrupts!();
+                    self.next_batch();
+                }
+            }
+            self.report_stats();
+            self.agg_done = true;
+            let econtext = (*node).ss.ps.ps_ExprContext;
+            let scan = (*node).ss.ss_ScanTupleSlot;
+            pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
+            pg_sys::ExecClearTuple(scan);
+            let natts = (*(*scan).tts_tupleDescriptor).natts as usize;
+            for i in 0..natts {
+                *(*scan).tts_values.add(i) = pg_sys::Datum::from(0);
+                *(*scan).tts_isnull.add(i) = true;
+            }
+            let old = pg_sys::MemoryContextSwitchTo((*econtext).ecxt_per_tuple_memory);
+            for (i, a) in self.aggs.iter().enumerate().take(natts) {
+                let v = a.acc.value().unwrap_or_else(|e| report(e));
+                let (d, isnull) = datum_of_value(v, a.out);
+                *(*scan).tts_values.add(i) = d;
+                *(*scan).tts_isnull.add(i) = isnull;
+            }
+            pg_sys::MemoryContextSwitchTo(old);
+            pg_sys::ExecStoreVirtualTuple(scan);
+            (*econtext).ecxt_scantuple = scan;
+            let proj = (*node).ss.ps.ps_ProjInfo;
+            if proj.is_null() {
+                scan
+            } else {
+                pg_sys::ExecProject(proj)
+            }
+        }
+    }
+
+    /// Folds the joined row (outer tuple `pos` of the batch, inner row `row`) into the
+    /// aggregates.
+    fn fold(&mut self, pos: u32, row: i64) -> Result<()> {
+        let n = self.outer_cols.len();
+        let base = pos as usize * n;
+        let (true, Some(ir)) = (base + n <= self.outer_vals.len(), self.rows.get(row)) else {
+            return Err(UvmError::new(
+                Code::ObjectNotInPrerequisiteState,
+                "GpuJoin: a pair names no row (the result buffer was overwritten)",
+            ));
+        };
+        for k in 0..self.aggs.len() {
+            let v = match self.aggs[k].col {
+                None => None,
+                Some(i) => {
+                    let (d, isnull) = if self.p.map[i].0 == 0 {
+                        let at = base + self.col_index[i];
+                        (self.outer_vals[at], self.outer_nulls[at])
+                    } else {
+                        self.rows.value(ir, self.col_index[i])
+                    };
+                    (!isnull).then(|| int_of_datum(d, self.aggs[k].acc.arg))
+                }
+            };
+            self.aggs[k].acc.add(v)?;
+        }
+        Ok(())
+    }
+
     /// Forgets the inner table, dropping it if this process owns it (End, or a rebuild).
     fn drop_table(&mut self) {
         if let Some(seg) = self.table.take() {
@@ -888,10 +1181,25 @@ impl JoinScan for GpuJoinScan {
             // the path's target, not only `tlist`: PostgreSQL 14 plans a projection above a
             // custom scan by asking for no target list (CP_IGNORE_TLIST) and then putting the
             // projection's own, made of the path target's Vars, in its place.
-            let mut vars: Vec<*mut pg_sys::Var> = vec![ov, iv];
+            //
+            // In the aggregate mode (`with_aggregates`: the target is a list of Aggrefs) the scan
+            // tuple is the aggregates' results, then the columns (the Aggrefs' arguments and the
+            // keys, which the join clause in custom_exprs names): setrefs turns the target list's
+            // Aggrefs into references to the first ones, as for postgres_fdw's pushed-down
+            // aggregates.
             let target = (*(*path).path.pathtarget).exprs as *mut pg_sys::Node;
+            let aggrefs: Vec<*mut pg_sys::Aggref> = PgList::<pg_sys::Node>::from_pg(target as *mut pg_sys::List)
+                .iter_ptr()
+                .filter(|n| (**n).type_ == pg_sys::NodeTag::T_Aggref)
+                .map(|n| n as *mut pg_sys::Aggref)
+                .collect();
+            if !aggrefs.is_empty() && !PgList::<pg_sys::Node>::from_pg(quals).is_empty() {
+                report(UvmError::new(Code::SystemError, "GpuJoin: aggregates over a join with other clauses"));
+            }
+            let mut vars: Vec<*mut pg_sys::Var> = vec![ov, iv];
             for n in [target, tlist as *mut pg_sys::Node, quals as *mut pg_sys::Node] {
-                for v in PgList::<pg_sys::Node>::from_pg(pg_sys::pull_var_clause(n, 0)).iter_ptr() {
+                let found = pg_sys::pull_var_clause(n, pg_sys::PVC_RECURSE_AGGREGATES as i32);
+                for v in PgList::<pg_sys::Node>::from_pg(found).iter_ptr() {
                     let v = as_var(v).expect("plain Vars only (checked by the path)");
                     if !vars.iter().any(|w| (**w).varno == (*v).varno && (**w).varattno == (*v).varattno) {
                         vars.push(v);
@@ -899,6 +1207,22 @@ impl JoinScan for GpuJoinScan {
                 }
             }
             let mut scan_tlist = PgList::<pg_sys::TargetEntry>::new();
+            let mut aggs = Vec::with_capacity(aggrefs.len());
+            for (i, &a) in aggrefs.iter().enumerate() {
+                let args = PgList::<pg_sys::TargetEntry>::from_pg((*a).args);
+                let col = match args.get_ptr(0) {
+                    None => -1,
+                    Some(te) => {
+                        let v = as_var((*te).expr as *mut pg_sys::Node).expect("a plain Var (checked by the path)");
+                        let at = vars.iter().position(|w| (**w).varno == (*v).varno && (**w).varattno == (*v).varattno);
+                        at.expect("pulled above") as i32
+                    }
+                };
+                aggs.push((u32::from((*a).aggfnoid), col));
+                let copy = pg_sys::copyObjectImpl(a as *const std::ffi::c_void) as *mut pg_sys::Expr;
+                scan_tlist.push(pg_sys::makeTargetEntry(copy, (i + 1) as i16, std::ptr::null_mut(), false));
+            }
+            let naggs = aggrefs.len();
             let mut map = Vec::with_capacity(vars.len());
             for (i, v) in vars.iter().enumerate() {
                 let side = if let Some(r) = resno_in((*outer_plan).targetlist, *v) {
@@ -910,7 +1234,7 @@ impl JoinScan for GpuJoinScan {
                 };
                 map.push(side);
                 let copy = pg_sys::copyObjectImpl(*v as *const std::ffi::c_void) as *mut pg_sys::Expr;
-                scan_tlist.push(pg_sys::makeTargetEntry(copy, (i + 1) as i16, std::ptr::null_mut(), false));
+                scan_tlist.push(pg_sys::makeTargetEntry(copy, (naggs + i + 1) as i16, std::ptr::null_mut(), false));
             }
             let p = Private {
                 key_oid: (*ov).vartype,
@@ -921,6 +1245,7 @@ impl JoinScan for GpuJoinScan {
                 // takes no other), whatever the planner puts above it in the plan.
                 inner_partial: (*path).path.parallel_aware && (*paths.get_ptr(1).expect("inner")).parallel_aware,
                 map,
+                aggs,
             };
             let cscan = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
             (*cscan).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
@@ -944,6 +1269,7 @@ impl JoinScan for GpuJoinScan {
         let p = unsafe { Private::from_list((*cscan).custom_private) };
         let key =
             key_type_of(p.key_oid).unwrap_or_else(|| report(UvmError::new(Code::SystemError, "GpuJoin: bad key type in plan")));
+        let aggs = node_aggs(&p);
         let max_outer_att = p.map.iter().filter(|m| m.0 == 0).map(|m| m.1).max().unwrap_or(0).max(p.outer_key);
         let max_inner_att = p.map.iter().filter(|m| m.0 == 1).map(|m| m.1).max().unwrap_or(0).max(p.inner_key);
         // SAFETY: our plan.
@@ -977,6 +1303,8 @@ impl JoinScan for GpuJoinScan {
             max_outer_att,
             max_inner_att,
             stats: Stats::default(),
+            aggs,
+            agg_done: false,
         }
     }
 
@@ -1043,6 +1371,9 @@ impl JoinScan for GpuJoinScan {
                 }
                 self.ready = true;
                 self.reported = false;
+            }
+            if !self.aggs.is_empty() {
+                return self.exec_aggregates(node);
             }
             if self.rows.is_empty() {
                 self.report_stats();
@@ -1120,6 +1451,10 @@ impl JoinScan for GpuJoinScan {
                 pg_sys::ExecReScan(self.outer);
             }
             self.outer_done = false;
+            self.agg_done = false;
+            for a in &mut self.aggs {
+                a.acc = Acc::new(a.acc.kind, a.acc.arg);
+            }
             self.batch.clear();
             let buf = self.emitter.take_buffer();
             self.emitter.reset(buf);
@@ -1239,6 +1574,18 @@ impl JoinScan for GpuJoinScan {
             };
             prop(c"GpuJoin Cond", &cond);
             prop(c"Inner Relation", &self.p.inner_names);
+            if !self.aggs.is_empty() {
+                let tl = PgList::<pg_sys::TargetEntry>::from_pg((*cscan).custom_scan_tlist);
+                let names: Vec<String> = tl
+                    .iter_ptr()
+                    .take(self.aggs.len())
+                    .map(|te| {
+                        let t = pg_sys::deparse_expression((*te).expr as *mut pg_sys::Node, ctx, true, false);
+                        CStr::from_ptr(t).to_string_lossy().into_owned()
+                    })
+                    .collect();
+                prop(c"Aggregates", &names.join(", "));
+            }
             if (*es).analyze {
                 let int = |label: &CStr, unit: Option<&CStr>, v: u64| {
                     pg_sys::ExplainPropertyInteger(label.as_ptr(), unit.map_or(std::ptr::null(), |u| u.as_ptr()), v as i64, es)

@@ -2,16 +2,22 @@
 //!
 //! - [`gpujoin`]: the GpuJoin custom scan (planner hook, executor), over `crate::customscan`.
 //! - [`matching`]: its batch matching, plain Rust.
+//! - [`agg`]: the aggregates it can compute itself, plain Rust.
+//! - [`preagg`]: the aggregate push-down (planner hook, the GpuJoinAgg node that merges the
+//!   participants' partial results).
 //! - [`shared`]: what the participants of a parallel GpuJoin share (one inner side per query).
 //! - [`cleanup`]: the temporary segments of plan nodes, dropped however the query ends.
 
+pub mod agg;
 pub mod cleanup;
 pub mod gpujoin;
 pub mod matching;
+pub mod preagg;
 pub mod shared;
 
 /// Installs the planner hook and the cleanup callbacks (from `_PG_init`).
 pub fn init() {
     gpujoin::install();
+    preagg::install();
     cleanup::install();
 }

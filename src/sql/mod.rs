@@ -186,6 +186,7 @@ fn sqlstate(c: Code) -> PgSqlErrorCode {
         Code::LockNotAvailable => ERRCODE_LOCK_NOT_AVAILABLE,
         Code::SystemError => ERRCODE_SYSTEM_ERROR,
         Code::ProtocolViolation => ERRCODE_PROTOCOL_VIOLATION,
+        Code::NumericValueOutOfRange => ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
         Code::QueryCanceled => ERRCODE_QUERY_CANCELED,
     }
 }

@@ -243,6 +243,56 @@ RESET statement_timeout;
 \set VERBOSITY default
 SELECT pg_temp.leftovers() AS after_cancel;
 
+-- Aggregates computed in the node: an ungrouped query of count(*), count(x) and sum, min and
+-- max of int2/int4/int8 columns over a join with no other clause is planned as
+-- Custom Scan (GpuJoinAgg) over the GpuJoin node, which folds its matches itself; the same
+-- answers as PostgreSQL's (NULL sums and zero counts where nothing matches), for every key
+-- type and data shape
+CREATE FUNCTION pg_temp.acheck(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE r text := pg_temp.check(q);
+BEGIN
+  PERFORM pg_temp.mode(true);
+  RETURN r || ' agg ' || pg_temp.plan_has(q, 'Custom Scan \(GpuJoinAgg\)');
+END $$;
+SELECT t, s, pg_temp.acheck(format(
+         'SELECT count(*) AS c, count(i.v) AS cv, sum(i.x) AS sx, sum(i.id) AS si, min(o.id) AS mo, max(i.x) AS mx,
+                 count(*) * 2 + coalesce(sum(o.id), 0) AS e FROM gjn_o_%s_%s o JOIN gjn_i_%s i ON o.k = i.k', t, s, t))
+FROM unnest(ARRAY['int2', 'int4', 'int8', 'date', 'ts', 'tstz']) WITH ORDINALITY a(t, ta),
+     unnest(ARRAY['uniform', 'skewed', 'miss', 'hit', 'dup', 'nulls']) WITH ORDINALITY b(s, sb)
+ORDER BY ta, sb;
+-- int2 and int8 arguments (the keys themselves: an int8 sum beyond int8, as numeric)
+SELECT pg_temp.acheck('SELECT sum(o.k) AS s, min(i.k) AS mi, max(o.k) AS ma FROM gjn_o_int2_dup o JOIN gjn_i_int2 i ON o.k = i.k');
+SELECT pg_temp.acheck('SELECT sum(o.k) AS s, min(i.k) AS mi, max(o.k) AS ma, sum(o.k) > 9223372036854775807 AS big
+  FROM gjn_o_int8_dup o JOIN gjn_i_int8 i ON o.k = i.k');
+-- what the node does not compute stays with PostgreSQL's Aggregate above the GpuJoin: other
+-- aggregates, DISTINCT, FILTER, GROUP BY, HAVING, another clause on the join
+SELECT pg_temp.acheck('SELECT avg(i.x) AS a FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.acheck('SELECT sum(i.n) AS s FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.acheck('SELECT count(DISTINCT i.x) AS c FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.acheck('SELECT count(*) FILTER (WHERE i.x > 5) AS c FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.acheck('SELECT i.x, count(*) AS c FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k GROUP BY i.x');
+SELECT pg_temp.acheck('SELECT count(*) AS c FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k HAVING count(*) > 1');
+SELECT pg_temp.acheck('SELECT count(*) AS c FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k AND o.id > i.x');
+-- restrictions on either side run in the scans below, so the node still computes the aggregates
+SELECT pg_temp.acheck('SELECT count(*) AS c, sum(o.id) AS s FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k
+  WHERE i.x < 30 AND o.id % 2 = 0');
+-- rescans with a new parameter per row (of the outer side, of the inner side)
+SELECT pg_temp.acheck($$SELECT s.g, (SELECT count(*) FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k
+  WHERE o.id % 10 = s.g) AS c FROM generate_series(0, 9) s(g)$$);
+SELECT pg_temp.acheck($$SELECT s.g, (SELECT sum(o.id) FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k
+  WHERE i.x = s.g) AS c FROM generate_series(0, 9) s(g)$$);
+-- an inner side without a non-NULL key: a count of 0 and a NULL sum
+SELECT pg_temp.acheck('SELECT count(*) AS c, sum(i.x) AS s FROM gjn_o_int4_hit o JOIN (SELECT * FROM gjn_i_int4 WHERE k IS NULL) i ON o.k = i.k');
+-- the plan
+SET pg_uvm_share.enable_gpujoin = on;
+SET enable_hashjoin = off;
+SET enable_mergejoin = off;
+SET enable_nestloop = off;
+EXPLAIN (COSTS OFF) SELECT count(*), sum(i.x) FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k;
+EXPLAIN (COSTS OFF, VERBOSE) SELECT count(*) + 1, sum(i.id) FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k;
+SELECT pg_temp.explain_analyze('SELECT count(*) FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.leftovers() AS after_aggregates;
+
 RESET pg_uvm_share.enable_gpujoin;
 RESET enable_hashjoin;
 RESET enable_mergejoin;
@@ -284,6 +334,33 @@ SELECT pg_temp.pcheck($$SELECT count(*) AS c, sum(i.n) AS s, count(i.v) AS cv, m
 SELECT pg_temp.pcheck($$SELECT i.x, count(*) AS c FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k GROUP BY i.x$$);
 SELECT pg_temp.pcheck($$SELECT o.id AS oid_, i.id AS iid FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k
   ORDER BY o.id DESC, i.id LIMIT 25$$);
+-- aggregates computed in the node, each participant's partial results gathered and merged by
+-- GpuJoinAgg, with and without the leader, every key type and data shape
+CREATE FUNCTION pg_temp.pacheck(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE r text := pg_temp.acheck(q);
+BEGIN
+  PERFORM pg_temp.mode(true);
+  RETURN r || ' parallel ' || pg_temp.plan_has(q, 'Parallel Custom Scan \(GpuJoin\)');
+END $$;
+SELECT t, s, pg_temp.pacheck(format(
+         'SELECT count(*) AS c, count(i.v) AS cv, sum(i.x) AS sx, sum(i.id) AS si, min(o.id) AS mo, max(i.x) AS mx
+          FROM gjn_o_%s_%s o JOIN gjn_i_%s i ON o.k = i.k', t, s, t))
+FROM unnest(ARRAY['int2', 'int4', 'int8', 'date', 'ts', 'tstz']) WITH ORDINALITY a(t, ta),
+     unnest(ARRAY['uniform', 'skewed', 'miss', 'hit', 'dup', 'nulls']) WITH ORDINALITY b(s, sb)
+ORDER BY ta, sb;
+SELECT pg_temp.pacheck('SELECT count(*) AS c, sum(o.id) AS s, max(o.k) AS m FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
+SET parallel_leader_participation = off;
+SELECT pg_temp.pacheck('SELECT count(*) AS c, sum(o.id) AS s, max(o.k) AS m FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
+RESET parallel_leader_participation;
+SET pg_uvm_share.enable_gpujoin = on;
+SET enable_hashjoin = off;
+SET enable_mergejoin = off;
+SET enable_nestloop = off;
+EXPLAIN (COSTS OFF) SELECT count(*), sum(o.id) FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k;
+RESET pg_uvm_share.enable_gpujoin;
+RESET enable_hashjoin;
+RESET enable_mergejoin;
+RESET enable_nestloop;
 -- the inner side was read once per scan, whatever the number of participants: its rows
 -- (Inner Rows) once, shared among the participants by a parallel scan, or read whole by the
 -- first participant when the inner plan is not partial (its loops; the other figures depend

@@ -1309,24 +1309,52 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, sc
     const KT: &str = "gj_node_topn";
     const MT: &str =
         "columns of both sides through the plan node (join, ORDER BY d.v DESC, f.k LIMIT 10), 5 workers, node on vs off (s)";
-    if !b.has_time(&[(KH, MH), (KS, MS), (KT, MT)]) {
+    const KR: &str = "gj_node_rows";
+    const MR: &str = "the same join with PostgreSQL's aggregate above the node (sum(d.v + 0): not computed in the node), \
+                      5 workers, vs PostgreSQL's parallel hash join (s)";
+    if !b.has_time(&[(KH, MH), (KS, MS), (KT, MT), (KR, MR)]) {
         return;
     }
+    // The aggregate is not one the node computes (an expression as its argument), so the joined
+    // rows go up to PostgreSQL's Partial Aggregate: the node as it ran before the push-down.
+    let rows_q = "SELECT count(*)::text, sum(d.v + 0)::text FROM bench_fact f JOIN bench_dim d ON f.k = d.k";
     // One row (time_query reads one): the ten rows folded into a text.
     let topn_q = "SELECT string_agg(k::text || '/' || v::text, ' ') FROM (SELECT f.k, d.v FROM bench_fact f \
                   JOIN bench_dim d ON f.k = d.k ORDER BY d.v DESC, f.k LIMIT 10) t";
-    // (node runs, workers launched, top-N with the node, top-N without)
-    type NodeRuns = (Vec<f64>, i64, Vec<f64>, Vec<f64>);
+    // (node runs, workers launched, top-N with the node, top-N without, node with the rows
+    // going up to PostgreSQL's aggregate)
+    type NodeRuns = (Vec<f64>, i64, Vec<f64>, Vec<f64>, Vec<f64>);
     let r = (|| -> R<NodeRuns> {
+        // What the planner picks by itself with the node allowed and PostgreSQL's joins too, and
+        // the estimated costs of both plans (for the cost model, src/node/gpujoin.rs).
         c.batch_execute(
             "ALTER TABLE bench_fact SET (parallel_workers = 5); SET max_parallel_workers_per_gather = 5; \
-             SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off; \
+             SET pg_uvm_share.enable_gpujoin = on",
+        )
+        .map_err(err("enable_gpujoin"))?;
+        let top_cost = |c: &mut Client, q: &str| -> R<String> {
+            let rows = c.query(format!("EXPLAIN {q}").as_str(), &[]).map_err(err("EXPLAIN"))?;
+            Ok(rows.first().map(|r| r.get::<_, String>(0)).unwrap_or_default().trim().to_string())
+        };
+        let chosen = top_cost(c, pg_q)?;
+        let chosen_rows = top_cost(c, rows_q)?;
+        c.batch_execute("SET pg_uvm_share.enable_gpujoin = off").map_err(err("enable_gpujoin"))?;
+        let own = top_cost(c, pg_q)?;
+        b.note(format!(
+            "planner, PostgreSQL's joins allowed: with enable_gpujoin = on it picks `{chosen}` for the count/sum query and \
+             `{chosen_rows}` for the sum(d.v + 0) one; with it off, `{own}`"
+        ));
+        c.batch_execute(
+            "SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off; \
              SET enable_nestloop = off",
         )
         .map_err(err("enable_gpujoin"))?;
         let plan = try_explain_analyze(c, pg_q).map_err(err("EXPLAIN ANALYZE through the node"))?;
-        if !plan.contains("Parallel Custom Scan (GpuJoin)") {
-            return Err(format!("the planner did not choose the parallel GpuJoin: {}", plan.replace('\n', " / ")));
+        if !plan.contains("Parallel Custom Scan (GpuJoin)") || !plan.contains("GpuJoinAgg") {
+            return Err(format!(
+                "the planner did not choose the parallel GpuJoin with its aggregates: {}",
+                plan.replace('\n', " / ")
+            ));
         }
         let launched: i64 = workers_launched(&plan).iter().sum();
         let mut node = Vec::new();
@@ -1348,6 +1376,20 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, sc
             .map(|l| l.trim().to_string())
             .collect();
         b.note(format!("the plan node, EXPLAIN ANALYZE (GPU Time: summed over the participants): {}", lines.join(" / ")));
+        let rows_plan = explain(c, rows_q)?;
+        if !rows_plan.contains("Parallel Custom Scan (GpuJoin)") || rows_plan.contains("GpuJoinAgg") {
+            return Err(format!("the sum(d.v + 0) query is not planned as the node alone: {}", rows_plan.replace('\n', " / ")));
+        }
+        let mut rows_runs = Vec::new();
+        for _ in 0..JOIN_REPEATS {
+            let (s, vals) = time_query(c, rows_q)?;
+            if want.as_ref().is_some_and(|w| *w != vals) {
+                return Err(format!(
+                    "the plan node (rows up to PostgreSQL's aggregate) answered {vals:?}, the other joins {want:?}"
+                ));
+            }
+            rows_runs.push(s);
+        }
         let (mut on, mut off) = (Vec::new(), Vec::new());
         let mut top: Option<Vec<String>> = None;
         for _ in 0..HASH_JOIN_REPEATS {
@@ -1367,10 +1409,20 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, sc
              RESET enable_mergejoin; RESET enable_nestloop",
         )
         .map_err(err("reset"))?;
-        Ok((node, launched, on, off))
+        Ok((node, launched, on, off, rows_runs))
     })();
     match r {
-        Ok((node, launched, on, off)) => {
+        Ok((node, launched, on, off, rows_runs)) => {
+            let nr = median(&rows_runs);
+            b.row(
+                KR,
+                MR,
+                format!("{nr:.2} s = {:.2}x the hash join", nr / hash_s),
+                format!("{nr:.2} ({})", list(&rows_runs, 2)),
+                format!("{hash_s:.2} PostgreSQL's parallel hash join, 5 workers"),
+                Some(nr / hash_s),
+                Target::info(),
+            );
             let n = median(&node);
             let detail = format!("{n:.2} ({}; {launched} workers launched)", list(&node, 2));
             b.row(
@@ -1403,7 +1455,7 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, sc
             );
         }
         Err(e) => {
-            for (k, m) in [(KH, MH), (KS, MS), (KT, MT)] {
+            for (k, m) in [(KH, MH), (KS, MS), (KT, MT), (KR, MR)] {
                 b.error(k, m, e.clone());
             }
         }
