@@ -161,6 +161,25 @@ impl Acc {
         Ok(())
     }
 
+    /// Folds the result of probing a batch of keys against a table whose payloads are this
+    /// aggregate's argument (never NULL): `n` matches whose payloads sum to `sum`. For
+    /// `count(*)`, `count(x)` and `sum(x)` only (min and max need each value).
+    pub fn add_matches(&mut self, n: u64, sum: i128) -> Result<()> {
+        let n = i64::try_from(n).map_err(|_| out_of_range())?;
+        match self.kind {
+            Kind::CountStar | Kind::Count => self.n = self.n.checked_add(n).ok_or_else(out_of_range)?,
+            Kind::Sum if n > 0 => {
+                self.sum = self.sum.checked_add(sum).ok_or_else(out_of_range)?;
+                self.any = true;
+            }
+            Kind::Sum => {}
+            Kind::Min | Kind::Max => {
+                return Err(UvmError::new(Code::SystemError, "GpuJoin: min or max folded from a probe's sum"));
+            }
+        }
+        Ok(())
+    }
+
     /// Merges a partial result of the same aggregate (as [`Acc::value`] gave it).
     pub fn merge(&mut self, v: Value) -> Result<()> {
         let bad = || UvmError::new(Code::ProtocolViolation, format!("a GpuJoin partial aggregate of the wrong form: {v:?}"));
@@ -262,6 +281,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_probes_matches_and_sum_are_the_same_as_each_match_folded() {
+        let vals = [4i64, -9, 12, 0, 7];
+        for (kind, arg) in [(Kind::CountStar, Arg::Any), (Kind::Count, Arg::Any), (Kind::Sum, Arg::Int4), (Kind::Sum, Arg::Int8)]
+        {
+            let (mut each, mut probe) = (Acc::new(kind, arg), Acc::new(kind, arg));
+            for &v in &vals {
+                each.add(Some(v)).unwrap();
+            }
+            probe.add_matches(3, vals[..3].iter().map(|&v| v as i128).sum()).unwrap();
+            probe.add_matches(0, 0).unwrap();
+            probe.add_matches(2, vals[3..].iter().map(|&v| v as i128).sum()).unwrap();
+            assert_eq!(each.value().unwrap(), probe.value().unwrap(), "{kind:?} {arg:?}");
+            let mut none = Acc::new(kind, arg);
+            none.add_matches(0, 0).unwrap();
+            assert_eq!(none.value().unwrap(), Acc::new(kind, arg).value().unwrap());
+        }
+        assert_eq!(Acc::new(Kind::Min, Arg::Int4).add_matches(1, 1).unwrap_err().code, Code::SystemError);
     }
 
     #[test]

@@ -711,6 +711,14 @@ pub struct GpuJoinScan {
     /// results was returned.
     aggs: Vec<NodeAgg>,
     agg_done: bool,
+    /// The probe mode's plan: every aggregate is `count(*)`, or `count`/`sum` of one inner
+    /// column (`Some(Some(its index in Private::map))`; `Some(None)`: `count(*)` alone). The
+    /// table is then built with that column's values as payloads, where none is NULL
+    /// (`payload_values`), and the outer keys are probed in batches whose matches and payload
+    /// sum are the aggregates: no pairs come back, no match is formed.
+    probe: Option<Option<usize>>,
+    payload_values: bool,
+    keys: Vec<i64>,
 }
 
 /// An aggregate the node computes: its state, the index in `Private::map` of its argument
@@ -736,6 +744,19 @@ fn node_aggs(p: &Private) -> Vec<NodeAgg> {
             NodeAgg { acc: Acc::new(kind, arg), col, out: agg::out_of(kind, arg) }
         })
         .collect()
+}
+
+/// The probe mode's plan for `aggs` (see `GpuJoinScan::probe`).
+fn probe_plan(p: &Private, aggs: &[NodeAgg]) -> Option<Option<usize>> {
+    let mut col = None;
+    for a in aggs {
+        match (a.acc.kind, a.col) {
+            (Kind::CountStar, _) => {}
+            (Kind::Count | Kind::Sum, Some(c)) if p.map[c].0 == 1 && col.is_none_or(|x| x == c) => col = Some(c),
+            _ => return None,
+        }
+    }
+    (!aggs.is_empty()).then_some(col)
 }
 
 /// An `int2`, `int4` or `int8` datum (`arg`) as an i64 (`Arg::Any`: 0, only its NULL counts).
@@ -908,6 +929,9 @@ impl GpuJoinScan {
             let seg = self.create_temp("inner", bytes, Some(bytes));
             self.table = Some(seg);
             self.owns_table = true;
+            let values = self.payload_values_of(&[&rows]);
+            self.payload_values = values.is_some();
+            let rows = values.unwrap_or(rows);
             self.fill_table(&seg, &[&rows], nulls);
         }
     }
@@ -933,11 +957,18 @@ impl GpuJoinScan {
                 writer.publish(sh, &rows, nulls);
                 drop(rows);
                 if Shared::leave(sh) {
-                    // The last to finish builds the table from every participant's pairs.
+                    // The last to finish builds the table from every participant's pairs (in
+                    // the probe mode, with the aggregated column's values as payloads).
                     let (parts, nulls) = Shared::keys(sh, area);
                     if parts.iter().any(|p| !p.is_empty()) {
                         let seg = (*sh).table;
-                        let (bytes, tier) = self.fill_table(&seg, &parts, nulls);
+                        self.rows = InnerRows::of_shared(sh, area, &self.inner_cols);
+                        let values = self.payload_values_of(&parts);
+                        (*sh).payload_values = values.is_some();
+                        let (bytes, tier) = match &values {
+                            Some(v) => self.fill_table(&seg, &[v], nulls),
+                            None => self.fill_table(&seg, &parts, nulls),
+                        };
                         (*sh).table_bytes = bytes;
                         (*sh).tier = tier;
                     }
@@ -949,6 +980,7 @@ impl GpuJoinScan {
                 }
             }
             self.table = Some((*sh).table);
+            self.payload_values = (*sh).payload_values;
             self.rows = InnerRows::of_shared(sh, area, &self.inner_cols);
             self.copy_shared_stats();
         }
@@ -965,6 +997,7 @@ impl GpuJoinScan {
             self.stats.inner_rows = sh.rows.load(std::sync::atomic::Ordering::Relaxed);
             self.stats.table_bytes = sh.table_bytes;
             self.stats.tier = TIERS.get(sh.tier as usize).copied().unwrap_or("").into();
+            self.payload_values = sh.payload_values;
         }
     }
 
@@ -1057,6 +1090,70 @@ impl GpuJoinScan {
         }
     }
 
+    /// The (key, payload) pairs of the probe mode (see `GpuJoinScan::probe`) for the (key, row
+    /// id) pairs `parts`, from `self.rows`; `None` where the node is not in the probe mode or
+    /// the column has a NULL (then the table keeps row ids and the matches are formed).
+    fn payload_values_of(&self, parts: &[&[[i64; 2]]]) -> Option<Vec<[i64; 2]>> {
+        let col = self.probe?;
+        let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+        for part in parts {
+            for &[key, id] in *part {
+                let v = match col {
+                    None => 0,
+                    Some(c) => {
+                        let (d, isnull) = self.rows.value(self.rows.get(id)?, self.col_index[c]);
+                        if isnull {
+                            return None;
+                        }
+                        let arg = self.aggs.iter().find(|a| a.col == Some(c)).map_or(Arg::Any, |a| a.acc.arg);
+                        int_of_datum(d, arg)
+                    }
+                };
+                out.push([key, v]);
+            }
+        }
+        Some(out)
+    }
+
+    /// The probe mode's scan: the outer keys probed a batch at a time, each batch's matches and
+    /// payload sum folded into the aggregates.
+    ///
+    /// # Safety
+    /// As for exec, after the build, with a table.
+    unsafe fn probe_all(&mut self) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            let (table, kt) = (self.table.expect("built"), self.key);
+            loop {
+                let mut keys = std::mem::take(&mut self.keys);
+                keys.clear();
+                while keys.len() < BATCH_TUPLES {
+                    let slot = pg_sys::ExecProcNode(self.outer);
+                    if tup_is_null(slot) {
+                        self.outer_done = true;
+                        break;
+                    }
+                    let (d, isnull) = attr(slot, self.p.outer_key, self.p.outer_key);
+                    if !isnull {
+                        keys.push(key_of(d, self.p.key_oid));
+                    }
+                }
+                if !keys.is_empty() {
+                    self.stats.batches += 1;
+                    let (m, sum) = self.timed(|ex| exec::probe(ex, &table, kt, &keys));
+                    for a in &mut self.aggs {
+                        a.acc.add_matches(m, sum).unwrap_or_else(|e| report(e));
+                    }
+                }
+                self.keys = keys;
+                if self.outer_done {
+                    return;
+                }
+                pg_sys::check_for_interrupts!();
+            }
+        }
+    }
+
     /// The aggregate mode's exec: folds every joined row of this participant's share into the
     /// aggregates, then returns one row of their (partial) results, once per scan.
     ///
@@ -1068,7 +1165,9 @@ impl GpuJoinScan {
             if self.agg_done {
                 return std::ptr::null_mut();
             }
-            if !self.rows.is_empty() {
+            if !self.rows.is_empty() && self.payload_values {
+                self.probe_all();
+            } else if !self.rows.is_empty() {
                 loop {
                     while let Some((pos, row)) = self.emitter.next(&self.batch) {
                         if let Err(e) = self.fold(pos, row) {
@@ -1270,6 +1369,7 @@ impl JoinScan for GpuJoinScan {
         let key =
             key_type_of(p.key_oid).unwrap_or_else(|| report(UvmError::new(Code::SystemError, "GpuJoin: bad key type in plan")));
         let aggs = node_aggs(&p);
+        let probe = probe_plan(&p, &aggs);
         let max_outer_att = p.map.iter().filter(|m| m.0 == 0).map(|m| m.1).max().unwrap_or(0).max(p.outer_key);
         let max_inner_att = p.map.iter().filter(|m| m.0 == 1).map(|m| m.1).max().unwrap_or(0).max(p.inner_key);
         // SAFETY: our plan.
@@ -1305,6 +1405,9 @@ impl JoinScan for GpuJoinScan {
             stats: Stats::default(),
             aggs,
             agg_done: false,
+            probe,
+            payload_values: false,
+            keys: Vec::new(),
         }
     }
 
@@ -1591,6 +1694,10 @@ impl JoinScan for GpuJoinScan {
                     pg_sys::ExplainPropertyInteger(label.as_ptr(), unit.map_or(std::ptr::null(), |u| u.as_ptr()), v as i64, es)
                 };
                 int(c"Inner Rows", None, self.stats.inner_rows);
+                if !self.aggs.is_empty() {
+                    // Probe mode: the aggregates came from the probes' match counts and payload sums.
+                    prop(c"Aggregated", if self.payload_values { "in the probe" } else { "per match" });
+                }
                 int(c"Inner Table", Some(c"bytes"), self.stats.table_bytes);
                 if !self.stats.tier.is_empty() {
                     prop(c"Inner Table Tier", &self.stats.tier);

@@ -100,6 +100,9 @@ pub struct Shared {
     /// The table's bytes and tier (EXPLAIN ANALYZE).
     pub table_bytes: u64,
     pub tier: u32,
+    /// The table's payloads are the values of the aggregated inner column, not row ids (the
+    /// node's probe mode; set by the builder before it publishes).
+    pub payload_values: bool,
     /// Batches probed and executor time, summed over the participants.
     pub batches: AtomicU64,
     pub gpu_ns: AtomicU64,
@@ -339,6 +342,7 @@ impl Shared {
             (*p).nulls.store(0, Ordering::Relaxed);
             (*p).table_bytes = 0;
             (*p).tier = 0;
+            (*p).payload_values = false;
             (*p).batches.store(0, Ordering::Relaxed);
             (*p).gpu_ns.store(0, Ordering::Relaxed);
             (*p).sync.store(SCANNING << 32, Ordering::Release);

@@ -151,7 +151,7 @@ DECLARE l text;
 BEGIN
   -- the GpuJoin node's lines only, without the figures whose format varies by version
   FOR l IN EXECUTE 'EXPLAIN (ANALYZE, BUFFERS OFF, COSTS OFF, TIMING OFF, SUMMARY OFF) ' || q LOOP
-    CONTINUE WHEN l !~ '(GpuJoin|Inner|Batches)';
+    CONTINUE WHEN l !~ '(GpuJoin|Inner|Batches|Aggregated)';
     l := regexp_replace(l, ' *\(actual.*\)', '');
     RETURN NEXT regexp_replace(l, 'Inner Table Tier: \S+', 'Inner Table Tier: (tier)');
   END LOOP;
@@ -283,11 +283,21 @@ SELECT pg_temp.acheck($$SELECT s.g, (SELECT sum(o.id) FROM gjn_o_int4_dup o JOIN
   WHERE i.x = s.g) AS c FROM generate_series(0, 9) s(g)$$);
 -- an inner side without a non-NULL key: a count of 0 and a NULL sum
 SELECT pg_temp.acheck('SELECT count(*) AS c, sum(i.x) AS s FROM gjn_o_int4_hit o JOIN (SELECT * FROM gjn_i_int4 WHERE k IS NULL) i ON o.k = i.k');
+-- the probe mode: count(*), and count and sum of one inner column, come from the probes' match
+-- counts and payload sums (the table's payloads are that column's values: "Aggregated: in the
+-- probe"); a NULL in the column keeps row ids as payloads and forms the matches ("per match")
+CREATE TABLE gjn_i_nx AS SELECT k, NULLIF(x, 3) AS x FROM gjn_i_int4;
+ANALYZE gjn_i_nx;
+SELECT pg_temp.acheck('SELECT count(*) AS c, sum(i.x) AS s, count(i.x) AS cx FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.acheck('SELECT count(*) AS c, sum(i.x) AS s, count(i.x) AS cx FROM gjn_o_int4_dup o JOIN gjn_i_nx i ON o.k = i.k');
+SELECT pg_temp.acheck('SELECT count(*) AS c FROM gjn_o_int8_skewed o JOIN gjn_i_int8 i ON o.k = i.k');
 -- the plan
 SET pg_uvm_share.enable_gpujoin = on;
 SET enable_hashjoin = off;
 SET enable_mergejoin = off;
 SET enable_nestloop = off;
+SELECT pg_temp.explain_analyze('SELECT count(*), sum(i.x) FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.explain_analyze('SELECT count(*), sum(i.x) FROM gjn_o_int4_dup o JOIN gjn_i_nx i ON o.k = i.k');
 EXPLAIN (COSTS OFF) SELECT count(*), sum(i.x) FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k;
 EXPLAIN (COSTS OFF, VERBOSE) SELECT count(*) + 1, sum(i.id) FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k;
 SELECT pg_temp.explain_analyze('SELECT count(*) FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
@@ -351,6 +361,12 @@ ORDER BY ta, sb;
 SELECT pg_temp.pacheck('SELECT count(*) AS c, sum(o.id) AS s, max(o.k) AS m FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
 SET parallel_leader_participation = off;
 SELECT pg_temp.pacheck('SELECT count(*) AS c, sum(o.id) AS s, max(o.k) AS m FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
+RESET parallel_leader_participation;
+-- the probe mode in parallel (the builder picks the payloads for every participant)
+SELECT pg_temp.pacheck('SELECT count(*) AS c, sum(i.x) AS s FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.pacheck('SELECT count(*) AS c, sum(i.x) AS s FROM gjn_big o JOIN gjn_i_nx i ON o.k = i.k');
+SET parallel_leader_participation = off;
+SELECT pg_temp.pacheck('SELECT count(*) AS c, sum(i.x) AS s FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
 RESET parallel_leader_participation;
 SET pg_uvm_share.enable_gpujoin = on;
 SET enable_hashjoin = off;
