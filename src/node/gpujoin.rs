@@ -647,12 +647,57 @@ struct Stats {
     tier: String,
     batches: u64,
     gpu: Duration,
+    /// From the first call to the inner side being ready (in parallel, the longest
+    /// participant's).
+    build: Duration,
 }
 
-// utils/datum.h, which pgrx's bindings leave out (the same signature on PostgreSQL 14 to 18).
+// utils/datum.h, which pgrx's bindings leave out (the same signature on PostgreSQL 14 to 18),
+// and executor/tuptable.h's slot_getsomeattrs_int declared again without pgrx's guard, for the
+// probe mode's loop, which guards a whole batch at once (see `gather_keys`).
 unsafe extern "C-unwind" {
     #[link_name = "datumCopy"]
     fn datum_copy_raw(value: pg_sys::Datum, typ_by_val: bool, typ_len: std::ffi::c_int) -> pg_sys::Datum;
+    #[link_name = "slot_getsomeattrs_int"]
+    fn slot_getsomeattrs_raw(slot: *mut pg_sys::TupleTableSlot, attnum: std::ffi::c_int);
+}
+
+/// Reads outer tuples from `outer` until `cap` non-NULL keys (attribute `att`, of type `oid`)
+/// are in `buf` or the outer side ends; returns the keys read and whether it ended.
+///
+/// This is the probe mode's per-row loop, the only work the node adds to the outer scan, so it
+/// calls PostgreSQL without pgrx's per-call guard (a `sigsetjmp` per call, two per row): one
+/// guard around the whole batch turns an ERROR raised inside into a Rust panic at its boundary,
+/// and the frames it jumps over (this closure's) own nothing that needs dropping (the keys go
+/// through a raw pointer into capacity reserved before).
+///
+/// # Safety
+/// `outer` is an initialized plan state; `buf` has room for `cap` keys.
+unsafe fn gather_keys(outer: *mut pg_sys::PlanState, att: i32, oid: pg_sys::Oid, buf: *mut i64, cap: usize) -> (usize, bool) {
+    // SAFETY: forwarded contract; ExecProcNode is the plan state's own method (what the
+    // executor's static inline ExecProcNode calls), and slot_getsomeattrs_int is called as
+    // slot_getsomeattrs does, when fewer attributes are deformed.
+    unsafe {
+        pg_sys::ffi::pg_guard_ffi_boundary(|| {
+            let Some(next) = (*outer).ExecProcNode else { return (0, true) };
+            let i = (att - 1) as usize;
+            let mut n = 0usize;
+            while n < cap {
+                let slot = next(outer);
+                if tup_is_null(slot) {
+                    return (n, true);
+                }
+                if ((*slot).tts_nvalid as i32) < att {
+                    slot_getsomeattrs_raw(slot, att);
+                }
+                if !*(*slot).tts_isnull.add(i) {
+                    *buf.add(n) = key_of(*(*slot).tts_values.add(i), oid);
+                    n += 1;
+                }
+            }
+            (n, false)
+        })
+    }
 }
 
 /// `datumCopy` into the current memory context, its ERROR (out of memory) raised as pgrx does.
@@ -1012,6 +1057,7 @@ impl GpuJoinScan {
             let sh = &*self.shared;
             sh.batches.fetch_add(self.stats.batches, std::sync::atomic::Ordering::Relaxed);
             sh.gpu_ns.fetch_add(self.stats.gpu.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+            sh.build_ns.fetch_max(self.stats.build.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -1127,17 +1173,11 @@ impl GpuJoinScan {
             loop {
                 let mut keys = std::mem::take(&mut self.keys);
                 keys.clear();
-                while keys.len() < BATCH_TUPLES {
-                    let slot = pg_sys::ExecProcNode(self.outer);
-                    if tup_is_null(slot) {
-                        self.outer_done = true;
-                        break;
-                    }
-                    let (d, isnull) = attr(slot, self.p.outer_key, self.p.outer_key);
-                    if !isnull {
-                        keys.push(key_of(d, self.p.key_oid));
-                    }
-                }
+                keys.reserve(BATCH_TUPLES);
+                let (n, done) = gather_keys(self.outer, self.p.outer_key, self.p.key_oid, keys.as_mut_ptr(), BATCH_TUPLES);
+                // SAFETY: gather_keys wrote the first n (<= the reserved capacity) keys.
+                keys.set_len(n);
+                self.outer_done = done;
                 if !keys.is_empty() {
                     self.stats.batches += 1;
                     let (m, sum) = self.timed(|ex| exec::probe(ex, &table, kt, &keys));
@@ -1467,11 +1507,13 @@ impl JoinScan for GpuJoinScan {
         // (PostgreSQL made it from it); the stored tuples live until the next batch or build.
         unsafe {
             if !self.ready {
+                let t = Instant::now();
                 if self.shared.is_null() {
                     self.build_local();
                 } else {
                     self.attach_shared();
                 }
+                self.stats.build = self.stats.build.max(t.elapsed());
                 self.ready = true;
                 self.reported = false;
             }
@@ -1649,6 +1691,7 @@ impl JoinScan for GpuJoinScan {
             let sh = &*self.shared;
             self.stats.batches = sh.batches.load(std::sync::atomic::Ordering::Relaxed);
             self.stats.gpu = Duration::from_nanos(sh.gpu_ns.load(std::sync::atomic::Ordering::Relaxed));
+            self.stats.build = Duration::from_nanos(sh.build_ns.load(std::sync::atomic::Ordering::Relaxed));
         }
         self.shared = std::ptr::null_mut();
         self.rows = InnerRows::default();
@@ -1705,6 +1748,8 @@ impl JoinScan for GpuJoinScan {
                 int(c"Batches", None, self.stats.batches);
                 if (*es).timing {
                     pg_sys::ExplainPropertyFloat(c"GPU Time".as_ptr(), c"ms".as_ptr(), self.stats.gpu.as_secs_f64() * 1e3, 3, es);
+                    let build = self.stats.build.as_secs_f64() * 1e3;
+                    pg_sys::ExplainPropertyFloat(c"Inner Ready".as_ptr(), c"ms".as_ptr(), build, 3, es);
                 }
             }
         }

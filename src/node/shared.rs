@@ -106,6 +106,8 @@ pub struct Shared {
     /// Batches probed and executor time, summed over the participants.
     pub batches: AtomicU64,
     pub gpu_ns: AtomicU64,
+    /// The longest wait of a participant for the inner side (its scan, the build, or both).
+    pub build_ns: AtomicU64,
 }
 
 /// Tier codes for [`Shared::tier`] (EXPLAIN's "Inner Table Tier").
@@ -345,6 +347,7 @@ impl Shared {
             (*p).payload_values = false;
             (*p).batches.store(0, Ordering::Relaxed);
             (*p).gpu_ns.store(0, Ordering::Relaxed);
+            (*p).build_ns.store(0, Ordering::Relaxed);
             (*p).sync.store(SCANNING << 32, Ordering::Release);
         }
     }
