@@ -95,6 +95,9 @@ use crate::vocab::Tier;
 
 /// Outer tuples with a non-NULL key per batch.
 pub const BATCH_TUPLES: usize = 1 << 16;
+/// Batches of outer keys a parallel probe-mode participant reads while the table is being
+/// built (16 MiB of keys at most).
+pub const PENDING_BATCHES: usize = 32;
 /// Pairs the result buffer holds at first (it grows on demand).
 const RESULT_PAIRS: u64 = 1 << 16;
 /// The GPU part of a row's cost, as a fraction of `cpu_operator_cost` (see the module comment).
@@ -650,6 +653,8 @@ struct Stats {
     /// From the first call to the inner side being ready (in parallel, the longest
     /// participant's).
     build: Duration,
+    /// Batches of outer keys read while another participant built the table.
+    ahead: u64,
 }
 
 // utils/datum.h, which pgrx's bindings leave out (the same signature on PostgreSQL 14 to 18),
@@ -764,6 +769,11 @@ pub struct GpuJoinScan {
     probe: Option<Option<usize>>,
     payload_values: bool,
     keys: Vec<i64>,
+    /// A parallel probe-mode participant that finished its share of the inner side while
+    /// another builds the table: it reads up to [`PENDING_BATCHES`] batches of outer keys
+    /// (`pending`) before it waits, so the build's serial part overlaps the outer scan.
+    awaiting: Option<Instant>,
+    pending: Vec<Vec<i64>>,
 }
 
 /// An aggregate the node computes: its state, the index in `Private::map` of its argument
@@ -987,14 +997,41 @@ impl GpuJoinScan {
     /// # Safety
     /// Called from exec with `self.shared` set up and the query's DSA area attached.
     unsafe fn attach_shared(&mut self) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            self.scan_share(false);
+            self.finish_attach();
+        }
+    }
+
+    /// The query's DSA area (ERROR without one).
+    ///
+    /// # Safety
+    /// Called from exec.
+    unsafe fn query_area(&self) -> *mut pg_sys::dsa_area {
+        // SAFETY: forwarded contract: the executor state is live.
+        let area = unsafe { (*self.estate).es_query_dsa };
+        if area.is_null() {
+            report(UvmError::new(Code::SystemError, "GpuJoin: a parallel execution without a query DSA area"));
+        }
+        area
+    }
+
+    /// A parallel execution's first half: this participant's share of the inner side, and the
+    /// build if it is the last to finish its share (see `super::shared`). The other
+    /// participants then wait in [`GpuJoinScan::finish_attach`], or first read outer keys
+    /// (the probe mode, `exec_aggregates`: `ahead`, which also skips the wait to join a scan
+    /// that another participant reads whole).
+    ///
+    /// # Safety
+    /// As for [`GpuJoinScan::attach_shared`].
+    unsafe fn scan_share(&mut self, ahead: bool) {
         // SAFETY: forwarded contract; the builder writes the rows into the query's DSA area.
         unsafe {
             let sh = self.shared;
-            let area = (*self.estate).es_query_dsa;
-            if area.is_null() {
-                report(UvmError::new(Code::SystemError, "GpuJoin: a parallel execution without a query DSA area"));
-            }
-            if let Role::Scan = Shared::join(sh) {
+            let area = self.query_area();
+            let role = if ahead { Shared::try_join(sh) } else { Some(Shared::join(sh)) };
+            if let Some(Role::Scan) = role {
                 // This participant's share of the inner side (all of it for a non-partial
                 // inner plan, which only the first participant scans).
                 let mut writer = RowWriter::new(Arena::Shared(area), &self.inner_cols, shared::my_slot());
@@ -1020,10 +1057,22 @@ impl GpuJoinScan {
                     drop(parts);
                     Shared::free_keys(sh, area);
                     Shared::publish(sh);
-                } else {
-                    Shared::wait_built(sh);
                 }
             }
+        }
+    }
+
+    /// A parallel execution's second half: waits until the inner side is built, then attaches
+    /// to it.
+    ///
+    /// # Safety
+    /// As for [`GpuJoinScan::attach_shared`], after [`GpuJoinScan::scan_share`].
+    unsafe fn finish_attach(&mut self) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            let sh = self.shared;
+            let area = self.query_area();
+            Shared::wait_built(sh);
             self.table = Some((*sh).table);
             self.payload_values = (*sh).payload_values;
             self.rows = InnerRows::of_shared(sh, area, &self.inner_cols);
@@ -1058,6 +1107,7 @@ impl GpuJoinScan {
             sh.batches.fetch_add(self.stats.batches, std::sync::atomic::Ordering::Relaxed);
             sh.gpu_ns.fetch_add(self.stats.gpu.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
             sh.build_ns.fetch_max(self.stats.build.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+            sh.ahead.fetch_add(self.stats.ahead, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -1097,41 +1147,7 @@ impl GpuJoinScan {
             if self.batch.is_empty() {
                 return !self.outer_done;
             }
-            self.stats.batches += 1;
-            if self.result.is_none() {
-                let seg = self.create_temp("pairs", pairs::bytes_for(RESULT_PAIRS), None);
-                self.result = Some(seg);
-            }
-            let (table, result) = (self.table.expect("built"), self.result.expect("created"));
-            let kt = self.key;
-            let mut buf = self.emitter.take_buffer();
-            let keys = self.batch.distinct();
-            let t = Instant::now();
-            let got = crate::sql::try_executor(|ex| {
-                exec::pairs_reset(ex, &result)?;
-                let (m, _) = exec::materialize(ex, &table, &result, kt, keys)?;
-                let mut raw = [0u8; pairs::HEADER_BYTES as usize];
-                exec::read(ex, &result, 0, &mut raw)?;
-                let name = result.name().to_string();
-                let h = pairs::parse_header(&name, &raw, pairs::HEADER_BYTES)?;
-                if h.next != m || h.written != m {
-                    return Err(UvmError::new(
-                        Code::ObjectNotInPrerequisiteState,
-                        format!(
-                            "GpuJoin result buffer \"{name}\" holds {} pairs ({} written), the probe found {m}",
-                            h.next, h.written
-                        ),
-                    ));
-                }
-                buf.resize(m as usize, [0, 0]);
-                // SAFETY: viewing our own [i64; 2] buffer as bytes.
-                let bytes = std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, buf.len() * pairs::PAIR_BYTES as usize);
-                exec::read(ex, &result, pairs::HEADER_BYTES as i64, bytes)?;
-                Ok(buf)
-            });
-            self.stats.gpu += t.elapsed();
-            let buf = got.unwrap_or_else(|e| report(e));
-            self.emitter.reset(buf);
+            self.probe_batch();
             true
         }
     }
@@ -1169,7 +1185,7 @@ impl GpuJoinScan {
     unsafe fn probe_all(&mut self) {
         // SAFETY: forwarded contract.
         unsafe {
-            let (table, kt) = (self.table.expect("built"), self.key);
+            let table = self.table.expect("built");
             loop {
                 let mut keys = std::mem::take(&mut self.keys);
                 keys.clear();
@@ -1179,15 +1195,77 @@ impl GpuJoinScan {
                 keys.set_len(n);
                 self.outer_done = done;
                 if !keys.is_empty() {
-                    self.stats.batches += 1;
-                    let (m, sum) = self.timed(|ex| exec::probe(ex, &table, kt, &keys));
-                    for a in &mut self.aggs {
-                        a.acc.add_matches(m, sum).unwrap_or_else(|e| report(e));
-                    }
+                    self.probe_keys(&table, &keys);
                 }
                 self.keys = keys;
                 if self.outer_done {
                     return;
+                }
+                pg_sys::check_for_interrupts!();
+            }
+        }
+    }
+
+    /// Probes one batch of outer keys against the table (the probe mode) and folds its
+    /// matches and payload sum into the aggregates.
+    fn probe_keys(&mut self, table: &SegRef, keys: &[i64]) {
+        let kt = self.key;
+        self.stats.batches += 1;
+        let (m, sum) = self.timed(|ex| exec::probe(ex, table, kt, keys));
+        for a in &mut self.aggs {
+            a.acc.add_matches(m, sum).unwrap_or_else(|e| report(e));
+        }
+    }
+
+    /// Folds the matches of one batch of outer keys read before the build ended, when the
+    /// builder found a NULL in the aggregated column (the table's payloads are row ids): the
+    /// batch is matched as `next_batch` does. Only the probe mode reads keys ahead, and its
+    /// aggregates read no outer column but the key.
+    ///
+    /// # Safety
+    /// As for exec, after the build.
+    unsafe fn match_keys(&mut self, keys: &[i64]) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            pg_sys::MemoryContextReset(self.batch_ctx);
+            self.outer_vals.clear();
+            self.outer_nulls.clear();
+            self.batch.clear();
+            let n = self.outer_cols.len();
+            for &k in keys {
+                // The key's columns (outer_cols is the key alone here); their values are never
+                // read.
+                for _ in 0..n {
+                    self.outer_vals.push(pg_sys::Datum::from(k));
+                    self.outer_nulls.push(false);
+                }
+                self.batch.push(Some(k));
+            }
+            self.probe_batch();
+            while let Some((pos, row)) = self.emitter.next(&self.batch) {
+                if let Err(e) = self.fold(pos, row) {
+                    report(e);
+                }
+            }
+        }
+    }
+
+    /// Reads batches of outer keys into `pending` until the table is built or
+    /// [`PENDING_BATCHES`] are read (the probe mode, in parallel: see `awaiting`).
+    ///
+    /// # Safety
+    /// As for exec, after [`GpuJoinScan::scan_share`].
+    unsafe fn gather_while_building(&mut self) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            while !self.outer_done && self.pending.len() < PENDING_BATCHES && !Shared::is_built(self.shared) {
+                let mut keys: Vec<i64> = Vec::with_capacity(BATCH_TUPLES);
+                let (n, done) = gather_keys(self.outer, self.p.outer_key, self.p.key_oid, keys.as_mut_ptr(), BATCH_TUPLES);
+                // SAFETY: gather_keys wrote the first n (<= the capacity) keys.
+                keys.set_len(n);
+                self.outer_done = done;
+                if n > 0 {
+                    self.pending.push(keys);
                 }
                 pg_sys::check_for_interrupts!();
             }
@@ -1205,6 +1283,24 @@ impl GpuJoinScan {
             if self.agg_done {
                 return std::ptr::null_mut();
             }
+            if let Some(t) = self.awaiting.take() {
+                self.gather_while_building();
+                self.finish_attach();
+                self.stats.build = self.stats.build.max(t.elapsed());
+            }
+            let pending = std::mem::take(&mut self.pending);
+            self.stats.ahead += pending.len() as u64;
+            if !self.rows.is_empty() {
+                let table = self.table.expect("built");
+                for keys in &pending {
+                    if self.payload_values {
+                        self.probe_keys(&table, keys);
+                    } else {
+                        self.match_keys(keys);
+                    }
+                }
+            }
+            drop(pending);
             if !self.rows.is_empty() && self.payload_values {
                 self.probe_all();
             } else if !self.rows.is_empty() {
@@ -1278,6 +1374,47 @@ impl GpuJoinScan {
             self.aggs[k].acc.add(v)?;
         }
         Ok(())
+    }
+
+    /// Materializes the current batch's distinct keys into this participant's result buffer
+    /// (created at the first batch), reads the pairs back and hands them to the emitter.
+    fn probe_batch(&mut self) {
+        self.stats.batches += 1;
+        if self.result.is_none() {
+            let seg = self.create_temp("pairs", pairs::bytes_for(RESULT_PAIRS), None);
+            self.result = Some(seg);
+        }
+        let (table, result) = (self.table.expect("built"), self.result.expect("created"));
+        let kt = self.key;
+        let mut buf = self.emitter.take_buffer();
+        let keys = self.batch.distinct();
+        let t = Instant::now();
+        let got = crate::sql::try_executor(|ex| {
+            exec::pairs_reset(ex, &result)?;
+            let (m, _) = exec::materialize(ex, &table, &result, kt, keys)?;
+            let mut raw = [0u8; pairs::HEADER_BYTES as usize];
+            exec::read(ex, &result, 0, &mut raw)?;
+            let name = result.name().to_string();
+            let h = pairs::parse_header(&name, &raw, pairs::HEADER_BYTES)?;
+            if h.next != m || h.written != m {
+                return Err(UvmError::new(
+                    Code::ObjectNotInPrerequisiteState,
+                    format!(
+                        "GpuJoin result buffer \"{name}\" holds {} pairs ({} written), the probe found {m}",
+                        h.next, h.written
+                    ),
+                ));
+            }
+            buf.resize(m as usize, [0, 0]);
+            // SAFETY: viewing our own [i64; 2] buffer as bytes.
+            let bytes =
+                unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, buf.len() * pairs::PAIR_BYTES as usize) };
+            exec::read(ex, &result, pairs::HEADER_BYTES as i64, bytes)?;
+            Ok(buf)
+        });
+        self.stats.gpu += t.elapsed();
+        let buf = got.unwrap_or_else(|e| report(e));
+        self.emitter.reset(buf);
     }
 
     /// Forgets the inner table, dropping it if this process owns it (End, or a rebuild).
@@ -1448,6 +1585,8 @@ impl JoinScan for GpuJoinScan {
             probe,
             payload_values: false,
             keys: Vec::new(),
+            awaiting: None,
+            pending: Vec::new(),
         }
     }
 
@@ -1510,10 +1649,16 @@ impl JoinScan for GpuJoinScan {
                 let t = Instant::now();
                 if self.shared.is_null() {
                     self.build_local();
+                } else if !self.aggs.is_empty() && self.probe.is_some() {
+                    // exec_aggregates reads outer keys until the table is built.
+                    self.scan_share(true);
+                    self.awaiting = Some(t);
                 } else {
                     self.attach_shared();
                 }
-                self.stats.build = self.stats.build.max(t.elapsed());
+                if self.awaiting.is_none() {
+                    self.stats.build = self.stats.build.max(t.elapsed());
+                }
                 self.ready = true;
                 self.reported = false;
             }
@@ -1587,6 +1732,8 @@ impl JoinScan for GpuJoinScan {
                 }
                 self.ready = false;
                 self.rows = InnerRows::default();
+                self.awaiting = None;
+                self.pending.clear();
             } else if !(*self.inner).chgParam.is_null() {
                 // New parameters for the inner side: build again (ExecProcNode rescans it).
                 self.drop_table();
@@ -1692,10 +1839,13 @@ impl JoinScan for GpuJoinScan {
             self.stats.batches = sh.batches.load(std::sync::atomic::Ordering::Relaxed);
             self.stats.gpu = Duration::from_nanos(sh.gpu_ns.load(std::sync::atomic::Ordering::Relaxed));
             self.stats.build = Duration::from_nanos(sh.build_ns.load(std::sync::atomic::Ordering::Relaxed));
+            self.stats.ahead = sh.ahead.load(std::sync::atomic::Ordering::Relaxed);
         }
         self.shared = std::ptr::null_mut();
         self.rows = InnerRows::default();
         self.ready = false;
+        self.awaiting = None;
+        self.pending.clear();
     }
 
     unsafe fn explain(
@@ -1750,6 +1900,10 @@ impl JoinScan for GpuJoinScan {
                     pg_sys::ExplainPropertyFloat(c"GPU Time".as_ptr(), c"ms".as_ptr(), self.stats.gpu.as_secs_f64() * 1e3, 3, es);
                     let build = self.stats.build.as_secs_f64() * 1e3;
                     pg_sys::ExplainPropertyFloat(c"Inner Ready".as_ptr(), c"ms".as_ptr(), build, 3, es);
+                    // How many batches were read ahead depends on timing: shown with the timings.
+                    if self.probe.is_some() && self.parallel_aware {
+                        int(c"Batches Read Ahead", None, self.stats.ahead);
+                    }
                 }
             }
         }

@@ -108,6 +108,8 @@ pub struct Shared {
     pub gpu_ns: AtomicU64,
     /// The longest wait of a participant for the inner side (its scan, the build, or both).
     pub build_ns: AtomicU64,
+    /// Batches of outer keys read while the table was being built, summed.
+    pub ahead: AtomicU64,
 }
 
 /// Tier codes for [`Shared::tier`] (EXPLAIN's "Inner Table Tier").
@@ -233,6 +235,31 @@ impl Shared {
         }
     }
 
+    /// [`Shared::join`] without the wait: `None` where `join` would wait (another participant
+    /// reads a non-partial inner side, or the last one builds), for a participant with other
+    /// work to do meanwhile; it then calls [`Shared::wait_built`], not `leave`.
+    ///
+    /// # Safety
+    /// As for [`Shared::join`].
+    pub unsafe fn try_join(p: *mut Shared) -> Option<Role> {
+        // SAFETY: forwarded contract.
+        unsafe {
+            let sync = &(*p).sync;
+            loop {
+                let v = sync.load(Ordering::Acquire);
+                match joined(v, (*p).partial) {
+                    Joined::Built => return Some(Role::Built),
+                    Joined::Scan(next) => {
+                        if sync.compare_exchange(v, next, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                            return Some(Role::Scan);
+                        }
+                    }
+                    Joined::Wait => return None,
+                }
+            }
+        }
+    }
+
     /// Ends this participant's scan; true when it was the last one scanning, which then builds
     /// the table from every slot and calls [`Shared::publish`] (no one joins the scan after).
     ///
@@ -264,6 +291,15 @@ impl Shared {
             #[allow(clippy::let_unit_value)]
             let _ = pg_sys::ConditionVariableCancelSleep();
         }
+    }
+
+    /// Whether the inner side is built (without waiting).
+    ///
+    /// # Safety
+    /// `p` was set up by [`Shared::init`].
+    pub unsafe fn is_built(p: *mut Shared) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { (*p).sync.load(Ordering::Acquire) >> 32 == BUILT }
     }
 
     /// Makes the built inner side visible and wakes the waiting participants.
@@ -348,6 +384,7 @@ impl Shared {
             (*p).batches.store(0, Ordering::Relaxed);
             (*p).gpu_ns.store(0, Ordering::Relaxed);
             (*p).build_ns.store(0, Ordering::Relaxed);
+            (*p).ahead.store(0, Ordering::Relaxed);
             (*p).sync.store(SCANNING << 32, Ordering::Release);
         }
     }

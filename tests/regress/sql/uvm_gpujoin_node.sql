@@ -419,6 +419,27 @@ SELECT pg_temp.pcheck('SELECT o.id AS oid_, i.id AS iid, i.v, i.n FROM gjn_big o
 SET parallel_leader_participation = off;
 SELECT pg_temp.pcheck('SELECT o.id AS oid_, i.id AS iid, i.v, i.n FROM gjn_big o JOIN gjn_i_np i ON o.k = i.k');
 RESET parallel_leader_participation;
+-- the probe mode reads outer keys ahead while another participant reads the inner side (here a
+-- slow one, which the first participant reads whole) or builds the table: the same answer, and
+-- batches read ahead wherever a worker started (EXPLAIN ANALYZE's Batches Read Ahead)
+CREATE FUNCTION pg_temp.read_ahead(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE l text; n bigint := -1; w bigint := 0;
+BEGIN
+  FOR l IN EXECUTE 'EXPLAIN (ANALYZE, COSTS OFF) ' || q LOOP
+    IF l ~ 'Batches Read Ahead:' THEN n := substring(l from 'Batches Read Ahead: (\d+)')::bigint; END IF;
+    IF l ~ 'Workers Launched:' THEN w := substring(l from 'Workers Launched: (\d+)')::bigint; END IF;
+  END LOOP;
+  RETURN CASE WHEN n > 0 OR (w = 0 AND n = 0) THEN 'read ahead where a worker started'
+              ELSE format('%s batches read ahead, %s workers launched', n, w) END;
+END $$;
+SELECT pg_temp.read_ahead('SELECT count(*), sum(i.x) FROM gjn_big o
+  JOIN (SELECT * FROM gjn_i_np WHERE pg_sleep(0.0005) IS NOT NULL) i ON o.k = i.k');
+SELECT pg_temp.pacheck('SELECT count(*) AS c, sum(i.x) AS s FROM gjn_big o
+  JOIN (SELECT * FROM gjn_i_np WHERE pg_sleep(0.0005) IS NOT NULL) i ON o.k = i.k');
+SET parallel_leader_participation = off;
+SELECT pg_temp.pacheck('SELECT count(*) AS c, sum(i.x) AS s FROM gjn_big o
+  JOIN (SELECT * FROM gjn_i_np WHERE pg_sleep(0.0005) IS NOT NULL) i ON o.k = i.k');
+RESET parallel_leader_participation;
 DROP TABLE gjn_i_np;
 -- rescans: a Gather over the node on the inner side of a nested loop, started again per outer
 -- row (the leader resets the shared state, the inner side is built again: the same rows, the
