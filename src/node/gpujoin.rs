@@ -657,14 +657,117 @@ struct Stats {
     ahead: u64,
 }
 
-// utils/datum.h, which pgrx's bindings leave out (the same signature on PostgreSQL 14 to 18),
-// and executor/tuptable.h's slot_getsomeattrs_int declared again without pgrx's guard, for the
-// probe mode's loop, which guards a whole batch at once (see `gather_keys`).
+// utils/datum.h's datumCopy, which pgrx's bindings leave out, and executor/tuptable.h's
+// slot_getsomeattrs_int, both declared without pgrx's per-call guard (the same signatures on
+// PostgreSQL 14 to 18): the loops that read a child's rows call them inside one guard per
+// chunk (`gather_keys`, `fetch_chunk`).
 unsafe extern "C-unwind" {
     #[link_name = "datumCopy"]
     fn datum_copy_raw(value: pg_sys::Datum, typ_by_val: bool, typ_len: std::ffi::c_int) -> pg_sys::Datum;
     #[link_name = "slot_getsomeattrs_int"]
     fn slot_getsomeattrs_raw(slot: *mut pg_sys::TupleTableSlot, attnum: std::ffi::c_int);
+}
+
+/// Up to [`CHUNK_ROWS`] rows of a child plan with a non-NULL key: their keys, and per row the
+/// values and NULL flags of some columns (`n` per row), by-reference values copied.
+#[derive(Default)]
+struct Chunk {
+    keys: Vec<i64>,
+    vals: Vec<pg_sys::Datum>,
+    nulls: Vec<bool>,
+    /// Rows with a NULL key skipped.
+    null_keys: u64,
+}
+
+/// Rows per [`Chunk`].
+const CHUNK_ROWS: usize = 1024;
+
+/// Reads the next chunk of `node`'s rows with a non-NULL key (attribute `key_att`, of type
+/// `oid`) into `chunk`: the key, and the columns `resnos` (of `cols`: by-reference values
+/// copied into `ctx` with `datumCopy`, which the caller keeps until it has used them). At most
+/// `cap` rows (≤ [`CHUNK_ROWS`]); true when the child ended.
+///
+/// As in [`gather_keys`], one pgrx guard covers the chunk instead of two or three per row
+/// (ExecProcNode, slot_getsomeattrs_int, datumCopy are called directly inside it, and nothing
+/// in the frames an ERROR would jump over needs dropping: the buffers are written through raw
+/// pointers into room reserved before).
+///
+/// # Safety
+/// `node` is an initialized plan state whose rows have the attributes `key_att` and
+/// `resnos` (all ≤ `upto`) of the types `cols` describe; `ctx` is a live memory context.
+#[allow(clippy::too_many_arguments)]
+unsafe fn fetch_chunk(
+    node: *mut pg_sys::PlanState,
+    key_att: i32,
+    oid: pg_sys::Oid,
+    upto: i32,
+    resnos: &[i32],
+    cols: &[Col],
+    ctx: pg_sys::MemoryContext,
+    chunk: &mut Chunk,
+    cap: usize,
+) -> bool {
+    let n = resnos.len();
+    let cap = cap.min(CHUNK_ROWS);
+    chunk.keys.clear();
+    chunk.vals.clear();
+    chunk.nulls.clear();
+    chunk.keys.reserve(cap);
+    chunk.vals.reserve(cap * n);
+    chunk.nulls.reserve(cap * n);
+    let (kp, vp, np) = (chunk.keys.as_mut_ptr(), chunk.vals.as_mut_ptr(), chunk.nulls.as_mut_ptr());
+    let (mut got, mut null_keys) = (0usize, 0u64);
+    // SAFETY: forwarded contract; every write is below `cap` rows of the room reserved above;
+    // datumCopy allocates in `ctx` (CurrentMemoryContext is restored after each copy, and by
+    // the abort after an ERROR).
+    let ended = unsafe {
+        pg_sys::ffi::pg_guard_ffi_boundary(|| {
+            let Some(next) = (*node).ExecProcNode else { return true };
+            let mut ended = false;
+            while got < cap {
+                let slot = next(node);
+                if tup_is_null(slot) {
+                    ended = true;
+                    break;
+                }
+                if ((*slot).tts_nvalid as i32) < upto {
+                    slot_getsomeattrs_raw(slot, upto);
+                }
+                let at = |att: i32| {
+                    let i = (att - 1) as usize;
+                    (*(*slot).tts_values.add(i), *(*slot).tts_isnull.add(i))
+                };
+                let (d, isnull) = at(key_att);
+                if isnull {
+                    null_keys += 1;
+                    continue;
+                }
+                *kp.add(got) = key_of(d, oid);
+                for (i, (&r, c)) in resnos.iter().zip(cols).enumerate() {
+                    let (mut v, isnull) = at(r);
+                    if !isnull && !c.byval {
+                        // Only the copy goes to `ctx`: the child runs in the caller's context
+                        // (a scan allocates what it keeps there at its first call).
+                        let old = pg_sys::MemoryContextSwitchTo(ctx);
+                        v = datum_copy_raw(v, false, c.len as std::ffi::c_int);
+                        pg_sys::MemoryContextSwitchTo(old);
+                    }
+                    *vp.add(got * n + i) = v;
+                    *np.add(got * n + i) = isnull;
+                }
+                got += 1;
+            }
+            ended
+        })
+    };
+    // SAFETY: the first `got` rows were written above.
+    unsafe {
+        chunk.keys.set_len(got);
+        chunk.vals.set_len(got * n);
+        chunk.nulls.set_len(got * n);
+    }
+    chunk.null_keys = null_keys;
+    ended
 }
 
 /// Reads outer tuples from `outer` until `cap` non-NULL keys (attribute `att`, of type `oid`)
@@ -703,15 +806,6 @@ unsafe fn gather_keys(outer: *mut pg_sys::PlanState, att: i32, oid: pg_sys::Oid,
             (n, false)
         })
     }
-}
-
-/// `datumCopy` into the current memory context, its ERROR (out of memory) raised as pgrx does.
-///
-/// # Safety
-/// `value` is a datum of a type with `typ_len`, passed by reference.
-unsafe fn datum_copy(value: pg_sys::Datum, typ_by_val: bool, typ_len: std::ffi::c_int) -> pg_sys::Datum {
-    // SAFETY: forwarded contract; the boundary turns a longjmp into a Rust panic.
-    unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| datum_copy_raw(value, typ_by_val, typ_len)) }
 }
 
 /// The GpuJoin custom scan.
@@ -774,6 +868,8 @@ pub struct GpuJoinScan {
     /// (`pending`) before it waits, so the build's serial part overlaps the outer scan.
     awaiting: Option<Instant>,
     pending: Vec<Vec<i64>>,
+    /// The outer side's chunk buffer (reused).
+    chunk: Chunk,
 }
 
 /// An aggregate the node computes: its state, the index in `Private::map` of its argument
@@ -865,21 +961,6 @@ fn tup_is_null(slot: *mut pg_sys::TupleTableSlot) -> bool {
     slot.is_null() || unsafe { (*slot).tts_flags } & pg_sys::TTS_FLAG_EMPTY as u16 != 0
 }
 
-/// Attribute `att` (1-based) of `slot`, deforming up to `upto`.
-///
-/// # Safety
-/// A live slot with at least `upto >= att` attributes.
-unsafe fn attr(slot: *mut pg_sys::TupleTableSlot, att: i32, upto: i32) -> (pg_sys::Datum, bool) {
-    // SAFETY: forwarded contract.
-    unsafe {
-        if ((*slot).tts_nvalid as i32) < upto {
-            pg_sys::slot_getsomeattrs_int(slot, upto);
-        }
-        let i = (att - 1) as usize;
-        (*(*slot).tts_values.add(i), *(*slot).tts_isnull.add(i))
-    }
-}
-
 impl GpuJoinScan {
     /// Runs `f` with the executor, counting its time as GPU time.
     fn timed<R>(&mut self, f: impl FnOnce(&mut dyn exec::Executor) -> Result<R>) -> R {
@@ -932,30 +1013,34 @@ impl GpuJoinScan {
         // SAFETY: forwarded contract.
         unsafe {
             let n = self.inner_resnos.len();
-            let (mut values, mut isnulls) = (vec![pg_sys::Datum::from(0); n], vec![false; n]);
             let mut rows: Vec<[i64; 2]> = Vec::new();
             let mut nulls = 0u64;
-            pg_sys::MemoryContextReset(scratch);
+            let mut chunk = Chunk::default();
+            let upto = self.max_inner_att.max(self.p.inner_key);
             loop {
-                let slot = pg_sys::ExecProcNode(self.inner);
-                if tup_is_null(slot) {
+                // The chunk's by-reference values live in `scratch` until the writer copied them.
+                pg_sys::MemoryContextReset(scratch);
+                let ended = fetch_chunk(
+                    self.inner,
+                    self.p.inner_key,
+                    self.p.key_oid,
+                    upto,
+                    &self.inner_resnos,
+                    &self.inner_cols,
+                    scratch,
+                    &mut chunk,
+                    CHUNK_ROWS,
+                );
+                nulls += chunk.null_keys;
+                let old = pg_sys::MemoryContextSwitchTo(scratch);
+                for (j, &key) in chunk.keys.iter().enumerate() {
+                    let id = writer.push(&chunk.vals[j * n..(j + 1) * n], &chunk.nulls[j * n..(j + 1) * n]);
+                    rows.push([key, id]);
+                }
+                pg_sys::MemoryContextSwitchTo(old);
+                if ended {
                     break;
                 }
-                let (d, isnull) = attr(slot, self.p.inner_key, self.p.inner_key);
-                if isnull {
-                    nulls += 1;
-                    continue;
-                }
-                if (rows.len() + 1).is_multiple_of(1024) {
-                    pg_sys::MemoryContextReset(scratch);
-                }
-                for (i, &resno) in self.inner_resnos.iter().enumerate() {
-                    (values[i], isnulls[i]) = attr(slot, resno, self.max_inner_att);
-                }
-                let old = pg_sys::MemoryContextSwitchTo(scratch);
-                let id = writer.push(&values, &isnulls);
-                pg_sys::MemoryContextSwitchTo(old);
-                rows.push([key_of(d, self.p.key_oid), id]);
             }
             pg_sys::MemoryContextReset(scratch);
             self.stats.inner_rows = rows.len() as u64;
@@ -1122,28 +1207,33 @@ impl GpuJoinScan {
             self.outer_vals.clear();
             self.outer_nulls.clear();
             self.batch.clear();
+            // A NULL key never matches: fetch_chunk skips those tuples. By-reference values are
+            // copied into the batch context, which lives until the next batch.
+            let mut chunk = std::mem::take(&mut self.chunk);
+            let upto = self.max_outer_att.max(self.p.outer_key);
             while self.batch.len() < BATCH_TUPLES {
-                let slot = pg_sys::ExecProcNode(self.outer);
-                if tup_is_null(slot) {
+                let ended = fetch_chunk(
+                    self.outer,
+                    self.p.outer_key,
+                    self.p.key_oid,
+                    upto,
+                    &self.outer_resnos,
+                    &self.outer_cols,
+                    self.batch_ctx,
+                    &mut chunk,
+                    BATCH_TUPLES - self.batch.len(),
+                );
+                self.outer_vals.extend_from_slice(&chunk.vals);
+                self.outer_nulls.extend_from_slice(&chunk.nulls);
+                for &k in &chunk.keys {
+                    self.batch.push(Some(k));
+                }
+                if ended {
                     self.outer_done = true;
                     break;
                 }
-                let (d, isnull) = attr(slot, self.p.outer_key, self.p.outer_key);
-                if isnull {
-                    continue; // a NULL key never matches
-                }
-                for (c, &resno) in self.outer_cols.iter().zip(&self.outer_resnos) {
-                    let (mut v, isnull) = attr(slot, resno, self.max_outer_att);
-                    if !isnull && !c.byval {
-                        let old = pg_sys::MemoryContextSwitchTo(self.batch_ctx);
-                        v = datum_copy(v, false, c.len as i32);
-                        pg_sys::MemoryContextSwitchTo(old);
-                    }
-                    self.outer_vals.push(v);
-                    self.outer_nulls.push(isnull);
-                }
-                self.batch.push(Some(key_of(d, self.p.key_oid)));
             }
+            self.chunk = chunk;
             if self.batch.is_empty() {
                 return !self.outer_done;
             }
@@ -1587,6 +1677,7 @@ impl JoinScan for GpuJoinScan {
             keys: Vec::new(),
             awaiting: None,
             pending: Vec::new(),
+            chunk: Chunk::default(),
         }
     }
 
