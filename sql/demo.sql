@@ -67,10 +67,13 @@ SELECT (SELECT count(*) FROM (SELECT key, payload FROM uvm.gpujoin_pairs('demo_p
        (SELECT count(*) FROM (SELECT f.k, d.v FROM uvm_demo_fact f JOIN uvm_demo_dim d ON f.k = d.k
           EXCEPT ALL SELECT key, payload FROM uvm.gpujoin_pairs('demo_pairs')) x) AS join_rows_missing;
 \echo '== GpuJoin as a plan node: the same join written as plain SQL, the node on and off'
-\echo '   (pg_uvm_share.enable_gpujoin: auto, the default, leaves it off in this version; see README)'
+\echo '   (pg_uvm_share.enable_gpujoin: auto, the default, offers it where the cluster runs on a GPU and'
+\echo '    the planner picks it by cost; here it is forced: on, with PostgreSQL''s joins off. The'
+\echo '    aggregates are computed in the node: Custom Scan (GpuJoinAgg). See README)'
 SET pg_uvm_share.enable_gpujoin = on;
 SET enable_hashjoin = off;
 SET enable_mergejoin = off;
+SET enable_nestloop = off;
 EXPLAIN (COSTS OFF) SELECT count(*) AS matches, sum(d.v) AS payload_sum
   FROM uvm_demo_fact f JOIN uvm_demo_dim d ON f.k = d.k;
 \timing on
@@ -78,6 +81,7 @@ SELECT 'plan node on' AS method, count(*) AS matches, sum(d.v) AS payload_sum
   FROM uvm_demo_fact f JOIN uvm_demo_dim d ON f.k = d.k;
 RESET enable_hashjoin;
 RESET enable_mergejoin;
+RESET enable_nestloop;
 SET pg_uvm_share.enable_gpujoin = off;
 SELECT 'plan node off' AS method, count(*) AS matches, sum(d.v) AS payload_sum
   FROM uvm_demo_fact f JOIN uvm_demo_dim d ON f.k = d.k;

@@ -148,7 +148,7 @@ pub fn define() {
     GucRegistry::define_enum_guc(
         c"pg_uvm_share.enable_gpujoin",
         c"Whether the planner may run inner equi-joins as a GpuJoin plan node: auto, on or off.",
-        c"auto (the default) leaves it off in this version: the serial node is slower than PostgreSQL's own joins; on: use it (also on the CPU path, for tests).",
+        c"auto (the default): on when the cluster's provider is cuda (the planner then picks it by cost), off on the host provider, whose CPU path is never faster than PostgreSQL's own joins; on: offer it on any provider (for tests); off: never.",
         &ENABLE_GPUJOIN,
         GucContext::Userset,
         GucFlags::empty(),

@@ -106,8 +106,12 @@ pub const GPU_ROW_FACTOR: f64 = 0.05;
 /// scan, and a (key, row id) row sent to the build; twice an outer tuple's, so that the
 /// smaller side is the inner one.
 pub const INNER_ROW_FACTOR: f64 = 2.0;
-/// Start-up cost: two segments created and dropped, a few round trips to the executor.
-pub const SETUP_COST: f64 = 10.0;
+/// Start-up cost: two segments created and dropped, a few round trips to the executor: about
+/// 4 ms on the H200 (test f: a segment's create, fill, checksum and drop take 2.5 ms), priced
+/// at the rate PostgreSQL's own estimates imply there for the parallel hash join the node
+/// competes with (see the module comment), with a margin: joins that PostgreSQL prices below
+/// this stay with PostgreSQL.
+pub const SETUP_COST: f64 = 500.0;
 /// An aggregate computed in the node: its fold per joined row, in `cpu_operator_cost` (an
 /// addition, where PostgreSQL's Aggregate calls a transition function).
 pub const AGG_FOLD_FACTOR: f64 = 0.25;
@@ -132,12 +136,10 @@ pub fn enabled() -> bool {
     match guc::ENABLE_GPUJOIN.get() {
         GpuJoinChoice::On => true,
         GpuJoinChoice::Off => false,
-        // Off on every provider in this version: the parallel node beats PostgreSQL's parallel
-        // hash join on the H200's 50 M x 5 M join (bench/gpu-report-gpujoin-node.md), but the
-        // cost model is not fitted to the node's measured costs (see the module comment), so a
-        // planner that picked it by itself could pick it where it loses (small joins, where
-        // its fixed costs dominate). `auto` will follow the provider once it is.
-        GpuJoinChoice::Auto => false,
+        // On where a GPU does the work (the cluster's provider is CUDA), where the cost model
+        // (module comment) is calibrated; the host provider's CPU path is never faster than
+        // PostgreSQL's own joins. Unknown until some process claimed the provider: off.
+        GpuJoinChoice::Auto => crate::sql::cluster_provider() == Some(crate::provider::ProviderKind::Cuda),
     }
 }
 

@@ -304,6 +304,19 @@ unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
     });
 }
 
+/// The provider this cluster uses, once a process has claimed it (the GPU service does at
+/// start-up; in process mode, the first process that uses a segment), or the one
+/// `pg_uvm_share.provider` names; `None` while `auto` has not been resolved yet. For the
+/// planner (`crate::node::gpujoin`'s `enable_gpujoin = auto`), which must not start a provider.
+pub fn cluster_provider() -> Option<ProviderKind> {
+    let recorded = shmem::shared().ok().and_then(|r| ProviderKind::from_code(r.provider()));
+    recorded.or(match guc::PROVIDER.get() {
+        guc::ProviderChoice::Host => Some(ProviderKind::Host),
+        guc::ProviderChoice::Cuda => Some(ProviderKind::Cuda),
+        guc::ProviderChoice::Auto => None,
+    })
+}
+
 /// Starts CUDA on a helper thread (`gpu::warm_up_in_background`) when this cluster's provider is
 /// CUDA and this process has no segment manager yet: the GpuJoin aggregates call it at their
 /// first row, so that a parallel worker's CUDA start-up overlaps its scan. The helper is joined

@@ -1499,6 +1499,90 @@ fn gpujoin_tables(b: &mut Bench, c: &mut Client) -> R<()> {
 /// GpuJoin on the data of shared/notes/gpu-facts.md: PostgreSQL's parallel hash join, the GPU
 /// probe aggregate and a bare parallel count(*) of fact, with 5 and with 8 workers; the probe
 /// kernel alone; the materializing join.
+/// Whether `enable_gpujoin = auto` (the default) picks the GpuJoin plan node where it is the
+/// faster plan, and PostgreSQL's own where it is not: the count/sum join over fact tables of
+/// 20 K to 20 M rows (dims a tenth of that, a quarter of fact's keys matching, as for the
+/// 50 M x 5 M join), PostgreSQL's default settings otherwise; each size timed with the node
+/// forced (PostgreSQL's joins off), with PostgreSQL's plan (node off), and as `auto` plans it.
+fn bench_gpujoin_planner(b: &mut Bench) {
+    const K: &str = "gj_auto";
+    const M: &str = "enable_gpujoin = auto picks the faster plan: the count/sum join, fact 20 K to 20 M rows, dim a tenth, \
+                     default settings (sizes where it did)";
+    if !b.has_time(&[(K, M)]) {
+        return;
+    }
+    const SIZES: [i64; 4] = [20_000, 200_000, 2_000_000, 20_000_000];
+    let r = (|| -> R<(usize, Vec<String>)> {
+        let mut c = fresh()?;
+        let q = "SELECT count(*)::text, sum(d.v)::text FROM gj_sw_f f JOIN gj_sw_d d ON f.k = d.k";
+        let mut right = 0;
+        let mut lines = Vec::new();
+        for n in SIZES {
+            let d = n / 10;
+            c.batch_execute(&format!(
+                "DROP TABLE IF EXISTS gj_sw_f, gj_sw_d; \
+                 CREATE UNLOGGED TABLE gj_sw_d AS SELECT i::bigint AS k, i::bigint AS v FROM generate_series(1, {d}) i; \
+                 CREATE UNLOGGED TABLE gj_sw_f AS SELECT (random() * {})::bigint AS k FROM generate_series(1, {n}); \
+                 VACUUM ANALYZE gj_sw_d; VACUUM ANALYZE gj_sw_f",
+                4 * d
+            ))
+            .map_err(err("sweep tables"))?;
+            let best = |c: &mut Client, settings: &str| -> R<(f64, Vec<String>)> {
+                c.batch_execute(settings).map_err(err(settings))?;
+                let mut t = f64::INFINITY;
+                let mut vals = Vec::new();
+                for _ in 0..3 {
+                    let (s, v) = time_query(c, q)?;
+                    t = t.min(s);
+                    vals = v;
+                }
+                Ok((t, vals))
+            };
+            let defaults =
+                "RESET pg_uvm_share.enable_gpujoin; RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_nestloop";
+            c.batch_execute(defaults).map_err(err("defaults"))?;
+            let plan = explain(&mut c, q)?;
+            let picks = plan.contains("GpuJoin");
+            let (auto_t, auto_v) = best(&mut c, defaults)?;
+            let (node_t, node_v) = best(
+                &mut c,
+                "SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off; \
+                 SET enable_nestloop = off",
+            )?;
+            let (pg_t, pg_v) = best(&mut c, &format!("{defaults}; SET pg_uvm_share.enable_gpujoin = off"))?;
+            if node_v != pg_v || auto_v != pg_v {
+                return Err(format!("{n} x {d}: node {node_v:?}, auto {auto_v:?}, PostgreSQL {pg_v:?}"));
+            }
+            let ok = picks == (node_t < pg_t);
+            right += usize::from(ok);
+            lines.push(format!(
+                "{n} x {d}: node {:.1} ms, PostgreSQL's plan {:.1} ms; auto picks {} ({:.1} ms){}",
+                node_t * 1e3,
+                pg_t * 1e3,
+                if picks { "GpuJoin" } else { "PostgreSQL's plan" },
+                auto_t * 1e3,
+                if ok { "" } else { ": **the slower one**" }
+            ));
+        }
+        c.batch_execute("DROP TABLE IF EXISTS gj_sw_f, gj_sw_d; RESET ALL").map_err(err("drop sweep tables"))?;
+        Ok((right, lines))
+    })();
+    match r {
+        Ok((right, lines)) => {
+            b.row(
+                K,
+                M,
+                format!("{right} of {} sizes", SIZES.len()),
+                lines.join("; "),
+                "the faster of the node forced and PostgreSQL's plan, best of 3 each".into(),
+                Some(right as f64 / SIZES.len() as f64),
+                Target::info(),
+            );
+        }
+        Err(e) => b.error(K, M, e),
+    }
+}
+
 fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32, keep_tables: bool) {
     let keys: Vec<(String, String)> = JOIN_WORKERS
         .iter()
@@ -1777,6 +1861,7 @@ fn measure(mode: Mode, results: String, keep_tables: bool) -> i32 {
             }),
         ),
         ("GpuJoin", Box::new(|b: &mut Bench, admin: &mut Client| bench_gpujoin(b, admin, pid, keep_tables))),
+        ("GpuJoin planner sweep", Box::new(|b: &mut Bench, _admin: &mut Client| bench_gpujoin_planner(b))),
         ("segment read", Box::new(|b: &mut Bench, admin: &mut Client| bench_segment_read(b, admin, pid))),
         ("migration", Box::new(|b: &mut Bench, admin: &mut Client| bench_migration(b, admin, pid))),
         ("64 GiB attach", Box::new(|b: &mut Bench, admin: &mut Client| bench_attach_big(b, admin, pid))),
