@@ -1519,14 +1519,19 @@ fn bench_gpujoin_planner(b: &mut Bench) {
         let mut lines = Vec::new();
         for n in SIZES {
             let d = n / 10;
-            c.batch_execute(&format!(
-                "DROP TABLE IF EXISTS gj_sw_f, gj_sw_d; \
-                 CREATE UNLOGGED TABLE gj_sw_d AS SELECT i::bigint AS k, i::bigint AS v FROM generate_series(1, {d}) i; \
-                 CREATE UNLOGGED TABLE gj_sw_f AS SELECT (random() * {})::bigint AS k FROM generate_series(1, {n}); \
-                 VACUUM ANALYZE gj_sw_d; VACUUM ANALYZE gj_sw_f",
-                4 * d
-            ))
-            .map_err(err("sweep tables"))?;
+            // One statement per call: VACUUM cannot run in the implicit transaction of a batch.
+            for sql in [
+                "DROP TABLE IF EXISTS gj_sw_f, gj_sw_d".to_string(),
+                format!("CREATE UNLOGGED TABLE gj_sw_d AS SELECT i::bigint AS k, i::bigint AS v FROM generate_series(1, {d}) i"),
+                format!(
+                    "CREATE UNLOGGED TABLE gj_sw_f AS SELECT (random() * {})::bigint AS k FROM generate_series(1, {n})",
+                    4 * d
+                ),
+                "VACUUM ANALYZE gj_sw_d".into(),
+                "VACUUM ANALYZE gj_sw_f".into(),
+            ] {
+                c.batch_execute(&sql).map_err(err("sweep tables"))?;
+            }
             let best = |c: &mut Client, settings: &str| -> R<(f64, Vec<String>)> {
                 c.batch_execute(settings).map_err(err(settings))?;
                 let mut t = f64::INFINITY;
