@@ -7,7 +7,7 @@
 //!   the inner relation, both of one type among int2, int4, date (held as int4 keys) and
 //!   int8, timestamp, timestamptz (int8 keys), and whose target list and clauses hold plain
 //!   columns only, it adds `CustomPath`s "GpuJoin", when `pg_uvm_share.enable_gpujoin` is `on`
-//!   (`auto`, the default, leaves it off in this version: see [`enabled`]): a serial one over
+//!   (`auto`, the default: where the cluster's provider is CUDA, see [`enabled`]): a serial one over
 //!   the cheapest unparameterized paths of both sides, and a parallel-aware partial one over
 //!   the outer side's cheapest partial path and the inner side's cheapest partial (parallel
 //!   scan) path, else its cheapest parallel-safe one, which PostgreSQL puts under a Gather.
@@ -30,7 +30,16 @@
 //!   used columns kept), materializes the batch's distinct keys into its own result buffer (a
 //!   temporary segment, reset before each batch), reads the (key, row id) pairs back and emits
 //!   one joined row per call, from the outer columns of each tuple with that key and the inner
-//!   row (`super::matching`), after the qual, projected.
+//!   row (`super::matching`), after the qual, projected. Rows are read from the children a
+//!   chunk at a time under one pgrx guard ([`fetch_chunk`]).
+//! - **Aggregate mode** (`super::preagg` plans it: the path's target is a list of Aggrefs):
+//!   instead of joined rows, each participant folds its matches into the aggregates
+//!   (`super::agg`) and returns one row of results. In its **probe mode** (every aggregate is
+//!   `count(*)`, or `count`/`sum` of one inner column: `probe_plan`) the table's payloads are
+//!   that column's values where none is NULL (the builder decides, `payload_values_of`), and
+//!   each batch of outer keys is probed whole (`exec::probe`: matches and payload sum), no pair
+//!   read back; in parallel, a participant that finished its share of the inner side reads up
+//!   to [`PENDING_BATCHES`] batches of outer keys while another builds the table.
 //!
 //! # Lifecycle
 //!
@@ -66,12 +75,23 @@
 //! ```
 //!
 //! In a partial path the inner and outer figures are one participant's (the inner side's
-//! when its plan is partial too). These constants are what the GPU could reach, not yet
-//! calibrated against the node as it runs: on the H200's 50 M x 5 M join the parallel node takes
-//! 0.47x PostgreSQL's parallel hash join (service mode) while this model prices it slightly
-//! above it, and its fixed costs (segments, round trips: milliseconds) are priced far lower
-//! than they are. So `auto` leaves the node off (see [`enabled`]) until the model is fitted to
-//! measurements at several sizes.
+//! when its plan is partial too). The aggregate mode (`with_aggregates`) drops the output rows'
+//! term and adds [`AGG_FOLD_FACTOR`] × `cpu_operator_cost` per joined row and aggregate.
+//!
+//! **Calibration** (H200, service mode; `bench/gpu-report-gpujoin-node.md` and
+//! `bench/gpu-report-gpujoin-planner.md`). What decides a plan is the node's cost against the
+//! join it replaces, in PostgreSQL's own units. On the 50 M x 5 M join, PostgreSQL's parallel
+//! hash join adds about 150 K units to the scans for about 4 s of work, the node (this model)
+//! about 25 K units for its 0.3 to 0.4 s (the build, the probes): cheaper, as measured, and so
+//! are the forms that hand rows up (0.46x) or sort them (0.48x). What the model lacked was the
+//! fixed cost: two segments created and dropped and the first round trips, about 4 ms (test f:
+//! 2.5 ms per segment's create/fill/checksum/drop), priced at 10 units where PostgreSQL's hash
+//! join on a small table costs a few hundred; [`SETUP_COST`] is now 500. With it, `auto` picks
+//! the faster plan at every size of the planner sweep (fact 20 K to 20 M rows, dim a tenth):
+//! PostgreSQL's at 20 K x 2 K (3.8 ms against the node's 4.6 ms), the node from 200 K x 20 K up
+//! (16.5 ms against 26.4 ms, up to 360 ms against 1,872 ms at 20 M x 2 M). Not measured: skews
+//! other than uniform keys, wide inner rows, and joins where the node hands millions of rows up
+//! to other nodes at small sizes; and only the H200.
 
 use std::ffi::CStr;
 use std::time::{Duration, Instant};
