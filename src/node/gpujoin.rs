@@ -265,7 +265,7 @@ unsafe extern "C-unwind" fn join_pathlist_hook(
         if jointype != pg_sys::JoinType::JOIN_INNER || !enabled() {
             return;
         }
-        add_path(joinrel, outerrel, innerrel, extra);
+        add_path(root, joinrel, outerrel, innerrel, extra);
     }
 }
 
@@ -276,6 +276,7 @@ unsafe extern "C-unwind" fn join_pathlist_hook(
 /// # Safety
 /// The hook's arguments.
 unsafe fn add_path(
+    root: *mut pg_sys::PlannerInfo,
     joinrel: *mut pg_sys::RelOptInfo,
     outerrel: *mut pg_sys::RelOptInfo,
     innerrel: *mut pg_sys::RelOptInfo,
@@ -316,7 +317,7 @@ unsafe fn add_path(
         if !outer_path.is_null() && (*outer_path).param_info.is_null() {
             let cp = make_path(joinrel, outer_path, inner_path, ordered(), None);
             pg_sys::add_path(joinrel, cp as *mut pg_sys::Path);
-            candidates::remember(joinrel, make_path(joinrel, outer_path, inner_path, ordered(), None));
+            candidates::remember(root, joinrel, make_path(joinrel, outer_path, inner_path, ordered(), None));
         }
         // In parallel: the outer side's cheapest partial path, split among the participants; the
         // inner side built once for all of them (so it need only be safe to run in a worker).
@@ -340,7 +341,7 @@ unsafe fn add_path(
                 let workers = (*outer_partial).parallel_workers;
                 let cp = make_path(joinrel, outer_partial, safe_inner, ordered(), Some(workers));
                 pg_sys::add_partial_path(joinrel, cp as *mut pg_sys::Path);
-                candidates::remember(joinrel, make_path(joinrel, outer_partial, safe_inner, ordered(), Some(workers)));
+                candidates::remember(root, joinrel, make_path(joinrel, outer_partial, safe_inner, ordered(), Some(workers)));
             }
         }
     }
@@ -363,6 +364,7 @@ pub mod candidates {
 
     struct Entry {
         ctx: pg_sys::MemoryContext,
+        root: *mut pg_sys::PlannerInfo,
         joinrel: *mut pg_sys::RelOptInfo,
         serial: *mut pg_sys::CustomPath,
         partial: *mut pg_sys::CustomPath,
@@ -377,7 +379,7 @@ pub mod candidates {
     ///
     /// # Safety
     /// Planner structures, allocated in the current memory context.
-    pub unsafe fn remember(joinrel: *mut pg_sys::RelOptInfo, path: *mut pg_sys::CustomPath) {
+    pub unsafe fn remember(root: *mut pg_sys::PlannerInfo, joinrel: *mut pg_sys::RelOptInfo, path: *mut pg_sys::CustomPath) {
         // SAFETY: forwarded contract; the callback is allocated in the context it watches.
         unsafe {
             let ctx = pg_sys::CurrentMemoryContext;
@@ -390,11 +392,11 @@ pub mod candidates {
                 pg_sys::MemoryContextRegisterResetCallback(ctx, cb);
             }
             ENTRIES.with_borrow_mut(|entries| {
-                let at = match entries.iter().position(|x| x.joinrel == joinrel && x.ctx == ctx) {
+                let at = match entries.iter().position(|x| x.root == root && x.joinrel == joinrel && x.ctx == ctx) {
                     Some(at) => at,
                     None => {
                         let null = std::ptr::null_mut();
-                        entries.push(Entry { ctx, joinrel, serial: null, partial: null });
+                        entries.push(Entry { ctx, root, joinrel, serial: null, partial: null });
                         entries.len() - 1
                     }
                 };
@@ -407,12 +409,16 @@ pub mod candidates {
         }
     }
 
-    /// The cheapest serial and partial GpuJoin paths offered for `joinrel` (null where none).
-    pub fn of(joinrel: *mut pg_sys::RelOptInfo) -> (*mut pg_sys::CustomPath, *mut pg_sys::CustomPath) {
+    /// The cheapest serial and partial GpuJoin paths offered for `joinrel` of `root` (null
+    /// where none).
+    pub fn of(
+        root: *mut pg_sys::PlannerInfo,
+        joinrel: *mut pg_sys::RelOptInfo,
+    ) -> (*mut pg_sys::CustomPath, *mut pg_sys::CustomPath) {
         ENTRIES.with_borrow(|entries| {
             entries
                 .iter()
-                .find(|x| x.joinrel == joinrel)
+                .find(|x| x.root == root && x.joinrel == joinrel)
                 .map_or((std::ptr::null_mut(), std::ptr::null_mut()), |e| (e.serial, e.partial))
         })
     }
@@ -523,7 +529,7 @@ unsafe fn make_path(
 }
 
 /// An int8 constant (custom_private holds only Consts: copyable and printable on every major).
-fn int_node(v: i64) -> *mut pg_sys::Node {
+pub fn int_node(v: i64) -> *mut pg_sys::Node {
     // SAFETY: makeConst allocates a Const in the current memory context.
     unsafe {
         pg_sys::makeConst(pg_sys::INT8OID, -1, pg_sys::InvalidOid, 8, pg_sys::Datum::from(v), false, true) as *mut pg_sys::Node
@@ -954,6 +960,54 @@ pub fn datum_of_value(v: Value, out: Out) -> (pg_sys::Datum, bool) {
         (Value::Big(x), _) => {
             let n = pgrx::AnyNumeric::from(x);
             (pgrx::IntoDatum::into_datum(n).expect("a numeric datum"), false)
+        }
+    }
+}
+
+/// Returns the aggregates' results as the node's one row: the scan tuple holds them first
+/// (the rest NULL), made in the per-tuple memory, checked against the plan's qual if any, then
+/// projected (the node's target list over them). Shared by the GpuJoin node's aggregate mode
+/// and `super::preagg`'s GpuJoinAgg.
+///
+/// # Safety
+/// `node` is a custom scan state whose scan tuple starts with one column per aggregate, of
+/// the aggregate's result type.
+pub unsafe fn emit_results<'a>(
+    node: *mut pg_sys::CustomScanState,
+    results: impl Iterator<Item = (&'a Acc, Out)>,
+    qual: Option<*mut pg_sys::ExprState>,
+) -> *mut pg_sys::TupleTableSlot {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let econtext = (*node).ss.ps.ps_ExprContext;
+        let scan = (*node).ss.ss_ScanTupleSlot;
+        pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
+        pg_sys::ExecClearTuple(scan);
+        let natts = (*(*scan).tts_tupleDescriptor).natts as usize;
+        for i in 0..natts {
+            *(*scan).tts_values.add(i) = pg_sys::Datum::from(0);
+            *(*scan).tts_isnull.add(i) = true;
+        }
+        let old = pg_sys::MemoryContextSwitchTo((*econtext).ecxt_per_tuple_memory);
+        for (i, (acc, out)) in results.enumerate().take(natts) {
+            let v = acc.value().unwrap_or_else(|e| report(e));
+            let (d, isnull) = datum_of_value(v, out);
+            *(*scan).tts_values.add(i) = d;
+            *(*scan).tts_isnull.add(i) = isnull;
+        }
+        pg_sys::MemoryContextSwitchTo(old);
+        pg_sys::ExecStoreVirtualTuple(scan);
+        (*econtext).ecxt_scantuple = scan;
+        if let Some(q) = qual.filter(|q| !q.is_null()) {
+            if !pg_sys::ExecQual(q, econtext) {
+                return std::ptr::null_mut();
+            }
+        }
+        let proj = (*node).ss.ps.ps_ProjInfo;
+        if proj.is_null() {
+            scan
+        } else {
+            pg_sys::ExecProject(proj)
         }
     }
 }
@@ -1431,31 +1485,7 @@ impl GpuJoinScan {
             }
             self.report_stats();
             self.agg_done = true;
-            let econtext = (*node).ss.ps.ps_ExprContext;
-            let scan = (*node).ss.ss_ScanTupleSlot;
-            pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
-            pg_sys::ExecClearTuple(scan);
-            let natts = (*(*scan).tts_tupleDescriptor).natts as usize;
-            for i in 0..natts {
-                *(*scan).tts_values.add(i) = pg_sys::Datum::from(0);
-                *(*scan).tts_isnull.add(i) = true;
-            }
-            let old = pg_sys::MemoryContextSwitchTo((*econtext).ecxt_per_tuple_memory);
-            for (i, a) in self.aggs.iter().enumerate().take(natts) {
-                let v = a.acc.value().unwrap_or_else(|e| report(e));
-                let (d, isnull) = datum_of_value(v, a.out);
-                *(*scan).tts_values.add(i) = d;
-                *(*scan).tts_isnull.add(i) = isnull;
-            }
-            pg_sys::MemoryContextSwitchTo(old);
-            pg_sys::ExecStoreVirtualTuple(scan);
-            (*econtext).ecxt_scantuple = scan;
-            let proj = (*node).ss.ps.ps_ProjInfo;
-            if proj.is_null() {
-                scan
-            } else {
-                pg_sys::ExecProject(proj)
-            }
+            emit_results(node, self.aggs.iter().map(|a| (&a.acc, a.out)), None)
         }
     }
 

@@ -165,7 +165,7 @@ unsafe fn add_paths(root: *mut pg_sys::PlannerInfo, input_rel: *mut pg_sys::RelO
         {
             return;
         }
-        let (serial, partial) = candidates::of(input_rel);
+        let (serial, partial) = candidates::of(root, input_rel);
         if serial.is_null() && partial.is_null() {
             return;
         }
@@ -251,15 +251,7 @@ impl JoinScan for GpuJoinAggScan {
             let mut private = PgList::<pg_sys::Node>::new();
             for (i, e) in PgList::<pg_sys::Node>::from_pg((*(*child).pathtarget).exprs).iter_ptr().enumerate() {
                 let a = e as *mut pg_sys::Aggref;
-                private.push(pg_sys::makeConst(
-                    pg_sys::INT8OID,
-                    -1,
-                    pg_sys::InvalidOid,
-                    8,
-                    pg_sys::Datum::from(u32::from((*a).aggfnoid) as i64),
-                    false,
-                    true,
-                ) as *mut pg_sys::Node);
+                private.push(gpujoin::int_node(u32::from((*a).aggfnoid) as i64));
                 let copy = pg_sys::copyObjectImpl(e as *const std::ffi::c_void) as *mut pg_sys::Expr;
                 scan_tlist.push(pg_sys::makeTargetEntry(copy, (i + 1) as i16, std::ptr::null_mut(), false));
             }
@@ -330,30 +322,7 @@ impl JoinScan for GpuJoinAggScan {
                 }
             }
             self.done = true;
-            let econtext = (*node).ss.ps.ps_ExprContext;
-            let scan = (*node).ss.ss_ScanTupleSlot;
-            pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
-            pg_sys::ExecClearTuple(scan);
-            let old = pg_sys::MemoryContextSwitchTo((*econtext).ecxt_per_tuple_memory);
-            for (i, (acc, out)) in self.accs.iter().enumerate() {
-                let v = acc.value().unwrap_or_else(|e| report(e));
-                let (d, isnull) = gpujoin::datum_of_value(v, *out);
-                *(*scan).tts_values.add(i) = d;
-                *(*scan).tts_isnull.add(i) = isnull;
-            }
-            pg_sys::MemoryContextSwitchTo(old);
-            pg_sys::ExecStoreVirtualTuple(scan);
-            (*econtext).ecxt_scantuple = scan;
-            let qual = (*node).ss.ps.qual;
-            if !qual.is_null() && !pg_sys::ExecQual(qual, econtext) {
-                return std::ptr::null_mut();
-            }
-            let proj = (*node).ss.ps.ps_ProjInfo;
-            if proj.is_null() {
-                scan
-            } else {
-                pg_sys::ExecProject(proj)
-            }
+            gpujoin::emit_results(node, self.accs.iter().map(|(acc, out)| (acc, *out)), Some((*node).ss.ps.qual))
         }
     }
 
