@@ -696,6 +696,23 @@ unsafe extern "C-unwind" {
     fn slot_getsomeattrs_raw(slot: *mut pg_sys::TupleTableSlot, attnum: std::ffi::c_int);
 }
 
+/// What the executor's static inline `ExecProcNode` does before it calls the node's method: a
+/// node whose parameters changed is rescanned first. The loops that call the method directly
+/// (`fetch_chunk`, `gather_keys`) call this before each chunk: parameters change only between
+/// scans, and the rescan clears `chgParam`. (Without it, a child with new parameters was not
+/// rescanned and returned nothing: PostgreSQL 17 and 18's battery caught it.)
+///
+/// # Safety
+/// `node` is an initialized plan state.
+unsafe fn rescan_if_changed(node: *mut pg_sys::PlanState) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        if !(*node).chgParam.is_null() {
+            pg_sys::ExecReScan(node);
+        }
+    }
+}
+
 /// Up to [`CHUNK_ROWS`] rows of a child plan with a non-NULL key: their keys, and per row the
 /// values and NULL flags of some columns (`n` per row), by-reference values copied.
 #[derive(Default)]
@@ -745,6 +762,8 @@ unsafe fn fetch_chunk(
     chunk.nulls.reserve(cap * n);
     let (kp, vp, np) = (chunk.keys.as_mut_ptr(), chunk.vals.as_mut_ptr(), chunk.nulls.as_mut_ptr());
     let (mut got, mut null_keys) = (0usize, 0u64);
+    // SAFETY: forwarded contract.
+    unsafe { rescan_if_changed(node) };
     // SAFETY: forwarded contract; every write is below `cap` rows of the room reserved above;
     // datumCopy allocates in `ctx` (CurrentMemoryContext is restored after each copy, and by
     // the abort after an ERROR).
@@ -811,9 +830,11 @@ unsafe fn fetch_chunk(
 /// `outer` is an initialized plan state; `buf` has room for `cap` keys.
 unsafe fn gather_keys(outer: *mut pg_sys::PlanState, att: i32, oid: pg_sys::Oid, buf: *mut i64, cap: usize) -> (usize, bool) {
     // SAFETY: forwarded contract; ExecProcNode is the plan state's own method (what the
-    // executor's static inline ExecProcNode calls), and slot_getsomeattrs_int is called as
-    // slot_getsomeattrs does, when fewer attributes are deformed.
+    // executor's static inline ExecProcNode calls, after rescan_if_changed's check), and
+    // slot_getsomeattrs_int is called as slot_getsomeattrs does, when fewer attributes are
+    // deformed.
     unsafe {
+        rescan_if_changed(outer);
         pg_sys::ffi::pg_guard_ffi_boundary(|| {
             let Some(next) = (*outer).ExecProcNode else { return (0, true) };
             let i = (att - 1) as usize;
