@@ -32,6 +32,22 @@ fn segment_bytes() -> i64 {
     std::env::var("UVM_CANCEL_SEGMENT_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(4 << 30)
 }
 
+/// How long a whole fill must take for the interrupt test: the interrupt at up to 200 ms, then
+/// three times SERVED_INSIDE of room.
+const MIN_WHOLE_RUN: Duration = Duration::from_millis(800);
+
+/// The largest segment the test may grow to: half the memory available now (the segment is
+/// memfd memory), at most 16 GiB.
+fn max_segment_bytes() -> i64 {
+    let avail_kib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines().find(|l| l.starts_with("MemAvailable:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<i64>().ok())
+        })
+        .unwrap_or(0);
+    (avail_kib * 1024 / 2).min(16 << 30)
+}
+
 /// Bytes of the chunks that back segment `name` (`host_bytes + device_bytes`).
 fn backed_bytes(c: &mut Client, name: &str) -> i64 {
     c.query_one("SELECT (host_bytes + device_bytes)::bigint FROM uvm.segments WHERE name = $1", &[&name])
@@ -96,16 +112,28 @@ fn checksum_and_fill_of_a_large_segment_answer_cancel_and_timeout() {
     let before = memfd_count(broker);
     let name = unique_name("cancel_big");
     let mut guard = SegmentGuard::with(&[&name]);
-    let size = segment_bytes();
-    create_segment(&mut c, &name, size);
     let q = quote_literal(&name);
+    // The segment must be large enough that a whole fill leaves room to interrupt it (see the
+    // assertion below): from UVM_CANCEL_SEGMENT_BYTES (4 GiB), grown by half (whole GiB) while a
+    // fill is shorter than that here and memory allows (a faster machine fills 4 GiB in 0.6 s).
+    let mut size = segment_bytes();
+    let fill_time = loop {
+        create_segment(&mut c, &name, size);
+        // The first fill also faults the pages in, so the second one is timed.
+        timed(&mut c, &format!("SELECT uvm.fill_segment({q}, 0, {size}, 7)"));
+        let t = timed(&mut c, &format!("SELECT uvm.fill_segment({q}, 0, {size}, 7)"));
+        let next = (size / 2 * 3 + (1 << 30) - 1) & !((1 << 30) - 1);
+        if t >= MIN_WHOLE_RUN || next > max_segment_bytes() {
+            break t;
+        }
+        eprintln!("{size} bytes fill in {} ms here: too short to interrupt, growing to {next}", t.as_millis());
+        drop_and_check_fds(&mut c, &name, broker, before);
+        size = next;
+    };
     let fill = |seed: i64| format!("SELECT uvm.fill_segment({q}, 0, {size}, {seed})");
     let checksum = format!("SELECT uvm.checksum_segment({q}, 0, {size})");
 
-    // Uninterrupted: how long each takes here (the first fill also faults the pages in, so the
-    // second one is timed), and the reference checksum.
-    timed(&mut c, &fill(7));
-    let fill_time = timed(&mut c, &fill(7));
+    // Uninterrupted: how long each takes here, and the reference checksum.
     let t = Instant::now();
     let sum: i64 = c.query_one(checksum.as_str(), &[]).unwrap_or_else(|e| panic!("checksum: {}", describe(&e))).get(0);
     let checksum_time = t.elapsed();
