@@ -688,7 +688,7 @@ struct Stats {
 // utils/datum.h's datumCopy, which pgrx's bindings leave out, and executor/tuptable.h's
 // slot_getsomeattrs_int, both declared without pgrx's per-call guard (the same signatures on
 // PostgreSQL 14 to 18): the loops that read a child's rows call them inside one guard per
-// chunk (`gather_keys`, `fetch_chunk`).
+// chunk (`fetch_chunk`).
 unsafe extern "C-unwind" {
     #[link_name = "datumCopy"]
     fn datum_copy_raw(value: pg_sys::Datum, typ_by_val: bool, typ_len: std::ffi::c_int) -> pg_sys::Datum;
@@ -697,8 +697,8 @@ unsafe extern "C-unwind" {
 }
 
 /// What the executor's static inline `ExecProcNode` does before it calls the node's method: a
-/// node whose parameters changed is rescanned first. The loops that call the method directly
-/// (`fetch_chunk`, `gather_keys`) call this before each chunk: parameters change only between
+/// node whose parameters changed is rescanned first. [`fetch_chunk`], which calls the method
+/// directly, calls this before each chunk: parameters change only between
 /// scans, and the rescan clears `chgParam`. (Without it, a child with new parameters was not
 /// rescanned and returned nothing: PostgreSQL 17 and 18's battery caught it.)
 ///
@@ -713,8 +713,9 @@ unsafe fn rescan_if_changed(node: *mut pg_sys::PlanState) {
     }
 }
 
-/// Up to [`CHUNK_ROWS`] rows of a child plan with a non-NULL key: their keys, and per row the
-/// values and NULL flags of some columns (`n` per row), by-reference values copied.
+/// Rows of a child plan with a non-NULL key, as [`fetch_chunk`] reads them: their keys, and per
+/// row the values and NULL flags of some columns (`n` per row, none for the probe mode's keys),
+/// by-reference values copied.
 #[derive(Default)]
 struct Chunk {
     keys: Vec<i64>,
@@ -724,18 +725,21 @@ struct Chunk {
     null_keys: u64,
 }
 
-/// Rows per [`Chunk`].
+/// Rows per chunk of the inner side (its by-reference values are copied into a scratch context
+/// reset between chunks).
 const CHUNK_ROWS: usize = 1024;
 
 /// Reads the next chunk of `node`'s rows with a non-NULL key (attribute `key_att`, of type
 /// `oid`) into `chunk`: the key, and the columns `resnos` (of `cols`: by-reference values
 /// copied into `ctx` with `datumCopy`, which the caller keeps until it has used them). At most
-/// `cap` rows (≤ [`CHUNK_ROWS`]); true when the child ended.
+/// `cap` rows; true when the child ended.
 ///
-/// As in [`gather_keys`], one pgrx guard covers the chunk instead of two or three per row
-/// (ExecProcNode, slot_getsomeattrs_int, datumCopy are called directly inside it, and nothing
-/// in the frames an ERROR would jump over needs dropping: the buffers are written through raw
-/// pointers into room reserved before).
+/// This is the node's per-row loop over its children, the work it adds to their scans, so it
+/// calls PostgreSQL without pgrx's per-call guard (a `sigsetjmp` per call, two or three per
+/// row): ExecProcNode, slot_getsomeattrs_int and datumCopy are called directly inside one
+/// guard per chunk, which turns an ERROR raised inside into a Rust panic at its boundary;
+/// nothing in the frames the ERROR jumps over needs dropping (the buffers are written through
+/// raw pointers into room reserved before).
 ///
 /// # Safety
 /// `node` is an initialized plan state whose rows have the attributes `key_att` and
@@ -753,7 +757,6 @@ unsafe fn fetch_chunk(
     cap: usize,
 ) -> bool {
     let n = resnos.len();
-    let cap = cap.min(CHUNK_ROWS);
     chunk.keys.clear();
     chunk.vals.clear();
     chunk.nulls.clear();
@@ -817,46 +820,6 @@ unsafe fn fetch_chunk(
     ended
 }
 
-/// Reads outer tuples from `outer` until `cap` non-NULL keys (attribute `att`, of type `oid`)
-/// are in `buf` or the outer side ends; returns the keys read and whether it ended.
-///
-/// This is the probe mode's per-row loop, the only work the node adds to the outer scan, so it
-/// calls PostgreSQL without pgrx's per-call guard (a `sigsetjmp` per call, two per row): one
-/// guard around the whole batch turns an ERROR raised inside into a Rust panic at its boundary,
-/// and the frames it jumps over (this closure's) own nothing that needs dropping (the keys go
-/// through a raw pointer into capacity reserved before).
-///
-/// # Safety
-/// `outer` is an initialized plan state; `buf` has room for `cap` keys.
-unsafe fn gather_keys(outer: *mut pg_sys::PlanState, att: i32, oid: pg_sys::Oid, buf: *mut i64, cap: usize) -> (usize, bool) {
-    // SAFETY: forwarded contract; ExecProcNode is the plan state's own method (what the
-    // executor's static inline ExecProcNode calls, after rescan_if_changed's check), and
-    // slot_getsomeattrs_int is called as slot_getsomeattrs does, when fewer attributes are
-    // deformed.
-    unsafe {
-        rescan_if_changed(outer);
-        pg_sys::ffi::pg_guard_ffi_boundary(|| {
-            let Some(next) = (*outer).ExecProcNode else { return (0, true) };
-            let i = (att - 1) as usize;
-            let mut n = 0usize;
-            while n < cap {
-                let slot = next(outer);
-                if tup_is_null(slot) {
-                    return (n, true);
-                }
-                if ((*slot).tts_nvalid as i32) < att {
-                    slot_getsomeattrs_raw(slot, att);
-                }
-                if !*(*slot).tts_isnull.add(i) {
-                    *buf.add(n) = key_of(*(*slot).tts_values.add(i), oid);
-                    n += 1;
-                }
-            }
-            (n, false)
-        })
-    }
-}
-
 /// The GpuJoin custom scan.
 pub struct GpuJoinScan {
     p: Private,
@@ -911,13 +874,12 @@ pub struct GpuJoinScan {
     /// sum are the aggregates: no pairs come back, no match is formed.
     probe: Option<Option<usize>>,
     payload_values: bool,
-    keys: Vec<i64>,
     /// A parallel probe-mode participant that finished its share of the inner side while
     /// another builds the table: it reads up to [`PENDING_BATCHES`] batches of outer keys
     /// (`pending`) before it waits, so the build's serial part overlaps the outer scan.
     awaiting: Option<Instant>,
     pending: Vec<Vec<i64>>,
-    /// The outer side's chunk buffer (reused).
+    /// The outer side's chunk buffer (reused from batch to batch).
     chunk: Chunk,
 }
 
@@ -1373,24 +1335,30 @@ impl GpuJoinScan {
         // SAFETY: forwarded contract.
         unsafe {
             let table = self.table.expect("built");
+            let mut chunk = std::mem::take(&mut self.chunk);
             loop {
-                let mut keys = std::mem::take(&mut self.keys);
-                keys.clear();
-                keys.reserve(BATCH_TUPLES);
-                let (n, done) = gather_keys(self.outer, self.p.outer_key, self.p.key_oid, keys.as_mut_ptr(), BATCH_TUPLES);
-                // SAFETY: gather_keys wrote the first n (<= the reserved capacity) keys.
-                keys.set_len(n);
-                self.outer_done = done;
-                if !keys.is_empty() {
-                    self.probe_keys(&table, &keys);
+                self.outer_done = self.fetch_keys(&mut chunk);
+                if !chunk.keys.is_empty() {
+                    self.probe_keys(&table, &chunk.keys);
                 }
-                self.keys = keys;
                 if self.outer_done {
+                    self.chunk = chunk;
                     return;
                 }
                 pg_sys::check_for_interrupts!();
             }
         }
+    }
+
+    /// Reads the next batch of outer keys (the probe mode: the key alone) into `chunk`; true when
+    /// the outer side ended.
+    ///
+    /// # Safety
+    /// As for exec.
+    unsafe fn fetch_keys(&mut self, chunk: &mut Chunk) -> bool {
+        let (key, oid) = (self.p.outer_key, self.p.key_oid);
+        // SAFETY: forwarded contract; no column is copied, so no context is used.
+        unsafe { fetch_chunk(self.outer, key, oid, key, &[], &[], self.batch_ctx, chunk, BATCH_TUPLES) }
     }
 
     /// Probes one batch of outer keys against the table (the probe mode) and folds its
@@ -1446,13 +1414,10 @@ impl GpuJoinScan {
         // SAFETY: forwarded contract.
         unsafe {
             while !self.outer_done && self.pending.len() < PENDING_BATCHES && !Shared::is_built(self.shared) {
-                let mut keys: Vec<i64> = Vec::with_capacity(BATCH_TUPLES);
-                let (n, done) = gather_keys(self.outer, self.p.outer_key, self.p.key_oid, keys.as_mut_ptr(), BATCH_TUPLES);
-                // SAFETY: gather_keys wrote the first n (<= the capacity) keys.
-                keys.set_len(n);
-                self.outer_done = done;
-                if n > 0 {
-                    self.pending.push(keys);
+                let mut chunk = Chunk::default();
+                self.outer_done = self.fetch_keys(&mut chunk);
+                if !chunk.keys.is_empty() {
+                    self.pending.push(chunk.keys);
                 }
                 pg_sys::check_for_interrupts!();
             }
@@ -1747,7 +1712,6 @@ impl JoinScan for GpuJoinScan {
             agg_done: false,
             probe,
             payload_values: false,
-            keys: Vec::new(),
             awaiting: None,
             pending: Vec::new(),
             chunk: Chunk::default(),
