@@ -1218,13 +1218,13 @@ impl GpuJoinScan {
             let area = self.query_area();
             Shared::wait_built(sh);
             self.table = Some((*sh).table);
-            self.payload_values = (*sh).payload_values;
             self.rows = InnerRows::of_shared(sh, area, &self.inner_cols);
             self.copy_shared_stats();
         }
     }
 
-    /// The build's statistics and the participants' counters, from the shared state.
+    /// The build's statistics, the table's payload kind and the participants' counters, from the
+    /// shared state.
     fn copy_shared_stats(&mut self) {
         if self.shared.is_null() {
             return;
@@ -1306,17 +1306,21 @@ impl GpuJoinScan {
     /// the column has a NULL (then the table keeps row ids and the matches are formed).
     fn payload_values_of(&self, parts: &[&[[i64; 2]]]) -> Option<Vec<[i64; 2]>> {
         let col = self.probe?;
+        // The column's index among the stored ones, and its type (once, not per row).
+        let stored = col.map(|c| {
+            let arg = self.aggs.iter().find(|a| a.col == Some(c)).map_or(Arg::Any, |a| a.acc.arg);
+            (self.col_index[c], arg)
+        });
         let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
         for part in parts {
             for &[key, id] in *part {
-                let v = match col {
+                let v = match stored {
                     None => 0,
-                    Some(c) => {
-                        let (d, isnull) = self.rows.value(self.rows.get(id)?, self.col_index[c]);
+                    Some((i, arg)) => {
+                        let (d, isnull) = self.rows.value(self.rows.get(id)?, i);
                         if isnull {
                             return None;
                         }
-                        let arg = self.aggs.iter().find(|a| a.col == Some(c)).map_or(Arg::Any, |a| a.acc.arg);
                         int_of_datum(d, arg)
                     }
                 };
