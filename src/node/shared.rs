@@ -215,18 +215,11 @@ impl Shared {
     pub unsafe fn join(p: *mut Shared) -> Role {
         // SAFETY: forwarded contract; the condition variable lives in the DSM.
         unsafe {
-            let sync = &(*p).sync;
             let role = loop {
-                let v = sync.load(Ordering::Acquire);
-                match joined(v, (*p).partial) {
-                    Joined::Built => break Role::Built,
-                    Joined::Scan(next) => {
-                        if sync.compare_exchange(v, next, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                            break Role::Scan;
-                        }
-                    }
+                match Shared::try_join(p) {
+                    Some(role) => break role,
                     // The first call prepares to sleep and returns at once; the loop checks again.
-                    Joined::Wait => pg_sys::ConditionVariableSleep(&mut (*p).cv, pg_sys::PG_WAIT_EXTENSION),
+                    None => pg_sys::ConditionVariableSleep(&mut (*p).cv, pg_sys::PG_WAIT_EXTENSION),
                 }
             };
             #[allow(clippy::let_unit_value)]
@@ -285,7 +278,7 @@ impl Shared {
     pub unsafe fn wait_built(p: *mut Shared) {
         // SAFETY: forwarded contract.
         unsafe {
-            while (*p).sync.load(Ordering::Acquire) >> 32 != BUILT {
+            while !Shared::is_built(p) {
                 pg_sys::ConditionVariableSleep(&mut (*p).cv, pg_sys::PG_WAIT_EXTENSION);
             }
             #[allow(clippy::let_unit_value)]
