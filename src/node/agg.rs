@@ -144,23 +144,6 @@ impl Acc {
         Ok(())
     }
 
-    /// Folds `n` joined rows whose argument is `v` at once (a count, or a sum of one value).
-    #[inline]
-    pub fn add_n(&mut self, v: Option<i64>, n: i64) -> Result<()> {
-        match (self.kind, v) {
-            (Kind::CountStar, _) | (Kind::Count, Some(_)) => self.n += n,
-            (Kind::Sum, Some(v)) if n > 0 => {
-                let s = (v as i128).checked_mul(n as i128).ok_or_else(out_of_range)?;
-                self.sum = self.sum.checked_add(s).ok_or_else(out_of_range)?;
-                self.any = true;
-            }
-            (Kind::Sum, _) => {}
-            _ if n > 0 => self.add(v)?,
-            _ => {}
-        }
-        Ok(())
-    }
-
     /// Folds the result of probing a batch of keys against a table whose payloads are this
     /// aggregate's argument (never NULL): `n` matches whose payloads sum to `sum`. For
     /// `count(*)`, `count(x)` and `sum(x)` only (min and max need each value).
@@ -268,22 +251,6 @@ mod tests {
     }
 
     #[test]
-    fn add_n_is_n_adds() {
-        for (kind, arg) in ALL {
-            for v in [None, Some(-3), Some(9)] {
-                for n in [0i64, 1, 5] {
-                    let (mut a, mut b) = (Acc::new(kind, arg), Acc::new(kind, arg));
-                    a.add_n(v, n).unwrap();
-                    for _ in 0..n {
-                        b.add(v).unwrap();
-                    }
-                    assert_eq!(a.value().unwrap(), b.value().unwrap(), "{kind:?} {arg:?} {v:?} x{n}");
-                }
-            }
-        }
-    }
-
-    #[test]
     fn a_probes_matches_and_sum_are_the_same_as_each_match_folded() {
         let vals = [4i64, -9, 12, 0, 7];
         for (kind, arg) in [(Kind::CountStar, Arg::Any), (Kind::Count, Arg::Any), (Kind::Sum, Arg::Int4), (Kind::Sum, Arg::Int8)]
@@ -321,7 +288,9 @@ mod tests {
         s4.add(Some(1)).unwrap();
         assert_eq!(s4.value().unwrap_err().code, Code::NumericValueOutOfRange);
         let mut s8 = Acc::new(Kind::Sum, Arg::Int8);
-        s8.add_n(Some(i64::MAX), 4).unwrap();
+        for _ in 0..4 {
+            s8.add(Some(i64::MAX)).unwrap();
+        }
         assert_eq!(s8.value().unwrap(), Value::Big(4 * i64::MAX as i128));
         let mut huge = Acc::new(Kind::Sum, Arg::Int8);
         huge.merge(Value::Big(i128::MAX)).unwrap();
