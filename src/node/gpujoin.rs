@@ -36,10 +36,11 @@
 //!   instead of joined rows, each participant folds its matches into the aggregates
 //!   (`super::agg`) and returns one row of results. In its **probe mode** (every aggregate is
 //!   `count(*)`, or `count`/`sum` of one inner column: `probe_plan`) the table's payloads are
-//!   that column's values where none is NULL (the builder decides, `payload_values_of`), and
-//!   each batch of outer keys is probed whole (`exec::probe`: matches and payload sum), no pair
-//!   read back; in parallel, a participant that finished its share of the inner side reads up
-//!   to [`PENDING_BATCHES`] batches of outer keys while another builds the table.
+//!   that column's values where none is NULL (read by each participant as it stores its rows,
+//!   `drain_into`), and each batch of outer keys is probed whole (`exec::probe_start`: matches
+//!   and payload sum; one batch in flight while the next is read), no pair read back; in
+//!   parallel, a participant that finished its share of the inner side reads up to
+//!   [`PENDING_BATCHES`] batches of outer keys while another builds the table.
 //!
 //! # Lifecycle
 //!
@@ -683,6 +684,8 @@ struct Stats {
     build: Duration,
     /// Batches of outer keys read while another participant built the table.
     ahead: u64,
+    /// The table's build from the pairs (in parallel, by the participant that built it).
+    table_build: Duration,
 }
 
 // utils/datum.h's datumCopy, which pgrx's bindings leave out, and executor/tuptable.h's
@@ -879,6 +882,9 @@ pub struct GpuJoinScan {
     /// (`pending`) before it waits, so the build's serial part overlaps the outer scan.
     awaiting: Option<Instant>,
     pending: Vec<Vec<i64>>,
+    /// The probe mode's batch being probed (see `probe_keys`); dropped unwaited (an ERROR, a
+    /// rescan), the request is given up and the service reuses its slot once it is done.
+    in_flight: Option<exec::Pending>,
     /// The outer side's chunk buffer (reused from batch to batch).
     chunk: Chunk,
 }
@@ -928,6 +934,15 @@ pub fn int_of_datum(d: pg_sys::Datum, arg: Arg) -> i64 {
         Arg::Int2 => d.value() as i16 as i64,
         Arg::Int4 => d.value() as i32 as i64,
         Arg::Int8 => d.value() as i64,
+    }
+}
+
+/// Turns the probe mode's (key, value) pairs of the participant in `slot` back into (key, row
+/// id) pairs, where a NULL among the values means the matches must be formed: the `n`th pair
+/// is the `n`th row that participant stored.
+fn payloads_to_ids(pairs: &mut [[i64; 2]], slot: u32) {
+    for (n, pair) in pairs.iter_mut().enumerate() {
+        pair[1] = shared::row_id(slot, n as u64);
     }
 }
 
@@ -1036,6 +1051,7 @@ impl GpuJoinScan {
         let stored = parts.iter().map(|p| p.len() as u64).sum();
         let n = table::slot_count(stored);
         let bytes = table::table_bytes(stored);
+        let t = Instant::now();
         self.timed(|ex| {
             exec::grow_at_least(ex, seg, bytes)?;
             exec::build_begin(ex, seg, n)?;
@@ -1044,6 +1060,7 @@ impl GpuJoinScan {
             }
             exec::build_finish(ex, seg, kt, n, stored, nulls)
         });
+        self.stats.table_build = t.elapsed();
         let info = crate::sql::resolve(seg.name(), "read").map(|(_, i)| i).ok();
         let tier = match info.map(|i| (i.bytes_in(Tier::Device), i.bytes_in(Tier::Host))) {
             Some((d, 0)) if d > 0 => 1,
@@ -1063,12 +1080,17 @@ impl GpuJoinScan {
     }
 
     /// Drains the inner child into `writer` (the columns the join uses of each row with a
-    /// non-NULL key): returns the (key, row id) pairs and the count of NULL keys. By-reference
-    /// values that need flattening are made in `scratch`, reset as it goes.
+    /// non-NULL key): returns the table's (key, payload) pairs, the count of NULL keys and
+    /// whether the payloads are values. A payload is the row's id, or in the probe mode the
+    /// aggregated column's value (0 for `count(*)` alone), read here as the row goes by, so
+    /// that no one makes a second pass over the stored rows; a NULL value turns this
+    /// participant's payloads back into row ids (the `n`th pair's row id is
+    /// [`shared::row_id`] of its slot and `n`, see [`payloads_to_ids`]). By-reference values
+    /// that need flattening are made in `scratch`, reset as it goes.
     ///
     /// # Safety
     /// Called from exec with the node's children initialized; the writer's arena is live.
-    unsafe fn drain_into(&mut self, writer: &mut RowWriter, scratch: pg_sys::MemoryContext) -> (Vec<[i64; 2]>, u64) {
+    unsafe fn drain_into(&mut self, writer: &mut RowWriter, scratch: pg_sys::MemoryContext) -> (Vec<[i64; 2]>, u64, bool) {
         // SAFETY: forwarded contract.
         unsafe {
             let n = self.inner_resnos.len();
@@ -1076,6 +1098,13 @@ impl GpuJoinScan {
             let mut nulls = 0u64;
             let mut chunk = Chunk::default();
             let upto = self.max_inner_att.max(self.p.inner_key);
+            // The probe mode's payload column: its index among the stored ones and its type
+            // (`None` for count(*) alone, whose payloads are 0).
+            let mut values = self.probe.is_some();
+            let payload = self.probe.flatten().map(|c| {
+                let arg = self.aggs.iter().find(|a| a.col == Some(c)).map_or(Arg::Any, |a| a.acc.arg);
+                (self.col_index[c], arg)
+            });
             loop {
                 // The chunk's by-reference values live in `scratch` until the writer copied them.
                 pg_sys::MemoryContextReset(scratch);
@@ -1094,7 +1123,17 @@ impl GpuJoinScan {
                 let old = pg_sys::MemoryContextSwitchTo(scratch);
                 for (j, &key) in chunk.keys.iter().enumerate() {
                     let id = writer.push(&chunk.vals[j * n..(j + 1) * n], &chunk.nulls[j * n..(j + 1) * n]);
-                    rows.push([key, id]);
+                    let p = match payload {
+                        _ if !values => id,
+                        None => 0,
+                        Some((i, _)) if chunk.nulls[j * n + i] => {
+                            values = false;
+                            payloads_to_ids(&mut rows, writer.slot());
+                            id
+                        }
+                        Some((i, arg)) => int_of_datum(chunk.vals[j * n + i], arg),
+                    };
+                    rows.push([key, p]);
                 }
                 pg_sys::MemoryContextSwitchTo(old);
                 if ended {
@@ -1103,7 +1142,7 @@ impl GpuJoinScan {
             }
             pg_sys::MemoryContextReset(scratch);
             self.stats.inner_rows = rows.len() as u64;
-            (rows, nulls)
+            (rows, nulls, values)
         }
     }
 
@@ -1119,7 +1158,7 @@ impl GpuJoinScan {
             self.rows = InnerRows::default();
             pg_sys::MemoryContextReset(self.inner_ctx);
             let mut writer = RowWriter::new(Arena::Local(self.inner_ctx), &self.inner_cols, 0);
-            let (rows, nulls) = self.drain_into(&mut writer, self.batch_ctx);
+            let (rows, nulls, values) = self.drain_into(&mut writer, self.batch_ctx);
             self.rows = writer.into_local();
             if rows.is_empty() {
                 return;
@@ -1128,9 +1167,7 @@ impl GpuJoinScan {
             let seg = self.create_temp("inner", bytes, Some(bytes));
             self.table = Some(seg);
             self.owns_table = true;
-            let values = self.payload_values_of(&[&rows]);
-            self.payload_values = values.is_some();
-            let rows = values.unwrap_or(rows);
+            self.payload_values = values;
             self.fill_table(&seg, &[&rows], nulls);
         }
     }
@@ -1179,24 +1216,28 @@ impl GpuJoinScan {
                 // This participant's share of the inner side (all of it for a non-partial
                 // inner plan, which only the first participant scans).
                 let mut writer = RowWriter::new(Arena::Shared(area), &self.inner_cols, shared::my_slot());
-                let (rows, nulls) = self.drain_into(&mut writer, self.batch_ctx);
-                writer.publish(sh, &rows, nulls);
+                let (rows, nulls, values) = self.drain_into(&mut writer, self.batch_ctx);
+                writer.publish(sh, &rows, nulls, values);
                 drop(rows);
                 if Shared::leave(sh) {
-                    // The last to finish builds the table from every participant's pairs (in
-                    // the probe mode, with the aggregated column's values as payloads).
-                    let (parts, nulls) = Shared::keys(sh, area);
-                    if parts.iter().any(|p| !p.is_empty()) {
+                    // The last to finish builds the table from every participant's pairs: in
+                    // the probe mode, with the aggregated column's values as payloads, unless
+                    // a participant met a NULL among them, and then every one's row ids.
+                    let (mut parts, nulls, values) = Shared::keys(sh, area);
+                    if parts.iter().any(|p| !p.pairs.is_empty()) {
                         let seg = (*sh).table;
                         self.rows = InnerRows::of_shared(sh, area, &self.inner_cols);
-                        let values = self.payload_values_of(&parts);
-                        (*sh).payload_values = values.is_some();
-                        let (bytes, tier) = match &values {
-                            Some(v) => self.fill_table(&seg, &[v], nulls),
-                            None => self.fill_table(&seg, &parts, nulls),
-                        };
+                        if !values {
+                            for p in parts.iter_mut().filter(|p| p.values) {
+                                payloads_to_ids(p.pairs, p.slot);
+                            }
+                        }
+                        (*sh).payload_values = values;
+                        let pairs: Vec<&[[i64; 2]]> = parts.iter().map(|p| &*p.pairs).collect();
+                        let (bytes, tier) = self.fill_table(&seg, &pairs, nulls);
                         (*sh).table_bytes = bytes;
                         (*sh).tier = tier;
+                        (*sh).table_build_ns = self.stats.table_build.as_nanos() as u64;
                     }
                     drop(parts);
                     Shared::free_keys(sh, area);
@@ -1235,6 +1276,7 @@ impl GpuJoinScan {
             self.stats.inner_rows = sh.rows.load(std::sync::atomic::Ordering::Relaxed);
             self.stats.table_bytes = sh.table_bytes;
             self.stats.tier = TIERS.get(sh.tier as usize).copied().unwrap_or("").into();
+            self.stats.table_build = Duration::from_nanos(sh.table_build_ns);
             self.payload_values = sh.payload_values;
         }
     }
@@ -1301,35 +1343,6 @@ impl GpuJoinScan {
         }
     }
 
-    /// The (key, payload) pairs of the probe mode (see `GpuJoinScan::probe`) for the (key, row
-    /// id) pairs `parts`, from `self.rows`; `None` where the node is not in the probe mode or
-    /// the column has a NULL (then the table keeps row ids and the matches are formed).
-    fn payload_values_of(&self, parts: &[&[[i64; 2]]]) -> Option<Vec<[i64; 2]>> {
-        let col = self.probe?;
-        // The column's index among the stored ones, and its type (once, not per row).
-        let stored = col.map(|c| {
-            let arg = self.aggs.iter().find(|a| a.col == Some(c)).map_or(Arg::Any, |a| a.acc.arg);
-            (self.col_index[c], arg)
-        });
-        let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
-        for part in parts {
-            for &[key, id] in *part {
-                let v = match stored {
-                    None => 0,
-                    Some((i, arg)) => {
-                        let (d, isnull) = self.rows.value(self.rows.get(id)?, i);
-                        if isnull {
-                            return None;
-                        }
-                        int_of_datum(d, arg)
-                    }
-                };
-                out.push([key, v]);
-            }
-        }
-        Some(out)
-    }
-
     /// The probe mode's scan: the outer keys probed a batch at a time, each batch's matches and
     /// payload sum folded into the aggregates.
     ///
@@ -1367,10 +1380,32 @@ impl GpuJoinScan {
 
     /// Probes one batch of outer keys against the table (the probe mode) and folds its
     /// matches and payload sum into the aggregates.
+    ///
+    /// The probe is started, not waited for (the GPU service; a process's own executor runs it
+    /// at once): the batch before it is collected first, so one batch is probed while the next
+    /// is read, and [`GpuJoinScan::collect_probe`] takes the last one's results.
     fn probe_keys(&mut self, table: &SegRef, keys: &[i64]) {
+        self.collect_probe();
         let kt = self.key;
         self.stats.batches += 1;
-        let (m, sum) = self.timed(|ex| exec::probe(ex, table, kt, keys));
+        let started = self.timed(|ex| exec::probe_start(ex, table, kt, keys));
+        self.in_flight = Some(started);
+    }
+
+    /// Waits for the probe in flight, if any, and drops its results (a rescan or the end
+    /// before the results were returned): the table is not dropped or rebuilt under it.
+    fn finish_probe(&mut self) {
+        if let Some(p) = self.in_flight.take() {
+            p.wait().unwrap_or_else(|e| report(e));
+        }
+    }
+
+    /// Folds the matches and payload sum of the probe in flight, if any, into the aggregates.
+    fn collect_probe(&mut self) {
+        let Some(p) = self.in_flight.take() else { return };
+        let t = Instant::now();
+        let (m, sum) = p.wait().map(|(v, _)| exec::probe_result(v)).unwrap_or_else(|e| report(e));
+        self.stats.gpu += t.elapsed();
         for a in &mut self.aggs {
             a.acc.add_matches(m, sum).unwrap_or_else(|e| report(e));
         }
@@ -1473,6 +1508,7 @@ impl GpuJoinScan {
                     self.next_batch();
                 }
             }
+            self.collect_probe();
             self.report_stats();
             self.agg_done = true;
             emit_results(node, self.aggs.iter().map(|a| (&a.acc, a.out)), None)
@@ -1717,6 +1753,7 @@ impl JoinScan for GpuJoinScan {
             probe,
             payload_values: false,
             awaiting: None,
+            in_flight: None,
             pending: Vec::new(),
             chunk: Chunk::default(),
         }
@@ -1851,6 +1888,7 @@ impl JoinScan for GpuJoinScan {
     unsafe fn rescan(&mut self, node: *mut pg_sys::CustomScanState) {
         // SAFETY: ReScanCustomScan's argument; children initialized in begin.
         unsafe {
+            self.finish_probe();
             let chg = (*node).ss.ps.chgParam;
             if !chg.is_null() {
                 pg_sys::UpdateChangedParamSet(self.outer, chg);
@@ -1891,6 +1929,7 @@ impl JoinScan for GpuJoinScan {
         // SAFETY: EndCustomScan; children and slots made in begin (null in EXPLAIN-only runs
         // that failed before begin).
         unsafe {
+            self.finish_probe();
             self.drop_table();
             if let Some(seg) = self.result.take() {
                 cleanup::drop_now(&seg);
@@ -2032,6 +2071,8 @@ impl JoinScan for GpuJoinScan {
                     pg_sys::ExplainPropertyFloat(c"GPU Time".as_ptr(), c"ms".as_ptr(), self.stats.gpu.as_secs_f64() * 1e3, 3, es);
                     let build = self.stats.build.as_secs_f64() * 1e3;
                     pg_sys::ExplainPropertyFloat(c"Inner Ready".as_ptr(), c"ms".as_ptr(), build, 3, es);
+                    let table = self.stats.table_build.as_secs_f64() * 1e3;
+                    pg_sys::ExplainPropertyFloat(c"Inner Table Build".as_ptr(), c"ms".as_ptr(), table, 3, es);
                     // How many batches were read ahead depends on timing: shown with the timings.
                     if self.probe.is_some() && self.parallel_aware {
                         int(c"Batches Read Ahead", None, self.stats.ahead);

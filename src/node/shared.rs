@@ -7,9 +7,10 @@
 //! plan is partial (a parallel scan), every participant that reaches the node while the scan is
 //! open joins it, stores its share of the rows, and leaves; the last one to leave builds the
 //! table (through the executor: this process or the GPU service, on the CPU or the GPU) from
-//! everyone's (key, row id) pairs and publishes it; the others sleep on a condition variable
-//! until it has. A participant arriving after the scan closed only waits. When the inner plan
-//! is not partial, the first participant scans it whole and closes the scan to the others.
+//! everyone's (key, payload) pairs (a row id, or the probe mode's value) and publishes it; the
+//! others sleep on a condition variable until it has. A participant arriving after the scan
+//! closed only waits. When the inner plan is not partial, the first participant scans it
+//! whole and closes the scan to the others.
 //! The table is built by one participant because its inserts are not atomic on the CPU path;
 //! the scan, where most of the inner side's time goes, is shared. The pieces:
 //!
@@ -19,7 +20,7 @@
 //!   sets up the DSM, so that the leader owns it: a worker that built it may exit while others
 //!   still probe), counters the participants add their statistics to, and then one `Slot`
 //!   per participant (the leader's, then worker `n`'s at `n + 1`): its rows' page lists and its
-//!   (key, row id) pairs.
+//!   (key, payload) pairs.
 //! - The inner rows, written by each scanning participant ([`RowWriter`]) into pages of the
 //!   query's DSA area (`es_query_dsa`, which every participant maps): only the columns the join
 //!   uses, each row of a fixed size (a word per column, the value or, for a by-reference type,
@@ -65,6 +66,11 @@ const ACTIVE: u64 = CLOSED - 1;
 /// Row ids: the participant's slot above this many bits, its own row number below.
 const ROW_BITS: u32 = 40;
 
+/// The id of the `n`th row stored by the participant in `slot`.
+pub fn row_id(slot: u32, n: u64) -> i64 {
+    ((u64::from(slot) << ROW_BITS) | n) as i64
+}
+
 /// Bytes of a DSA page of inner rows (a larger value gets an allocation of its own).
 const PAGE_BYTES: usize = 1 << 20;
 
@@ -78,8 +84,18 @@ struct Slot {
     /// DSA array of `nallocations` DSA pointers: every allocation of the rows (freed by `reset`).
     allocations: pg_sys::dsa_pointer,
     nallocations: u64,
-    /// DSA array of `rows` (key, row id) pairs, for the table's build.
+    /// DSA array of `rows` (key, payload) pairs, for the table's build.
     keys: pg_sys::dsa_pointer,
+    /// The payloads are the probe mode's values, not row ids (see `GpuJoinScan::drain_into`).
+    values: bool,
+}
+
+/// A participant's (key, payload) pairs, as the builder gets them from [`Shared::keys`].
+pub struct Pairs {
+    pub slot: u32,
+    pub pairs: &'static mut [[i64; 2]],
+    /// The payloads are values, not row ids.
+    pub values: bool,
 }
 
 /// The node's shared state, in the parallel query's DSM, followed by one [`Slot`] per
@@ -100,6 +116,8 @@ pub struct Shared {
     /// The table's bytes and tier (EXPLAIN ANALYZE).
     pub table_bytes: u64,
     pub tier: u32,
+    /// The table's build from the pairs, in the builder (EXPLAIN ANALYZE).
+    pub table_build_ns: u64,
     /// The table's payloads are the values of the aggregated inner column, not row ids (the
     /// node's probe mode; set by the builder before it publishes).
     pub payload_values: bool,
@@ -307,27 +325,31 @@ impl Shared {
         }
     }
 
-    /// Every participant's (key, row id) pairs and the NULL keys, for the table's build.
+    /// Every participant's (key, payload) pairs, the NULL keys, and whether every payload is a
+    /// value (the probe mode, no NULL met by anyone), for the table's build.
     ///
     /// # Safety
-    /// `p` is in its building phase (every scan ended); `area` is the query's DSA area.
-    pub unsafe fn keys(p: *mut Shared, area: *mut pg_sys::dsa_area) -> (Vec<&'static [[i64; 2]]>, u64) {
+    /// `p` is in its building phase (every scan ended); `area` is the query's DSA area; only
+    /// the builder calls this, once, and drops the pairs before [`Shared::free_keys`].
+    pub unsafe fn keys(p: *mut Shared, area: *mut pg_sys::dsa_area) -> (Vec<Pairs>, u64, bool) {
         // SAFETY: forwarded contract; each slot's pairs were written by its participant before
-        // it left the scan, and stay allocated until `reset`.
+        // it left the scan, stay allocated until `free_keys` or `reset`, and no one else reads
+        // or writes them now.
         unsafe {
             let mut parts = Vec::new();
             for i in 0..(*p).nslots {
                 let s = *Shared::slot(p, i).expect("in range");
                 if s.keys != 0 && s.rows > 0 {
-                    let k = pg_sys::dsa_get_address(area, s.keys) as *const [i64; 2];
-                    parts.push(std::slice::from_raw_parts(k, s.rows as usize));
+                    let k = pg_sys::dsa_get_address(area, s.keys) as *mut [i64; 2];
+                    parts.push(Pairs { slot: i, pairs: std::slice::from_raw_parts_mut(k, s.rows as usize), values: s.values });
                 }
             }
-            (parts, (*p).nulls.load(Ordering::Relaxed))
+            let values = parts.iter().all(|p| p.values);
+            (parts, (*p).nulls.load(Ordering::Relaxed), values)
         }
     }
 
-    /// Frees every slot's (key, row id) pairs once the table is built from them.
+    /// Frees every slot's (key, payload) pairs once the table is built from them.
     ///
     /// # Safety
     /// As for [`Shared::keys`]; the slices it gave are no longer used.
@@ -373,6 +395,7 @@ impl Shared {
             (*p).nulls.store(0, Ordering::Relaxed);
             (*p).table_bytes = 0;
             (*p).tier = 0;
+            (*p).table_build_ns = 0;
             (*p).payload_values = false;
             (*p).batches.store(0, Ordering::Relaxed);
             (*p).gpu_ns.store(0, Ordering::Relaxed);
@@ -565,8 +588,13 @@ impl RowWriter {
                 row.add(8 * l.n + i).write(u8::from(nulls[i]));
             }
             self.rows += 1;
-            ((u64::from(self.slot) << ROW_BITS) | (self.rows - 1)) as i64
+            row_id(self.slot, self.rows - 1)
         }
+    }
+
+    /// The participant's slot (the high bits of its row ids).
+    pub fn slot(&self) -> u32 {
+        self.slot
     }
 
     pub fn rows(&self) -> u64 {
@@ -589,13 +617,13 @@ impl RowWriter {
         }
     }
 
-    /// Records this participant's rows, and their (key, row id) pairs for the table, in its
-    /// slot of `p` (a parallel execution).
+    /// Records this participant's rows, and their (key, payload) pairs for the table (`values`:
+    /// the payloads are values, not row ids), in its slot of `p` (a parallel execution).
     ///
     /// # Safety
     /// `p` is the query's [`Shared`]; this participant joined the scan and has not left it; the
     /// arena is the query's DSA area.
-    pub unsafe fn publish(self, p: *mut Shared, keys: &[[i64; 2]], nulls: u64) {
+    pub unsafe fn publish(self, p: *mut Shared, keys: &[[i64; 2]], nulls: u64, values: bool) {
         // SAFETY: forwarded contract; each array is copied into an allocation of its size.
         unsafe {
             let Some(s) = Shared::slot(p, self.slot) else {
@@ -617,6 +645,7 @@ impl RowWriter {
             (*s).nallocations = self.allocations.len() as u64;
             // SAFETY (layout): [i64; 2] is two u64 words.
             (*s).keys = copy(std::slice::from_raw_parts(keys.as_ptr() as *const u64, keys.len() * 2));
+            (*s).values = values;
             (*s).rows = self.rows;
             (*p).rows.fetch_add(self.rows, Ordering::Relaxed);
             (*p).nulls.fetch_add(nulls, Ordering::Relaxed);
