@@ -315,6 +315,9 @@ struct AggState {
     /// staging holds (fewer, larger requests; the service's kernels take any size). Set at the
     /// first row.
     batch: usize,
+    /// The key count at which the next batch is handed on (a comparison per row, not a
+    /// division).
+    next_flush: usize,
 }
 
 /// Keys per batch for this process (see [`AggState::batch`]).
@@ -430,9 +433,14 @@ unsafe fn transition(fcinfo: pg_sys::FunctionCallInfo, materialize: bool, key_wi
             st.keys.push(if key_width == 4 { i64::from(d.value() as i32) } else { d.value() as i64 });
             if st.batch == 0 {
                 st.batch = batch_keys();
+                st.next_flush = st.batch;
             }
-            if st.keys.len().is_multiple_of(st.batch) && !(crate::gpu::warming() && st.keys.len() < defer_limit()) {
-                flush_batch(st);
+            if st.keys.len() >= st.next_flush {
+                // While CUDA starts in this process, keys keep gathering (up to defer_limit).
+                if !(crate::gpu::warming() && st.keys.len() < defer_limit()) {
+                    flush_batch(st);
+                }
+                st.next_flush = st.keys.len() + st.batch;
             }
         }
         pg_sys::Datum::from(st as *mut AggState)
