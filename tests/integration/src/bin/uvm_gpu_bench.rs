@@ -73,6 +73,8 @@ const DIM_ROWS: i64 = 5_000_000;
 const KEY_RANGE: i64 = 20_000_000;
 const JOIN_REPEATS: usize = 3;
 const HASH_JOIN_REPEATS: usize = 2;
+/// The plan node's runs, each after a count(*) of fact (its baseline).
+const NODE_REPEATS: usize = 5;
 const SCAN_TARGET: f64 = 1.3;
 const HASH_TARGET: f64 = 0.25;
 /// Issue 12's targets for the plain SQL join through the plan node.
@@ -1307,12 +1309,13 @@ fn gpujoin_with_workers(
 }
 
 /// The same join written as plain SQL, planned as the parallel GpuJoin plan node (issue 12),
-/// 5 workers, against PostgreSQL's parallel hash join and the bare parallel count(*) measured
-/// just before with the same workers; then a query returning columns of both sides (a top-N
+/// 5 workers, against PostgreSQL's parallel hash join measured just before with the same
+/// workers and a bare parallel count(*) of fact timed between the node's runs (the same
+/// moment's machine: runs on different leases saw count(*) anywhere from 0.44 to 0.61 s); then a query returning columns of both sides (a top-N
 /// sort over the join), node on vs off. PostgreSQL's joins are turned off while the node runs,
 /// as in the regression tests: `auto` leaves the node off, and with `on` the planner still
 /// costs PostgreSQL's parallel hash join lower (it splits the inner scan among the workers).
-fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, scan_s: f64, want: &Option<Vec<String>>) {
+fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, want: &Option<Vec<String>>) {
     const KH: &str = "gj_node_hash";
     const MH: &str =
         "plain SQL join through the parallel GpuJoin plan node, 50 M x 5 M, 5 workers, vs PostgreSQL's parallel hash join (s)";
@@ -1335,8 +1338,8 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, sc
     let topn_q = "SELECT string_agg(k::text || '/' || v::text, ' ') FROM (SELECT f.k, d.v FROM bench_fact f \
                   JOIN bench_dim d ON f.k = d.k ORDER BY d.v DESC, f.k LIMIT 10) t";
     // (node runs, workers launched, top-N with the node, top-N without, node with the rows
-    // going up to PostgreSQL's aggregate)
-    type NodeRuns = (Vec<f64>, i64, Vec<f64>, Vec<f64>, Vec<f64>);
+    // going up to PostgreSQL's aggregate, count(*) runs between the node's)
+    type NodeRuns = (Vec<f64>, i64, Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>);
     let r = (|| -> R<NodeRuns> {
         // What the planner picks by itself with the node allowed and PostgreSQL's joins too, and
         // the estimated costs of both plans (for the cost model, src/node/gpujoin.rs).
@@ -1370,8 +1373,9 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, sc
             ));
         }
         let launched: i64 = workers_launched(&plan).iter().sum();
-        let mut node = Vec::new();
-        for _ in 0..JOIN_REPEATS {
+        let (mut node, mut scan) = (Vec::new(), Vec::new());
+        for _ in 0..NODE_REPEATS {
+            scan.push(time_query(c, "SELECT count(*)::text FROM bench_fact")?.0);
             let (s, vals) = time_query(c, pg_q)?;
             if want.as_ref().is_some_and(|w| *w != vals) {
                 return Err(format!("the plan node answered {vals:?}, the other joins {want:?}"));
@@ -1422,10 +1426,10 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, sc
              RESET enable_mergejoin; RESET enable_nestloop",
         )
         .map_err(err("reset"))?;
-        Ok((node, launched, on, off, rows_runs))
+        Ok((node, launched, on, off, rows_runs, scan))
     })();
     match r {
-        Ok((node, launched, on, off, rows_runs)) => {
+        Ok((node, launched, on, off, rows_runs, scan)) => {
             let nr = median(&rows_runs);
             b.row(
                 KR,
@@ -1447,12 +1451,13 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, sc
                 Some(n / hash_s),
                 Target::service(Goal::AtMost(NODE_HASH_TARGET)),
             );
+            let scan_s = median(&scan);
             b.row(
                 KS,
                 MS,
                 format!("{n:.2} s = {:.2}x count(*)", n / scan_s),
                 detail,
-                format!("{scan_s:.2} bare parallel count(*), 5 workers"),
+                format!("{scan_s:.2} bare parallel count(*), 5 workers, between the node's runs ({})", list(&scan, 2)),
                 Some(n / scan_s),
                 Target::service(Goal::AtMost(NODE_SCAN_TARGET)),
             );
@@ -1659,7 +1664,6 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32, keep_tables: bool)
     let scan_q = "SELECT count(*)::text FROM bench_fact";
     let mut probe_s = None;
     let mut pg_s = None;
-    let mut scan_s = None;
     for (i, w) in JOIN_WORKERS.iter().enumerate() {
         let (ks, ms) = &keys[2 * i];
         let (kh, mh) = &keys[2 * i + 1];
@@ -1672,7 +1676,6 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32, keep_tables: bool)
                 if r.workers == 5 {
                     probe_s = Some(gm);
                     pg_s = Some(pgm);
-                    scan_s = Some(sm);
                 }
                 let launched = if r.launched == r.workers as i64 {
                     format!("{} workers launched", r.launched)
@@ -1725,8 +1728,8 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32, keep_tables: bool)
             }
         }
     }
-    if let (Some(pgm), Some(sm)) = (pg_s, scan_s) {
-        bench_gpujoin_node(b, &mut c, pg_q, pgm, sm, &want);
+    if let Some(pgm) = pg_s {
+        bench_gpujoin_node(b, &mut c, pg_q, pgm, &want);
     }
     if let Some(w) = &want {
         b.note(format!("every join answered {} matches, payload sum {}", w[0], w.get(1).cloned().unwrap_or_default()));
