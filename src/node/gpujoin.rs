@@ -66,11 +66,15 @@
 //! - the node's own CPU work per tuple (copying it, gathering its key, forming the output):
 //!   `cpu_operator_cost` per outer tuple, [`INNER_ROW_FACTOR`] times that per inner tuple
 //!   (kept for the whole scan), plus `cpu_tuple_cost` per output row;
-//! - a fixed start-up of [`SETUP_COST`] for the two segments and the round trips.
+//! - a fixed start-up of [`SETUP_COST`] for the two segments and the round trips;
+//! - in the `process` execution mode (each process runs its own kernels),
+//!   [`WORKER_CONTEXT_FACTOR`] × `parallel_setup_cost` per parallel worker of a partial path,
+//!   for the CUDA context each creates. (The leader's is not priced: a session pays it once, at
+//!   its first GPU query, whatever the plan.)
 //!
 //! ```text
 //! startup = inner total + inner rows × (INNER_ROW_FACTOR + GPU_ROW_FACTOR) × cpu_operator_cost
-//!           + SETUP_COST
+//!           + SETUP_COST [+ workers × WORKER_CONTEXT_FACTOR × parallel_setup_cost in process mode]
 //! total   = startup + outer total + outer rows × (1 + GPU_ROW_FACTOR) × cpu_operator_cost
 //!           + output rows × cpu_tuple_cost
 //! ```
@@ -133,6 +137,14 @@ pub const INNER_ROW_FACTOR: f64 = 2.0;
 /// competes with (see the module comment), with a margin: joins that PostgreSQL prices below
 /// this stay with PostgreSQL.
 pub const SETUP_COST: f64 = 500.0;
+/// Start-up of each parallel worker in the `process` execution mode, where it creates a CUDA
+/// context of its own, in units of `parallel_setup_cost` (PostgreSQL's price for starting the
+/// workers, 1,000 by default; a session that sets it to 0 to force parallel plans forces them
+/// here too). A context takes 260 ms alone and more when several start at once (the driver
+/// serialises them; `bench/probes/cuda_process_cost.py`); the planner sweep measured 365 ms
+/// per worker (the node with 2 workers took 1,030 ms at 20 M x 2 M against 299 ms in service
+/// mode). 12 × 1,000 units is about 320 ms at the module comment's rate (about 37 units per ms).
+pub const WORKER_CONTEXT_FACTOR: f64 = 12.0;
 /// An aggregate computed in the node: its fold per joined row, in `cpu_operator_cost` (an
 /// addition, where PostgreSQL's Aggregate calls a transition function).
 pub const AGG_FOLD_FACTOR: f64 = 0.25;
@@ -518,6 +530,9 @@ unsafe fn make_path(
         let build = pg_sys::cpu_operator_cost * (INNER_ROW_FACTOR + GPU_ROW_FACTOR);
         let probe = pg_sys::cpu_operator_cost * (1.0 + GPU_ROW_FACTOR);
         p.startup_cost = (*inner_path).total_cost + (*inner_path).rows * build + SETUP_COST;
+        if let Some(w) = workers.filter(|_| crate::sql::per_process_cuda()) {
+            p.startup_cost += f64::from(w) * WORKER_CONTEXT_FACTOR * pg_sys::parallel_setup_cost;
+        }
         p.total_cost = p.startup_cost + (*outer_path).total_cost + (*outer_path).rows * probe + rows * pg_sys::cpu_tuple_cost;
         let mut children = PgList::<pg_sys::Path>::new();
         children.push(outer_path);

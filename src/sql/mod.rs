@@ -317,6 +317,14 @@ pub fn cluster_provider() -> Option<ProviderKind> {
     })
 }
 
+/// Whether every process of the cluster runs its kernels itself with CUDA (the `process`
+/// execution mode on the CUDA provider): each parallel worker then creates a CUDA context of
+/// its own. Asked by the planner, so it does not wait for the service to decide the mode (not
+/// decided yet: false).
+pub fn per_process_cuda() -> bool {
+    cluster_provider() == Some(ProviderKind::Cuda) && channel().map(|c| c.mode()) == Ok(Mode::Process)
+}
+
 /// Starts CUDA on a helper thread (`gpu::warm_up_in_background`) when this cluster's provider is
 /// CUDA and this process has no segment manager yet: the GpuJoin aggregates call it at their
 /// first row, so that a parallel worker's CUDA start-up overlaps its scan. The helper is joined
