@@ -5,7 +5,8 @@
 //! `SELECT count(*), sum(d.v) FROM fact f JOIN dim d ON f.k = d.k` through the plan node alone
 //! hands every joined row up to PostgreSQL's Partial Aggregate: per row a tuple formed, a call
 //! of the node's exec, a transition function. On the H200 that per-row work is most of the
-//! node's time (`bench/gpu-report-gpujoin-node.md`: 1.68 s, of which 0.39 s is the bare scan).
+//! node's time (the GPU report before the push-down, `bench/gpu-report-gpujoin-node.md` in git
+//! history: 1.68 s, of which 0.39 s is the bare scan).
 //! When the query above the join is an ungrouped aggregate of a few simple aggregates, the
 //! node can fold each match into a handful of integers instead, and hand up one row per
 //! participant: what PG-Strom's GpuPreAgg does above its GpuJoin.

@@ -83,8 +83,10 @@
 //! when its plan is partial too). The aggregate mode (`with_aggregates`) drops the output rows'
 //! term and adds [`AGG_FOLD_FACTOR`] × `cpu_operator_cost` per joined row and aggregate.
 //!
-//! **Calibration** (H200, service mode; `bench/gpu-report-gpujoin-node.md` and
-//! `bench/gpu-report-gpujoin-planner.md`). What decides a plan is the node's cost against the
+//! **Calibration** (H200, service mode; `bench/gpu-report-gpujoin-node.md`, and for the
+//! process mode `bench/gpu-report-gpujoin-planner-process.md`; the figures below are from the
+//! first sweep, `bench/history/gpu-report-gpujoin-planner-0789994.md`, whose choices the
+//! latest runs repeat). What decides a plan is the node's cost against the
 //! join it replaces, in PostgreSQL's own units. On the 50 M x 5 M join, PostgreSQL's parallel
 //! hash join adds about 150 K units to the scans for about 4 s of work, the node (this model)
 //! about 25 K units for its 0.3 to 0.4 s (the build, the probes): cheaper, as measured, and so
