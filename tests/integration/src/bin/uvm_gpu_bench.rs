@@ -1311,10 +1311,10 @@ fn gpujoin_with_workers(
 /// The same join written as plain SQL, planned as the parallel GpuJoin plan node (issue 12),
 /// 5 workers, against PostgreSQL's parallel hash join measured just before with the same
 /// workers and a bare parallel count(*) of fact timed between the node's runs (the same
-/// moment's machine: runs on different leases saw count(*) anywhere from 0.44 to 0.61 s); then a query returning columns of both sides (a top-N
-/// sort over the join), node on vs off. PostgreSQL's joins are turned off while the node runs,
-/// as in the regression tests: `auto` leaves the node off, and with `on` the planner still
-/// costs PostgreSQL's parallel hash join lower (it splits the inner scan among the workers).
+/// moment's machine: runs on different leases saw count(*) anywhere from 0.44 to 0.61 s);
+/// then a query returning columns of both sides (a top-N sort over the join), node on vs off.
+/// PostgreSQL's joins are turned off while the node runs, as in the regression tests, so that
+/// the node is what is timed whatever the planner would pick (its pick is noted).
 fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, want: &Option<Vec<String>>) {
     const KH: &str = "gj_node_hash";
     const MH: &str =
