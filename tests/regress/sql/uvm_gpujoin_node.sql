@@ -472,6 +472,24 @@ RESET statement_timeout;
 RESET parallel_leader_participation;
 \set VERBOSITY default
 SELECT pg_temp.leftovers() AS after_parallel_cancel;
+-- a cancel while the probe mode has a batch in flight (probes are started and collected one
+-- batch later; the outer scan's md5 makes it last long enough for a few batches): the request
+-- is given up, nothing is left, and the next probe-mode join works, in parallel and serially
+CREATE TABLE gjn_huge AS SELECT (1 + g % 700)::int4 - 250 AS k FROM generate_series(1, 2000000) g;
+ANALYZE gjn_huge;
+EXPLAIN (COSTS OFF) SELECT count(*), sum(i.x) FROM gjn_huge o JOIN gjn_i_int4 i ON o.k = i.k
+  WHERE md5(o.k::text) <> '';
+\set VERBOSITY terse
+SET statement_timeout = '150ms';
+SELECT count(*), sum(i.x) FROM gjn_huge o JOIN gjn_i_int4 i ON o.k = i.k WHERE md5(o.k::text) <> '';
+SET max_parallel_workers_per_gather = 0;
+SELECT count(*), sum(i.x) FROM gjn_huge o JOIN gjn_i_int4 i ON o.k = i.k WHERE md5(o.k::text) <> '';
+RESET statement_timeout;
+SET max_parallel_workers_per_gather = 2;
+\set VERBOSITY default
+SELECT pg_temp.leftovers() AS after_probe_cancel;
+SELECT count(*), sum(i.x) FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k;
+DROP TABLE gjn_huge;
 
 RESET pg_uvm_share.enable_gpujoin;
 RESET enable_hashjoin;
