@@ -781,6 +781,36 @@ mod tests {
         assert_eq!(v >> 32, BUILDING);
     }
 
+    /// `row_id` (which the probe mode's fallback uses to turn a participant's n-th pair back
+    /// into its row id) names the row `InnerRows::get` finds: the slot's n-th row, across page
+    /// boundaries, and nothing past a slot's rows.
+    #[test]
+    fn row_ids_name_the_nth_row_of_their_slot() {
+        let l = Layout::of(2);
+        let per = l.rows_per_page;
+        let pages: Vec<Vec<u8>> = (0..4).map(|_| vec![0u8; PAGE_BYTES]).collect();
+        let slot_rows = |first: usize, n: usize, rows: u64| SlotRows {
+            pages: pages[first..first + n].iter().map(|p| p.as_ptr()).collect(),
+            rows,
+        };
+        let rows = InnerRows {
+            arena: None,
+            cols: vec![Col { byval: true, len: 8 }; 2],
+            layout: Some(l),
+            slots: vec![slot_rows(0, 1, 3), slot_rows(1, 3, 2 * per as u64 + 5)],
+            total: 3 + 2 * per as u64 + 5,
+        };
+        let at = |id: i64| rows.get(id).map(|r| r.0 as usize);
+        assert_eq!(at(row_id(0, 2)), Some(pages[0].as_ptr() as usize + 2 * l.row_bytes));
+        assert_eq!(at(row_id(0, 3)), None, "past slot 0's rows");
+        assert_eq!(at(row_id(1, 0)), Some(pages[1].as_ptr() as usize));
+        assert_eq!(at(row_id(1, per as u64)), Some(pages[2].as_ptr() as usize), "the first row of the second page");
+        assert_eq!(at(row_id(1, 2 * per as u64 + 4)), Some(pages[3].as_ptr() as usize + 4 * l.row_bytes));
+        assert_eq!(at(row_id(1, 2 * per as u64 + 5)), None, "past slot 1's rows");
+        assert_eq!(at(row_id(2, 0)), None, "no slot 2");
+        assert_eq!(at(-1), None);
+    }
+
     #[test]
     fn rows_are_found_by_arithmetic_within_their_page() {
         for n in [0usize, 1, 2, 7, 8, 9, 64] {
