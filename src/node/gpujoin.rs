@@ -954,15 +954,6 @@ pub fn int_of_datum(d: pg_sys::Datum, arg: Arg) -> i64 {
     }
 }
 
-/// Turns the probe mode's (key, value) pairs of the participant in `slot` back into (key, row
-/// id) pairs, where a NULL among the values means the matches must be formed: the `n`th pair
-/// is the `n`th row that participant stored.
-fn payloads_to_ids(pairs: &mut [[i64; 2]], slot: u32) {
-    for (n, pair) in pairs.iter_mut().enumerate() {
-        pair[1] = shared::row_id(slot, n as u64);
-    }
-}
-
 /// An aggregate's value as a datum of its type `out` (a numeric is allocated in the current
 /// memory context).
 pub fn datum_of_value(v: Value, out: Out) -> (pg_sys::Datum, bool) {
@@ -1101,9 +1092,8 @@ impl GpuJoinScan {
     /// whether the payloads are values. A payload is the row's id, or in the probe mode the
     /// aggregated column's value (0 for `count(*)` alone), read here as the row goes by, so
     /// that no one makes a second pass over the stored rows; a NULL value turns this
-    /// participant's payloads back into row ids (the `n`th pair's row id is
-    /// [`shared::row_id`] of its slot and `n`, see [`payloads_to_ids`]). By-reference values
-    /// that need flattening are made in `scratch`, reset as it goes.
+    /// participant's payloads back into row ids ([`shared::values_to_row_ids`]). By-reference
+    /// values that need flattening are made in `scratch`, reset as it goes.
     ///
     /// # Safety
     /// Called from exec with the node's children initialized; the writer's arena is live.
@@ -1145,7 +1135,7 @@ impl GpuJoinScan {
                         None => 0,
                         Some((i, _)) if chunk.nulls[j * n + i] => {
                             values = false;
-                            payloads_to_ids(&mut rows, writer.slot());
+                            shared::values_to_row_ids(&mut rows, writer.slot());
                             id
                         }
                         Some((i, arg)) => int_of_datum(chunk.vals[j * n + i], arg),
@@ -1240,18 +1230,12 @@ impl GpuJoinScan {
                     // The last to finish builds the table from every participant's pairs: in
                     // the probe mode, with the aggregated column's values as payloads, unless
                     // a participant met a NULL among them, and then every one's row ids.
-                    let (mut parts, nulls, values) = Shared::keys(sh, area);
-                    if parts.iter().any(|p| !p.pairs.is_empty()) {
+                    let (parts, nulls, values) = Shared::keys(sh, area);
+                    if parts.iter().any(|p| !p.is_empty()) {
                         let seg = (*sh).table;
                         self.rows = InnerRows::of_shared(sh, area, &self.inner_cols);
-                        if !values {
-                            for p in parts.iter_mut().filter(|p| p.values) {
-                                payloads_to_ids(p.pairs, p.slot);
-                            }
-                        }
                         (*sh).payload_values = values;
-                        let pairs: Vec<&[[i64; 2]]> = parts.iter().map(|p| &*p.pairs).collect();
-                        let (bytes, tier) = self.fill_table(&seg, &pairs, nulls);
+                        let (bytes, tier) = self.fill_table(&seg, &parts, nulls);
                         (*sh).table_bytes = bytes;
                         (*sh).tier = tier;
                         (*sh).table_build_ns = self.stats.table_build.as_nanos() as u64;

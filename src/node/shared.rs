@@ -71,6 +71,15 @@ pub fn row_id(slot: u32, n: u64) -> i64 {
     ((u64::from(slot) << ROW_BITS) | n) as i64
 }
 
+/// Turns the probe mode's (key, value) pairs of the participant in `slot` back into (key, row
+/// id) pairs, where a NULL among the values means the matches must be formed: the `n`th pair
+/// is the `n`th row that participant stored.
+pub fn values_to_row_ids(pairs: &mut [[i64; 2]], slot: u32) {
+    for (n, pair) in pairs.iter_mut().enumerate() {
+        pair[1] = row_id(slot, n as u64);
+    }
+}
+
 /// Bytes of a DSA page of inner rows (a larger value gets an allocation of its own).
 const PAGE_BYTES: usize = 1 << 20;
 
@@ -88,14 +97,6 @@ struct Slot {
     keys: pg_sys::dsa_pointer,
     /// The payloads are the probe mode's values, not row ids (see `GpuJoinScan::drain_into`).
     values: bool,
-}
-
-/// A participant's (key, payload) pairs, as the builder gets them from [`Shared::keys`].
-pub struct Pairs {
-    pub slot: u32,
-    pub pairs: &'static mut [[i64; 2]],
-    /// The payloads are values, not row ids.
-    pub values: bool,
 }
 
 /// The node's shared state, in the parallel query's DSM, followed by one [`Slot`] per
@@ -325,13 +326,15 @@ impl Shared {
         }
     }
 
-    /// Every participant's (key, payload) pairs, the NULL keys, and whether every payload is a
-    /// value (the probe mode, no NULL met by anyone), for the table's build.
+    /// Every participant's (key, payload) pairs, the NULL keys, and whether the payloads are
+    /// values, for the table's build. They are values where every participant's are (the
+    /// probe mode, no NULL met by anyone); otherwise the pairs that hold values are turned
+    /// back into row ids here, so that every payload is a row id.
     ///
     /// # Safety
     /// `p` is in its building phase (every scan ended); `area` is the query's DSA area; only
     /// the builder calls this, once, and drops the pairs before [`Shared::free_keys`].
-    pub unsafe fn keys(p: *mut Shared, area: *mut pg_sys::dsa_area) -> (Vec<Pairs>, u64, bool) {
+    pub unsafe fn keys(p: *mut Shared, area: *mut pg_sys::dsa_area) -> (Vec<&'static [[i64; 2]]>, u64, bool) {
         // SAFETY: forwarded contract; each slot's pairs were written by its participant before
         // it left the scan, stay allocated until `free_keys` or `reset`, and no one else reads
         // or writes them now.
@@ -341,10 +344,19 @@ impl Shared {
                 let s = *Shared::slot(p, i).expect("in range");
                 if s.keys != 0 && s.rows > 0 {
                     let k = pg_sys::dsa_get_address(area, s.keys) as *mut [i64; 2];
-                    parts.push(Pairs { slot: i, pairs: std::slice::from_raw_parts_mut(k, s.rows as usize), values: s.values });
+                    parts.push((i, std::slice::from_raw_parts_mut(k, s.rows as usize), s.values));
                 }
             }
-            let values = parts.iter().all(|p| p.values);
+            let values = parts.iter().all(|&(_, _, v)| v);
+            let parts = parts
+                .into_iter()
+                .map(|(slot, pairs, v)| {
+                    if v && !values {
+                        values_to_row_ids(pairs, slot);
+                    }
+                    &*pairs
+                })
+                .collect();
             (parts, (*p).nulls.load(Ordering::Relaxed), values)
         }
     }
