@@ -1315,7 +1315,7 @@ fn gpujoin_with_workers(
 /// then a query returning columns of both sides (a top-N sort over the join), node on vs off.
 /// PostgreSQL's joins are turned off while the node runs, as in the regression tests, so that
 /// the node is what is timed whatever the planner would pick (its pick is noted).
-fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, want: &Option<Vec<String>>) {
+fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, scan_q: &str, hash_s: f64, want: &Option<Vec<String>>) {
     const KH: &str = "gj_node_hash";
     const MH: &str =
         "plain SQL join through the parallel GpuJoin plan node, 50 M x 5 M, 5 workers, vs PostgreSQL's parallel hash join (s)";
@@ -1375,7 +1375,7 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, hash_s: f64, wa
         let launched: i64 = workers_launched(&plan).iter().sum();
         let (mut node, mut scan) = (Vec::new(), Vec::new());
         for _ in 0..NODE_REPEATS {
-            scan.push(time_query(c, "SELECT count(*)::text FROM bench_fact")?.0);
+            scan.push(time_query(c, scan_q)?.0);
             let (s, vals) = time_query(c, pg_q)?;
             if want.as_ref().is_some_and(|w| *w != vals) {
                 return Err(format!("the plan node answered {vals:?}, the other joins {want:?}"));
@@ -1729,7 +1729,7 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32, keep_tables: bool)
         }
     }
     if let Some(pgm) = pg_s {
-        bench_gpujoin_node(b, &mut c, pg_q, pgm, &want);
+        bench_gpujoin_node(b, &mut c, pg_q, scan_q, pgm, &want);
     }
     if let Some(w) = &want {
         b.note(format!("every join answered {} matches, payload sum {}", w[0], w.get(1).cloned().unwrap_or_default()));
