@@ -56,6 +56,7 @@ pub static SERVICE_SLOTS: GucSetting<i32> = GucSetting::<i32>::new(32);
 pub static SERVICE_STAGING_MB: GucSetting<i32> = GucSetting::<i32>::new(4);
 pub static SERVICE_THREADS: GucSetting<i32> = GucSetting::<i32>::new(4);
 pub static MAX_SEGMENTS: GucSetting<i32> = GucSetting::<i32>::new(256);
+pub static SIMULATED_DEVICES: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static MAX_CHUNKS: GucSetting<i32> = GucSetting::<i32>::new(4096);
 pub static MAX_ATTACHMENTS: GucSetting<i32> = GucSetting::<i32>::new(4096);
 pub static MIN_CHUNK_SIZE_MB: GucSetting<i32> = GucSetting::<i32>::new(2);
@@ -119,13 +120,23 @@ pub fn define() {
     );
     GucRegistry::define_int_guc(
         c"pg_uvm_share.device_memory_limit",
-        c"Device-tier bytes all segments together may commit; -1 means the GPU's memory.",
-        c"Chunks of tier auto spill to the host tier beyond it.",
+        c"Device-tier bytes all segments together may commit on each GPU; -1 means the GPU's memory.",
+        c"Chunks of tier auto go to the GPU with the most room and spill to the host tier once every GPU is at its limit.",
         &DEVICE_MEMORY_LIMIT_MB,
         -1,
         i32::MAX,
         GucContext::Sighup,
         GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.simulated_devices",
+        c"Host provider only: simulate this many GPUs, whose device-tier chunks are memfds.",
+        c"For testing placement, per-GPU budgets, migration between GPUs and the service's routing without a GPU; 0 (the default) gives the host provider no device tier.",
+        &SIMULATED_DEVICES,
+        0,
+        crate::vocab::MAX_DEVICES as i32,
+        GucContext::Postmaster,
+        GucFlags::empty(),
     );
     GucRegistry::define_enum_guc(
         c"pg_uvm_share.provider",
@@ -214,7 +225,12 @@ pub fn max_segment_size() -> u64 {
     MAX_SEGMENT_SIZE_MB.get().max(1) as u64 * MIB
 }
 
-/// The device budget in bytes, `None` for "whatever the GPU has".
+/// GPUs the host provider simulates (0: none, no device tier).
+pub fn simulated_devices() -> u32 {
+    SIMULATED_DEVICES.get().clamp(0, crate::vocab::MAX_DEVICES as i32) as u32
+}
+
+/// The device budget of each GPU in bytes, `None` for "whatever the GPU has".
 pub fn device_memory_limit() -> Option<u64> {
     let v = DEVICE_MEMORY_LIMIT_MB.get();
     (v >= 0).then(|| v as u64 * MIB)

@@ -39,6 +39,7 @@ pub mod guc;
 pub mod interrupt;
 pub mod node;
 pub mod pgwait;
+pub mod placement;
 pub mod provider;
 pub mod registry;
 pub mod segment;

@@ -37,14 +37,60 @@ impl Tier {
     }
 }
 
-/// The tier a caller asks for: a fixed tier, or `auto` (device while the budget lasts).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
-pub enum TierPref {
-    Auto = 0,
-    Host = 1,
-    Device = 2,
+/// The most GPUs one cluster places chunks on (the registry keeps a byte count per GPU).
+pub const MAX_DEVICES: u32 = 16;
+
+/// Where one chunk lives: the host tier, or the device tier of one GPU (its ordinal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Place {
+    Host,
+    Device(u32),
 }
+
+impl Place {
+    pub fn tier(self) -> Tier {
+        match self {
+            Place::Host => Tier::Host,
+            Place::Device(_) => Tier::Device,
+        }
+    }
+    /// The GPU of a device chunk; 0 for the host tier (as the registry records it).
+    pub fn device(self) -> u32 {
+        match self {
+            Place::Host => 0,
+            Place::Device(n) => n,
+        }
+    }
+    /// The place a registry slot records (`device` is ignored for the host tier).
+    pub(crate) fn from_parts(tier: Tier, device: u32) -> Place {
+        match tier {
+            Tier::Host => Place::Host,
+            Tier::Device => Place::Device(device),
+        }
+    }
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Place::Host => f.write_str("host"),
+            Place::Device(n) => write!(f, "device:{n}"),
+        }
+    }
+}
+
+/// The tier a caller asks for: `auto` (device while a GPU's budget lasts, then host), `host`,
+/// `device` (any GPU: the placement picks, chunk by chunk) or `device:N` (GPU N).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TierPref {
+    Auto,
+    Host,
+    Device,
+    DeviceOn(u32),
+}
+
+/// Registry code of `device:N`: this plus N.
+const DEVICE_ON_CODE: u32 = 0x100;
 
 impl TierPref {
     /// Parses a tier name as SQL gives it; anything else is a 22023 error.
@@ -53,23 +99,56 @@ impl TierPref {
             "auto" => Ok(TierPref::Auto),
             "host" => Ok(TierPref::Host),
             "device" => Ok(TierPref::Device),
-            _ => Err(uvm_err!(Code::InvalidParameterValue, "invalid tier \"{s}\"")
-                .hint("Valid tiers are \"auto\", \"device\" and \"host\".")),
+            _ => match s.strip_prefix("device:").map(|n| (n, n.parse::<u32>())) {
+                // Digits only: no sign, no spaces, no leading "+".
+                Some((n, Ok(d))) if d < MAX_DEVICES && n.bytes().all(|b| b.is_ascii_digit()) => Ok(TierPref::DeviceOn(d)),
+                Some(_) => Err(uvm_err!(Code::InvalidParameterValue, "invalid tier \"{s}\"")
+                    .hint(format!("A GPU is named \"device:N\", N from 0 to {}.", MAX_DEVICES - 1))),
+                None => Err(uvm_err!(Code::InvalidParameterValue, "invalid tier \"{s}\"")
+                    .hint("Valid tiers are \"auto\", \"device\", \"device:N\" (GPU N) and \"host\".")),
+            },
         }
     }
-    pub fn name(self) -> &'static str {
+    pub fn name(self) -> String {
         match self {
-            TierPref::Auto => "auto",
-            TierPref::Host => "host",
-            TierPref::Device => "device",
+            TierPref::Auto => "auto".into(),
+            TierPref::Host => "host".into(),
+            TierPref::Device => "device".into(),
+            TierPref::DeviceOn(n) => format!("device:{n}"),
         }
     }
-    /// The preference a registry slot records (anything unknown reads as `Auto`).
-    pub(crate) fn from_u32(v: u32) -> TierPref {
+    /// The code a registry slot or a request records.
+    pub fn code(self) -> u32 {
+        match self {
+            TierPref::Auto => 0,
+            TierPref::Host => 1,
+            TierPref::Device => 2,
+            TierPref::DeviceOn(n) => DEVICE_ON_CODE + n,
+        }
+    }
+    /// The preference a registry slot or a request records (anything unknown reads as `Auto`).
+    pub fn from_code(v: u32) -> TierPref {
         match v {
             1 => TierPref::Host,
             2 => TierPref::Device,
+            n if (DEVICE_ON_CODE..DEVICE_ON_CODE + MAX_DEVICES).contains(&n) => TierPref::DeviceOn(n - DEVICE_ON_CODE),
             _ => TierPref::Auto,
+        }
+    }
+    /// The tier it asks for (`Auto` counts as the device tier, its first choice).
+    pub fn tier(self) -> Tier {
+        match self {
+            TierPref::Host => Tier::Host,
+            _ => Tier::Device,
+        }
+    }
+    /// Whether a chunk at `place` is where this preference wants it (`Auto`: anywhere).
+    pub fn holds(self, place: Place) -> bool {
+        match self {
+            TierPref::Auto => true,
+            TierPref::Host => place == Place::Host,
+            TierPref::Device => place != Place::Host,
+            TierPref::DeviceOn(n) => place == Place::Device(n),
         }
     }
 }
@@ -89,6 +168,14 @@ pub struct ChunkInfo {
     pub offset: u64,
     pub size: u64,
     pub tier: Tier,
+    /// The GPU of a device chunk (0 for the host tier).
+    pub device: u32,
+}
+
+impl ChunkInfo {
+    pub fn place(&self) -> Place {
+        Place::from_parts(self.tier, self.device)
+    }
 }
 
 /// Which provider backs this process's chunks.
@@ -134,15 +221,31 @@ mod tests {
         }
         assert_eq!(Tier::from_u32(0), Tier::Host);
         assert_eq!(Tier::from_u32(77), Tier::Host);
-        for p in [TierPref::Auto, TierPref::Host, TierPref::Device] {
-            assert_eq!(TierPref::from_u32(p as u32), p);
-            assert_eq!(TierPref::parse(p.name()).unwrap(), p);
+        for p in [TierPref::Auto, TierPref::Host, TierPref::Device, TierPref::DeviceOn(0), TierPref::DeviceOn(MAX_DEVICES - 1)] {
+            assert_eq!(TierPref::from_code(p.code()), p);
+            assert_eq!(TierPref::parse(&p.name()).unwrap(), p);
         }
-        assert_eq!(TierPref::from_u32(77), TierPref::Auto);
+        for code in [77, DEVICE_ON_CODE + MAX_DEVICES, u32::MAX] {
+            assert_eq!(TierPref::from_code(code), TierPref::Auto);
+        }
         for k in [ProviderKind::Host, ProviderKind::Cuda] {
             assert_ne!(k.code(), 0);
             assert_eq!(ProviderKind::from_code(k.code()), Some(k));
         }
         assert_eq!(ProviderKind::from_code(0), None);
+    }
+
+    /// `device:N` names one GPU; anything else that looks like it is a 22023 error.
+    #[test]
+    fn device_tiers_parse_strictly() {
+        assert_eq!(TierPref::parse("device:3").unwrap(), TierPref::DeviceOn(3));
+        for bad in ["device:", "device:-1", "device:+1", "device: 1", "device:16", "device:99999999999", "Device", "gpu:0"] {
+            assert_eq!(TierPref::parse(bad).unwrap_err().code, Code::InvalidParameterValue, "{bad}");
+        }
+        assert!(TierPref::DeviceOn(2).holds(Place::Device(2)));
+        assert!(!TierPref::DeviceOn(2).holds(Place::Device(1)));
+        assert!(TierPref::Device.holds(Place::Device(5)) && !TierPref::Device.holds(Place::Host));
+        assert!(TierPref::Host.holds(Place::Host) && !TierPref::Host.holds(Place::Device(0)));
+        assert_eq!(Place::Device(1).to_string(), "device:1");
     }
 }

@@ -539,10 +539,9 @@ mod tests {
     use super::*;
     use crate::broker::client::Client;
     use crate::provider::{host::HostProvider, Provider};
-    use crate::registry::Tier;
 
     fn memfd() -> OwnedFd {
-        HostProvider.create_chunk(Tier::Host, 4096).unwrap()
+        HostProvider::default().create_chunk(crate::vocab::Place::Host, 4096).unwrap()
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::gpujoin::gpu::{JoinKernels, KernelAppender};
 use crate::gpujoin::pairs::{self, CpuAppender, Inner, RawInner};
 use crate::gpujoin::table::{self, KeyType};
 use crate::provider::{Provider, ProviderKind};
-use crate::registry::{Tier, TierPref};
+use crate::registry::TierPref;
 use crate::segment::{Env, Pin, Segments};
 use crate::uvm_err;
 
@@ -503,11 +503,9 @@ pub fn run_main<E: Env>(segs: &mut Segments<E>, req: &Request, mut io: Io<'_>) -
         }
         Op::Create => {
             let max_size = (a[2] != 0).then_some(a[1]);
-            let pref = match a[3] {
-                1 => TierPref::Host,
-                2 => TierPref::Device,
-                _ => TierPref::Auto,
-            };
+            // A code that names nothing reads as `auto` (requests come from this cluster's own
+            // backends, but the slot is shared memory).
+            let pref = TierPref::from_code(u32::try_from(a[3]).unwrap_or(0));
             v[0] = segs.create(seg.name(), a[0], max_size, pref, a[4] as u32, a[5])? as i64;
         }
         Op::Grow => {
@@ -524,10 +522,11 @@ pub fn run_main<E: Env>(segs: &mut Segments<E>, req: &Request, mut io: Io<'_>) -
         }
         Op::Prefetch => {
             checked(segs.lookup(seg.name())?.id)?;
-            let tier = if a[2] == Tier::Device as u32 as i64 { Tier::Device } else { Tier::Host };
+            // Unknown codes read as `auto`, which prefetch refuses (22023).
+            let target = TierPref::from_code(u32::try_from(a[2]).unwrap_or(0));
             let saved = segs.limits.pin_wait;
             segs.limits.pin_wait = std::time::Duration::from_millis(a[3].max(0) as u64);
-            let r = segs.prefetch(seg.name(), a[0], a[1], tier, |_| Ok(()));
+            let r = segs.prefetch(seg.name(), a[0], a[1], target, |_| Ok(()));
             segs.limits.pin_wait = saved;
             v[0] = r? as i64;
         }

@@ -31,7 +31,7 @@ pub mod local;
 use crate::error::{Code, Result, UvmError};
 use crate::gpujoin::pairs::PairsHeader;
 use crate::gpujoin::table::{self, KeyType};
-use crate::registry::{Tier, TierPref};
+use crate::registry::TierPref;
 pub use crate::service::channel::Mode;
 pub use crate::service::request::{Op, Reply, Request, SegRef};
 
@@ -125,7 +125,7 @@ pub fn create(
 ) -> Result<u64> {
     let mut r = Request::new(Op::Create);
     r.segs[0] = SegRef::new(name, 0)?;
-    r.args = [size, max_size.unwrap_or(-1), max_size.is_some() as i64, pref as u32 as i64, owner as i64, now, 0, 0];
+    r.args = [size, max_size.unwrap_or(-1), max_size.is_some() as i64, pref.code() as i64, owner as i64, now, 0, 0];
     ex.run(&r, Io::None).map(|(v, _)| v[0] as u64)
 }
 
@@ -145,10 +145,17 @@ pub fn drop(ex: &mut dyn Executor, seg: &SegRef) -> Result<()> {
     ex.run(&with_seg(Op::Drop, seg), Io::None).map(|_| ())
 }
 
-/// Moves `[offset, offset + length)` to `tier`, waiting up to `pin_wait_ms` for pins to drain.
-pub fn prefetch(ex: &mut dyn Executor, seg: &SegRef, offset: i64, length: i64, tier: Tier, pin_wait_ms: u64) -> Result<u64> {
+/// Moves `[offset, offset + length)` to `target`, waiting up to `pin_wait_ms` for pins to drain.
+pub fn prefetch(
+    ex: &mut dyn Executor,
+    seg: &SegRef,
+    offset: i64,
+    length: i64,
+    target: TierPref,
+    pin_wait_ms: u64,
+) -> Result<u64> {
     let mut r = with_seg(Op::Prefetch, seg);
-    r.args[..4].copy_from_slice(&[offset, length, tier as u32 as i64, pin_wait_ms.min(i64::MAX as u64) as i64]);
+    r.args[..4].copy_from_slice(&[offset, length, target.code() as i64, pin_wait_ms.min(i64::MAX as u64) as i64]);
     ex.run(&r, Io::None).map(|(v, _)| v[0] as u64)
 }
 

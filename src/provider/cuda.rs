@@ -25,7 +25,7 @@ use cudarc::driver::sys::{
 use super::{Capabilities, Provider, ProviderKind, Reservation, GRANULARITY};
 use crate::error::{Code, Result, UvmError};
 use crate::gpu::{self, check, Gpu};
-use crate::vocab::Tier;
+use crate::vocab::{Place, Tier};
 
 pub struct CudaProvider {
     gpu: &'static Gpu,
@@ -81,6 +81,10 @@ impl Provider for CudaProvider {
         true
     }
 
+    fn devices(&self) -> u32 {
+        1
+    }
+
     fn cpu_accessible(&self, tier: Tier) -> bool {
         tier == Tier::Host
     }
@@ -102,7 +106,14 @@ impl Provider for CudaProvider {
         unsafe { sys::cuMemAddressFree(r.addr, r.size as usize) };
     }
 
-    fn create_chunk(&self, tier: Tier, size: u64) -> Result<OwnedFd> {
+    fn create_chunk(&self, place: Place, size: u64) -> Result<OwnedFd> {
+        // One GPU per process for now: the one `gpu::gpu()` opened (ordinal 0 of the cluster's
+        // placement). Several GPUs need every chunk mapped with access for each of them (issue
+        // 13, measured on nvidia-h200-x2 first); until then `devices()` is 1.
+        if place.device() >= self.devices() {
+            return Err(super::no_such_device(place, self.devices()));
+        }
+        let tier = place.tier();
         // SAFETY: all-zero is a valid CUmemAllocationProp; the fields that matter are set below.
         let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
         prop.type_ = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;

@@ -4,6 +4,12 @@
 //! design (registry, broker, fd passing, lazy attachment, growth, pins, crash-restart) without a
 //! GPU. A memfd's pages are allocated on first touch and freed when its last fd is closed and its
 //! last mapping unmapped.
+//!
+//! **Simulated GPUs.** `HostProvider::simulating(n)` (the `pg_uvm_share.simulated_devices`
+//! setting) adds a device tier of `n` GPUs whose chunks are memfds too, each named after its
+//! place (`pg_uvm_share device:1 chunk`, as `/proc/<pid>/fd` shows it). Placement, per-GPU
+//! budgets, migration between GPUs and the service's routing then run in CI exactly as under
+//! CUDA; only the bytes' home is the same host memory. It is for tests: nothing is faster.
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
@@ -11,9 +17,26 @@ use super::{
     adopt, make_inaccessible, map_none, tier_unavailable, unadopt, Capabilities, Provider, ProviderKind, Reservation, GRANULARITY,
 };
 use crate::error::{Code, Result, UvmError};
-use crate::vocab::Tier;
+use crate::vocab::{Place, Tier, MAX_DEVICES};
 
-pub struct HostProvider;
+/// See the module documentation. `HostProvider::default()` has no device tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostProvider {
+    devices: u32,
+}
+
+impl HostProvider {
+    /// A host provider with `devices` simulated GPUs (at most [`MAX_DEVICES`]).
+    pub fn simulating(devices: u32) -> HostProvider {
+        HostProvider { devices: devices.min(MAX_DEVICES) }
+    }
+}
+
+/// A memfd's name: its place, so that a test (or a person reading `/proc/<pid>/fd`) can tell
+/// where a chunk is from its fd alone.
+fn memfd_name(place: Place) -> std::ffi::CString {
+    std::ffi::CString::new(format!("pg_uvm_share {place} chunk")).expect("no NUL in a place's name")
+}
 
 impl Provider for HostProvider {
     fn kind(&self) -> ProviderKind {
@@ -21,16 +44,20 @@ impl Provider for HostProvider {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            tiers: vec![Tier::Host],
-            granularity: GRANULARITY,
-            gpu_kernels: false,
-            details: vec![("chunk_backing".into(), "memfd".into())],
+        let mut details = vec![("chunk_backing".into(), "memfd".into())];
+        if self.devices > 0 {
+            details.push(("simulated_devices".into(), self.devices.to_string()));
         }
+        let tiers = if self.devices > 0 { vec![Tier::Device, Tier::Host] } else { vec![Tier::Host] };
+        Capabilities { tiers, granularity: GRANULARITY, gpu_kernels: false, details }
     }
 
     fn has_tier(&self, tier: Tier) -> bool {
-        tier == Tier::Host
+        tier == Tier::Host || self.devices > 0
+    }
+
+    fn devices(&self) -> u32 {
+        self.devices
     }
 
     fn reserve(&self, hint: u64, size: u64) -> Result<Reservation> {
@@ -60,12 +87,16 @@ impl Provider for HostProvider {
         }
     }
 
-    fn create_chunk(&self, tier: Tier, size: u64) -> Result<OwnedFd> {
-        if tier != Tier::Host {
-            return Err(tier_unavailable(tier, ProviderKind::Host));
+    fn create_chunk(&self, place: Place, size: u64) -> Result<OwnedFd> {
+        match place {
+            Place::Device(_) if self.devices == 0 => return Err(tier_unavailable(Tier::Device, ProviderKind::Host)),
+            Place::Device(n) if n >= self.devices => return Err(super::no_such_device(place, self.devices)),
+            _ => {}
         }
-        // SAFETY: memfd_create with a static name; the returned fd is owned below.
-        let fd = unsafe { libc::memfd_create(c"pg_uvm_share chunk".as_ptr(), libc::MFD_CLOEXEC) };
+        let name = memfd_name(place);
+        // SAFETY: memfd_create with a NUL-terminated name that outlives the call; the returned
+        // fd is owned below.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
             return Err(UvmError::last_os("memfd_create failed"));
         }
@@ -79,7 +110,7 @@ impl Provider for HostProvider {
     }
 
     fn map_chunk(&self, fd: BorrowedFd<'_>, tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()> {
-        if tier != Tier::Host {
+        if !self.has_tier(tier) {
             return Err(tier_unavailable(tier, ProviderKind::Host));
         }
         let addr = r.sub_range(offset, size)?;
@@ -137,10 +168,10 @@ mod tests {
 
     #[test]
     fn chunks_map_into_a_reservation_and_share_bytes() {
-        let p = HostProvider;
+        let p = HostProvider::default();
         let r = p.reserve(0, 3 * GRANULARITY).unwrap();
-        let a = p.create_chunk(Tier::Host, GRANULARITY).unwrap();
-        let b = p.create_chunk(Tier::Host, 2 * GRANULARITY).unwrap();
+        let a = p.create_chunk(Place::Host, GRANULARITY).unwrap();
+        let b = p.create_chunk(Place::Host, 2 * GRANULARITY).unwrap();
         p.map_chunk(a.as_fd(), Tier::Host, &r, 0, GRANULARITY).unwrap();
         p.map_chunk(b.as_fd(), Tier::Host, &r, GRANULARITY, 2 * GRANULARITY).unwrap();
         // The segment is contiguous across the chunk boundary.
@@ -163,9 +194,9 @@ mod tests {
 
     #[test]
     fn mappings_stay_inside_their_reservation_and_their_chunk() {
-        let p = HostProvider;
+        let p = HostProvider::default();
         let r = p.reserve(0, 2 * GRANULARITY).unwrap();
-        let c = p.create_chunk(Tier::Host, GRANULARITY).unwrap();
+        let c = p.create_chunk(Place::Host, GRANULARITY).unwrap();
         let e = p.map_chunk(c.as_fd(), Tier::Host, &r, 2 * GRANULARITY, GRANULARITY).unwrap_err();
         assert_eq!(e.code, crate::error::Code::InvalidParameterValue);
         let e = p.map_chunk(c.as_fd(), Tier::Host, &r, u64::MAX, 2).unwrap_err();
@@ -183,8 +214,24 @@ mod tests {
 
     #[test]
     fn device_tier_is_refused() {
-        let e = HostProvider.create_chunk(Tier::Device, GRANULARITY).unwrap_err();
+        let e = HostProvider::default().create_chunk(Place::Device(0), GRANULARITY).unwrap_err();
         assert_eq!(e.code, crate::error::Code::FeatureNotSupported);
+    }
+
+    /// Simulated GPUs: chunks on GPUs 0..n are memfds named after their place; GPU n is 22023.
+    #[test]
+    fn simulated_gpus_are_named_memfds() {
+        let p = HostProvider::simulating(2);
+        assert_eq!((p.devices(), p.has_tier(Tier::Device)), (2, true));
+        let c = p.create_chunk(Place::Device(1), GRANULARITY).unwrap();
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", c.as_raw_fd())).unwrap();
+        assert!(link.to_string_lossy().contains("pg_uvm_share device:1 chunk"), "{link:?}");
+        let e = p.create_chunk(Place::Device(2), GRANULARITY).unwrap_err();
+        assert_eq!(e.code, crate::error::Code::InvalidParameterValue);
+        let r = p.reserve(0, GRANULARITY).unwrap();
+        p.map_chunk(c.as_fd(), Tier::Device, &r, 0, GRANULARITY).unwrap();
+        p.unmap_chunk(&r, 0, GRANULARITY, Tier::Device);
+        p.release_reservation(r);
     }
 
     #[test]
@@ -192,7 +239,7 @@ mod tests {
         let arena = reserve_arena(64 * GRANULARITY);
         assert_eq!(arena.base % GRANULARITY, 0);
         assert_eq!(arena.size, 64 * GRANULARITY);
-        let p = HostProvider;
+        let p = HostProvider::default();
         // SAFETY: a range of the arena this test reserved, used by nothing else.
         let r = unsafe { p.reserve_in_arena(arena.base + 4 * GRANULARITY, 2 * GRANULARITY) }.unwrap();
         assert_eq!(r.addr(), arena.base + 4 * GRANULARITY);
@@ -200,7 +247,7 @@ mod tests {
         // SAFETY: as above (it is refused before anything is mapped).
         let e = unsafe { p.reserve_in_arena(arena.base + 5 * GRANULARITY, GRANULARITY) }.unwrap_err();
         assert_eq!(e.code, crate::error::Code::ObjectInUse);
-        let c = p.create_chunk(Tier::Host, GRANULARITY).unwrap();
+        let c = p.create_chunk(Place::Host, GRANULARITY).unwrap();
         p.map_chunk(c.as_fd(), Tier::Host, &r, 0, GRANULARITY).unwrap();
         // SAFETY: mapped above.
         unsafe { *(r.addr() as *mut u64) = 7 };

@@ -15,7 +15,7 @@
 //! | --- | --- | --- |
 //! | `reserve(hint, size)` | `mmap(PROT_NONE)` | `cuMemAddressReserve(hint)` |
 //! | `reserve_in_arena(addr, size)` (unsafe) | inside the inherited arena: nothing to map | `cuMemAddressReserve(addr)` |
-//! | `create_chunk(tier, size)` | `memfd_create` + `ftruncate` | `cuMemCreate` + export POSIX fd |
+//! | `create_chunk(place, size)` | `memfd_create` + `ftruncate` | `cuMemCreate` on the place's GPU (or `HOST_NUMA`) + export POSIX fd |
 //! | `map_chunk(fd, r, offset)` | `mmap(MAP_FIXED|MAP_SHARED)` over the reservation | import + `cuMemMap` + `cuMemSetAccess` |
 //! | `unmap_chunk(r, offset)` | `mmap(PROT_NONE, MAP_FIXED)` back over it | `cuMemUnmap` |
 //! | `release_reservation(r)` | `PROT_NONE` again (arena) or `munmap` | `cuMemAddressFree` |
@@ -49,7 +49,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 
 use crate::error::{Code, Result, UvmError};
 pub use crate::vocab::ProviderKind;
-use crate::vocab::{Arena, Tier};
+use crate::vocab::{Arena, Place, Tier};
 
 /// Mapping granularity of every provider: CUDA VMM's (2 MiB) is also used for memfds so that a
 /// segment's layout does not depend on the provider.
@@ -142,6 +142,10 @@ pub trait Provider {
     /// Whether chunks can live in `tier` (cheap: asked on every chunk placement, whereas
     /// `capabilities` queries the device for `uvm.device_info()`).
     fn has_tier(&self, tier: Tier) -> bool;
+    /// How many GPUs device chunks can be placed on, numbered from 0 (0: no device tier).
+    fn devices(&self) -> u32 {
+        u32::from(self.has_tier(Tier::Device))
+    }
     /// Whether the CPU can read and write chunks of `tier` through their mapping (otherwise the
     /// segment layer copies with `copy`, one chunk at a time).
     fn cpu_accessible(&self, _tier: Tier) -> bool {
@@ -166,8 +170,9 @@ pub trait Provider {
     /// Gives a reservation back. Unmap its chunks first: the host provider unmaps whatever is
     /// left, but the CUDA driver refuses to free a range with mappings (it then leaks).
     fn release_reservation(&self, r: Reservation);
-    /// Allocates a chunk and returns an fd another process can map.
-    fn create_chunk(&self, tier: Tier, size: u64) -> Result<OwnedFd>;
+    /// Allocates a chunk at `place` (the host tier, or GPU n's memory) and returns an fd another
+    /// process can map. A GPU past `devices()` is refused (22023).
+    fn create_chunk(&self, place: Place, size: u64) -> Result<OwnedFd>;
     /// Maps a chunk of `size` bytes at `offset` of reservation `r` (22023 if that is not inside
     /// it), readable and writable by this process, replacing what was mapped there.
     fn map_chunk(&self, fd: BorrowedFd<'_>, tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()>;
@@ -253,6 +258,11 @@ pub(crate) unsafe fn make_inaccessible(addr: u64, size: u64) -> Result<()> {
     unsafe { map_none(addr, size, libc::MAP_FIXED) }
         .map(|_| ())
         .map_err(|e| UvmError::os("could not reset reserved address range", e))
+}
+
+/// Error for a GPU this provider does not have.
+pub fn no_such_device(place: Place, devices: u32) -> UvmError {
+    UvmError::new(Code::InvalidParameterValue, format!("there is no {place}: the provider has {devices} GPU(s)"))
 }
 
 /// Error for a tier this provider does not have.

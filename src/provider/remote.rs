@@ -15,7 +15,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 
 use super::{adopt, unadopt, Capabilities, Provider, ProviderKind, Reservation, GRANULARITY};
 use crate::error::{Code, Result, UvmError};
-use crate::vocab::Tier;
+use crate::vocab::{Place, Tier};
 
 /// Maps nothing; see the module documentation. `kind` is the cluster's provider (for display).
 pub struct RemoteProvider {
@@ -60,7 +60,7 @@ impl Provider for RemoteProvider {
         }
     }
 
-    fn create_chunk(&self, _tier: Tier, _size: u64) -> Result<OwnedFd> {
+    fn create_chunk(&self, _place: Place, _size: u64) -> Result<OwnedFd> {
         Err(in_service())
     }
 

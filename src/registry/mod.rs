@@ -50,7 +50,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::error::{Code, Result, UvmError};
 use crate::uvm_err;
-pub use crate::vocab::{Arena, ChunkInfo, Tier, TierPref};
+pub use crate::vocab::{Arena, ChunkInfo, Place, Tier, TierPref, MAX_DEVICES};
 
 /// Longest segment name in bytes, as for PostgreSQL identifiers (`NAMEDATALEN - 1`).
 pub const MAX_NAME_LEN: usize = 63;
@@ -58,7 +58,7 @@ pub const MAX_NAME_LEN: usize = 63;
 /// cover far more than any machine's memory.
 pub const MAX_CHUNKS_PER_SEGMENT: usize = 64;
 const MAGIC: u64 = 0x5556_4d53_4841_5245; // "UVMSHARE"
-const LAYOUT_VERSION: u32 = 2;
+const LAYOUT_VERSION: u32 = 3;
 const NO_CHUNK: u32 = u32::MAX;
 
 /// Slot counts, fixed at postmaster start.
@@ -81,12 +81,17 @@ struct Header {
     next_chunk_id: u64,
     arena_base: u64,
     arena_size: u64,
-    /// Committed bytes per tier, cluster-wide (the device budget is checked against these).
-    device_bytes: u64,
+    /// Committed bytes per GPU and in the host tier, cluster-wide (each GPU's device budget is
+    /// checked against its own count).
+    gpu_bytes: [u64; MAX_DEVICES as usize],
     host_bytes: u64,
     broker_pid: i32,
     /// The provider every process of this cluster uses (0: not chosen yet; see `claim_provider`).
     provider: u32,
+    /// How many GPUs that provider places device chunks on (recorded with it; for the views,
+    /// which read the registry alone).
+    devices: u32,
+    _pad: u32,
 }
 
 #[repr(C)]
@@ -127,6 +132,23 @@ struct ChunkSlot {
     size: u64,
     tier: u32,
     state: u32,
+    /// The GPU of a device chunk (0 for the host tier).
+    device: u32,
+    _pad: u32,
+}
+
+impl ChunkSlot {
+    const FREE: ChunkSlot =
+        ChunkSlot { id: 0, segment_id: 0, offset: 0, size: 0, tier: 0, state: CHUNK_FREE, device: 0, _pad: 0 };
+
+    fn pending(id: u64, segment_id: u64, offset: u64, size: u64, place: Place) -> ChunkSlot {
+        let (tier, device) = (place.tier() as u32, place.device());
+        ChunkSlot { id, segment_id, offset, size, tier, state: CHUNK_PENDING, device, _pad: 0 }
+    }
+
+    fn place(&self) -> Place {
+        Place::from_parts(Tier::from_u32(self.tier), self.device)
+    }
 }
 
 #[repr(C)]
@@ -169,6 +191,16 @@ impl SegmentInfo {
     pub fn bytes_in(&self, tier: Tier) -> u64 {
         self.chunks.iter().filter(|c| c.tier == tier).map(|c| c.size).sum()
     }
+    /// Device bytes per GPU, for GPUs `0..devices` (chunks on GPUs past that are not counted).
+    pub fn bytes_per_gpu(&self, devices: u32) -> Vec<u64> {
+        let mut v = vec![0u64; devices as usize];
+        for c in self.chunks.iter().filter(|c| c.tier == Tier::Device) {
+            if let Some(b) = v.get_mut(c.device as usize) {
+                *b += c.size;
+            }
+        }
+        v
+    }
 }
 
 /// One process's attachment as `uvm.attachments` shows it.
@@ -203,7 +235,7 @@ pub struct PendingChunk {
     pub segment_id: u64,
     pub offset: u64,
     pub size: u64,
-    pub tier: Tier,
+    pub place: Place,
 }
 
 /// Checks a segment name: non-empty, at most [`MAX_NAME_LEN`] bytes, no NUL.
@@ -350,10 +382,12 @@ impl Registry {
                 next_chunk_id: 1,
                 arena_base: arena.base,
                 arena_size: arena.size,
-                device_bytes: 0,
+                gpu_bytes: [0; MAX_DEVICES as usize],
                 host_bytes: 0,
                 broker_pid: 0,
                 provider: 0,
+                devices: 0,
+                _pad: 0,
             };
         }
         r
@@ -444,6 +478,16 @@ impl Registry {
         self.hdr().provider
     }
 
+    /// Records how many GPUs the cluster's provider has (every process computes the same).
+    pub fn record_devices(&mut self, devices: u32) {
+        self.hdr_mut().devices = devices.min(MAX_DEVICES);
+    }
+
+    /// The GPUs of the cluster's provider, as recorded (0: no device tier, or not chosen yet).
+    pub fn devices(&self) -> u32 {
+        self.hdr().devices.min(MAX_DEVICES)
+    }
+
     /// The recorded provider code (0: none yet).
     pub fn provider(&self) -> u32 {
         self.hdr().provider
@@ -452,9 +496,27 @@ impl Registry {
     /// Committed bytes in a tier, all segments together.
     pub fn tier_bytes(&self, tier: Tier) -> u64 {
         match tier {
-            Tier::Device => self.hdr().device_bytes,
+            Tier::Device => self.hdr().gpu_bytes.iter().sum(),
             Tier::Host => self.hdr().host_bytes,
         }
+    }
+
+    /// Committed device bytes on GPU `n`, all segments together (0 past [`MAX_DEVICES`]).
+    pub fn gpu_bytes(&self, n: u32) -> u64 {
+        self.hdr().gpu_bytes.get(n as usize).copied().unwrap_or(0)
+    }
+
+    /// Adds `delta` bytes to the committed total of `place`. A GPU past [`MAX_DEVICES`] (never
+    /// recorded: placement names only the provider's GPUs) counts nowhere.
+    fn account(&mut self, place: Place, delta: i128) {
+        let total = match place {
+            Place::Host => &mut self.hdr_mut().host_bytes,
+            Place::Device(n) => match self.hdr_mut().gpu_bytes.get_mut(n as usize) {
+                Some(t) => t,
+                None => return,
+            },
+        };
+        *total = (*total as i128 + delta).max(0) as u64;
     }
 
     fn seg_name(s: &SegmentSlot) -> &str {
@@ -490,7 +552,7 @@ impl Registry {
             .iter()
             .map(|&ci| {
                 let c = self.chunk(ci);
-                ChunkInfo { id: c.id, offset: c.offset, size: c.size, tier: Tier::from_u32(c.tier) }
+                ChunkInfo { id: c.id, offset: c.offset, size: c.size, tier: Tier::from_u32(c.tier), device: c.device }
             })
             .collect();
         let arena = self.arena();
@@ -499,7 +561,7 @@ impl Registry {
             id: s.id,
             name: Self::seg_name(s).to_string(),
             owner: s.owner,
-            tier_pref: TierPref::from_u32(s.tier_pref),
+            tier_pref: TierPref::from_code(s.tier_pref),
             size: s.size,
             max_size: s.max_size,
             reserve: s.reserve,
@@ -570,7 +632,7 @@ impl Registry {
         s.id = id;
         s.name = name;
         s.owner = spec.owner;
-        s.tier_pref = spec.tier_pref as u32;
+        s.tier_pref = spec.tier_pref.code();
         s.size = 0; // set by the first commit_chunk
         s.max_size = spec.max_size;
         s.reserve = spec.reserve;
@@ -600,7 +662,7 @@ impl Registry {
     /// Records a pending chunk that will cover `[offset, offset + size)` of the segment. The
     /// caller then allocates it, gives its fd to the broker, and calls `commit_chunk` or
     /// `abort_chunk`.
-    pub fn reserve_chunk(&mut self, slot: u32, offset: u64, size: u64, tier: Tier) -> Result<PendingChunk> {
+    pub fn reserve_chunk(&mut self, slot: u32, offset: u64, size: u64, place: Place) -> Result<PendingChunk> {
         let (seg_id, nchunks) = {
             let s = self.seg(slot);
             (s.id, s.nchunks)
@@ -615,8 +677,8 @@ impl Registry {
         let ci = self.free_chunk_slot()?;
         let id = self.hdr().next_chunk_id;
         self.hdr_mut().next_chunk_id += 1;
-        *self.chunk_mut(ci) = ChunkSlot { id, segment_id: seg_id, offset, size, tier: tier as u32, state: CHUNK_PENDING };
-        Ok(PendingChunk { slot: ci, id, segment_id: seg_id, offset, size, tier })
+        *self.chunk_mut(ci) = ChunkSlot::pending(id, seg_id, offset, size, place);
+        Ok(PendingChunk { slot: ci, id, segment_id: seg_id, offset, size, place })
     }
 
     fn free_chunk_slot(&self) -> Result<u32> {
@@ -630,7 +692,7 @@ impl Registry {
     pub fn abort_chunk(&mut self, p: &PendingChunk) {
         let c = self.chunk_mut(p.slot);
         if c.id == p.id && c.state == CHUNK_PENDING {
-            *c = ChunkSlot { id: 0, segment_id: 0, offset: 0, size: 0, tier: 0, state: CHUNK_FREE };
+            *c = ChunkSlot::FREE;
         }
     }
 
@@ -653,10 +715,7 @@ impl Registry {
         s.size = s.size.max(new_size);
         s.generation += 1;
         let g = s.generation;
-        match p.tier {
-            Tier::Device => self.hdr_mut().device_bytes += p.size,
-            Tier::Host => self.hdr_mut().host_bytes += p.size,
-        }
+        self.account(p.place, p.size as i128);
         Ok(g)
     }
 
@@ -688,15 +747,12 @@ impl Registry {
         for ci in 0..self.hdr().max_chunks {
             let c = self.chunk(ci);
             if c.state != CHUNK_FREE && c.segment_id == seg_id {
-                let (id, size, tier, live) = (c.id, c.size, Tier::from_u32(c.tier), c.state == CHUNK_LIVE);
+                let (id, size, place, live) = (c.id, c.size, c.place(), c.state == CHUNK_LIVE);
                 ids.push(id);
                 if live {
-                    match tier {
-                        Tier::Device => self.hdr_mut().device_bytes -= size,
-                        Tier::Host => self.hdr_mut().host_bytes -= size,
-                    }
+                    self.account(place, -(size as i128));
                 }
-                *self.chunk_mut(ci) = ChunkSlot { id: 0, segment_id: 0, offset: 0, size: 0, tier: 0, state: CHUNK_FREE };
+                *self.chunk_mut(ci) = ChunkSlot::FREE;
             }
         }
         let s = self.seg_mut(slot);
@@ -737,8 +793,8 @@ impl Registry {
     }
 
     /// Records a pending chunk that will replace live chunk `old_id` (same offset and size) in
-    /// tier `tier`. Needs a free chunk slot; the segment's chunk count does not change.
-    pub fn reserve_replacement(&mut self, slot: u32, old_id: u64, tier: Tier) -> Result<PendingChunk> {
+    /// `place`. Needs a free chunk slot; the segment's chunk count does not change.
+    pub fn reserve_replacement(&mut self, slot: u32, old_id: u64, place: Place) -> Result<PendingChunk> {
         let seg_id = self.seg(slot).id;
         let old = (0..self.hdr().max_chunks)
             .map(|i| self.chunk(i))
@@ -748,9 +804,8 @@ impl Registry {
         let ci = self.free_chunk_slot()?;
         let id = self.hdr().next_chunk_id;
         self.hdr_mut().next_chunk_id += 1;
-        *self.chunk_mut(ci) =
-            ChunkSlot { id, segment_id: seg_id, offset: old.0, size: old.1, tier: tier as u32, state: CHUNK_PENDING };
-        Ok(PendingChunk { slot: ci, id, segment_id: seg_id, offset: old.0, size: old.1, tier })
+        *self.chunk_mut(ci) = ChunkSlot::pending(id, seg_id, old.0, old.1, place);
+        Ok(PendingChunk { slot: ci, id, segment_id: seg_id, offset: old.0, size: old.1, place })
     }
 
     /// Swaps a pending replacement in for live chunk `old_id`, adjusts the per-tier totals and
@@ -766,22 +821,17 @@ impl Registry {
         }
         .ok_or_else(|| uvm_err!(Code::ObjectInUse, "chunk {old_id} changed during migration"))?;
         let old_ci = self.seg(slot).chunks[pos];
-        let (old_size, old_tier) = {
+        let (old_size, old_place) = {
             let c = self.chunk(old_ci);
-            (c.size, Tier::from_u32(c.tier))
+            (c.size, c.place())
         };
         self.chunk_mut(p.slot).state = CHUNK_LIVE;
-        *self.chunk_mut(old_ci) = ChunkSlot { id: 0, segment_id: 0, offset: 0, size: 0, tier: 0, state: CHUNK_FREE };
+        *self.chunk_mut(old_ci) = ChunkSlot::FREE;
         let s = self.seg_mut(slot);
         s.chunks[pos] = p.slot;
         s.generation += 1;
-        for (tier, delta) in [(old_tier, -(old_size as i128)), (p.tier, p.size as i128)] {
-            let total = match tier {
-                Tier::Device => &mut self.hdr_mut().device_bytes,
-                Tier::Host => &mut self.hdr_mut().host_bytes,
-            };
-            *total = (*total as i128 + delta) as u64;
-        }
+        self.account(old_place, -(old_size as i128));
+        self.account(p.place, p.size as i128);
         Ok(old_id)
     }
 

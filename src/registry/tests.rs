@@ -26,7 +26,7 @@ fn spec(name: &str, reserve: u64) -> NewSegment<'_> {
 
 fn add_chunk(r: &mut Registry, slot: u32, size: u64, new_size: u64) -> PendingChunk {
     let off = r.info(slot).committed;
-    let p = r.reserve_chunk(slot, off, size, Tier::Host).unwrap();
+    let p = r.reserve_chunk(slot, off, size, Place::Host).unwrap();
     r.commit_chunk(&p, new_size).unwrap();
     p
 }
@@ -107,7 +107,7 @@ fn create_find_drop() {
     let p = add_chunk(r, slot, 4 * MIB, 3 * MIB);
     let info = r.info(slot);
     assert_eq!((info.size, info.committed, info.generation), (3 * MIB, 4 * MIB, 2));
-    assert_eq!(info.chunks, vec![ChunkInfo { id: p.id, offset: 0, size: 4 * MIB, tier: Tier::Host }]);
+    assert_eq!(info.chunks, vec![ChunkInfo { id: p.id, offset: 0, size: 4 * MIB, tier: Tier::Host, device: 0 }]);
     assert_eq!(r.tier_bytes(Tier::Host), 4 * MIB);
     assert_eq!(r.known_chunk_ids(), vec![p.id]);
     assert_eq!(r.drop_segment(slot).unwrap(), vec![p.id]);
@@ -129,10 +129,10 @@ fn capacity_errors() {
     let slot = r.find("s0").unwrap();
     for _ in 0..8 {
         let off = r.info(slot).committed;
-        let p = r.reserve_chunk(slot, off, 2 * MIB, Tier::Host).unwrap();
+        let p = r.reserve_chunk(slot, off, 2 * MIB, Place::Host).unwrap();
         r.commit_chunk(&p, off + 1).unwrap();
     }
-    assert_eq!(r.reserve_chunk(slot, 16 * MIB, 2 * MIB, Tier::Host).unwrap_err().code, Code::ConfigurationLimitExceeded);
+    assert_eq!(r.reserve_chunk(slot, 16 * MIB, 2 * MIB, Place::Host).unwrap_err().code, Code::ConfigurationLimitExceeded);
 }
 
 #[test]
@@ -201,8 +201,8 @@ fn pending_chunks_are_known_until_aborted_and_commits_detect_races() {
     let mut t = small();
     let r = &mut t.reg;
     let slot = r.create_segment(&spec("a", 8 * MIB)).unwrap();
-    let p1 = r.reserve_chunk(slot, 0, 2 * MIB, Tier::Host).unwrap();
-    let p2 = r.reserve_chunk(slot, 0, 2 * MIB, Tier::Host).unwrap();
+    let p1 = r.reserve_chunk(slot, 0, 2 * MIB, Place::Host).unwrap();
+    let p2 = r.reserve_chunk(slot, 0, 2 * MIB, Place::Host).unwrap();
     assert_eq!(r.known_chunk_ids(), vec![p1.id, p2.id]);
     r.commit_chunk(&p1, MIB).unwrap();
     // p2 planned to cover offset 0 too: it lost the race
@@ -210,7 +210,7 @@ fn pending_chunks_are_known_until_aborted_and_commits_detect_races() {
     r.abort_chunk(&p2);
     assert_eq!(r.known_chunk_ids(), vec![p1.id]);
     // committing into a dropped segment fails
-    let p3 = r.reserve_chunk(slot, 2 * MIB, 2 * MIB, Tier::Host).unwrap();
+    let p3 = r.reserve_chunk(slot, 2 * MIB, 2 * MIB, Place::Host).unwrap();
     let ids = r.drop_segment(slot).unwrap();
     assert!(ids.contains(&p3.id) && ids.contains(&p1.id));
     assert_eq!(r.commit_chunk(&p3, 3 * MIB).unwrap_err().code, Code::UndefinedObject);

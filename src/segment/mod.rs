@@ -65,9 +65,10 @@ use std::time::{Duration, Instant};
 
 use crate::broker::client::Client;
 use crate::error::{Code, Kind, Result, UvmError};
+use crate::placement::{self, Gpu};
 use crate::provider::{Provider, Reservation, GRANULARITY};
 use crate::registry::{
-    next_chunk_size, round_up, ChunkInfo, HeldPin, NewSegment, PendingChunk, Registry, SegmentInfo, Tier, TierPref,
+    next_chunk_size, round_up, ChunkInfo, HeldPin, NewSegment, PendingChunk, Place, Registry, SegmentInfo, Tier, TierPref,
 };
 use crate::uvm_err;
 
@@ -96,7 +97,7 @@ pub trait Env: Clone {
 pub struct Limits {
     pub min_chunk: u64,
     pub max_segment_size: u64,
-    /// Device-tier budget in bytes (None: the provider's own limit).
+    /// Device-tier budget in bytes, per GPU (None: the provider's own limit).
     pub device_limit: Option<u64>,
     /// How long a migration waits for pins to drain, and a pin for a migration to end.
     pub pin_wait: Duration,
@@ -497,31 +498,26 @@ impl<E: Env> Segments<E> {
         }
     }
 
-    /// Where a new chunk of `size` bytes goes under preference `pref`, and how large it is:
-    /// `auto` fills the device budget first, so a chunk that does not fit whole is cut at the
-    /// budget (the next chunk goes to the host tier) and a segment spans both tiers.
-    fn place_chunk(&self, reg: &Registry, pref: TierPref, size: u64) -> Result<(Tier, u64)> {
-        let has_device = self.provider.has_tier(Tier::Device);
-        let room = self.limits.device_limit.map(|l| l.saturating_sub(reg.tier_bytes(Tier::Device)) / GRANULARITY * GRANULARITY);
-        match pref {
-            TierPref::Host => Ok((Tier::Host, size)),
-            TierPref::Auto if !has_device => Ok((Tier::Host, size)),
-            TierPref::Auto => Ok(match room {
-                None => (Tier::Device, size),
-                Some(r) if r >= size => (Tier::Device, size),
-                Some(r) if r > 0 => (Tier::Device, r),
-                Some(_) => (Tier::Host, size),
-            }),
-            TierPref::Device if !has_device => Err(crate::provider::tier_unavailable(Tier::Device, self.provider.kind())),
-            TierPref::Device if room.is_some_and(|r| r < size) => Err(uvm_err!(
-                Code::ConfigurationLimitExceeded,
-                "a {size}-byte device chunk would exceed pg_uvm_share.device_memory_limit ({} bytes, {} in use)",
-                self.limits.device_limit.unwrap_or(0),
-                reg.tier_bytes(Tier::Device)
-            )
-            .hint("Use tier \"auto\" to spill to the host tier, or raise pg_uvm_share.device_memory_limit.")),
-            TierPref::Device => Ok((Tier::Device, size)),
+    /// The provider's GPUs as placement sees them: each one's committed bytes and budget.
+    fn gpus(&self, reg: &Registry) -> Vec<Gpu> {
+        (0..self.provider.devices()).map(|n| Gpu { used: reg.gpu_bytes(n), budget: self.limits.device_limit }).collect()
+    }
+
+    /// Refuses (0A000) a preference for the device tier when the provider has none.
+    fn check_pref(&self, pref: TierPref) -> Result<()> {
+        if !matches!(pref, TierPref::Auto | TierPref::Host) && self.provider.devices() == 0 {
+            return Err(crate::provider::tier_unavailable(Tier::Device, self.provider.kind()));
         }
+        Ok(())
+    }
+
+    /// Where a new chunk of `size` bytes goes under preference `pref`, and how large it is
+    /// (`crate::placement`): `auto` fills the GPUs' budgets first, so a chunk that does not fit
+    /// whole is cut at a budget (the next chunk goes to another GPU or the host tier) and a
+    /// segment spans GPUs and tiers; `device` spreads over the GPUs the same way.
+    fn place_chunk(&self, reg: &Registry, pref: TierPref, size: u64) -> Result<(Place, u64)> {
+        self.check_pref(pref)?;
+        placement::place_chunk(pref, size, &self.gpus(reg), GRANULARITY)
     }
 
     /// Validates a requested size (> 0, <= max), returning it as u64.
@@ -550,8 +546,11 @@ impl<E: Env> Segments<E> {
         if max_size < size {
             return Err(uvm_err!(Code::InvalidParameterValue, "max_size {max_size} is smaller than size {size}"));
         }
-        if pref == TierPref::Device && !self.provider.has_tier(Tier::Device) {
-            return Err(crate::provider::tier_unavailable(Tier::Device, self.provider.kind()));
+        self.check_pref(pref)?;
+        if let TierPref::DeviceOn(n) = pref {
+            if n >= self.provider.devices() {
+                return Err(crate::provider::no_such_device(Place::Device(n), self.provider.devices()));
+            }
         }
         let reserve = round_up(max_size, GRANULARITY).expect("bounded by max_segment_size");
         let (slot, id) = {
@@ -643,13 +642,13 @@ impl<E: Env> Segments<E> {
                     self.limits.min_chunk,
                     GRANULARITY,
                 );
-                let (tier, size) = if spill { (Tier::Host, size) } else { self.place_chunk(&reg, info.tier_pref, size)? };
-                (reg.reserve_chunk(slot, info.committed, size, tier)?, reg.epoch())
+                let (place, size) = if spill { (Place::Host, size) } else { self.place_chunk(&reg, info.tier_pref, size)? };
+                (reg.reserve_chunk(slot, info.committed, size, place)?, reg.epoch())
             };
             let mut guard = PendingGuard { segs: self, pending, handed_over: false, committed: false, epoch };
-            let fd = match guard.segs.provider.create_chunk(pending.tier, pending.size) {
+            let fd = match guard.segs.provider.create_chunk(pending.place, pending.size) {
                 Ok(fd) => fd,
-                Err(e) if e.code == Code::OutOfMemory && pending.tier == Tier::Device && !spill => {
+                Err(e) if e.code == Code::OutOfMemory && pending.place != Place::Host && !spill => {
                     let auto = guard.segs.lookup_id(id).map(|i| i.tier_pref == TierPref::Auto).unwrap_or(false);
                     if !auto {
                         return Err(e);
@@ -865,64 +864,65 @@ impl<E: Env> Segments<E> {
         Ok(())
     }
 
-    /// Moves the chunks covering `[offset, offset + length)` of `name` to tier `target`;
-    /// returns the bytes moved.
+    /// Moves the chunks covering `[offset, offset + length)` of `name` to `target` (`host`,
+    /// `device`: any GPU, chunks already on one stay; `device:N`: GPU N); returns the bytes
+    /// moved. Where each chunk goes is planned first (`placement::plan_moves`): a move past a
+    /// GPU's budget refuses the whole migration before anything moves.
     ///
     /// Migration waits (up to `limits.pin_wait`) until no process holds a pin, then marks the
     /// segment migrating, which holds new pins back and refuses drops. For each chunk to move it
     /// allocates a chunk in the target tier, copies the bytes (per chunk: driver copies cannot
     /// cross chunk boundaries), and swaps it in under the exclusive lock with a generation bump,
-    /// so that every process remaps before its next access. Chunks already in `target` stay.
+    /// so that every process remaps before its next access. Chunks already where `target` wants
+    /// them stay.
     pub fn prefetch(
         &mut self,
         name: &str,
         offset: i64,
         length: i64,
-        target: Tier,
+        target: TierPref,
         authorize: impl FnOnce(u32) -> Result<()>,
     ) -> Result<u64> {
         let info = self.lookup(name)?;
         authorize(info.owner)?;
         let (start, len) = check_range(&info, offset, length)?;
-        if !self.provider.has_tier(target) {
-            return Err(crate::provider::tier_unavailable(target, self.provider.kind()));
+        if target == TierPref::Auto {
+            return Err(uvm_err!(Code::InvalidParameterValue, "prefetch needs a concrete tier, not \"auto\""));
         }
+        self.check_pref(target)?;
         let (start, end) = (start as u64, (start + len) as u64);
-        let moving: Vec<ChunkInfo> =
-            info.chunks.iter().filter(|c| c.offset < end && start < c.offset + c.size && c.tier != target).copied().collect();
+        let covered: Vec<ChunkInfo> =
+            info.chunks.iter().filter(|c| c.offset < end && start < c.offset + c.size).copied().collect();
+        // Where each chunk goes, planned whole before anything moves (a move refused for
+        // budget moves nothing).
+        let plan = {
+            let reg = self.env.shared()?;
+            let chunks: Vec<(Place, u64)> = covered.iter().map(|c| (c.place(), c.size)).collect();
+            placement::plan_moves(target, &chunks, &self.gpus(&reg), GRANULARITY)
+                .map_err(|e| e.detail(format!("Nothing of segment \"{name}\" was moved.")))?
+        };
+        let moving: Vec<(ChunkInfo, Place)> = covered.iter().zip(plan).filter_map(|(c, to)| to.map(|to| (*c, to))).collect();
         if moving.is_empty() {
             return Ok(0);
         }
-        let bytes: u64 = moving.iter().map(|c| c.size).sum();
-        if target == Tier::Device {
-            let reg = self.env.shared()?;
-            if let Some(limit) = self.limits.device_limit {
-                let used = reg.tier_bytes(Tier::Device);
-                if used.saturating_add(bytes) > limit {
-                    return Err(uvm_err!(
-                        Code::ConfigurationLimitExceeded,
-                        "moving {bytes} bytes of segment \"{name}\" to the device would exceed \
-                         pg_uvm_share.device_memory_limit ({limit} bytes, {used} in use)"
-                    ));
-                }
-            }
-        }
+        let bytes: u64 = moving.iter().map(|(c, _)| c.size).sum();
         let started = Instant::now();
         let _flag = MigrationFlag::begin(&self.env, info.id, name, self.limits.pin_wait)?;
         let mut stats = MigrationStats { bytes, chunks: moving.len() as u32, wait_ms: ms(started), ..Default::default() };
-        for c in &moving {
+        for (c, to) in &moving {
             // Between chunks: each migrate_chunk is all-or-nothing, so an interrupt here leaves
             // every chunk either moved or in place (and the flag is cleared by its guard).
             crate::interrupt::check()?;
-            self.migrate_chunk(info.id, c, target, &mut stats)?;
+            self.migrate_chunk(info.id, c, *to, &mut stats)?;
         }
         stats.other_ms = ms(started) - stats.wait_ms - stats.map_ms - stats.alloc_ms - stats.copy_ms;
         self.last_migration = Some(stats);
         Ok(bytes)
     }
 
-    /// Replaces one chunk by a copy in `target`. The caller holds the migration flag.
-    fn migrate_chunk(&mut self, id: u64, old: &ChunkInfo, target: Tier, stats: &mut MigrationStats) -> Result<()> {
+    /// Replaces one chunk by a copy at `to`. The caller holds the migration flag.
+    fn migrate_chunk(&mut self, id: u64, old: &ChunkInfo, to: Place, stats: &mut MigrationStats) -> Result<()> {
+        let target = to.tier();
         let (info, epoch) = {
             let reg = self.env.shared()?;
             let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
@@ -950,11 +950,11 @@ impl<E: Env> Segments<E> {
         let pending = {
             let mut reg = self.env.exclusive()?;
             let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
-            reg.reserve_replacement(slot, old.id, target)?
+            reg.reserve_replacement(slot, old.id, to)?
         };
         let mut guard = PendingGuard { segs: self, pending, handed_over: false, committed: false, epoch };
         let t = Instant::now();
-        let fd = guard.segs.provider.create_chunk(target, old.size)?;
+        let fd = guard.segs.provider.create_chunk(to, old.size)?;
         stats.alloc_ms += ms(t);
         guard.segs.with_broker(|b| b.put(epoch, pending.id, fd.as_fd()))?;
         guard.handed_over = true;

@@ -3,15 +3,16 @@
 //! unpin_session / drop / prefetch (migration) / process exit, run by several managers standing
 //! in for processes over one registry and one real broker, as `tests.rs` does.
 //!
-//! The provider is a simulated two-tier one: memfds in both tiers, each named after its tier, so
-//! that a migration really moves a chunk to a new memfd of the other tier and the invariants can
-//! ask the broker's fd itself which tier a chunk is in.
+//! The provider is the host provider simulating two GPUs: memfds in both tiers, each named after
+//! its place (host, device:0, device:1), so that a migration really moves a chunk to a new memfd
+//! of its new place and the invariants can ask the broker's fd itself where a chunk is.
 //!
 //! After every step:
 //! - the registry, the broker and the model agree on the chunks: every chunk of every segment has
 //!   a distinct id, the broker holds exactly one fd per registry chunk (none lost, none left over,
 //!   none doubled), and that fd is a memfd of the chunk's size and tier;
-//! - per-tier byte totals are exact (the registry's totals equal the sums over the chunks);
+//! - per-tier and per-GPU byte totals are exact (the registry's totals equal the sums over the
+//!   chunks), and no GPU passes its budget;
 //! - the chunks tile each segment, which covers its size;
 //! - pin counts are never negative and equal the model's, per segment and per process;
 //! - sizes and generations never go down; the names and sizes are the model's;
@@ -23,7 +24,7 @@
 //! `PROPTEST_CASES=5000 cargo test -p pg_uvm_share --lib segment::model_tests`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,104 +33,98 @@ use proptest::prelude::*;
 use super::tests::{ok, TestEnv, World};
 use super::*;
 use crate::provider::host::HostProvider;
-use crate::provider::{Capabilities, ProviderKind};
 use crate::registry::{Arena, Capacity};
 
 const MIB: u64 = 1 << 20;
 const PROCESSES: usize = 3;
 const NAMES: [&str; 3] = ["s0", "s1", "s2"];
-/// Device-tier budget: small, so that `auto` segments spill and prefetches hit it.
+/// Device-tier budget of each GPU: small, so that `auto` segments spread and spill and
+/// prefetches hit it.
 const DEVICE_LIMIT: u64 = 12 * MIB;
 
-/// Two tiers of memfds, named after their tier.
-struct TieredMemfd;
+/// GPUs of the simulated provider: two, so that placement and migration between GPUs are part
+/// of every run.
+const GPUS: u32 = 2;
 
-fn memfd_name(tier: Tier) -> &'static std::ffi::CStr {
-    match tier {
-        Tier::Host => c"uvm-model-host",
-        Tier::Device => c"uvm-model-device",
-    }
-}
-
-impl Provider for TieredMemfd {
-    fn kind(&self) -> ProviderKind {
-        ProviderKind::Host
-    }
-    fn capabilities(&self) -> Capabilities {
-        Capabilities { tiers: vec![Tier::Host, Tier::Device], granularity: GRANULARITY, ..Default::default() }
-    }
-    fn has_tier(&self, _tier: Tier) -> bool {
-        true
-    }
-    fn reserve(&self, hint: u64, size: u64) -> Result<Reservation> {
-        HostProvider.reserve(hint, size)
-    }
-    fn release_reservation(&self, r: Reservation) {
-        HostProvider.release_reservation(r)
-    }
-    fn create_chunk(&self, tier: Tier, size: u64) -> Result<OwnedFd> {
-        // SAFETY: memfd_create with a static name; the fd is owned right below.
-        let fd = unsafe { libc::memfd_create(memfd_name(tier).as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(UvmError::last_os("memfd_create failed"));
-        }
-        // SAFETY: a fresh fd owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: ftruncate on our own memfd.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } != 0 {
-            return Err(UvmError::last_os("ftruncate failed"));
-        }
-        Ok(fd)
-    }
-    fn map_chunk(&self, fd: BorrowedFd<'_>, _tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()> {
-        HostProvider.map_chunk(fd, Tier::Host, r, offset, size)
-    }
-    fn unmap_chunk(&self, r: &Reservation, offset: u64, size: u64, _tier: Tier) {
-        HostProvider.unmap_chunk(r, offset, size, Tier::Host)
-    }
-    unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) -> Result<()> {
-        // SAFETY: forwarded contract.
-        unsafe { HostProvider.copy(dst, src, len) }
-    }
-}
-
-/// The tier and size of a chunk fd, from its memfd name and its size.
-fn fd_tier_and_size(fd: &OwnedFd) -> (Tier, u64) {
+/// The place and size of a chunk fd, from its memfd name (the host provider names each after
+/// its place) and its size.
+fn fd_place_and_size(fd: &OwnedFd) -> (Place, u64) {
     let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
     let link = link.to_string_lossy();
-    let tier = if link.contains("uvm-model-device") {
-        Tier::Device
+    let place = if link.contains("pg_uvm_share host chunk") {
+        Place::Host
     } else {
-        assert!(link.contains("uvm-model-host"), "not a chunk memfd: {link}");
-        Tier::Host
+        let n = (0..GPUS).find(|n| link.contains(&format!("pg_uvm_share device:{n} chunk")));
+        Place::Device(n.unwrap_or_else(|| panic!("not a chunk memfd: {link}")))
     };
     // SAFETY: all-zero is a valid stat; fstat fills it for a live fd.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
-    (tier, st.st_size as u64)
+    (place, st.st_size as u64)
 }
 
 #[derive(Clone, Debug)]
 enum Op {
-    Create { p: usize, seg: usize, size_kib: u64, extra_mib: u64, auto: bool },
-    Grow { p: usize, seg: usize, by_kib: u64 },
-    GrowAtLeast { p: usize, seg: usize, to_kib: u64 },
-    Pin { p: usize, seg: usize, at: u16, value: u8 },
-    Unpin { p: usize, which: usize },
-    PinSession { p: usize, seg: usize },
-    UnpinSession { p: usize, seg: usize },
-    Drop { p: usize, seg: usize },
-    Prefetch { p: usize, seg: usize, from: u16, len: u16, device: bool },
-    Exit { p: usize },
+    /// `pref`: 0 auto, 1 host, 2 device (any GPU), 3 + n device:n.
+    Create {
+        p: usize,
+        seg: usize,
+        size_kib: u64,
+        extra_mib: u64,
+        pref: u32,
+    },
+    Grow {
+        p: usize,
+        seg: usize,
+        by_kib: u64,
+    },
+    GrowAtLeast {
+        p: usize,
+        seg: usize,
+        to_kib: u64,
+    },
+    Pin {
+        p: usize,
+        seg: usize,
+        at: u16,
+        value: u8,
+    },
+    Unpin {
+        p: usize,
+        which: usize,
+    },
+    PinSession {
+        p: usize,
+        seg: usize,
+    },
+    UnpinSession {
+        p: usize,
+        seg: usize,
+    },
+    Drop {
+        p: usize,
+        seg: usize,
+    },
+    /// `to`: 0 host, 1 device (any GPU), 2 + n device:n.
+    Prefetch {
+        p: usize,
+        seg: usize,
+        from: u16,
+        len: u16,
+        to: u32,
+    },
+    Exit {
+        p: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     let p = 0..PROCESSES;
     let seg = 0..NAMES.len();
     prop_oneof![
-        4 => (p.clone(), seg.clone(), 1..12_000u64, 0..24u64, any::<bool>())
-            .prop_map(|(p, seg, size_kib, extra_mib, auto)| Op::Create { p, seg, size_kib, extra_mib, auto }),
+        4 => (p.clone(), seg.clone(), 1..12_000u64, 0..24u64, 0..3 + GPUS)
+            .prop_map(|(p, seg, size_kib, extra_mib, pref)| Op::Create { p, seg, size_kib, extra_mib, pref }),
         2 => (p.clone(), seg.clone(), 0..9_000u64).prop_map(|(p, seg, by_kib)| Op::Grow { p, seg, by_kib }),
         1 => (p.clone(), seg.clone(), 0..30_000u64).prop_map(|(p, seg, to_kib)| Op::GrowAtLeast { p, seg, to_kib }),
         3 => (p.clone(), seg.clone(), any::<u16>(), any::<u8>()).prop_map(|(p, seg, at, value)| Op::Pin { p, seg, at, value }),
@@ -137,8 +132,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (p.clone(), seg.clone()).prop_map(|(p, seg)| Op::PinSession { p, seg }),
         1 => (p.clone(), seg.clone()).prop_map(|(p, seg)| Op::UnpinSession { p, seg }),
         2 => (p.clone(), seg.clone()).prop_map(|(p, seg)| Op::Drop { p, seg }),
-        3 => (p.clone(), seg.clone(), any::<u16>(), any::<u16>(), any::<bool>())
-            .prop_map(|(p, seg, from, len, device)| Op::Prefetch { p, seg, from, len, device }),
+        3 => (p.clone(), seg.clone(), any::<u16>(), any::<u16>(), 0..2 + GPUS)
+            .prop_map(|(p, seg, from, len, to)| Op::Prefetch { p, seg, from, len, to }),
         1 => p.prop_map(|p| Op::Exit { p }),
     ]
 }
@@ -153,6 +148,18 @@ struct ModelSeg {
     generation: u64,
     /// Bytes written through pins: offset -> value.
     bytes: BTreeMap<u64, u8>,
+    /// Created for the device tier only (`device`, `device:N`): growth past the GPUs' budgets
+    /// is refused (53400) rather than spilled.
+    device_only: bool,
+}
+
+fn pref_of(code: u32) -> TierPref {
+    match code {
+        0 => TierPref::Auto,
+        1 => TierPref::Host,
+        2 => TierPref::Device,
+        n => TierPref::DeviceOn(n - 3),
+    }
 }
 
 /// One process: its manager, the pin guards it holds, and its session pins per segment name.
@@ -186,7 +193,7 @@ impl Harness {
         let procs = (0..PROCESSES)
             .map(|i| {
                 let pid = 100 + i as i32;
-                let segs = Segments::new(TestEnv::new(&world, pid), Box::new(TieredMemfd), limits());
+                let segs = Segments::new(TestEnv::new(&world, pid), Box::new(HostProvider::simulating(GPUS)), limits());
                 Proc { segs, pins: Vec::new(), sessions: HashMap::new(), pid }
             })
             .collect();
@@ -203,17 +210,22 @@ impl Harness {
 
     fn step(&mut self, op: &Op) {
         match *op {
-            Op::Create { p, seg, size_kib, extra_mib, auto } => {
+            Op::Create { p, seg, size_kib, extra_mib, pref } => {
                 let name = NAMES[seg];
                 let size = size_kib * 1024;
                 let max_size = size + extra_mib * MIB;
-                let pref = if auto { TierPref::Auto } else { TierPref::Host };
+                let pref = pref_of(pref);
+                let device_only = matches!(pref, TierPref::Device | TierPref::DeviceOn(_));
                 let r = self.procs[p].segs.create(name, size as i64, Some(max_size as i64), pref, 10, 0);
                 if self.model.contains_key(name) {
                     assert_eq!(r.unwrap_err().code, Code::DuplicateObject);
+                } else if device_only && r.as_ref().is_err_and(|e| e.code == Code::ConfigurationLimitExceeded) {
+                    // Past the budget of its GPU(s): refused, and nothing is left behind.
+                    assert!(self.procs[p].segs.lookup(name).is_err(), "a refused create left {name}");
                 } else {
                     let id = r.unwrap();
-                    self.model.insert(name.into(), ModelSeg { id, size, max_size, generation: 0, bytes: BTreeMap::new() });
+                    let bytes = BTreeMap::new();
+                    self.model.insert(name.into(), ModelSeg { id, size, max_size, generation: 0, bytes, device_only });
                 }
             }
             Op::Grow { p, seg, by_kib } => {
@@ -227,6 +239,8 @@ impl Harness {
                 let r = self.procs[p].segs.grow(name, to as i64, ok);
                 if to > m.max_size {
                     assert_eq!(r.unwrap_err().code, Code::ProgramLimitExceeded);
+                } else if m.device_only && r.as_ref().is_err_and(|e| e.code == Code::ConfigurationLimitExceeded) {
+                    // The size stays (chunks committed on the way stay too, and count).
                 } else {
                     assert_eq!(r.unwrap(), to);
                     self.model.get_mut(name).unwrap().size = to;
@@ -240,6 +254,7 @@ impl Harness {
                     None => assert_eq!(r.unwrap_err().code, Code::UndefinedObject),
                     Some(m) if to <= m.size => assert_eq!(r.unwrap(), m.size),
                     Some(m) if to > m.max_size => assert_eq!(r.unwrap_err().code, Code::ProgramLimitExceeded),
+                    Some(m) if m.device_only && r.as_ref().is_err_and(|e| e.code == Code::ConfigurationLimitExceeded) => {}
                     Some(m) => {
                         assert_eq!(r.unwrap(), to);
                         m.size = to;
@@ -310,9 +325,13 @@ impl Harness {
                     self.model.remove(name);
                 }
             }
-            Op::Prefetch { p, seg, from, len, device } => {
+            Op::Prefetch { p, seg, from, len, to } => {
                 let name = NAMES[seg];
-                let target = if device { Tier::Device } else { Tier::Host };
+                let target = match to {
+                    0 => TierPref::Host,
+                    1 => TierPref::Device,
+                    n => TierPref::DeviceOn(n - 2),
+                };
                 let Some(m) = self.model.get(name) else {
                     let e = self.procs[p].segs.prefetch(name, 0, 0, target, ok).unwrap_err();
                     assert_eq!(e.code, Code::UndefinedObject);
@@ -320,28 +339,41 @@ impl Harness {
                 };
                 let off = from as u64 * m.size / (u16::MAX as u64 + 1);
                 let len = len as u64 * (m.size - off) / (u16::MAX as u64 + 1);
-                // What must move: the chunks under the range that are not in the target tier.
+                // What must move: the chunks under the range that are not where the target wants.
                 let before = self.procs[p].segs.lookup(name).unwrap();
-                let moving: u64 = before
-                    .chunks
-                    .iter()
-                    .filter(|c| c.offset < off + len && off < c.offset + c.size && c.tier != target)
-                    .map(|c| c.size)
-                    .sum();
-                let device_used = self.procs[p].segs.env.shared().unwrap().tier_bytes(Tier::Device);
+                let under = |c: &&ChunkInfo| c.offset < off + len && off < c.offset + c.size;
+                let moving: Vec<ChunkInfo> =
+                    before.chunks.iter().filter(under).filter(|c| !target.holds(c.place())).copied().collect();
+                let moving_bytes: u64 = moving.iter().map(|c| c.size).sum();
+                let used: Vec<u64> = {
+                    let reg = self.procs[p].segs.env.shared().unwrap();
+                    (0..GPUS).map(|n| reg.gpu_bytes(n)).collect()
+                };
+                // Past the budget: to GPU n, everything moving lands there; to any GPU, the
+                // moving bytes exceed the room of all GPUs together (a sufficient condition).
+                let over = match target {
+                    TierPref::DeviceOn(n) => used[n as usize] + moving_bytes > DEVICE_LIMIT,
+                    TierPref::Device => moving_bytes > used.iter().map(|u| DEVICE_LIMIT - u).sum::<u64>(),
+                    _ => false,
+                };
                 let pinned = self.pins_of(name).iter().sum::<u32>() > 0;
                 let r = self.procs[p].segs.prefetch(name, off as i64, len as i64, target, ok);
-                if moving == 0 {
+                if moving.is_empty() {
                     assert_eq!(r.unwrap(), 0);
-                } else if target == Tier::Device && device_used + moving > DEVICE_LIMIT {
+                } else if over {
                     assert_eq!(r.unwrap_err().code, Code::ConfigurationLimitExceeded);
-                } else if pinned {
-                    assert_eq!(r.unwrap_err().code, Code::LockNotAvailable, "migration of a pinned segment");
+                    assert_eq!(self.procs[p].segs.lookup(name).unwrap().chunks, before.chunks, "a refused move moved something");
+                } else if let Err(e) = &r {
+                    // Chunks that each fit some GPU but not all at once refuse `device` too
+                    // (whole chunks do not pack); a pinned segment waits, then gives up.
+                    let budget = e.code == Code::ConfigurationLimitExceeded && target == TierPref::Device;
+                    assert!(budget || (pinned && e.code == Code::LockNotAvailable), "prefetch to {target:?}: {e:?}");
                 } else {
-                    assert_eq!(r.unwrap(), moving);
+                    assert!(!pinned, "migration of a pinned segment");
+                    assert_eq!(r.unwrap(), moving_bytes);
                     let after = self.procs[p].segs.lookup(name).unwrap();
-                    for c in after.chunks.iter().filter(|c| c.offset < off + len && off < c.offset + c.size) {
-                        assert_eq!(c.tier, target, "chunk at {} of {name} did not move", c.offset);
+                    for c in after.chunks.iter().filter(under) {
+                        assert!(target.holds(c.place()), "chunk at {} of {name} did not move to {target:?}", c.offset);
                     }
                 }
             }
@@ -372,13 +404,13 @@ impl Harness {
     /// The invariants of the module documentation.
     fn check(&mut self) {
         let env = self.procs[0].segs.env.clone();
-        let (segments, attachments, host_total, device_total, known, epoch) = {
+        let (segments, attachments, host_total, gpu_totals, known, epoch) = {
             let reg = env.shared().unwrap();
             (
                 reg.segments(),
                 reg.attachments(),
                 reg.tier_bytes(Tier::Host),
-                reg.tier_bytes(Tier::Device),
+                (0..GPUS).map(|n| reg.gpu_bytes(n)).collect::<Vec<_>>(),
                 reg.known_chunk_ids(),
                 reg.epoch(),
             )
@@ -390,7 +422,7 @@ impl Harness {
         sorted.sort();
         assert_eq!(sorted, model_names);
         let mut ids = Vec::new();
-        let (mut host, mut device) = (0, 0);
+        let (mut host, mut gpus) = (0, vec![0u64; GPUS as usize]);
         let broker = crate::broker::client::Client::connect(&env.broker_path()).unwrap();
         for s in &segments {
             let pins = self.pins_of(&s.name);
@@ -411,10 +443,10 @@ impl Harness {
                 end += c.size;
                 ids.push(c.id);
                 let fd = broker.get(epoch, c.id).unwrap();
-                assert_eq!(fd_tier_and_size(&fd), (c.tier, c.size), "chunk {} of {}", c.id, s.name);
-                match c.tier {
-                    Tier::Host => host += c.size,
-                    Tier::Device => device += c.size,
+                assert_eq!(fd_place_and_size(&fd), (c.place(), c.size), "chunk {} of {}", c.id, s.name);
+                match c.place() {
+                    Place::Host => host += c.size,
+                    Place::Device(n) => gpus[n as usize] += c.size,
                 }
             }
             assert_eq!(end, s.committed);
@@ -430,9 +462,9 @@ impl Harness {
         known.sort_unstable();
         assert_eq!(known, ids, "the chunk table and the segments disagree");
         assert_eq!(broker.stats(epoch).unwrap(), n as u64, "the broker holds other fds than the registry's");
-        // Exact per-tier totals.
-        assert_eq!((host_total, device_total), (host, device));
-        assert!(device <= DEVICE_LIMIT);
+        // Exact per-tier and per-GPU totals, each GPU within its budget.
+        assert_eq!((host_total, &gpu_totals), (host, &gpus));
+        assert!(gpus.iter().all(|&g| g <= DEVICE_LIMIT), "a GPU passed its budget: {gpus:?}");
         // No attachment of a process that holds no pin counts one.
         assert!(attachments.iter().all(|a| a.pins < 1 << 20));
     }

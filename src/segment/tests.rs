@@ -129,7 +129,7 @@ fn limits() -> Limits {
 }
 
 pub(crate) fn process(world: &Arc<World>, pid: i32) -> Segments<TestEnv> {
-    Segments::new(TestEnv { world: world.clone(), pid }, Box::new(HostProvider), limits())
+    Segments::new(TestEnv { world: world.clone(), pid }, Box::new(HostProvider::default()), limits())
 }
 
 pub(crate) fn ok(_: u32) -> Result<()> {
@@ -315,50 +315,12 @@ fn arena_segments_map_at_their_hint() {
     assert_eq!(world.finish(), 0);
 }
 
-/// Stands in for the CUDA provider's two tiers with memfds in both, so that the tests exercise
-/// the tier logic and the migration protocol on any machine (the memory itself is the host
-/// provider's, tested above).
-struct TwoTierMemfd;
-
-impl Provider for TwoTierMemfd {
-    fn kind(&self) -> crate::provider::ProviderKind {
-        crate::provider::ProviderKind::Host
-    }
-    fn capabilities(&self) -> crate::provider::Capabilities {
-        crate::provider::Capabilities { tiers: vec![Tier::Host, Tier::Device], granularity: GRANULARITY, ..Default::default() }
-    }
-    fn has_tier(&self, _tier: Tier) -> bool {
-        true
-    }
-    fn reserve(&self, hint: u64, size: u64) -> Result<Reservation> {
-        HostProvider.reserve(hint, size)
-    }
-    unsafe fn reserve_in_arena(&self, addr: u64, size: u64) -> Result<Reservation> {
-        // SAFETY: forwarded contract.
-        unsafe { HostProvider.reserve_in_arena(addr, size) }
-    }
-    fn release_reservation(&self, r: Reservation) {
-        HostProvider.release_reservation(r)
-    }
-    fn create_chunk(&self, _tier: Tier, size: u64) -> Result<std::os::fd::OwnedFd> {
-        HostProvider.create_chunk(Tier::Host, size)
-    }
-    fn map_chunk(&self, fd: std::os::fd::BorrowedFd<'_>, _tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()> {
-        HostProvider.map_chunk(fd, Tier::Host, r, offset, size)
-    }
-    fn unmap_chunk(&self, r: &Reservation, offset: u64, size: u64, _tier: Tier) {
-        HostProvider.unmap_chunk(r, offset, size, Tier::Host)
-    }
-    unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) -> Result<()> {
-        // SAFETY: forwarded contract.
-        unsafe { HostProvider.copy(dst, src, len) }
-    }
-}
-
 fn two_tier(world: &Arc<World>, pid: i32, device_limit: Option<u64>) -> Segments<TestEnv> {
     let mut l = limits();
     l.device_limit = device_limit;
-    Segments::new(TestEnv { world: world.clone(), pid }, Box::new(TwoTierMemfd), l)
+    // One simulated GPU: the CUDA provider's two tiers, with memfds in both, so that the tests
+    // exercise the tier logic and the migration protocol on any machine.
+    Segments::new(TestEnv { world: world.clone(), pid }, Box::new(HostProvider::simulating(1)), l)
 }
 
 fn tiers_of(s: &Segments<TestEnv>, name: &str) -> Vec<Tier> {
@@ -379,22 +341,22 @@ fn migration_moves_chunks_both_ways_and_other_processes_follow() {
     let gen_before = a.lookup("m").unwrap().generation;
 
     // only the chunk covering [5 MiB, 6 MiB) moves
-    let moved = a.prefetch("m", 5 * MIB as i64, MIB as i64, Tier::Device, ok).unwrap();
+    let moved = a.prefetch("m", 5 * MIB as i64, MIB as i64, TierPref::Device, ok).unwrap();
     assert_eq!(tiers_of(&a, "m"), vec![Tier::Host, Tier::Device]);
     assert_eq!(moved, a.lookup("m").unwrap().chunks[1].size);
     assert!(a.lookup("m").unwrap().generation > gen_before);
     // b still maps the old chunk; its next pin remaps and reads the same bytes
     assert_eq!(b.pin("m", ok).unwrap().bytes(0, data.len() as i64).unwrap(), &data[..]);
     // everything to the device, then everything back
-    a.prefetch("m", 0, data.len() as i64, Tier::Device, ok).unwrap();
+    a.prefetch("m", 0, data.len() as i64, TierPref::Device, ok).unwrap();
     assert_eq!(tiers_of(&a, "m"), vec![Tier::Device, Tier::Device]);
-    assert_eq!(a.prefetch("m", 0, data.len() as i64, Tier::Device, ok).unwrap(), 0);
+    assert_eq!(a.prefetch("m", 0, data.len() as i64, TierPref::Device, ok).unwrap(), 0);
     {
         let reg = a.env.shared().unwrap();
         assert_eq!(reg.tier_bytes(Tier::Host), 0);
         assert_eq!(reg.tier_bytes(Tier::Device), a.lookup("m").unwrap().committed);
     }
-    a.prefetch("m", 0, data.len() as i64, Tier::Host, ok).unwrap();
+    a.prefetch("m", 0, data.len() as i64, TierPref::Host, ok).unwrap();
     assert_eq!(tiers_of(&a, "m"), vec![Tier::Host, Tier::Host]);
     assert_eq!(b.pin("m", ok).unwrap().bytes(0, data.len() as i64).unwrap(), &data[..]);
     assert_eq!(a.pin("m", ok).unwrap().bytes(0, data.len() as i64).unwrap(), &data[..]);
@@ -414,7 +376,7 @@ fn migration_waits_for_pins_and_times_out_cleanly() {
     a.create("w", MIB as i64, None, TierPref::Host, 1, 0).unwrap();
     b.pin_session("w", ok).unwrap();
     let started = std::time::Instant::now();
-    let e = a.prefetch("w", 0, 1, Tier::Device, ok).unwrap_err();
+    let e = a.prefetch("w", 0, 1, TierPref::Device, ok).unwrap_err();
     assert_eq!(e.code, Code::LockNotAvailable, "{e}");
     assert!(started.elapsed() >= Duration::from_millis(300));
     // nothing moved, nothing left behind, and the segment is usable
@@ -434,7 +396,7 @@ fn migration_waits_for_pins_and_times_out_cleanly() {
         c.detach_all();
     });
     rx.recv().unwrap();
-    assert_eq!(a.prefetch("w", 0, 1, Tier::Device, ok).unwrap(), 2 * MIB);
+    assert_eq!(a.prefetch("w", 0, 1, TierPref::Device, ok).unwrap(), 2 * MIB);
     t.join().unwrap();
     a.drop_segment("w", ok).unwrap();
     drop((a, b));
@@ -459,7 +421,7 @@ fn device_budget_spills_auto_chunks_and_refuses_device_ones() {
     let e = a.create("e", 4 * MIB as i64, None, TierPref::Device, 1, 0).unwrap_err();
     assert_eq!(e.code, Code::ConfigurationLimitExceeded);
     assert!(a.lookup("e").is_err(), "a failed create leaves no segment");
-    let e = a.prefetch("d", 0, 9 * MIB as i64, Tier::Device, ok).unwrap_err();
+    let e = a.prefetch("d", 0, 9 * MIB as i64, TierPref::Device, ok).unwrap_err();
     assert_eq!(e.code, Code::ConfigurationLimitExceeded);
     a.create("h", MIB as i64, None, TierPref::Host, 1, 0).unwrap();
     assert_eq!(tiers_of(&a, "h"), vec![Tier::Host]);
@@ -467,6 +429,71 @@ fn device_budget_spills_auto_chunks_and_refuses_device_ones() {
         a.drop_segment(n, ok).unwrap();
     }
     drop(a);
+    assert_eq!(world.finish(), 0);
+}
+
+fn gpus_of(s: &Segments<TestEnv>, name: &str) -> Vec<Place> {
+    s.lookup(name).unwrap().chunks.iter().map(|c| c.place()).collect()
+}
+
+/// Two simulated GPUs with a 4 MiB budget each: `device` spreads a segment larger than one
+/// GPU's budget over both, `device:N` stays on GPU N, `auto` takes the roomiest GPU, then the
+/// host tier; migration moves chunks between GPUs and counts each GPU's bytes; a move past a
+/// budget moves nothing; bytes read back the same in another process throughout.
+#[test]
+fn segments_spread_over_gpus_and_move_between_them() {
+    let world = World::new("gpus", Arena::default());
+    let mut l = limits();
+    l.device_limit = Some(4 * MIB);
+    let mk = |pid| Segments::new(TestEnv { world: world.clone(), pid }, Box::new(HostProvider::simulating(2)), l);
+    let (mut a, mut b) = (mk(1), mk(2));
+    let used = |s: &Segments<TestEnv>| {
+        let reg = s.env.shared().unwrap();
+        (reg.gpu_bytes(0), reg.gpu_bytes(1), reg.tier_bytes(Tier::Host))
+    };
+    // 6 MiB on the device tier: 4 on GPU 0 (cut at its budget), the rest on GPU 1
+    a.create("wide", 6 * MIB as i64, None, TierPref::Device, 1, 0).unwrap();
+    assert_eq!(gpus_of(&a, "wide"), vec![Place::Device(0), Place::Device(1)]);
+    assert_eq!(used(&a), (4 * MIB, 2 * MIB, 0));
+    let data: Vec<u8> = (0..6 * MIB as usize).map(|i| (i * 7 % 253) as u8).collect();
+    a.pin("wide", ok).unwrap().bytes_mut(0, data.len() as i64).unwrap().copy_from_slice(&data);
+    assert_eq!(b.pin("wide", ok).unwrap().bytes(0, data.len() as i64).unwrap(), &data[..]);
+    // GPU 1 has 2 MiB left: device:1 takes 2 MiB, refuses more (and leaves nothing behind)
+    let e = a.create("one", 4 * MIB as i64, None, TierPref::DeviceOn(1), 1, 0).unwrap_err();
+    assert_eq!(e.code, Code::ConfigurationLimitExceeded);
+    assert!(a.lookup("one").is_err());
+    let e = a.create("one", MIB as i64, None, TierPref::DeviceOn(2), 1, 0).unwrap_err();
+    assert_eq!(e.code, Code::InvalidParameterValue);
+    // auto: the last 2 MiB of GPU 1, then the host tier
+    a.create("spill", 4 * MIB as i64, None, TierPref::Auto, 1, 0).unwrap();
+    assert_eq!(gpus_of(&a, "spill"), vec![Place::Device(1), Place::Host]);
+    assert_eq!(used(&a), (4 * MIB, 4 * MIB, 2 * MIB));
+    // every GPU is full: a device chunk is refused, whole
+    let e = a.prefetch("spill", 0, 4 * MIB as i64, TierPref::Device, ok).unwrap_err();
+    assert_eq!(e.code, Code::ConfigurationLimitExceeded);
+    // moving wide's GPU 1 chunk to the host frees GPU 1; then spill's host chunk fits there
+    assert_eq!(a.prefetch("wide", 4 * MIB as i64, 2 * MIB as i64, TierPref::Host, ok).unwrap(), 2 * MIB);
+    assert_eq!(a.prefetch("spill", 0, 4 * MIB as i64, TierPref::DeviceOn(1), ok).unwrap(), 2 * MIB);
+    assert_eq!(gpus_of(&a, "spill"), vec![Place::Device(1), Place::Device(1)]);
+    assert_eq!(used(&a), (4 * MIB, 4 * MIB, 2 * MIB));
+    // a move to a full GPU moves nothing (all or nothing, planned first)
+    let before = a.lookup("wide").unwrap().chunks;
+    let e = a.prefetch("wide", 0, 6 * MIB as i64, TierPref::DeviceOn(1), ok).unwrap_err();
+    assert_eq!(e.code, Code::ConfigurationLimitExceeded);
+    assert_eq!(a.lookup("wide").unwrap().chunks, before);
+    // GPU to GPU: drop spill, then wide's 4 MiB moves from GPU 0 to GPU 1
+    a.drop_segment("spill", ok).unwrap();
+    assert_eq!(a.prefetch("wide", 0, MIB as i64, TierPref::DeviceOn(1), ok).unwrap(), 4 * MIB);
+    assert_eq!(gpus_of(&a, "wide"), vec![Place::Device(1), Place::Host]);
+    assert_eq!(used(&a), (0, 4 * MIB, 2 * MIB));
+    // `device`: chunks already on a GPU stay; the host chunk goes to the roomiest GPU
+    assert_eq!(a.prefetch("wide", 0, 6 * MIB as i64, TierPref::Device, ok).unwrap(), 2 * MIB);
+    assert_eq!(gpus_of(&a, "wide"), vec![Place::Device(1), Place::Device(0)]);
+    assert_eq!(b.pin("wide", ok).unwrap().bytes(0, data.len() as i64).unwrap(), &data[..]);
+    assert_eq!(a.lookup("wide").unwrap().bytes_per_gpu(2), vec![2 * MIB, 4 * MIB]);
+    a.drop_segment("wide", ok).unwrap();
+    assert_eq!(used(&a), (0, 0, 0));
+    drop((a, b));
     assert_eq!(world.finish(), 0);
 }
 
@@ -543,7 +570,7 @@ fn chunks_a_live_pin_uses_are_never_unmapped_under_it() {
         let att = reg.attachments().iter().position(|x| x.pid == 1).unwrap();
         reg.detach(att as u32);
     }
-    assert_eq!(b.prefetch("m", 0, 1, Tier::Device, ok).unwrap(), 2 * MIB);
+    assert_eq!(b.prefetch("m", 0, 1, TierPref::Device, ok).unwrap(), 2 * MIB);
     // a's next pin would have to unmap the replaced chunk under `p`: refused, and `p` reads on.
     assert_eq!(a.pin("m", ok).err().unwrap().code, Code::ObjectInUse);
     assert_eq!(p.bytes(0, 4).unwrap(), b"mine");

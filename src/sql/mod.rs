@@ -273,12 +273,14 @@ fn make_provider() -> Result<Box<dyn Provider>> {
         }
         _ => {}
     }
-    Ok(match kind {
-        ProviderKind::Host => Box::new(HostProvider),
+    let provider: Box<dyn Provider> = match kind {
+        ProviderKind::Host => Box::new(HostProvider::simulating(guc::simulated_devices())),
         ProviderKind::Cuda => Box::new(
             CudaProvider::new().map_err(|e| e.hint("The cluster's provider is cuda; this process could not initialise CUDA."))?,
         ),
-    })
+    };
+    shmem::exclusive()?.record_devices(provider.devices());
+    Ok(provider)
 }
 
 #[pgrx::pg_guard]
