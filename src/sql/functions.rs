@@ -156,19 +156,12 @@ fn fill_segment(name: &str, offset: i64, length: i64, seed: i64) -> i64 {
     length
 }
 
-/// Moves the chunks covering `[offset, offset + length)` to `tier` ('device' or 'host').
-/// Returns the bytes moved. With one tier (the host provider) it validates the request and
-/// reports that nothing needed to move.
+/// Moves the chunks covering `[offset, offset + length)` to `tier`: 'host', 'device' (any GPU:
+/// chunks already on one stay, the others go where they fit) or 'device:N' (GPU N). Returns the
+/// bytes moved.
 #[pg_extern(volatile, parallel_unsafe)]
 fn prefetch_segment(name: &str, offset: i64, length: i64, tier: &str) -> i64 {
-    let target = match parse_tier(tier) {
-        TierPref::Auto => report(
-            UvmError::new(Code::InvalidParameterValue, "prefetch needs a concrete tier, not \"auto\"")
-                .hint("Use \"device\" or \"host\"."),
-        ),
-        TierPref::Host => Tier::Host,
-        TierPref::Device => Tier::Device,
-    };
+    let target = parse_tier(tier);
     let pin_wait = crate::guc::PIN_WAIT_TIMEOUT_MS.get().max(0) as u64;
     with_executor(|ex| exec::prefetch(ex, &resolve(name, "migrate")?.0, offset, length, target, pin_wait)) as i64
 }
@@ -207,14 +200,17 @@ fn device_info() -> TableIterator<'static, (name!(property, String), name!(value
         ("service_pid".into(), ch.service_pid().to_string()),
         ("service_requests".into(), format!("{submitted} submitted, {completed} completed, {abandoned} abandoned")),
     ];
-    let tail = vec![
+    let mut tail = vec![
         ("broker_pid".to_string(), reg.broker_pid().to_string()),
         ("epoch".into(), format!("{:016x}", reg.epoch())),
         ("arena_base".into(), format!("0x{:x}", arena.base)),
         ("arena_size".into(), arena.size.to_string()),
         ("device_bytes".into(), reg.tier_bytes(Tier::Device).to_string()),
         ("host_bytes".into(), reg.tier_bytes(Tier::Host).to_string()),
+        ("gpus".into(), reg.devices().to_string()),
     ];
+    // Each GPU's committed bytes (the device budget applies to each on its own).
+    tail.extend((0..reg.devices()).map(|n| (format!("gpu{n}_bytes"), reg.gpu_bytes(n).to_string())));
     // provider, tiers, granularity, gpu_kernels first (as before), then the registry's rows,
     // then the provider's details and the last migration.
     let split = rows.len().min(4);
@@ -301,6 +297,7 @@ fn segments_internal() -> TableIterator<
         name!(size, i64),
         name!(max_size, i64),
         name!(device_bytes, i64),
+        name!(gpu_bytes, Vec<i64>),
         name!(host_bytes, i64),
         name!(chunks, i32),
         name!(generation, i64),
@@ -309,9 +306,11 @@ fn segments_internal() -> TableIterator<
     ),
 > {
     let (segs, atts) = registry_snapshot();
+    let devices = crate::registry::shmem::shared().unwrap_or_else(|e| report(e)).devices();
     let rows: Vec<_> = segs
         .into_iter()
         .map(|i| {
+            let gpu_bytes = i.bytes_per_gpu(devices).into_iter().map(|b| b as i64).collect();
             let attached = atts.iter().filter(|a| a.segment_id == i.id).count() as i32;
             (
                 i.name.clone(),
@@ -320,6 +319,7 @@ fn segments_internal() -> TableIterator<
                 i.size as i64,
                 i.max_size as i64,
                 i.bytes_in(Tier::Device) as i64,
+                gpu_bytes,
                 i.bytes_in(Tier::Host) as i64,
                 i.chunks.len() as i32,
                 i.generation as i64,
@@ -362,9 +362,9 @@ GRANT USAGE ON SCHEMA @extschema@ TO PUBLIC;
 
 CREATE VIEW segments AS
 SELECT s.name, s.id, pg_get_userbyid(s.owner_oid) AS owner, s.size, s.max_size,
-       s.device_bytes, s.host_bytes, s.chunks, s.generation, s.attached_processes, s.created_at
+       s.device_bytes, s.gpu_bytes, s.host_bytes, s.chunks, s.generation, s.attached_processes, s.created_at
   FROM segments_internal() s;
-COMMENT ON VIEW segments IS 'Shared segments of the cluster: size, bytes per tier, chunks, generation, attached processes.';
+COMMENT ON VIEW segments IS 'Shared segments of the cluster: size, bytes per tier and per GPU (gpu_bytes[n + 1] is GPU n), chunks, generation, attached processes.';
 
 CREATE VIEW attachments AS
 SELECT a.pid, a.segment, a.base_address, a.same_address, a.mapped_generation, a.pins

@@ -1,0 +1,80 @@
+-- Several GPUs (issue 13), with the host provider simulating two (pg_uvm_share.simulated_devices
+-- = 2: their device chunks are memfds), a device budget of 8 MB per GPU, every operation in the
+-- GPU service: placement, per-GPU budgets, migration between GPUs, and the views.
+CREATE EXTENSION IF NOT EXISTS pg_uvm_share;
+
+CREATE FUNCTION pg_temp.try(q text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+  EXECUTE q;
+  RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+  RETURN SQLSTATE || ': ' || SQLERRM;
+END $$;
+
+CREATE FUNCTION pg_temp.placed() RETURNS TABLE (name text, size bigint, device_bytes bigint, gpu_bytes bigint[],
+                                               host_bytes bigint, chunks int)
+LANGUAGE sql AS $$
+  SELECT name, size, device_bytes, gpu_bytes, host_bytes, chunks FROM uvm.segments WHERE name LIKE 'g\_%' ORDER BY name
+$$;
+
+SELECT property, value FROM uvm.device_info()
+ WHERE property IN ('execution', 'provider', 'tiers', 'simulated_devices', 'gpus', 'gpu0_bytes', 'gpu1_bytes')
+ ORDER BY property;
+SHOW pg_uvm_share.device_memory_limit;
+
+-- device: a segment larger than one GPU's budget spreads over both, chunk by chunk
+SELECT uvm.create_segment('g_wide', 12 * 1024 * 1024, NULL, 'device') > 0 AS created;
+SELECT * FROM pg_temp.placed();
+SELECT uvm.fill_segment('g_wide', 0, 12 * 1024 * 1024, 7);
+SELECT uvm.checksum_segment('g_wide', 0, 12 * 1024 * 1024) AS wide_sum \gset
+
+-- device:N: that GPU only; past its budget, or a GPU the cluster lacks, is an error
+SELECT uvm.create_segment('g_one', 2 * 1024 * 1024, NULL, 'device:1') > 0 AS created;
+SELECT pg_temp.try($$SELECT uvm.create_segment('g_big', 4 * 1024 * 1024, NULL, 'device:1')$$);
+SELECT pg_temp.try($$SELECT uvm.create_segment('g_big', 1, NULL, 'device:2')$$);
+SELECT pg_temp.try($$SELECT uvm.create_segment('g_big', 1, NULL, 'device:x')$$);
+SELECT pg_temp.try($$SELECT uvm.create_segment('g_big', 1, NULL, 'device:-1')$$);
+SELECT pg_temp.try($$SELECT uvm.create_segment('g_big', 16 * 1024 * 1024, NULL, 'device')$$);
+SELECT count(*) AS nothing_left_behind FROM uvm.segments WHERE name = 'g_big';
+
+-- auto: the GPU with the most room, then the host tier once every GPU is full
+SELECT uvm.create_segment('g_auto', 4 * 1024 * 1024) > 0 AS created;
+SELECT * FROM pg_temp.placed();
+SELECT property, value FROM uvm.device_info() WHERE property IN ('device_bytes', 'gpu0_bytes', 'gpu1_bytes', 'host_bytes')
+ ORDER BY property;
+
+-- migration: to the host, between GPUs, to any GPU; a move past a budget moves nothing
+SELECT pg_temp.try($$SELECT uvm.prefetch_segment('g_auto', 0, 4 * 1024 * 1024, 'device:0')$$);
+SELECT * FROM pg_temp.placed();
+SELECT uvm.drop_segment('g_one');
+SELECT uvm.prefetch_segment('g_wide', 0, 1, 'host') AS moved_gpu0_to_host;
+SELECT uvm.prefetch_segment('g_auto', 0, 4 * 1024 * 1024, 'device:0') AS moved_gpu1_and_host_to_gpu0;
+SELECT * FROM pg_temp.placed();
+-- g_wide's 8 MB host chunk fits no GPU whole now (4 MB free on each): refused, nothing moves
+SELECT pg_temp.try($$SELECT uvm.prefetch_segment('g_wide', 0, 12 * 1024 * 1024, 'device')$$);
+SELECT uvm.prefetch_segment('g_auto', 0, 4 * 1024 * 1024, 'host') AS moved_to_host;
+-- now it fits GPU 0; the chunk already on GPU 1 stays
+SELECT uvm.prefetch_segment('g_wide', 0, 12 * 1024 * 1024, 'device') AS moved_to_any_gpu;
+SELECT * FROM pg_temp.placed();
+SELECT uvm.checksum_segment('g_wide', 0, 12 * 1024 * 1024) = :wide_sum AS same_bytes_after_moves;
+SELECT pg_temp.try($$SELECT uvm.prefetch_segment('g_wide', 0, 1, 'auto')$$);
+SELECT pg_temp.try($$SELECT uvm.prefetch_segment('g_wide', 0, 1, 'device:16')$$);
+
+-- parallel workers read a segment whose chunks lie on both GPUs
+SET parallel_setup_cost = 0;
+SET parallel_tuple_cost = 0;
+SET min_parallel_table_scan_size = 0;
+SET max_parallel_workers_per_gather = 2;
+CREATE TABLE g_parts AS SELECT i FROM generate_series(0, 11) i;
+ALTER TABLE g_parts SET (parallel_workers = 2);
+SELECT count(*) AS parts, sum(length(uvm.read_segment('g_wide', i * 1024 * 1024, 1024 * 1024))) AS bytes
+  FROM g_parts;
+SELECT bool_and(uvm.read_segment('g_wide', i * 1024 * 1024, 16) = uvm.read_segment('g_wide', i * 1024 * 1024, 16))
+  AS consistent FROM g_parts;
+RESET ALL;
+DROP TABLE g_parts;
+
+-- everything dropped: every GPU's count is back to zero
+SELECT uvm.drop_segment(name) FROM uvm.segments WHERE name LIKE 'g\_%' ORDER BY name;
+SELECT property, value FROM uvm.device_info() WHERE property IN ('device_bytes', 'gpu0_bytes', 'gpu1_bytes', 'host_bytes')
+ ORDER BY property;
