@@ -117,6 +117,9 @@ struct Header {
     submitted: AtomicU64,
     completed: AtomicU64,
     abandoned: AtomicU64,
+    /// Requests the service's executors ran, per GPU they were routed to (`crate::placement::
+    /// route`); all on entry 0 without a device tier.
+    routed: [AtomicU64; crate::vocab::MAX_DEVICES as usize],
     /// Why the service could not start (a UTF-8 message), `error_len` bytes; 0: no error.
     error_len: AtomicU32,
     error_code: AtomicU32,
@@ -319,6 +322,18 @@ impl Channel {
     pub fn counters(&self) -> (u64, u64, u64) {
         let h = self.header();
         (h.submitted.load(Ordering::Relaxed), h.completed.load(Ordering::Relaxed), h.abandoned.load(Ordering::Relaxed))
+    }
+
+    /// Counts a request routed to GPU `gpu` (ignored past [`crate::vocab::MAX_DEVICES`]).
+    pub fn count_routed(&self, gpu: usize) {
+        if let Some(c) = self.header().routed.get(gpu) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Requests routed to GPU `gpu` since the cluster started (0 past [`crate::vocab::MAX_DEVICES`]).
+    pub fn routed(&self, gpu: u32) -> u64 {
+        self.header().routed.get(gpu as usize).map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
     /// Slot `i`'s state word (the service watches it for ABANDONED while it works on `i`).

@@ -63,9 +63,20 @@ struct Parked {
 }
 
 /// What the main thread and the executors share.
+///
+/// Executors are grouped per GPU (`service_threads` each; one group without a device tier),
+/// each group serving its own queue: the main thread routes every task to a GPU
+/// (`crate::placement::route`: the one holding most of the device bytes of the segments the
+/// task pinned, else the least loaded) and queues it there. Under the CUDA provider that is
+/// GPU 0 for now (its `devices()` is 1); with the host provider's simulated GPUs the groups run
+/// the CPU paths, so CI covers the routing.
 struct Pool {
-    queue: Mutex<VecDeque<Task>>,
-    ready: Condvar,
+    /// One queue per GPU, under one lock.
+    queues: Mutex<Vec<VecDeque<Task>>>,
+    /// One condition per GPU, so that a task wakes a thread of its own group.
+    ready: Vec<Condvar>,
+    /// Tasks queued or running per GPU: the load routing compares.
+    load: Vec<std::sync::atomic::AtomicU32>,
     /// Jobs whose work has finished (their pins may go).
     finished: Mutex<Vec<u64>>,
     /// Written by executors when they finish a job; read by the main thread's wait set.
@@ -97,20 +108,45 @@ fn reply_of(r: Result<([i64; 6], u64)>) -> Reply {
     }
 }
 
-fn executor_loop(ch: Channel, pool: Arc<Pool>) {
-    loop {
-        let task = {
-            let mut q = pool.queue.lock().unwrap_or_else(|e| e.into_inner());
-            loop {
-                if let Some(t) = q.pop_front() {
-                    break t;
-                }
-                if pool.stop.load(std::sync::atomic::Ordering::Acquire) {
-                    return;
-                }
-                q = pool.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+impl Pool {
+    /// Queues `task` for GPU `gpu`'s executors.
+    fn push(&self, gpu: usize, task: Task) {
+        self.load[gpu].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.queues.lock().unwrap_or_else(|e| e.into_inner())[gpu].push_back(task);
+        self.ready[gpu].notify_one();
+    }
+
+    /// The next task for GPU `gpu`, waiting for one; `None` once the pool stops.
+    fn pop(&self, gpu: usize) -> Option<Task> {
+        let mut q = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(t) = q[gpu].pop_front() {
+                return Some(t);
             }
-        };
+            if self.stop.load(std::sync::atomic::Ordering::Acquire) {
+                return None;
+            }
+            q = self.ready[gpu].wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// The GPU a job runs on: where most of its pinned segments' device bytes are, else the
+    /// least loaded (`crate::placement::route`).
+    fn route<E: crate::segment::Env>(&self, pins: &[crate::segment::Pin<E>]) -> usize {
+        let gpus = self.load.len();
+        let mut bytes = vec![0u64; gpus];
+        for pin in pins {
+            for (b, add) in bytes.iter_mut().zip(pin.info().bytes_per_gpu(gpus as u32)) {
+                *b += add;
+            }
+        }
+        let load: Vec<u32> = self.load.iter().map(|l| l.load(std::sync::atomic::Ordering::Relaxed)).collect();
+        crate::placement::route(&bytes, &load).min(gpus - 1)
+    }
+}
+
+fn executor_loop(ch: Channel, pool: Arc<Pool>, gpu: usize) {
+    while let Some(task) = pool.pop(gpu) {
         let reply = {
             // SAFETY: the slot's state lives in shared memory as long as the process.
             let _w = unsafe { crate::interrupt::watch(ch.state_flag(task.slot), ABANDONED) };
@@ -127,18 +163,22 @@ fn executor_loop(ch: Channel, pool: Arc<Pool>) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to our eventfd.
         unsafe { libc::write(pool.eventfd, &one as *const u64 as *const libc::c_void, 8) };
+        pool.load[gpu].fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        ch.count_routed(gpu);
         let latch = ch.complete(task.slot);
         // SAFETY: a client's latch, in shared memory.
         unsafe { super::set_latch_from_any_thread(latch) };
     }
 }
 
-/// Spawns the executors (PostgreSQL's signals stay the main thread's).
+/// Spawns `n` executors for each GPU of the pool (PostgreSQL's signals stay the main thread's).
 fn spawn_executors(ch: Channel, pool: &Arc<Pool>, n: usize) -> Vec<std::thread::JoinHandle<()>> {
-    (0..n)
+    (0..pool.load.len() * n)
         .filter_map(|i| {
             let pool = pool.clone();
-            crate::interrupt::spawn_without_signals(format!("uvm-exec-{i}"), move || executor_loop(ch, pool)).ok()
+            let gpu = i / n;
+            let name = format!("uvm-exec-g{gpu}-{}", i % n);
+            crate::interrupt::spawn_without_signals(name, move || executor_loop(ch, pool, gpu)).ok()
         })
         .collect()
 }
@@ -209,9 +249,12 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         ch.set_error(super::request::code_index(e.code), &e.message);
         idle_until_terminated(&ch);
     }
+    // One executor group per GPU the provider places chunks on (one without a device tier).
+    let gpus = crate::sql::try_with_segments(|s| Ok(s.provider().devices())).unwrap_or(0).max(1) as usize;
     let pool = Arc::new(Pool {
-        queue: Mutex::new(VecDeque::new()),
-        ready: Condvar::new(),
+        queues: Mutex::new((0..gpus).map(|_| VecDeque::new()).collect()),
+        ready: (0..gpus).map(|_| Condvar::new()).collect(),
+        load: (0..gpus).map(|_| std::sync::atomic::AtomicU32::new(0)).collect(),
         finished: Mutex::new(Vec::new()),
         eventfd: efd,
         stop: std::sync::atomic::AtomicBool::new(false),
@@ -220,7 +263,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     let handles = spawn_executors(ch, &pool, threads);
     ch.set_mode(Mode::Service);
     pgrx::log!(
-        "pg_uvm_share gpu service: provider {}, {} executor thread(s), {} request slots of {} bytes (incarnation {incarnation})",
+        "pg_uvm_share gpu service: provider {}, {} executor thread(s) for {gpus} GPU(s), {} request slots of {} bytes (incarnation {incarnation})",
         kind.name(),
         handles.len(),
         ch.nslots(),
@@ -323,10 +366,10 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
                 Ok(local::Job { pins, work }) => {
                     let id = next_job;
                     next_job += 1;
+                    let gpu = pool.route(&pins);
                     // The pins stay here (the work refers to their memory) until it finishes.
                     running.insert(id, (slot, pins));
-                    pool.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(Task { job: id, slot, work, req });
-                    pool.ready.notify_one();
+                    pool.push(gpu, Task { job: id, slot, work, req });
                 }
             }
         }
@@ -343,7 +386,12 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
 
     // SIGTERM: let the executors finish what they run; untaken requests stay for the successor.
     pool.stop.store(true, std::sync::atomic::Ordering::Release);
-    pool.ready.notify_all();
+    {
+        // Under the queues' lock, so that no executor misses the wake-up between its check of
+        // `stop` and its wait.
+        let _q = pool.queues.lock().unwrap_or_else(|e| e.into_inner());
+        pool.ready.iter().for_each(Condvar::notify_all);
+    }
     for h in handles {
         let _ = h.join();
     }

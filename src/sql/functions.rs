@@ -209,8 +209,12 @@ fn device_info() -> TableIterator<'static, (name!(property, String), name!(value
         ("host_bytes".into(), reg.tier_bytes(Tier::Host).to_string()),
         ("gpus".into(), reg.devices().to_string()),
     ];
-    // Each GPU's committed bytes (the device budget applies to each on its own).
-    tail.extend((0..reg.devices()).map(|n| (format!("gpu{n}_bytes"), reg.gpu_bytes(n).to_string())));
+    // Each GPU's committed bytes (the device budget applies to each on its own), and the
+    // requests the service routed to it.
+    for n in 0..reg.devices() {
+        tail.push((format!("gpu{n}_bytes"), reg.gpu_bytes(n).to_string()));
+        tail.push((format!("gpu{n}_requests"), ch.routed(n).to_string()));
+    }
     // provider, tiers, granularity, gpu_kernels first (as before), then the registry's rows,
     // then the provider's details and the last migration.
     let split = rows.len().min(4);

@@ -74,6 +74,18 @@ SELECT bool_and(uvm.read_segment('g_wide', i * 1024 * 1024, 16) = uvm.read_segme
 RESET ALL;
 DROP TABLE g_parts;
 
+-- routing: the service runs a request on the GPU that holds most of the bytes it reads
+-- (g_wide: 8 MB on GPU 0, 4 MB on GPU 1; g_auto: all on the host tier), else on the least
+-- loaded GPU (an idle service: GPU 0)
+SELECT uvm.create_segment('g_on1', 2 * 1024 * 1024, NULL, 'device:1') > 0 AS created;
+CREATE TEMP TABLE routed0 AS
+  SELECT property, value::bigint AS n FROM uvm.device_info() WHERE property LIKE 'gpu%\_requests';
+SELECT uvm.checksum_segment('g_on1', 0, 4096) IS NOT NULL AS ran FROM generate_series(1, 3);
+SELECT uvm.checksum_segment('g_wide', 0, 4096) IS NOT NULL AS ran FROM generate_series(1, 2);
+SELECT uvm.checksum_segment('g_auto', 0, 4096) IS NOT NULL AS ran;
+SELECT d.property, d.value::bigint - r.n AS routed_here
+  FROM uvm.device_info() d JOIN routed0 r USING (property) ORDER BY 1;
+
 -- everything dropped: every GPU's count is back to zero
 SELECT uvm.drop_segment(name) FROM uvm.segments WHERE name LIKE 'g\_%' ORDER BY name;
 SELECT property, value FROM uvm.device_info() WHERE property IN ('device_bytes', 'gpu0_bytes', 'gpu1_bytes', 'host_bytes')
