@@ -132,7 +132,7 @@ typedef struct PgUvmShareApi
 	/* Segments. Names follow the SQL surface (1 to 63 bytes); the current user needs the owner
 	 * role's privileges, as for the SQL functions. */
 	bool		(*lookup) (const char *name, UvmSegmentInfo *info); /* false: no such segment */
-	/* tier: "auto", "device" or "host"; max_size < 0: pg_uvm_share.max_segment_size. */
+	/* tier: "auto", "device", "device:N" (GPU N) or "host"; max_size < 0: pg_uvm_share.max_segment_size. */
 	uint64		(*create) (const char *name, int64 size, int64 max_size, const char *tier);
 	void		(*drop) (const char *name); /* 55006 while any process pins it */
 	int64		(*grow) (const char *name, int64 new_size); /* returns the new size */

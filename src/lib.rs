@@ -2,11 +2,13 @@
 //!
 //! The crate is layered so that the architecture is visible in the module tree:
 //!
-//! - [`vocab`]: the plain values every layer shares (tier, arena, chunk info, provider kind), so
+//! - [`vocab`]: the plain values every layer shares (tier, place, arena, chunk info, provider kind), so
 //!   that the provider need not import the registry nor the registry the provider.
 //! - [`registry`]: the table of segments and chunks in PostgreSQL shared memory.
 //! - [`broker`]: the background worker that holds every chunk's fd, and its protocol.
 //! - [`provider`]: where chunk memory comes from (memfd now, CUDA VMM next) and how it is mapped.
+//! - [`placement`]: which GPU a device chunk goes to under the per-GPU budgets, and which GPU
+//!   runs a service request (plain decisions over counts).
 //! - [`segment`]: one process's attachments, the pin/generation protocol, growth and drop.
 //! - [`exec`]: the execution seam: requests, run in this process or in the GPU service.
 //! - [`service`]: the GPU service (one process, one CUDA context per GPU) and its request channel.
