@@ -477,8 +477,17 @@ fn info_text<E: Env>(segs: &Segments<E>) -> String {
     if let Some(m) = segs.last_migration {
         rows.push(("last_migration_bytes".into(), m.bytes.to_string()));
         rows.push(("last_migration_chunks".into(), m.chunks.to_string()));
-        for (k, v) in [("wait", m.wait_ms), ("map", m.map_ms), ("alloc", m.alloc_ms), ("copy", m.copy_ms), ("other", m.other_ms)]
-        {
+        let phases = [
+            ("wait", m.wait_ms),
+            ("map", m.map_ms),
+            ("alloc", m.alloc_ms),
+            ("copy", m.copy_ms),
+            ("copy_map", m.copy_map_ms),
+            ("swap", m.swap_ms),
+            ("release", m.release_ms),
+            ("other", m.other_ms),
+        ];
+        for (k, v) in phases {
             rows.push((format!("last_migration_{k}_ms"), format!("{v:.3}")));
         }
     }

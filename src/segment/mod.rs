@@ -441,7 +441,15 @@ pub struct MigrationStats {
     pub alloc_ms: f64,
     /// Copying (the provider's copy: cuMemcpy).
     pub copy_ms: f64,
-    /// Mapping, swapping in the registry, releasing the old chunks.
+    /// Mapping the new chunks for the copy, and unmapping them and the old chunks' temporary
+    /// mappings after it.
+    pub copy_map_ms: f64,
+    /// Swapping the new chunks in under the registry's exclusive lock.
+    pub swap_ms: f64,
+    /// Releasing the old chunks at the broker (next to nothing where releases are deferred:
+    /// the GPU service releases them after it has answered).
+    pub release_ms: f64,
+    /// The rest (reservations, the broker's PUT, the migration flag).
     pub other_ms: f64,
 }
 
@@ -456,6 +464,13 @@ pub struct Segments<E: Env> {
     /// Session pins (uvm.pin_segment): segment id -> the registry pins held.
     session_pins: HashMap<u64, Vec<HeldPin>>,
     pub limits: Limits,
+    /// Chunks a migration or a drop replaced or removed, to release at the broker later
+    /// (`release_deferred`), when `defer_releases` is set: the GPU service answers its client
+    /// first. Freeing pinned memory is slow (the last close of a chunk's fd unpins it), and
+    /// nothing needs it done before the reply: the registry no longer knows these ids, so if
+    /// the releaser dies first the broker's sweep closes them (within 2 s).
+    deferred: Vec<(u64, u64)>,
+    defer_releases: bool,
 }
 
 /// How long a process waits for the broker to come up (it starts with the postmaster).
@@ -471,7 +486,30 @@ impl<E: Env> Segments<E> {
             attachments: HashMap::new(),
             session_pins: HashMap::new(),
             limits,
+            deferred: Vec::new(),
+            defer_releases: false,
         }
+    }
+
+    /// Defers the broker releases of replaced and dropped chunks until `release_deferred`.
+    pub fn defer_releases(&mut self, on: bool) {
+        self.defer_releases = on;
+    }
+
+    /// Releases the chunks whose release was deferred; failures are left to the broker's sweep.
+    pub fn release_deferred(&mut self) {
+        for (epoch, id) in std::mem::take(&mut self.deferred) {
+            let _ = self.with_broker(|b| b.release(epoch, id));
+        }
+    }
+
+    /// Releases a chunk that the registry no longer knows, now or (`defer_releases`) later.
+    fn release(&mut self, epoch: u64, id: u64) -> Result<()> {
+        if self.defer_releases {
+            self.deferred.push((epoch, id));
+            return Ok(());
+        }
+        self.with_broker(|b| b.release(epoch, id))
     }
 
     pub fn provider(&self) -> &dyn Provider {
@@ -682,7 +720,7 @@ impl<E: Env> Segments<E> {
     fn release_chunks(&mut self, ids: &[u64]) {
         let Ok(epoch) = self.env.shared().map(|r| r.epoch()) else { return };
         for &id in ids {
-            let _ = self.with_broker(|b| b.release(epoch, id));
+            let _ = self.release(epoch, id);
         }
     }
 
@@ -742,6 +780,7 @@ impl<E: Env> Segments<E> {
 
     /// Detaches every segment (process exit), giving back every pin this process holds.
     pub fn detach_all(&mut self) {
+        self.release_deferred();
         let ids: Vec<u64> = self.attachments.keys().copied().collect();
         for id in ids {
             self.detach(id);
@@ -915,7 +954,14 @@ impl<E: Env> Segments<E> {
             crate::interrupt::check()?;
             self.migrate_chunk(info.id, c, *to, &mut stats)?;
         }
-        stats.other_ms = ms(started) - stats.wait_ms - stats.map_ms - stats.alloc_ms - stats.copy_ms;
+        stats.other_ms = ms(started)
+            - stats.wait_ms
+            - stats.map_ms
+            - stats.alloc_ms
+            - stats.copy_ms
+            - stats.copy_map_ms
+            - stats.swap_ms
+            - stats.release_ms;
         self.last_migration = Some(stats);
         Ok(bytes)
     }
@@ -961,24 +1007,34 @@ impl<E: Env> Segments<E> {
         // Copy through a temporary mapping of the new chunk.
         let provider = guard.segs.provider.as_ref();
         let tmp = provider.reserve(0, old.size)?;
+        let t = Instant::now();
         let copied = provider.map_chunk_for_copy(fd.as_fd(), target, &tmp, 0, old.size).and_then(|()| {
+            stats.copy_map_ms += ms(t);
             let t = Instant::now();
             // SAFETY: both ranges are mapped for `old.size` bytes (the old chunk in this
             // process's reservation, checked above and held by `mapping`; the new one in `tmp`,
             // just above) and are distinct mappings.
             let r = unsafe { provider.copy(tmp.addr() as *mut u8, src as *const u8, old.size as usize) };
             stats.copy_ms += ms(t);
+            let t = Instant::now();
             provider.unmap_chunk(&tmp, 0, old.size, target);
+            stats.copy_map_ms += ms(t);
             r
         });
         provider.release_reservation(tmp);
         drop(fd);
+        let t = Instant::now();
         drop(source);
+        stats.copy_map_ms += ms(t);
         copied?;
+        let t = Instant::now();
         let old_id = guard.segs.env.exclusive()?.replace_chunk(&pending, old.id)?;
+        stats.swap_ms += ms(t);
         guard.committed = true;
         drop(guard);
-        self.with_broker(|b| b.release(epoch, old_id))?;
+        let t = Instant::now();
+        self.release(epoch, old_id)?;
+        stats.release_ms += ms(t);
         Ok(())
     }
 

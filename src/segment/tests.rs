@@ -497,6 +497,35 @@ fn segments_spread_over_gpus_and_move_between_them() {
     assert_eq!(world.finish(), 0);
 }
 
+/// With releases deferred (the GPU service), a migration's replaced chunk and a dropped
+/// segment's chunks stay at the broker until `release_deferred`, and then go: none is lost.
+#[test]
+fn deferred_releases_reach_the_broker_later() {
+    let world = World::new("defer", Arena::default());
+    let mut a = two_tier(&world, 1, None);
+    a.defer_releases(true);
+    let held = |s: &mut Segments<TestEnv>| {
+        let epoch = s.env.shared().unwrap().epoch();
+        s.with_broker(|b| b.stats(epoch)).unwrap()
+    };
+    a.create("d", 3 * MIB as i64, None, TierPref::Host, 1, 0).unwrap();
+    assert_eq!(held(&mut a), 1);
+    assert_eq!(a.prefetch("d", 0, 1, TierPref::Device, ok).unwrap(), 4 * MIB);
+    assert_eq!(held(&mut a), 2, "the replaced host chunk is kept until the deferred release");
+    a.release_deferred();
+    assert_eq!(held(&mut a), 1);
+    a.drop_segment("d", ok).unwrap();
+    assert_eq!(held(&mut a), 1, "the dropped segment's chunk is kept until the deferred release");
+    a.release_deferred();
+    assert_eq!(held(&mut a), 0);
+    // what is still deferred at exit is released there
+    a.create("e", MIB as i64, None, TierPref::Host, 1, 0).unwrap();
+    a.drop_segment("e", ok).unwrap();
+    a.detach_all();
+    drop(a);
+    assert_eq!(world.finish(), 0);
+}
+
 #[test]
 fn broker_calls_are_retried_by_kind_never_by_message() {
     let world = World::new("retry", Arena::default());

@@ -259,6 +259,11 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         eventfd: efd,
         stop: std::sync::atomic::AtomicBool::new(false),
     });
+    // Chunks a migration or a drop replaced are released after the reply (each turn, below).
+    let _ = crate::sql::try_with_segments(|s| {
+        s.defer_releases(true);
+        Ok(())
+    });
     let threads = guc::SERVICE_THREADS.get().max(1) as usize;
     let handles = spawn_executors(ch, &pool, threads);
     ch.set_mode(Mode::Service);
@@ -373,6 +378,12 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
                 }
             }
         }
+        // 5. Release what this turn's migrations and drops replaced, now that their clients have
+        //    their answers (freeing pinned memory is slow: it does not belong in the round trip).
+        let _ = crate::sql::try_with_segments(|s| {
+            s.release_deferred();
+            Ok(())
+        });
         let timeout = if parked.is_empty() && behind.is_empty() { 1000 } else { 2 };
         // SAFETY: `set` is live; `events` has room for the 3 registered events.
         let n = unsafe { pg_sys::WaitEventSetWait(set, timeout, events.as_mut_ptr(), 3, pg_sys::PG_WAIT_EXTENSION) };

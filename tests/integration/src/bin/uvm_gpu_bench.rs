@@ -1185,13 +1185,16 @@ fn bench_migration(b: &mut Bench, admin: &mut Client, pid: u32) {
         let copy_gbps = moved as f64 / (ph.ms("copy") / 1e3) / 1e9;
         b.note(format!(
             "migration {dir} of {} MiB in {who}: waiting for pins {:.0} ms, updating its own mapping first {:.0} ms, allocating the new \
-             chunks {:.0} ms, copying {:.0} ms ({copy_gbps:.1} GB/s), mapping/swapping/releasing {:.0} ms \
-             (device_info: {})",
+             chunks {:.0} ms, copying {:.0} ms ({copy_gbps:.1} GB/s), mapping and unmapping for the copy {:.0} ms, swapping {:.0} ms, \
+             releasing the old chunks {:.0} ms (deferred past the reply in the service), the rest {:.0} ms (device_info: {})",
             moved / MIB_I,
             ph.ms("wait"),
             ph.ms("map"),
             ph.ms("alloc"),
             ph.ms("copy"),
+            ph.ms("copy_map"),
+            ph.ms("swap"),
+            ph.ms("release"),
             ph.ms("other"),
             ph.all()
         ));
