@@ -10,7 +10,8 @@
 #                                    the preload
 #   tests/regress/schedule_limits    capacity errors, with tiny pg_uvm_share.max_* settings
 #   tests/regress/schedule_gpus      several GPUs, simulated by the host provider (two memfd
-#                                    "GPUs" with an 8 MB budget each), in service mode
+#                                    "GPUs" with an 8 MB budget each, a host pool of two 2 MB
+#                                    pieces), in service mode
 #   tests/regress/schedule_noload    CREATE EXTENSION without shared_preload_libraries
 #   tests/regress/schedule_nocuda    provider = cuda without a CUDA driver (only where there is none)
 #
@@ -80,7 +81,8 @@ run_suite main "$PORT" schedule
 run_suite service "$((PORT + 7))" schedule UVM_EXTRA_CONF='pg_uvm_share.gpu_execution = service'
 run_suite limits "$((PORT + 1))" schedule_limits \
   UVM_EXTRA_CONF=$'pg_uvm_share.max_segments = 3\npg_uvm_share.max_chunks = 5\npg_uvm_share.max_attachments = 16'
-run_suite gpus "$((PORT + 9))" schedule_gpus UVM_EXTRA_CONF=$'pg_uvm_share.simulated_devices = 2\npg_uvm_share.device_memory_limit = 8MB\npg_uvm_share.gpu_execution = service'
+run_suite gpus "$((PORT + 9))" schedule_gpus \
+  UVM_EXTRA_CONF=$'pg_uvm_share.simulated_devices = 2\npg_uvm_share.device_memory_limit = 8MB\npg_uvm_share.gpu_execution = service\npg_uvm_share.host_pool_size = 4MB\npg_uvm_share.host_pool_piece = 2MB'
 run_suite noload "$((PORT + 2))" schedule_noload UVM_NO_PRELOAD=1
 if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
   echo "== regress suite 'nocuda' not run: this machine has a CUDA driver (the GPU suite covers it)"

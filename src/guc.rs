@@ -57,6 +57,8 @@ pub static SERVICE_STAGING_MB: GucSetting<i32> = GucSetting::<i32>::new(4);
 pub static SERVICE_THREADS: GucSetting<i32> = GucSetting::<i32>::new(4);
 pub static MAX_SEGMENTS: GucSetting<i32> = GucSetting::<i32>::new(256);
 pub static SIMULATED_DEVICES: GucSetting<i32> = GucSetting::<i32>::new(0);
+pub static HOST_POOL_SIZE_MB: GucSetting<i32> = GucSetting::<i32>::new(0);
+pub static HOST_POOL_PIECE_MB: GucSetting<i32> = GucSetting::<i32>::new(256);
 pub static MAX_CHUNKS: GucSetting<i32> = GucSetting::<i32>::new(4096);
 pub static MAX_ATTACHMENTS: GucSetting<i32> = GucSetting::<i32>::new(4096);
 pub static MIN_CHUNK_SIZE_MB: GucSetting<i32> = GucSetting::<i32>::new(2);
@@ -125,6 +127,26 @@ pub fn define() {
         &DEVICE_MEMORY_LIMIT_MB,
         -1,
         i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.host_pool_size",
+        c"Pinned host memory the GPU service keeps ready for migrations to the host tier.",
+        c"In pieces of pg_uvm_share.host_pool_piece; a migration to the host tier takes pieces instead of pinning new memory, and one to the device gives pieces back. 0 (the default): no pool.",
+        &HOST_POOL_SIZE_MB,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.host_pool_piece",
+        c"Size of each piece of the host pool.",
+        c"A chunk migrated to the host tier becomes one chunk per piece (at most 64 chunks per segment), so larger pieces suit larger chunks.",
+        &HOST_POOL_PIECE_MB,
+        2,
+        1 << 20,
         GucContext::Sighup,
         GucFlags::UNIT_MB,
     );
@@ -223,6 +245,12 @@ pub fn min_chunk_size() -> u64 {
 
 pub fn max_segment_size() -> u64 {
     MAX_SEGMENT_SIZE_MB.get().max(1) as u64 * MIB
+}
+
+/// The host pool's size and piece size in bytes (the piece rounded down to the 2 MB granularity).
+pub fn host_pool() -> (u64, u64) {
+    let piece = HOST_POOL_PIECE_MB.get().max(2) as u64 * MIB / (2 * MIB) * (2 * MIB);
+    (HOST_POOL_SIZE_MB.get().max(0) as u64 * MIB, piece)
 }
 
 /// GPUs the host provider simulates (0: none, no device tier).

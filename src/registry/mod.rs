@@ -85,6 +85,8 @@ struct Header {
     /// checked against its own count).
     gpu_bytes: [u64; MAX_DEVICES as usize],
     host_bytes: u64,
+    /// Bytes of the host pool's pieces (not counted in `host_bytes`).
+    pool_bytes: u64,
     broker_pid: i32,
     /// The provider every process of this cluster uses (0: not chosen yet; see `claim_provider`).
     provider: u32,
@@ -123,6 +125,9 @@ struct SegmentSlot {
 const CHUNK_FREE: u32 = 0;
 const CHUNK_PENDING: u32 = 1;
 const CHUNK_LIVE: u32 = 2;
+/// A piece of the host pool: pinned host memory held by the broker for migrations to the host
+/// tier, owned by no segment (`segment_id` 0).
+const CHUNK_POOL: u32 = 3;
 
 #[repr(C)]
 struct ChunkSlot {
@@ -384,6 +389,7 @@ impl Registry {
                 arena_size: arena.size,
                 gpu_bytes: [0; MAX_DEVICES as usize],
                 host_bytes: 0,
+                pool_bytes: 0,
                 broker_pid: 0,
                 provider: 0,
                 devices: 0,
@@ -696,7 +702,8 @@ impl Registry {
         }
     }
 
-    /// Appends a pending chunk to its segment and sets the logical size to `new_size`.
+    /// Appends a pending chunk to its segment and raises the logical size to `new_size` (0:
+    /// leaves it, for a chunk that covers only part of a growth).
     /// Fails if the segment changed meanwhile: it was dropped (42704), or another process
     /// already covered this offset (55006; the caller retries with a fresh snapshot).
     pub fn commit_chunk(&mut self, p: &PendingChunk, new_size: u64) -> Result<u64> {
@@ -792,47 +799,153 @@ impl Registry {
         self.seg_mut(slot).flags &= !FLAG_MIGRATING;
     }
 
-    /// Records a pending chunk that will replace live chunk `old_id` (same offset and size) in
-    /// `place`. Needs a free chunk slot; the segment's chunk count does not change.
-    pub fn reserve_replacement(&mut self, slot: u32, old_id: u64, place: Place) -> Result<PendingChunk> {
+    /// Records a pending chunk at `place` that will replace `[offset, offset + size)` of live
+    /// chunk `old_id` (all of it, or one of the parts it is cut into; see `replace_chunk_by`).
+    /// Needs a free chunk slot.
+    pub fn reserve_replacement(&mut self, slot: u32, old_id: u64, offset: u64, size: u64, place: Place) -> Result<PendingChunk> {
         let seg_id = self.seg(slot).id;
-        let old = (0..self.hdr().max_chunks)
-            .map(|i| self.chunk(i))
-            .find(|c| c.id == old_id && c.state == CHUNK_LIVE && c.segment_id == seg_id)
-            .map(|c| (c.offset, c.size))
+        self.live_chunk(seg_id, old_id)
+            .filter(|&(o, s)| o <= offset && offset.checked_add(size).is_some_and(|end| end <= o + s))
             .ok_or_else(|| uvm_err!(Code::ObjectInUse, "chunk {old_id} changed during migration"))?;
         let ci = self.free_chunk_slot()?;
         let id = self.hdr().next_chunk_id;
         self.hdr_mut().next_chunk_id += 1;
-        *self.chunk_mut(ci) = ChunkSlot::pending(id, seg_id, old.0, old.1, place);
-        Ok(PendingChunk { slot: ci, id, segment_id: seg_id, offset: old.0, size: old.1, place })
+        *self.chunk_mut(ci) = ChunkSlot::pending(id, seg_id, offset, size, place);
+        Ok(PendingChunk { slot: ci, id, segment_id: seg_id, offset, size, place })
     }
 
-    /// Swaps a pending replacement in for live chunk `old_id`, adjusts the per-tier totals and
-    /// bumps the generation (every process remaps before its next access). Returns the old
-    /// chunk's id, for the caller to release at the broker.
+    /// (offset, size) of live chunk `id` of segment `seg_id`.
+    fn live_chunk(&self, seg_id: u64, id: u64) -> Option<(u64, u64)> {
+        (0..self.hdr().max_chunks)
+            .map(|i| self.chunk(i))
+            .find(|c| c.id == id && c.state == CHUNK_LIVE && c.segment_id == seg_id)
+            .map(|c| (c.offset, c.size))
+    }
+
+    /// Swaps a pending replacement in for live chunk `old_id`; see `replace_chunk_by`.
     pub fn replace_chunk(&mut self, p: &PendingChunk, old_id: u64) -> Result<u64> {
+        self.replace_chunk_by(std::slice::from_ref(p), old_id, false).map(|id| id.expect("not kept in the pool"))
+    }
+
+    /// Swaps pending chunks `ps`, which tile live chunk `old_id`'s range in order, in for it,
+    /// adjusts the per-tier, per-GPU and pool totals and bumps the generation (every process
+    /// remaps before its next access). The old chunk becomes a piece of the host pool if
+    /// `to_pool` (it must be a host chunk; its id stays known, and the broker keeps its fd);
+    /// otherwise its id is returned for the caller to release at the broker.
+    pub fn replace_chunk_by(&mut self, ps: &[PendingChunk], old_id: u64, to_pool: bool) -> Result<Option<u64>> {
+        let changed = || uvm_err!(Code::ObjectInUse, "chunk {old_id} changed during migration");
+        let seg_id = ps.first().map(|p| p.segment_id).ok_or_else(changed)?;
         let slot = self
-            .find_id(p.segment_id)
+            .find_id(seg_id)
             .ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped while it was migrating"))?;
         let pos = {
             let s = self.seg(slot);
             s.chunks[..s.nchunks as usize].iter().position(|&ci| self.chunk(ci).id == old_id)
         }
-        .ok_or_else(|| uvm_err!(Code::ObjectInUse, "chunk {old_id} changed during migration"))?;
+        .ok_or_else(changed)?;
         let old_ci = self.seg(slot).chunks[pos];
-        let (old_size, old_place) = {
+        let (old_offset, old_size, old_place) = {
             let c = self.chunk(old_ci);
-            (c.size, c.place())
+            (c.offset, c.size, c.place())
         };
-        self.chunk_mut(p.slot).state = CHUNK_LIVE;
-        *self.chunk_mut(old_ci) = ChunkSlot::FREE;
-        let s = self.seg_mut(slot);
-        s.chunks[pos] = p.slot;
-        s.generation += 1;
+        // The parts must tile the old range, each a pending chunk of this segment.
+        let mut end = old_offset;
+        for p in ps {
+            let c = self.chunk(p.slot);
+            if p.offset != end || c.id != p.id || c.state != CHUNK_PENDING || c.segment_id != seg_id {
+                return Err(changed());
+            }
+            end += p.size;
+        }
+        let nchunks = self.seg(slot).nchunks as usize;
+        if end != old_offset + old_size || nchunks - 1 + ps.len() > MAX_CHUNKS_PER_SEGMENT {
+            return Err(changed());
+        }
+        for p in ps {
+            self.chunk_mut(p.slot).state = CHUNK_LIVE;
+            self.account(p.place, p.size as i128);
+        }
         self.account(old_place, -(old_size as i128));
-        self.account(p.place, p.size as i128);
-        Ok(old_id)
+        let kept = to_pool && old_place == Place::Host;
+        if kept {
+            let c = self.chunk_mut(old_ci);
+            (c.state, c.segment_id, c.offset) = (CHUNK_POOL, 0, 0);
+            self.hdr_mut().pool_bytes += old_size;
+        } else {
+            *self.chunk_mut(old_ci) = ChunkSlot::FREE;
+        }
+        let s = self.seg_mut(slot);
+        // The tail after the old chunk moves up to make room for the extra parts.
+        s.chunks.copy_within(pos + 1..nchunks, pos + ps.len());
+        for (k, p) in ps.iter().enumerate() {
+            s.chunks[pos + k] = p.slot;
+        }
+        s.nchunks = (nchunks - 1 + ps.len()) as u32;
+        s.generation += 1;
+        Ok((!kept).then_some(old_id))
+    }
+
+    /// Bytes in the host pool's pieces.
+    pub fn pool_bytes(&self) -> u64 {
+        self.hdr().pool_bytes
+    }
+
+    /// The host pool's pieces: (chunk id, size).
+    pub fn pool_chunks(&self) -> Vec<(u64, u64)> {
+        (0..self.hdr().max_chunks).map(|i| self.chunk(i)).filter(|c| c.state == CHUNK_POOL).map(|c| (c.id, c.size)).collect()
+    }
+
+    /// Records a pending piece of `size` bytes for the host pool (no segment owns it). The
+    /// caller allocates it, hands its fd to the broker and calls `commit_pool_chunk`, or
+    /// `abort_chunk`.
+    pub fn reserve_pool_chunk(&mut self, size: u64) -> Result<PendingChunk> {
+        let ci = self.free_chunk_slot()?;
+        let id = self.hdr().next_chunk_id;
+        self.hdr_mut().next_chunk_id += 1;
+        *self.chunk_mut(ci) = ChunkSlot::pending(id, 0, 0, size, Place::Host);
+        Ok(PendingChunk { slot: ci, id, segment_id: 0, offset: 0, size, place: Place::Host })
+    }
+
+    /// Adds a pending piece to the host pool.
+    pub fn commit_pool_chunk(&mut self, p: &PendingChunk) -> Result<()> {
+        let c = self.chunk_mut(p.slot);
+        if c.id != p.id || c.state != CHUNK_PENDING || c.segment_id != 0 {
+            return Err(UvmError::new(Code::ObjectInUse, "a host pool piece changed before it was added"));
+        }
+        c.state = CHUNK_POOL;
+        self.hdr_mut().pool_bytes += p.size;
+        Ok(())
+    }
+
+    /// Takes a piece of exactly `size` bytes from the host pool as a pending replacement of
+    /// `[offset, offset + size)` of segment `slot` (the broker keeps its fd under the same id);
+    /// `None` if the pool has none.
+    pub fn take_pool_chunk(&mut self, slot: u32, offset: u64, size: u64) -> Option<PendingChunk> {
+        let seg_id = self.seg(slot).id;
+        let ci = (0..self.hdr().max_chunks).find(|&i| {
+            let c = self.chunk(i);
+            c.state == CHUNK_POOL && c.size == size
+        })?;
+        let c = self.chunk_mut(ci);
+        (c.state, c.segment_id, c.offset) = (CHUNK_PENDING, seg_id, offset);
+        let id = c.id;
+        self.hdr_mut().pool_bytes -= size;
+        Some(PendingChunk { slot: ci, id, segment_id: seg_id, offset, size, place: Place::Host })
+    }
+
+    /// Removes a piece from the host pool that is not `keep_size` bytes, or any piece if the
+    /// pool holds more than `target` bytes; returns its id for the caller to release at the
+    /// broker.
+    pub fn trim_pool(&mut self, target: u64, keep_size: u64) -> Option<u64> {
+        let over = self.hdr().pool_bytes > target;
+        let ci = (0..self.hdr().max_chunks).find(|&i| {
+            let c = self.chunk(i);
+            c.state == CHUNK_POOL && (over || c.size != keep_size)
+        })?;
+        let (id, size) = (self.chunk(ci).id, self.chunk(ci).size);
+        *self.chunk_mut(ci) = ChunkSlot::FREE;
+        self.hdr_mut().pool_bytes -= size;
+        Some(id)
     }
 
     /// Ids of every chunk the registry knows (pending or live): the broker keeps exactly these.

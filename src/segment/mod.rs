@@ -69,6 +69,7 @@ use crate::placement::{self, Gpu};
 use crate::provider::{Provider, Reservation, GRANULARITY};
 use crate::registry::{
     next_chunk_size, round_up, ChunkInfo, HeldPin, NewSegment, PendingChunk, Place, Registry, SegmentInfo, Tier, TierPref,
+    MAX_CHUNKS_PER_SEGMENT,
 };
 use crate::uvm_err;
 
@@ -101,6 +102,11 @@ pub struct Limits {
     pub device_limit: Option<u64>,
     /// How long a migration waits for pins to drain, and a pin for a migration to end.
     pub pin_wait: Duration,
+    /// The host pool (issue 9's migrations): pinned host pieces of `pool_piece` bytes that the
+    /// GPU service keeps at the broker, up to `pool_size` bytes, so that a migration to the host
+    /// tier pins nothing. 0: no pool.
+    pub pool_size: u64,
+    pub pool_piece: u64,
 }
 
 /// One reservation of this process and the chunks mapped in it. The attachment and every
@@ -683,7 +689,7 @@ impl<E: Env> Segments<E> {
                 let (place, size) = if spill { (Place::Host, size) } else { self.place_chunk(&reg, info.tier_pref, size)? };
                 (reg.reserve_chunk(slot, info.committed, size, place)?, reg.epoch())
             };
-            let mut guard = PendingGuard { segs: self, pending, handed_over: false, committed: false, epoch };
+            let mut guard = PendingGuard::new(self, vec![(pending, false)], epoch);
             let fd = match guard.segs.provider.create_chunk(pending.place, pending.size) {
                 Ok(fd) => fd,
                 Err(e) if e.code == Code::OutOfMemory && pending.place != Place::Host && !spill => {
@@ -697,11 +703,14 @@ impl<E: Env> Segments<E> {
                 Err(e) => return Err(e),
             };
             guard.segs.with_broker(|b| b.put(epoch, pending.id, fd.as_fd()))?;
-            guard.handed_over = true;
+            guard.parts[0].1 = true;
             drop(fd);
-            // A chunk cut at the device budget covers only part of the growth; the loop adds the rest.
+            // A chunk cut at a GPU's budget covers only part of the growth; the loop adds the
+            // rest, and only the chunk that completes it sets the size, so that a growth refused
+            // part way (a `device` segment past every GPU's budget) leaves the size as it was.
             let covered = needed.min(pending.offset + pending.size);
-            let committed = guard.segs.env.exclusive()?.commit_chunk(&pending, covered);
+            let new_size = if covered == needed { needed } else { 0 };
+            let committed = guard.segs.env.exclusive()?.commit_chunk(&pending, new_size);
             match committed {
                 Ok(_) => {
                     guard.committed = true;
@@ -993,49 +1002,129 @@ impl<E: Env> Segments<E> {
         };
         stats.map_ms += ms(t);
         let src = source.addr();
-        let pending = {
+        // The new chunks: to the host tier, pieces of the host pool first (pinned already), then
+        // one fresh chunk for the rest; elsewhere, one fresh chunk.
+        let (parts, to_pool) = {
             let mut reg = self.env.exclusive()?;
             let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
-            reg.reserve_replacement(slot, old.id, to)?
+            let piece = self.limits.pool_piece;
+            let mut parts: Vec<(PendingChunk, bool)> = Vec::new();
+            if to == Place::Host && piece > 0 {
+                // Entries the parts may take in the segment's chunk table: the old chunk's and the
+                // free ones. Pieces take all of them only if they cover the chunk exactly;
+                // otherwise one is left for the fresh chunk that covers the rest.
+                let room = (MAX_CHUNKS_PER_SEGMENT + 1).saturating_sub(info.chunks.len()).max(1);
+                let whole = (old.size / piece) as usize;
+                let n = if whole <= room && whole as u64 * piece == old.size { whole } else { whole.min(room - 1) };
+                for k in 0..n as u64 {
+                    match reg.take_pool_chunk(slot, old.offset + k * piece, piece) {
+                        // The broker has held a piece's fd since it joined the pool.
+                        Some(p) => parts.push((p, true)),
+                        None => break,
+                    }
+                }
+            }
+            let taken: u64 = parts.iter().map(|(p, _)| p.size).sum();
+            if taken < old.size {
+                match reg.reserve_replacement(slot, old.id, old.offset + taken, old.size - taken, to) {
+                    Ok(p) => parts.push((p, false)),
+                    Err(e) => {
+                        for (p, _) in &parts {
+                            reg.abort_chunk(p);
+                        }
+                        let epoch = reg.epoch();
+                        drop(reg);
+                        for (p, _) in &parts {
+                            let _ = self.with_broker(|b| b.release(epoch, p.id));
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            // A host chunk of the pool's piece size goes back to the pool while it is short.
+            let to_pool =
+                old.tier == Tier::Host && piece > 0 && old.size == piece && reg.pool_bytes() + piece <= self.limits.pool_size;
+            (parts, to_pool)
         };
-        let mut guard = PendingGuard { segs: self, pending, handed_over: false, committed: false, epoch };
-        let t = Instant::now();
-        let fd = guard.segs.provider.create_chunk(to, old.size)?;
-        stats.alloc_ms += ms(t);
-        guard.segs.with_broker(|b| b.put(epoch, pending.id, fd.as_fd()))?;
-        guard.handed_over = true;
-        // Copy through a temporary mapping of the new chunk.
-        let provider = guard.segs.provider.as_ref();
-        let tmp = provider.reserve(0, old.size)?;
-        let t = Instant::now();
-        let copied = provider.map_chunk_for_copy(fd.as_fd(), target, &tmp, 0, old.size).and_then(|()| {
-            stats.copy_map_ms += ms(t);
+        let mut guard = PendingGuard::new(self, parts, epoch);
+        for k in 0..guard.parts.len() {
+            let (p, handed_over) = guard.parts[k];
+            // Copy through a temporary mapping of each new chunk.
+            let fd = if handed_over {
+                guard.segs.with_broker(|b| b.get(epoch, p.id))?
+            } else {
+                let t = Instant::now();
+                let fd = guard.segs.provider.create_chunk(to, p.size)?;
+                stats.alloc_ms += ms(t);
+                guard.segs.with_broker(|b| b.put(epoch, p.id, fd.as_fd()))?;
+                guard.parts[k].1 = true;
+                fd
+            };
+            let provider = guard.segs.provider.as_ref();
+            let tmp = provider.reserve(0, p.size)?;
             let t = Instant::now();
-            // SAFETY: both ranges are mapped for `old.size` bytes (the old chunk in this
-            // process's reservation, checked above and held by `mapping`; the new one in `tmp`,
-            // just above) and are distinct mappings.
-            let r = unsafe { provider.copy(tmp.addr() as *mut u8, src as *const u8, old.size as usize) };
-            stats.copy_ms += ms(t);
-            let t = Instant::now();
-            provider.unmap_chunk(&tmp, 0, old.size, target);
-            stats.copy_map_ms += ms(t);
-            r
-        });
-        provider.release_reservation(tmp);
-        drop(fd);
+            let copied = provider.map_chunk_for_copy(fd.as_fd(), target, &tmp, 0, p.size).and_then(|()| {
+                stats.copy_map_ms += ms(t);
+                let t = Instant::now();
+                // SAFETY: both ranges are mapped for `p.size` bytes (the old chunk's part at
+                // `src + (p.offset - old.offset)` in this process's reservation or the copy's own,
+                // held by `source`; the new chunk in `tmp`, just above) and are distinct mappings.
+                let r = unsafe {
+                    provider.copy(tmp.addr() as *mut u8, (src + (p.offset - old.offset)) as *const u8, p.size as usize)
+                };
+                stats.copy_ms += ms(t);
+                let t = Instant::now();
+                provider.unmap_chunk(&tmp, 0, p.size, target);
+                stats.copy_map_ms += ms(t);
+                r
+            });
+            provider.release_reservation(tmp);
+            drop(fd);
+            copied?;
+        }
         let t = Instant::now();
         drop(source);
         stats.copy_map_ms += ms(t);
-        copied?;
         let t = Instant::now();
-        let old_id = guard.segs.env.exclusive()?.replace_chunk(&pending, old.id)?;
+        let pendings: Vec<PendingChunk> = guard.parts.iter().map(|(p, _)| *p).collect();
+        let released = guard.segs.env.exclusive()?.replace_chunk_by(&pendings, old.id, to_pool)?;
         stats.swap_ms += ms(t);
         guard.committed = true;
         drop(guard);
-        let t = Instant::now();
-        self.release(epoch, old_id)?;
-        stats.release_ms += ms(t);
+        if let Some(old_id) = released {
+            let t = Instant::now();
+            self.release(epoch, old_id)?;
+            stats.release_ms += ms(t);
+        }
         Ok(())
+    }
+
+    /// Brings the host pool one step closer to `limits.pool_size` (one piece added, or one
+    /// released: of another size than `limits.pool_piece`, or past the size); whether it did
+    /// anything. The GPU service calls it once per turn of its loop, so that it stays
+    /// responsive while the pool fills (pinning host memory costs about 0.17 s per GiB).
+    pub fn pool_step(&mut self) -> Result<bool> {
+        let (size, piece) = (self.limits.pool_size, self.limits.pool_piece);
+        let (pending, epoch) = {
+            let mut reg = self.env.exclusive()?;
+            let epoch = reg.epoch();
+            if let Some(id) = reg.trim_pool(size, piece) {
+                drop(reg);
+                self.release(epoch, id)?;
+                return Ok(true);
+            }
+            if piece == 0 || reg.pool_bytes() + piece > size {
+                return Ok(false);
+            }
+            (reg.reserve_pool_chunk(piece)?, epoch)
+        };
+        let mut guard = PendingGuard::new(self, vec![(pending, false)], epoch);
+        let fd = guard.segs.provider.create_chunk(Place::Host, piece)?;
+        guard.segs.with_broker(|b| b.put(epoch, pending.id, fd.as_fd()))?;
+        guard.parts[0].1 = true;
+        guard.segs.env.exclusive()?.commit_pool_chunk(&pending)?;
+        guard.committed = true;
+        Ok(true)
     }
 
     /// Takes a session pin (held until `unpin_session` or process exit).
@@ -1168,13 +1257,21 @@ impl Drop for CopySource {
     }
 }
 
-/// has its fd, asks the broker to close it.
+/// Chunks being added or replaced, recorded as pending in the registry. Dropped before they are
+/// committed (an error, a cancel), it forgets them in the registry and, for each whose fd the
+/// broker has, asks the broker to close it.
 struct PendingGuard<'a, E: Env> {
     segs: &'a mut Segments<E>,
-    pending: PendingChunk,
-    handed_over: bool,
+    /// The pending chunks, each with whether the broker holds its fd.
+    parts: Vec<(PendingChunk, bool)>,
     committed: bool,
     epoch: u64,
+}
+
+impl<'a, E: Env> PendingGuard<'a, E> {
+    fn new(segs: &'a mut Segments<E>, parts: Vec<(PendingChunk, bool)>, epoch: u64) -> Self {
+        PendingGuard { segs, parts, committed: false, epoch }
+    }
 }
 
 impl<E: Env> Drop for PendingGuard<'_, E> {
@@ -1183,11 +1280,15 @@ impl<E: Env> Drop for PendingGuard<'_, E> {
             return;
         }
         if let Ok(mut reg) = self.segs.env.exclusive() {
-            reg.abort_chunk(&self.pending);
+            for (p, _) in &self.parts {
+                reg.abort_chunk(p);
+            }
         }
-        if self.handed_over {
-            let (epoch, id) = (self.epoch, self.pending.id);
-            let _ = self.segs.with_broker(|b| b.release(epoch, id));
+        let epoch = self.epoch;
+        for &(p, handed_over) in &self.parts {
+            if handed_over {
+                let _ = self.segs.with_broker(|b| b.release(epoch, p.id));
+            }
         }
     }
 }

@@ -42,6 +42,11 @@ const NAMES: [&str; 3] = ["s0", "s1", "s2"];
 /// prefetches hit it.
 const DEVICE_LIMIT: u64 = 12 * MIB;
 
+/// The host pool: four pieces of one granule, so that migrations to the host tier take pieces
+/// (and cut chunks into them) and migrations to a GPU give them back.
+const POOL_SIZE: u64 = 8 * MIB;
+const POOL_PIECE: u64 = 2 * MIB;
+
 /// GPUs of the simulated provider: two, so that placement and migration between GPUs are part
 /// of every run.
 const GPUS: u32 = 2;
@@ -117,6 +122,10 @@ enum Op {
     Exit {
         p: usize,
     },
+    /// One step of the GPU service's host pool filler (`Segments::pool_step`).
+    PoolStep {
+        p: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -135,6 +144,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (p.clone(), seg.clone(), any::<u16>(), any::<u16>(), 0..2 + GPUS)
             .prop_map(|(p, seg, from, len, to)| Op::Prefetch { p, seg, from, len, to }),
         1 => p.prop_map(|p| Op::Exit { p }),
+        2 => (0..PROCESSES).prop_map(|p| Op::PoolStep { p }),
     ]
 }
 
@@ -183,6 +193,8 @@ fn limits() -> Limits {
         device_limit: Some(DEVICE_LIMIT),
         // A pinned segment's migration gives up after this: short, for a quick test.
         pin_wait: Duration::from_millis(3),
+        pool_size: POOL_SIZE,
+        pool_piece: POOL_PIECE,
     }
 }
 
@@ -377,6 +389,18 @@ impl Harness {
                     }
                 }
             }
+            Op::PoolStep { p } => {
+                let before = self.procs[p].segs.env.shared().unwrap().pool_bytes();
+                match self.procs[p].segs.pool_step() {
+                    Ok(true) => {
+                        let after = self.procs[p].segs.env.shared().unwrap().pool_bytes();
+                        assert!(after == before + POOL_PIECE || after + POOL_PIECE == before, "pool {before} -> {after}");
+                    }
+                    Ok(false) => assert!(before + POOL_PIECE > POOL_SIZE, "a pool of {before} bytes did not grow"),
+                    // the registry's chunk slots are all taken
+                    Err(e) => assert_eq!(e.code, Code::ConfigurationLimitExceeded, "{e:?}"),
+                }
+            }
             Op::Exit { p } => {
                 let proc = &mut self.procs[p];
                 proc.segs.detach_all();
@@ -404,7 +428,7 @@ impl Harness {
     /// The invariants of the module documentation.
     fn check(&mut self) {
         let env = self.procs[0].segs.env.clone();
-        let (segments, attachments, host_total, gpu_totals, known, epoch) = {
+        let (segments, attachments, host_total, gpu_totals, known, epoch, pool, pool_bytes) = {
             let reg = env.shared().unwrap();
             (
                 reg.segments(),
@@ -413,6 +437,8 @@ impl Harness {
                 (0..GPUS).map(|n| reg.gpu_bytes(n)).collect::<Vec<_>>(),
                 reg.known_chunk_ids(),
                 reg.epoch(),
+                reg.pool_chunks(),
+                reg.pool_bytes(),
             )
         };
         // The model's segments, sizes, pins; monotone generations.
@@ -453,7 +479,17 @@ impl Harness {
             assert!(s.size <= s.committed && s.committed <= s.reserve);
             assert!(!env.shared().unwrap().migrating(s.slot));
         }
-        // No chunk id lost or doubled: the registry's table, the segments and the broker agree.
+        // The host pool: pieces of its piece size, host memfds at the broker, counted exactly,
+        // never past its size.
+        for &(id, size) in &pool {
+            assert_eq!(size, POOL_PIECE);
+            assert_eq!(fd_place_and_size(&broker.get(epoch, id).unwrap()), (Place::Host, size), "pool piece {id}");
+            ids.push(id);
+        }
+        assert_eq!(pool_bytes, pool.iter().map(|p| p.1).sum::<u64>());
+        assert!(pool_bytes <= POOL_SIZE);
+        // No chunk id lost or doubled: the registry's table, the segments, the pool and the
+        // broker agree.
         let n = ids.len();
         ids.sort_unstable();
         ids.dedup();
@@ -469,7 +505,8 @@ impl Harness {
         assert!(attachments.iter().all(|a| a.pins < 1 << 20));
     }
 
-    /// Ends the case: every process exits, every segment is dropped, the broker is left empty.
+    /// Ends the case: every process exits, every segment is dropped, the pool is emptied (a
+    /// size of 0 trims it piece by piece), the broker is left empty.
     fn finish(mut self) {
         for p in &mut self.procs {
             p.pins.clear();
@@ -479,6 +516,9 @@ impl Harness {
         for name in names {
             self.procs[0].segs.drop_segment(&name, ok).unwrap();
         }
+        self.procs[0].segs.limits.pool_size = 0;
+        while self.procs[0].segs.pool_step().unwrap() {}
+        assert_eq!(self.procs[0].segs.env.shared().unwrap().pool_bytes(), 0);
         self.procs[0].segs.detach_all();
         drop(self.procs);
         assert_eq!(self.world.finish(), 0, "the broker still holds fds");

@@ -125,7 +125,14 @@ impl Env for TestEnv {
 }
 
 fn limits() -> Limits {
-    Limits { min_chunk: 2 * MIB, max_segment_size: 1 << 30, device_limit: None, pin_wait: Duration::from_millis(300) }
+    Limits {
+        min_chunk: 2 * MIB,
+        max_segment_size: 1 << 30,
+        device_limit: None,
+        pin_wait: Duration::from_millis(300),
+        pool_size: 0,
+        pool_piece: 0,
+    }
 }
 
 pub(crate) fn process(world: &Arc<World>, pid: i32) -> Segments<TestEnv> {
@@ -494,6 +501,83 @@ fn segments_spread_over_gpus_and_move_between_them() {
     a.drop_segment("wide", ok).unwrap();
     assert_eq!(used(&a), (0, 0, 0));
     drop((a, b));
+    assert_eq!(world.finish(), 0);
+}
+
+/// The host pool: a migration to the host tier takes the pool's pieces (one chunk becomes one
+/// chunk per piece, plus a fresh one for the rest), pins nothing new for them, and keeps the
+/// bytes; a migration back to the device gives pieces back while the pool is short, and
+/// releases the rest; a smaller pool size trims it.
+#[test]
+fn migrations_to_the_host_take_pool_pieces_and_give_them_back() {
+    let world = World::new("pool", Arena::default());
+    let mut l = limits();
+    (l.pool_size, l.pool_piece) = (6 * MIB, 2 * MIB);
+    let mut a = Segments::new(TestEnv { world: world.clone(), pid: 1 }, Box::new(HostProvider::simulating(1)), l);
+    let mut b = two_tier(&world, 2, None);
+    let pool = |s: &Segments<TestEnv>| s.env.shared().unwrap().pool_bytes();
+    while a.pool_step().unwrap() {}
+    assert_eq!(pool(&a), 6 * MIB);
+    let pieces: Vec<u64> = a.env.shared().unwrap().pool_chunks().iter().map(|p| p.0).collect();
+    a.create("p", 8 * MIB as i64, None, TierPref::Device, 1, 0).unwrap();
+    let data: Vec<u8> = (0..8 * MIB as usize).map(|i| (i * 13 % 241) as u8).collect();
+    a.pin("p", ok).unwrap().bytes_mut(0, data.len() as i64).unwrap().copy_from_slice(&data);
+    // to the host: three pieces of 2 MiB and one fresh chunk for the last 2 MiB
+    assert_eq!(a.prefetch("p", 0, 1, TierPref::Host, ok).unwrap(), 8 * MIB);
+    let info = a.lookup("p").unwrap();
+    let sizes: Vec<u64> = info.chunks.iter().map(|c| c.size).collect();
+    assert_eq!(sizes, vec![2 * MIB; 4]);
+    assert!(info.chunks.iter().all(|c| c.place() == Place::Host));
+    assert_eq!(info.chunks[..3].iter().map(|c| c.id).collect::<Vec<_>>(), pieces, "the pool's pieces, in order");
+    assert_eq!((pool(&a), info.bytes_in(Tier::Host)), (0, 8 * MIB));
+    assert_eq!(b.pin("p", ok).unwrap().bytes(0, data.len() as i64).unwrap(), &data[..]);
+    // back to the device: each host chunk of a piece's size refills the pool until it is full
+    assert_eq!(a.prefetch("p", 0, 8 * MIB as i64, TierPref::Device, ok).unwrap(), 8 * MIB);
+    assert_eq!(pool(&a), 6 * MIB);
+    assert_eq!(a.lookup("p").unwrap().bytes_in(Tier::Device), 8 * MIB);
+    assert_eq!(b.pin("p", ok).unwrap().bytes(0, data.len() as i64).unwrap(), &data[..]);
+    a.drop_segment("p", ok).unwrap();
+    // a smaller pool is trimmed, one piece per step
+    a.limits.pool_size = 2 * MIB;
+    while a.pool_step().unwrap() {}
+    assert_eq!(pool(&a), 2 * MIB);
+    a.limits.pool_size = 0;
+    while a.pool_step().unwrap() {}
+    drop((a, b));
+    assert_eq!(world.finish(), 0);
+}
+
+/// A chunk cut into pool pieces never overflows the segment's chunk table: 130 MiB in pieces of
+/// 2 MiB would be 65 chunks, so 63 pieces and one fresh chunk for the rest make 64.
+#[test]
+fn pool_pieces_leave_room_in_the_chunk_table() {
+    let world =
+        World::with_capacity("poolcap", Arena::default(), Capacity { max_segments: 8, max_chunks: 256, max_attachments: 16 });
+    let mut l = limits();
+    (l.pool_size, l.pool_piece) = (128 * MIB, 2 * MIB);
+    let mut a = Segments::new(TestEnv { world: world.clone(), pid: 1 }, Box::new(HostProvider::simulating(1)), l);
+    while a.pool_step().unwrap() {}
+    a.create("q", 130 * MIB as i64, None, TierPref::Device, 1, 0).unwrap();
+    let marks = [0u64, 2 * MIB + 5, 126 * MIB, 130 * MIB - 1];
+    for (i, &o) in marks.iter().enumerate() {
+        a.pin("q", ok).unwrap().bytes_mut(o as i64, 1).unwrap()[0] = i as u8 + 1;
+    }
+    assert_eq!(a.prefetch("q", 0, 1, TierPref::Host, ok).unwrap(), 130 * MIB);
+    let sizes: Vec<u64> = a.lookup("q").unwrap().chunks.iter().map(|c| c.size).collect();
+    assert_eq!(sizes.len(), MAX_CHUNKS_PER_SEGMENT);
+    assert_eq!((sizes[..63].iter().all(|&s| s == 2 * MIB), sizes[63]), (true, 4 * MIB));
+    // chunk by chunk to the device and back: the pieces come and go, the table stays full
+    assert_eq!(a.prefetch("q", 0, 130 * MIB as i64, TierPref::Device, ok).unwrap(), 130 * MIB);
+    assert_eq!(a.env.shared().unwrap().pool_bytes(), 128 * MIB);
+    assert_eq!(a.prefetch("q", 0, 130 * MIB as i64, TierPref::Host, ok).unwrap(), 130 * MIB);
+    assert_eq!(a.lookup("q").unwrap().chunks.len(), MAX_CHUNKS_PER_SEGMENT);
+    for (i, &o) in marks.iter().enumerate() {
+        assert_eq!(a.pin("q", ok).unwrap().bytes(o as i64, 1).unwrap()[0], i as u8 + 1, "byte {o}");
+    }
+    a.drop_segment("q", ok).unwrap();
+    a.limits.pool_size = 0;
+    while a.pool_step().unwrap() {}
+    drop(a);
     assert_eq!(world.finish(), 0);
 }
 

@@ -225,7 +225,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         Err(e) => {
             pgrx::log!("pg_uvm_share gpu service: no provider: {}", e.message);
             ch.set_error(super::request::code_index(e.code), &e.message);
-            idle_until_terminated(&ch);
+            idle_until_terminated(&ch, false);
         }
     };
     let mode = match guc::GPU_EXECUTION.get() {
@@ -236,7 +236,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     if mode == Mode::Process {
         pgrx::log!("pg_uvm_share gpu service: provider {}, execution mode process: idle", kind.name());
         ch.set_mode(Mode::Process);
-        idle_until_terminated(&ch);
+        idle_until_terminated(&ch, true);
     }
     if kind == ProviderKind::Cuda {
         warm_cuda(&ch);
@@ -247,7 +247,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     if efd < 0 {
         let e = UvmError::last_os("eventfd failed");
         ch.set_error(super::request::code_index(e.code), &e.message);
-        idle_until_terminated(&ch);
+        idle_until_terminated(&ch, false);
     }
     // One executor group per GPU the provider places chunks on (one without a device tier).
     let gpus = crate::sql::try_with_segments(|s| Ok(s.provider().devices())).unwrap_or(0).max(1) as usize;
@@ -284,6 +284,8 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     let mut parked: Vec<Parked> = Vec::new();
     // Taken requests that wait for abandoned work on their segments to stop (slots).
     let mut behind: Vec<u32> = Vec::new();
+    // When the host pool may try to grow again after a failure.
+    let mut pool_retry_at = Instant::now();
     loop {
         if BackgroundWorker::sigterm_received() {
             break;
@@ -379,12 +381,28 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
             }
         }
         // 5. Release what this turn's migrations and drops replaced, now that their clients have
-        //    their answers (freeing pinned memory is slow: it does not belong in the round trip).
-        let _ = crate::sql::try_with_segments(|s| {
+        //    their answers (freeing pinned memory is slow: it does not belong in the round trip),
+        //    and bring the host pool one piece closer to its size (pg_uvm_share.host_pool_size).
+        let pool_busy = crate::sql::try_with_segments(|s| {
             s.release_deferred();
-            Ok(())
+            if Instant::now() < pool_retry_at {
+                return Ok(false);
+            }
+            s.pool_step()
+        })
+        .unwrap_or_else(|e| {
+            // Out of chunk slots or pinnable memory: say so, and try again in a while.
+            pgrx::log!("pg_uvm_share gpu service: the host pool could not grow: {}", e.message);
+            pool_retry_at = Instant::now() + Duration::from_secs(10);
+            false
         });
-        let timeout = if parked.is_empty() && behind.is_empty() { 1000 } else { 2 };
+        let timeout = if pool_busy {
+            0
+        } else if parked.is_empty() && behind.is_empty() {
+            1000
+        } else {
+            2
+        };
         // SAFETY: `set` is live; `events` has room for the 3 registered events.
         let n = unsafe { pg_sys::WaitEventSetWait(set, timeout, events.as_mut_ptr(), 3, pg_sys::PG_WAIT_EXTENSION) };
         for e in &events[..n.max(0) as usize] {
@@ -485,21 +503,31 @@ fn finish_here(ch: &Channel, slot: u32, r: Result<([i64; 6], u64)>) {
 }
 
 /// Sleeps until SIGTERM (a service with nothing to do, or one that cannot start), then exits 1.
-fn idle_until_terminated(ch: &Channel) -> ! {
+fn idle_until_terminated(ch: &Channel, keep_pool: bool) -> ! {
     // Exits with the postmaster (WL_EXIT_ON_PM_DEATH: pgrx's wait_latch would return at once,
     // forever, once it died, and the loop would spin).
+    let mut pool_busy = false;
     while !BackgroundWorker::sigterm_received() {
         // SAFETY: MyLatch is this process's latch; main thread.
         unsafe {
             pg_sys::WaitLatch(
                 pg_sys::MyLatch,
                 (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-                10_000,
+                if pool_busy { 0 } else { 10_000 },
                 pg_sys::PG_WAIT_EXTENSION,
             );
             pg_sys::ResetLatch(pg_sys::MyLatch);
         }
         pg_sys::check_for_interrupts!();
+        if keep_pool {
+            // In process mode the backends migrate, and take the pool's pieces, themselves;
+            // the service still keeps the pool (a failure: try again at the next timeout).
+            if BackgroundWorker::sighup_received() {
+                // SAFETY: reloads postgresql.conf in the main thread, as any process does.
+                unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            }
+            pool_busy = crate::sql::try_with_segments(|s| s.pool_step()).unwrap_or(false);
+        }
     }
     ch.service_stopped();
     // SAFETY: as at the end of the main function.

@@ -207,6 +207,7 @@ fn device_info() -> TableIterator<'static, (name!(property, String), name!(value
         ("arena_size".into(), arena.size.to_string()),
         ("device_bytes".into(), reg.tier_bytes(Tier::Device).to_string()),
         ("host_bytes".into(), reg.tier_bytes(Tier::Host).to_string()),
+        ("host_pool_bytes".into(), reg.pool_bytes().to_string()),
         ("gpus".into(), reg.devices().to_string()),
     ];
     // Each GPU's committed bytes (the device budget applies to each on its own), and the

@@ -233,6 +233,8 @@ fn limits() -> Limits {
         max_segment_size: guc::max_segment_size(),
         device_limit: guc::device_memory_limit(),
         pin_wait: std::time::Duration::from_millis(guc::PIN_WAIT_TIMEOUT_MS.get().max(0) as u64),
+        pool_size: guc::host_pool().0,
+        pool_piece: guc::host_pool().1,
     }
 }
 

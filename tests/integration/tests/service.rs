@@ -70,7 +70,8 @@ fn interrupt(c: &mut Client, sql: &str, how: Interrupt) -> (Result<(), postgres:
 /// Whether a process maps a chunk of a segment (the host provider's memfds).
 fn maps_a_chunk(pid: i32) -> bool {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_else(|e| panic!("/proc/{pid}/maps: {e}"));
-    maps.lines().any(|l| l.contains("/memfd:pg_uvm_share chunk"))
+    // The host provider names each memfd after its place: "pg_uvm_share host chunk", "... device:0 chunk".
+    maps.lines().any(|l| l.contains("/memfd:pg_uvm_share ") && l.contains(" chunk"))
 }
 
 /// The pids listed in uvm.attachments for segment `name`.

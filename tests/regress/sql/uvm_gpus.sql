@@ -22,6 +22,20 @@ SELECT property, value FROM uvm.device_info()
  ORDER BY property;
 SHOW pg_uvm_share.device_memory_limit;
 
+-- The host pool (pg_uvm_share.host_pool_size = 4 MB in pieces of 2 MB): the service fills it
+-- after start-up and after every migration that took pieces, a piece per turn of its loop.
+CREATE FUNCTION pg_temp.pool_full() RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+  FOR i IN 1..500 LOOP
+    IF (SELECT value::bigint FROM uvm.device_info() WHERE property = 'host_pool_bytes') = 4 * 1024 * 1024 THEN
+      RETURN true;
+    END IF;
+    PERFORM pg_sleep(0.01);
+  END LOOP;
+  RETURN false;
+END $$;
+SELECT pg_temp.pool_full();
+
 -- device: a segment larger than one GPU's budget spreads over both, chunk by chunk
 SELECT uvm.create_segment('g_wide', 12 * 1024 * 1024, NULL, 'device') > 0 AS created;
 SELECT * FROM pg_temp.placed();
@@ -47,14 +61,21 @@ SELECT property, value FROM uvm.device_info() WHERE property IN ('device_bytes',
 SELECT pg_temp.try($$SELECT uvm.prefetch_segment('g_auto', 0, 4 * 1024 * 1024, 'device:0')$$);
 SELECT * FROM pg_temp.placed();
 SELECT uvm.drop_segment('g_one');
+-- g_wide's first chunk (8 MB) goes to the host tier as the pool's two pieces and one fresh
+-- chunk for the rest: three chunks where there was one (and its chunk on GPU 1); the service
+-- refills the pool
 SELECT uvm.prefetch_segment('g_wide', 0, 1, 'host') AS moved_gpu0_to_host;
+SELECT chunks, host_bytes FROM uvm.segments WHERE name = 'g_wide';
+SELECT pg_temp.pool_full();
 SELECT uvm.prefetch_segment('g_auto', 0, 4 * 1024 * 1024, 'device:0') AS moved_gpu1_and_host_to_gpu0;
 SELECT * FROM pg_temp.placed();
--- g_wide's 8 MB host chunk fits no GPU whole now (4 MB free on each): refused, nothing moves
+-- g_wide's 8 MB on the host (chunks of 2, 2 and 4 MB) do not fit in the 4 MB free on each
+-- GPU (its 4 MB chunk fits no GPU whole once the 2 MB ones are placed): refused, nothing moves
 SELECT pg_temp.try($$SELECT uvm.prefetch_segment('g_wide', 0, 12 * 1024 * 1024, 'device')$$);
 SELECT uvm.prefetch_segment('g_auto', 0, 4 * 1024 * 1024, 'host') AS moved_to_host;
--- now it fits GPU 0; the chunk already on GPU 1 stays
+-- now they fit GPU 0; the chunk already on GPU 1 stays
 SELECT uvm.prefetch_segment('g_wide', 0, 12 * 1024 * 1024, 'device') AS moved_to_any_gpu;
+SELECT pg_temp.pool_full();
 SELECT * FROM pg_temp.placed();
 SELECT uvm.checksum_segment('g_wide', 0, 12 * 1024 * 1024) = :wide_sum AS same_bytes_after_moves;
 SELECT pg_temp.try($$SELECT uvm.prefetch_segment('g_wide', 0, 1, 'auto')$$);
