@@ -284,8 +284,9 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     let mut parked: Vec<Parked> = Vec::new();
     // Taken requests that wait for abandoned work on their segments to stop (slots).
     let mut behind: Vec<u32> = Vec::new();
-    // When the host pool may try to grow again after a failure.
+    // When the host pool may try to grow again after a failure, and when it last took a step.
     let mut pool_retry_at = Instant::now();
+    let mut last_pool_step = Instant::now();
     loop {
         if BackgroundWorker::sigterm_received() {
             break;
@@ -325,6 +326,11 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         // 4. Take what was submitted (after the requests that waited behind abandoned work).
         let submitted: Vec<u32> = ch.submitted().collect();
         let waited = std::mem::take(&mut behind);
+        // A turn that had requests leaves the pool alone, but for one piece every 100 ms:
+        // pinning a piece holds this thread for tens of milliseconds (256 MB: about 45 ms on the
+        // H200), which the next request would wait through.
+        let busy_turn = (!submitted.is_empty() || !waited.is_empty() || !parked.is_empty())
+            && last_pool_step.elapsed() < Duration::from_millis(100);
         for (slot, taken) in waited.into_iter().map(|s| (s, true)).chain(submitted.into_iter().map(|s| (s, false))) {
             if !taken && !ch.take(slot, incarnation) {
                 continue;
@@ -382,12 +388,14 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         }
         // 5. Release what this turn's migrations and drops replaced, now that their clients have
         //    their answers (freeing pinned memory is slow: it does not belong in the round trip),
-        //    and bring the host pool one piece closer to its size (pg_uvm_share.host_pool_size).
+        //    and in a turn without requests bring the host pool one piece closer to its size
+        //    (pg_uvm_share.host_pool_size); while it grows, the next turn comes at once.
         let pool_busy = crate::sql::try_with_segments(|s| {
             s.release_deferred();
-            if Instant::now() < pool_retry_at {
+            if busy_turn || Instant::now() < pool_retry_at {
                 return Ok(false);
             }
+            last_pool_step = Instant::now();
             s.pool_step()
         })
         .unwrap_or_else(|e| {
@@ -398,10 +406,13 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         });
         let timeout = if pool_busy {
             0
-        } else if parked.is_empty() && behind.is_empty() {
-            1000
-        } else {
+        } else if !parked.is_empty() || !behind.is_empty() {
             2
+        } else if busy_turn {
+            // the pool's next chance
+            100
+        } else {
+            1000
         };
         // SAFETY: `set` is live; `events` has room for the 3 registered events.
         let n = unsafe { pg_sys::WaitEventSetWait(set, timeout, events.as_mut_ptr(), 3, pg_sys::PG_WAIT_EXTENSION) };
