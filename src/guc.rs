@@ -57,6 +57,7 @@ pub static SERVICE_STAGING_MB: GucSetting<i32> = GucSetting::<i32>::new(4);
 pub static SERVICE_THREADS: GucSetting<i32> = GucSetting::<i32>::new(4);
 pub static MAX_SEGMENTS: GucSetting<i32> = GucSetting::<i32>::new(256);
 pub static SIMULATED_DEVICES: GucSetting<i32> = GucSetting::<i32>::new(0);
+pub static CUDA_DEVICES: GucSetting<i32> = GucSetting::<i32>::new(1);
 pub static HOST_POOL_SIZE_MB: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static HOST_POOL_PIECE_MB: GucSetting<i32> = GucSetting::<i32>::new(256);
 pub static MAX_CHUNKS: GucSetting<i32> = GucSetting::<i32>::new(4096);
@@ -149,6 +150,16 @@ pub fn define() {
         1 << 20,
         GucContext::Sighup,
         GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.cuda_devices",
+        c"CUDA provider: how many GPUs device chunks may be placed on.",
+        c"Device 0 and the next GPUs that can share VMM memory and have peer access with it. Kernels run on device 0, reading chunks on the others over the interconnect; 1 (the default) keeps everything on device 0.",
+        &CUDA_DEVICES,
+        1,
+        crate::vocab::MAX_DEVICES as i32,
+        GucContext::Postmaster,
+        GucFlags::empty(),
     );
     GucRegistry::define_int_guc(
         c"pg_uvm_share.simulated_devices",
@@ -251,6 +262,11 @@ pub fn max_segment_size() -> u64 {
 pub fn host_pool() -> (u64, u64) {
     let piece = HOST_POOL_PIECE_MB.get().max(2) as u64 * MIB / (2 * MIB) * (2 * MIB);
     (HOST_POOL_SIZE_MB.get().max(0) as u64 * MIB, piece)
+}
+
+/// GPUs the CUDA provider may place chunks on (at least 1).
+pub fn cuda_devices() -> u32 {
+    CUDA_DEVICES.get().clamp(1, crate::vocab::MAX_DEVICES as i32) as u32
 }
 
 /// GPUs the host provider simulates (0: none, no device tier).

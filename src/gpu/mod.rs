@@ -91,6 +91,11 @@ pub struct DeviceInfo {
 pub struct Gpu {
     pub info: DeviceInfo,
     pub device: CUdevice,
+    /// The GPUs device chunks are placed on (`vocab::Place::Device(n)` is `placement[n]`):
+    /// device 0 first, then as many others as `set_devices_wanted` asked for that can share
+    /// VMM memory through POSIX fds and reach device 0 and be reached by it (peer access, over
+    /// NVLink where the machine has it). Every mapping grants access to all of them.
+    pub placement: Vec<CUdevice>,
     /// The retained primary context (current on every thread that called [`gpu`]). Last, so
     /// that it would be dropped after the kernels' module and buffers made in it (the `Gpu`
     /// lives in a static and is never dropped: the process's exit releases the context).
@@ -160,6 +165,16 @@ static ARENA: OnceLock<crate::vocab::Arena> = OnceLock::new();
 /// Segments then get their reservations at their arena addresses, the same in every process.
 pub fn set_arena(arena: crate::vocab::Arena) {
     let _ = ARENA.set(arena);
+}
+
+/// How many GPUs the CUDA provider may place device chunks on (`pg_uvm_share.cuda_devices`).
+static DEVICES_WANTED: OnceLock<u32> = OnceLock::new();
+
+/// Records how many GPUs to place chunks on, before the first [`gpu`] (later calls do nothing).
+/// Kernels still run on device 0 (its context is the process's); other GPUs hold chunks that
+/// device 0's kernels read over the interconnect.
+pub fn set_devices_wanted(n: u32) {
+    let _ = DEVICES_WANTED.set(n.clamp(1, crate::vocab::MAX_DEVICES));
 }
 
 /// This process's GPU, initialising CUDA on first call (or waiting for the helper thread of
@@ -297,6 +312,7 @@ fn probe_inner() -> std::result::Result<Gpu, UvmError> {
             format!("{} cannot share memory between processes (VMM {}, POSIX fd handles {})", info.name, info.vmm, info.posix_fd),
         ));
     }
+    let placement = placement_devices(dev, DEVICES_WANTED.get().copied().unwrap_or(1))?;
     let t = Instant::now();
     // Retained for the process's lifetime once the `Gpu` is in its static; released if a step
     // below fails.
@@ -318,7 +334,37 @@ fn probe_inner() -> std::result::Result<Gpu, UvmError> {
             }
         }
     }
-    Ok(Gpu { info, device: dev, context: ctx })
+    Ok(Gpu { info, device: dev, placement, context: ctx })
+}
+
+/// Device 0 and up to `wanted - 1` other devices, in ordinal order, that can share VMM memory
+/// through POSIX fds and have peer access with device 0 both ways.
+fn placement_devices(dev0: CUdevice, wanted: u32) -> Result<Vec<CUdevice>> {
+    use CUdevice_attribute as A;
+    let mut out = vec![dev0];
+    let mut count: c_int = 0;
+    // SAFETY: valid out-pointer after a successful cuInit.
+    check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut count) })?;
+    for ordinal in 1..count {
+        if out.len() as u32 >= wanted {
+            break;
+        }
+        let mut dev: CUdevice = 0;
+        // SAFETY: valid out-pointer; the ordinal is below the count.
+        check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ordinal) })?;
+        let shares = attr(A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev)? != 0
+            && attr(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev)? != 0;
+        let (mut there, mut back): (c_int, c_int) = (0, 0);
+        // SAFETY: valid out-pointers and device handles.
+        unsafe {
+            check("cuDeviceCanAccessPeer", sys::cuDeviceCanAccessPeer(&mut there, dev0, dev))?;
+            check("cuDeviceCanAccessPeer", sys::cuDeviceCanAccessPeer(&mut back, dev, dev0))?;
+        }
+        if shares && there != 0 && back != 0 {
+            out.push(dev);
+        }
+    }
+    Ok(out)
 }
 
 impl Gpu {
@@ -369,6 +415,7 @@ impl Gpu {
             ("nvrtc".into(), i.nvrtc.map(|(a, b)| format!("{a}.{b}")).unwrap_or_else(|| "absent".into())),
             ("cuinit_ms".into(), format!("{:.3}", i.cuinit_ms)),
             ("context_ms".into(), format!("{:.3}", i.context_ms)),
+            ("cuda_placement_devices".into(), format!("{:?}", self.placement)),
         ];
         if let Ok((free, total)) = self.mem_info() {
             rows.push(("memory_free".into(), free.to_string()));

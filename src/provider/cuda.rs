@@ -44,10 +44,13 @@ impl CudaProvider {
         Ok(CudaProvider { gpu })
     }
 
-    fn location(&self, tier: Tier) -> CUmemLocation {
-        match tier {
-            Tier::Device => CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: self.gpu.device },
-            Tier::Host => {
+    fn location(&self, place: Place) -> CUmemLocation {
+        match place {
+            Place::Device(n) => {
+                let dev = self.gpu.placement.get(n as usize).copied().unwrap_or(self.gpu.device);
+                CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev }
+            }
+            Place::Host => {
                 CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA, id: self.gpu.info.host_numa_id.max(0) }
             }
         }
@@ -82,7 +85,8 @@ impl Provider for CudaProvider {
     }
 
     fn devices(&self) -> u32 {
-        1
+        // Device 0, and the peers `pg_uvm_share.cuda_devices` allows (`gpu::placement_devices`).
+        self.gpu.placement.len() as u32
     }
 
     fn cpu_accessible(&self, tier: Tier) -> bool {
@@ -107,9 +111,6 @@ impl Provider for CudaProvider {
     }
 
     fn create_chunk(&self, place: Place, size: u64) -> Result<OwnedFd> {
-        // One GPU per process for now: the one `gpu::gpu()` opened (ordinal 0 of the cluster's
-        // placement). Several GPUs need every chunk mapped with access for each of them (issue
-        // 13, measured on nvidia-h200-x2 first); until then `devices()` is 1.
         if place.device() >= self.devices() {
             return Err(super::no_such_device(place, self.devices()));
         }
@@ -118,7 +119,7 @@ impl Provider for CudaProvider {
         let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
         prop.type_ = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
         prop.requestedHandleTypes = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-        prop.location = self.location(tier);
+        prop.location = self.location(place);
         let mut handle: CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer and prop; the handle is owned right away.
         check(&format!("cuMemCreate ({} bytes, {})", size, tier.name()), unsafe {
@@ -189,11 +190,14 @@ impl CudaProvider {
         released?;
         // SAFETY: `addr..addr+size` is the range just mapped; on failure it is unmapped again.
         unsafe {
+            // Every placement GPU may read and write every chunk, wherever it lives (one GPU:
+            // device 0 alone, as before several were possible).
             let rw = CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-            let mut desc = vec![CUmemAccessDesc { location: self.location(Tier::Device), flags: rw }];
+            let mut desc: Vec<CUmemAccessDesc> =
+                (0..self.devices()).map(|n| CUmemAccessDesc { location: self.location(Place::Device(n)), flags: rw }).collect();
             if cpu_access {
                 debug_assert_eq!(tier, Tier::Host);
-                desc.push(CUmemAccessDesc { location: self.location(Tier::Host), flags: rw });
+                desc.push(CUmemAccessDesc { location: self.location(Place::Host), flags: rw });
             }
             let r = sys::cuMemSetAccess(addr, size as usize, desc.as_ptr(), desc.len());
             if r != CUresult::CUDA_SUCCESS {

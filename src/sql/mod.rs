@@ -252,6 +252,7 @@ fn make_provider() -> Result<Box<dyn Provider>> {
         (reg.provider(), reg.arena())
     };
     crate::gpu::set_arena(arena);
+    crate::gpu::set_devices_wanted(guc::cuda_devices());
     let wanted = match (ProviderKind::from_code(recorded), choice) {
         (Some(k), _) => k,
         (None, guc::ProviderChoice::Host) => ProviderKind::Host,
@@ -348,6 +349,7 @@ pub fn warm_up_gpu() {
         return;
     }
     crate::gpu::set_arena(arena);
+    crate::gpu::set_devices_wanted(guc::cuda_devices());
     // SAFETY: registers a callback PostgreSQL runs at process exit; it is pg_guard'ed.
     unsafe { pg_sys::on_proc_exit(Some(join_warm_up), pg_sys::Datum::from(0)) };
     crate::gpu::warm_up_in_background();

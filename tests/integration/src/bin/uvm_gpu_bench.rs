@@ -949,6 +949,111 @@ fn bench_segment_read(b: &mut Bench, admin: &mut Client, pid: u32) {
     }
 }
 
+/// Several GPUs (issue 13), where the cluster places chunks on two or more
+/// (`pg_uvm_share.cuda_devices`, and a machine with peer access between its GPUs): kernels
+/// (on GPU 0) read an 8 GiB segment on GPU 1 vs one on GPU 0, the NVLink ratio; and one kernel
+/// reads a segment of 1.5x a GPU's budget held entirely in device memory across the GPUs.
+fn bench_gpus(b: &mut Bench, admin: &mut Client, pid: u32) {
+    const K_LINK: &str = "gpus_link";
+    const M_LINK: &str = "kernel read of an 8 GiB segment on GPU 1 vs on GPU 0, kernels on GPU 0 (GB/s)";
+    const K_WIDE: &str = "gpus_wide";
+    const M_WIDE: &str = "kernel read of a segment of 1.5x one GPU's budget, all in device memory across the GPUs (GB/s)";
+    let gpus = match info_number(admin, "gpus") {
+        Ok(g) => g as i64,
+        Err(e) => {
+            b.error(K_LINK, M_LINK, e.clone());
+            b.error(K_WIDE, M_WIDE, e);
+            return;
+        }
+    };
+    if gpus < 2 {
+        let why = "the cluster places chunks on one GPU (one visible, or pg_uvm_share.cuda_devices = 1)";
+        b.not_applicable(K_LINK, M_LINK, why);
+        b.not_applicable(K_WIDE, M_WIDE, why);
+        return;
+    }
+    if !b.has_time(&[(K_LINK, M_LINK), (K_WIDE, M_WIDE)]) {
+        return;
+    }
+    let (near, far) = (format!("gpu_bench_g0_{pid}"), format!("gpu_bench_g1_{pid}"));
+    let r = (|| -> R<(Vec<f64>, Vec<f64>)> {
+        create(admin, &near, READ_BYTES, "device:0")?;
+        create(admin, &far, READ_BYTES, "device:1")?;
+        fill(admin, &near, READ_BYTES, 1)?;
+        fill(admin, &far, READ_BYTES, 1)?;
+        let mut s = fresh()?;
+        segment_read(&mut s, &near, 2)?;
+        segment_read(&mut s, &far, 2)?;
+        let (mut local, mut remote) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            local.push(segment_read(&mut s, &near, READ_ITERS)?);
+            remote.push(segment_read(&mut s, &far, READ_ITERS)?);
+        }
+        Ok((local, remote))
+    })();
+    drop_if_exists(admin, &near);
+    drop_if_exists(admin, &far);
+    let local = match r {
+        Ok((local, remote)) => {
+            let (l, m) = (median(&local), median(&remote));
+            b.row(
+                K_LINK,
+                M_LINK,
+                format!("{m:.0} GB/s = {:.3} of local", m / l),
+                format!("{m:.0} ({})", list(&remote, 0)),
+                format!("{l:.0} on GPU 0 ({})", list(&local, 0)),
+                Some(m / l),
+                Target::info(),
+            );
+            Some(l)
+        }
+        Err(e) => {
+            b.error(K_LINK, M_LINK, e);
+            None
+        }
+    };
+    // 1.5x of an 8 GiB budget per GPU: 12 GiB with tier 'device', 8 on GPU 0 and 4 on GPU 1.
+    let wide = format!("gpu_bench_wide_{pid}");
+    let r = (|| -> R<(Vec<f64>, String)> {
+        admin
+            .batch_execute("ALTER SYSTEM SET pg_uvm_share.device_memory_limit = '8GB'; SELECT pg_reload_conf()")
+            .map_err(err("budget"))?;
+        std::thread::sleep(Duration::from_millis(500));
+        let bytes = READ_BYTES / 2 * 3;
+        create(admin, &wide, bytes, "device")?;
+        let (per_gpu, host): (String, i64) = admin
+            .query_one("SELECT gpu_bytes::text, host_bytes FROM uvm.segments WHERE name = $1", &[&wide])
+            .map(|r| (r.get(0), r.get(1)))
+            .map_err(err("uvm.segments"))?;
+        if host != 0 {
+            return Err(format!("the segment has {host} bytes in the host tier (per GPU: {per_gpu})"));
+        }
+        fill(admin, &wide, bytes, 1)?;
+        let mut s = fresh()?;
+        segment_read(&mut s, &wide, 2)?;
+        let reads = (0..3).map(|_| segment_read(&mut s, &wide, READ_ITERS)).collect::<R<Vec<f64>>>()?;
+        Ok((reads, per_gpu))
+    })();
+    drop_if_exists(admin, &wide);
+    let _ = admin.batch_execute("ALTER SYSTEM RESET pg_uvm_share.device_memory_limit; SELECT pg_reload_conf()");
+    match (r, local) {
+        (Ok((reads, per_gpu)), local) => {
+            let w = median(&reads);
+            let base = local.map(|l| format!("{l:.0} for 8 GiB on GPU 0")).unwrap_or_else(|| "no local read".into());
+            b.row(
+                K_WIDE,
+                M_WIDE,
+                format!("{w:.0} GB/s over {per_gpu} bytes per GPU"),
+                format!("{w:.0} ({})", list(&reads, 0)),
+                base,
+                local.map(|l| w / l),
+                Target::info(),
+            );
+        }
+        (Err(e), _) => b.error(K_WIDE, M_WIDE, e),
+    }
+}
+
 /// Attach of a 64 GiB device segment in fresh backends (context created before the timer).
 /// Process mode only: in service mode backends map no chunk.
 fn bench_attach_big(b: &mut Bench, admin: &mut Client, pid: u32) {
@@ -1893,6 +1998,7 @@ fn measure(mode: Mode, results: String, keep_tables: bool) -> i32 {
         ("GpuJoin planner sweep", Box::new(|b: &mut Bench, _admin: &mut Client| bench_gpujoin_planner(b))),
         ("segment read", Box::new(|b: &mut Bench, admin: &mut Client| bench_segment_read(b, admin, pid))),
         ("migration", Box::new(|b: &mut Bench, admin: &mut Client| bench_migration(b, admin, pid))),
+        ("several GPUs", Box::new(|b: &mut Bench, admin: &mut Client| bench_gpus(b, admin, pid))),
         ("64 GiB attach", Box::new(|b: &mut Bench, admin: &mut Client| bench_attach_big(b, admin, pid))),
         ("host tier", Box::new(|b: &mut Bench, admin: &mut Client| bench_host_tier(b, admin, pid))),
     ];
