@@ -96,6 +96,9 @@ pub struct Gpu {
     /// VMM memory through POSIX fds and reach device 0 and be reached by it (peer access, over
     /// NVLink where the machine has it). Every mapping grants access to all of them.
     pub placement: Vec<CUdevice>,
+    /// The retained primary contexts of `placement[1..]`, for threads bound to those GPUs
+    /// ([`bind_thread`]): the GPU service's executors of GPU n run their kernels there.
+    peer_contexts: Vec<handles::PrimaryContext>,
     /// The retained primary context (current on every thread that called [`gpu`]). Last, so
     /// that it would be dropped after the kernels' module and buffers made in it (the `Gpu`
     /// lives in a static and is never dropped: the process's exit releases the context).
@@ -171,8 +174,8 @@ pub fn set_arena(arena: crate::vocab::Arena) {
 static DEVICES_WANTED: OnceLock<u32> = OnceLock::new();
 
 /// Records how many GPUs to place chunks on, before the first [`gpu`] (later calls do nothing).
-/// Kernels still run on device 0 (its context is the process's); other GPUs hold chunks that
-/// device 0's kernels read over the interconnect.
+/// Kernels run on device 0 unless a thread binds itself to another ([`bind_thread`]: the GPU
+/// service's executors of each GPU); every GPU reads chunks on the others over the interconnect.
 pub fn set_devices_wanted(n: u32) {
     let _ = DEVICES_WANTED.set(n.clamp(1, crate::vocab::MAX_DEVICES));
 }
@@ -195,6 +198,33 @@ pub fn gpu() -> Result<&'static Gpu> {
 thread_local! {
     /// Whether this thread has made the GPU's context current.
     static CURRENT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes placement GPU `n`'s context current on this thread for good (before its first [`gpu`]
+/// call, which then leaves it): the thread's kernels load, and its launches run, on that GPU.
+/// GPU 0 is the process's own context. A GPU the provider does not place on is 22023.
+pub fn bind_thread(n: u32) -> Result<()> {
+    let g = GPU.get_or_init(probe).as_ref().map_err(Clone::clone)?;
+    let ctx = match n {
+        0 => g.context.raw(),
+        n => g
+            .peer_contexts
+            .get(n as usize - 1)
+            .map(|c| c.raw())
+            .ok_or_else(|| UvmError::new(Code::InvalidParameterValue, format!("no placement GPU {n}")))?,
+    };
+    // SAFETY: a context retained for the life of the process (`g` is in a static).
+    check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx) })?;
+    CURRENT.with(|c| c.set(true));
+    Ok(())
+}
+
+/// The context current on this thread (null if none): modules belong to one.
+pub fn current_context() -> sys::CUcontext {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; with no context the driver writes null.
+    unsafe { sys::cuCtxGetCurrent(&mut ctx) };
+    ctx
 }
 
 /// The helper thread of `warm_up_in_background`, joined at exit.
@@ -312,7 +342,7 @@ fn probe_inner() -> std::result::Result<Gpu, UvmError> {
             format!("{} cannot share memory between processes (VMM {}, POSIX fd handles {})", info.name, info.vmm, info.posix_fd),
         ));
     }
-    let placement = placement_devices(dev, DEVICES_WANTED.get().copied().unwrap_or(1))?;
+    let placement = placement_devices(dev, info.compute_capability, DEVICES_WANTED.get().copied().unwrap_or(1))?;
     let t = Instant::now();
     // Retained for the process's lifetime once the `Gpu` is in its static; released if a step
     // below fails.
@@ -334,12 +364,17 @@ fn probe_inner() -> std::result::Result<Gpu, UvmError> {
             }
         }
     }
-    Ok(Gpu { info, device: dev, placement, context: ctx })
+    // The other placement GPUs' contexts, for executors bound to them (none with one GPU).
+    let peer_contexts = placement[1..].iter().map(|&d| handles::PrimaryContext::retain(d)).collect::<Result<Vec<_>>>()?;
+    // SAFETY: retaining does not change the current context, but be explicit: device 0's.
+    check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx.raw()) })?;
+    Ok(Gpu { info, device: dev, placement, peer_contexts, context: ctx })
 }
 
-/// Device 0 and up to `wanted - 1` other devices, in ordinal order, that can share VMM memory
-/// through POSIX fds and have peer access with device 0 both ways.
-fn placement_devices(dev0: CUdevice, wanted: u32) -> Result<Vec<CUdevice>> {
+/// Device 0 and up to `wanted - 1` other devices, in ordinal order, of device 0's compute
+/// capability (the kernels are compiled once, for it), that can share VMM memory through POSIX
+/// fds and have peer access with device 0 both ways.
+fn placement_devices(dev0: CUdevice, capability: (i32, i32), wanted: u32) -> Result<Vec<CUdevice>> {
     use CUdevice_attribute as A;
     let mut out = vec![dev0];
     let mut count: c_int = 0;
@@ -353,7 +388,11 @@ fn placement_devices(dev0: CUdevice, wanted: u32) -> Result<Vec<CUdevice>> {
         // SAFETY: valid out-pointer; the ordinal is below the count.
         check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ordinal) })?;
         let shares = attr(A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev)? != 0
-            && attr(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev)? != 0;
+            && attr(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev)? != 0
+            && (
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)?,
+            ) == capability;
         let (mut there, mut back): (c_int, c_int) = (0, 0);
         // SAFETY: valid out-pointers and device handles.
         unsafe {

@@ -17,8 +17,9 @@
 //!   loaded by the driver, which compiles it for the device. A text that does not compile, an
 //!   entry that does not exist, or a launch shape the device refuses is a 22023 error.
 //! - Modules belong to the context, not to a thread, so one cache serves every executor
-//!   thread: keyed by a hash of the kind and the text, at most [`CACHE_ENTRIES`] modules (the
-//!   least recently used is unloaded first, once no launch uses it: entries are `Arc`s).
+//!   thread: keyed by a hash of the context (executors bound to another GPU have their own),
+//!   the kind and the text, at most [`CACHE_ENTRIES`] modules (the least recently used is
+//!   unloaded first, once no launch uses it: entries are `Arc`s).
 //! - A kernel that faults (an illegal address, a trap) leaves the context unusable for every
 //!   later call in this process: CUDA's errors of that kind are sticky. The launch reports it
 //!   (58000) and [`context_lost`] tells the process, so that the GPU service can restart
@@ -95,12 +96,14 @@ pub fn context_lost() -> bool {
 
 fn key(src: &Source) -> u64 {
     let mut h = DefaultHasher::new();
-    (src.ptx, &src.text).hash(&mut h);
+    (super::current_context() as usize, src.ptx, &src.text).hash(&mut h);
     h.finish()
 }
 
 /// The loaded module of `src`: from the cache, or compiled (NVRTC) or JIT-loaded (PTX) now.
 fn module(src: &Source) -> Result<Arc<SharedModule>> {
+    // The context first: the key names it (this thread's bound GPU, or device 0).
+    let g = gpu()?;
     let k = key(src);
     {
         let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
@@ -112,7 +115,6 @@ fn module(src: &Source) -> Result<Arc<SharedModule>> {
         }
     }
     // Compiled outside the lock: two threads may compile one text at once; the first insert wins.
-    let g = gpu()?;
     let image = if src.ptx {
         let mut t = src.text.clone();
         t.push(0); // the driver reads PTX as a C string

@@ -67,9 +67,10 @@ struct Parked {
 /// Executors are grouped per GPU (`service_threads` each; one group without a device tier),
 /// each group serving its own queue: the main thread routes every task to a GPU
 /// (`crate::placement::route`: the one holding most of the device bytes of the segments the
-/// task pinned, else the least loaded) and queues it there. Under the CUDA provider that is
-/// GPU 0 for now (its `devices()` is 1); with the host provider's simulated GPUs the groups run
-/// the CPU paths, so CI covers the routing.
+/// task pinned, else the least loaded) and queues it there. Under CUDA with several placement
+/// GPUs (`pg_uvm_share.cuda_devices`) each group's threads bind to their GPU's context, so
+/// their kernels run there; with the host provider's simulated GPUs the groups run the CPU
+/// paths, so CI covers the routing.
 struct Pool {
     /// One queue per GPU, under one lock.
     queues: Mutex<Vec<VecDeque<Task>>>,
@@ -145,7 +146,13 @@ impl Pool {
     }
 }
 
-fn executor_loop(ch: Channel, pool: Arc<Pool>, gpu: usize) {
+fn executor_loop(ch: Channel, pool: Arc<Pool>, gpu: usize, bind: bool) {
+    if bind {
+        // Under CUDA with several placement GPUs, this thread's kernels run on its own GPU. If
+        // binding fails, its work runs on device 0 (the first `gpu::gpu()` makes that current),
+        // reading the chunks over the interconnect: slower, not wrong.
+        let _ = crate::gpu::bind_thread(gpu as u32);
+    }
     while let Some(task) = pool.pop(gpu) {
         let reply = {
             // SAFETY: the slot's state lives in shared memory as long as the process.
@@ -171,14 +178,15 @@ fn executor_loop(ch: Channel, pool: Arc<Pool>, gpu: usize) {
     }
 }
 
-/// Spawns `n` executors for each GPU of the pool (PostgreSQL's signals stay the main thread's).
-fn spawn_executors(ch: Channel, pool: &Arc<Pool>, n: usize) -> Vec<std::thread::JoinHandle<()>> {
+/// Spawns `n` executors for each GPU of the pool (PostgreSQL's signals stay the main thread's),
+/// bound to their GPU's CUDA context if `bind`.
+fn spawn_executors(ch: Channel, pool: &Arc<Pool>, n: usize, bind: bool) -> Vec<std::thread::JoinHandle<()>> {
     (0..pool.load.len() * n)
         .filter_map(|i| {
             let pool = pool.clone();
             let gpu = i / n;
             let name = format!("uvm-exec-g{gpu}-{}", i % n);
-            crate::interrupt::spawn_without_signals(name, move || executor_loop(ch, pool, gpu)).ok()
+            crate::interrupt::spawn_without_signals(name, move || executor_loop(ch, pool, gpu, bind)).ok()
         })
         .collect()
 }
@@ -265,7 +273,8 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         Ok(())
     });
     let threads = guc::SERVICE_THREADS.get().max(1) as usize;
-    let handles = spawn_executors(ch, &pool, threads);
+    // Executors of GPU n > 0 bind to its context under CUDA; GPU 0's use the process's own.
+    let handles = spawn_executors(ch, &pool, threads, kind == ProviderKind::Cuda && gpus > 1);
     ch.set_mode(Mode::Service);
     pgrx::log!(
         "pg_uvm_share gpu service: provider {}, {} executor thread(s) for {gpus} GPU(s), {} request slots of {} bytes (incarnation {incarnation})",

@@ -950,12 +950,15 @@ fn bench_segment_read(b: &mut Bench, admin: &mut Client, pid: u32) {
 }
 
 /// Several GPUs (issue 13), where the cluster places chunks on two or more
-/// (`pg_uvm_share.cuda_devices`, and a machine with peer access between its GPUs): kernels
-/// (on GPU 0) read an 8 GiB segment on GPU 1 vs one on GPU 0, the NVLink ratio; and one kernel
-/// reads a segment of 1.5x a GPU's budget held entirely in device memory across the GPUs.
+/// (`pg_uvm_share.cuda_devices`, and a machine with peer access between its GPUs): a kernel
+/// reads an 8 GiB segment on GPU 1 vs one on GPU 0 (in process mode the backend's kernels run on
+/// GPU 0, so this is the NVLink ratio; in service mode each read is routed to the GPU holding
+/// the segment, so both are local); and one kernel reads a segment of 1.5x a GPU's budget held
+/// entirely in device memory across the GPUs.
 fn bench_gpus(b: &mut Bench, admin: &mut Client, pid: u32) {
     const K_LINK: &str = "gpus_link";
-    const M_LINK: &str = "kernel read of an 8 GiB segment on GPU 1 vs on GPU 0, kernels on GPU 0 (GB/s)";
+    const M_LINK: &str =
+        "kernel read of an 8 GiB segment on GPU 1 vs on GPU 0 (GB/s; process: kernels on GPU 0, over NVLink; service: routed to the segment's GPU)";
     const K_WIDE: &str = "gpus_wide";
     const M_WIDE: &str = "kernel read of a segment of 1.5x one GPU's budget, all in device memory across the GPUs (GB/s)";
     let gpus = match info_number(admin, "gpus") {
