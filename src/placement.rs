@@ -26,7 +26,10 @@
 //!   names, or for `device` to the GPU with the most room that holds it whole. The whole move is
 //!   planned before any chunk moves, so a migration refused for budget moves nothing.
 //! - **Routing a request**: to the GPU that holds most of the bytes it reads (its kernel then
-//!   reads locally, not over the interconnect), else to the least loaded GPU.
+//!   reads locally, not over the interconnect), else to the least loaded GPU; but when that
+//!   GPU has [`ROUTE_MARGIN`] more requests queued or running than the least loaded one, to the
+//!   least loaded, which reads the data over the interconnect (many sessions probing one inner
+//!   table spread over the GPUs instead of queueing on one).
 //!
 //! "Room" is the budget minus the GPU's committed bytes, in whole granules; with no budget a
 //! GPU's room is unbounded (the provider's own out-of-memory then decides, and an `auto` chunk
@@ -160,20 +163,30 @@ pub fn plan_moves(target: TierPref, chunks: &[(Place, u64)], gpus: &[Gpu], granu
     Ok(plan)
 }
 
+/// How many more requests (queued or running) the GPU holding a request's data may have than
+/// the least loaded GPU before the request goes to the least loaded one instead. A first guess,
+/// to be measured on two GPUs (NVLink reads against queueing).
+pub const ROUTE_MARGIN: u32 = 2;
+
 /// The GPU a request runs on: the one holding most of the bytes it reads (`bytes[g]`), else
 /// (it reads nothing on any GPU) the least loaded (`load[g]`: requests running or queued there),
-/// ties to the lower ordinal. `bytes` and `load` have one entry per GPU; there is at least one.
-pub fn route(bytes: &[u64], load: &[u32]) -> usize {
+/// ties to the lower ordinal; the least loaded one, too, when the first has `margin` more
+/// requests than it. `bytes` and `load` have one entry per GPU; there is at least one.
+pub fn route(bytes: &[u64], load: &[u32], margin: u32) -> usize {
     debug_assert_eq!(bytes.len(), load.len());
     let n = bytes.len().min(load.len()).max(1);
-    if bytes.iter().any(|&b| b > 0) {
-        (0..n)
-            .max_by_key(|&g| {
-                (bytes.get(g).copied().unwrap_or(0), std::cmp::Reverse(load.get(g).copied().unwrap_or(0)), std::cmp::Reverse(g))
-            })
-            .unwrap_or(0)
+    let load_of = |g: usize| load.get(g).copied().unwrap_or(0);
+    let idlest = (0..n).min_by_key(|&g| (load_of(g), g)).unwrap_or(0);
+    if !bytes.iter().any(|&b| b > 0) {
+        return idlest;
+    }
+    let home = (0..n)
+        .max_by_key(|&g| (bytes.get(g).copied().unwrap_or(0), std::cmp::Reverse(load_of(g)), std::cmp::Reverse(g)))
+        .unwrap_or(0);
+    if load_of(home) >= load_of(idlest).saturating_add(margin) {
+        idlest
     } else {
-        (0..n).min_by_key(|&g| (load.get(g).copied().unwrap_or(0), g)).unwrap_or(0)
+        home
     }
 }
 
@@ -244,10 +257,15 @@ mod tests {
 
     #[test]
     fn requests_go_where_their_data_is_else_to_the_idlest_gpu() {
-        assert_eq!(route(&[0, 5], &[0, 9]), 1);
-        assert_eq!(route(&[3, 3], &[2, 1]), 1);
-        assert_eq!(route(&[0, 0, 0], &[2, 0, 0]), 1);
-        assert_eq!(route(&[0], &[7]), 0);
+        assert_eq!(route(&[0, 5], &[0, 1], 2), 1);
+        assert_eq!(route(&[3, 3], &[2, 1], 2), 1);
+        assert_eq!(route(&[0, 0, 0], &[2, 0, 0], 2), 1);
+        assert_eq!(route(&[0], &[7], 2), 0);
+        // the data's GPU is busy: two more requests than the idlest, which takes this one
+        assert_eq!(route(&[0, 5], &[0, 2], 2), 0);
+        assert_eq!(route(&[0, 5], &[1, 2], 2), 1);
+        // a margin of u32::MAX never gives a request away
+        assert_eq!(route(&[0, 5], &[0, 90], u32::MAX), 1);
     }
 
     proptest! {

@@ -131,8 +131,9 @@ impl Pool {
         }
     }
 
-    /// The GPU a job runs on: where most of its pinned segments' device bytes are, else the
-    /// least loaded (`crate::placement::route`).
+    /// The GPU a job runs on: where most of its pinned segments' device bytes are, unless that
+    /// GPU is busier than the idlest by the routing margin; else the least loaded
+    /// (`crate::placement::route`).
     fn route<E: crate::segment::Env>(&self, pins: &[crate::segment::Pin<E>]) -> usize {
         let gpus = self.load.len();
         let mut bytes = vec![0u64; gpus];
@@ -142,7 +143,7 @@ impl Pool {
             }
         }
         let load: Vec<u32> = self.load.iter().map(|l| l.load(std::sync::atomic::Ordering::Relaxed)).collect();
-        crate::placement::route(&bytes, &load).min(gpus - 1)
+        crate::placement::route(&bytes, &load, crate::placement::ROUTE_MARGIN).min(gpus - 1)
     }
 }
 
