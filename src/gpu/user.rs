@@ -94,9 +94,10 @@ pub fn context_lost() -> bool {
     CONTEXT_LOST.load(Ordering::Acquire)
 }
 
-fn key(src: &Source) -> u64 {
+/// The cache key of `src` in context `ctx` (a module belongs to one context).
+fn key(ctx: sys::CUcontext, src: &Source) -> u64 {
     let mut h = DefaultHasher::new();
-    (super::current_context() as usize, src.ptx, &src.text).hash(&mut h);
+    (ctx as usize, src.ptx, &src.text).hash(&mut h);
     h.finish()
 }
 
@@ -104,7 +105,7 @@ fn key(src: &Source) -> u64 {
 fn module(src: &Source) -> Result<Arc<SharedModule>> {
     // The context first: the key names it (this thread's bound GPU, or device 0).
     let g = gpu()?;
-    let k = key(src);
+    let k = key(super::current_context(), src);
     {
         let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = cache.iter().position(|(h, _)| *h == k) {
@@ -243,8 +244,11 @@ mod tests {
     #[test]
     fn cache_keys_tell_kinds_and_texts_apart() {
         let s = |t: &str, ptx| Source { text: t.as_bytes().to_vec(), ptx, entry: c"k".into() };
-        assert_eq!(key(&s("a", false)), key(&s("a", false)));
-        assert_ne!(key(&s("a", false)), key(&s("a", true)));
-        assert_ne!(key(&s("a", false)), key(&s("b", false)));
+        let (c0, c1) = (std::ptr::null_mut(), 8 as sys::CUcontext);
+        assert_eq!(key(c0, &s("a", false)), key(c0, &s("a", false)));
+        assert_ne!(key(c0, &s("a", false)), key(c0, &s("a", true)));
+        assert_ne!(key(c0, &s("a", false)), key(c0, &s("b", false)));
+        // another GPU's context has modules of its own
+        assert_ne!(key(c0, &s("a", false)), key(c1, &s("a", false)));
     }
 }
