@@ -81,8 +81,9 @@ struct Header {
     next_chunk_id: u64,
     arena_base: u64,
     arena_size: u64,
-    /// Committed bytes per GPU and in the host tier, cluster-wide (each GPU's device budget is
-    /// checked against its own count).
+    /// Bytes per GPU and in the host tier, cluster-wide, of every chunk committed or being
+    /// allocated (counted from `reserve_chunk`, so that each GPU's device budget, checked
+    /// against its own count under the lock, holds against concurrent growth).
     gpu_bytes: [u64; MAX_DEVICES as usize],
     host_bytes: u64,
     /// Bytes of the host pool's pieces (not counted in `host_bytes`).
@@ -499,7 +500,7 @@ impl Registry {
         self.hdr().provider
     }
 
-    /// Committed bytes in a tier, all segments together.
+    /// Bytes in a tier, all segments together (chunks committed or being allocated).
     pub fn tier_bytes(&self, tier: Tier) -> u64 {
         match tier {
             Tier::Device => self.hdr().gpu_bytes.iter().sum(),
@@ -684,6 +685,9 @@ impl Registry {
         let id = self.hdr().next_chunk_id;
         self.hdr_mut().next_chunk_id += 1;
         *self.chunk_mut(ci) = ChunkSlot::pending(id, seg_id, offset, size, place);
+        // Counted from now on, so that a budget check under the lock sees the chunks other
+        // processes are still allocating.
+        self.account(place, size as i128);
         Ok(PendingChunk { slot: ci, id, segment_id: seg_id, offset, size, place })
     }
 
@@ -698,7 +702,12 @@ impl Registry {
     pub fn abort_chunk(&mut self, p: &PendingChunk) {
         let c = self.chunk_mut(p.slot);
         if c.id == p.id && c.state == CHUNK_PENDING {
+            // A pending piece of the host pool (no segment) was not counted yet.
+            let counted = c.segment_id != 0;
             *c = ChunkSlot::FREE;
+            if counted {
+                self.account(p.place, -(p.size as i128));
+            }
         }
     }
 
@@ -721,9 +730,8 @@ impl Registry {
         s.committed += p.size;
         s.size = s.size.max(new_size);
         s.generation += 1;
-        let g = s.generation;
-        self.account(p.place, p.size as i128);
-        Ok(g)
+        // (Counted since `reserve_chunk`.)
+        Ok(s.generation)
     }
 
     /// Sets the logical size when the committed chunks already cover it.
@@ -754,11 +762,10 @@ impl Registry {
         for ci in 0..self.hdr().max_chunks {
             let c = self.chunk(ci);
             if c.state != CHUNK_FREE && c.segment_id == seg_id {
-                let (id, size, place, live) = (c.id, c.size, c.place(), c.state == CHUNK_LIVE);
+                // Pending chunks count too (since `reserve_chunk`).
+                let (id, size, place) = (c.id, c.size, c.place());
                 ids.push(id);
-                if live {
-                    self.account(place, -(size as i128));
-                }
+                self.account(place, -(size as i128));
                 *self.chunk_mut(ci) = ChunkSlot::FREE;
             }
         }
@@ -811,6 +818,7 @@ impl Registry {
         let id = self.hdr().next_chunk_id;
         self.hdr_mut().next_chunk_id += 1;
         *self.chunk_mut(ci) = ChunkSlot::pending(id, seg_id, offset, size, place);
+        self.account(place, size as i128);
         Ok(PendingChunk { slot: ci, id, segment_id: seg_id, offset, size, place })
     }
 
@@ -861,9 +869,9 @@ impl Registry {
         if end != old_offset + old_size || nchunks - 1 + ps.len() > MAX_CHUNKS_PER_SEGMENT {
             return Err(changed());
         }
+        // The parts are counted since they were reserved; the old chunk stops counting now.
         for p in ps {
             self.chunk_mut(p.slot).state = CHUNK_LIVE;
-            self.account(p.place, p.size as i128);
         }
         self.account(old_place, -(old_size as i128));
         let kept = to_pool && old_place == Place::Host;
@@ -930,6 +938,7 @@ impl Registry {
         (c.state, c.segment_id, c.offset) = (CHUNK_PENDING, seg_id, offset);
         let id = c.id;
         self.hdr_mut().pool_bytes -= size;
+        self.account(Place::Host, size as i128);
         Some(PendingChunk { slot: ci, id, segment_id: seg_id, offset, size, place: Place::Host })
     }
 

@@ -504,6 +504,40 @@ fn segments_spread_over_gpus_and_move_between_them() {
     assert_eq!(world.finish(), 0);
 }
 
+/// A GPU's budget holds against concurrent growth: a chunk counts from the moment it is
+/// reserved, not when it is committed, so eight processes creating 2 MiB segments on a GPU with
+/// an 8 MiB budget at once get exactly four.
+#[test]
+fn a_budget_holds_against_concurrent_creates() {
+    let world = World::new("budgetrace", Arena::default());
+    let mut l = limits();
+    l.device_limit = Some(8 * MIB);
+    let start = Arc::new(std::sync::Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let (w, start) = (world.clone(), start.clone());
+            std::thread::spawn(move || {
+                let mut s = Segments::new(TestEnv::new(&w, 10 + i), Box::new(HostProvider::simulating(1)), l);
+                start.wait();
+                let r = s.create(&format!("c{i}"), 2 * MIB as i64, None, TierPref::DeviceOn(0), 1, 0);
+                s.detach_all();
+                r.map(|_| ()).map_err(|e| e.code)
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 4, "{results:?}");
+    assert!(results.iter().all(|r| *r == Ok(()) || *r == Err(Code::ConfigurationLimitExceeded)), "{results:?}");
+    let mut a = two_tier(&world, 1, None);
+    assert_eq!(a.env.shared().unwrap().gpu_bytes(0), 8 * MIB);
+    for i in 0..8 {
+        let _ = a.drop_segment(&format!("c{i}"), ok);
+    }
+    assert_eq!(a.env.shared().unwrap().gpu_bytes(0), 0);
+    drop(a);
+    assert_eq!(world.finish(), 0);
+}
+
 /// The host pool: a migration to the host tier takes the pool's pieces (one chunk becomes one
 /// chunk per piece, plus a fresh one for the rest), pins nothing new for them, and keeps the
 /// bytes; a migration back to the device gives pieces back while the pool is short, and
