@@ -41,6 +41,15 @@
 //!    for the caller to release at the broker. Processes that still map it notice at their next
 //!    access (the id is gone) and unmap.
 //!
+//! A chunk records its place: the host tier, or the device tier of one GPU. The header counts
+//! bytes per GPU and in the host tier from the moment a chunk is reserved (the device budget of
+//! each GPU is checked against its count, under the exclusive lock, by `crate::placement`).
+//! A migration replaces a live chunk by pending chunks that tile its range
+//! (`reserve_replacement`, `replace_chunk_by`). Chunks of a fourth state, `POOL`, belong to no
+//! segment: pinned host pieces the GPU service keeps ready for migrations to the host tier
+//! (`reserve_pool_chunk`, `commit_pool_chunk`, `take_pool_chunk`, `trim_pool`); the broker holds
+//! their fds like any other, and its sweep keeps them.
+//!
 //! After a crash-restart the postmaster re-creates shared memory: the registry starts empty with a
 //! new `epoch`, and the broker (restarted too) refuses any request made under the old epoch.
 
