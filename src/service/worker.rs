@@ -527,8 +527,17 @@ fn finish_here(ch: &Channel, slot: u32, r: Result<([i64; 6], u64)>) {
 fn idle_until_terminated(ch: &Channel, keep_pool: bool) -> ! {
     // Exits with the postmaster (WL_EXIT_ON_PM_DEATH: pgrx's wait_latch would return at once,
     // forever, once it died, and the loop would spin).
-    let mut pool_busy = false;
     while !BackgroundWorker::sigterm_received() {
+        let mut pool_busy = false;
+        if keep_pool {
+            // In process mode the backends migrate, and take the pool's pieces, themselves;
+            // the service still keeps the pool (a failure: try again at the next timeout).
+            if BackgroundWorker::sighup_received() {
+                // SAFETY: reloads postgresql.conf in the main thread, as any process does.
+                unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            }
+            pool_busy = crate::sql::try_with_segments(|s| s.pool_step()).unwrap_or(false);
+        }
         // SAFETY: MyLatch is this process's latch; main thread.
         unsafe {
             pg_sys::WaitLatch(
@@ -540,15 +549,6 @@ fn idle_until_terminated(ch: &Channel, keep_pool: bool) -> ! {
             pg_sys::ResetLatch(pg_sys::MyLatch);
         }
         pg_sys::check_for_interrupts!();
-        if keep_pool {
-            // In process mode the backends migrate, and take the pool's pieces, themselves;
-            // the service still keeps the pool (a failure: try again at the next timeout).
-            if BackgroundWorker::sighup_received() {
-                // SAFETY: reloads postgresql.conf in the main thread, as any process does.
-                unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-            }
-            pool_busy = crate::sql::try_with_segments(|s| s.pool_step()).unwrap_or(false);
-        }
     }
     ch.service_stopped();
     // SAFETY: as at the end of the main function.
