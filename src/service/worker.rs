@@ -78,6 +78,9 @@ struct Pool {
     ready: Vec<Condvar>,
     /// Tasks queued or running per GPU: the load routing compares.
     load: Vec<std::sync::atomic::AtomicU32>,
+    /// Whether each GPU's group has at least one executor (a thread that could not be spawned
+    /// is missing from its group; a group without any gets no task).
+    served: Vec<std::sync::atomic::AtomicBool>,
     /// Jobs whose work has finished (their pins may go).
     finished: Mutex<Vec<u64>>,
     /// Written by executors when they finish a job; read by the main thread's wait set.
@@ -142,8 +145,22 @@ impl Pool {
                 *b += add;
             }
         }
-        let load: Vec<u32> = self.load.iter().map(|l| l.load(std::sync::atomic::Ordering::Relaxed)).collect();
-        crate::placement::route(&bytes, &load, crate::placement::ROUTE_MARGIN).min(gpus - 1)
+        let served = |g: usize| self.served[g].load(std::sync::atomic::Ordering::Relaxed);
+        // A GPU without executors looks infinitely busy, and holds no data worth going to.
+        let load: Vec<u32> = (0..gpus)
+            .map(|g| if served(g) { self.load[g].load(std::sync::atomic::Ordering::Relaxed) } else { u32::MAX })
+            .collect();
+        for (g, b) in bytes.iter_mut().enumerate() {
+            if !served(g) {
+                *b = 0;
+            }
+        }
+        let g = crate::placement::route(&bytes, &load, crate::placement::ROUTE_MARGIN).min(gpus - 1);
+        if served(g) {
+            g
+        } else {
+            (0..gpus).find(|&g| served(g)).unwrap_or(0)
+        }
     }
 }
 
@@ -184,10 +201,12 @@ fn executor_loop(ch: Channel, pool: Arc<Pool>, gpu: usize, bind: bool) {
 fn spawn_executors(ch: Channel, pool: &Arc<Pool>, n: usize, bind: bool) -> Vec<std::thread::JoinHandle<()>> {
     (0..pool.load.len() * n)
         .filter_map(|i| {
-            let pool = pool.clone();
+            let p = pool.clone();
             let gpu = i / n;
             let name = format!("uvm-exec-g{gpu}-{}", i % n);
-            crate::interrupt::spawn_without_signals(name, move || executor_loop(ch, pool, gpu, bind)).ok()
+            let h = crate::interrupt::spawn_without_signals(name, move || executor_loop(ch, p, gpu, bind)).ok()?;
+            pool.served[gpu].store(true, std::sync::atomic::Ordering::Relaxed);
+            Some(h)
         })
         .collect()
 }
@@ -264,6 +283,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         queues: Mutex::new((0..gpus).map(|_| VecDeque::new()).collect()),
         ready: (0..gpus).map(|_| Condvar::new()).collect(),
         load: (0..gpus).map(|_| std::sync::atomic::AtomicU32::new(0)).collect(),
+        served: (0..gpus).map(|_| std::sync::atomic::AtomicBool::new(false)).collect(),
         finished: Mutex::new(Vec::new()),
         eventfd: efd,
         stop: std::sync::atomic::AtomicBool::new(false),
