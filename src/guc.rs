@@ -55,6 +55,7 @@ pub static GPU_EXECUTION: GucSetting<ExecutionChoice> = GucSetting::<ExecutionCh
 pub static SERVICE_SLOTS: GucSetting<i32> = GucSetting::<i32>::new(32);
 pub static SERVICE_STAGING_MB: GucSetting<i32> = GucSetting::<i32>::new(4);
 pub static SERVICE_THREADS: GucSetting<i32> = GucSetting::<i32>::new(4);
+pub static SERVICE_GPUS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static MAX_SEGMENTS: GucSetting<i32> = GucSetting::<i32>::new(256);
 pub static SIMULATED_DEVICES: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static CUDA_DEVICES: GucSetting<i32> = GucSetting::<i32>::new(1);
@@ -229,12 +230,22 @@ pub fn define() {
     );
     GucRegistry::define_int_guc(
         c"pg_uvm_share.service_threads",
-        c"Executor threads of the GPU service.",
+        c"Executor threads of the GPU service, per GPU.",
         c"Each runs one request at a time; registry changes run on the service's main thread.",
         &SERVICE_THREADS,
         1,
         256,
         GucContext::Postmaster,
+        GucFlags::empty(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.service_gpus",
+        c"How many GPUs the GPU service runs requests on: the first N placement GPUs; 0 means all.",
+        c"Requests whose data lies on the others are run on these, reading it over the interconnect. For keeping GPUs free of the service's kernels, and for measuring what each added GPU brings.",
+        &SERVICE_GPUS,
+        0,
+        crate::vocab::MAX_DEVICES as i32,
+        GucContext::Sighup,
         GucFlags::empty(),
     );
     // SAFETY: called from _PG_init in the main thread, with a static C string.
@@ -262,6 +273,12 @@ pub fn max_segment_size() -> u64 {
 pub fn host_pool() -> (u64, u64) {
     let piece = HOST_POOL_PIECE_MB.get().max(2) as u64 * MIB / (2 * MIB) * (2 * MIB);
     (HOST_POOL_SIZE_MB.get().max(0) as u64 * MIB, piece)
+}
+
+/// How many GPUs the GPU service runs requests on (`None`: all).
+pub fn service_gpus() -> Option<usize> {
+    let n = SERVICE_GPUS.get();
+    (n > 0).then_some(n as usize)
 }
 
 /// GPUs the CUDA provider may place chunks on (at least 1).

@@ -137,7 +137,8 @@ impl Pool {
     /// The GPU a job runs on: where most of its pinned segments' device bytes are, unless that
     /// GPU is busier than the idlest by the routing margin; else the least loaded
     /// (`crate::placement::route`).
-    fn route<E: crate::segment::Env>(&self, pins: &[crate::segment::Pin<E>]) -> usize {
+    /// Only the first `limit` GPUs (`pg_uvm_share.service_gpus`) take tasks.
+    fn route<E: crate::segment::Env>(&self, pins: &[crate::segment::Pin<E>], limit: Option<usize>) -> usize {
         let gpus = self.load.len();
         let mut bytes = vec![0u64; gpus];
         for pin in pins {
@@ -145,8 +146,9 @@ impl Pool {
                 *b += add;
             }
         }
-        let served = |g: usize| self.served[g].load(std::sync::atomic::Ordering::Relaxed);
-        // A GPU without executors looks infinitely busy, and holds no data worth going to.
+        let served = |g: usize| self.served[g].load(std::sync::atomic::Ordering::Relaxed) && limit.is_none_or(|l| g < l);
+        // A GPU without executors (or past the limit) looks infinitely busy, and holds no data
+        // worth going to.
         let load: Vec<u32> = (0..gpus)
             .map(|g| if served(g) { self.load[g].load(std::sync::atomic::Ordering::Relaxed) } else { u32::MAX })
             .collect();
@@ -409,7 +411,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
                 Ok(local::Job { pins, work }) => {
                     let id = next_job;
                     next_job += 1;
-                    let gpu = pool.route(&pins);
+                    let gpu = pool.route(&pins, guc::service_gpus());
                     // The pins stay here (the work refers to their memory) until it finishes.
                     running.insert(id, (slot, pins));
                     pool.push(gpu, Task { job: id, slot, work, req });

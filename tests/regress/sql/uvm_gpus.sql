@@ -107,6 +107,30 @@ SELECT uvm.checksum_segment('g_auto', 0, 4096) IS NOT NULL AS ran;
 SELECT d.property, d.value::bigint - r.n AS routed_here
   FROM uvm.device_info() d JOIN routed0 r USING (property) ORDER BY 1;
 
+-- pg_uvm_share.service_gpus = 1 (reloadable): every request runs on GPU 0, g_on1's too (read
+-- over the interconnect); back to all GPUs, g_on1's run on GPU 1 again. The service applies a
+-- reload at its next turn: wait until a checksum lands where it should.
+CREATE FUNCTION pg_temp.lands_on(seg text, prop text) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+  before bigint;
+BEGIN
+  FOR i IN 1..500 LOOP
+    before := (SELECT value::bigint FROM uvm.device_info() WHERE property = prop);
+    PERFORM uvm.checksum_segment(seg, 0, 4096);
+    IF (SELECT value::bigint FROM uvm.device_info() WHERE property = prop) > before THEN
+      RETURN true;
+    END IF;
+    PERFORM pg_sleep(0.01);
+  END LOOP;
+  RETURN false;
+END $$;
+ALTER SYSTEM SET pg_uvm_share.service_gpus = 1;
+SELECT pg_reload_conf();
+SELECT pg_temp.lands_on('g_on1', 'gpu0_requests') AS g_on1_runs_on_gpu0;
+ALTER SYSTEM RESET pg_uvm_share.service_gpus;
+SELECT pg_reload_conf();
+SELECT pg_temp.lands_on('g_on1', 'gpu1_requests') AS g_on1_runs_on_gpu1_again;
+
 -- everything dropped: every GPU's count is back to zero
 SELECT uvm.drop_segment(name) FROM uvm.segments WHERE name LIKE 'g\_%' ORDER BY name;
 SELECT property, value FROM uvm.device_info() WHERE property IN ('device_bytes', 'gpu0_bytes', 'gpu1_bytes', 'host_bytes')
