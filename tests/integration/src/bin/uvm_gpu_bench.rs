@@ -1057,6 +1057,84 @@ fn bench_gpus(b: &mut Bench, admin: &mut Client, pid: u32) {
     }
 }
 
+/// Issue 13's throughput figure: 16 sessions probing one inner table at once (the probe kernel
+/// alone, `bench_join_probe`: no scan in the way), with the GPU service on one GPU
+/// (`pg_uvm_share.service_gpus = 1`, reloaded) and then on all of them, in one run. The table
+/// stays where the join built it; requests spread over the GPUs by the routing margin, reading
+/// it over the interconnect (`placement::route`).
+fn bench_gpus_sessions(b: &mut Bench, admin: &mut Client, seg: &str) {
+    const K: &str = "gpus_16";
+    const M: &str = "16 sessions probing one inner table at once, all GPUs vs 1 (M keys/s, bench_join_probe)";
+    const SESSIONS: usize = 16;
+    const ROUNDS: usize = 10;
+    const KEYS: i64 = 4 << 20;
+    if b.mode != Mode::Service {
+        b.not_applicable(K, M, "in process mode every backend runs its kernels on device 0");
+        return;
+    }
+    match info_number(admin, "gpus") {
+        Ok(g) if g >= 2.0 => {}
+        Ok(_) => {
+            b.not_applicable(K, M, "the cluster places chunks on one GPU (one visible, or pg_uvm_share.cuda_devices = 1)");
+            return;
+        }
+        Err(e) => {
+            b.error(K, M, e);
+            return;
+        }
+    }
+    if !b.has_time(&[(K, M)]) {
+        return;
+    }
+    let run = |admin: &mut Client, service_gpus: i32| -> R<f64> {
+        admin
+            .batch_execute(&format!("ALTER SYSTEM SET pg_uvm_share.service_gpus = {service_gpus}; SELECT pg_reload_conf()"))
+            .map_err(err("service_gpus"))?;
+        std::thread::sleep(Duration::from_millis(500));
+        let start = Arc::new(Barrier::new(SESSIONS + 1));
+        let q = format!("SELECT uvm.bench_join_probe('{seg}', {KEYS}, {KEY_RANGE})");
+        let threads: Vec<_> = (0..SESSIONS)
+            .map(|_| {
+                let (start, q) = (start.clone(), q.clone());
+                std::thread::spawn(move || -> R<()> {
+                    // Connected and warmed up before the start, whatever happens: every thread
+                    // reaches the barrier (an error is returned after it).
+                    let prepared = fresh().and_then(|mut c| {
+                        c.query_one(q.as_str(), &[]).map_err(err("bench_join_probe"))?;
+                        Ok(c)
+                    });
+                    start.wait();
+                    let mut c = prepared?;
+                    for _ in 0..ROUNDS {
+                        c.query_one(q.as_str(), &[]).map_err(err("bench_join_probe"))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        start.wait();
+        let t = Instant::now();
+        for h in threads {
+            h.join().map_err(|_| "a session's thread panicked".to_string())??;
+        }
+        Ok((SESSIONS * ROUNDS) as f64 * KEYS as f64 / t.elapsed().as_secs_f64() / 1e6)
+    };
+    let r = (|| -> R<(f64, f64)> { Ok((run(admin, 1)?, run(admin, 0)?)) })();
+    let _ = admin.batch_execute("ALTER SYSTEM RESET pg_uvm_share.service_gpus; SELECT pg_reload_conf()");
+    match r {
+        Ok((one, all)) => b.row(
+            K,
+            M,
+            format!("{all:.0} M keys/s = {:.2}x one GPU", all / one),
+            format!("{all:.0}"),
+            format!("{one:.0} on one GPU (service_gpus = 1)"),
+            Some(all / one),
+            Target::service(Goal::AtLeast(1.8)),
+        ),
+        Err(e) => b.error(K, M, e),
+    }
+}
+
 /// Attach of a 64 GiB device segment in fresh backends (context created before the timer).
 /// Process mode only: in service mode backends map no chunk.
 fn bench_attach_big(b: &mut Bench, admin: &mut Client, pid: u32) {
@@ -1864,6 +1942,7 @@ fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32, keep_tables: bool)
     if let Err(e) = r {
         b.error(K_KERNEL, M_KERNEL, e);
     }
+    bench_gpus_sessions(b, &mut c, &seg);
     let res = format!("gpu_bench_pairs_{pid}");
     let r = (|| -> R<()> {
         if !b.has_time(&[(K_MAT, M_MAT)]) {
