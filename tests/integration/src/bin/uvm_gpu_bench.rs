@@ -1057,45 +1057,56 @@ fn bench_gpus(b: &mut Bench, admin: &mut Client, pid: u32) {
     }
 }
 
-/// Issue 13's throughput figure: 16 sessions probing one inner table at once (the probe kernel
+/// Issue 13's throughput figures: 16 sessions probing one inner table at once (the probe kernel
 /// alone, `bench_join_probe`: no scan in the way), with the GPU service on one GPU
 /// (`pg_uvm_share.service_gpus = 1`, reloaded) and then on all of them, in one run. The table
 /// stays where the join built it; requests spread over the GPUs by the routing margin, reading
-/// it over the interconnect (`placement::route`).
+/// it over the interconnect (`placement::route`): "in place". Then "replicated": a byte copy
+/// of the table (its layout is offsets only) on GPU 1, half the sessions probing each copy, so
+/// that every request is routed to a GPU holding its table.
 fn bench_gpus_sessions(b: &mut Bench, admin: &mut Client, seg: &str) {
     const K: &str = "gpus_16";
     const M: &str = "16 sessions probing one inner table at once, all GPUs vs 1 (M keys/s, bench_join_probe)";
+    const K_REPL: &str = "gpus_16_repl";
+    const M_REPL: &str = "the same on all GPUs, the inner table replicated on GPU 1 vs read in place (M keys/s)";
     const SESSIONS: usize = 16;
     const ROUNDS: usize = 10;
     const KEYS: i64 = 4 << 20;
     if b.mode != Mode::Service {
-        b.not_applicable(K, M, "in process mode every backend runs its kernels on device 0");
+        let why = "in process mode every backend runs its kernels on device 0";
+        b.not_applicable(K, M, why);
+        b.not_applicable(K_REPL, M_REPL, why);
         return;
     }
     match info_number(admin, "gpus") {
         Ok(g) if g >= 2.0 => {}
         Ok(_) => {
-            b.not_applicable(K, M, "the cluster places chunks on one GPU (one visible, or pg_uvm_share.cuda_devices = 1)");
+            let why = "the cluster places chunks on one GPU (one visible, or pg_uvm_share.cuda_devices = 1)";
+            b.not_applicable(K, M, why);
+            b.not_applicable(K_REPL, M_REPL, why);
             return;
         }
         Err(e) => {
-            b.error(K, M, e);
+            b.error(K, M, e.clone());
+            b.error(K_REPL, M_REPL, e);
             return;
         }
     }
-    if !b.has_time(&[(K, M)]) {
+    if !b.has_time(&[(K, M), (K_REPL, M_REPL)]) {
         return;
     }
-    let run = |admin: &mut Client, service_gpus: i32| -> R<f64> {
+    let replica = format!("{seg}_r1");
+    // Session i probes tables[i % tables.len()].
+    let run = |admin: &mut Client, service_gpus: i32, tables: &[&str]| -> R<f64> {
         admin
             .batch_execute(&format!("ALTER SYSTEM SET pg_uvm_share.service_gpus = {service_gpus}; SELECT pg_reload_conf()"))
             .map_err(err("service_gpus"))?;
         std::thread::sleep(Duration::from_millis(500));
         let start = Arc::new(Barrier::new(SESSIONS + 1));
-        let q = format!("SELECT uvm.bench_join_probe('{seg}', {KEYS}, {KEY_RANGE})");
         let threads: Vec<_> = (0..SESSIONS)
-            .map(|_| {
-                let (start, q) = (start.clone(), q.clone());
+            .map(|i| {
+                let q = format!("SELECT uvm.bench_join_probe('{}', {KEYS}, {KEY_RANGE})", tables[i % tables.len()]);
+                let start = start.clone();
                 std::thread::spawn(move || -> R<()> {
                     // Connected and warmed up before the start, whatever happens: every thread
                     // reaches the barrier (an error is returned after it).
@@ -1119,8 +1130,8 @@ fn bench_gpus_sessions(b: &mut Bench, admin: &mut Client, seg: &str) {
         }
         Ok((SESSIONS * ROUNDS) as f64 * KEYS as f64 / t.elapsed().as_secs_f64() / 1e6)
     };
-    let r = (|| -> R<(f64, f64)> { Ok((run(admin, 1)?, run(admin, 0)?)) })();
-    let _ = admin.batch_execute("ALTER SYSTEM RESET pg_uvm_share.service_gpus; SELECT pg_reload_conf()");
+    let r = (|| -> R<(f64, f64)> { Ok((run(admin, 1, &[seg])?, run(admin, 0, &[seg])?)) })();
+    let in_place = r.as_ref().ok().map(|&(_, all)| all);
     match r {
         Ok((one, all)) => b.row(
             K,
@@ -1132,6 +1143,36 @@ fn bench_gpus_sessions(b: &mut Bench, admin: &mut Client, seg: &str) {
             Target::service(Goal::AtLeast(1.8)),
         ),
         Err(e) => b.error(K, M, e),
+    }
+    let r = (|| -> R<f64> {
+        let size: i64 =
+            admin.query_one("SELECT size FROM uvm.segments WHERE name = $1", &[&seg]).map_err(err("uvm.segments"))?.get(0);
+        create(admin, &replica, size, "device:1")?;
+        let step: i64 = 64 * MIB_I;
+        for off in (0..size).step_by(step as usize) {
+            let len = step.min(size - off) as i32;
+            admin
+                .query_one("SELECT uvm.write_segment($1, $2, uvm.read_segment($3, $2, $4))", &[&replica, &off, &seg, &len])
+                .map_err(err("copying the table"))?;
+        }
+        run(admin, 0, &[seg, &replica])
+    })();
+    drop_if_exists(admin, &replica);
+    let _ = admin.batch_execute("ALTER SYSTEM RESET pg_uvm_share.service_gpus; SELECT pg_reload_conf()");
+    match (r, in_place) {
+        (Ok(repl), in_place) => b.row(
+            K_REPL,
+            M_REPL,
+            match in_place {
+                Some(p) => format!("{repl:.0} M keys/s = {:.2}x in place", repl / p),
+                None => format!("{repl:.0} M keys/s"),
+            },
+            format!("{repl:.0}"),
+            in_place.map(|p| format!("{p:.0} in place")).unwrap_or_else(|| "–".into()),
+            in_place.map(|p| repl / p),
+            Target::info(),
+        ),
+        (Err(e), _) => b.error(K_REPL, M_REPL, e),
     }
 }
 
