@@ -42,7 +42,7 @@ use crate::vocab::{Place, TierPref};
 /// One GPU as placement sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Gpu {
-    /// Committed device bytes on this GPU, all segments together.
+    /// Device bytes on this GPU, all segments together (committed or being allocated).
     pub used: u64,
     /// The device budget of this GPU (None: unbounded).
     pub budget: Option<u64>,
@@ -123,10 +123,18 @@ pub fn place_chunk(pref: TierPref, size: u64, gpus: &[Gpu], granularity: u64) ->
     }
 }
 
+/// Whether a chunk of `size` bytes fits GPU `n`'s budget now (a migration checks each chunk
+/// again as it reserves it: see `plan_moves`).
+pub fn fits(gpus: &[Gpu], n: u32, size: u64, granularity: u64) -> bool {
+    gpus.get(n as usize).is_some_and(|g| g.fits(size, granularity))
+}
+
 /// Plans a migration to `target` (not `auto`) of chunks at `from` of `sizes`: where each goes.
 /// Chunks move whole. A chunk already where `target` wants it stays (`None`); the budget counts
 /// the bytes each move adds to a GPU and those it frees on another, in order. All or nothing:
-/// a move that does not fit refuses the whole plan.
+/// a move that does not fit refuses the whole plan. (The migration checks each chunk's room
+/// again as it reserves it, with `fits`: room other sessions took meanwhile stops it at that
+/// chunk, the chunks before it moved.)
 pub fn plan_moves(target: TierPref, chunks: &[(Place, u64)], gpus: &[Gpu], granularity: u64) -> Result<Vec<Option<Place>>> {
     let mut gpus = gpus.to_vec();
     let mut plan = Vec::with_capacity(chunks.len());

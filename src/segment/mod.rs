@@ -1007,6 +1007,17 @@ impl<E: Env> Segments<E> {
         let (parts, to_pool) = {
             let mut reg = self.env.exclusive()?;
             let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
+            // The plan saw room for this chunk; other sessions may have taken it since.
+            if let Place::Device(n) = to {
+                if !placement::fits(&self.gpus(&reg), n, old.size, GRANULARITY) {
+                    return Err(uvm_err!(
+                        Code::ConfigurationLimitExceeded,
+                        "moving a {}-byte chunk to GPU {n} would exceed pg_uvm_share.device_memory_limit",
+                        old.size
+                    )
+                    .detail("Other sessions took the room since the migration was planned; the chunks before this one moved."));
+                }
+            }
             let piece = self.limits.pool_piece;
             let mut parts: Vec<(PendingChunk, bool)> = Vec::new();
             if to == Place::Host && piece > 0 {
