@@ -935,7 +935,8 @@ impl<E: Env> Segments<E> {
         authorize(info.owner)?;
         let (start, len) = check_range(&info, offset, length)?;
         if target == TierPref::Auto {
-            return Err(uvm_err!(Code::InvalidParameterValue, "prefetch needs a concrete tier, not \"auto\""));
+            return Err(uvm_err!(Code::InvalidParameterValue, "prefetch needs a concrete tier, not \"auto\"")
+                .hint("Use \"host\", \"device\" or \"device:N\"."));
         }
         self.check_pref(target)?;
         let (start, end) = (start as u64, (start + len) as u64);
