@@ -1005,7 +1005,7 @@ impl<E: Env> Segments<E> {
         let src = source.addr();
         // The new chunks: to the host tier, pieces of the host pool first (pinned already), then
         // one fresh chunk for the rest; elsewhere, one fresh chunk.
-        let (parts, to_pool) = {
+        let (parts, rest, to_pool) = {
             let mut reg = self.env.exclusive()?;
             let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
             // The plan saw room for this chunk; other sessions may have taken it since.
@@ -1037,28 +1037,20 @@ impl<E: Env> Segments<E> {
                 }
             }
             let taken: u64 = parts.iter().map(|(p, _)| p.size).sum();
-            if taken < old.size {
-                match reg.reserve_replacement(slot, old.id, old.offset + taken, old.size - taken, to) {
-                    Ok(p) => parts.push((p, false)),
-                    Err(e) => {
-                        for (p, _) in &parts {
-                            reg.abort_chunk(p);
-                        }
-                        let epoch = reg.epoch();
-                        drop(reg);
-                        for (p, _) in &parts {
-                            let _ = self.with_broker(|b| b.release(epoch, p.id));
-                        }
-                        return Err(e);
-                    }
-                }
-            }
+            // The fresh chunk for what the pieces do not cover: an error here is raised once the
+            // guard below holds the pieces, which then go back to the broker like any pending chunk.
+            let rest = (taken < old.size)
+                .then(|| reg.reserve_replacement(slot, old.id, old.offset + taken, old.size - taken, to))
+                .transpose();
             // A host chunk of the pool's piece size goes back to the pool while it is short.
             let to_pool =
                 old.tier == Tier::Host && piece > 0 && old.size == piece && reg.pool_bytes() + piece <= self.limits.pool_size;
-            (parts, to_pool)
+            (parts, rest, to_pool)
         };
         let mut guard = PendingGuard::new(self, parts, epoch);
+        if let Some(p) = rest? {
+            guard.parts.push((p, false));
+        }
         for k in 0..guard.parts.len() {
             let (p, handed_over) = guard.parts[k];
             // Copy through a temporary mapping of each new chunk.
