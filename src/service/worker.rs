@@ -140,6 +140,10 @@ impl Pool {
     /// Only the first `limit` GPUs (`pg_uvm_share.service_gpus`) take tasks.
     fn route<E: crate::segment::Env>(&self, pins: &[crate::segment::Pin<E>], limit: Option<usize>) -> usize {
         let gpus = self.load.len();
+        if gpus == 1 {
+            // One GPU (or none): nothing to choose, and nothing to count on every request.
+            return 0;
+        }
         let mut bytes = vec![0u64; gpus];
         for pin in pins {
             for (b, add) in bytes.iter_mut().zip(pin.info().bytes_per_gpu(gpus as u32)) {
@@ -552,8 +556,10 @@ fn idle_until_terminated(ch: &Channel, keep_pool: bool) -> ! {
     while !BackgroundWorker::sigterm_received() {
         let mut pool_busy = false;
         if keep_pool {
-            // In process mode the backends migrate, and take the pool's pieces, themselves;
-            // the service still keeps the pool (a failure: try again at the next timeout).
+            // Process mode under `gpu_execution = auto` (the host provider): the backends
+            // migrate, and take the pool's pieces, themselves; the service, idle, still keeps
+            // the pool (a failure: try again at the next timeout). With `gpu_execution =
+            // process` there is no service, and no pool.
             if BackgroundWorker::sighup_received() {
                 // SAFETY: reloads postgresql.conf in the main thread, as any process does.
                 unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
