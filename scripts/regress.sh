@@ -14,8 +14,15 @@
 #                                    pieces), in service mode
 #   tests/regress/schedule_noload    CREATE EXTENSION without shared_preload_libraries
 #   tests/regress/schedule_nocuda    provider = cuda without a CUDA driver (only where there is none)
+#   tests/regress/schedule_strom     the plan node's battery with a stand-in for PG-Strom preloaded
+#                                    (uvm_fake_strom, tests/fake_strom, which `make fake-strom`
+#                                    installs: it registers a custom scan and an extensible node
+#                                    named "GpuJoin", as PG-Strom 6.1 does, issue 22): strom_first
+#                                    loads it before pg_uvm_share, in process mode; strom_last after
+#                                    it, in service mode
 #
-# Usage: regress.sh BASEDIR BASEPORT   (clusters in BASEDIR-<suite>, ports BASEPORT .. BASEPORT+3, +7 and +9)
+# Usage: regress.sh BASEDIR BASEPORT   (clusters in BASEDIR-<suite>, ports BASEPORT .. BASEPORT+3, +7 and +9;
+#                                      the strom suites reuse BASEPORT once the main suite is done)
 set -euo pipefail
 BASE=${1:-/tmp/uvm-regress}
 PORT=${2:-54331}
@@ -45,7 +52,13 @@ run_suite() { # name port schedule [env assignments...]
   local tests
   tests=$(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "tests/regress/$schedule" | xargs)
   echo "== regress suite '$name': $tests"
-  env "$@" scripts/cluster.sh start "$dir" "$port" >/dev/null
+  # A cluster that does not start (a preloaded library's FATAL: cluster.sh prints the end of the
+  # log) fails this suite; the next suites still run.
+  if ! env "$@" scripts/cluster.sh start "$dir" "$port" >/dev/null; then
+    echo "== regress suite '$name': the cluster in $dir did not start"
+    failed+=("$name")
+    return 0
+  fi
   local capi ok=1
   capi=$(capi_tests "$name")
   (
@@ -89,6 +102,17 @@ if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
 else
   run_suite nocuda "$((PORT + 3))" schedule_nocuda UVM_EXTRA_CONF='pg_uvm_share.provider = cuda'
 fi
+# pg_uvm_share next to PG-Strom's names (the stand-in, tests/fake_strom), loaded before and after
+# it: both clusters must start, and the plan node's battery gives the same expected output, in
+# each execution mode once. Every other port of the block of ten is another target's (integration
+# +4, demo +5, bench +6, integration-service +8, which may run at the same time), so these two
+# reuse BASEPORT, one after the other: the suites run in turn and run_suite stops each cluster as
+# its suite ends; the stops below make sure of it (a no-op when the cluster is down already).
+scripts/cluster.sh stop "$BASE-main" >/dev/null || true
+run_suite strom_first "$PORT" schedule_strom UVM_PRELOAD='uvm_fake_strom, pg_uvm_share'
+scripts/cluster.sh stop "$BASE-strom_first" >/dev/null || true
+run_suite strom_last "$PORT" schedule_strom UVM_PRELOAD='pg_uvm_share, uvm_fake_strom' \
+  UVM_EXTRA_CONF='pg_uvm_share.gpu_execution = service'
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "regress: FAILED suites: ${failed[*]}"

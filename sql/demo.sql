@@ -69,7 +69,7 @@ SELECT (SELECT count(*) FROM (SELECT key, payload FROM uvm.gpujoin_pairs('demo_p
 \echo '== GpuJoin as a plan node: the same join written as plain SQL, the node on and off'
 \echo '   (pg_uvm_share.enable_gpujoin: auto, the default, offers it where the cluster runs on a GPU and'
 \echo '    the planner picks it by cost; here it is forced: on, with PostgreSQL''s joins off. The'
-\echo '    aggregates are computed in the node: Custom Scan (GpuJoinAgg). See README)'
+\echo '    aggregates are computed in the node: Custom Scan (UvmGpuJoinAgg). See README)'
 SET pg_uvm_share.enable_gpujoin = on;
 SET enable_hashjoin = off;
 SET enable_mergejoin = off;

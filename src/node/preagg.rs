@@ -12,9 +12,9 @@
 //! # Plan
 //!
 //! ```text
-//! Custom Scan (GpuJoinAgg)                        one row: the final results
+//! Custom Scan (UvmGpuJoinAgg)                     one row: the final results
 //!   ->  Gather                                    one row per participant
-//!         ->  Parallel Custom Scan (GpuJoin)      Aggregates: count(*), sum(d.v)
+//!         ->  Parallel Custom Scan (UvmGpuJoin)   Aggregates: count(*), sum(d.v)
 //!               ->  Parallel Seq Scan on fact f
 //!               ->  Parallel Seq Scan on dim d
 //! ```
@@ -229,7 +229,7 @@ pub struct GpuJoinAggScan {
 }
 
 impl JoinScan for GpuJoinAggScan {
-    const NAME: &'static CStr = c"GpuJoinAgg";
+    const NAME: &'static CStr = c"UvmGpuJoinAgg";
 
     fn methods() -> &'static Methods {
         &METHODS

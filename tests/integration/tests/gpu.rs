@@ -609,7 +609,7 @@ fn g_gpujoin_matches_postgres_join() {
     .unwrap();
     let plain = "SELECT count(*), sum(d.v)::text FROM gj_fact f JOIN gj_dim d ON f.k = d.k";
     let plan = explain_analyze(&mut c2, plain);
-    assert!(plan.contains("Parallel Custom Scan (GpuJoin)"), "the plan node is not used:\n{plan}");
+    assert!(plan.contains("Parallel Custom Scan (UvmGpuJoin)"), "the plan node is not used:\n{plan}");
     let tier = plan.lines().find_map(|l| l.trim().strip_prefix("Inner Table Tier: ")).unwrap_or("").to_string();
     assert!(tier == "host" || tier == "device+host", "the node's inner table did not spill (tier {tier:?}):\n{plan}");
     let t = Instant::now();

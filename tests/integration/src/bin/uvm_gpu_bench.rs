@@ -1596,7 +1596,7 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, scan_q: &str, h
         )
         .map_err(err("enable_gpujoin"))?;
         let plan = try_explain_analyze(c, pg_q).map_err(err("EXPLAIN ANALYZE through the node"))?;
-        if !plan.contains("Parallel Custom Scan (GpuJoin)") || !plan.contains("GpuJoinAgg") {
+        if !plan.contains("Parallel Custom Scan (UvmGpuJoin)") || !plan.contains("UvmGpuJoinAgg") {
             return Err(format!(
                 "the planner did not choose the parallel GpuJoin with its aggregates: {}",
                 plan.replace('\n', " / ")
@@ -1624,7 +1624,7 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, scan_q: &str, h
             .collect();
         b.note(format!("the plan node, EXPLAIN ANALYZE (GPU Time: summed over the participants): {}", lines.join(" / ")));
         let rows_plan = explain(c, rows_q)?;
-        if !rows_plan.contains("Parallel Custom Scan (GpuJoin)") || rows_plan.contains("GpuJoinAgg") {
+        if !rows_plan.contains("Parallel Custom Scan (UvmGpuJoin)") || rows_plan.contains("UvmGpuJoinAgg") {
             return Err(format!("the sum(d.v + 0) query is not planned as the node alone: {}", rows_plan.replace('\n', " / ")));
         }
         let mut rows_runs = Vec::new();
