@@ -48,6 +48,8 @@ pub enum Code {
     ProtocolViolation,
     /// 22003: a result outside its type's range (an aggregate's int8 sum).
     NumericValueOutOfRange,
+    /// 42939: a segment name in the plan nodes' reserved namespace (`registry::RESERVED_PREFIX`).
+    ReservedName,
     /// 57014: the statement was cancelled (only a test's interrupt hook returns it: in
     /// PostgreSQL, `CHECK_FOR_INTERRUPTS()` raises the cancel itself).
     QueryCanceled,
@@ -77,6 +79,7 @@ impl Code {
             Code::ProtocolViolation => "08P01",
             Code::NumericValueOutOfRange => "22003",
             Code::QueryCanceled => "57014",
+            Code::ReservedName => "42939",
         }
     }
 }

@@ -100,7 +100,9 @@ pub extern "C-unwind" fn pg_uvm_share_broker_main(_arg: pg_sys::Datum) {
 
     let epoch = {
         let Ok(mut reg) = shmem::exclusive() else { force_crash_restart("registry not initialized") };
-        if !reg.known_chunk_ids().is_empty() {
+        // A first broker may find chunks already: the GPU service, starting beside it, reserves
+        // its host pool's first pieces, which wait for the broker to take their fds.
+        if !reg.start_broker() && !reg.known_chunk_ids().is_empty() {
             // We were restarted while segments exist: their fds died with our predecessor.
             force_crash_restart("restarted while chunks are registered");
         }

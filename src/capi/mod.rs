@@ -352,6 +352,7 @@ unsafe extern "C-unwind" fn api_create(name: *const c_char, size: i64, max_size:
             TierPref::parse(unsafe { text(tier, "tier") }?)?
         };
         let max = (max_size >= 0).then_some(max_size);
+        crate::registry::check_not_reserved(name)?;
         sql::try_executor(|ex| exec::create(ex, name, size, max, pref, sql::current_user(), sql::now()))
     })
 }
@@ -383,6 +384,7 @@ unsafe extern "C-unwind" fn api_attach(name: *const c_char, info: *mut UvmSegmen
     guarded(|| {
         // SAFETY: the header's contract.
         let name = unsafe { text(name, "name") }?;
+        crate::registry::check_not_reserved(name)?;
         // A pin maps what this process lacks (nothing in service mode); dropping it keeps the
         // mapping and gives the pin back.
         let i =
@@ -403,6 +405,7 @@ unsafe extern "C-unwind" fn api_pin(name: *const c_char, expect: *const UvmSegme
         if result.is_null() {
             return Err(UvmError::new(Code::NullValueNotAllowed, "the UvmPin to fill in must not be NULL"));
         }
+        crate::registry::check_not_reserved(name)?;
         let owner = current_owner()?;
         let service = sql::execution_mode()? == Mode::Service;
         let pin = sql::try_with_segments(|s| s.pin(name, |o| sql::authorize(o, name, "pin")))?;

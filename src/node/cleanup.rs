@@ -44,7 +44,7 @@ fn temp_name(what: &str) -> String {
         v
     });
     // SAFETY: MyProcPid is set at process start.
-    format!("pg_temp_gpujoin_{}_{n}_{what}", unsafe { pg_sys::MyProcPid })
+    format!("{}gpujoin_{}_{n}_{what}", crate::registry::RESERVED_PREFIX, unsafe { pg_sys::MyProcPid })
 }
 
 /// How long the cleanup waits, in all, for segments still pinned by an abandoned request.

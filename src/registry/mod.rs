@@ -103,7 +103,8 @@ struct Header {
     /// How many GPUs that provider places device chunks on (recorded with it; for the views,
     /// which read the registry alone).
     devices: u32,
-    _pad: u32,
+    /// A broker started since this registry was made (see [`Registry::start_broker`]).
+    broker_started: u32,
 }
 
 #[repr(C)]
@@ -267,6 +268,23 @@ pub fn validate_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The prefix of the plan nodes' temporary segments (`crate::node::cleanup` names them
+/// `pg_temp_gpujoin_<pid>_<n>_<what>`). Reserved: no user creates, drops, reads, writes, pins
+/// or otherwise touches a segment whose name starts with it ([`check_not_reserved`]), so that
+/// no one can squat a node's next name or have the abort-time sweep drop a segment of theirs.
+pub const RESERVED_PREFIX: &str = "pg_temp_";
+
+/// Fails with 42939 (`reserved_name`) when `name` lies in the plan nodes' namespace
+/// ([`RESERVED_PREFIX`]): every path by which a user names a segment checks this.
+pub fn check_not_reserved(name: &str) -> Result<()> {
+    if name.starts_with(RESERVED_PREFIX) {
+        return Err(uvm_err!(Code::ReservedName, "segment name \"{name}\" is reserved").detail(format!(
+            "Names starting with \"{RESERVED_PREFIX}\" belong to the temporary segments of pg_uvm_share's plan nodes."
+        )));
+    }
+    Ok(())
+}
+
 /// Rounds `v` up to a multiple of `align` (a power of two or any positive number); `None` on
 /// overflow.
 pub fn round_up(v: u64, align: u64) -> Option<u64> {
@@ -403,7 +421,7 @@ impl Registry {
                 broker_pid: 0,
                 provider: 0,
                 devices: 0,
-                _pad: 0,
+                broker_started: 0,
             };
         }
         r
@@ -481,6 +499,12 @@ impl Registry {
     }
     pub fn set_broker_pid(&mut self, pid: i32) {
         self.hdr_mut().broker_pid = pid;
+    }
+    /// Records that a broker starts; false when one started before in this registry's life
+    /// (the broker was restarted, and the fds of the chunks registered then died with its
+    /// predecessor).
+    pub fn start_broker(&mut self) -> bool {
+        std::mem::replace(&mut self.hdr_mut().broker_started, 1) == 0
     }
     /// Records `kind` (a non-zero provider code) as the cluster's provider unless one was
     /// recorded already; returns the recorded one. All processes must map chunks the same way,

@@ -40,6 +40,24 @@ fn names_are_validated() {
 }
 
 #[test]
+fn the_plan_nodes_namespace_is_reserved() {
+    for name in ["pg_temp_gpujoin_4242_1_inner", "pg_temp_x", "pg_temp_"] {
+        assert_eq!(check_not_reserved(name).unwrap_err().code, Code::ReservedName, "{name}");
+    }
+    for name in ["my_pg_temp_gpujoin_1_1_inner", "pg_tem", "PG_TEMP_x", "t"] {
+        assert!(check_not_reserved(name).is_ok(), "{name}");
+    }
+}
+
+#[test]
+fn only_the_first_broker_of_a_registry_starts_clean() {
+    let mut t = small();
+    assert!(t.reg.start_broker());
+    assert!(!t.reg.start_broker());
+    assert!(!t.reg.start_broker());
+}
+
+#[test]
 fn tiers_parse() {
     assert_eq!(TierPref::parse("auto").unwrap(), TierPref::Auto);
     assert_eq!(TierPref::parse("device").unwrap(), TierPref::Device);

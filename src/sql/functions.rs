@@ -30,6 +30,7 @@ fn create_segment(
         report(UvmError::new(Code::NullValueNotAllowed, "name, size and tier must not be NULL"))
     };
     let pref = parse_tier(tier);
+    crate::registry::check_not_reserved(name).unwrap_or_else(|e| report(e));
     with_executor(|ex| exec::create(ex, name, size, max_size, pref, current_user(), now())) as i64
 }
 
@@ -170,12 +171,14 @@ fn prefetch_segment(name: &str, offset: i64, length: i64, tier: &str) -> i64 {
 /// be dropped (or, with the CUDA provider, migrated) meanwhile.
 #[pg_extern(volatile, parallel_unsafe)]
 fn pin_segment(name: &str) {
+    crate::registry::check_not_reserved(name).unwrap_or_else(|e| report(e));
     with_segments(|s| s.pin_session(name, |o| super::authorize(o, name, "pin")))
 }
 
 /// Releases one pin taken by this session with `pin_segment`; false if it held none.
 #[pg_extern(volatile, parallel_unsafe)]
 fn unpin_segment(name: &str) -> bool {
+    crate::registry::check_not_reserved(name).unwrap_or_else(|e| report(e));
     with_segments(|s| s.unpin_session(name))
 }
 
@@ -183,6 +186,7 @@ fn unpin_segment(name: &str) -> bool {
 /// spent mapping (0 when the mapping was already current).
 #[pg_extern(volatile, parallel_safe)]
 fn attach_segment(name: &str) -> f64 {
+    crate::registry::check_not_reserved(name).unwrap_or_else(|e| report(e));
     with_segments(|s| Ok(s.pin(name, |o| super::authorize(o, name, "read"))?.map_ms()))
 }
 

@@ -195,6 +195,7 @@ const BUILD_ROWS: usize = 1 << 20;
 fn gpujoin_build(segment: &str, query: &str, tier: default!(&str, "'auto'")) -> i64 {
     let pref = TierPref::parse(tier).unwrap_or_else(|e| report(e));
     crate::registry::validate_name(segment).unwrap_or_else(|e| report(e));
+    crate::registry::check_not_reserved(segment).unwrap_or_else(|e| report(e));
     Spi::connect(|_client| {
         let mut cur = BuildCursor::open(query).unwrap_or_else(|e| report(e));
         let mut batch = Vec::with_capacity(FETCH_ROWS);
@@ -552,6 +553,7 @@ fn gpujoin_pairs_create(
     let size = pairs::bytes_for(initial_pairs as u64).min(i64::MAX as u64) as i64;
     let max_size = max_pairs.map(|m| pairs::bytes_for(m as u64).min(i64::MAX as u64) as i64);
     with_executor(|ex| {
+        crate::registry::check_not_reserved(segment)?;
         exec::create(ex, segment, size, max_size, pref, current_user(), now())?;
         let (seg, info) = resolve(segment, "write")?;
         exec::pairs_reset(ex, &seg)?;

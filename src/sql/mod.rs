@@ -140,9 +140,11 @@ pub fn try_with_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> R
 }
 
 /// Finds segment `name` in the registry and checks the current user may `action` it (42501
-/// otherwise): the reference a request carries, and the snapshot it was resolved from.
+/// otherwise; 42939 for a name in the plan nodes' reserved namespace, whether or not such a
+/// segment exists): the reference a request carries, and the snapshot it was resolved from.
 pub fn resolve(name: &str, action: &str) -> Result<(SegRef, SegmentInfo)> {
     crate::registry::validate_name(name)?;
+    crate::registry::check_not_reserved(name)?;
     let info = {
         let reg = shmem::shared()?;
         let slot = reg.lookup(name)?;
@@ -188,6 +190,7 @@ fn sqlstate(c: Code) -> PgSqlErrorCode {
         Code::ProtocolViolation => ERRCODE_PROTOCOL_VIOLATION,
         Code::NumericValueOutOfRange => ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
         Code::QueryCanceled => ERRCODE_QUERY_CANCELED,
+        Code::ReservedName => ERRCODE_RESERVED_NAME,
     }
 }
 
@@ -405,8 +408,11 @@ pub fn current_user() -> u32 {
 }
 
 /// Fails with 42501 unless the current user has the privileges of role `owner` (is it, is a
-/// member of it, or is a superuser), as for a table's owner.
+/// member of it, or is a superuser), as for a table's owner; with 42939 for a name in the plan
+/// nodes' reserved namespace, which no user touches (the nodes' own operations do not come
+/// here).
 pub fn authorize(owner: u32, name: &str, action: &str) -> Result<()> {
+    crate::registry::check_not_reserved(name)?;
     // SAFETY: has_privs_of_role reads the role membership cache of this backend.
     let ok = unsafe { pg_sys::has_privs_of_role(pg_sys::GetUserId(), pg_sys::Oid::from(owner)) };
     if ok {

@@ -131,6 +131,12 @@ SELECT pg_temp.try($$SELECT uvm_consumer.create_segment('', 10)$$);
 SELECT pg_temp.try($$SELECT uvm_consumer.create_segment(repeat('x', 64), 10)$$);
 SELECT pg_temp.try($$SELECT uvm_consumer.create_segment('cap_a', 10)$$);
 SELECT pg_temp.try($$SELECT uvm_consumer.create_segment('cap_x', 0)$$);
+-- the plan nodes' temporary names (pg_temp_...) are reserved, through the C API too
+SELECT pg_temp.try($$SELECT uvm_consumer.create_segment('pg_temp_gpujoin_1_1_inner', 4096)$$);
+SELECT pg_temp.try($$SELECT uvm_consumer.lookup_size('pg_temp_gpujoin_1_1_inner')$$);
+SELECT pg_temp.try($$SELECT uvm_consumer.read_sum('pg_temp_gpujoin_1_1_inner', 0, 8)$$);
+SELECT pg_temp.try($$SELECT uvm_consumer.grow('pg_temp_gpujoin_1_1_inner', 8192)$$);
+SELECT pg_temp.try($$SELECT uvm_consumer.drop_segment('pg_temp_gpujoin_1_1_inner')$$);
 SELECT pg_temp.try($$SELECT uvm_consumer.create_segment('cap_x', 100, 10)$$);
 SELECT pg_temp.try($$SELECT uvm_consumer.create_segment('cap_x', 100, -1, 'gpu')$$);
 SELECT pg_temp.try($$SELECT uvm_consumer.read_sum('no_such', 0, 8)$$);
