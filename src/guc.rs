@@ -67,6 +67,7 @@ pub static MIN_CHUNK_SIZE_MB: GucSetting<i32> = GucSetting::<i32>::new(2);
 pub static MAX_SEGMENT_SIZE_MB: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
 pub static DEVICE_MEMORY_LIMIT_MB: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static PIN_WAIT_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+pub static TEST_ALLOC_LIMIT_KB: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static PROVIDER: GucSetting<ProviderChoice> = GucSetting::<ProviderChoice>::new(ProviderChoice::Auto);
 
 /// Registers every GUC and reserves the prefix. Called once from `_PG_init`.
@@ -198,6 +199,16 @@ pub fn define() {
         GucContext::Userset,
         GucFlags::empty(),
     );
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.test_alloc_limit",
+        c"For tests only: the plan node's allocations whose size follows the data fail above this size.",
+        c"They then end the query with SQLSTATE 53200 (out_of_memory), as a real allocation failure does; -1 (the default) turns it off.",
+        &TEST_ALLOC_LIMIT_KB,
+        -1,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_KB | GucFlags::NO_SHOW_ALL,
+    );
     GucRegistry::define_enum_guc(
         c"pg_uvm_share.gpu_execution",
         c"Where segment operations and GPU kernels run: auto, service or process.",
@@ -273,6 +284,13 @@ pub fn max_segment_size() -> u64 {
 pub fn host_pool() -> (u64, u64) {
     let piece = HOST_POOL_PIECE_MB.get().max(2) as u64 * MIB / (2 * MIB) * (2 * MIB);
     (HOST_POOL_SIZE_MB.get().max(0) as u64 * MIB, piece)
+}
+
+/// The test-only allocation limit of the plan node in bytes (`None`: off), see
+/// `crate::node::fallible`.
+pub fn test_alloc_limit() -> Option<u64> {
+    let v = TEST_ALLOC_LIMIT_KB.get();
+    (v >= 0).then(|| v as u64 * 1024)
 }
 
 /// How many GPUs the GPU service runs requests on (`None`: all).

@@ -5,13 +5,21 @@
 //! - **Planner** (`set_join_pathlist_hook`, this backend): for an inner join whose restriction
 //!   list holds a hashable equality between a plain column of the outer relation and one of
 //!   the inner relation, both of one type among int2, int4, date (held as int4 keys) and
-//!   int8, timestamp, timestamptz (int8 keys), and whose target list and clauses hold plain
-//!   columns only, it adds `CustomPath`s "GpuJoin", when `pg_uvm_share.enable_gpujoin` is `on`
+//!   int8, timestamp, timestamptz (int8 keys), or of two of int2, int4 and int8, with the
+//!   equality of the type's default hash operator family (never a user's operator that
+//!   PostgreSQL may hash but that means something else), and whose target list and clauses
+//!   hold plain columns only, it adds `CustomPath`s
+//!   "UvmGpuJoin" (the name carries the extension's prefix: PG-Strom registers "GpuJoin").
+//!   Every such equality goes into the key, together (`super::joinkey`: one clause's value,
+//!   several packed side by side, or hashed and checked again), when
+//!   `pg_uvm_share.enable_gpujoin` is `on`
 //!   (`auto`, the default: where the cluster's provider is CUDA, see [`enabled`]): a serial one over
 //!   the cheapest unparameterized paths of both sides, and a parallel-aware partial one over
 //!   the outer side's cheapest partial path and the inner side's cheapest partial (parallel
 //!   scan) path, else its cheapest parallel-safe one, which PostgreSQL puts under a Gather.
-//!   The other clauses become the node's qual.
+//!   The other clauses become the node's qual (with the key clauses, where the key is hashed).
+//!   A join whose key would form more than [`MAX_PAIRS_PER_ROW`] pairs per joined row (the
+//!   qual throwing the rest away) is declined.
 //! - **Plan** (`PlanCustomPath`): a `CustomScan` with `scanrelid = 0`, the two child plans,
 //!   `custom_scan_tlist` = every column the target list, the qual and the join clause use,
 //!   each taken from one child's target list; `custom_private` says where (side, attribute
@@ -76,8 +84,15 @@
 //! startup = inner total + inner rows × (INNER_ROW_FACTOR + GPU_ROW_FACTOR) × cpu_operator_cost
 //!           + SETUP_COST [+ workers × WORKER_CONTEXT_FACTOR × parallel_setup_cost in process mode]
 //! total   = startup + outer total + outer rows × (1 + GPU_ROW_FACTOR) × cpu_operator_cost
-//!           + output rows × cpu_tuple_cost
+//!           + pairs × qual clauses × cpu_operator_cost + output rows × cpu_tuple_cost
 //! ```
+//!
+//! `pairs` are the pairs the key forms: outer rows × inner rows × the key clauses' joint
+//! selectivity (`clauselist_selectivity`), each checked against the qual (the clauses that are
+//! not in the key, and the key clauses too where the key is hashed, `super::joinkey`). With
+//! every equality in the key the pairs are the output rows; a join whose key is weak and whose
+//! other clauses filter most pairs (`a = a AND b + 0 = b`, ten values of `a`) is priced for the
+//! billions of pairs it would form, and PostgreSQL's plan wins.
 //!
 //! In a partial path the inner and outer figures are one participant's (the inner side's
 //! when its plan is partial too). The aggregate mode (`with_aggregates`) drops the output rows'
@@ -108,6 +123,7 @@ use pgrx::PgList;
 
 use super::agg::{self, Acc, Arg, Kind, Out, Value};
 use super::cleanup;
+use super::fallible;
 use super::matching::{Batch, Emitter};
 use super::shared::{self, Arena, Col, InnerRows, Role, RowWriter, Shared, TIERS};
 use crate::customscan::{self, JoinScan, Methods};
@@ -119,6 +135,8 @@ use crate::guc::{self, GpuJoinChoice};
 use crate::registry::TierPref;
 use crate::sql::{current_user, now, report, with_executor};
 use crate::vocab::Tier;
+
+use super::joinkey::Composer;
 
 /// Outer tuples with a non-NULL key per batch.
 pub const BATCH_TUPLES: usize = 1 << 16;
@@ -147,6 +165,14 @@ pub const SETUP_COST: f64 = 500.0;
 /// per worker (the node with 2 workers took 1,030 ms at 20 M x 2 M against 299 ms in service
 /// mode). 12 × 1,000 units is about 320 ms at the module comment's rate (about 37 units per ms).
 pub const WORKER_CONTEXT_FACTOR: f64 = 12.0;
+/// The node declines a join whose key forms more than this many pairs per joined row (plus
+/// [`PAIRS_SLACK`]), by the planner's estimates: with `a = a AND b = b + 0` and ten values of
+/// `a`, 200,000 rows a side form 4 billion pairs for 20,000 joined rows. PostgreSQL's own join
+/// hashes all its clauses and does not form them.
+pub const MAX_PAIRS_PER_ROW: f64 = 10.0;
+/// Pairs the node may form beyond [`MAX_PAIRS_PER_ROW`] per joined row (a small join's
+/// estimates are rough, and its pairs cheap).
+pub const PAIRS_SLACK: f64 = 1e6;
 /// An aggregate computed in the node: its fold per joined row, in `cpu_operator_cost` (an
 /// addition, where PostgreSQL's Aggregate calls a transition function).
 pub const AGG_FOLD_FACTOR: f64 = 0.25;
@@ -188,7 +214,22 @@ pub fn key_type_of(oid: pg_sys::Oid) -> Option<KeyType> {
     }
 }
 
-/// A key datum of type `oid` as the table's i64 key.
+/// The width in bits of a key column of type `oid` (one [`key_type_of`] takes).
+fn key_bits(oid: pg_sys::Oid) -> u32 {
+    match oid {
+        pg_sys::INT2OID => 16,
+        pg_sys::INT4OID | pg_sys::DATEOID => 32,
+        _ => 64,
+    }
+}
+
+/// The width in bits of a key clause between columns of types `a` and `b`: the wider one's (a
+/// narrower value, sign-extended, is the same number).
+fn clause_bits(a: pg_sys::Oid, b: pg_sys::Oid) -> u32 {
+    key_bits(a).max(key_bits(b))
+}
+
+/// A key datum of type `oid` as an i64 (sign-extended from its width).
 fn key_of(d: pg_sys::Datum, oid: pg_sys::Oid) -> i64 {
     match oid {
         pg_sys::INT2OID => d.value() as i16 as i64,
@@ -246,7 +287,17 @@ unsafe fn hash_clause(
         }
         let a = as_var(args.get_ptr(0)?)?;
         let b = as_var(args.get_ptr(1)?)?;
-        if (*a).vartype != (*b).vartype || key_type_of((*a).vartype).is_none() {
+        let (ta, tb) = ((*a).vartype, (*b).vartype);
+        if key_type_of(ta).is_none() || key_type_of(tb).is_none() {
+            return None;
+        }
+        // Across types only among int2, int4 and int8, whose values are the numbers themselves
+        // (a date and a timestamp are not: their equality converts one of them).
+        let integer = |t: pg_sys::Oid| matches!(t, pg_sys::INT2OID | pg_sys::INT4OID | pg_sys::INT8OID);
+        if ta != tb && !(integer(ta) && integer(tb)) {
+            return None;
+        }
+        if !is_own_equality((*(clause as *mut pg_sys::OpExpr)).opno, ta, tb) {
             return None;
         }
         // Var.varno is an Index (u32) on PostgreSQL 14, an int from 15 on.
@@ -259,6 +310,97 @@ unsafe fn hash_clause(
         } else {
             None
         }
+    }
+}
+
+/// Whether `opno` is the equality between `left` and `right` of `left`'s default hash operator
+/// family (`int4 = int4`, or `int4 = int8` of `integer_ops`): the one equality the node's keys
+/// implement (equality of the values). A user-defined operator that PostgreSQL may hash
+/// (`HASHES`, in an operator class of its own) can mean anything else, `a % 1000 = b % 1000`
+/// for one: the node leaves such a join to PostgreSQL.
+///
+/// # Safety
+/// Reads the system catalogs (the planner's caches).
+unsafe fn is_own_equality(opno: pg_sys::Oid, left: pg_sys::Oid, right: pg_sys::Oid) -> bool {
+    // SAFETY: catalog lookups through the syscache; each returns InvalidOid when nothing fits.
+    unsafe {
+        let opclass = pg_sys::GetDefaultOpClass(left, pg_sys::HASH_AM_OID);
+        if opclass == pg_sys::InvalidOid {
+            return false;
+        }
+        let family = pg_sys::get_opclass_family(opclass);
+        let eq = pg_sys::get_opfamily_member(family, left, right, pg_sys::HTEqualStrategyNumber as i16);
+        eq != pg_sys::InvalidOid && eq == opno
+    }
+}
+
+/// A join's restrict clauses, as the node uses them: the key clauses it hashes together
+/// (`super::joinkey`), each with its outer and inner Var, and the others, checked on each
+/// joined row (with the key clauses again where the key is hashed).
+struct Clauses {
+    keys: Vec<(*mut pg_sys::RestrictInfo, *mut pg_sys::Var, *mut pg_sys::Var)>,
+    others: Vec<*mut pg_sys::RestrictInfo>,
+}
+
+impl Clauses {
+    /// Splits `rinfos`, in their order.
+    ///
+    /// # Safety
+    /// Planner structures.
+    unsafe fn of(rinfos: *mut pg_sys::List, outer: *mut pg_sys::RelOptInfo, inner: *mut pg_sys::RelOptInfo) -> Clauses {
+        let mut c = Clauses { keys: Vec::new(), others: Vec::new() };
+        // SAFETY: forwarded contract: a list of RestrictInfos.
+        let list = unsafe { PgList::<pg_sys::RestrictInfo>::from_pg(rinfos) };
+        for r in list.iter_ptr() {
+            // SAFETY: forwarded contract.
+            match unsafe { hash_clause(r, outer, inner) } {
+                Some((o, i)) => c.keys.push((r, o, i)),
+                None => c.others.push(r),
+            }
+        }
+        c
+    }
+
+    /// How the key columns form the table's key.
+    fn composer(&self) -> Composer {
+        // SAFETY: the Vars of planner clauses.
+        Composer::new(self.keys.iter().map(|&(_, o, i)| unsafe { clause_bits((*o).vartype, (*i).vartype) }).collect())
+    }
+
+    /// The clauses the node checks on each joined row: the others, and the key clauses too
+    /// where equal keys do not mean equal columns.
+    fn qual(&self) -> Vec<*mut pg_sys::RestrictInfo> {
+        let mut q = Vec::new();
+        if !self.composer().form().exact() {
+            q.extend(self.keys.iter().map(|k| k.0));
+        }
+        q.extend_from_slice(&self.others);
+        q
+    }
+
+    /// The key clauses, then the others: a path's `custom_private`.
+    fn ordered(&self) -> *mut pg_sys::List {
+        let mut l = PgList::<pg_sys::RestrictInfo>::new();
+        for &(r, _, _) in &self.keys {
+            l.push(r);
+        }
+        for &r in &self.others {
+            l.push(r);
+        }
+        l.into_pg()
+    }
+}
+
+/// A GpuJoin path's clauses (its `custom_private`, over its two children's relations).
+///
+/// # Safety
+/// A path made by this module.
+unsafe fn path_clauses(path: *mut pg_sys::CustomPath) -> Clauses {
+    // SAFETY: forwarded contract: custom_paths are (outer, inner).
+    unsafe {
+        let paths = PgList::<pg_sys::Path>::from_pg((*path).custom_paths);
+        let (outer, inner) = ((*paths.get_ptr(0).expect("outer")).parent, (*paths.get_ptr(1).expect("inner")).parent);
+        Clauses::of((*path).custom_private, outer, inner)
     }
 }
 
@@ -304,35 +446,38 @@ unsafe fn add_path(
             return;
         }
         let rinfos = PgList::<pg_sys::RestrictInfo>::from_pg((*extra).restrictlist);
-        let mut chosen = None;
-        for (i, r) in rinfos.iter_ptr().enumerate() {
+        for r in rinfos.iter_ptr() {
             if (*r).pseudoconstant || !only_plain_vars((*r).clause as *mut pg_sys::Node) {
                 return;
             }
-            if chosen.is_none() && hash_clause(r, outerrel, innerrel).is_some() {
-                chosen = Some(i);
-            }
         }
-        let Some(chosen) = chosen else { return };
         if !only_plain_vars((*(*joinrel).reltarget).exprs as *mut pg_sys::Node) {
             return;
         }
-        // The join clause first, then the others.
-        let ordered = || {
-            let mut ordered = PgList::<pg_sys::RestrictInfo>::new();
-            ordered.push(rinfos.get_ptr(chosen).expect("in range"));
-            for (i, r) in rinfos.iter_ptr().enumerate() {
-                if i != chosen {
-                    ordered.push(r);
-                }
-            }
-            ordered.into_pg()
-        };
+        // Every clause the node can hash goes into the key (`super::joinkey`): the pairs it
+        // forms are those of all of them, which the cost counts.
+        let clauses = Clauses::of((*extra).restrictlist, outerrel, innerrel);
+        if clauses.keys.is_empty() {
+            return;
+        }
+        let mut keylist = PgList::<pg_sys::RestrictInfo>::new();
+        for &(r, _, _) in &clauses.keys {
+            keylist.push(r);
+        }
+        let key_sel = pg_sys::clauselist_selectivity(root, keylist.into_pg(), 0, pg_sys::JoinType::JOIN_INNER, (*extra).sjinfo);
+        let cost = PairCost { key_sel, qual_clauses: clauses.qual().len() };
+        // A key that forms far more pairs than the join returns (the other clauses, which the
+        // node cannot hash, throw most away) is no job for the node, forced or not.
+        let formed = (*outerrel).rows * (*innerrel).rows * key_sel;
+        if cost.qual_clauses > 0 && formed > MAX_PAIRS_PER_ROW * (*joinrel).rows + PAIRS_SLACK {
+            return;
+        }
+        let ordered = || clauses.ordered();
         let outer_path = (*outerrel).cheapest_total_path;
         if !outer_path.is_null() && (*outer_path).param_info.is_null() {
-            let cp = make_path(joinrel, outer_path, inner_path, ordered(), None);
+            let cp = make_path(joinrel, outer_path, inner_path, ordered(), None, cost);
             pg_sys::add_path(joinrel, cp as *mut pg_sys::Path);
-            candidates::remember(root, joinrel, make_path(joinrel, outer_path, inner_path, ordered(), None));
+            candidates::remember(root, joinrel, make_path(joinrel, outer_path, inner_path, ordered(), None, cost));
         }
         // In parallel: the outer side's cheapest partial path, split among the participants; the
         // inner side built once for all of them (so it need only be safe to run in a worker).
@@ -354,9 +499,13 @@ unsafe fn add_path(
                 && (*outer_partial).parallel_workers > 0
             {
                 let workers = (*outer_partial).parallel_workers;
-                let cp = make_path(joinrel, outer_partial, safe_inner, ordered(), Some(workers));
+                let cp = make_path(joinrel, outer_partial, safe_inner, ordered(), Some(workers), cost);
                 pg_sys::add_partial_path(joinrel, cp as *mut pg_sys::Path);
-                candidates::remember(root, joinrel, make_path(joinrel, outer_partial, safe_inner, ordered(), Some(workers)));
+                candidates::remember(
+                    root,
+                    joinrel,
+                    make_path(joinrel, outer_partial, safe_inner, ordered(), Some(workers), cost),
+                );
             }
         }
     }
@@ -445,14 +594,15 @@ pub mod candidates {
     }
 }
 
-/// Whether `path` (a GpuJoin path) can compute aggregates itself: it has no clause but the
-/// join's (the aggregate mode evaluates no qual).
+/// Whether `path` (a GpuJoin path) can compute aggregates itself: it checks no clause on the
+/// joined rows (the aggregate mode evaluates no qual), so every clause is a key clause and the
+/// key is exact.
 ///
 /// # Safety
 /// A path made by this module.
 pub unsafe fn can_aggregate(path: *mut pg_sys::CustomPath) -> bool {
-    // SAFETY: forwarded contract: custom_private is the path's restrict clauses.
-    unsafe { PgList::<pg_sys::RestrictInfo>::from_pg((*path).custom_private).len() == 1 }
+    // SAFETY: forwarded contract.
+    unsafe { path_clauses(path).qual().is_empty() }
 }
 
 /// A copy of the GpuJoin path `path` that computes `target`'s aggregates (each expression an
@@ -496,6 +646,14 @@ fn parallel_divisor(workers: i32) -> f64 {
     divisor
 }
 
+/// What the pairs a join forms cost: the selectivity of its key clauses (the pairs the table
+/// forms are outer rows × inner rows × this), and the clauses checked on each pair.
+#[derive(Clone, Copy)]
+struct PairCost {
+    key_sel: f64,
+    qual_clauses: usize,
+}
+
 /// A GpuJoin path over `outer_path` and `inner_path`; parallel-aware with `workers` when given.
 ///
 /// # Safety
@@ -506,6 +664,7 @@ unsafe fn make_path(
     inner_path: *mut pg_sys::Path,
     clauses: *mut pg_sys::List,
     workers: Option<i32>,
+    pairs: PairCost,
 ) -> *mut pg_sys::CustomPath {
     // SAFETY: forwarded contract.
     unsafe {
@@ -535,7 +694,12 @@ unsafe fn make_path(
         if let Some(w) = workers.filter(|_| crate::sql::per_process_cuda()) {
             p.startup_cost += f64::from(w) * WORKER_CONTEXT_FACTOR * pg_sys::parallel_setup_cost;
         }
-        p.total_cost = p.startup_cost + (*outer_path).total_cost + (*outer_path).rows * probe + rows * pg_sys::cpu_tuple_cost;
+        // The pairs the key forms (this participant's outer rows against the whole inner
+        // side), each checked against the qual.
+        let formed = (*outer_path).rows * (*(*inner_path).parent).rows * pairs.key_sel;
+        let check = formed * pairs.qual_clauses as f64 * pg_sys::cpu_operator_cost;
+        p.total_cost =
+            p.startup_cost + (*outer_path).total_cost + (*outer_path).rows * probe + check + rows * pg_sys::cpu_tuple_cost;
         let mut children = PgList::<pg_sys::Path>::new();
         children.push(outer_path);
         children.push(inner_path);
@@ -622,13 +786,14 @@ unsafe fn relation_names(root: *mut pg_sys::PlannerInfo, relids: *mut pg_sys::Bi
     }
 }
 
-/// The plan's private list: [key type oid, outer key resno, inner key resno, inner relation
-/// names, whether the inner plan is partial, the number of aggregates, (function OID, column)
-/// per aggregate, then (side, resno) per column kept].
+/// The plan's private list: [the number of key columns, (outer type oid, inner type oid, outer
+/// resno, inner resno) per key column, inner relation names, whether the inner plan is
+/// partial, the number of aggregates, (function OID, column) per aggregate, then (side, resno)
+/// per column kept].
 struct Private {
-    key_oid: pg_sys::Oid,
-    outer_key: i32,
-    inner_key: i32,
+    /// Per key clause (`super::joinkey`, in the clauses' order): the outer and inner columns'
+    /// types and their resnos in the outer and inner child's rows.
+    keys: Vec<(pg_sys::Oid, pg_sys::Oid, i32, i32)>,
     inner_names: String,
     /// The inner plan is partial (a parallel query's participants each scan a share of it).
     inner_partial: bool,
@@ -643,9 +808,13 @@ struct Private {
 impl Private {
     fn to_list(&self) -> *mut pg_sys::List {
         let mut l = PgList::<pg_sys::Node>::new();
-        l.push(int_node(u32::from(self.key_oid) as i64));
-        l.push(int_node(self.outer_key as i64));
-        l.push(int_node(self.inner_key as i64));
+        l.push(int_node(self.keys.len() as i64));
+        for &(outer_oid, inner_oid, outer, inner) in &self.keys {
+            l.push(int_node(u32::from(outer_oid) as i64));
+            l.push(int_node(u32::from(inner_oid) as i64));
+            l.push(int_node(outer as i64));
+            l.push(int_node(inner as i64));
+        }
         l.push(text_node(&self.inner_names));
         l.push(int_node(self.inner_partial as i64));
         l.push(int_node(self.aggs.len() as i64));
@@ -666,25 +835,58 @@ impl Private {
         // SAFETY: forwarded contract.
         unsafe {
             let l = PgList::<pg_sys::Node>::from_pg(list);
-            let at = |i: usize| int_of(l.get_ptr(i).expect("GpuJoin plan private data"));
-            let naggs = at(5).max(0) as usize;
-            let aggs = (0..naggs).map(|j| (at(6 + 2 * j) as u32, at(7 + 2 * j) as i32)).collect();
+            let node = |i: usize| l.get_ptr(i).expect("GpuJoin plan private data");
+            let at = |i: usize| int_of(node(i));
+            let nkeys = at(0).max(0) as usize;
+            let oid = |i: usize| pg_sys::Oid::from(at(i) as u32);
+            let keys = (0..nkeys).map(|j| (oid(1 + 4 * j), oid(2 + 4 * j), at(3 + 4 * j) as i32, at(4 + 4 * j) as i32));
+            let keys: Vec<_> = keys.collect();
+            let rest = 1 + 4 * nkeys;
+            let naggs = at(rest + 2).max(0) as usize;
+            let aggs = (0..naggs).map(|j| (at(rest + 3 + 2 * j) as u32, at(rest + 4 + 2 * j) as i32)).collect();
             let mut map = Vec::new();
-            let mut i = 6 + 2 * naggs;
+            let mut i = rest + 3 + 2 * naggs;
             while i + 1 < l.len() {
                 map.push((at(i) as u8, at(i + 1) as i32));
                 i += 2;
             }
-            Private {
-                key_oid: pg_sys::Oid::from(at(0) as u32),
-                outer_key: at(1) as i32,
-                inner_key: at(2) as i32,
-                inner_names: text_of(l.get_ptr(3).expect("GpuJoin plan private data")),
-                inner_partial: at(4) != 0,
-                map,
-                aggs,
-            }
+            Private { keys, inner_names: text_of(node(rest)), inner_partial: at(rest + 1) != 0, map, aggs }
         }
+    }
+
+    /// The key's composer (`super::joinkey`), checked: every key column of a type the node
+    /// takes.
+    fn composer(&self) -> Composer {
+        let bad = |k: &(pg_sys::Oid, pg_sys::Oid, i32, i32)| key_type_of(k.0).is_none() || key_type_of(k.1).is_none();
+        if self.keys.is_empty() || self.keys.iter().any(bad) {
+            report(UvmError::new(Code::SystemError, "GpuJoin: bad key type in plan"));
+        }
+        Composer::new(self.keys.iter().map(|k| clause_bits(k.0, k.1)).collect())
+    }
+
+    /// The key columns of one side (0 outer, 1 inner).
+    fn key_cols(&self, side: u8) -> KeyCols {
+        let pick = |k: &(pg_sys::Oid, pg_sys::Oid, i32, i32)| if side == 0 { (k.0, k.2) } else { (k.1, k.3) };
+        KeyCols {
+            atts: self.keys.iter().map(|k| pick(k).1).collect(),
+            oids: self.keys.iter().map(|k| pick(k).0).collect(),
+            composer: self.composer(),
+        }
+    }
+}
+
+/// The key columns of one side of the join as [`fetch_chunk`] reads them: their attribute
+/// numbers in the child's rows, their types, and how they form the key.
+struct KeyCols {
+    atts: Vec<i32>,
+    oids: Vec<pg_sys::Oid>,
+    composer: Composer,
+}
+
+impl KeyCols {
+    /// The highest attribute number among them.
+    fn max_att(&self) -> i32 {
+        self.atts.iter().copied().max().unwrap_or(0)
     }
 }
 
@@ -749,8 +951,8 @@ struct Chunk {
 /// reset between chunks).
 const CHUNK_ROWS: usize = 1024;
 
-/// Reads the next chunk of `node`'s rows with a non-NULL key (attribute `key_att`, of type
-/// `oid`) into `chunk`: the key, and the columns `resnos` (of `cols`: by-reference values
+/// Reads the next chunk of `node`'s rows with a non-NULL key (every key column of `key`
+/// non-NULL) into `chunk`: the key, and the columns `resnos` (of `cols`: by-reference values
 /// copied into `ctx` with `datumCopy`, which the caller keeps until it has used them). At most
 /// `cap` rows; true when the child ended.
 ///
@@ -762,13 +964,12 @@ const CHUNK_ROWS: usize = 1024;
 /// raw pointers into room reserved before).
 ///
 /// # Safety
-/// `node` is an initialized plan state whose rows have the attributes `key_att` and
-/// `resnos` (all ≤ `upto`) of the types `cols` describe; `ctx` is a live memory context.
+/// `node` is an initialized plan state whose rows have the key's attributes (of their types)
+/// and `resnos` (of the types `cols` describe), all ≤ `upto`; `ctx` is a live memory context.
 #[allow(clippy::too_many_arguments)]
 unsafe fn fetch_chunk(
     node: *mut pg_sys::PlanState,
-    key_att: i32,
-    oid: pg_sys::Oid,
+    key: &KeyCols,
     upto: i32,
     resnos: &[i32],
     cols: &[Col],
@@ -807,12 +1008,21 @@ unsafe fn fetch_chunk(
                     let i = (att - 1) as usize;
                     (*(*slot).tts_values.add(i), *(*slot).tts_isnull.add(i))
                 };
-                let (d, isnull) = at(key_att);
-                if isnull {
+                let mut k = key.composer.start();
+                let mut null = false;
+                for (i, (&att, &oid)) in key.atts.iter().zip(&key.oids).enumerate() {
+                    let (d, isnull) = at(att);
+                    if isnull {
+                        null = true;
+                        break;
+                    }
+                    k = key.composer.add(k, i, key_of(d, oid));
+                }
+                if null {
                     null_keys += 1;
                     continue;
                 }
-                *kp.add(got) = key_of(d, oid);
+                *kp.add(got) = k as i64;
                 for (i, (&r, c)) in resnos.iter().zip(cols).enumerate() {
                     let (mut v, isnull) = at(r);
                     if !isnull && !c.byval {
@@ -843,7 +1053,10 @@ unsafe fn fetch_chunk(
 /// The GpuJoin custom scan.
 pub struct GpuJoinScan {
     p: Private,
+    /// The table's key type, and the key columns of each side.
     key: KeyType,
+    outer_key: KeyCols,
+    inner_key: KeyCols,
     outer: *mut pg_sys::PlanState,
     inner: *mut pg_sys::PlanState,
     inner_ctx: pg_sys::MemoryContext,
@@ -1069,7 +1282,9 @@ impl GpuJoinScan {
             exec::build_finish(ex, seg, kt, n, stored, nulls)
         });
         self.stats.table_build = t.elapsed();
-        let info = crate::sql::resolve(seg.name(), "read").map(|(_, i)| i).ok();
+        // The node's own segment, in the reserved namespace: looked up, not resolved (which
+        // is for names users give).
+        let info = crate::registry::shmem::shared().ok().and_then(|reg| reg.lookup(seg.name()).ok().map(|slot| reg.info(slot)));
         let tier = match info.map(|i| (i.bytes_in(Tier::Device), i.bytes_in(Tier::Host))) {
             Some((d, 0)) if d > 0 => 1,
             Some((0, h)) if h > 0 => 2,
@@ -1104,7 +1319,7 @@ impl GpuJoinScan {
             let mut rows: Vec<[i64; 2]> = Vec::new();
             let mut nulls = 0u64;
             let mut chunk = Chunk::default();
-            let upto = self.max_inner_att.max(self.p.inner_key);
+            let upto = self.max_inner_att;
             // The probe mode's payload column: its index among the stored ones and its type
             // (`None` for count(*) alone, whose payloads are 0).
             let mut values = self.probe.is_some();
@@ -1117,8 +1332,7 @@ impl GpuJoinScan {
                 pg_sys::MemoryContextReset(scratch);
                 let ended = fetch_chunk(
                     self.inner,
-                    self.p.inner_key,
-                    self.p.key_oid,
+                    &self.inner_key,
                     upto,
                     &self.inner_resnos,
                     &self.inner_cols,
@@ -1127,6 +1341,11 @@ impl GpuJoinScan {
                     CHUNK_ROWS,
                 );
                 nulls += chunk.null_keys;
+                // Room for the chunk's pairs first (an ERROR here leaves nothing half done).
+                if let Err(e) = fallible::try_reserve(&mut rows, chunk.keys.len(), "the inner side's keys") {
+                    pg_sys::MemoryContextReset(scratch);
+                    report(e);
+                }
                 let old = pg_sys::MemoryContextSwitchTo(scratch);
                 for (j, &key) in chunk.keys.iter().enumerate() {
                     let id = writer.push(&chunk.vals[j * n..(j + 1) * n], &chunk.nulls[j * n..(j + 1) * n]);
@@ -1312,12 +1531,11 @@ impl GpuJoinScan {
             // A NULL key never matches: fetch_chunk skips those tuples. By-reference values are
             // copied into the batch context, which lives until the next batch.
             let mut chunk = std::mem::take(&mut self.chunk);
-            let upto = self.max_outer_att.max(self.p.outer_key);
+            let upto = self.max_outer_att;
             while self.batch.len() < BATCH_TUPLES {
                 let ended = fetch_chunk(
                     self.outer,
-                    self.p.outer_key,
-                    self.p.key_oid,
+                    &self.outer_key,
                     upto,
                     &self.outer_resnos,
                     &self.outer_cols,
@@ -1374,9 +1592,9 @@ impl GpuJoinScan {
     /// # Safety
     /// As for exec.
     unsafe fn fetch_keys(&mut self, chunk: &mut Chunk) -> bool {
-        let (key, oid) = (self.p.outer_key, self.p.key_oid);
+        let upto = self.outer_key.max_att();
         // SAFETY: forwarded contract; no column is copied, so no context is used.
-        unsafe { fetch_chunk(self.outer, key, oid, key, &[], &[], self.batch_ctx, chunk, BATCH_TUPLES) }
+        unsafe { fetch_chunk(self.outer, &self.outer_key, upto, &[], &[], self.batch_ctx, chunk, BATCH_TUPLES) }
     }
 
     /// Probes one batch of outer keys against the table (the probe mode) and folds its
@@ -1574,7 +1792,7 @@ impl GpuJoinScan {
                     ),
                 ));
             }
-            buf.resize(m as usize, [0, 0]);
+            fallible::try_resize(&mut buf, m as usize, [0, 0], "a batch's matches")?;
             // SAFETY: viewing our own [i64; 2] buffer as bytes.
             let bytes =
                 unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, buf.len() * pairs::PAIR_BYTES as usize) };
@@ -1597,7 +1815,7 @@ impl GpuJoinScan {
 }
 
 impl JoinScan for GpuJoinScan {
-    const NAME: &'static CStr = c"GpuJoin";
+    const NAME: &'static CStr = c"UvmGpuJoin";
 
     fn methods() -> &'static Methods {
         &METHODS
@@ -1611,17 +1829,22 @@ impl JoinScan for GpuJoinScan {
         _clauses: *mut pg_sys::List,
         custom_plans: *mut pg_sys::List,
     ) -> *mut pg_sys::CustomScan {
-        // SAFETY: PlanCustomPath's arguments; the path is ours (custom_private: the join
-        // clause first, then the other restrict clauses; custom_paths: outer, inner).
+        // SAFETY: PlanCustomPath's arguments; the path is ours (custom_private: the key clauses
+        // first, then the other restrict clauses; custom_paths: outer, inner).
         unsafe {
             let plans = PgList::<pg_sys::Plan>::from_pg(custom_plans);
             let (outer_plan, inner_plan) = (plans.get_ptr(0).expect("outer plan"), plans.get_ptr(1).expect("inner plan"));
             let paths = PgList::<pg_sys::Path>::from_pg((*path).custom_paths);
             let (outer_rel, inner_rel) = ((*paths.get_ptr(0).expect("outer")).parent, (*paths.get_ptr(1).expect("inner")).parent);
-            let rinfos = (*path).custom_private;
-            let first = PgList::<pg_sys::RestrictInfo>::from_pg(rinfos).get_ptr(0).expect("join clause");
-            let (ov, iv) = hash_clause(first, outer_rel, inner_rel).expect("the path's join clause");
-            let quals = pg_sys::extract_actual_clauses(pg_sys::list_copy_tail(rinfos, 1), false);
+            let clauses = Clauses::of((*path).custom_private, outer_rel, inner_rel);
+            if clauses.keys.is_empty() {
+                report(UvmError::new(Code::SystemError, "GpuJoin: a path without a key clause"));
+            }
+            let mut qual_rinfos = PgList::<pg_sys::RestrictInfo>::new();
+            for r in clauses.qual() {
+                qual_rinfos.push(r);
+            }
+            let quals = pg_sys::extract_actual_clauses(qual_rinfos.into_pg(), false);
             // Every Var the join's output, the qual and the join clause use, once. The output is
             // the path's target, not only `tlist`: PostgreSQL 14 plans a projection above a
             // custom scan by asking for no target list (CP_IGNORE_TLIST) and then putting the
@@ -1641,14 +1864,21 @@ impl JoinScan for GpuJoinScan {
             if !aggrefs.is_empty() && !PgList::<pg_sys::Node>::from_pg(quals).is_empty() {
                 report(UvmError::new(Code::SystemError, "GpuJoin: aggregates over a join with other clauses"));
             }
-            let mut vars: Vec<*mut pg_sys::Var> = vec![ov, iv];
+            let same = |a: *mut pg_sys::Var, b: *mut pg_sys::Var| (*a).varno == (*b).varno && (*a).varattno == (*b).varattno;
+            let mut vars: Vec<*mut pg_sys::Var> = Vec::new();
+            let mut add = |v: *mut pg_sys::Var| {
+                if !vars.iter().any(|w| same(*w, v)) {
+                    vars.push(v);
+                }
+            };
+            for &(_, ov, iv) in &clauses.keys {
+                add(ov);
+                add(iv);
+            }
             for n in [target, tlist as *mut pg_sys::Node, quals as *mut pg_sys::Node] {
                 let found = pg_sys::pull_var_clause(n, pg_sys::PVC_RECURSE_AGGREGATES as i32);
                 for v in PgList::<pg_sys::Node>::from_pg(found).iter_ptr() {
-                    let v = as_var(v).expect("plain Vars only (checked by the path)");
-                    if !vars.iter().any(|w| (**w).varno == (*v).varno && (**w).varattno == (*v).varattno) {
-                        vars.push(v);
-                    }
+                    add(as_var(v).expect("plain Vars only (checked by the path)"));
                 }
             }
             let mut scan_tlist = PgList::<pg_sys::TargetEntry>::new();
@@ -1681,10 +1911,11 @@ impl JoinScan for GpuJoinScan {
                 let copy = pg_sys::copyObjectImpl(*v as *const std::ffi::c_void) as *mut pg_sys::Expr;
                 scan_tlist.push(pg_sys::makeTargetEntry(copy, (naggs + i + 1) as i16, std::ptr::null_mut(), false));
             }
+            let resno_of = |v: *mut pg_sys::Var| map[vars.iter().position(|w| same(*w, v)).expect("a key column")].1;
+            let keys = clauses.keys.iter().map(|&(_, ov, iv)| ((*ov).vartype, (*iv).vartype, resno_of(ov), resno_of(iv)));
+            let keys = keys.collect();
             let p = Private {
-                key_oid: (*ov).vartype,
-                outer_key: map[0].1,
-                inner_key: map[1].1,
+                keys,
                 inner_names: relation_names(root, (*inner_rel).relids),
                 // From the path: a partial inner path here is a parallel-aware scan (add_path
                 // takes no other), whatever the planner puts above it in the plan.
@@ -1700,8 +1931,17 @@ impl JoinScan for GpuJoinScan {
             (*cscan).flags = (*path).flags;
             (*cscan).custom_plans = custom_plans;
             (*cscan).custom_scan_tlist = scan_tlist.into_pg();
+            // The key clauses, for EXPLAIN: one clause, or their AND.
+            let mut key_exprs = PgList::<pg_sys::Node>::new();
+            for &(r, _, _) in &clauses.keys {
+                key_exprs.push(pg_sys::copyObjectImpl((*r).clause as *const std::ffi::c_void) as *mut pg_sys::Node);
+            }
+            let cond = match key_exprs.len() {
+                1 => key_exprs.get_ptr(0).expect("one clause"),
+                _ => pg_sys::make_andclause(key_exprs.into_pg()) as *mut pg_sys::Node,
+            };
             let mut exprs = PgList::<pg_sys::Node>::new();
-            exprs.push(pg_sys::copyObjectImpl((*first).clause as *const std::ffi::c_void) as *mut pg_sys::Node);
+            exprs.push(cond);
             (*cscan).custom_exprs = exprs.into_pg();
             (*cscan).custom_private = p.to_list();
             (*cscan).custom_relids = (*rel).relids;
@@ -1712,17 +1952,19 @@ impl JoinScan for GpuJoinScan {
     unsafe fn create(cscan: *mut pg_sys::CustomScan) -> Self {
         // SAFETY: our plan, made by `plan`.
         let p = unsafe { Private::from_list((*cscan).custom_private) };
-        let key =
-            key_type_of(p.key_oid).unwrap_or_else(|| report(UvmError::new(Code::SystemError, "GpuJoin: bad key type in plan")));
+        let (outer_key, inner_key) = (p.key_cols(0), p.key_cols(1));
+        let key = outer_key.composer.key_type();
         let aggs = node_aggs(&p);
         let probe = probe_plan(&p, &aggs);
-        let max_outer_att = p.map.iter().filter(|m| m.0 == 0).map(|m| m.1).max().unwrap_or(0).max(p.outer_key);
-        let max_inner_att = p.map.iter().filter(|m| m.0 == 1).map(|m| m.1).max().unwrap_or(0).max(p.inner_key);
+        let max_outer_att = p.map.iter().filter(|m| m.0 == 0).map(|m| m.1).max().unwrap_or(0).max(outer_key.max_att());
+        let max_inner_att = p.map.iter().filter(|m| m.0 == 1).map(|m| m.1).max().unwrap_or(0).max(inner_key.max_att());
         // SAFETY: our plan.
         let parallel_aware = unsafe { (*cscan).scan.plan.parallel_aware };
         GpuJoinScan {
             p,
             key,
+            outer_key,
+            inner_key,
             outer: std::ptr::null_mut(),
             inner: std::ptr::null_mut(),
             inner_ctx: std::ptr::null_mut(),
@@ -2041,6 +2283,10 @@ impl JoinScan for GpuJoinScan {
                 pg_sys::ExplainPropertyText(label.as_ptr(), v.as_ptr(), es);
             };
             prop(c"GpuJoin Cond", &cond);
+            if self.p.keys.len() > 1 {
+                let form = self.outer_key.composer.form().label();
+                prop(c"GpuJoin Key", &format!("{} columns, {form}", self.p.keys.len()));
+            }
             prop(c"Inner Relation", &self.p.inner_names);
             if !self.aggs.is_empty() {
                 let tl = PgList::<pg_sys::TargetEntry>::from_pg((*cscan).custom_scan_tlist);

@@ -1,6 +1,8 @@
 //! Plan nodes: ordinary SQL run through the extension's operations.
 //!
 //! - [`gpujoin`]: the GpuJoin custom scan (planner hook, executor), over `crate::customscan`.
+//! - [`fallible`]: its buffers that follow the data, grown with ERROR 53200 instead of abort().
+//! - [`joinkey`]: how its key clauses form the table's key, plain Rust.
 //! - [`matching`]: its batch matching, plain Rust.
 //! - [`agg`]: the aggregates it can compute itself, plain Rust.
 //! - [`preagg`]: the aggregate push-down (planner hook, the GpuJoinAgg node that merges the
@@ -10,7 +12,9 @@
 
 pub mod agg;
 pub mod cleanup;
+pub mod fallible;
 pub mod gpujoin;
+pub mod joinkey;
 pub mod matching;
 pub mod preagg;
 pub mod shared;

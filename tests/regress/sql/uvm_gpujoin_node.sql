@@ -1,5 +1,5 @@
 -- GpuJoin as a plan node (serial; the CPU path here): plain SQL inner equi-joins planned as
--- Custom Scan (GpuJoin) when pg_uvm_share.enable_gpujoin = on, compared with PostgreSQL's own
+-- Custom Scan (UvmGpuJoin) when pg_uvm_share.enable_gpujoin = on, compared with PostgreSQL's own
 -- joins as multisets (both EXCEPT ALL differences empty, same row counts), for every key type
 -- and data shape, with the plans checked. Then quals, projections, aggregates, sorts,
 -- limits, rescans, cursors, prepared statements, EXPLAIN, and no segment left after an ERROR
@@ -30,10 +30,10 @@ CREATE FUNCTION pg_temp.check(q text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE p_on boolean; p_off boolean; n_on bigint; n_off bigint; d1 bigint; d2 bigint;
 BEGIN
   PERFORM pg_temp.mode(true);
-  p_on := pg_temp.plan_has(q, 'Custom Scan \(GpuJoin\)');
+  p_on := pg_temp.plan_has(q, 'Custom Scan \(UvmGpuJoin\)');
   EXECUTE 'CREATE TEMP TABLE gjn_r_on AS ' || q;
   PERFORM pg_temp.mode(false);
-  p_off := pg_temp.plan_has(q, 'Custom Scan \(GpuJoin\)');
+  p_off := pg_temp.plan_has(q, 'Custom Scan \(UvmGpuJoin\)');
   EXECUTE 'CREATE TEMP TABLE gjn_r_off AS ' || q;
   SELECT count(*) INTO n_on FROM gjn_r_on;
   SELECT count(*) INTO n_off FROM gjn_r_off;
@@ -123,7 +123,7 @@ SELECT pg_temp.check($$SELECT o.id AS oid_, i.id AS iid FROM gjn_o_tstz_dup o JO
 -- a three-way join: GpuJoin under (or over) another join
 SELECT pg_temp.check($$SELECT o.id AS oid_, i.id AS iid, o2.id AS o2id FROM gjn_o_int4_hit o
   JOIN gjn_i_int4 i ON o.k = i.k JOIN gjn_o_int4_dup o2 ON o2.id = o.id$$);
--- a join on a key of another type is not offered (int4 = int8), nor an outer join
+-- a join across integer types (int4 = int8) compares the numbers; an outer join is not offered
 SELECT pg_temp.check('SELECT o.id AS oid_, i.id AS iid FROM gjn_o_int4_hit o JOIN gjn_i_int8 i ON o.id = i.id');
 SELECT pg_temp.check('SELECT o.id AS oid_, i.id AS iid FROM gjn_o_int4_hit o LEFT JOIN gjn_i_int4 i ON o.k = i.k');
 
@@ -249,14 +249,14 @@ SELECT pg_temp.leftovers() AS after_cancel;
 
 -- Aggregates computed in the node: an ungrouped query of count(*), count(x) and sum, min and
 -- max of int2/int4/int8 columns over a join with no other clause is planned as
--- Custom Scan (GpuJoinAgg) over the GpuJoin node, which folds its matches itself; the same
+-- Custom Scan (UvmGpuJoinAgg) over the GpuJoin node, which folds its matches itself; the same
 -- answers as PostgreSQL's (NULL sums and zero counts where nothing matches), for every key
 -- type and data shape
 CREATE FUNCTION pg_temp.acheck(q text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE r text := pg_temp.check(q);
 BEGIN
   PERFORM pg_temp.mode(true);
-  RETURN r || ' agg ' || pg_temp.plan_has(q, 'Custom Scan \(GpuJoinAgg\)');
+  RETURN r || ' agg ' || pg_temp.plan_has(q, 'Custom Scan \(UvmGpuJoinAgg\)');
 END $$;
 SELECT t, s, pg_temp.acheck(format(
          'SELECT count(*) AS c, count(i.v) AS cv, sum(i.x) AS sx, sum(i.id) AS si, min(o.id) AS mo, max(i.x) AS mx,
@@ -312,7 +312,7 @@ RESET enable_hashjoin;
 RESET enable_mergejoin;
 RESET enable_nestloop;
 
--- Parallel: "Parallel Custom Scan (GpuJoin)" under a Gather, the outer side split among the
+-- Parallel: "Parallel Custom Scan (UvmGpuJoin)" under a Gather, the outer side split among the
 -- participants, the inner side built once for all of them by whichever participant comes
 -- first. The same comparisons, with the parallel plan checked.
 SET parallel_setup_cost = 0;
@@ -323,7 +323,7 @@ CREATE FUNCTION pg_temp.pcheck(q text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE r text := pg_temp.check(q);
 BEGIN
   PERFORM pg_temp.mode(true);
-  RETURN r || ' parallel ' || pg_temp.plan_has(q, 'Parallel Custom Scan \(GpuJoin\)')
+  RETURN r || ' parallel ' || pg_temp.plan_has(q, 'Parallel Custom Scan \(UvmGpuJoin\)')
            || ' gather ' || pg_temp.plan_has(q, 'Gather');
 END $$;
 SELECT t, s, pg_temp.pcheck(format(
@@ -354,7 +354,7 @@ CREATE FUNCTION pg_temp.pacheck(q text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE r text := pg_temp.acheck(q);
 BEGIN
   PERFORM pg_temp.mode(true);
-  RETURN r || ' parallel ' || pg_temp.plan_has(q, 'Parallel Custom Scan \(GpuJoin\)');
+  RETURN r || ' parallel ' || pg_temp.plan_has(q, 'Parallel Custom Scan \(UvmGpuJoin\)');
 END $$;
 SELECT t, s, pg_temp.pacheck(format(
          'SELECT count(*) AS c, count(i.v) AS cv, sum(i.x) AS sx, sum(i.id) AS si, min(o.id) AS mo, max(i.x) AS mx
