@@ -1836,6 +1836,84 @@ fn bench_gpujoin_planner(b: &mut Bench) {
     }
 }
 
+/// Issue 22's join on two keys, 2 M rows a side (`a = i % 10`, `b = i`): hashing `a` alone
+/// formed 400 billion pairs and ran past 90 s under the default `auto`. Timed with the defaults
+/// (the planner's pick), the node forced and PostgreSQL's plan, best of 3 each; the ratio is
+/// the slower of the first two against `1.5 x PostgreSQL's + 1 s`, the issue's bound.
+fn bench_gpujoin_two_keys(b: &mut Bench) {
+    const K: &str = "gj_two_keys";
+    const M: &str = "a join on two keys (a = a AND b = b), 2 M rows a side: default settings and the node forced, \
+                     against 1.5 x PostgreSQL's plan + 1 s";
+    if !b.has_time(&[(K, M)]) {
+        return;
+    }
+    let r = (|| -> R<(f64, String)> {
+        let mut c = fresh()?;
+        for sql in [
+            "DROP TABLE IF EXISTS gj_mk1, gj_mk2",
+            "CREATE UNLOGGED TABLE gj_mk1 AS SELECT i % 10 AS a, i AS b FROM generate_series(1, 2000000) i",
+            "CREATE UNLOGGED TABLE gj_mk2 AS SELECT i % 10 AS a, i AS b, i % 100 AS w FROM generate_series(1, 2000000) i",
+            "VACUUM ANALYZE gj_mk1",
+            "VACUUM ANALYZE gj_mk2",
+            "SET statement_timeout = '60s'",
+        ] {
+            c.batch_execute(sql).map_err(err("two-key tables"))?;
+        }
+        let q = "SELECT count(*)::text, sum(mk2.w)::text FROM gj_mk1 mk1 JOIN gj_mk2 mk2 ON mk1.a = mk2.a AND mk1.b = mk2.b";
+        let defaults = "RESET pg_uvm_share.enable_gpujoin; RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_nestloop";
+        let best = |c: &mut Client, settings: &str| -> R<(f64, Vec<String>)> {
+            c.batch_execute(settings).map_err(err(settings))?;
+            let mut t = f64::INFINITY;
+            let mut vals = Vec::new();
+            for _ in 0..3 {
+                let (s, v) = time_query(c, q)?;
+                t = t.min(s);
+                vals = v;
+            }
+            Ok((t, vals))
+        };
+        c.batch_execute(defaults).map_err(err("defaults"))?;
+        let plan = explain(&mut c, q)?;
+        let picks = plan.contains("UvmGpuJoin");
+        let (auto_t, auto_v) = best(&mut c, defaults)?;
+        let (node_t, node_v) = best(
+            &mut c,
+            "SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off; \
+             SET enable_nestloop = off",
+        )?;
+        let (pg_t, pg_v) = best(&mut c, &format!("{defaults}; SET pg_uvm_share.enable_gpujoin = off"))?;
+        c.batch_execute("DROP TABLE IF EXISTS gj_mk1, gj_mk2; RESET ALL").map_err(err("drop two-key tables"))?;
+        if node_v != pg_v || auto_v != pg_v {
+            return Err(format!("node {node_v:?}, auto {auto_v:?}, PostgreSQL {pg_v:?}"));
+        }
+        let bound = 1.5 * pg_t + 1.0;
+        let key = plan.lines().find(|l| l.contains("GpuJoin Key")).map_or(String::new(), |l| format!(" ({})", l.trim()));
+        Ok((
+            auto_t.max(node_t) / bound,
+            format!(
+                "auto picks {} ({:.1} ms){key}; node forced {:.1} ms; PostgreSQL's plan {:.1} ms ({:.2}x)",
+                if picks { "UvmGpuJoin" } else { "PostgreSQL's plan" },
+                auto_t * 1e3,
+                node_t * 1e3,
+                pg_t * 1e3,
+                node_t / pg_t
+            ),
+        ))
+    })();
+    match r {
+        Ok((ratio, value)) => b.row(
+            K,
+            M,
+            format!("{ratio:.2} of the bound"),
+            value,
+            "PostgreSQL's plan, best of 3".into(),
+            Some(ratio),
+            Target::both(Goal::AtMost(1.0)).saying("≤ 1.5x PostgreSQL + 1 s"),
+        ),
+        Err(e) => b.error(K, M, e),
+    }
+}
+
 fn bench_gpujoin(b: &mut Bench, admin: &mut Client, pid: u32, keep_tables: bool) {
     let keys: Vec<(String, String)> = JOIN_WORKERS
         .iter()
@@ -2119,6 +2197,7 @@ fn measure(mode: Mode, results: String, keep_tables: bool) -> i32 {
         ),
         ("GpuJoin", Box::new(|b: &mut Bench, admin: &mut Client| bench_gpujoin(b, admin, pid, keep_tables))),
         ("GpuJoin planner sweep", Box::new(|b: &mut Bench, _admin: &mut Client| bench_gpujoin_planner(b))),
+        ("GpuJoin two keys", Box::new(|b: &mut Bench, _admin: &mut Client| bench_gpujoin_two_keys(b))),
         ("segment read", Box::new(|b: &mut Bench, admin: &mut Client| bench_segment_read(b, admin, pid))),
         ("migration", Box::new(|b: &mut Bench, admin: &mut Client| bench_migration(b, admin, pid))),
         ("several GPUs", Box::new(|b: &mut Bench, admin: &mut Client| bench_gpus(b, admin, pid))),
