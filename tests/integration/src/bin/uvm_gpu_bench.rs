@@ -1480,6 +1480,19 @@ fn time_query(c: &mut Client, q: &str) -> R<(f64, Vec<String>)> {
     Ok((t.elapsed().as_secs_f64(), vals))
 }
 
+/// The best time of three runs of `q` after `settings`, and its answer.
+fn best_of_3(c: &mut Client, settings: &str, q: &str) -> R<(f64, Vec<String>)> {
+    c.batch_execute(settings).map_err(err(settings))?;
+    let mut t = f64::INFINITY;
+    let mut vals = Vec::new();
+    for _ in 0..3 {
+        let (s, v) = time_query(c, q)?;
+        t = t.min(s);
+        vals = v;
+    }
+    Ok((t, vals))
+}
+
 fn explain(c: &mut Client, q: &str) -> R<String> {
     let rows = c.query(format!("EXPLAIN (COSTS OFF) {q}").as_str(), &[]).map_err(err("EXPLAIN"))?;
     Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n"))
@@ -1780,17 +1793,7 @@ fn bench_gpujoin_planner(b: &mut Bench) {
             ] {
                 c.batch_execute(&sql).map_err(err("sweep tables"))?;
             }
-            let best = |c: &mut Client, settings: &str| -> R<(f64, Vec<String>)> {
-                c.batch_execute(settings).map_err(err(settings))?;
-                let mut t = f64::INFINITY;
-                let mut vals = Vec::new();
-                for _ in 0..3 {
-                    let (s, v) = time_query(c, q)?;
-                    t = t.min(s);
-                    vals = v;
-                }
-                Ok((t, vals))
-            };
+            let best = |c: &mut Client, settings: &str| best_of_3(c, settings, q);
             let defaults =
                 "RESET pg_uvm_share.enable_gpujoin; RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_nestloop";
             c.batch_execute(defaults).map_err(err("defaults"))?;
@@ -1861,17 +1864,7 @@ fn bench_gpujoin_two_keys(b: &mut Bench) {
         }
         let q = "SELECT count(*)::text, sum(mk2.w)::text FROM gj_mk1 mk1 JOIN gj_mk2 mk2 ON mk1.a = mk2.a AND mk1.b = mk2.b";
         let defaults = "RESET pg_uvm_share.enable_gpujoin; RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_nestloop";
-        let best = |c: &mut Client, settings: &str| -> R<(f64, Vec<String>)> {
-            c.batch_execute(settings).map_err(err(settings))?;
-            let mut t = f64::INFINITY;
-            let mut vals = Vec::new();
-            for _ in 0..3 {
-                let (s, v) = time_query(c, q)?;
-                t = t.min(s);
-                vals = v;
-            }
-            Ok((t, vals))
-        };
+        let best = |c: &mut Client, settings: &str| best_of_3(c, settings, q);
         c.batch_execute(defaults).map_err(err("defaults"))?;
         let plan = explain(&mut c, q)?;
         let picks = plan.contains("UvmGpuJoin");
