@@ -1585,7 +1585,7 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, scan_q: &str, h
     type NodeRuns = (Vec<f64>, i64, Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>);
     let r = (|| -> R<NodeRuns> {
         // What the planner picks by itself with the node allowed and PostgreSQL's joins too, and
-        // the estimated costs of both plans (for the cost model, src/node/gpujoin.rs).
+        // the estimated costs of both plans (for the cost model, src/node/gpujoin/plan.rs).
         c.batch_execute(
             "ALTER TABLE bench_fact SET (parallel_workers = 5); SET max_parallel_workers_per_gather = 5; \
              SET pg_uvm_share.enable_gpujoin = on",

@@ -1,0 +1,75 @@
+//! EXPLAIN: the key clauses, the key's form, the inner relation and aggregates, and with
+//! ANALYZE the inner side's and the batches' figures.
+
+use super::*;
+
+/// `ExplainCustomScan` for the GpuJoin node.
+///
+/// # Safety
+/// ExplainCustomScan's arguments.
+pub(super) unsafe fn explain(
+    scan: &mut GpuJoinScan,
+    node: *mut pg_sys::CustomScanState,
+    ancestors: *mut pg_sys::List,
+    es: *mut pg_sys::ExplainState,
+) {
+    // SAFETY: ExplainCustomScan's arguments; custom_exprs holds the join clause with Vars
+    // rewritten to the scan tuple, which ruleutils resolves through custom_scan_tlist.
+    unsafe {
+        let plan = (*node).ss.ps.plan;
+        let cscan = plan as *mut pg_sys::CustomScan;
+        let ctx = pg_sys::set_deparse_context_plan((*es).deparse_cxt, plan, ancestors);
+        let clause = PgList::<pg_sys::Node>::from_pg((*cscan).custom_exprs).get_ptr(0).expect("join clause");
+        let text = pg_sys::deparse_expression(clause, ctx, true, false);
+        // deparse_expression puts an operator clause in parentheses already.
+        let cond = CStr::from_ptr(text).to_string_lossy().into_owned();
+        let prop = |label: &CStr, value: &str| {
+            let v = std::ffi::CString::new(value.replace('\0', "")).expect("no NUL");
+            pg_sys::ExplainPropertyText(label.as_ptr(), v.as_ptr(), es);
+        };
+        prop(c"GpuJoin Cond", &cond);
+        if scan.p.keys.len() > 1 {
+            let form = scan.outer_key.composer.form().label();
+            prop(c"GpuJoin Key", &format!("{} columns, {form}", scan.p.keys.len()));
+        }
+        prop(c"Inner Relation", &scan.p.inner_names);
+        if !scan.aggs.is_empty() {
+            let tl = PgList::<pg_sys::TargetEntry>::from_pg((*cscan).custom_scan_tlist);
+            let names: Vec<String> = tl
+                .iter_ptr()
+                .take(scan.aggs.len())
+                .map(|te| {
+                    let t = pg_sys::deparse_expression((*te).expr as *mut pg_sys::Node, ctx, true, false);
+                    CStr::from_ptr(t).to_string_lossy().into_owned()
+                })
+                .collect();
+            prop(c"Aggregates", &names.join(", "));
+        }
+        if (*es).analyze {
+            let int = |label: &CStr, unit: Option<&CStr>, v: u64| {
+                pg_sys::ExplainPropertyInteger(label.as_ptr(), unit.map_or(std::ptr::null(), |u| u.as_ptr()), v as i64, es)
+            };
+            int(c"Inner Rows", None, scan.stats.inner_rows);
+            if !scan.aggs.is_empty() {
+                // Probe mode: the aggregates came from the probes' match counts and payload sums.
+                prop(c"Aggregated", if scan.payload_values { "in the probe" } else { "per match" });
+            }
+            int(c"Inner Table", Some(c"bytes"), scan.stats.table_bytes);
+            if !scan.stats.tier.is_empty() {
+                prop(c"Inner Table Tier", &scan.stats.tier);
+            }
+            int(c"Batches", None, scan.stats.batches);
+            if (*es).timing {
+                pg_sys::ExplainPropertyFloat(c"GPU Time".as_ptr(), c"ms".as_ptr(), scan.stats.gpu.as_secs_f64() * 1e3, 3, es);
+                let build = scan.stats.build.as_secs_f64() * 1e3;
+                pg_sys::ExplainPropertyFloat(c"Inner Ready".as_ptr(), c"ms".as_ptr(), build, 3, es);
+                let table = scan.stats.table_build.as_secs_f64() * 1e3;
+                pg_sys::ExplainPropertyFloat(c"Inner Table Build".as_ptr(), c"ms".as_ptr(), table, 3, es);
+                // How many batches were read ahead depends on timing: shown with the timings.
+                if scan.probe.is_some() && scan.parallel_aware {
+                    int(c"Batches Read Ahead", None, scan.stats.ahead);
+                }
+            }
+        }
+    }
+}

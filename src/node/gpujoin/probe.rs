@@ -1,0 +1,294 @@
+//! The outer side: batches of outer tuples probed against the table, their matches formed into
+//! joined rows (`super::super::matching`) or folded into the aggregates; the probe mode's
+//! batches of keys probed whole.
+
+use super::*;
+
+impl GpuJoinScan {
+    /// Reads the next outer batch and probes it; false at the end of the outer side.
+    ///
+    /// # Safety
+    /// Called from exec after the build, with a non-empty inner side.
+    pub(super) unsafe fn next_batch(&mut self) -> bool {
+        // SAFETY: forwarded contract; tuples are copied into the batch context.
+        unsafe {
+            pg_sys::MemoryContextReset(self.batch_ctx);
+            self.outer_vals.clear();
+            self.outer_nulls.clear();
+            self.batch.clear();
+            // A NULL key never matches: fetch_chunk skips those tuples. By-reference values are
+            // copied into the batch context, which lives until the next batch.
+            let mut chunk = std::mem::take(&mut self.chunk);
+            let upto = self.max_outer_att;
+            while self.batch.len() < BATCH_TUPLES {
+                let ended = fetch_chunk(
+                    self.outer,
+                    &self.outer_key,
+                    upto,
+                    &self.outer_resnos,
+                    &self.outer_cols,
+                    self.batch_ctx,
+                    &mut chunk,
+                    BATCH_TUPLES - self.batch.len(),
+                );
+                self.outer_vals.extend_from_slice(&chunk.vals);
+                self.outer_nulls.extend_from_slice(&chunk.nulls);
+                for &k in &chunk.keys {
+                    self.batch.push(Some(k));
+                }
+                if ended {
+                    self.outer_done = true;
+                    break;
+                }
+            }
+            self.chunk = chunk;
+            if self.batch.is_empty() {
+                return !self.outer_done;
+            }
+            self.probe_batch();
+            true
+        }
+    }
+
+    /// The probe mode's scan: the outer keys probed a batch at a time, each batch's matches and
+    /// payload sum folded into the aggregates.
+    ///
+    /// # Safety
+    /// As for exec, after the build, with a table.
+    pub(super) unsafe fn probe_all(&mut self) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            let table = self.table.expect("built");
+            let mut chunk = std::mem::take(&mut self.chunk);
+            loop {
+                self.outer_done = self.fetch_keys(&mut chunk);
+                if !chunk.keys.is_empty() {
+                    self.probe_keys(&table, &chunk.keys);
+                }
+                if self.outer_done {
+                    self.chunk = chunk;
+                    return;
+                }
+                pg_sys::check_for_interrupts!();
+            }
+        }
+    }
+
+    /// Reads the next batch of outer keys (the probe mode: the key alone) into `chunk`; true when
+    /// the outer side ended.
+    ///
+    /// # Safety
+    /// As for exec.
+    pub(super) unsafe fn fetch_keys(&mut self, chunk: &mut Chunk) -> bool {
+        let upto = self.outer_key.max_att();
+        // SAFETY: forwarded contract; no column is copied, so no context is used.
+        unsafe { fetch_chunk(self.outer, &self.outer_key, upto, &[], &[], self.batch_ctx, chunk, BATCH_TUPLES) }
+    }
+
+    /// Probes one batch of outer keys against the table (the probe mode) and folds its
+    /// matches and payload sum into the aggregates.
+    ///
+    /// The probe is started, not waited for (the GPU service; a process's own executor runs it
+    /// at once): the batch before it is collected first, so one batch is probed while the next
+    /// is read, and [`GpuJoinScan::collect_probe`] takes the last one's results.
+    pub(super) fn probe_keys(&mut self, table: &SegRef, keys: &[i64]) {
+        self.collect_probe();
+        let kt = self.key;
+        self.stats.batches += 1;
+        let started = self.timed(|ex| exec::probe_start(ex, table, kt, keys));
+        self.in_flight = Some(started);
+    }
+
+    /// Waits for the probe in flight, if any, and drops its results (a rescan or the end
+    /// before the results were returned): the table is not dropped or rebuilt under it.
+    pub(super) fn finish_probe(&mut self) {
+        if let Some(p) = self.in_flight.take() {
+            p.wait().unwrap_or_else(|e| report(e));
+        }
+    }
+
+    /// Folds the matches and payload sum of the probe in flight, if any, into the aggregates.
+    pub(super) fn collect_probe(&mut self) {
+        let Some(p) = self.in_flight.take() else { return };
+        let t = Instant::now();
+        let (m, sum) = p.wait().map(|(v, _)| exec::probe_result(v)).unwrap_or_else(|e| report(e));
+        self.stats.gpu += t.elapsed();
+        for a in &mut self.aggs {
+            a.acc.add_matches(m, sum).unwrap_or_else(|e| report(e));
+        }
+    }
+
+    /// Folds the matches of one batch of outer keys read before the build ended, when the
+    /// builder found a NULL in the aggregated column (the table's payloads are row ids): the
+    /// batch is matched as `next_batch` does. Only the probe mode reads keys ahead, and its
+    /// aggregates read no outer column but the key.
+    ///
+    /// # Safety
+    /// As for exec, after the build.
+    pub(super) unsafe fn match_keys(&mut self, keys: &[i64]) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            pg_sys::MemoryContextReset(self.batch_ctx);
+            self.outer_vals.clear();
+            self.outer_nulls.clear();
+            self.batch.clear();
+            let n = self.outer_cols.len();
+            for &k in keys {
+                // The key's columns (outer_cols is the key alone here); their values are never
+                // read.
+                for _ in 0..n {
+                    self.outer_vals.push(pg_sys::Datum::from(k));
+                    self.outer_nulls.push(false);
+                }
+                self.batch.push(Some(k));
+            }
+            self.probe_batch();
+            while let Some((pos, row)) = self.emitter.next(&self.batch) {
+                if let Err(e) = self.fold(pos, row) {
+                    report(e);
+                }
+            }
+        }
+    }
+
+    /// Reads batches of outer keys into `pending` until the table is built or
+    /// [`PENDING_BATCHES`] are read (the probe mode, in parallel: see `awaiting`).
+    ///
+    /// # Safety
+    /// As for exec, after [`GpuJoinScan::scan_share`].
+    pub(super) unsafe fn gather_while_building(&mut self) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            while !self.outer_done && self.pending.len() < PENDING_BATCHES && !Shared::is_built(self.shared) {
+                let mut chunk = Chunk::default();
+                self.outer_done = self.fetch_keys(&mut chunk);
+                if !chunk.keys.is_empty() {
+                    self.pending.push(chunk.keys);
+                }
+                pg_sys::check_for_interrupts!();
+            }
+        }
+    }
+
+    /// The aggregate mode's exec: folds every joined row of this participant's share into the
+    /// aggregates, then returns one row of their (partial) results, once per scan.
+    ///
+    /// # Safety
+    /// As for exec, after the build.
+    pub(super) unsafe fn exec_aggregates(&mut self, node: *mut pg_sys::CustomScanState) -> *mut pg_sys::TupleTableSlot {
+        // SAFETY: forwarded contract; the scan slot has the aggregates' results first.
+        unsafe {
+            if self.agg_done {
+                return std::ptr::null_mut();
+            }
+            if let Some(t) = self.awaiting.take() {
+                self.gather_while_building();
+                self.finish_attach();
+                self.stats.build = self.stats.build.max(t.elapsed());
+            }
+            let pending = std::mem::take(&mut self.pending);
+            self.stats.ahead += pending.len() as u64;
+            if !self.rows.is_empty() {
+                let table = self.table.expect("built");
+                for keys in &pending {
+                    if self.payload_values {
+                        self.probe_keys(&table, keys);
+                    } else {
+                        self.match_keys(keys);
+                    }
+                }
+            }
+            drop(pending);
+            if !self.rows.is_empty() && self.payload_values {
+                self.probe_all();
+            } else if !self.rows.is_empty() {
+                loop {
+                    while let Some((pos, row)) = self.emitter.next(&self.batch) {
+                        if let Err(e) = self.fold(pos, row) {
+                            report(e);
+                        }
+                    }
+                    if self.outer_done {
+                        break;
+                    }
+                    pg_sys::check_for_interrupts!();
+                    self.next_batch();
+                }
+            }
+            self.collect_probe();
+            self.report_stats();
+            self.agg_done = true;
+            emit_results(node, self.aggs.iter().map(|a| (&a.acc, a.out)), None)
+        }
+    }
+
+    /// Folds the joined row (outer tuple `pos` of the batch, inner row `row`) into the
+    /// aggregates.
+    pub(super) fn fold(&mut self, pos: u32, row: i64) -> Result<()> {
+        let n = self.outer_cols.len();
+        let base = pos as usize * n;
+        let (true, Some(ir)) = (base + n <= self.outer_vals.len(), self.rows.get(row)) else {
+            return Err(UvmError::new(
+                Code::ObjectNotInPrerequisiteState,
+                "GpuJoin: a pair names no row (the result buffer was overwritten)",
+            ));
+        };
+        for k in 0..self.aggs.len() {
+            let v = match self.aggs[k].col {
+                None => None,
+                Some(i) => {
+                    let (d, isnull) = if self.p.map[i].0 == 0 {
+                        let at = base + self.col_index[i];
+                        (self.outer_vals[at], self.outer_nulls[at])
+                    } else {
+                        self.rows.value(ir, self.col_index[i])
+                    };
+                    (!isnull).then(|| int_of_datum(d, self.aggs[k].acc.arg))
+                }
+            };
+            self.aggs[k].acc.add(v)?;
+        }
+        Ok(())
+    }
+
+    /// Materializes the current batch's distinct keys into this participant's result buffer
+    /// (created at the first batch), reads the pairs back and hands them to the emitter.
+    pub(super) fn probe_batch(&mut self) {
+        self.stats.batches += 1;
+        if self.result.is_none() {
+            let seg = self.create_temp("pairs", pairs::bytes_for(RESULT_PAIRS), None);
+            self.result = Some(seg);
+        }
+        let (table, result) = (self.table.expect("built"), self.result.expect("created"));
+        let kt = self.key;
+        let mut buf = self.emitter.take_buffer();
+        let keys = self.batch.distinct();
+        let t = Instant::now();
+        let got = crate::sql::try_executor(|ex| {
+            exec::pairs_reset(ex, &result)?;
+            let (m, _) = exec::materialize(ex, &table, &result, kt, keys)?;
+            let mut raw = [0u8; pairs::HEADER_BYTES as usize];
+            exec::read(ex, &result, 0, &mut raw)?;
+            let name = result.name().to_string();
+            let h = pairs::parse_header(&name, &raw, pairs::HEADER_BYTES)?;
+            if h.next != m || h.written != m {
+                return Err(UvmError::new(
+                    Code::ObjectNotInPrerequisiteState,
+                    format!(
+                        "GpuJoin result buffer \"{name}\" holds {} pairs ({} written), the probe found {m}",
+                        h.next, h.written
+                    ),
+                ));
+            }
+            fallible::try_resize(&mut buf, m as usize, [0, 0], "a batch's matches")?;
+            // SAFETY: viewing our own [i64; 2] buffer as bytes.
+            let bytes =
+                unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, buf.len() * pairs::PAIR_BYTES as usize) };
+            exec::read(ex, &result, pairs::HEADER_BYTES as i64, bytes)?;
+            Ok(buf)
+        });
+        self.stats.gpu += t.elapsed();
+        let buf = got.unwrap_or_else(|e| report(e));
+        self.emitter.reset(buf);
+    }
+}

@@ -1,0 +1,434 @@
+//! The scan state and the executor's callbacks (`crate::customscan::JoinScan`): creation,
+//! begin, the first call's build, returning rows or the aggregates' row, rescan, end, and the
+//! parallel query's shared memory.
+
+use super::*;
+
+/// The node's execution statistics (EXPLAIN ANALYZE).
+#[derive(Default)]
+pub(super) struct Stats {
+    pub(super) inner_rows: u64,
+    pub(super) table_bytes: u64,
+    pub(super) tier: String,
+    pub(super) batches: u64,
+    pub(super) gpu: Duration,
+    /// From the first call to the inner side being ready (in parallel, the longest
+    /// participant's).
+    pub(super) build: Duration,
+    /// Batches of outer keys read while another participant built the table.
+    pub(super) ahead: u64,
+    /// The table's build from the pairs (in parallel, by the participant that built it).
+    pub(super) table_build: Duration,
+}
+
+/// The GpuJoin custom scan.
+pub struct GpuJoinScan {
+    pub(super) p: Private,
+    /// The table's key type, and the key columns of each side.
+    pub(super) key: KeyType,
+    pub(super) outer_key: KeyCols,
+    pub(super) inner_key: KeyCols,
+    pub(super) outer: *mut pg_sys::PlanState,
+    pub(super) inner: *mut pg_sys::PlanState,
+    pub(super) inner_ctx: pg_sys::MemoryContext,
+    pub(super) batch_ctx: pg_sys::MemoryContext,
+    /// The inner rows (the inner columns the join uses: `inner_cols`, read from the inner
+    /// child's `inner_resnos`).
+    pub(super) rows: InnerRows,
+    pub(super) inner_cols: Vec<Col>,
+    pub(super) inner_resnos: Vec<i32>,
+    /// The outer columns the join uses, kept per batch tuple (`outer_vals`, `outer_nulls`:
+    /// `outer_cols.len()` entries per tuple; by-reference values copied into the batch context)
+    /// instead of whole tuples.
+    pub(super) outer_cols: Vec<Col>,
+    pub(super) outer_resnos: Vec<i32>,
+    pub(super) outer_vals: Vec<pg_sys::Datum>,
+    pub(super) outer_nulls: Vec<bool>,
+    /// Per scan tuple column: its index in `outer_cols` or `inner_cols` (by its side).
+    pub(super) col_index: Vec<usize>,
+    /// The inner table; dropped by this process only if it `owns_table` (a parallel query's
+    /// table belongs to the leader).
+    pub(super) table: Option<SegRef>,
+    pub(super) owns_table: bool,
+    /// This participant's result buffer.
+    pub(super) result: Option<SegRef>,
+    /// The plan runs in parallel workers (its inner side is built again at every rescan).
+    pub(super) parallel_aware: bool,
+    /// The parallel query's shared state (null in a serial execution).
+    pub(super) shared: *mut Shared,
+    pub(super) estate: *mut pg_sys::EState,
+    /// The inner side is built (or attached) for this scan.
+    pub(super) ready: bool,
+    pub(super) outer_done: bool,
+    /// This participant's statistics went to the shared counters.
+    pub(super) reported: bool,
+    pub(super) batch: Batch,
+    pub(super) emitter: Emitter,
+    pub(super) max_outer_att: i32,
+    pub(super) max_inner_att: i32,
+    pub(super) stats: Stats,
+    /// The aggregate mode's aggregates (empty in the join mode), and whether this scan's row of
+    /// results was returned.
+    pub(super) aggs: Vec<NodeAgg>,
+    pub(super) agg_done: bool,
+    /// The probe mode's plan: every aggregate is `count(*)`, or `count`/`sum` of one inner
+    /// column (`Some(Some(its index in Private::map))`; `Some(None)`: `count(*)` alone). The
+    /// table is then built with that column's values as payloads, where none is NULL
+    /// (`payload_values`), and the outer keys are probed in batches whose matches and payload
+    /// sum are the aggregates: no pairs come back, no match is formed.
+    pub(super) probe: Option<Option<usize>>,
+    pub(super) payload_values: bool,
+    /// A parallel probe-mode participant that finished its share of the inner side while
+    /// another builds the table: it reads up to [`PENDING_BATCHES`] batches of outer keys
+    /// (`pending`) before it waits, so the build's serial part overlaps the outer scan.
+    pub(super) awaiting: Option<Instant>,
+    pub(super) pending: Vec<Vec<i64>>,
+    /// The probe mode's batch being probed (see `probe_keys`); dropped unwaited (an ERROR, a
+    /// rescan), the request is given up and the service reuses its slot once it is done.
+    pub(super) in_flight: Option<exec::Pending>,
+    /// The outer side's chunk buffer (reused from batch to batch).
+    pub(super) chunk: Chunk,
+}
+
+impl JoinScan for GpuJoinScan {
+    const NAME: &'static CStr = c"UvmGpuJoin";
+
+    fn methods() -> &'static Methods {
+        &METHODS
+    }
+
+    unsafe fn plan(
+        root: *mut pg_sys::PlannerInfo,
+        rel: *mut pg_sys::RelOptInfo,
+        path: *mut pg_sys::CustomPath,
+        tlist: *mut pg_sys::List,
+        clauses: *mut pg_sys::List,
+        custom_plans: *mut pg_sys::List,
+    ) -> *mut pg_sys::CustomScan {
+        // SAFETY: forwarded: PlanCustomPath's arguments for a path of ours.
+        unsafe { plan_custom_path(root, rel, path, tlist, clauses, custom_plans) }
+    }
+
+    unsafe fn create(cscan: *mut pg_sys::CustomScan) -> Self {
+        // SAFETY: our plan, made by `plan`.
+        let p = unsafe { Private::from_list((*cscan).custom_private) };
+        let (outer_key, inner_key) = (p.key_cols(0), p.key_cols(1));
+        let key = outer_key.composer.key_type();
+        let aggs = node_aggs(&p);
+        let probe = probe_plan(&p, &aggs);
+        let max_outer_att = p.map.iter().filter(|m| m.0 == 0).map(|m| m.1).max().unwrap_or(0).max(outer_key.max_att());
+        let max_inner_att = p.map.iter().filter(|m| m.0 == 1).map(|m| m.1).max().unwrap_or(0).max(inner_key.max_att());
+        // SAFETY: our plan.
+        let parallel_aware = unsafe { (*cscan).scan.plan.parallel_aware };
+        GpuJoinScan {
+            p,
+            key,
+            outer_key,
+            inner_key,
+            outer: std::ptr::null_mut(),
+            inner: std::ptr::null_mut(),
+            inner_ctx: std::ptr::null_mut(),
+            batch_ctx: std::ptr::null_mut(),
+            rows: InnerRows::default(),
+            inner_cols: Vec::new(),
+            inner_resnos: Vec::new(),
+            outer_cols: Vec::new(),
+            outer_resnos: Vec::new(),
+            outer_vals: Vec::new(),
+            outer_nulls: Vec::new(),
+            col_index: Vec::new(),
+            table: None,
+            owns_table: false,
+            result: None,
+            parallel_aware,
+            shared: std::ptr::null_mut(),
+            estate: std::ptr::null_mut(),
+            ready: false,
+            outer_done: false,
+            reported: false,
+            batch: Batch::default(),
+            emitter: Emitter::default(),
+            max_outer_att,
+            max_inner_att,
+            stats: Stats::default(),
+            aggs,
+            agg_done: false,
+            probe,
+            payload_values: false,
+            awaiting: None,
+            in_flight: None,
+            pending: Vec::new(),
+            chunk: Chunk::default(),
+        }
+    }
+
+    unsafe fn begin(&mut self, node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::EState, eflags: i32) {
+        // SAFETY: BeginCustomScan's arguments; the children are initialized in the query's
+        // memory context (the current one) and listed in custom_ps for EXPLAIN.
+        unsafe {
+            let cscan = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
+            let plans = PgList::<pg_sys::Plan>::from_pg((*cscan).custom_plans);
+            self.outer = pg_sys::ExecInitNode(plans.get_ptr(0).expect("outer"), estate, eflags);
+            self.inner = pg_sys::ExecInitNode(plans.get_ptr(1).expect("inner"), estate, eflags);
+            let mut ps = PgList::<pg_sys::PlanState>::new();
+            ps.push(self.outer);
+            ps.push(self.inner);
+            (*node).custom_ps = ps.into_pg();
+            let ctx = |name: &CStr| {
+                pg_sys::AllocSetContextCreateInternal(
+                    pg_sys::CurrentMemoryContext,
+                    name.as_ptr(),
+                    pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
+                    pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
+                    pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
+                )
+            };
+            self.inner_ctx = ctx(c"GpuJoin inner tuples");
+            self.batch_ctx = ctx(c"GpuJoin outer batch");
+            self.estate = estate;
+            // The columns to keep from each side, with how to copy them.
+            let (odesc, idesc) = (pg_sys::ExecGetResultType(self.outer), pg_sys::ExecGetResultType(self.inner));
+            for (side, resno) in self.p.map.clone() {
+                let (desc, resnos) = if side == 0 { (odesc, &mut self.outer_resnos) } else { (idesc, &mut self.inner_resnos) };
+                let at = match resnos.iter().position(|&r| r == resno) {
+                    Some(at) => at,
+                    None => {
+                        // The executor's descriptor, borrowed (not released by the wrapper).
+                        let desc = pgrx::PgTupleDesc::from_pg_unchecked(desc);
+                        let Some(a) = usize::try_from(resno - 1).ok().and_then(|i| desc.get(i)) else {
+                            report(UvmError::new(Code::SystemError, "GpuJoin: a column outside its side's row"));
+                        };
+                        resnos.push(resno);
+                        let col = Col { byval: a.attbyval, len: a.attlen };
+                        if side == 0 {
+                            self.outer_cols.push(col);
+                        } else {
+                            self.inner_cols.push(col);
+                        }
+                        resnos.len() - 1
+                    }
+                };
+                self.col_index.push(at);
+            }
+        }
+    }
+
+    unsafe fn exec(&mut self, node: *mut pg_sys::CustomScanState) -> *mut pg_sys::TupleTableSlot {
+        // SAFETY: ExecCustomScan's argument; the scan slot has the custom_scan_tlist's shape
+        // (PostgreSQL made it from it); the stored tuples live until the next batch or build.
+        unsafe {
+            if !self.ready {
+                let t = Instant::now();
+                if self.shared.is_null() {
+                    self.build_local();
+                } else if !self.aggs.is_empty() && self.probe.is_some() {
+                    // exec_aggregates reads outer keys until the table is built.
+                    self.scan_share(true);
+                    self.awaiting = Some(t);
+                } else {
+                    self.attach_shared();
+                }
+                if self.awaiting.is_none() {
+                    self.stats.build = self.stats.build.max(t.elapsed());
+                }
+                self.ready = true;
+                self.reported = false;
+            }
+            if !self.aggs.is_empty() {
+                return self.exec_aggregates(node);
+            }
+            if self.rows.is_empty() {
+                self.report_stats();
+                return std::ptr::null_mut(); // no inner row has a non-NULL key
+            }
+            let econtext = (*node).ss.ps.ps_ExprContext;
+            let scan = (*node).ss.ss_ScanTupleSlot;
+            loop {
+                pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
+                let Some((pos, row)) = self.emitter.next(&self.batch) else {
+                    if self.outer_done {
+                        self.report_stats();
+                        return std::ptr::null_mut();
+                    }
+                    pg_sys::check_for_interrupts!();
+                    self.next_batch();
+                    continue;
+                };
+                let n = self.outer_cols.len();
+                let base = pos as usize * n;
+                let (true, Some(ir)) = (base + n <= self.outer_vals.len(), self.rows.get(row)) else {
+                    report(UvmError::new(
+                        Code::ObjectNotInPrerequisiteState,
+                        "GpuJoin: a pair names no row (the result buffer was overwritten)",
+                    ));
+                };
+                pg_sys::ExecClearTuple(scan);
+                for (i, &(side, _)) in self.p.map.iter().enumerate() {
+                    let (d, isnull) = if side == 0 {
+                        let at = base + self.col_index[i];
+                        (self.outer_vals[at], self.outer_nulls[at])
+                    } else {
+                        self.rows.value(ir, self.col_index[i])
+                    };
+                    *(*scan).tts_values.add(i) = d;
+                    *(*scan).tts_isnull.add(i) = isnull;
+                }
+                pg_sys::ExecStoreVirtualTuple(scan);
+                (*econtext).ecxt_scantuple = scan;
+                let qual = (*node).ss.ps.qual;
+                if !qual.is_null() && !pg_sys::ExecQual(qual, econtext) {
+                    if !(*node).ss.ps.instrument.is_null() {
+                        (*(*node).ss.ps.instrument).nfiltered1 += 1.0;
+                    }
+                    continue;
+                }
+                let proj = (*node).ss.ps.ps_ProjInfo;
+                return if proj.is_null() { scan } else { pg_sys::ExecProject(proj) };
+            }
+        }
+    }
+
+    unsafe fn rescan(&mut self, node: *mut pg_sys::CustomScanState) {
+        // SAFETY: ReScanCustomScan's argument; children initialized in begin.
+        unsafe {
+            self.finish_probe();
+            let chg = (*node).ss.ps.chgParam;
+            if !chg.is_null() {
+                pg_sys::UpdateChangedParamSet(self.outer, chg);
+                pg_sys::UpdateChangedParamSet(self.inner, chg);
+            }
+            if self.parallel_aware {
+                // A parallel plan builds its inner side again at every rescan (the leader's
+                // ReInitializeDSM resets the shared state; any participant may build it).
+                if (*self.inner).chgParam.is_null() {
+                    pg_sys::ExecReScan(self.inner);
+                }
+                self.ready = false;
+                self.rows = InnerRows::default();
+                self.awaiting = None;
+                self.pending.clear();
+            } else if !(*self.inner).chgParam.is_null() {
+                // New parameters for the inner side: build again (ExecProcNode rescans it).
+                self.drop_table();
+                self.ready = false;
+            }
+            if (*self.outer).chgParam.is_null() {
+                pg_sys::ExecReScan(self.outer);
+            }
+            self.outer_done = false;
+            self.agg_done = false;
+            for a in &mut self.aggs {
+                a.acc = Acc::new(a.acc.kind, a.acc.arg);
+            }
+            self.batch.clear();
+            let buf = self.emitter.take_buffer();
+            self.emitter.reset(buf);
+            self.outer_vals.clear();
+            self.outer_nulls.clear();
+        }
+    }
+
+    unsafe fn end(&mut self, _node: *mut pg_sys::CustomScanState) {
+        // SAFETY: EndCustomScan; children and slots made in begin (null in EXPLAIN-only runs
+        // that failed before begin).
+        unsafe {
+            self.finish_probe();
+            self.drop_table();
+            if let Some(seg) = self.result.take() {
+                cleanup::drop_now(&seg);
+            }
+            for c in [self.outer, self.inner] {
+                if !c.is_null() {
+                    pg_sys::ExecEndNode(c);
+                }
+            }
+        }
+    }
+
+    unsafe fn estimate_dsm(&mut self, _node: *mut pg_sys::CustomScanState, pcxt: *mut pg_sys::ParallelContext) -> usize {
+        // SAFETY: PostgreSQL's parallel context.
+        shared::shared_bytes(unsafe { (*pcxt).nworkers }.max(0) as usize + 1)
+    }
+
+    unsafe fn initialize_dsm(
+        &mut self,
+        _node: *mut pg_sys::CustomScanState,
+        pcxt: *mut pg_sys::ParallelContext,
+        coordinate: *mut std::ffi::c_void,
+    ) {
+        // The leader creates the table segment (so that it owns and drops it) and sets up the
+        // shared state; a participant grows the segment when it builds.
+        self.drop_table();
+        let seg = self.create_temp("inner", table::table_bytes(0), None);
+        self.table = Some(seg);
+        self.owns_table = true;
+        // SAFETY: `coordinate` holds the bytes estimate_dsm asked for, in the DSM.
+        // (One slot per participant: the leader and every worker the context may start.)
+        unsafe {
+            let participants = (*pcxt).nworkers.max(0) as u32 + 1;
+            Shared::init(coordinate as *mut Shared, seg, self.p.inner_partial, participants)
+        };
+        self.shared = coordinate as *mut Shared;
+        self.ready = false;
+    }
+
+    unsafe fn reinitialize_dsm(
+        &mut self,
+        _node: *mut pg_sys::CustomScanState,
+        _pcxt: *mut pg_sys::ParallelContext,
+        coordinate: *mut std::ffi::c_void,
+    ) {
+        // SAFETY: our shared state; no worker runs (the Gather stopped them before a rescan);
+        // this process's view of the old rows is dropped first.
+        unsafe {
+            self.rows = InnerRows::default();
+            self.ready = false;
+            Shared::reset(coordinate as *mut Shared, (*self.estate).es_query_dsa);
+        }
+        self.shared = coordinate as *mut Shared;
+    }
+
+    unsafe fn initialize_worker(
+        &mut self,
+        _node: *mut pg_sys::CustomScanState,
+        _toc: *mut pg_sys::shm_toc,
+        coordinate: *mut std::ffi::c_void,
+    ) {
+        self.shared = coordinate as *mut Shared;
+        self.owns_table = false;
+        self.ready = false;
+    }
+
+    unsafe fn shutdown(&mut self, _node: *mut pg_sys::CustomScanState) {
+        // The parallel context goes away next: keep the totals for EXPLAIN ANALYZE and forget
+        // the shared state (a rescan after this sets up a new one).
+        if self.shared.is_null() {
+            return;
+        }
+        self.report_stats();
+        self.copy_shared_stats();
+        // SAFETY: mapped until the Gather above cleans up, after this call.
+        unsafe {
+            let sh = &*self.shared;
+            self.stats.batches = sh.batches.load(std::sync::atomic::Ordering::Relaxed);
+            self.stats.gpu = Duration::from_nanos(sh.gpu_ns.load(std::sync::atomic::Ordering::Relaxed));
+            self.stats.build = Duration::from_nanos(sh.build_ns.load(std::sync::atomic::Ordering::Relaxed));
+            self.stats.ahead = sh.ahead.load(std::sync::atomic::Ordering::Relaxed);
+        }
+        self.shared = std::ptr::null_mut();
+        self.rows = InnerRows::default();
+        self.ready = false;
+        self.awaiting = None;
+        self.pending.clear();
+    }
+
+    unsafe fn explain(
+        &mut self,
+        node: *mut pg_sys::CustomScanState,
+        ancestors: *mut pg_sys::List,
+        es: *mut pg_sys::ExplainState,
+    ) {
+        // SAFETY: forwarded: ExplainCustomScan's arguments.
+        unsafe { super::explain::explain(self, node, ancestors, es) }
+    }
+}
