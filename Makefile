@@ -122,10 +122,12 @@ install: prereqs
 	  $(if $(SUDO_FLAG),sudo) install -m 644 "$$f" "$$ext/$$b"; \
 	done
 
-# Formatting (rustfmt.toml) and clippy with warnings denied, over every crate, target and
+# The layers of docs/ARCHITECTURE.md, whose imports only point down (scripts/check-layers);
+# formatting (rustfmt.toml) and clippy with warnings denied, over every crate, target and
 # feature the suites build (the pgrx tests and the GPU suite's programs included). The lints
 # that hold the unsafe code to its SAFETY comments are set in Cargo.toml ([workspace.lints]).
 lint:
+	scripts/check-layers
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --features pg_uvm_share/pg_test,pg_uvm_share_tests/gpu -- -D warnings
 

@@ -1,9 +1,9 @@
 //! Errors of the plain-Rust layers, each carrying the SQLSTATE it is reported with.
 //!
 //! The registry, broker, provider and segment modules never call into PostgreSQL; they return
-//! `UvmError`, and only the SQL layer (`crate::sql`) turns one into an `ereport(ERROR)`. Every
-//! variant of [`Code`] maps to a specific SQLSTATE, never `XX000`: an error a user can cause is
-//! one a user can read and act on.
+//! `UvmError`, and only the backend runtime (`crate::runtime::report`) turns one into an
+//! `ereport(ERROR)`. Every variant of [`Code`] maps to a specific SQLSTATE, never `XX000`: an
+//! error a user can cause is one a user can read and act on.
 
 use std::fmt;
 

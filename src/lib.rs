@@ -21,11 +21,14 @@
 //! - [`checksum`]: the segment checksum and fill pattern shared by the CPU and GPU paths.
 //! - [`customscan`]: custom scan plan nodes: the method tables and trampolines, written once.
 //! - [`node`]: plan nodes over the extension's operations (GpuJoin as a join node).
-//! - [`sql`]: the thin pgrx layer: `_PG_init`, GUCs, SQL functions and views in schema `uvm`.
+//! - [`runtime`]: the backend runtime under the PostgreSQL surfaces: this process's segment
+//!   manager, the executor choice, error reporting, authorisation.
+//! - [`sql`]: the thin SQL surface: functions and views in schema `uvm`.
+//! - `init`: `_PG_init`, at the top: GUCs, shared memory, workers, and every surface's hooks.
 //! - [`capi`]: the C API (`include/pg_uvm_share.h`): a versioned function table for extensions
 //!   written in C, beside [`sql`] and as thin: pins per resource owner, handles checked on use.
 //!
-//! Everything but `sql`, `capi`, `customscan`, `node` (except `node::matching`), `guc`, `registry::shmem`, `broker::worker`, `pgwait`, `service::worker`, `service::shmem` and
+//! Everything but `init`, `runtime`, `sql`, `capi`, `customscan`, `node` (except `node::matching`), `guc`, `registry::shmem`, `broker::worker`, `pgwait`, `service::worker`, `service::shmem` and
 //! `service::client` (and the latch helper of `service`) is plain Rust, unit-tested by
 //! `cargo test` without PostgreSQL. `docs/ARCHITECTURE.md` tells the whole story.
 
@@ -38,12 +41,14 @@ pub mod exec;
 pub mod gpu;
 pub mod gpujoin;
 pub mod guc;
+mod init;
 pub mod interrupt;
 pub mod node;
 pub mod pgwait;
 pub mod placement;
 pub mod provider;
 pub mod registry;
+pub mod runtime;
 pub mod segment;
 pub mod service;
 pub mod sql;

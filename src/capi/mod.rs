@@ -11,8 +11,8 @@
 //! keeps working with a newer library, and one built against another major gets an ERROR.
 //!
 //! Each function is a thin shell over what the SQL functions call: names are resolved and
-//! authorized against the owner role ([`crate::sql::resolve`]), and the work goes to the
-//! cluster's executor ([`crate::sql::with_executor`]: this process, or the GPU service), so the C
+//! authorized against the owner role ([`crate::runtime::resolve`]), and the work goes to the
+//! cluster's executor ([`crate::runtime::with_executor`]: this process, or the GPU service), so the C
 //! surface has the SQL surface's semantics and SQLSTATEs, and no branch on the mode or the GPU.
 //! Errors are raised with `ereport(ERROR)`: the `#[pg_guard]` on each function turns the Rust
 //! error into PostgreSQL's longjmp at the boundary, after Rust has unwound its own frames.
@@ -57,8 +57,8 @@ use crate::exec::kernel::{Arg, Launch};
 use crate::exec::{self, Mode, Pending, SegRef};
 use crate::gpu::user::{Shape, Source};
 use crate::registry::{SegmentInfo, Tier, TierPref};
+use crate::runtime::{self, report, PgEnv};
 use crate::segment::Pin;
-use crate::sql::{self, report, PgEnv};
 use crate::uvm_err;
 
 /// The ABI major version (`PG_UVM_SHARE_ABI_MAJOR`) and minor version of this library.
@@ -314,7 +314,7 @@ fn check_pinned(size: u64, offset: i64, len: i64) -> Result<()> {
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn api_execution_mode() -> *const c_char {
     guarded(|| {
-        Ok(match sql::execution_mode()? {
+        Ok(match runtime::execution_mode()? {
             Mode::Service => c"service".as_ptr(),
             _ => c"process".as_ptr(),
         })
@@ -326,7 +326,7 @@ unsafe extern "C-unwind" fn api_lookup(name: *const c_char, info: *mut UvmSegmen
     guarded(|| {
         // SAFETY: the header's contract: a NUL-terminated name.
         let name = unsafe { text(name, "name") }?;
-        match sql::resolve(name, "look up") {
+        match runtime::resolve(name, "look up") {
             Ok((_, i)) => {
                 if !info.is_null() {
                     // SAFETY: non-NULL: the caller's UvmSegmentInfo.
@@ -353,7 +353,7 @@ unsafe extern "C-unwind" fn api_create(name: *const c_char, size: i64, max_size:
         };
         let max = (max_size >= 0).then_some(max_size);
         crate::registry::check_not_reserved(name)?;
-        sql::try_executor(|ex| exec::create(ex, name, size, max, pref, sql::current_user(), sql::now()))
+        runtime::try_executor(|ex| exec::create(ex, name, size, max, pref, runtime::current_user(), runtime::now()))
     })
 }
 
@@ -362,9 +362,9 @@ unsafe extern "C-unwind" fn api_drop(name: *const c_char) {
     guarded(|| {
         // SAFETY: the header's contract.
         let name = unsafe { text(name, "name") }?;
-        let (seg, _) = sql::resolve(name, "drop")?;
-        sql::try_executor(|ex| exec::drop(ex, &seg))?;
-        sql::if_segments(|s| s.detach_dropped());
+        let (seg, _) = runtime::resolve(name, "drop")?;
+        runtime::try_executor(|ex| exec::drop(ex, &seg))?;
+        runtime::if_segments(|s| s.detach_dropped());
         Ok(())
     })
 }
@@ -374,8 +374,8 @@ unsafe extern "C-unwind" fn api_grow(name: *const c_char, new_size: i64) -> i64 
     guarded(|| {
         // SAFETY: the header's contract.
         let name = unsafe { text(name, "name") }?;
-        let (seg, _) = sql::resolve(name, "grow")?;
-        sql::try_executor(|ex| exec::grow(ex, &seg, new_size)).map(|s| s as i64)
+        let (seg, _) = runtime::resolve(name, "grow")?;
+        runtime::try_executor(|ex| exec::grow(ex, &seg, new_size)).map(|s| s as i64)
     })
 }
 
@@ -387,8 +387,9 @@ unsafe extern "C-unwind" fn api_attach(name: *const c_char, info: *mut UvmSegmen
         crate::registry::check_not_reserved(name)?;
         // A pin maps what this process lacks (nothing in service mode); dropping it keeps the
         // mapping and gives the pin back.
-        let i =
-            sql::try_with_segments(|s| s.pin(name, |owner| sql::authorize(owner, name, "attach")).map(|p| info_of(p.info())))?;
+        let i = runtime::try_with_segments(|s| {
+            s.pin(name, |owner| runtime::authorize(owner, name, "attach")).map(|p| info_of(p.info()))
+        })?;
         if !info.is_null() {
             // SAFETY: non-NULL: the caller's UvmSegmentInfo.
             unsafe { out(info, i, "info") }?;
@@ -407,8 +408,8 @@ unsafe extern "C-unwind" fn api_pin(name: *const c_char, expect: *const UvmSegme
         }
         crate::registry::check_not_reserved(name)?;
         let owner = current_owner()?;
-        let service = sql::execution_mode()? == Mode::Service;
-        let pin = sql::try_with_segments(|s| s.pin(name, |o| sql::authorize(o, name, "pin")))?;
+        let service = runtime::execution_mode()? == Mode::Service;
+        let pin = runtime::try_with_segments(|s| s.pin(name, |o| runtime::authorize(o, name, "pin")))?;
         let i = pin.info();
         if !expect.is_null() {
             // SAFETY: non-NULL: the caller's UvmSegmentInfo, read only.
@@ -480,7 +481,7 @@ unsafe extern "C-unwind" fn api_read(h: u64, offset: i64, dst: *mut c_void, len:
         // SAFETY: the caller's buffer of `len` bytes (the header's contract), not aliased while
         // this runs (single-threaded).
         let buf = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, len as usize) };
-        sql::try_executor(|ex| exec::read(ex, &seg, offset, buf))
+        runtime::try_executor(|ex| exec::read(ex, &seg, offset, buf))
     })
 }
 
@@ -497,7 +498,7 @@ unsafe extern "C-unwind" fn api_write(h: u64, offset: i64, src: *const c_void, l
         }
         // SAFETY: the caller's buffer of `len` bytes (the header's contract).
         let data = unsafe { std::slice::from_raw_parts(src as *const u8, len as usize) };
-        sql::try_executor(|ex| exec::write(ex, &seg, offset, data))
+        runtime::try_executor(|ex| exec::write(ex, &seg, offset, data))
     })
 }
 
@@ -506,14 +507,14 @@ unsafe extern "C-unwind" fn api_device_address(h: u64, offset: i64, len: i64) ->
     guarded(|| {
         let (_, size) = pinned(h)?;
         check_pinned(size, offset, len)?;
-        if sql::execution_mode()? == Mode::Service {
+        if runtime::execution_mode()? == Mode::Service {
             return Err(UvmError::new(
                 Code::FeatureNotSupported,
                 "no device address in this process: the GPU service maps segments",
             )
             .hint("pg_uvm_share.gpu_execution is service: launch kernels through the API's launch functions."));
         }
-        let kind = sql::try_with_segments(|s| Ok(s.provider().kind()))?;
+        let kind = runtime::try_with_segments(|s| Ok(s.provider().kind()))?;
         if kind != crate::provider::ProviderKind::Cuda {
             return Err(crate::gpu::user::needs_cuda());
         }
@@ -597,7 +598,7 @@ unsafe extern "C-unwind" fn api_launch(k: *const UvmKernel, args: *const UvmKern
     guarded(|| {
         // SAFETY: the header's contract.
         let launch = unsafe { launch_of(k, args, nargs) }?;
-        sql::try_executor(|ex| exec::launch_start(ex, &launch)?.wait()).map(|_| ())
+        runtime::try_executor(|ex| exec::launch_start(ex, &launch)?.wait()).map(|_| ())
     })
 }
 
@@ -607,7 +608,7 @@ unsafe extern "C-unwind" fn api_launch_start(k: *const UvmKernel, args: *const U
         let owner = current_owner()?;
         // SAFETY: the header's contract.
         let launch = unsafe { launch_of(k, args, nargs) }?;
-        let pending = sql::try_executor(|ex| exec::launch_start(ex, &launch))?;
+        let pending = runtime::try_executor(|ex| exec::launch_start(ex, &launch))?;
         let handle = new_handle();
         LAUNCHES.with(|l| l.borrow_mut().push(HeldLaunch { handle, owner, pending }));
         Ok(handle)

@@ -27,13 +27,13 @@
 
 pub mod kernel;
 pub mod local;
+pub mod request;
 
 use crate::error::{Code, Result, UvmError};
 use crate::gpujoin::pairs::PairsHeader;
 use crate::gpujoin::table::{self, KeyType};
 use crate::registry::TierPref;
-pub use crate::service::channel::Mode;
-pub use crate::service::request::{Op, Reply, Request, SegRef};
+pub use request::{Mode, Op, Reply, Request, SegRef};
 
 /// A request's bulk data: input it reads, output it writes, or none.
 pub enum Io<'a> {

@@ -56,10 +56,10 @@ const IN_USE_WAIT: Duration = Duration::from_secs(5);
 /// which finishes it anyway) cannot leave it unlisted; then it is listed with its id.
 pub fn create(what: &str, make: impl FnOnce(&str) -> u64) -> SegRef {
     let name = temp_name(what);
-    let pending = SegRef::new(&name, 0).unwrap_or_else(|e| crate::sql::report(e));
+    let pending = SegRef::new(&name, 0).unwrap_or_else(|e| crate::runtime::report(e));
     track(pending);
     install_exit_once();
-    let seg = SegRef::new(&name, make(&name)).unwrap_or_else(|e| crate::sql::report(e));
+    let seg = SegRef::new(&name, make(&name)).unwrap_or_else(|e| crate::runtime::report(e));
     listed_as(&pending, seg);
     seg
 }
@@ -74,7 +74,7 @@ fn track(seg: SegRef) {
 /// Drops a temporary segment now and forgets it (a node's End or rebuild). An error is raised,
 /// and the segment stays listed for the abort callback to try again.
 pub fn drop_now(seg: &SegRef) {
-    crate::sql::with_executor(|ex| exec::drop(ex, seg));
+    crate::runtime::with_executor(|ex| exec::drop(ex, seg));
     forget(seg);
 }
 
@@ -107,7 +107,7 @@ fn drop_where(which: impl Fn(&Entry) -> bool) {
     if victims.is_empty() {
         return;
     }
-    crate::sql::held_off(|| {
+    crate::runtime::held_off(|| {
         let deadline = Instant::now() + IN_USE_WAIT;
         for seg in victims {
             drop_quietly(&seg, deadline);
@@ -119,7 +119,7 @@ fn drop_where(which: impl Fn(&Entry) -> bool) {
 /// pins it; other failures go to the server log. Called with interrupts held off.
 fn drop_quietly(seg: &SegRef, deadline: Instant) {
     loop {
-        let r = std::panic::catch_unwind(|| crate::sql::try_with_executor(|ex| exec::drop(ex, seg)));
+        let r = std::panic::catch_unwind(|| crate::runtime::try_with_executor(|ex| exec::drop(ex, seg)));
         let why = match r {
             Ok(Ok(())) => return,
             // Listed before its creation, which failed or was interrupted: nothing to drop.
@@ -154,7 +154,7 @@ fn creator_pid(name: &str) -> Option<i32> {
 pub fn sweep_orphans() {
     // SAFETY: reads this process's pid.
     let me = unsafe { pg_sys::MyProcPid };
-    let user = crate::sql::current_user();
+    let user = crate::runtime::current_user();
     let Ok(orphans) = crate::registry::shmem::shared().map(|reg| {
         reg.segments()
             .into_iter()
@@ -208,7 +208,7 @@ unsafe extern "C-unwind" fn subxact_callback(
 
 /// [`sweep_orphans`] from a callback: interrupts held off, nothing raised.
 fn sweep_orphans_quietly() {
-    crate::sql::held_off(|| {
+    crate::runtime::held_off(|| {
         let _ = std::panic::catch_unwind(sweep_orphans);
     });
 }

@@ -55,7 +55,7 @@ use super::agg::{self, Acc, Out};
 use super::gpujoin::{self, candidates};
 use crate::customscan::{self, JoinScan, Methods};
 use crate::error::{Code, UvmError};
-use crate::sql::report;
+use crate::runtime::report;
 
 /// The merge of one partial row, per aggregate, in `cpu_operator_cost`.
 const MERGE_FACTOR: f64 = 1.0;

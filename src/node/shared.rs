@@ -639,7 +639,7 @@ impl RowWriter {
         // SAFETY: forwarded contract; each array is copied into an allocation of its size.
         unsafe {
             let Some(s) = Shared::slot(p, self.slot) else {
-                crate::sql::report(crate::error::UvmError::new(
+                crate::runtime::report(crate::error::UvmError::new(
                     crate::error::Code::SystemError,
                     "GpuJoin: a participant without a slot in the shared state",
                 ));

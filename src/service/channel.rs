@@ -50,7 +50,7 @@
 
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
-use super::request::{Reply, Request};
+use crate::exec::request::{Mode, Reply, Request};
 
 /// Slot states (see the module documentation).
 pub const FREE: u32 = 0;
@@ -59,35 +59,6 @@ pub const SUBMITTED: u32 = 2;
 pub const RUNNING: u32 = 3;
 pub const DONE: u32 = 4;
 pub const ABANDONED: u32 = 5;
-
-/// How the cluster executes GPU work (`pg_uvm_share.gpu_execution`, decided once).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
-pub enum Mode {
-    /// Not decided yet: the service has not started (clients wait for it).
-    Undecided = 0,
-    /// Every process runs its own work (and, with CUDA, its own context).
-    Process = 1,
-    /// Every segment operation runs in the service; clients submit requests.
-    Service = 2,
-}
-
-impl Mode {
-    pub fn from_u32(v: u32) -> Mode {
-        match v {
-            1 => Mode::Process,
-            2 => Mode::Service,
-            _ => Mode::Undecided,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Undecided => "undecided",
-            Mode::Process => "process",
-            Mode::Service => "service",
-        }
-    }
-}
 
 const MAGIC: u64 = 0x5556_4d53_4552_5631; // "UVMSERV1"
 /// Tickets a ring can mark abandoned at once (more cancelled waiters than this at the same

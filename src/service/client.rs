@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use pgrx::pg_sys;
 
-use super::channel::{Channel, Mode};
-use super::request::{Reply, Request};
+use super::channel::Channel;
 use crate::error::{Code, Result, UvmError};
+use crate::exec::request::{self, Reply, Request};
+use crate::exec::Mode;
 use crate::exec::{Executor, InFlight, Io, Pending};
 
 /// How long a client spins on its slot before sleeping on its latch.
@@ -148,7 +149,7 @@ pub fn mode(ch: &Channel) -> Result<Mode> {
             m => return Ok(m),
         }
         if let Some((code, msg)) = ch.error() {
-            return Err(UvmError::new(super::request::code_of(code), msg));
+            return Err(UvmError::new(request::code_of(code), msg));
         }
         if start.elapsed() > Duration::from_secs(60) {
             return Err(UvmError::new(Code::ObjectNotInPrerequisiteState, "the pg_uvm_share GPU service has not started")
@@ -193,7 +194,7 @@ impl Client {
                 return Ok(SlotGuard::new(self.ch, slot));
             }
             if let Some((code, msg)) = self.ch.error() {
-                return Err(UvmError::new(super::request::code_of(code), msg));
+                return Err(UvmError::new(request::code_of(code), msg));
             }
             if !settled {
                 // No slot now: free the ones this process holds before waiting for others'.
@@ -220,7 +221,7 @@ impl Client {
             }
             if self.ch.service_pid() == 0 {
                 if let Some((code, msg)) = self.ch.error() {
-                    return Err(UvmError::new(super::request::code_of(code), msg));
+                    return Err(UvmError::new(request::code_of(code), msg));
                 }
             }
             if self.deadline.is_some_and(|d| Instant::now() >= d) {

@@ -27,7 +27,8 @@
 //!
 //! - [`channel`] is the shared-memory request channel (plain Rust): fixed slots, each with a
 //!   staging area, a compare-and-swap state machine, and a ticket queue for when they run out.
-//! - [`request`] is what a slot carries: an operation, segment references, scalars, a reply.
+//! - `crate::exec::request` is what a slot carries: an operation, segment references, scalars,
+//!   a reply (the execution seam's vocabulary, which the service shares with the local executor).
 //! - `worker` is the background worker; `client` is the backend side (both pgrx).
 //!
 //! In service mode no backend maps a chunk or loads libcuda: backends keep a segment manager
@@ -56,7 +57,6 @@
 //!   SQLSTATE; the service and the other requests go on.
 
 pub mod channel;
-pub mod request;
 
 pub mod client;
 pub mod shmem;

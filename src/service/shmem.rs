@@ -6,8 +6,9 @@
 
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use super::channel::{Channel, Mode};
+use super::channel::Channel;
 use crate::error::{Code, Result, UvmError};
+use crate::exec::Mode;
 use crate::registry::shmem::Block;
 
 /// The request channel's shape, fixed at postmaster start (`pg_uvm_share.service_slots`,

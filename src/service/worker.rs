@@ -25,11 +25,12 @@ use std::time::{Duration, Instant};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::prelude::*;
 
-use super::channel::{Channel, Mode, ABANDONED};
-use super::request::{Op, Reply, Request};
+use super::channel::{Channel, ABANDONED};
 use crate::error::{Code, Result, UvmError};
 use crate::exec::local::{self, Work};
+use crate::exec::request::{self, Op, Reply, Request};
 use crate::exec::Io;
+use crate::exec::Mode;
 use crate::guc;
 use crate::provider::ProviderKind;
 
@@ -251,14 +252,14 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     // SAFETY: MyProcPid and MyLatch are set at process start; the latch is in our PGPROC.
     let (pid, latch) = unsafe { (pg_sys::MyProcPid, pg_sys::MyLatch as u64) };
     let incarnation = ch.service_started(pid, latch);
-    crate::sql::set_service_process();
+    crate::runtime::set_service_process();
 
-    let provider = crate::sql::try_with_segments(|s| Ok(s.provider().kind()));
+    let provider = crate::runtime::try_with_segments(|s| Ok(s.provider().kind()));
     let kind = match provider {
         Ok(k) => k,
         Err(e) => {
             pgrx::log!("pg_uvm_share gpu service: no provider: {}", e.message);
-            ch.set_error(super::request::code_index(e.code), &e.message);
+            ch.set_error(request::code_index(e.code), &e.message);
             idle_until_terminated(&ch, false);
         }
     };
@@ -280,11 +281,11 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
     if efd < 0 {
         let e = UvmError::last_os("eventfd failed");
-        ch.set_error(super::request::code_index(e.code), &e.message);
+        ch.set_error(request::code_index(e.code), &e.message);
         idle_until_terminated(&ch, false);
     }
     // One executor group per GPU the provider places chunks on (one without a device tier).
-    let gpus = crate::sql::try_with_segments(|s| Ok(s.provider().devices())).unwrap_or(0).max(1) as usize;
+    let gpus = crate::runtime::try_with_segments(|s| Ok(s.provider().devices())).unwrap_or(0).max(1) as usize;
     let pool = Arc::new(Pool {
         queues: Mutex::new((0..gpus).map(|_| VecDeque::new()).collect()),
         ready: (0..gpus).map(|_| Condvar::new()).collect(),
@@ -295,7 +296,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         stop: std::sync::atomic::AtomicBool::new(false),
     });
     // Chunks a migration or a drop replaced are released after the reply (each turn, below).
-    let _ = crate::sql::try_with_segments(|s| {
+    let _ = crate::runtime::try_with_segments(|s| {
         s.defer_releases(true);
         Ok(())
     });
@@ -403,14 +404,14 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
                     // SAFETY: the slot's state lives in shared memory as long as the process.
                     let _w = unsafe { crate::interrupt::watch(ch.state_flag(slot), ABANDONED) };
                     // SAFETY: taken: ours until complete.
-                    crate::sql::try_with_segments(|s| local::run_main(s, &req, unsafe { io_for(&ch, slot, &req) }))
+                    crate::runtime::try_with_segments(|s| local::run_main(s, &req, unsafe { io_for(&ch, slot, &req) }))
                 };
                 finish_here(&ch, slot, r);
                 continue;
             }
             // SAFETY: taken: ours until complete; the input is copied into the work.
             let io = unsafe { io_for(&ch, slot, &req) };
-            match crate::sql::try_with_segments(|s| local::prepare(s, &req, &io)) {
+            match crate::runtime::try_with_segments(|s| local::prepare(s, &req, &io)) {
                 Err(e) => finish_here(&ch, slot, Err(e)),
                 Ok(local::Job { pins, work }) => {
                     let id = next_job;
@@ -426,7 +427,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         //    their answers (freeing pinned memory is slow: it does not belong in the round trip),
         //    and in a turn without requests bring the host pool one piece closer to its size
         //    (pg_uvm_share.host_pool_size); while it grows, the next turn comes at once.
-        let pool_busy = crate::sql::try_with_segments(|s| {
+        let pool_busy = crate::runtime::try_with_segments(|s| {
             s.release_deferred();
             if busy_turn || Instant::now() < pool_retry_at {
                 return Ok(false);
@@ -483,7 +484,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
 }
 
 /// Jobs whose work runs (or ran) on an executor: id -> (slot, the pins of its segments).
-type Running = HashMap<u64, (u32, Vec<crate::segment::Pin<crate::sql::PgEnv>>)>;
+type Running = HashMap<u64, (u32, Vec<crate::segment::Pin<crate::runtime::PgEnv>>)>;
 
 /// Gives back the pins of the jobs the executors have finished.
 fn reap(pool: &Pool, running: &mut Running) {
@@ -522,7 +523,7 @@ fn try_prefetch(ch: &Channel, p: Parked) -> Option<Parked> {
     let r = {
         // SAFETY: the slot's state lives in shared memory as long as the process.
         let _w = unsafe { crate::interrupt::watch(ch.state_flag(p.slot), ABANDONED) };
-        crate::sql::try_with_segments(|s| local::run_main(s, &now, Io::None))
+        crate::runtime::try_with_segments(|s| local::run_main(s, &now, Io::None))
     };
     match r {
         Err(e) if e.code == Code::LockNotAvailable && p.since.elapsed() < wait => Some(p),
@@ -564,7 +565,7 @@ fn idle_until_terminated(ch: &Channel, keep_pool: bool) -> ! {
                 // SAFETY: reloads postgresql.conf in the main thread, as any process does.
                 unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
             }
-            pool_busy = crate::sql::try_with_segments(|s| s.pool_step()).unwrap_or(false);
+            pool_busy = crate::runtime::try_with_segments(|s| s.pool_step()).unwrap_or(false);
         }
         // SAFETY: MyLatch is this process's latch; main thread.
         unsafe {

@@ -7,10 +7,10 @@
 use pgrx::iter::TableIterator;
 use pgrx::prelude::*;
 
-use super::{current_user, now, report, resolve, with_executor, with_segments};
 use crate::error::{Code, UvmError};
 use crate::exec;
 use crate::registry::{Tier, TierPref};
+use crate::runtime::{current_user, now, report, resolve, with_executor, with_segments};
 
 fn parse_tier(tier: &str) -> TierPref {
     TierPref::parse(tier).unwrap_or_else(|e| report(e))
@@ -40,7 +40,7 @@ fn drop_segment(name: &str) {
     with_executor(|ex| exec::drop(ex, &resolve(name, "drop")?.0));
     // In service mode the service dropped it: forget this process's own attachment (session
     // pins and lookups) at once, as a process-mode drop does.
-    super::if_segments(|s| s.detach_dropped());
+    crate::runtime::if_segments(|s| s.detach_dropped());
 }
 
 /// Grows segment `name` to `new_size` bytes (never shrinks). Returns the new size.
@@ -172,7 +172,7 @@ fn prefetch_segment(name: &str, offset: i64, length: i64, tier: &str) -> i64 {
 #[pg_extern(volatile, parallel_unsafe)]
 fn pin_segment(name: &str) {
     crate::registry::check_not_reserved(name).unwrap_or_else(|e| report(e));
-    with_segments(|s| s.pin_session(name, |o| super::authorize(o, name, "pin")))
+    with_segments(|s| s.pin_session(name, |o| crate::runtime::authorize(o, name, "pin")))
 }
 
 /// Releases one pin taken by this session with `pin_segment`; false if it held none.
@@ -187,13 +187,13 @@ fn unpin_segment(name: &str) -> bool {
 #[pg_extern(volatile, parallel_safe)]
 fn attach_segment(name: &str) -> f64 {
     crate::registry::check_not_reserved(name).unwrap_or_else(|e| report(e));
-    with_segments(|s| Ok(s.pin(name, |o| super::authorize(o, name, "read"))?.map_ms()))
+    with_segments(|s| Ok(s.pin(name, |o| crate::runtime::authorize(o, name, "read"))?.map_ms()))
 }
 
 /// The execution mode, the provider and its capabilities, as (property, value) rows.
 #[pg_extern(volatile, parallel_safe)]
 fn device_info() -> TableIterator<'static, (name!(property, String), name!(value, String))> {
-    let mode = super::execution_mode().unwrap_or_else(|e| report(e));
+    let mode = crate::runtime::execution_mode().unwrap_or_else(|e| report(e));
     let mut rows = with_executor(exec::info);
     let reg = crate::registry::shmem::shared().unwrap_or_else(|e| report(e));
     let ch = crate::service::shmem::channel().unwrap_or_else(|e| report(e));

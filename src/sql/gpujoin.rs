@@ -26,13 +26,13 @@ use pgrx::datum::Internal;
 use pgrx::prelude::*;
 use pgrx::{AllocatedByRust, AnyNumeric, PgMemoryContexts};
 
-use super::{current_user, now, report, resolve, with_executor};
 use crate::error::{Code, Result, UvmError};
 use crate::exec::{self, SegRef};
 use crate::gpujoin::pairs;
 use crate::gpujoin::probe::{ProbeState, BATCH};
 use crate::gpujoin::table::{self, KeyType};
 use crate::registry::TierPref;
+use crate::runtime::{current_user, now, report, resolve, with_executor};
 
 pgrx::extension_sql!(
     "CREATE TYPE gpujoin_result AS (matches bigint, payload_sum numeric);",
@@ -172,8 +172,8 @@ impl Drop for HalfBuilt {
             // the registry lock and waiting for the service are allowed). Interrupts are held
             // off, so that a second cancel cannot raise an ERROR inside this drop; the drop's
             // own error (another process pinned the segment) is ignored.
-            super::held_off(|| {
-                let _ = std::panic::catch_unwind(|| super::try_with_executor(|ex| exec::drop(ex, &seg)));
+            crate::runtime::held_off(|| {
+                let _ = std::panic::catch_unwind(|| crate::runtime::try_with_executor(|ex| exec::drop(ex, &seg)));
             });
         }
     }
@@ -409,7 +409,7 @@ unsafe fn transition(fcinfo: pg_sys::FunctionCallInfo, materialize: bool, key_wi
     // SAFETY: forwarded contract: the arguments have the declared types.
     unsafe {
         let st: *mut AggState = if pgrx::fcinfo::pg_arg_is_null(fcinfo, 0) {
-            super::warm_up_gpu();
+            crate::runtime::warm_up_gpu();
             new_state(fcinfo)
         } else {
             pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, 0).cast_mut_ptr()

@@ -593,7 +593,7 @@ pub(super) unsafe fn make_path(
         let build = pg_sys::cpu_operator_cost * (INNER_ROW_FACTOR + GPU_ROW_FACTOR);
         let probe = pg_sys::cpu_operator_cost * (1.0 + GPU_ROW_FACTOR);
         p.startup_cost = (*inner_path).total_cost + (*inner_path).rows * build + SETUP_COST;
-        if let Some(w) = workers.filter(|_| crate::sql::per_process_cuda()) {
+        if let Some(w) = workers.filter(|_| crate::runtime::per_process_cuda()) {
             p.startup_cost += f64::from(w) * WORKER_CONTEXT_FACTOR * pg_sys::parallel_setup_cost;
         }
         // The pairs the key forms (this participant's outer rows against the whole inner

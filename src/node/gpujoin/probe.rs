@@ -264,7 +264,7 @@ impl GpuJoinScan {
         let mut buf = self.emitter.take_buffer();
         let keys = self.batch.distinct();
         let t = Instant::now();
-        let got = crate::sql::try_executor(|ex| {
+        let got = crate::runtime::try_executor(|ex| {
             exec::pairs_reset(ex, &result)?;
             let (m, _) = exec::materialize(ex, &table, &result, kt, keys)?;
             let mut raw = [0u8; pairs::HEADER_BYTES as usize];

@@ -1,4 +1,5 @@
-//! What travels through a channel slot: a fixed-size request (an operation, references into
+//! The execution seam's vocabulary, and what travels through a GPU service channel slot: the
+//! cluster's execution [`Mode`], a fixed-size request (an operation, references into
 //! segments, scalars) and a fixed-size reply (values, or an error with its SQLSTATE). Bulk
 //! data never does: it lies in the slot's staging area, or in the segments themselves.
 //!
@@ -8,6 +9,35 @@
 //! undefined behaviour.
 
 use crate::error::{Code, UvmError};
+
+/// How the cluster executes GPU work (`pg_uvm_share.gpu_execution`, decided once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Mode {
+    /// Not decided yet: the service has not started (clients wait for it).
+    Undecided = 0,
+    /// Every process runs its own work (and, with CUDA, its own context).
+    Process = 1,
+    /// Every segment operation runs in the service; clients submit requests.
+    Service = 2,
+}
+
+impl Mode {
+    pub fn from_u32(v: u32) -> Mode {
+        match v {
+            1 => Mode::Process,
+            2 => Mode::Service,
+            _ => Mode::Undecided,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Undecided => "undecided",
+            Mode::Process => "process",
+            Mode::Service => "service",
+        }
+    }
+}
 
 /// Longest segment name (NAMEDATALEN - 1).
 pub const NAME_BYTES: usize = 64;

@@ -1,0 +1,391 @@
+//! The backend runtime: what every PostgreSQL surface of the extension (the SQL functions, the
+//! C API, the plan nodes) and the GPU service's worker share in a process: this process's
+//! segment manager, the provider and executor choice, error reporting, authorisation against
+//! the owner role, and PostgreSQL's process conventions (exit callbacks, interrupts held off).
+//!
+//! It sits below the surfaces and above the execution seam (`crate::exec`): a surface asks it
+//! for the cluster's executor ([`with_executor`]) and never which one it got. `crate::init`
+//! (`_PG_init`) sets the process up.
+//!
+//! # What runs where
+//!
+//! - postmaster: `_PG_init` defines the GUCs, reserves the address arena, installs the shared
+//!   memory hooks and registers the broker. It never creates, maps or opens a chunk.
+//! - broker (background worker): holds chunk fds (`broker::worker`).
+//! - GPU service (background worker, `crate::service`): in service mode, runs every operation
+//!   on segment memory, with the cluster's provider; not registered under
+//!   `gpu_execution = process`.
+//! - backends, parallel workers, other background workers: a [`Segments`] manager created on
+//!   first use, whose attachments are undone by a `before_shmem_exit` callback. Its provider
+//!   maps chunks in process mode and maps nothing in service mode (`provider::remote`).
+//!
+//! Surfaces reach segment memory through [`with_executor`], which hands them the cluster's
+//! executor (this process's manager, or the service): they never ask which.
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+
+use pgrx::pg_sys;
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::{PgLogLevel, PgSqlErrorCode};
+
+use crate::error::{Code, Result, UvmError};
+use crate::exec::local::Local;
+use crate::exec::{Executor, Mode, SegRef};
+use crate::guc;
+use crate::provider::cuda::CudaProvider;
+use crate::provider::host::HostProvider;
+use crate::provider::remote::RemoteProvider;
+use crate::provider::{Provider, ProviderKind};
+use crate::registry::shmem::{self, ExclusiveGuard, SharedGuard};
+use crate::registry::SegmentInfo;
+use crate::segment::{Env, Limits, Segments};
+use crate::service::client::Client;
+use crate::service::shmem::channel;
+
+/// How long a cleanup waits for the GPU service ([`try_with_executor`]).
+const CLEANUP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether this process is the GPU service (set once at its start).
+static IS_SERVICE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Marks this process as the GPU service: its segment manager gets the real provider whatever
+/// the mode.
+pub fn set_service_process() {
+    IS_SERVICE.store(true, std::sync::atomic::Ordering::Release);
+}
+
+/// The cluster's execution mode (waiting, serving interrupts, while the service decides it).
+pub fn execution_mode() -> Result<Mode> {
+    crate::service::client::mode(&channel()?)
+}
+
+/// Runs `f` with the cluster's executor: this process's segment manager in process mode, the
+/// GPU service in service mode. An error is raised as a PostgreSQL ERROR.
+pub fn with_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> R {
+    try_executor(f).unwrap_or_else(|e| report(e))
+}
+
+/// [`with_executor`], returning the error instead of raising it.
+pub fn try_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> Result<R> {
+    match execution_mode()? {
+        Mode::Service => f(&mut Client::new(channel()?)),
+        _ => try_with_segments(|s| f(&mut Local { segs: s })),
+    }
+}
+
+/// Runs `f` with interrupts held off (`HOLD_INTERRUPTS`), so that a cancel arriving meanwhile
+/// cannot raise an ERROR inside it: for cleanups in drop guards and callbacks. The hold ends
+/// when `f` returns or unwinds.
+pub fn held_off<R>(f: impl FnOnce() -> R) -> R {
+    struct Hold;
+    impl Drop for Hold {
+        fn drop(&mut self) {
+            // SAFETY: a process-local counter of the main thread, raised by `held_off` below.
+            unsafe { pg_sys::InterruptHoldoffCount -= 1 };
+        }
+    }
+    // SAFETY: as above; lowered again by Hold's drop.
+    unsafe { pg_sys::InterruptHoldoffCount += 1 };
+    let _hold = Hold;
+    f()
+}
+
+/// [`with_executor`], returning the error instead of raising it, and waiting for the service at
+/// most 10 s: for cleanups in drop guards, which run with interrupts held off.
+pub fn try_with_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> Result<R> {
+    match execution_mode()? {
+        Mode::Service => f(&mut Client { ch: channel()?, deadline: Some(std::time::Instant::now() + CLEANUP_WAIT) }),
+        _ => try_with_segments(|s| f(&mut Local { segs: s })),
+    }
+}
+
+/// Finds segment `name` in the registry and checks the current user may `action` it (42501
+/// otherwise; 42939 for a name in the plan nodes' reserved namespace, whether or not such a
+/// segment exists): the reference a request carries, and the snapshot it was resolved from.
+pub fn resolve(name: &str, action: &str) -> Result<(SegRef, SegmentInfo)> {
+    crate::registry::validate_name(name)?;
+    crate::registry::check_not_reserved(name)?;
+    let info = {
+        let reg = shmem::shared()?;
+        let slot = reg.lookup(name)?;
+        reg.info(slot)
+    };
+    authorize(info.owner, name, action)?;
+    Ok((SegRef::new(name, info.id)?, info))
+}
+
+/// Raises `e` as a PostgreSQL ERROR with its SQLSTATE. Does not return.
+pub fn report(e: UvmError) -> ! {
+    let mut r = ErrorReport::new(sqlstate(e.code), e.message, "pg_uvm_share");
+    if let Some(d) = e.detail {
+        r = r.set_detail(d);
+    }
+    if let Some(h) = e.hint {
+        r = r.set_hint(h);
+    }
+    r.report(PgLogLevel::ERROR);
+    unreachable!("ereport(ERROR) returned")
+}
+
+fn sqlstate(c: Code) -> PgSqlErrorCode {
+    use PgSqlErrorCode::*;
+    match c {
+        Code::InvalidParameterValue => ERRCODE_INVALID_PARAMETER_VALUE,
+        Code::NullValueNotAllowed => ERRCODE_NULL_VALUE_NOT_ALLOWED,
+        Code::OutOfRange => ERRCODE_ARRAY_ELEMENT_ERROR, // 2202E, alias of ARRAY_SUBSCRIPT_ERROR
+        Code::InvalidName => ERRCODE_INVALID_NAME,
+        Code::NameTooLong => ERRCODE_NAME_TOO_LONG,
+        Code::DatatypeMismatch => ERRCODE_DATATYPE_MISMATCH,
+        Code::UndefinedObject => ERRCODE_UNDEFINED_OBJECT,
+        Code::DuplicateObject => ERRCODE_DUPLICATE_OBJECT,
+        Code::InsufficientPrivilege => ERRCODE_INSUFFICIENT_PRIVILEGE,
+        Code::ProgramLimitExceeded => ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        Code::ConfigurationLimitExceeded => ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+        Code::OutOfMemory => ERRCODE_OUT_OF_MEMORY,
+        Code::ObjectInUse => ERRCODE_OBJECT_IN_USE,
+        Code::ObjectNotInPrerequisiteState => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        Code::FeatureNotSupported => ERRCODE_FEATURE_NOT_SUPPORTED,
+        Code::LockNotAvailable => ERRCODE_LOCK_NOT_AVAILABLE,
+        Code::SystemError => ERRCODE_SYSTEM_ERROR,
+        Code::ProtocolViolation => ERRCODE_PROTOCOL_VIOLATION,
+        Code::NumericValueOutOfRange => ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+        Code::QueryCanceled => ERRCODE_QUERY_CANCELED,
+        Code::ReservedName => ERRCODE_RESERVED_NAME,
+    }
+}
+
+/// The interrupt hook of the plain-Rust loops (`crate::interrupt`): a pending cancel or
+/// timeout raises its ERROR here, which unwinds through the loop's guards.
+pub(crate) fn check_for_interrupts() -> Result<()> {
+    pg_sys::check_for_interrupts!();
+    Ok(())
+}
+
+/// The registry through PostgreSQL's LWLock, for the segment layer.
+#[derive(Clone)]
+pub struct PgEnv;
+
+impl Env for PgEnv {
+    type Shared = SharedGuard;
+    type Exclusive = ExclusiveGuard;
+    fn shared(&self) -> Result<SharedGuard> {
+        shmem::shared()
+    }
+    fn exclusive(&self) -> Result<ExclusiveGuard> {
+        shmem::exclusive()
+    }
+    fn pid(&self) -> i32 {
+        // SAFETY: MyProcPid is set at process start and never changes.
+        unsafe { pg_sys::MyProcPid }
+    }
+    fn broker_path(&self) -> PathBuf {
+        // Every PostgreSQL process runs in the data directory.
+        PathBuf::from(crate::broker::SOCKET_NAME)
+    }
+}
+
+thread_local! {
+    /// This process's segment manager, created on first use. PostgreSQL backends are
+    /// single-threaded; no other thread ever touches it.
+    static SEGMENTS: RefCell<Option<Segments<PgEnv>>> = const { RefCell::new(None) };
+}
+
+fn limits() -> Limits {
+    Limits {
+        min_chunk: guc::min_chunk_size(),
+        max_segment_size: guc::max_segment_size(),
+        device_limit: guc::device_memory_limit(),
+        pin_wait: std::time::Duration::from_millis(guc::PIN_WAIT_TIMEOUT_MS.get().max(0) as u64),
+        pool_size: guc::host_pool().0,
+        pool_piece: guc::host_pool().1,
+    }
+}
+
+/// The provider of this process: the one recorded in the registry for the whole cluster, or,
+/// for the first process, the one `pg_uvm_share.provider` picks (`auto`: CUDA when the driver
+/// loads and the GPU can share VMM memory through POSIX fds, else host).
+fn make_provider() -> Result<Box<dyn Provider>> {
+    if !IS_SERVICE.load(std::sync::atomic::Ordering::Acquire) && execution_mode()? == Mode::Service {
+        let recorded = shmem::shared()?.provider();
+        return Ok(Box::new(RemoteProvider { kind: ProviderKind::from_code(recorded).unwrap_or(ProviderKind::Host) }));
+    }
+    let choice = guc::PROVIDER.get();
+    let (recorded, arena) = {
+        let reg = shmem::shared()?;
+        (reg.provider(), reg.arena())
+    };
+    crate::gpu::set_arena(arena);
+    crate::gpu::set_devices_wanted(guc::cuda_devices());
+    let wanted = match (ProviderKind::from_code(recorded), choice) {
+        (Some(k), _) => k,
+        (None, guc::ProviderChoice::Host) => ProviderKind::Host,
+        (None, guc::ProviderChoice::Cuda) => ProviderKind::Cuda,
+        (None, guc::ProviderChoice::Auto) => {
+            if crate::gpu::driver_present() && CudaProvider::new().is_ok() {
+                ProviderKind::Cuda
+            } else {
+                ProviderKind::Host
+            }
+        }
+    };
+    let kind = ProviderKind::from_code(shmem::exclusive()?.claim_provider(wanted.code())).expect("valid code");
+    match (kind, choice) {
+        (ProviderKind::Host, guc::ProviderChoice::Cuda) | (ProviderKind::Cuda, guc::ProviderChoice::Host) => {
+            return Err(UvmError::new(
+                Code::ObjectNotInPrerequisiteState,
+                format!("this cluster already uses provider \"{}\", not \"{}\"", kind.name(), wanted.name()),
+            )
+            .hint("pg_uvm_share.provider takes effect at server start."))
+        }
+        _ => {}
+    }
+    let provider: Box<dyn Provider> = match kind {
+        ProviderKind::Host => Box::new(HostProvider::simulating(guc::simulated_devices())),
+        ProviderKind::Cuda => Box::new(
+            CudaProvider::new().map_err(|e| e.hint("The cluster's provider is cuda; this process could not initialise CUDA."))?,
+        ),
+    };
+    shmem::exclusive()?.record_devices(provider.devices());
+    Ok(provider)
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
+    // A FATAL error may have been raised while the registry lock was held. (One raised while
+    // this process waited for the GPU service is the client's exit callback's business.)
+    shmem::release_if_held();
+    SEGMENTS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut segs) => {
+            if let Some(s) = segs.as_mut() {
+                s.detach_all();
+            }
+        }
+        // A FATAL error (pg_terminate_backend, for one) was raised inside a call that borrows
+        // the manager: PostgreSQL exits without unwinding, so the manager cannot be used. Its
+        // mappings and broker connection end with the process; its attachment slots, and the
+        // pins counted on them, are in shared memory and must be given back here.
+        Err(_) => {
+            if let Ok(mut reg) = PgEnv.exclusive() {
+                reg.detach_process(PgEnv.pid());
+            }
+        }
+    });
+}
+
+/// The provider this cluster uses, once a process has claimed it (the GPU service does at
+/// start-up; in process mode, the first process that uses a segment), or the one
+/// `pg_uvm_share.provider` names; `None` while `auto` has not been resolved yet. For the
+/// planner (`crate::node::gpujoin`'s `enable_gpujoin = auto`), which must not start a provider.
+pub fn cluster_provider() -> Option<ProviderKind> {
+    let recorded = shmem::shared().ok().and_then(|r| ProviderKind::from_code(r.provider()));
+    recorded.or(match guc::PROVIDER.get() {
+        guc::ProviderChoice::Host => Some(ProviderKind::Host),
+        guc::ProviderChoice::Cuda => Some(ProviderKind::Cuda),
+        guc::ProviderChoice::Auto => None,
+    })
+}
+
+/// Whether every process of the cluster runs its kernels itself with CUDA (the `process`
+/// execution mode on the CUDA provider): each parallel worker then creates a CUDA context of
+/// its own. Asked by the planner, so it does not wait for the service to decide the mode (not
+/// decided yet: false).
+pub fn per_process_cuda() -> bool {
+    cluster_provider() == Some(ProviderKind::Cuda) && channel().map(|c| c.mode()) == Ok(Mode::Process)
+}
+
+/// Starts CUDA on a helper thread (`gpu::warm_up_in_background`) when this cluster's provider is
+/// CUDA and this process has no segment manager yet: the GpuJoin aggregates call it at their
+/// first row, so that a parallel worker's CUDA start-up overlaps its scan. The helper is joined
+/// at process exit.
+pub fn warm_up_gpu() {
+    thread_local! {
+        static ASKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if ASKED.with(|a| a.replace(true)) || SEGMENTS.with(|c| c.borrow().is_some()) {
+        return;
+    }
+    if channel().map(|c| c.mode()) != Ok(Mode::Process) {
+        return; // the service (or nobody yet) runs the kernels
+    }
+    let Ok((recorded, arena)) = shmem::shared().map(|r| (r.provider(), r.arena())) else { return };
+    if ProviderKind::from_code(recorded) != Some(ProviderKind::Cuda) {
+        return;
+    }
+    crate::gpu::set_arena(arena);
+    crate::gpu::set_devices_wanted(guc::cuda_devices());
+    // SAFETY: registers a callback PostgreSQL runs at process exit; it is pg_guard'ed.
+    unsafe { pg_sys::on_proc_exit(Some(join_warm_up), pg_sys::Datum::from(0)) };
+    crate::gpu::warm_up_in_background();
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn join_warm_up(_code: i32, _arg: pg_sys::Datum) {
+    crate::gpu::join_warm_up();
+}
+
+/// Runs `f` with this process's segment manager, creating it on first use; an error is raised
+/// as a PostgreSQL ERROR.
+pub fn with_segments<R>(f: impl FnOnce(&mut Segments<PgEnv>) -> Result<R>) -> R {
+    try_with_segments(f).unwrap_or_else(|e| report(e))
+}
+
+/// Runs `f` with this process's segment manager if it has one (an error is raised).
+pub fn if_segments(f: impl FnOnce(&mut Segments<PgEnv>) -> Result<()>) {
+    let r = SEGMENTS.with(|cell| match cell.borrow_mut().as_mut() {
+        Some(s) => f(s),
+        None => Ok(()),
+    });
+    r.unwrap_or_else(|e| report(e))
+}
+
+/// [`with_segments`], returning the error (the GPU service answers it to its client).
+pub fn try_with_segments<R>(f: impl FnOnce(&mut Segments<PgEnv>) -> Result<R>) -> Result<R> {
+    SEGMENTS.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            if !shmem::available() {
+                return Err(UvmError::new(
+                    Code::ObjectNotInPrerequisiteState,
+                    "pg_uvm_share is not loaded through shared_preload_libraries",
+                ));
+            }
+            let provider = make_provider()?;
+            // SAFETY: registers a callback PostgreSQL runs at process exit; `on_exit` is a
+            // pg_guard'ed C-unwind function.
+            unsafe { pg_sys::before_shmem_exit(Some(on_exit), pg_sys::Datum::from(0)) };
+            *slot = Some(Segments::new(PgEnv, provider, limits()));
+        }
+        let segs = slot.as_mut().expect("created above");
+        segs.limits = limits(); // the SIGHUP-reloadable settings may have changed
+        f(segs)
+    })
+}
+
+/// The current user, for ownership of new segments.
+pub fn current_user() -> u32 {
+    // SAFETY: GetUserId reads the session's current user id.
+    unsafe { pg_sys::GetUserId() }.to_u32()
+}
+
+/// Fails with 42501 unless the current user has the privileges of role `owner` (is it, is a
+/// member of it, or is a superuser), as for a table's owner; with 42939 for a name in the plan
+/// nodes' reserved namespace, which no user touches (the nodes' own operations do not come
+/// here).
+pub fn authorize(owner: u32, name: &str, action: &str) -> Result<()> {
+    crate::registry::check_not_reserved(name)?;
+    // SAFETY: has_privs_of_role reads the role membership cache of this backend.
+    let ok = unsafe { pg_sys::has_privs_of_role(pg_sys::GetUserId(), pg_sys::Oid::from(owner)) };
+    if ok {
+        Ok(())
+    } else {
+        Err(UvmError::new(Code::InsufficientPrivilege, format!("permission denied to {action} segment \"{name}\""))
+            .detail("Only roles with the privileges of the segment's owner may use it."))
+    }
+}
+
+/// Now, as a PostgreSQL timestamptz.
+pub fn now() -> i64 {
+    // SAFETY: GetCurrentTimestamp reads the clock.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
