@@ -408,7 +408,7 @@ unsafe extern "C-unwind" fn api_pin(name: *const c_char, expect: *const UvmSegme
         }
         crate::registry::check_not_reserved(name)?;
         let owner = current_owner()?;
-        let service = runtime::execution_mode()? == Mode::Service;
+        let mapped = runtime::maps_segment_memory()?;
         let pin = runtime::try_with_segments(|s| s.pin(name, |o| runtime::authorize(o, name, "pin")))?;
         let i = pin.info();
         if !expect.is_null() {
@@ -435,10 +435,10 @@ unsafe extern "C-unwind" fn api_pin(name: *const c_char, expect: *const UvmSegme
                 offset: c.offset,
                 size: c.size,
                 tier: c.tier as u32,
-                cpu_mapped: (!service && pin.cpu_mapped(c.tier)) as u32,
+                cpu_mapped: (mapped && pin.cpu_mapped(c.tier)) as u32,
             })
             .collect();
-        let base = if service { std::ptr::null_mut() } else { pin.base() as *mut c_void };
+        let base = if mapped { pin.base() as *mut c_void } else { std::ptr::null_mut() };
         let filled = UvmPin {
             handle: new_handle(),
             info: info_of(i),
@@ -507,17 +507,7 @@ unsafe extern "C-unwind" fn api_device_address(h: u64, offset: i64, len: i64) ->
     guarded(|| {
         let (_, size) = pinned(h)?;
         check_pinned(size, offset, len)?;
-        if runtime::execution_mode()? == Mode::Service {
-            return Err(UvmError::new(
-                Code::FeatureNotSupported,
-                "no device address in this process: the GPU service maps segments",
-            )
-            .hint("pg_uvm_share.gpu_execution is service: launch kernels through the API's launch functions."));
-        }
-        let kind = runtime::try_with_segments(|s| Ok(s.provider().kind()))?;
-        if kind != crate::provider::ProviderKind::Cuda {
-            return Err(crate::gpu::user::needs_cuda());
-        }
+        runtime::check_device_addresses()?;
         PINS.with(|p| p.borrow().iter().find(|x| x.handle == h).map(|x| x.pin.addr(offset, len)))
             .ok_or_else(|| bad_handle("pin", h))?
     })

@@ -17,8 +17,11 @@
 //!   mappings, with the one CUDA context of the cluster: the `service` mode.
 //!
 //! The mode is chosen once per cluster (`pg_uvm_share.gpu_execution`), and CPU versus GPU is
-//! chosen once per provider ([`local::Engine`]), so the SQL layer never asks either question:
-//! it builds requests with the typed helpers below and hands them to whatever executor it has.
+//! chosen once per provider ([`local::Engine`]), so no surface (the SQL functions, the C API,
+//! the plan nodes) asks either question: it asks the runtime for what it needs
+//! (`crate::runtime`: whether this process maps segment memory, device addresses, the staging
+//! limit, whether a GPU does the work), builds requests with the typed helpers below and hands
+//! them to whatever executor the runtime gives it.
 //! The helpers split requests whose data exceeds what one request may carry
 //! ([`Executor::max_io`]: a staging area in service mode, unbounded in process mode).
 //!

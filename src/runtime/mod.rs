@@ -19,8 +19,20 @@
 //!   first use, whose attachments are undone by a `before_shmem_exit` callback. Its provider
 //!   maps chunks in process mode and maps nothing in service mode (`provider::remote`).
 //!
-//! Surfaces reach segment memory through [`with_executor`], which hands them the cluster's
-//! executor (this process's manager, or the service): they never ask which.
+//! # Two ways to memory, and which to use
+//!
+//! - [`with_executor`] (and [`try_executor`]): every operation on segment *contents* and every
+//!   registry change (create, grow, drop, migrate, read, write, the GpuJoin work). It hands the
+//!   cluster's executor (this process's manager, or the GPU service); the caller never asks
+//!   which.
+//! - [`with_segments`] (and [`try_with_segments`], [`if_segments`]): only what belongs to this
+//!   process whatever the mode: its pins and session pins, its mappings (`attach_segment`, the
+//!   C API's pins and addresses) and forgetting a dropped segment's attachment.
+//!
+//! Where a surface's behaviour depends on the mode or the provider, it asks a question here
+//! phrased as what it needs ([`maps_segment_memory`], [`check_device_addresses`],
+//! [`request_staging_bytes`], [`gpu_does_the_work`], [`per_process_cuda`]), never "service or
+//! process", "CUDA or host".
 
 use std::cell::RefCell;
 use std::path::PathBuf;
@@ -284,6 +296,59 @@ pub fn cluster_provider() -> Option<ProviderKind> {
         guc::ProviderChoice::Cuda => Some(ProviderKind::Cuda),
         guc::ProviderChoice::Auto => None,
     })
+}
+
+/// Whether a GPU does this cluster's work (its provider is CUDA; unknown yet: false): the
+/// planner's `enable_gpujoin = auto`, which must not start a provider.
+pub fn gpu_does_the_work() -> bool {
+    cluster_provider() == Some(ProviderKind::Cuda)
+}
+
+/// Whether this process maps segment memory itself, so that CPU code may read it by address
+/// (false where the GPU service runs every operation and maps the segments).
+pub fn maps_segment_memory() -> Result<bool> {
+    Ok(IS_SERVICE.load(std::sync::atomic::Ordering::Acquire) || execution_mode()? != Mode::Service)
+}
+
+/// Ok when this process can hand out device addresses of segment memory (it maps the
+/// segments, with the CUDA provider); else the error that says why not.
+pub fn check_device_addresses() -> Result<()> {
+    if !maps_segment_memory()? {
+        return Err(UvmError::new(Code::FeatureNotSupported, "no device address in this process: the GPU service maps segments")
+            .hint("pg_uvm_share.gpu_execution is service: launch kernels through the API's launch functions."));
+    }
+    if try_with_segments(|s| Ok(s.provider().kind()))? != ProviderKind::Cuda {
+        return Err(crate::gpu::user::needs_cuda());
+    }
+    Ok(())
+}
+
+/// The bytes of bulk data (keys, bytes read or written) one request carries at most, where
+/// requests travel to another process through a staging area; `None` where this process runs
+/// them on its own mappings, without a limit.
+pub fn request_staging_bytes() -> Option<u64> {
+    match channel().map(|c| (c.mode(), c.staging_bytes())) {
+        Ok((Mode::Service, staging)) => Some(staging as u64),
+        _ => None,
+    }
+}
+
+/// The cluster's execution, as `uvm.device_info()` reports it: the mode, the GPU service's pid
+/// and its request counters.
+pub fn execution_report() -> Result<Vec<(String, String)>> {
+    let mode = execution_mode()?;
+    let ch = channel()?;
+    let (submitted, completed, abandoned) = ch.counters();
+    Ok(vec![
+        ("execution".to_string(), mode.name().to_string()),
+        ("service_pid".into(), ch.service_pid().to_string()),
+        ("service_requests".into(), format!("{submitted} submitted, {completed} completed, {abandoned} abandoned")),
+    ])
+}
+
+/// Requests the GPU service routed to GPU `n` (0 in process mode).
+pub fn routed_to(n: u32) -> u64 {
+    channel().map(|c| c.routed(n)).unwrap_or(0)
 }
 
 /// Whether every process of the cluster runs its kernels itself with CUDA (the `process`

@@ -193,17 +193,10 @@ fn attach_segment(name: &str) -> f64 {
 /// The execution mode, the provider and its capabilities, as (property, value) rows.
 #[pg_extern(volatile, parallel_safe)]
 fn device_info() -> TableIterator<'static, (name!(property, String), name!(value, String))> {
-    let mode = crate::runtime::execution_mode().unwrap_or_else(|e| report(e));
+    let mut head = crate::runtime::execution_report().unwrap_or_else(|e| report(e));
     let mut rows = with_executor(exec::info);
     let reg = crate::registry::shmem::shared().unwrap_or_else(|e| report(e));
-    let ch = crate::service::shmem::channel().unwrap_or_else(|e| report(e));
     let arena = reg.arena();
-    let (submitted, completed, abandoned) = ch.counters();
-    let mut head = vec![
-        ("execution".to_string(), mode.name().to_string()),
-        ("service_pid".into(), ch.service_pid().to_string()),
-        ("service_requests".into(), format!("{submitted} submitted, {completed} completed, {abandoned} abandoned")),
-    ];
     let mut tail = vec![
         ("broker_pid".to_string(), reg.broker_pid().to_string()),
         ("epoch".into(), format!("{:016x}", reg.epoch())),
@@ -218,7 +211,7 @@ fn device_info() -> TableIterator<'static, (name!(property, String), name!(value
     // requests the service routed to it.
     for n in 0..reg.devices() {
         tail.push((format!("gpu{n}_bytes"), reg.gpu_bytes(n).to_string()));
-        tail.push((format!("gpu{n}_requests"), ch.routed(n).to_string()));
+        tail.push((format!("gpu{n}_requests"), crate::runtime::routed_to(n).to_string()));
     }
     // provider, tiers, granularity, gpu_kernels first (as before), then the registry's rows,
     // then the provider's details and the last migration.

@@ -323,9 +323,9 @@ struct AggState {
 
 /// Keys per batch for this process (see [`AggState::batch`]).
 fn batch_keys() -> usize {
-    match crate::service::shmem::channel().map(|c| (c.mode(), c.staging_bytes())) {
-        Ok((exec::Mode::Service, staging)) => (staging / 8).max(BATCH),
-        _ => BATCH,
+    match crate::runtime::request_staging_bytes() {
+        Some(staging) => (staging as usize / 8).max(BATCH),
+        None => BATCH,
     }
 }
 

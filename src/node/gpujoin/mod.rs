@@ -140,6 +140,6 @@ pub fn enabled() -> bool {
         // On where a GPU does the work (the cluster's provider is CUDA), where the cost model
         // (`plan`'s module comment) is calibrated; the host provider's CPU path is never faster than
         // PostgreSQL's own joins. Unknown until some process claimed the provider: off.
-        GpuJoinChoice::Auto => crate::runtime::cluster_provider() == Some(crate::provider::ProviderKind::Cuda),
+        GpuJoinChoice::Auto => crate::runtime::gpu_does_the_work(),
     }
 }
