@@ -122,17 +122,22 @@ install: prereqs
 	  $(if $(SUDO_FLAG),sudo) install -m 644 "$$f" "$$ext/$$b"; \
 	done
 
-# The layers of docs/ARCHITECTURE.md, whose imports only point down (scripts/check-layers);
+# The layers of docs/ARCHITECTURE.md, whose imports only point down (scripts/check-layers), and
+# no pgrx under the core crate (crates/uvm_core);
 # formatting (rustfmt.toml) and clippy with warnings denied, over every crate, target and
 # feature the suites build (the pgrx tests and the GPU suite's programs included). The lints
 # that hold the unsafe code to its SAFETY comments are set in Cargo.toml ([workspace.lints]).
 lint:
 	scripts/check-layers
+	@if $(CARGO) tree -p uvm_core -e normal,build --prefix none | grep -q '^pgrx'; then \
+	  echo "lint: pgrx is in uvm_core's dependency tree (the core crate must not reach PostgreSQL)" >&2; exit 1; fi
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --features pg_uvm_share/pg_test,pg_uvm_share_tests/gpu -- -D warnings
 
-# Plain-Rust unit tests of the extension crate (the workspace root package only).
+# Unit tests: the pgrx-free core crate (crates/uvm_core: no PostgreSQL needed), then the plain
+# Rust tests of the extension crate.
 unit:
+	$(CARGO) test -p uvm_core
 	$(CARGO) test -p pg_uvm_share --lib $(PG_FEATURES)
 
 # #[pg_test]s in a temporary cluster that cargo-pgrx creates (it installs a test build of the

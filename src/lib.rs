@@ -28,31 +28,27 @@
 //! - [`capi`]: the C API (`include/pg_uvm_share.h`): a versioned function table for extensions
 //!   written in C, beside [`sql`] and as thin: pins per resource owner, handles checked on use.
 //!
-//! Everything but `init`, `runtime`, `sql`, `capi`, `customscan`, `node` (except `node::matching`), `guc`, `registry::shmem`, `broker::worker`, `pgwait`, `service::worker`, `service::shmem` and
-//! `service::client` (and the latch helper of `service`) is plain Rust, unit-tested by
-//! `cargo test` without PostgreSQL. `docs/ARCHITECTURE.md` tells the whole story.
+//! The plain-Rust layers (`vocab`, `error`, `registry`'s layout, `placement`, `broker`'s
+//! protocol, server and client, `provider`, `gpu`, `segment`, `gpujoin`, `exec`, the service's
+//! `channel`, `checksum`, `interrupt`) live in the pgrx-free core crate `uvm_core`
+//! (`crates/uvm_core`), re-exported here under their names; this crate is the PostgreSQL glue.
+//! `docs/ARCHITECTURE.md` ("Layers") draws what may import what; `scripts/check-layers` checks it.
 
 pub mod broker;
 pub mod capi;
-pub mod checksum;
 pub mod customscan;
-pub mod error;
-pub mod exec;
-pub mod gpu;
-pub mod gpujoin;
 pub mod guc;
 mod init;
-pub mod interrupt;
 pub mod node;
 pub mod pgwait;
-pub mod placement;
-pub mod provider;
 pub mod registry;
 pub mod runtime;
-pub mod segment;
 pub mod service;
 pub mod sql;
-pub mod vocab;
+
+// The plain-Rust layers, from the pgrx-free core crate (`crates/uvm_core`), under their
+// names here, so that `crate::error`, `crate::segment` and the others read as before.
+pub use uvm_core::{checksum, error, exec, gpu, gpujoin, interrupt, placement, provider, segment, uvm_err, vocab};
 
 ::pgrx::pg_module_magic!();
 

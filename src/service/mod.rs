@@ -56,7 +56,7 @@
 //! - An error in one request is that request's reply: the client raises it as an ERROR with its
 //!   SQLSTATE; the service and the other requests go on.
 
-pub mod channel;
+pub use uvm_core::channel;
 
 pub mod client;
 pub mod shmem;

@@ -55,7 +55,7 @@ pub mod bench;
 pub mod handles;
 pub mod kernels;
 pub mod launch;
-#[path = "../../kernels/segment.rs"]
+#[path = "../../../../kernels/segment.rs"]
 pub mod segment;
 pub mod user;
 
