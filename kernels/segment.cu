@@ -1,7 +1,7 @@
 // Kernels over a range of a shared segment. Compiled at run time by NVRTC for the device's
-// architecture (src/gpu/), so the extension builds without a CUDA toolkit.
+// architecture (crates/uvm_core/src/gpu/), so the extension builds without a CUDA toolkit.
 //
-// The definitions must match the CPU ones in src/checksum.rs exactly:
+// The definitions must match the CPU ones in crates/uvm_core/src/checksum.rs exactly:
 //   checksum = sum over words i of mix(w[i] ^ (i * GOLDEN))   (mod 2^64)
 //   fill:      byte j = byte (j % 8) of mix(seed + j / 8), little-endian
 // where w[i] is the little-endian 64-bit word at byte 8i of the range (the last one
@@ -80,7 +80,7 @@ extern "C" __global__ void uvm_read_bw(const ulonglong2 *p, u64 n, u64 *out) {
     }
 }
 
-// ---- GpuJoin (src/gpujoin/table.rs has the layout) ----
+// ---- GpuJoin (crates/uvm_core/src/gpujoin/table.rs has the layout) ----
 // A slot: tag (0 = empty, else mix(key ^ seed) | 1), key, payload; 24 bytes.
 struct Slot { u64 tag; long long key; long long payload; };
 
@@ -173,7 +173,7 @@ extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed,
     warp_add(&out[2], (u64)hi);
 }
 
-// ---- Materializing GpuJoin (src/gpujoin/pairs.rs has the result layout) ----
+// ---- Materializing GpuJoin (crates/uvm_core/src/gpujoin/pairs.rs has the result layout) ----
 // Appends every match (outer key, payload) of n keys to a shared pair buffer through a bump
 // allocator: `next` (in the buffer's header, shared by every process) counts the pairs reserved.
 // A thread reserves all the pairs of a key at once; when they end beyond `cap` (the pairs this

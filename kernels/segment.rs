@@ -1,7 +1,7 @@
 //! The kernels of `segment.cu`, each declared once: its name, and its parameters with their
-//! names and Rust types in the order of the C declaration (see `src/gpu/launch.rs`). Launches
+//! names and Rust types in the order of the C declaration (see `crates/uvm_core/src/gpu/launch.rs`). Launches
 //! take the generated parameter structs, so a launch with other arguments does not compile;
-//! `src/gpu/kernels.rs` tests that this table and the source declare the same functions and
+//! `crates/uvm_core/src/gpu/kernels.rs` tests that this table and the source declare the same functions and
 //! parameters. Change both together.
 //!
 //! `Ptr<T>` is `const T *`, `MutPtr<T>` is `T *` (device addresses), `u64` is `u64`. What each
@@ -9,11 +9,11 @@
 
 use crate::gpu::launch::{kernels, CType, MutPtr, Ptr};
 
-/// The CUDA source, compiled by NVRTC at run time (`src/gpu/kernels.rs`).
+/// The CUDA source, compiled by NVRTC at run time (`crates/uvm_core/src/gpu/kernels.rs`).
 pub const SOURCE: &str = include_str!("segment.cu");
 
 /// `Slot` of the source: a GpuJoin table slot, 24 bytes (tag u64, key long long, payload long
-/// long; `src/gpujoin/table.rs` has the layout). Only pointed to.
+/// long; `crates/uvm_core/src/gpujoin/table.rs` has the layout). Only pointed to.
 pub enum Slot {}
 
 impl CType for Slot {

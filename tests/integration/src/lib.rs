@@ -414,7 +414,7 @@ impl Drop for SegmentGuard {
     }
 }
 
-// --- checksum and fill pattern: an independent copy of src/checksum.rs ---------------------------
+// --- checksum and fill pattern: an independent copy of crates/uvm_core/src/checksum.rs ---------------------------
 //
 // The GPU tests compare what the extension's kernels compute with these. They are copied, not
 // imported, on purpose: the test crate does not link the extension, and a change to one side

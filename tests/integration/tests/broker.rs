@@ -16,7 +16,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-// --- the protocol (see src/broker/protocol.rs) ---------------------------------------------------
+// --- the protocol (see crates/uvm_core/src/broker/protocol.rs) ---------------------------------------------------
 
 const OP_PUT: u16 = 1;
 const OP_GET: u16 = 2;

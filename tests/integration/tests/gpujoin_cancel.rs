@@ -62,7 +62,7 @@ fn time_out_after(c: &mut Client, sql: &str, after: Duration) -> Interrupted {
 
 /// `n` keys (none of them 7) whose home slot in the chain table lies within the first tenth of
 /// key 7's chain, so that each walks most of it without a match. The table's layout
-/// (src/gpujoin/table.rs): seed 0, tag = mix(key) | 1, home = tag & (slot_count - 1).
+/// (crates/uvm_core/src/gpujoin/table.rs): seed 0, tag = mix(key) | 1, home = tag & (slot_count - 1).
 fn chain_walkers(n: usize) -> Vec<i64> {
     let slots = (2 * CHAIN_ROWS as u64).next_power_of_two();
     let home = |k: i64| (mix(k as u64) | 1) & (slots - 1);

@@ -4,7 +4,7 @@
 //! (a result buffer that kernels reduce into, a staging buffer for inputs, per-thread state),
 //! and the segment-generic kernels: checksum, fill, zero and the read-bandwidth probe.
 //!
-//! Kernels of other layers (GpuJoin's, `src/gpujoin/gpu.rs`) launch through [`Kernels::launch`]
+//! Kernels of other layers (GpuJoin's, `crates/uvm_core/src/gpujoin/gpu.rs`) launch through [`Kernels::launch`]
 //! with the same buffers; this module knows their parameter lists (the table) but none of the
 //! types their callers deal in.
 
@@ -235,7 +235,7 @@ impl Kernels {
         }
     }
 
-    /// The checksum (`src/checksum.rs`) of `[addr, addr + len)`, computed on the GPU.
+    /// The checksum (`crates/uvm_core/src/checksum.rs`) of `[addr, addr + len)`, computed on the GPU.
     ///
     /// # Safety
     /// `[addr, addr + len)` is device-accessible memory kept mapped for the call (a pinned
@@ -251,7 +251,7 @@ impl Kernels {
         Ok(v[0])
     }
 
-    /// Fills `[addr, addr + len)` with the pattern of `src/checksum.rs::fill`, on the GPU.
+    /// Fills `[addr, addr + len)` with the pattern of `crates/uvm_core/src/checksum.rs::fill`, on the GPU.
     ///
     /// # Safety
     /// `[addr, addr + len)` is writable device-accessible memory kept mapped for the call (a

@@ -23,7 +23,7 @@
 //! - [`bench`]: baselines for the GPU benchmarks.
 //!
 //! GpuJoin's host code (staging its keys, the build, probe and materialize launches, decoding
-//! their results, the grow-and-resume appender) is `src/gpujoin/gpu.rs`, above this layer.
+//! their results, the grow-and-resume appender) is `crates/uvm_core/src/gpujoin/gpu.rs`, above this layer.
 //!
 //! # Lifecycle
 //!

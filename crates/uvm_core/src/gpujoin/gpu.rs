@@ -1,5 +1,5 @@
 //! GpuJoin on the GPU: the host side of the join kernels of `kernels/segment.cu` (build,
-//! probe, materialize), on top of `src/gpu` (the loaded module, its typed launches and the
+//! probe, materialize), on top of `crates/uvm_core/src/gpu` (the loaded module, its typed launches and the
 //! device buffers launches share).
 //!
 //! Keys are staged into the process's device staging buffer, at most [`MAX_LAUNCH_KEYS`] a

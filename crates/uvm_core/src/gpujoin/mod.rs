@@ -3,8 +3,8 @@
 //! build and probe (`table.rs`; the kernels in `kernels/segment.cu` follow the same layout),
 //! the probe aggregate's batching state (`probe.rs`), the materializing mode's shared result
 //! buffer with its grow-and-resume protocol (`pairs.rs`), and the host side of the join kernels
-//! (`gpu.rs`: staging, typed launches through `src/gpu`, decoding their results). The SQL
-//! surface is `sql/gpujoin.rs`; requests reach this module through `src/exec`.
+//! (`gpu.rs`: staging, typed launches through `crates/uvm_core/src/gpu`, decoding their results). The SQL
+//! surface is `sql/gpujoin.rs`; requests reach this module through `crates/uvm_core/src/exec`.
 //!
 //! # Layout
 //!
