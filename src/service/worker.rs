@@ -96,7 +96,7 @@ struct Pool {
 unsafe fn io_for<'a>(ch: &'a Channel, slot: u32, req: &Request) -> Io<'a> {
     // SAFETY: forwarded contract.
     let staging = unsafe { ch.staging(slot) };
-    match Op::from_u32(req.op) {
+    match Op::from_repr(req.op) {
         Some(Op::Read | Op::Info) => Io::Out(staging),
         Some(Op::Write | Op::Probe | Op::BuildInsert | Op::Materialize | Op::Launch) => {
             let n = (req.input as usize).min(staging.len());
@@ -374,7 +374,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
             }
             // SAFETY: taken: ours until complete.
             let req = unsafe { ch.slot_mut(slot).request };
-            let op = Op::from_u32(req.op);
+            let op = Op::from_repr(req.op);
             if req.input as usize > ch.staging_bytes() {
                 finish_here(
                     &ch,

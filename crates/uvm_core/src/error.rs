@@ -7,52 +7,85 @@
 
 use std::fmt;
 
-/// The SQLSTATE classes this extension reports. Names follow PostgreSQL's `errcodes.txt`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Code {
-    /// 22023: a size, offset, tier or option that can never be valid.
-    InvalidParameterValue,
-    /// 22004: a NULL where a value is required.
-    NullValueNotAllowed,
-    /// 2202E: an offset or length outside the segment's current size.
-    OutOfRange,
-    /// 42602: an empty name.
-    InvalidName,
-    /// 42622: a name longer than `NAMEDATALEN - 1` bytes.
-    NameTooLong,
-    /// 42804: a value of the wrong type (a key type mismatch).
-    DatatypeMismatch,
-    /// 42704: no segment of that name.
-    UndefinedObject,
-    /// 42710: a segment of that name exists already.
-    DuplicateObject,
-    /// 42501: the caller lacks the owner role's privileges.
-    InsufficientPrivilege,
-    /// 54000: over the maximum segment size or another hard limit.
-    ProgramLimitExceeded,
-    /// 53400: the registry is full; a GUC raises the limit.
-    ConfigurationLimitExceeded,
-    /// 53200: the provider could not allocate memory.
-    OutOfMemory,
-    /// 55006: the segment is pinned by another process.
-    ObjectInUse,
-    /// 55000: the extension is not set up (not preloaded, broker not running).
-    ObjectNotInPrerequisiteState,
-    /// 0A000: a tier or operation this provider does not have.
-    FeatureNotSupported,
-    /// 55P03: a wait (for pins to drain, or for a migration to end) ran out of time.
-    LockNotAvailable,
-    /// 58000: an operating-system call failed.
-    SystemError,
-    /// 08P01: the broker answered something that is not the protocol.
-    ProtocolViolation,
-    /// 22003: a result outside its type's range (an aggregate's int8 sum).
-    NumericValueOutOfRange,
-    /// 42939: a segment name in the plan nodes' reserved namespace (`registry::RESERVED_PREFIX`).
-    ReservedName,
-    /// 57014: the statement was cancelled (only a test's interrupt hook returns it: in
-    /// PostgreSQL, `CHECK_FOR_INTERRUPTS()` raises the cancel itself).
-    QueryCanceled,
+/// Declares an enum whose values travel or are stored as numbers (a wire protocol, a shared
+/// memory word), with its numbers written once: the enum with `#[repr($repr)]` and the given
+/// discriminants, and `from_repr`, the total decoding (`None` for any other number), made from
+/// the same list. `as` encodes.
+#[macro_export]
+macro_rules! wire_enum {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident: $repr:ident {
+        $($(#[$vmeta:meta])* $variant:ident = $value:expr),+ $(,)?
+    }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr($repr)]
+        $vis enum $name {
+            $($(#[$vmeta])* $variant = $value),+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The value numbered `v`, if any.
+            pub fn from_repr(v: $repr) -> Option<$name> {
+                $(if v == $value {
+                    return Some($name::$variant);
+                })+
+                None
+            }
+        }
+    };
+}
+
+crate::wire_enum! {
+    /// The SQLSTATE classes this extension reports. Names follow PostgreSQL's `errcodes.txt`.
+    /// The numbers are what a GPU service reply carries (`exec::request`): fixed, append only.
+    pub enum Code: u32 {
+        /// 22023: a size, offset, tier or option that can never be valid.
+        InvalidParameterValue = 0,
+        /// 22004: a NULL where a value is required.
+        NullValueNotAllowed = 1,
+        /// 2202E: an offset or length outside the segment's current size.
+        OutOfRange = 2,
+        /// 42602: an empty name.
+        InvalidName = 3,
+        /// 42622: a name longer than `NAMEDATALEN - 1` bytes.
+        NameTooLong = 4,
+        /// 42804: a value of the wrong type (a key type mismatch).
+        DatatypeMismatch = 5,
+        /// 42704: no segment of that name.
+        UndefinedObject = 6,
+        /// 42710: a segment of that name exists already.
+        DuplicateObject = 7,
+        /// 42501: the caller lacks the owner role's privileges.
+        InsufficientPrivilege = 8,
+        /// 54000: over the maximum segment size or another hard limit.
+        ProgramLimitExceeded = 9,
+        /// 53400: the registry is full; a GUC raises the limit.
+        ConfigurationLimitExceeded = 10,
+        /// 53200: the provider could not allocate memory.
+        OutOfMemory = 11,
+        /// 55006: the segment is pinned by another process.
+        ObjectInUse = 12,
+        /// 55000: the extension is not set up (not preloaded, broker not running).
+        ObjectNotInPrerequisiteState = 13,
+        /// 0A000: a tier or operation this provider does not have.
+        FeatureNotSupported = 14,
+        /// 55P03: a wait (for pins to drain, or for a migration to end) ran out of time.
+        LockNotAvailable = 15,
+        /// 58000: an operating-system call failed.
+        SystemError = 16,
+        /// 08P01: the broker answered something that is not the protocol.
+        ProtocolViolation = 17,
+        /// 22003: a result outside its type's range (an aggregate's int8 sum).
+        NumericValueOutOfRange = 19,
+        /// 42939: a segment name in the plan nodes' reserved namespace (`registry::RESERVED_PREFIX`).
+        ReservedName = 20,
+        /// 57014: the statement was cancelled (only a test's interrupt hook returns it: in
+        /// PostgreSQL, `CHECK_FOR_INTERRUPTS()` raises the cancel itself).
+        QueryCanceled = 18,
+    }
 }
 
 impl Code {

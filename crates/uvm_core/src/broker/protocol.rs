@@ -28,64 +28,37 @@ pub const RESPONSE_LEN: usize = HEADER_LEN + 8;
 /// Receive buffers are larger than any valid message so that oversized ones are detected.
 pub const MAX_MESSAGE: usize = 64;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u16)]
-pub enum Op {
-    /// Keep this fd under (epoch, chunk id).
-    Put = 1,
-    /// Send me a duplicate of the fd kept under (epoch, chunk id).
-    Get = 2,
-    /// Close the fd kept under (epoch, chunk id).
-    Release = 3,
-    /// How many fds do you hold? (value)
-    Stats = 4,
-}
-
-impl Op {
-    fn from_u16(v: u16) -> Option<Op> {
-        Some(match v {
-            1 => Op::Put,
-            2 => Op::Get,
-            3 => Op::Release,
-            4 => Op::Stats,
-            _ => return None,
-        })
+crate::wire_enum! {
+    pub enum Op: u16 {
+        /// Keep this fd under (epoch, chunk id).
+        Put = 1,
+        /// Send me a duplicate of the fd kept under (epoch, chunk id).
+        Get = 2,
+        /// Close the fd kept under (epoch, chunk id).
+        Release = 3,
+        /// How many fds do you hold? (value)
+        Stats = 4,
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u16)]
-pub enum Status {
-    Ok = 0,
-    UnknownChunk = 1,
-    StaleEpoch = 2,
-    BadRequest = 3,
-    Duplicate = 4,
-    VersionMismatch = 5,
-    MissingFd = 6,
-    /// Sent to a connection refused at the broker's client cap, which then closes it.
-    TooManyClients = 7,
-    /// The broker is out of fds (or memory): a connection refused at accept, or a `PUT` whose
-    /// fd could not be received.
-    OutOfResources = 8,
-}
-
-impl Status {
-    fn from_u16(v: u16) -> Option<Status> {
-        Some(match v {
-            0 => Status::Ok,
-            1 => Status::UnknownChunk,
-            2 => Status::StaleEpoch,
-            3 => Status::BadRequest,
-            4 => Status::Duplicate,
-            5 => Status::VersionMismatch,
-            6 => Status::MissingFd,
-            7 => Status::TooManyClients,
-            8 => Status::OutOfResources,
-            _ => return None,
-        })
+crate::wire_enum! {
+    pub enum Status: u16 {
+        Ok = 0,
+        UnknownChunk = 1,
+        StaleEpoch = 2,
+        BadRequest = 3,
+        Duplicate = 4,
+        VersionMismatch = 5,
+        MissingFd = 6,
+        /// Sent to a connection refused at the broker's client cap, which then closes it.
+        TooManyClients = 7,
+        /// The broker is out of fds (or memory): a connection refused at accept, or a `PUT` whose
+        /// fd could not be received.
+        OutOfResources = 8,
     }
 }
+
+impl Status {}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
@@ -154,7 +127,7 @@ impl Request {
     }
 
     pub fn decode(b: &[u8]) -> Result<Request, DecodeError> {
-        let op = Op::from_u16(check_header(b, REQUEST_LEN)?).ok_or(DecodeError::BadOp)?;
+        let op = Op::from_repr(check_header(b, REQUEST_LEN)?).ok_or(DecodeError::BadOp)?;
         Ok(Request { op, epoch: u64_at(b, 12), chunk: u64_at(b, 20) })
     }
 }
@@ -168,7 +141,7 @@ impl Response {
     }
 
     pub fn decode(b: &[u8]) -> Result<Response, DecodeError> {
-        let status = Status::from_u16(check_header(b, RESPONSE_LEN)?).ok_or(DecodeError::BadOp)?;
+        let status = Status::from_repr(check_header(b, RESPONSE_LEN)?).ok_or(DecodeError::BadOp)?;
         Ok(Response { status, value: u64_at(b, 12) })
     }
 }
@@ -365,6 +338,17 @@ pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ops_and_statuses_round_trip_through_their_numbers() {
+        for &op in Op::ALL {
+            assert_eq!(Op::from_repr(op as u16), Some(op));
+        }
+        for &st in Status::ALL {
+            assert_eq!(Status::from_repr(st as u16), Some(st));
+        }
+        assert_eq!((Op::from_repr(0), Status::from_repr(9)), (None, None));
+    }
     use std::os::fd::AsFd;
 
     #[test]
@@ -545,13 +529,13 @@ mod tests {
 
         #[test]
         fn requests_round_trip(op in 1u16..=4, epoch: u64, chunk: u64) {
-            let r = Request { op: Op::from_u16(op).unwrap(), epoch, chunk };
+            let r = Request { op: Op::from_repr(op).unwrap(), epoch, chunk };
             prop_assert_eq!(Request::decode(&r.encode()), Ok(r));
         }
 
         #[test]
         fn responses_round_trip(status in 0u16..=8, value: u64) {
-            let r = Response { status: Status::from_u16(status).unwrap(), value };
+            let r = Response { status: Status::from_repr(status).unwrap(), value };
             prop_assert_eq!(Response::decode(&r.encode()), Ok(r));
         }
 

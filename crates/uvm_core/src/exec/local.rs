@@ -126,7 +126,7 @@ pub struct Job<E: Env> {
 }
 
 fn op_of(req: &Request) -> Result<Op> {
-    Op::from_u32(req.op).ok_or_else(|| uvm_err!(Code::ProtocolViolation, "unknown request operation {}", req.op))
+    Op::from_repr(req.op).ok_or_else(|| uvm_err!(Code::ProtocolViolation, "unknown request operation {}", req.op))
 }
 
 /// Pins `seg` by name and checks it is still the segment the client resolved (authorization

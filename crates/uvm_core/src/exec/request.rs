@@ -10,25 +10,22 @@
 
 use crate::error::{Code, UvmError};
 
-/// How the cluster executes GPU work (`pg_uvm_share.gpu_execution`, decided once).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
-pub enum Mode {
-    /// Not decided yet: the service has not started (clients wait for it).
-    Undecided = 0,
-    /// Every process runs its own work (and, with CUDA, its own context).
-    Process = 1,
-    /// Every segment operation runs in the service; clients submit requests.
-    Service = 2,
+crate::wire_enum! {
+    /// How the cluster executes GPU work (`pg_uvm_share.gpu_execution`, decided once).
+    pub enum Mode: u32 {
+        /// Not decided yet: the service has not started (clients wait for it).
+        Undecided = 0,
+        /// Every process runs its own work (and, with CUDA, its own context).
+        Process = 1,
+        /// Every segment operation runs in the service; clients submit requests.
+        Service = 2,
+    }
 }
 
 impl Mode {
+    /// The mode numbered `v`; any other number is `Undecided`.
     pub fn from_u32(v: u32) -> Mode {
-        match v {
-            1 => Mode::Process,
-            2 => Mode::Service,
-            _ => Mode::Undecided,
-        }
+        Mode::from_repr(v).unwrap_or(Mode::Undecided)
     }
     pub fn name(self) -> &'static str {
         match self {
@@ -44,74 +41,45 @@ pub const NAME_BYTES: usize = 64;
 /// Bytes of error text (message, detail, hint) a reply carries.
 pub const TEXT_BYTES: usize = 1024;
 
-/// The operations of the service.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
-pub enum Op {
-    /// Nothing: the round trip alone.
-    Ping = 1,
-    /// The provider's `uvm.device_info()` rows, as text in staging.
-    Info = 2,
-    Create = 3,
-    Grow = 4,
-    Drop = 5,
-    Prefetch = 6,
-    /// Copies segment bytes into staging.
-    Read = 7,
-    /// Copies staging bytes into the segment.
-    Write = 8,
-    Checksum = 9,
-    Fill = 10,
-    /// Probes the keys in staging against a GpuJoin table.
-    Probe = 11,
-    /// Probes and appends matched pairs to a result buffer.
-    Materialize = 12,
-    /// Zeroes a table's header and slots.
-    BuildBegin = 13,
-    /// Inserts (key, payload) pairs from staging into a table's slots.
-    BuildInsert = 14,
-    GrowAtLeast = 15,
-    BenchSegmentRead = 16,
-    BenchPrivateRead = 17,
-    BenchCopyCeiling = 18,
-    BenchJoinProbe = 19,
-    BenchHostRegister = 20,
-    /// GPU memory in use now (free, total), for the benchmarks.
-    MemInfo = 21,
-    /// Runs a caller's kernel, described in staging (`exec::kernel::Launch`).
-    Launch = 22,
+crate::wire_enum! {
+    /// The operations of the service.
+    pub enum Op: u32 {
+        /// Nothing: the round trip alone.
+        Ping = 1,
+        /// The provider's `uvm.device_info()` rows, as text in staging.
+        Info = 2,
+        Create = 3,
+        Grow = 4,
+        Drop = 5,
+        Prefetch = 6,
+        /// Copies segment bytes into staging.
+        Read = 7,
+        /// Copies staging bytes into the segment.
+        Write = 8,
+        Checksum = 9,
+        Fill = 10,
+        /// Probes the keys in staging against a GpuJoin table.
+        Probe = 11,
+        /// Probes and appends matched pairs to a result buffer.
+        Materialize = 12,
+        /// Zeroes a table's header and slots.
+        BuildBegin = 13,
+        /// Inserts (key, payload) pairs from staging into a table's slots.
+        BuildInsert = 14,
+        GrowAtLeast = 15,
+        BenchSegmentRead = 16,
+        BenchPrivateRead = 17,
+        BenchCopyCeiling = 18,
+        BenchJoinProbe = 19,
+        BenchHostRegister = 20,
+        /// GPU memory in use now (free, total), for the benchmarks.
+        MemInfo = 21,
+        /// Runs a caller's kernel, described in staging (`exec::kernel::Launch`).
+        Launch = 22,
+    }
 }
 
 impl Op {
-    pub fn from_u32(v: u32) -> Option<Op> {
-        use Op::*;
-        Some(match v {
-            1 => Ping,
-            2 => Info,
-            3 => Create,
-            4 => Grow,
-            5 => Drop,
-            6 => Prefetch,
-            7 => Read,
-            8 => Write,
-            9 => Checksum,
-            10 => Fill,
-            11 => Probe,
-            12 => Materialize,
-            13 => BuildBegin,
-            14 => BuildInsert,
-            15 => GrowAtLeast,
-            16 => BenchSegmentRead,
-            17 => BenchPrivateRead,
-            18 => BenchCopyCeiling,
-            19 => BenchJoinProbe,
-            20 => BenchHostRegister,
-            21 => MemInfo,
-            22 => Launch,
-            _ => return None,
-        })
-    }
-
     /// Whether the service runs it on its main thread (it changes the registry, or needs the
     /// segment manager throughout; or, for `Ping`, there is nothing to hand over: a trip to an
     /// executor would only add two thread wake-ups) rather than on an executor thread.
@@ -207,35 +175,14 @@ impl Default for Reply {
     }
 }
 
-/// Every code, in a fixed order: a reply carries the index.
-const CODES: [Code; 19] = [
-    Code::InvalidParameterValue,
-    Code::NullValueNotAllowed,
-    Code::OutOfRange,
-    Code::InvalidName,
-    Code::NameTooLong,
-    Code::DatatypeMismatch,
-    Code::UndefinedObject,
-    Code::DuplicateObject,
-    Code::InsufficientPrivilege,
-    Code::ProgramLimitExceeded,
-    Code::ConfigurationLimitExceeded,
-    Code::OutOfMemory,
-    Code::ObjectInUse,
-    Code::ObjectNotInPrerequisiteState,
-    Code::FeatureNotSupported,
-    Code::LockNotAvailable,
-    Code::SystemError,
-    Code::ProtocolViolation,
-    Code::QueryCanceled,
-];
-
+/// The number a reply carries for `c` (`Code`'s own, written once with it).
 pub fn code_index(c: Code) -> u32 {
-    CODES.iter().position(|&x| x == c).unwrap_or(16) as u32
+    c as u32
 }
 
+/// The code a reply's number names (58000 for a number no code has).
 pub fn code_of(i: u32) -> Code {
-    CODES.get(i as usize).copied().unwrap_or(Code::SystemError)
+    Code::from_repr(i).unwrap_or(Code::SystemError)
 }
 
 /// Cuts `s` to at most `max` bytes at a character boundary.
@@ -299,7 +246,7 @@ mod tests {
 
     #[test]
     fn errors_survive_the_round_trip() {
-        for &c in CODES.iter() {
+        for &c in Code::ALL {
             let e = UvmError::new(c, "m").detail("d").hint("h");
             assert_eq!(Reply::error(&e).result().unwrap_err(), e);
         }
@@ -310,10 +257,22 @@ mod tests {
     }
 
     #[test]
+    fn every_operation_and_mode_round_trips_through_its_number() {
+        for &op in Op::ALL {
+            assert_eq!(Op::from_repr(op as u32), Some(op));
+        }
+        for &m in Mode::ALL {
+            assert_eq!(Mode::from_u32(m as u32), m);
+        }
+        assert_eq!(Op::ALL.len(), 22);
+        assert_eq!(Mode::from_u32(77), Mode::Undecided);
+    }
+
+    #[test]
     fn garbage_decodes_to_an_error_or_values() {
         let r = Reply { status: 999, message_len: 60000, detail_len: 60000, hint_len: 60000, ..Default::default() };
         assert_eq!(r.result().unwrap_err().code, Code::SystemError);
-        assert_eq!(Op::from_u32(0), None);
+        assert_eq!(Op::from_repr(0), None);
         let s = SegRef { name_len: 9999, name: [0xff; NAME_BYTES], ..Default::default() };
         assert_eq!(s.name(), "");
         assert!(SegRef::new(&"x".repeat(64), 1).is_err());
