@@ -1493,6 +1493,24 @@ fn best_of_3(c: &mut Client, settings: &str, q: &str) -> R<(f64, Vec<String>)> {
     Ok((t, vals))
 }
 
+/// A timed answer: the best of 3 runs, and the answer's values.
+type Timed = (f64, Vec<String>);
+
+/// `q` three ways: the plan with the default settings, then timed (best of 3) with the
+/// defaults (the planner's pick), with the node forced (PostgreSQL's joins off) and with the
+/// node off.
+fn three_ways(c: &mut Client, q: &str) -> R<(String, Timed, Timed, Timed)> {
+    let defaults = "RESET pg_uvm_share.enable_gpujoin; RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_nestloop";
+    c.batch_execute(defaults).map_err(err("defaults"))?;
+    let plan = explain(c, q)?;
+    let auto = best_of_3(c, defaults, q)?;
+    let forced = "SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off; \
+                  SET enable_nestloop = off";
+    let node = best_of_3(c, forced, q)?;
+    let pg = best_of_3(c, &format!("{defaults}; SET pg_uvm_share.enable_gpujoin = off"), q)?;
+    Ok((plan, auto, node, pg))
+}
+
 fn explain(c: &mut Client, q: &str) -> R<String> {
     let rows = c.query(format!("EXPLAIN (COSTS OFF) {q}").as_str(), &[]).map_err(err("EXPLAIN"))?;
     Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n"))
@@ -1793,19 +1811,8 @@ fn bench_gpujoin_planner(b: &mut Bench) {
             ] {
                 c.batch_execute(&sql).map_err(err("sweep tables"))?;
             }
-            let best = |c: &mut Client, settings: &str| best_of_3(c, settings, q);
-            let defaults =
-                "RESET pg_uvm_share.enable_gpujoin; RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_nestloop";
-            c.batch_execute(defaults).map_err(err("defaults"))?;
-            let plan = explain(&mut c, q)?;
+            let (plan, (auto_t, auto_v), (node_t, node_v), (pg_t, pg_v)) = three_ways(&mut c, q)?;
             let picks = plan.contains("GpuJoin");
-            let (auto_t, auto_v) = best(&mut c, defaults)?;
-            let (node_t, node_v) = best(
-                &mut c,
-                "SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off; \
-                 SET enable_nestloop = off",
-            )?;
-            let (pg_t, pg_v) = best(&mut c, &format!("{defaults}; SET pg_uvm_share.enable_gpujoin = off"))?;
             if node_v != pg_v || auto_v != pg_v {
                 return Err(format!("{n} x {d}: node {node_v:?}, auto {auto_v:?}, PostgreSQL {pg_v:?}"));
             }
@@ -1863,18 +1870,8 @@ fn bench_gpujoin_two_keys(b: &mut Bench) {
             c.batch_execute(sql).map_err(err("two-key tables"))?;
         }
         let q = "SELECT count(*)::text, sum(mk2.w)::text FROM gj_mk1 mk1 JOIN gj_mk2 mk2 ON mk1.a = mk2.a AND mk1.b = mk2.b";
-        let defaults = "RESET pg_uvm_share.enable_gpujoin; RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_nestloop";
-        let best = |c: &mut Client, settings: &str| best_of_3(c, settings, q);
-        c.batch_execute(defaults).map_err(err("defaults"))?;
-        let plan = explain(&mut c, q)?;
+        let (plan, (auto_t, auto_v), (node_t, node_v), (pg_t, pg_v)) = three_ways(&mut c, q)?;
         let picks = plan.contains("UvmGpuJoin");
-        let (auto_t, auto_v) = best(&mut c, defaults)?;
-        let (node_t, node_v) = best(
-            &mut c,
-            "SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off; \
-             SET enable_nestloop = off",
-        )?;
-        let (pg_t, pg_v) = best(&mut c, &format!("{defaults}; SET pg_uvm_share.enable_gpujoin = off"))?;
         c.batch_execute("DROP TABLE IF EXISTS gj_mk1, gj_mk2; RESET ALL").map_err(err("drop two-key tables"))?;
         if node_v != pg_v || auto_v != pg_v {
             return Err(format!("node {node_v:?}, auto {auto_v:?}, PostgreSQL {pg_v:?}"));
