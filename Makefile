@@ -123,7 +123,8 @@ install: prereqs
 	done
 
 # The layers of docs/ARCHITECTURE.md, whose imports only point down (scripts/check-layers), and
-# no pgrx under the core crate (crates/uvm_core);
+# no pgrx under the core crate (crates/uvm_core); every property test's case count from
+# PROPTEST_CASES when set;
 # formatting (rustfmt.toml) and clippy with warnings denied, over every crate, target and
 # feature the suites build (the pgrx tests and the GPU suite's programs included). The lints
 # that hold the unsafe code to its SAFETY comments are set in Cargo.toml ([workspace.lints]).
@@ -131,6 +132,8 @@ lint:
 	scripts/check-layers
 	@if $(CARGO) tree -p uvm_core -e normal,build --prefix none | grep -q '^pgrx'; then \
 	  echo "lint: pgrx is in uvm_core's dependency tree (the core crate must not reach PostgreSQL)" >&2; exit 1; fi
+	@if grep -rn 'proptest_config' crates src tests --include='*.rs' | grep -v 'proptest_cases('; then \
+	  echo "lint: a property test's case count must come from crate::testing::proptest_cases (PROPTEST_CASES)" >&2; exit 1; fi
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --features pg_uvm_share/pg_test,pg_uvm_share_tests/gpu -- -D warnings
 

@@ -55,3 +55,6 @@ pub mod registry;
 #[allow(unsafe_code)]
 pub mod segment;
 pub mod vocab;
+
+#[cfg(test)]
+pub(crate) mod testing;

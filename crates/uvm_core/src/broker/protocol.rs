@@ -474,10 +474,6 @@ mod tests {
 
     use proptest::prelude::*;
 
-    fn cases() -> u32 {
-        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2048)
-    }
-
     /// Bytes that are mostly near a valid message (a valid one with a few bytes changed, cut or
     /// extended) and sometimes anything at all, so that every check is reached.
     fn message_like(valid: Vec<u8>) -> impl Strategy<Value = Vec<u8>> {
@@ -494,7 +490,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(cases()))]
+        #![proptest_config(ProptestConfig::with_cases(crate::testing::proptest_cases(2048)))]
 
         #[test]
         fn any_bytes_decode_to_a_valid_request_or_a_typed_error(

@@ -1123,8 +1123,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(
-            std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(512)))]
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(crate::testing::proptest_cases(512)))]
 
         /// Whatever bytes arrive (with or without an fd), the broker answers with a status of
         /// the protocol and holds an fd only after a valid PUT.

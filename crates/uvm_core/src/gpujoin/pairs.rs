@@ -634,7 +634,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig { cases: 512, ..Default::default() })]
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: crate::testing::proptest_cases(512), ..Default::default() })]
 
         /// Arbitrary bytes and sizes: never a panic; an accepted header has counters that no
         /// arithmetic overflows on.

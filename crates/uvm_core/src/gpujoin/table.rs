@@ -744,7 +744,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: crate::testing::proptest_cases(512), ..ProptestConfig::default() })]
 
         /// Arbitrary bytes and sizes: never a panic; whatever is accepted is consistent.
         #[test]

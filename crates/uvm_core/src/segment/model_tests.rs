@@ -525,12 +525,8 @@ impl Harness {
     }
 }
 
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64)
-}
-
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::testing::proptest_cases(64), max_shrink_iters: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn random_operations_keep_the_registry_consistent(ops in proptest::collection::vec(op(), 1..=40)) {
