@@ -200,7 +200,7 @@ struct HeldPin {
 struct HeldLaunch {
     handle: u64,
     owner: usize,
-    pending: Pending,
+    pending: Pending<exec::request::Launched>,
 }
 
 thread_local! {

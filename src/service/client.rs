@@ -17,7 +17,7 @@ use super::channel::Channel;
 use crate::error::{Code, Result, UvmError};
 use crate::exec::request::{self, Reply, Request};
 use crate::exec::Mode;
-use crate::exec::{Executor, InFlight, Io, Pending};
+use crate::exec::{Done, Executor, InFlight, Io, Started};
 
 /// How long a client spins on its slot before sleeping on its latch.
 const SPIN: Duration = Duration::from_micros(30);
@@ -241,7 +241,7 @@ impl Executor for Client {
         self.ch.staging_bytes()
     }
 
-    fn run(&mut self, req: &Request, mut io: Io<'_>) -> Result<([i64; 6], u64)> {
+    fn run(&mut self, req: &Request, mut io: Io<'_>) -> Result<Done> {
         let input = match &io {
             Io::In(b) => *b,
             _ => &[],
@@ -256,7 +256,7 @@ impl Executor for Client {
         })
     }
 
-    fn start(&mut self, req: &Request, input: &[u8]) -> Result<Pending> {
+    fn start(&mut self, req: &Request, input: &[u8]) -> Result<Started> {
         let g = self.submit(req, input)?;
         let flight = Rc::new(RefCell::new(Flight::Slot(g)));
         FLIGHTS.with(|f| {
@@ -264,14 +264,14 @@ impl Executor for Client {
             f.retain(|w| w.strong_count() > 0);
             f.push(Rc::downgrade(&flight));
         });
-        Ok(Pending::InFlight(Box::new(Started { client: Client { ch: self.ch, deadline: self.deadline }, flight })))
+        Ok(Started::InFlight(Box::new(Submitted { client: Client { ch: self.ch, deadline: self.deadline }, flight })))
     }
 }
 
 /// A started request: its slot, or (once settled) its result.
 enum Flight {
     Slot(SlotGuard),
-    Settled(Result<([i64; 6], u64)>),
+    Settled(Result<Done>),
 }
 
 thread_local! {
@@ -303,12 +303,12 @@ impl Client {
 
     /// Reads a DONE slot's reply (and lets `output` copy the staging bytes it reports), then
     /// frees the slot.
-    fn take_reply(&self, g: &mut SlotGuard, output: impl FnOnce(&[u8], usize)) -> Result<([i64; 6], u64)> {
+    fn take_reply(&self, g: &mut SlotGuard, output: impl FnOnce(&[u8], usize)) -> Result<Done> {
         // SAFETY: DONE: the slot is ours again until we release it.
         let reply = unsafe { self.ch.slot_mut(g.slot).reply };
         let r = reply.result();
-        if let Ok((_, n)) = &r {
-            let n = (*n as usize).min(self.ch.staging_bytes());
+        if let Ok(done) = &r {
+            let n = (done.output as usize).min(self.ch.staging_bytes());
             // SAFETY: as above.
             output(unsafe { &self.ch.staging(g.slot)[..n] }, n);
         }
@@ -319,7 +319,7 @@ impl Client {
 }
 
 /// A request submitted by [`Executor::start`]; abandoned if dropped unwaited.
-struct Started {
+struct Submitted {
     client: Client,
     flight: Rc<RefCell<Flight>>,
 }
@@ -350,12 +350,13 @@ impl Client {
     }
 }
 
-impl InFlight for Started {
-    fn wait(self: Box<Self>) -> Result<([i64; 6], u64)> {
+impl InFlight for Submitted {
+    fn wait(self: Box<Self>) -> Result<Done> {
         self.client.settle(&self.flight)?;
-        match std::mem::replace(&mut *self.flight.borrow_mut(), Flight::Settled(Ok(([0; 6], 0)))) {
+        let gone = || Err(UvmError::new(Code::SystemError, "a started request was read twice"));
+        match std::mem::replace(&mut *self.flight.borrow_mut(), Flight::Settled(gone())) {
             Flight::Settled(r) => r,
-            Flight::Slot(_) => unreachable!("settled above"),
+            Flight::Slot(_) => Err(UvmError::new(Code::SystemError, "a started request was not settled")),
         }
     }
 }

@@ -28,7 +28,7 @@ use pgrx::prelude::*;
 use super::channel::{Channel, ABANDONED};
 use crate::error::{Code, Result, UvmError};
 use crate::exec::local::{self, Work};
-use crate::exec::request::{self, Op, Reply, Request};
+use crate::exec::request::{self, Bulk, Call, Done, Op, Reply, Thread};
 use crate::exec::Io;
 use crate::exec::Mode;
 use crate::guc;
@@ -46,12 +46,14 @@ pub fn register() {
         .load();
 }
 
-/// Work handed to an executor thread: job id, slot, the work, the request (for its staging).
+/// Work handed to an executor thread: job id, slot, the work, and its operation and input
+/// length (for its staging).
 struct Task {
     job: u64,
     slot: u32,
     work: Work,
-    req: Request,
+    op: Op,
+    input: u64,
 }
 
 /// A migration waiting for a segment's pins to drain. The main thread does not sleep on it
@@ -59,7 +61,7 @@ struct Task {
 /// client's `pin_wait_timeout` has passed.
 struct Parked {
     slot: u32,
-    req: Request,
+    req: request::Prefetch,
     since: Instant,
 }
 
@@ -93,22 +95,22 @@ struct Pool {
 ///
 /// # Safety
 /// The caller must own slot `slot` (the service, between take and complete).
-unsafe fn io_for<'a>(ch: &'a Channel, slot: u32, req: &Request) -> Io<'a> {
+unsafe fn io_for<'a>(ch: &'a Channel, slot: u32, op: Op, input: u64) -> Io<'a> {
     // SAFETY: forwarded contract.
     let staging = unsafe { ch.staging(slot) };
-    match Op::from_repr(req.op) {
-        Some(Op::Read | Op::Info) => Io::Out(staging),
-        Some(Op::Write | Op::Probe | Op::BuildInsert | Op::Materialize | Op::Launch) => {
-            let n = (req.input as usize).min(staging.len());
+    match op.bulk() {
+        Bulk::Out => Io::Out(staging),
+        Bulk::In => {
+            let n = (input as usize).min(staging.len());
             Io::In(&staging[..n])
         }
-        _ => Io::None,
+        Bulk::None => Io::None,
     }
 }
 
-fn reply_of(r: Result<([i64; 6], u64)>) -> Reply {
+fn reply_of(r: Result<Done>) -> Reply {
     match r {
-        Ok((v, out)) => Reply::ok(v, out),
+        Ok(done) => Reply::ok(&done),
         Err(e) => Reply::error(&e),
     }
 }
@@ -185,7 +187,7 @@ fn executor_loop(ch: Channel, pool: Arc<Pool>, gpu: usize, bind: bool) {
             // SAFETY: the main thread took the slot (we own it until complete) and holds the
             // job's pins until we report it finished below.
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-                task.work.run(io_for(&ch, task.slot, &task.req))
+                task.work.run(io_for(&ch, task.slot, task.op, task.input))
             }));
             reply_of(r.unwrap_or_else(|_| Err(UvmError::new(Code::SystemError, "the GPU service's executor failed"))))
         };
@@ -374,7 +376,6 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
             }
             // SAFETY: taken: ours until complete.
             let req = unsafe { ch.slot_mut(slot).request };
-            let op = Op::from_repr(req.op);
             if req.input as usize > ch.staging_bytes() {
                 finish_here(
                     &ch,
@@ -383,35 +384,43 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
                 );
                 continue;
             }
-            if op.is_some_and(|o| o.on_main_thread()) {
+            let call = match Call::decode(&req) {
+                Ok(call) => call,
+                Err(e) => {
+                    finish_here(&ch, slot, Err(e));
+                    continue;
+                }
+            };
+            let op = call.op();
+            if op.thread() == Thread::Main {
                 if taken && ch.abandoned(slot) {
                     finish_here(&ch, slot, Err(UvmError::new(Code::QueryCanceled, "abandoned")));
                     continue;
                 }
-                if behind_abandoned_work(&ch, &pool, &mut running, &req) {
+                if behind_abandoned_work(&ch, &pool, &mut running, &call) {
                     behind.push(slot);
                     continue;
                 }
             }
-            if op == Some(Op::Prefetch) {
-                if let Some(p) = try_prefetch(&ch, Parked { slot, req, since: Instant::now() }) {
+            if let Call::Prefetch(p) = call {
+                if let Some(p) = try_prefetch(&ch, Parked { slot, req: p, since: Instant::now() }) {
                     parked.push(p);
                 }
                 continue;
             }
-            if op.is_none_or(|o| o.on_main_thread()) {
+            if op.thread() == Thread::Main {
                 let r = {
                     // SAFETY: the slot's state lives in shared memory as long as the process.
                     let _w = unsafe { crate::interrupt::watch(ch.state_flag(slot), ABANDONED) };
                     // SAFETY: taken: ours until complete.
-                    crate::runtime::try_with_segments(|s| local::run_main(s, &req, unsafe { io_for(&ch, slot, &req) }))
+                    crate::runtime::try_with_segments(|s| local::run_main(s, &call, unsafe { io_for(&ch, slot, op, req.input) }))
                 };
                 finish_here(&ch, slot, r);
                 continue;
             }
             // SAFETY: taken: ours until complete; the input is copied into the work.
-            let io = unsafe { io_for(&ch, slot, &req) };
-            match crate::runtime::try_with_segments(|s| local::prepare(s, &req, &io)) {
+            let io = unsafe { io_for(&ch, slot, op, req.input) };
+            match crate::runtime::try_with_segments(|s| local::prepare(s, &call, &io)) {
                 Err(e) => finish_here(&ch, slot, Err(e)),
                 Ok(local::Job { pins, work }) => {
                     let id = next_job;
@@ -419,7 +428,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
                     let gpu = pool.route(&pins, guc::service_gpus());
                     // The pins stay here (the work refers to their memory) until it finishes.
                     running.insert(id, (slot, pins));
-                    pool.push(gpu, Task { job: id, slot, work, req });
+                    pool.push(gpu, Task { job: id, slot, work, op, input: req.input });
                 }
             }
         }
@@ -501,25 +510,24 @@ fn reap(pool: &Pool, running: &mut Running) {
 /// be the one asking now (a cancelled `gpujoin_build` drops its half-made table at once, which
 /// a pin would refuse). Work whose client still waits is not waited for: a drop then fails on
 /// its pin, as in process mode.
-fn behind_abandoned_work(ch: &Channel, pool: &Pool, running: &mut Running, req: &Request) -> bool {
+fn behind_abandoned_work(ch: &Channel, pool: &Pool, running: &mut Running, call: &Call) -> bool {
     // An executor reports a job finished before it completes the job's slot: after this reap, a
     // client that saw its reply finds that job's pins gone, and a job still here has not
     // completed its slot, whose state tells whether its client left.
     reap(pool, running);
-    let ids: Vec<u64> = req.segs.iter().map(|s| s.id).filter(|&id| id != 0).collect();
+    let ids: Vec<u64> = call.segments().iter().map(|s| s.id).filter(|&id| id != 0).collect();
     !ids.is_empty() && running.values().any(|(slot, pins)| ch.abandoned(*slot) && pins.iter().any(|p| ids.contains(&p.info().id)))
 }
 
 /// Runs a migration request without waiting for pins: done (answered), or parked again while
-/// the segment is pinned and the client's wait (its `pin_wait_timeout`, `args[3]` ms) lasts.
+/// the segment is pinned and the client's wait (its `pin_wait_timeout`) lasts.
 fn try_prefetch(ch: &Channel, p: Parked) -> Option<Parked> {
     if ch.abandoned(p.slot) {
         finish_here(ch, p.slot, Err(UvmError::new(Code::QueryCanceled, "abandoned")));
         return None;
     }
-    let wait = Duration::from_millis(p.req.args[3].max(0) as u64);
-    let mut now = p.req;
-    now.args[3] = 0;
+    let wait = Duration::from_millis(p.req.pin_wait_ms);
+    let now = Call::Prefetch(request::Prefetch { pin_wait_ms: 0, ..p.req });
     let r = {
         // SAFETY: the slot's state lives in shared memory as long as the process.
         let _w = unsafe { crate::interrupt::watch(ch.state_flag(p.slot), ABANDONED) };
@@ -529,7 +537,7 @@ fn try_prefetch(ch: &Channel, p: Parked) -> Option<Parked> {
         Err(e) if e.code == Code::LockNotAvailable && p.since.elapsed() < wait => Some(p),
         Err(e) if e.code == Code::LockNotAvailable => {
             let detail = e.detail.unwrap_or(e.message);
-            finish_here(ch, p.slot, Err(crate::segment::still_pinned(p.req.segs[0].name(), wait, detail)));
+            finish_here(ch, p.slot, Err(crate::segment::still_pinned(p.req.seg.name(), wait, detail)));
             None
         }
         r => {
@@ -540,7 +548,7 @@ fn try_prefetch(ch: &Channel, p: Parked) -> Option<Parked> {
 }
 
 /// Completes a request on the main thread and wakes its client.
-fn finish_here(ch: &Channel, slot: u32, r: Result<([i64; 6], u64)>) {
+fn finish_here(ch: &Channel, slot: u32, r: Result<Done>) {
     // SAFETY: taken by us: ours until complete.
     unsafe { ch.slot_mut(slot).reply = reply_of(r) };
     let l = ch.complete(slot);

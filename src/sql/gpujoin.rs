@@ -311,7 +311,7 @@ fn key_type_of_width(width: u32) -> KeyType {
 #[derive(Default)]
 struct AggState {
     st: ProbeState,
-    pending: Option<exec::Pending>,
+    pending: Option<exec::Pending<exec::request::Probed>>,
     /// Keys per batch: [`BATCH`] in process mode; in service mode as many as one request's
     /// staging holds (fewer, larger requests; the service's kernels take any size). Set at the
     /// first row.
@@ -345,8 +345,8 @@ impl std::ops::DerefMut for AggState {
 /// Collects the result of the probe in flight, if any.
 fn collect(st: &mut AggState) {
     if let Some(p) = st.pending.take() {
-        let (m, sum) = p.wait().map(|(v, _)| exec::probe_result(v)).unwrap_or_else(|e| report(e));
-        st.st.add(m, sum);
+        let p = p.wait().map(exec::ProbeSum::from).unwrap_or_else(|e| report(e));
+        st.st.add(p.matches, p.sum);
     }
 }
 
@@ -359,12 +359,12 @@ fn flush_batch(st: &mut AggState) {
     let kt = key_type_of_width(st.key_width);
     if !st.result.is_empty() {
         let (name, result, keys) = (st.segment.as_str(), st.result.as_str(), st.keys.as_slice());
-        let (m, sum) = with_executor(|ex| {
+        let p = with_executor(|ex| {
             let (inner, _) = resolve(name, "read")?;
             let (out, _) = resolve(result, "write")?;
             exec::materialize(ex, &inner, &out, kt, keys)
         });
-        st.st.absorb(m, sum);
+        st.st.absorb(p.matches, p.sum);
         return;
     }
     collect(st);

@@ -706,7 +706,7 @@ mod tests {
     fn many_threads_share_few_slots_without_loss() {
         let b = Arc::new(block(3, 4096));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        // the "service": takes, doubles args[0] into values[0], completes
+        // the "service": takes, doubles the request's first word into the reply's, completes
         let svc = {
             let (b, stop) = (b.clone(), stop.clone());
             std::thread::spawn(move || {
@@ -716,7 +716,8 @@ mod tests {
                         if ch.take(i, 1) {
                             // SAFETY: taken: the service owns the slot until complete.
                             let s = unsafe { ch.slot_mut(i) };
-                            s.reply.values[0] = s.request.args[0] * 2;
+                            let n = i64::from_ne_bytes(s.request.body[..8].try_into().unwrap());
+                            s.reply.body[..8].copy_from_slice(&(n * 2).to_ne_bytes());
                             ch.complete(i);
                         }
                     }
@@ -739,7 +740,7 @@ mod tests {
                             std::thread::yield_now();
                         };
                         // SAFETY: claimed: ours until submit.
-                        unsafe { ch.slot_mut(i) }.request.args[0] = n * 100 + c as i64;
+                        unsafe { ch.slot_mut(i) }.request.body[..8].copy_from_slice(&(n * 100 + c as i64).to_ne_bytes());
                         ch.submit(i);
                         if n % 7 == 3 {
                             ch.abandon(i); // a cancel
@@ -748,7 +749,8 @@ mod tests {
                         while !ch.is_done(i) {
                             std::thread::yield_now();
                         }
-                        assert_eq!(ch.slot(i).reply.values[0], (n * 100 + c as i64) * 2);
+                        let got = i64::from_ne_bytes(ch.slot(i).reply.body[..8].try_into().unwrap());
+                        assert_eq!(got, (n * 100 + c as i64) * 2);
                         ch.release(i);
                     }
                 })

@@ -111,10 +111,10 @@ impl GpuJoinScan {
     pub(super) fn collect_probe(&mut self) {
         let Some(p) = self.in_flight.take() else { return };
         let t = Instant::now();
-        let (m, sum) = p.wait().map(|(v, _)| exec::probe_result(v)).unwrap_or_else(|e| report(e));
+        let p = p.wait().map(exec::ProbeSum::from).unwrap_or_else(|e| report(e));
         self.stats.gpu += t.elapsed();
         for a in &mut self.aggs {
-            a.acc.add_matches(m, sum).unwrap_or_else(|e| report(e));
+            a.acc.add_matches(p.matches, p.sum).unwrap_or_else(|e| report(e));
         }
     }
 
@@ -266,7 +266,7 @@ impl GpuJoinScan {
         let t = Instant::now();
         let got = crate::runtime::try_executor(|ex| {
             exec::pairs_reset(ex, &result)?;
-            let (m, _) = exec::materialize(ex, &table, &result, kt, keys)?;
+            let m = exec::materialize(ex, &table, &result, kt, keys)?.matches;
             let mut raw = [0u8; pairs::HEADER_BYTES as usize];
             exec::read(ex, &result, 0, &mut raw)?;
             let name = result.name().to_string();

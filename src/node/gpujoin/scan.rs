@@ -85,7 +85,7 @@ pub struct GpuJoinScan {
     pub(super) pending: Vec<Vec<i64>>,
     /// The probe mode's batch being probed (see `probe_keys`); dropped unwaited (an ERROR, a
     /// rescan), the request is given up and the service reuses its slot once it is done.
-    pub(super) in_flight: Option<exec::Pending>,
+    pub(super) in_flight: Option<exec::Pending<exec::request::Probed>>,
     /// The outer side's chunk buffer (reused from batch to batch).
     pub(super) chunk: Chunk,
 }

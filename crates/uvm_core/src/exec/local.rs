@@ -4,9 +4,10 @@
 //! threads:
 //!
 //! 1. [`prepare`] (needs the segment manager, hence the registry lock: the service's main
-//!    thread) pins the segments the request names, checks that the names still denote the ids
-//!    the client resolved, and turns the request into [`Work`]: plain data (addresses inside
-//!    the pins, lengths, the engine), which may cross to another thread.
+//!    thread) pins the segments the request ([`Call`], decoded from its slot form) names,
+//!    checks that the names still denote the ids the client resolved, and turns the request
+//!    into [`Work`]: plain data (addresses inside the pins, lengths, the engine), which may
+//!    cross to another thread.
 //! 2. [`Work::run`] (no lock, no PostgreSQL: any thread) does the work on the CPU or with CUDA.
 //! 3. Dropping the [`Job`] (main thread again) gives the pins back.
 //!
@@ -24,7 +25,8 @@ use crate::segment::{Env, Pin, Segments};
 use crate::uvm_err;
 
 use super::kernel::{Arg, Launch};
-use super::{key_type_of, split_sum, Executor, Io, Mode, Op, Request, SegRef};
+use super::request::{self as ops, Call, Done, Sum128};
+use super::{key_type_of, Executor, Io, Mode, Request, SegRef};
 
 /// Where the work runs: the CPU (host provider), or CUDA kernels (CUDA provider). Chosen from
 /// the provider, once: nothing above this module asks.
@@ -125,10 +127,6 @@ pub struct Job<E: Env> {
     pub work: Work,
 }
 
-fn op_of(req: &Request) -> Result<Op> {
-    Op::from_repr(req.op).ok_or_else(|| uvm_err!(Code::ProtocolViolation, "unknown request operation {}", req.op))
-}
-
 /// Pins `seg` by name and checks it is still the segment the client resolved (authorization
 /// was the client's, against that segment's owner).
 fn pin_ref<E: Env>(segs: &mut Segments<E>, seg: &SegRef) -> Result<Pin<E>> {
@@ -152,109 +150,109 @@ fn cuda_only(engine: Engine) -> Result<()> {
     }
 }
 
-/// Pins what `req` names and describes its work (any operation [`run_main`] does not run).
+/// The address of `[offset, offset + len)` of a pinned segment for `engine`: the CPU needs
+/// every byte addressable (`bytes` checks the tiers); kernels do not.
+fn engine_addr<E: Env>(pin: &Pin<E>, engine: Engine, offset: i64, len: i64) -> Result<u64> {
+    match engine {
+        Engine::Cpu => Ok(pin.bytes(offset, len)?.as_ptr() as u64),
+        Engine::Cuda => pin.addr(offset, len),
+    }
+}
+
+/// Pins a GpuJoin table of `slot_count` slots for a build: its header and slots' address.
+fn table_for_build<E: Env>(segs: &mut Segments<E>, seg: &SegRef, slot_count: u64, engine: Engine) -> Result<(Pin<E>, u64, u64)> {
+    let pin = pin_ref(segs, seg)?;
+    if !slot_count.is_power_of_two() {
+        return Err(uvm_err!(Code::InvalidParameterValue, "a hash table needs a power-of-two slot count, not {slot_count}"));
+    }
+    let len = slot_count
+        .checked_mul(table::SLOT_BYTES)
+        .and_then(|b| b.checked_add(table::HEADER_BYTES))
+        .filter(|&b| b <= pin.info().size)
+        .ok_or_else(|| uvm_err!(Code::ProgramLimitExceeded, "segment \"{}\" cannot hold {slot_count} slots", pin.info().name))?;
+    let addr = engine_addr(&pin, engine, 0, len as i64)?;
+    Ok((pin, addr, len))
+}
+
+/// Pins what `call` names and describes its work (any operation [`run_main`] does not run).
 /// `io` is the request's bulk data, read only by operations that describe their work there.
-pub fn prepare<E: Env>(segs: &mut Segments<E>, req: &Request, io: &Io<'_>) -> Result<Job<E>> {
-    let op = op_of(req)?;
+pub fn prepare<E: Env>(segs: &mut Segments<E>, call: &Call, io: &Io<'_>) -> Result<Job<E>> {
     let engine = Engine::of(segs.provider());
-    let a = req.args;
     let mut pins = Vec::new();
-    let work = match op {
-        Op::Ping => Work::Ping,
-        Op::Checksum | Op::Fill => {
-            let pin = pin_ref(segs, &req.segs[0])?;
-            let (offset, len) = (a[0], a[1]);
-            // The CPU needs every byte addressable (bytes() checks the tiers); kernels do not.
-            let addr = match engine {
-                Engine::Cpu => pin.bytes(offset, len)?.as_ptr() as u64,
-                Engine::Cuda => pin.addr(offset, len)?,
-            };
+    let work = match *call {
+        Call::Ping(_) => Work::Ping,
+        Call::Checksum(ops::Checksum { seg, offset, length }) => {
+            let pin = pin_ref(segs, &seg)?;
+            let addr = engine_addr(&pin, engine, offset, length)?;
             pins.push(pin);
-            if op == Op::Checksum {
-                Work::Checksum { addr, len: len as u64, engine }
-            } else {
-                Work::Fill { addr, len: len as u64, seed: a[2] as u64, engine }
-            }
+            Work::Checksum { addr, len: length as u64, engine }
         }
-        Op::Read | Op::Write => {
-            let pin = pin_ref(segs, &req.segs[0])?;
-            let len = if op == Op::Read { a[1] } else { req.input.min(i64::MAX as u64) as i64 };
-            let pieces = pin.pieces_at(a[0], len)?;
+        Call::Fill(ops::Fill { seg, offset, length, seed }) => {
+            let pin = pin_ref(segs, &seg)?;
+            let addr = engine_addr(&pin, engine, offset, length)?;
             pins.push(pin);
-            if op == Op::Read {
-                Work::Read { pieces }
-            } else {
-                Work::Write { pieces }
-            }
+            Work::Fill { addr, len: length as u64, seed: seed as u64, engine }
         }
-        Op::Probe => {
-            let pin = pin_ref(segs, &req.segs[0])?;
-            let inner = Inner::of(&pin, key_type_of(a[0])?, engine == Engine::Cpu)?.raw();
+        Call::Read(ops::ReadBytes { seg, offset, length }) => {
+            let pin = pin_ref(segs, &seg)?;
+            let pieces = pin.pieces_at(offset, length)?;
+            pins.push(pin);
+            Work::Read { pieces }
+        }
+        Call::Write(ops::WriteBytes { seg, offset }) => {
+            let pin = pin_ref(segs, &seg)?;
+            let pieces = pin.pieces_at(offset, io.input().len().min(i64::MAX as usize) as i64)?;
+            pins.push(pin);
+            Work::Write { pieces }
+        }
+        Call::Probe(ops::Probe { inner, key_type, .. }) => {
+            let pin = pin_ref(segs, &inner)?;
+            let inner = Inner::of(&pin, key_type_of(key_type)?, engine == Engine::Cpu)?.raw();
             pins.push(pin);
             Work::Probe { inner, engine }
         }
-        Op::BuildBegin | Op::BuildInsert => {
-            let pin = pin_ref(segs, &req.segs[0])?;
-            let slot_count = if op == Op::BuildBegin { a[0] } else { a[1] } as u64;
-            if !slot_count.is_power_of_two() {
-                return Err(uvm_err!(
-                    Code::InvalidParameterValue,
-                    "a hash table needs a power-of-two slot count, not {slot_count}"
-                ));
-            }
-            let len = slot_count
-                .checked_mul(table::SLOT_BYTES)
-                .and_then(|b| b.checked_add(table::HEADER_BYTES))
-                .filter(|&b| b <= pin.info().size)
-                .ok_or_else(|| {
-                    uvm_err!(Code::ProgramLimitExceeded, "segment \"{}\" cannot hold {slot_count} slots", pin.info().name)
-                })? as i64;
-            let addr = match engine {
-                Engine::Cpu => pin.bytes(0, len)?.as_ptr() as u64,
-                Engine::Cuda => pin.addr(0, len)?,
-            };
+        Call::BuildBegin(ops::BuildBegin { table, slot_count }) => {
+            let (pin, addr, len) = table_for_build(segs, &table, slot_count, engine)?;
+            pins.push(pin);
+            Work::BuildBegin { addr, len, engine }
+        }
+        Call::BuildInsert(ops::BuildInsert { table, key_type, slot_count, .. }) => {
+            let key_type = key_type_of(key_type)?;
+            let (pin, addr, len) = table_for_build(segs, &table, slot_count, engine)?;
             let name = pin.info().name.clone();
             pins.push(pin);
-            if op == Op::BuildBegin {
-                Work::BuildBegin { addr, len: len as u64, engine }
-            } else {
-                Work::BuildInsert { name, table: addr, table_len: len as usize, slot_count, key_type: key_type_of(a[0])?, engine }
-            }
+            Work::BuildInsert { name, table: addr, table_len: len as usize, slot_count, key_type, engine }
         }
-        Op::BenchSegmentRead => {
+        Call::BenchSegmentRead(ops::BenchSegmentRead { seg, iterations, .. }) => {
             cuda_only(engine)?;
-            let pin = pin_ref(segs, &req.segs[0])?;
+            let pin = pin_ref(segs, &seg)?;
             let len = pin.info().size;
             let addr = pin.addr(0, len as i64)?;
             pins.push(pin);
-            Work::BenchSegmentRead { addr, len, iterations: a[0].clamp(1, u32::MAX as i64) as u32 }
+            Work::BenchSegmentRead { addr, len, iterations: iterations.max(1) }
         }
-        Op::BenchPrivateRead => {
+        Call::BenchPrivateRead(ops::BenchPrivateRead { bytes, iterations, seed, .. }) => {
             cuda_only(engine)?;
-            Work::BenchPrivateRead {
-                bytes: a[0].max(16) as u64,
-                iterations: a[1].clamp(1, u32::MAX as i64) as u32,
-                seed: a[2] as u64,
-            }
+            Work::BenchPrivateRead { bytes: bytes.max(16) as u64, iterations: iterations.max(1), seed: seed as u64 }
         }
-        Op::BenchCopyCeiling => {
+        Call::BenchCopyCeiling(ops::BenchCopyCeiling { bytes, iterations, .. }) => {
             cuda_only(engine)?;
-            Work::BenchCopyCeiling { bytes: a[0].max(1) as u64, iterations: a[1].clamp(1, u32::MAX as i64) as u32 }
+            Work::BenchCopyCeiling { bytes: bytes.max(1) as u64, iterations: iterations.max(1) }
         }
-        Op::BenchJoinProbe => {
+        Call::BenchJoinProbe(ops::BenchJoinProbe { table, keys, key_range }) => {
             cuda_only(engine)?;
-            let pin = pin_ref(segs, &req.segs[0])?;
+            let pin = pin_ref(segs, &table)?;
             let inner = Inner::of(&pin, KeyType::Int8, false)?.raw();
             pins.push(pin);
-            Work::BenchJoinProbe { inner, keys: a[0], key_range: a[1] }
+            Work::BenchJoinProbe { inner, keys, key_range }
         }
-        Op::BenchHostRegister => {
+        Call::BenchHostRegister(ops::BenchHostRegister { bytes }) => {
             cuda_only(engine)?;
-            Work::BenchHostRegister { bytes: a[0].max(1) as u64 }
+            Work::BenchHostRegister { bytes: bytes.max(1) as u64 }
         }
-        Op::MemInfo => Work::MemInfo { engine },
-        Op::Launch => {
-            let launch = Launch::decode(input(io))?;
+        Call::MemInfo(_) => Work::MemInfo { engine },
+        Call::Launch(_) => {
+            let launch = Launch::decode(io.input())?;
             if engine == Engine::Cpu {
                 return Err(crate::gpu::user::needs_cuda());
             }
@@ -272,49 +270,38 @@ pub fn prepare<E: Env>(segs: &mut Segments<E>, req: &Request, io: &Io<'_>) -> Re
                 .collect::<Result<Vec<u64>>>()?;
             Work::Launch { source: launch.source, shape: launch.shape, params }
         }
-        Op::Info | Op::Create | Op::Grow | Op::Drop | Op::Prefetch | Op::GrowAtLeast | Op::Materialize => {
-            return Err(uvm_err!(Code::SystemError, "operation {op:?} is not prepared: it runs whole"))
+        Call::Info(_)
+        | Call::Create(_)
+        | Call::Grow(_)
+        | Call::Drop(_)
+        | Call::Prefetch(_)
+        | Call::GrowAtLeast(_)
+        | Call::Materialize(_) => {
+            return Err(uvm_err!(Code::SystemError, "operation {:?} is not prepared: it runs whole", call.op()))
         }
     };
     Ok(Job { pins, work })
 }
 
-fn f64_word(v: f64) -> i64 {
-    v.to_bits() as i64
-}
-
-fn input<'a>(io: &'a Io<'_>) -> &'a [u8] {
-    match io {
-        Io::In(b) => b,
-        _ => &[],
-    }
-}
-
-/// Views input bytes as 8-byte words (staging areas and vectors of words are aligned).
-fn words<'a, T>(b: &'a [u8], what: &str) -> Result<&'a [T]> {
-    let size = std::mem::size_of::<T>();
-    if !(b.as_ptr() as usize).is_multiple_of(8) || !b.len().is_multiple_of(size) {
-        return Err(uvm_err!(Code::ProtocolViolation, "{what} in a request are misaligned or cut"));
-    }
-    // SAFETY: aligned (checked), whole elements (checked), any bit pattern is a valid i64
-    // (or array of them), and the bytes live as long as `b`.
-    Ok(unsafe { std::slice::from_raw_parts(b.as_ptr() as *const T, b.len() / size) })
+/// Views input bytes as words (staging areas and vectors of words are aligned; anything else
+/// is refused, not copied).
+fn words<'a, T: zerocopy::FromBytes + zerocopy::Immutable>(b: &'a [u8], what: &str) -> Result<&'a [T]> {
+    <[T] as zerocopy::FromBytes>::ref_from_bytes(b)
+        .map_err(|_| uvm_err!(Code::ProtocolViolation, "{what} in a request are misaligned or cut"))
 }
 
 impl Work {
-    /// Does the work (no lock, no PostgreSQL). Returns the reply's values and the output
-    /// bytes written.
+    /// Does the work (no lock, no PostgreSQL). Returns the reply.
     ///
     /// # Safety
     /// The pins of the job this work came from must be held (and this process's mappings of
     /// them intact) until it returns.
-    pub unsafe fn run(&self, mut io: Io<'_>) -> Result<([i64; 6], u64)> {
-        let mut v = [0i64; 6];
-        let mut out = 0u64;
+    pub unsafe fn run(&self, mut io: Io<'_>) -> Result<Done> {
+        let done = |r: &dyn DoneOf| Ok(r.done(0));
         match self {
-            Work::Ping => {}
+            Work::Ping => done(&ops::Pong {}),
             &Work::Checksum { addr, len, engine } => {
-                v[0] = match engine {
+                let checksum = match engine {
                     Engine::Cpu => {
                         // SAFETY: pinned, CPU-addressable (prepare checked), mapped (contract).
                         let b = unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) };
@@ -322,17 +309,21 @@ impl Work {
                     }
                     // SAFETY: the pinned range (contract).
                     Engine::Cuda => crate::gpu::gpu()?.with_kernels(|k| unsafe { k.checksum(addr, len) })?,
-                } as i64;
+                };
+                done(&ops::Summed { checksum })
             }
-            &Work::Fill { addr, len, seed, engine } => match engine {
-                Engine::Cpu => {
-                    // SAFETY: as for Checksum; writes to shared memory are the users' business.
-                    let b = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) };
-                    crate::checksum::fill_interruptible(b, seed)?;
+            &Work::Fill { addr, len, seed, engine } => {
+                match engine {
+                    Engine::Cpu => {
+                        // SAFETY: as for Checksum; writes to shared memory are the users' business.
+                        let b = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) };
+                        crate::checksum::fill_interruptible(b, seed)?;
+                    }
+                    // SAFETY: the pinned range (contract).
+                    Engine::Cuda => crate::gpu::gpu()?.with_kernels(|k| unsafe { k.fill(addr, len, seed) })?,
                 }
-                // SAFETY: the pinned range (contract).
-                Engine::Cuda => crate::gpu::gpu()?.with_kernels(|k| unsafe { k.fill(addr, len, seed) })?,
-            },
+                done(&ops::Filled {})
+            }
             Work::Read { pieces } => {
                 let Io::Out(buf) = &mut io else { return Err(uvm_err!(Code::SystemError, "a read request without a buffer")) };
                 let total: usize = pieces.iter().map(|p| p.1).sum();
@@ -358,10 +349,10 @@ impl Work {
                     }
                     at += n;
                 }
-                out = at as u64;
+                Ok(ops::ReadDone {}.done(at as u64))
             }
             Work::Write { pieces } => {
-                let src = input(&io);
+                let src = io.input();
                 let mut at = 0usize;
                 for &(addr, n, cpu) in pieces {
                     crate::interrupt::check()?;
@@ -379,32 +370,35 @@ impl Work {
                     }
                     at += n;
                 }
+                done(&ops::Written {})
             }
             Work::Probe { inner, engine } => {
-                let keys: &[i64] = words(input(&io), "probe keys")?;
+                let keys: &[i64] = words(io.input(), "probe keys")?;
                 // SAFETY: the pin behind `inner` is held (contract).
                 let view = unsafe { inner.inner() }?;
-                let (m, sum) = match (engine, view.table()) {
+                let (matches, sum) = match (engine, view.table()) {
                     (Engine::Cpu, Some(t)) => t.probe(keys)?,
                     _ => crate::gpu::gpu()?.with_kernels(|k| k.join_probe(&view, keys))?,
                 };
-                let (lo, hi) = split_sum(sum);
-                v[..3].copy_from_slice(&[m as i64, lo, hi]);
+                done(&ops::Probed { matches, sum: Sum128::from(sum) })
             }
-            &Work::BuildBegin { addr, len, engine } => match engine {
-                Engine::Cpu => {
-                    // SAFETY: pinned, CPU-addressable (prepare checked), mapped (contract).
-                    let b = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) };
-                    for part in b.chunks_mut(1 << 20) {
-                        part.fill(0);
-                        crate::interrupt::check()?;
+            &Work::BuildBegin { addr, len, engine } => {
+                match engine {
+                    Engine::Cpu => {
+                        // SAFETY: pinned, CPU-addressable (prepare checked), mapped (contract).
+                        let b = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) };
+                        for part in b.chunks_mut(1 << 20) {
+                            part.fill(0);
+                            crate::interrupt::check()?;
+                        }
                     }
+                    // SAFETY: the pinned range, 8-byte aligned (a segment starts on a page).
+                    Engine::Cuda => crate::gpu::gpu()?.with_kernels(|k| unsafe { k.zero(addr, len / 8) })?,
                 }
-                // SAFETY: the pinned range, 8-byte aligned (a segment starts on a page).
-                Engine::Cuda => crate::gpu::gpu()?.with_kernels(|k| unsafe { k.zero(addr, len / 8) })?,
-            },
+                done(&ops::Begun {})
+            }
             Work::BuildInsert { name, table, table_len, slot_count, key_type, engine } => {
-                let rows: &[[i64; 2]] = words(input(&io), "build rows")?;
+                let rows: &[[i64; 2]] = words(io.input(), "build rows")?;
                 match engine {
                     Engine::Cpu => {
                         // SAFETY: pinned, CPU-addressable (prepare checked), mapped (contract).
@@ -426,39 +420,51 @@ impl Work {
                         }
                     }
                 }
+                done(&ops::Inserted {})
             }
             &Work::BenchSegmentRead { addr, len, iterations } => {
                 // SAFETY: the whole pinned segment (contract).
-                v[0] = f64_word(crate::gpu::gpu()?.with_kernels(|k| unsafe { k.read_bandwidth(addr, len, iterations) })?);
+                let gbps = crate::gpu::gpu()?.with_kernels(|k| unsafe { k.read_bandwidth(addr, len, iterations) })?;
+                done(&ops::SegmentReadRate { gbps })
             }
             &Work::BenchPrivateRead { bytes, iterations, seed } => {
-                v[0] = f64_word(crate::gpu::bench::private_read(bytes, iterations, seed)?);
+                done(&ops::PrivateReadRate { gbps: crate::gpu::bench::private_read(bytes, iterations, seed)? })
             }
             &Work::BenchCopyCeiling { bytes, iterations } => {
-                let (htod, dtoh) = crate::gpu::bench::copy_ceiling(bytes, iterations)?;
-                v[..2].copy_from_slice(&[f64_word(htod), f64_word(dtoh)]);
+                let (host_to_device, device_to_host) = crate::gpu::bench::copy_ceiling(bytes, iterations)?;
+                done(&ops::CopyRates { host_to_device, device_to_host })
             }
             Work::BenchJoinProbe { inner, keys, key_range } => {
                 // SAFETY: the pin behind `inner` is held (contract).
                 let view = unsafe { inner.inner() }?;
-                v[0] = f64_word(crate::gpujoin::gpu::join_probe_view(&view, *keys, *key_range)?);
+                done(&ops::ProbeRate { keys_per_s: crate::gpujoin::gpu::join_probe_view(&view, *keys, *key_range)? })
             }
-            &Work::BenchHostRegister { bytes } => {
-                v[0] = f64_word(crate::gpu::bench::host_register_ms(bytes)?);
-            }
+            &Work::BenchHostRegister { bytes } => done(&ops::RegisterTime { ms: crate::gpu::bench::host_register_ms(bytes)? }),
             Work::Launch { source, shape, params } => {
                 // SAFETY: the segment addresses lie in the job's pins (contract); the kernel is
                 // the caller's, who vouches for it (the C API's contract).
                 unsafe { crate::gpu::user::launch(source, *shape, params) }?;
+                done(&ops::Launched {})
             }
             &Work::MemInfo { engine } => {
-                if engine == Engine::Cuda {
-                    let (free, total) = crate::gpu::gpu()?.mem_info()?;
-                    v[..2].copy_from_slice(&[free as i64, total as i64]);
-                }
+                let (free, total) = match engine {
+                    Engine::Cuda => crate::gpu::gpu()?.mem_info()?,
+                    Engine::Cpu => (0, 0),
+                };
+                done(&ops::GpuMemory { free, total })
             }
         }
-        Ok((v, out))
+    }
+}
+
+/// A reply of any operation, as its slot form (lets one closure answer every arm above).
+trait DoneOf {
+    fn done(&self, output: u64) -> Done;
+}
+
+impl<R: zerocopy::IntoBytes + zerocopy::Immutable> DoneOf for R {
+    fn done(&self, output: u64) -> Done {
+        Done::of(self, output)
     }
 }
 
@@ -494,80 +500,75 @@ fn info_text<E: Env>(segs: &Segments<E>) -> String {
     rows.iter().map(|(k, v)| format!("{k}\t{}\n", v.replace(['\t', '\n'], " "))).collect()
 }
 
-/// Runs an operation that needs the segment manager throughout (see the module documentation).
-pub fn run_main<E: Env>(segs: &mut Segments<E>, req: &Request, mut io: Io<'_>) -> Result<([i64; 6], u64)> {
-    let op = op_of(req)?;
-    let a = req.args;
-    let mut v = [0i64; 6];
-    let mut out = 0u64;
-    let seg = &req.segs[0];
-    let checked = |id: u64| check_id(id, seg);
-    match op {
-        Op::Info => {
+/// Runs an operation that needs the segment manager throughout (see the module documentation),
+/// or prepares and runs any other.
+pub fn run_main<E: Env>(segs: &mut Segments<E>, call: &Call, mut io: Io<'_>) -> Result<Done> {
+    let done = |r: &dyn DoneOf| Ok(r.done(0));
+    let checked = |segs: &mut Segments<E>, seg: &SegRef| check_id(segs.lookup(seg.name())?.id, seg);
+    match *call {
+        Call::Info(_) => {
             let text = info_text(segs);
             let Io::Out(buf) = &mut io else { return Err(uvm_err!(Code::SystemError, "an info request without a buffer")) };
             let n = text.len().min(buf.len());
             buf[..n].copy_from_slice(&text.as_bytes()[..n]);
-            out = n as u64;
+            Ok(ops::InfoText {}.done(n as u64))
         }
-        Op::Create => {
-            let max_size = (a[2] != 0).then_some(a[1]);
+        Call::Create(ops::Create { seg, size, max_size, has_max_size, pref, owner, now, .. }) => {
+            let max_size = (has_max_size != 0).then_some(max_size);
             // A code that names nothing reads as `auto` (requests come from this cluster's own
             // backends, but the slot is shared memory).
-            let pref = TierPref::from_code(u32::try_from(a[3]).unwrap_or(0));
-            v[0] = segs.create(seg.name(), a[0], max_size, pref, a[4] as u32, a[5])? as i64;
+            let id = segs.create(seg.name(), size, max_size, TierPref::from_code(pref), owner, now)?;
+            done(&ops::Created { id })
         }
-        Op::Grow => {
-            checked(segs.lookup(seg.name())?.id)?;
-            v[0] = segs.grow(seg.name(), a[0], |_| Ok(()))? as i64;
+        Call::Grow(ops::Grow { seg, new_size }) => {
+            checked(segs, &seg)?;
+            done(&ops::Grown { size: segs.grow(seg.name(), new_size, |_| Ok(()))? })
         }
-        Op::GrowAtLeast => {
-            checked(segs.lookup(seg.name())?.id)?;
-            v[0] = segs.grow_at_least(seg.name(), a[0].max(0) as u64, |_| Ok(()))? as i64;
+        Call::GrowAtLeast(ops::GrowAtLeast { seg, min_size }) => {
+            checked(segs, &seg)?;
+            done(&ops::GrownTo { size: segs.grow_at_least(seg.name(), min_size, |_| Ok(()))? })
         }
-        Op::Drop => {
-            checked(segs.lookup(seg.name())?.id)?;
+        Call::Drop(ops::DropSegment { seg }) => {
+            checked(segs, &seg)?;
             segs.drop_segment(seg.name(), |_| Ok(()))?;
+            done(&ops::Dropped {})
         }
-        Op::Prefetch => {
-            checked(segs.lookup(seg.name())?.id)?;
+        Call::Prefetch(ops::Prefetch { seg, offset, length, target, pin_wait_ms, .. }) => {
+            checked(segs, &seg)?;
             // Unknown codes read as `auto`, which prefetch refuses (22023).
-            let target = TierPref::from_code(u32::try_from(a[2]).unwrap_or(0));
+            let target = TierPref::from_code(target);
             let saved = segs.limits.pin_wait;
-            segs.limits.pin_wait = std::time::Duration::from_millis(a[3].max(0) as u64);
-            let r = segs.prefetch(seg.name(), a[0], a[1], target, |_| Ok(()));
+            segs.limits.pin_wait = std::time::Duration::from_millis(pin_wait_ms);
+            let r = segs.prefetch(seg.name(), offset, length, target, |_| Ok(()));
             segs.limits.pin_wait = saved;
-            v[0] = r? as i64;
+            done(&ops::Moved { bytes: r? })
         }
-        Op::Materialize => {
-            let result = &req.segs[1];
-            checked(segs.lookup(seg.name())?.id)?;
-            check_id(segs.lookup(result.name())?.id, result)?;
-            let keys: &[i64] = words(input(&io), "probe keys")?;
-            let kt = key_type_of(a[0])?;
+        Call::Materialize(ops::Materialize { inner, result, key_type, .. }) => {
+            checked(segs, &inner)?;
+            checked(segs, &result)?;
+            let keys: &[i64] = words(io.input(), "probe keys")?;
+            let kt = key_type_of(key_type)?;
             let allow = |_: u32, _: &str, _: &str| Ok(());
-            let (m, sum) = match Engine::of(segs.provider()) {
+            let (matches, sum) = match Engine::of(segs.provider()) {
                 Engine::Cpu => {
                     let mut ap = CpuAppender::new(keys);
-                    pairs::append_batch(segs, seg.name(), result.name(), kt, &allow, &mut ap)?;
+                    pairs::append_batch(segs, inner.name(), result.name(), kt, &allow, &mut ap)?;
                     (ap.matches, ap.sum)
                 }
                 Engine::Cuda => crate::gpu::gpu()?.with_kernels(|k| {
                     let mut ap = KernelAppender::new(k, keys);
-                    pairs::append_batch(segs, seg.name(), result.name(), kt, &allow, &mut ap)?;
+                    pairs::append_batch(segs, inner.name(), result.name(), kt, &allow, &mut ap)?;
                     Ok((ap.matches, ap.sum))
                 })?,
             };
-            let (lo, hi) = split_sum(sum);
-            v[..3].copy_from_slice(&[m as i64, lo, hi]);
+            done(&ops::Materialized { matches, sum: Sum128::from(sum) })
         }
         _ => {
-            let job = prepare(segs, req, &io)?;
+            let job = prepare(segs, call, &io)?;
             // SAFETY: the job's pins live until after the work returns.
-            return unsafe { job.work.run(io) };
+            unsafe { job.work.run(io) }
         }
     }
-    Ok((v, out))
 }
 
 /// The process-mode executor: every request runs here, on this process's segment manager.
@@ -584,7 +585,7 @@ impl<E: Env> Executor for Local<'_, E> {
         usize::MAX
     }
 
-    fn run(&mut self, req: &Request, io: Io<'_>) -> Result<([i64; 6], u64)> {
-        run_main(self.segs, req, io)
+    fn run(&mut self, req: &Request, io: Io<'_>) -> Result<Done> {
+        run_main(self.segs, &Call::decode(req)?, io)
     }
 }

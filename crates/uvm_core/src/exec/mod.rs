@@ -5,9 +5,11 @@
 //!
 //! Every operation the SQL layer performs on a segment's memory (create, grow, drop, migrate,
 //! read, write, checksum, fill, the GpuJoin build, probe and materialize, the benchmarks) is a
-//! [`Request`]: an operation, references to segments (name and id, resolved and authorized by
-//! the caller) and scalars, with bulk input or output in a byte buffer ([`Io`]). An
-//! [`Executor`] runs requests:
+//! typed request ([`request`]: a struct of named fields, among them references to segments
+//! (name and id, resolved and authorized by the caller), with a typed reply), with bulk input
+//! or output in a byte buffer ([`Io`]). An [`Executor`] runs requests in their slot form
+//! ([`Request`], [`Done`]); [`call`] and [`start`] turn a typed request into that form and the
+//! reply back into its type, so no caller packs or unpacks anything by position:
 //!
 //! - **in this process** ([`local`]): the process's own segment manager maps the segment and the
 //!   work runs here, on the CPU (host provider) or with CUDA in this process (CUDA provider):
@@ -20,8 +22,8 @@
 //! chosen once per provider ([`local::Engine`]), so no surface (the SQL functions, the C API,
 //! the plan nodes) asks either question: it asks the runtime for what it needs
 //! (`crate::runtime`: whether this process maps segment memory, device addresses, the staging
-//! limit, whether a GPU does the work), builds requests with the typed helpers below and hands
-//! them to whatever executor the runtime gives it.
+//! limit, whether a GPU does the work), calls the helpers below and hands them whatever
+//! executor the runtime gives it.
 //! The helpers split requests whose data exceeds what one request may carry
 //! ([`Executor::max_io`]: a staging area in service mode, unbounded in process mode).
 //!
@@ -32,11 +34,16 @@ pub mod kernel;
 pub mod local;
 pub mod request;
 
+use std::marker::PhantomData;
+
+use zerocopy::IntoBytes;
+
 use crate::error::{Code, Result, UvmError};
 use crate::gpujoin::pairs::PairsHeader;
 use crate::gpujoin::table::{self, KeyType};
 use crate::registry::TierPref;
-pub use request::{Mode, Op, Reply, Request, SegRef};
+use request::{self as ops, Sum128};
+pub use request::{Call, Done, Mode, Op, Operation, Reply, Request, SegRef};
 
 /// A request's bulk data: input it reads, output it writes, or none.
 pub enum Io<'a> {
@@ -45,73 +52,94 @@ pub enum Io<'a> {
     Out(&'a mut [u8]),
 }
 
+impl Io<'_> {
+    /// The input bytes (none unless `In`).
+    pub fn input(&self) -> &[u8] {
+        match self {
+            Io::In(b) => b,
+            _ => &[],
+        }
+    }
+}
+
 /// Runs requests: in this process ([`local::Local`]) or in the GPU service.
 pub trait Executor {
     fn mode(&self) -> Mode;
     /// The most bulk bytes one request may carry.
     fn max_io(&self) -> usize;
-    /// Runs `req`; returns its values and the output bytes it wrote.
-    fn run(&mut self, req: &Request, io: Io<'_>) -> Result<([i64; 6], u64)>;
+    /// Runs `req`; returns its reply.
+    fn run(&mut self, req: &Request, io: Io<'_>) -> Result<Done>;
     /// Starts `req` with `input` (at most `max_io` bytes, copied: the caller may reuse its
     /// buffer at once) and returns without waiting for it where the executor can (the
     /// service); the default runs it now.
-    fn start(&mut self, req: &Request, input: &[u8]) -> Result<Pending> {
-        Ok(Pending::Ready(self.run(req, Io::In(input))))
+    fn start(&mut self, req: &Request, input: &[u8]) -> Result<Started> {
+        Ok(Started::Ready(self.run(req, Io::In(input))))
     }
 }
 
-/// A request in flight, waited for by [`Pending::wait`]. Dropping it unwaited gives the request
+/// A request in flight, waited for by [`Started::wait`]. Dropping it unwaited gives the request
 /// up (the service finishes or stops it, and only then reuses its slot).
 pub trait InFlight {
-    fn wait(self: Box<Self>) -> Result<([i64; 6], u64)>;
+    fn wait(self: Box<Self>) -> Result<Done>;
 }
 
 /// The result of [`Executor::start`]: there already, or to wait for.
-pub enum Pending {
-    Ready(Result<([i64; 6], u64)>),
+pub enum Started {
+    Ready(Result<Done>),
     InFlight(Box<dyn InFlight>),
 }
 
-impl Pending {
-    pub fn wait(self) -> Result<([i64; 6], u64)> {
+impl Started {
+    pub fn wait(self) -> Result<Done> {
         match self {
-            Pending::Ready(r) => r,
-            Pending::InFlight(f) => f.wait(),
+            Started::Ready(r) => r,
+            Started::InFlight(f) => f.wait(),
         }
     }
 }
 
-fn with_seg(op: Op, seg: &SegRef) -> Request {
-    let mut r = Request::new(op);
-    r.segs[0] = *seg;
-    r
+/// A started request whose reply is an `R`.
+pub struct Pending<R> {
+    started: Started,
+    _reply: PhantomData<fn() -> R>,
 }
 
-/// Splits a sum carried as two words.
-pub(crate) fn split_sum(sum: i128) -> (i64, i64) {
-    (sum as i64, (sum >> 64) as i64)
+impl<R: zerocopy::FromBytes + zerocopy::KnownLayout> Pending<R> {
+    fn of(started: Started) -> Pending<R> {
+        Pending { started, _reply: PhantomData }
+    }
+
+    /// Waits for the reply.
+    pub fn wait(self) -> Result<R> {
+        self.started.wait().map(|d| d.get())
+    }
 }
 
-fn sum_of(lo: i64, hi: i64) -> i128 {
-    ((hi as i128) << 64) | (lo as u64 as i128)
+/// Runs the typed request `o` with `io`: its typed reply and the output bytes written.
+pub fn call<O: Operation>(ex: &mut dyn Executor, o: &O, io: Io<'_>) -> Result<(O::Reply, u64)> {
+    let req = Request::of(o, io.input().len() as u64);
+    ex.run(&req, io).map(|d| (d.get(), d.output))
 }
 
-/// Views `v` as bytes (keys and rows travel as little-endian words: every process of a cluster
-/// runs on one machine).
-fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
-    // SAFETY: plain integer data, every byte initialised; the length is exact.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+/// Starts the typed request `o` with `input` (see [`Executor::start`]).
+pub fn start<O: Operation>(ex: &mut dyn Executor, o: &O, input: &[u8]) -> Result<Pending<O::Reply>> {
+    ex.start(&Request::of(o, input.len() as u64), input).map(Pending::of)
+}
+
+/// Runs `o` with no bulk data and gives its typed reply.
+fn reply<O: Operation>(ex: &mut dyn Executor, o: O) -> Result<O::Reply> {
+    call(ex, &o, Io::None).map(|(r, _)| r)
 }
 
 /// An empty round trip.
 pub fn ping(ex: &mut dyn Executor) -> Result<()> {
-    ex.run(&Request::new(Op::Ping), Io::None).map(|_| ())
+    reply(ex, ops::Ping {}).map(|_| ())
 }
 
 /// The executor's provider capabilities, as `uvm.device_info()` rows.
 pub fn info(ex: &mut dyn Executor) -> Result<Vec<(String, String)>> {
     let mut buf = vec![0u8; ex.max_io().min(64 << 10)];
-    let (_, n) = ex.run(&Request::new(Op::Info), Io::Out(&mut buf))?;
+    let (_, n) = call(ex, &ops::Info {}, Io::Out(&mut buf))?;
     let text = String::from_utf8_lossy(&buf[..(n as usize).min(buf.len())]).into_owned();
     Ok(text.lines().filter_map(|l| l.split_once('\t')).map(|(k, v)| (k.to_string(), v.to_string())).collect())
 }
@@ -126,26 +154,29 @@ pub fn create(
     owner: u32,
     now: i64,
 ) -> Result<u64> {
-    let mut r = Request::new(Op::Create);
-    r.segs[0] = SegRef::new(name, 0)?;
-    r.args = [size, max_size.unwrap_or(-1), max_size.is_some() as i64, pref.code() as i64, owner as i64, now, 0, 0];
-    ex.run(&r, Io::None).map(|(v, _)| v[0] as u64)
+    let o = ops::Create {
+        seg: SegRef::new(name, 0)?,
+        size,
+        max_size: max_size.unwrap_or(-1),
+        has_max_size: max_size.is_some() as u32,
+        pref: pref.code(),
+        owner,
+        _pad: 0,
+        now,
+    };
+    reply(ex, o).map(|r| r.id)
 }
 
 pub fn grow(ex: &mut dyn Executor, seg: &SegRef, new_size: i64) -> Result<u64> {
-    let mut r = with_seg(Op::Grow, seg);
-    r.args[0] = new_size;
-    ex.run(&r, Io::None).map(|(v, _)| v[0] as u64)
+    reply(ex, ops::Grow { seg: *seg, new_size }).map(|r| r.size)
 }
 
 pub fn grow_at_least(ex: &mut dyn Executor, seg: &SegRef, min_size: u64) -> Result<u64> {
-    let mut r = with_seg(Op::GrowAtLeast, seg);
-    r.args[0] = min_size.min(i64::MAX as u64) as i64;
-    ex.run(&r, Io::None).map(|(v, _)| v[0] as u64)
+    reply(ex, ops::GrowAtLeast { seg: *seg, min_size }).map(|r| r.size)
 }
 
 pub fn drop(ex: &mut dyn Executor, seg: &SegRef) -> Result<()> {
-    ex.run(&with_seg(Op::Drop, seg), Io::None).map(|_| ())
+    reply(ex, ops::DropSegment { seg: *seg }).map(|_| ())
 }
 
 /// Moves `[offset, offset + length)` to `target`, waiting up to `pin_wait_ms` for pins to drain.
@@ -157,25 +188,24 @@ pub fn prefetch(
     target: TierPref,
     pin_wait_ms: u64,
 ) -> Result<u64> {
-    let mut r = with_seg(Op::Prefetch, seg);
-    r.args[..4].copy_from_slice(&[offset, length, target.code() as i64, pin_wait_ms.min(i64::MAX as u64) as i64]);
-    ex.run(&r, Io::None).map(|(v, _)| v[0] as u64)
+    reply(ex, ops::Prefetch { seg: *seg, offset, length, target: target.code(), _pad: 0, pin_wait_ms }).map(|r| r.bytes)
+}
+
+/// The offset `i * step` bytes past `offset`, or 2202E if that overflows.
+fn offset_at(offset: i64, i: usize, step: usize) -> Result<i64> {
+    offset.checked_add((i * step) as i64).ok_or_else(|| UvmError::new(Code::OutOfRange, "offset overflows"))
 }
 
 /// Copies `[offset, offset + out.len())` of the segment into `out`.
 pub fn read(ex: &mut dyn Executor, seg: &SegRef, offset: i64, out: &mut [u8]) -> Result<()> {
     if out.is_empty() {
         // Still validates the range (an offset past the end is an error).
-        let mut r = with_seg(Op::Read, seg);
-        r.args[..2].copy_from_slice(&[offset, 0]);
-        return ex.run(&r, Io::Out(out)).map(|_| ());
+        return call(ex, &ops::ReadBytes { seg: *seg, offset, length: 0 }, Io::Out(out)).map(|_| ());
     }
     let step = ex.max_io().max(1);
     for (i, part) in out.chunks_mut(step).enumerate() {
-        let mut r = with_seg(Op::Read, seg);
-        let at = offset.checked_add((i * step) as i64).ok_or_else(|| UvmError::new(Code::OutOfRange, "offset overflows"))?;
-        r.args[..2].copy_from_slice(&[at, part.len() as i64]);
-        ex.run(&r, Io::Out(part))?;
+        let o = ops::ReadBytes { seg: *seg, offset: offset_at(offset, i, step)?, length: part.len() as i64 };
+        call(ex, &o, Io::Out(part))?;
     }
     Ok(())
 }
@@ -183,41 +213,32 @@ pub fn read(ex: &mut dyn Executor, seg: &SegRef, offset: i64, out: &mut [u8]) ->
 /// Copies `data` to `[offset, offset + data.len())` of the segment.
 pub fn write(ex: &mut dyn Executor, seg: &SegRef, offset: i64, data: &[u8]) -> Result<()> {
     if data.is_empty() {
-        let mut r = with_seg(Op::Write, seg);
-        r.args[0] = offset;
-        return ex.run(&r, Io::In(data)).map(|_| ());
+        return call(ex, &ops::WriteBytes { seg: *seg, offset }, Io::In(data)).map(|_| ());
     }
     let step = ex.max_io().max(1);
     for (i, part) in data.chunks(step).enumerate() {
-        let mut r = with_seg(Op::Write, seg);
-        let at = offset.checked_add((i * step) as i64).ok_or_else(|| UvmError::new(Code::OutOfRange, "offset overflows"))?;
-        r.args[0] = at;
-        r.input = part.len() as u64;
-        ex.run(&r, Io::In(part))?;
+        call(ex, &ops::WriteBytes { seg: *seg, offset: offset_at(offset, i, step)? }, Io::In(part))?;
     }
     Ok(())
 }
 
 pub fn checksum(ex: &mut dyn Executor, seg: &SegRef, offset: i64, length: i64) -> Result<u64> {
-    let mut r = with_seg(Op::Checksum, seg);
-    r.args[..2].copy_from_slice(&[offset, length]);
-    ex.run(&r, Io::None).map(|(v, _)| v[0] as u64)
+    reply(ex, ops::Checksum { seg: *seg, offset, length }).map(|r| r.checksum)
 }
 
 pub fn fill(ex: &mut dyn Executor, seg: &SegRef, offset: i64, length: i64, seed: i64) -> Result<()> {
-    let mut r = with_seg(Op::Fill, seg);
-    r.args[..3].copy_from_slice(&[offset, length, seed]);
-    ex.run(&r, Io::None).map(|_| ())
+    reply(ex, ops::Fill { seg: *seg, offset, length, seed }).map(|_| ())
 }
 
-fn key_code(kt: KeyType) -> i64 {
+/// A key type as a request carries it: its width in bytes.
+fn key_code(kt: KeyType) -> u32 {
     match kt {
         KeyType::Int4 => 4,
         KeyType::Int8 => 8,
     }
 }
 
-pub(crate) fn key_type_of(code: i64) -> Result<KeyType> {
+pub(crate) fn key_type_of(code: u32) -> Result<KeyType> {
     match code {
         4 => Ok(KeyType::Int4),
         8 => Ok(KeyType::Int8),
@@ -225,65 +246,66 @@ pub(crate) fn key_type_of(code: i64) -> Result<KeyType> {
     }
 }
 
-/// Probes `keys` against the GpuJoin table in `inner`: (matches, payload sum).
-pub fn probe(ex: &mut dyn Executor, inner: &SegRef, kt: KeyType, keys: &[i64]) -> Result<(u64, i128)> {
-    let step = (ex.max_io() / 8).max(1);
-    keys.chunks(step).try_fold((0u64, 0i128), |(m, s), part| {
-        let mut r = with_seg(Op::Probe, inner);
-        r.args[0] = key_code(kt);
-        r.input = (part.len() * 8) as u64;
-        let (v, _) = ex.run(&r, Io::In(as_bytes(part)))?;
-        Ok((m + v[0] as u64, s + sum_of(v[1], v[2])))
-    })
+/// A probe's outcome: the keys that matched, and the sum of their payloads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeSum {
+    pub matches: u64,
+    pub sum: i128,
 }
 
-/// Starts probing `keys` (see [`Executor::start`]); [`probe_result`] reads the values. Keys
-/// beyond one request's staging are probed at once, in pieces.
-pub fn probe_start(ex: &mut dyn Executor, inner: &SegRef, kt: KeyType, keys: &[i64]) -> Result<Pending> {
-    if keys.len() * 8 > ex.max_io() {
-        let (m, sum) = probe(ex, inner, kt, keys)?;
-        let (lo, hi) = split_sum(sum);
-        return Ok(Pending::Ready(Ok(([m as i64, lo, hi, 0, 0, 0], 0))));
+impl From<ops::Probed> for ProbeSum {
+    fn from(p: ops::Probed) -> ProbeSum {
+        ProbeSum { matches: p.matches, sum: p.sum.get() }
     }
-    let mut r = with_seg(Op::Probe, inner);
-    r.args[0] = key_code(kt);
-    r.input = (keys.len() * 8) as u64;
-    ex.start(&r, as_bytes(keys))
 }
 
-/// (matches, payload sum) of a finished probe request.
-pub fn probe_result(v: [i64; 6]) -> (u64, i128) {
-    (v[0] as u64, sum_of(v[1], v[2]))
+impl std::ops::Add for ProbeSum {
+    type Output = ProbeSum;
+    fn add(self, o: ProbeSum) -> ProbeSum {
+        ProbeSum { matches: self.matches + o.matches, sum: self.sum + o.sum }
+    }
+}
+
+/// Probes `keys` against the GpuJoin table in `inner`.
+pub fn probe(ex: &mut dyn Executor, inner: &SegRef, kt: KeyType, keys: &[i64]) -> Result<ProbeSum> {
+    let step = (ex.max_io() / 8).max(1);
+    let o = ops::Probe { inner: *inner, key_type: key_code(kt), _pad: 0 };
+    keys.chunks(step)
+        .try_fold(ProbeSum { matches: 0, sum: 0 }, |acc, part| Ok(acc + call(ex, &o, Io::In(part.as_bytes()))?.0.into()))
+}
+
+/// Starts probing `keys` (see [`Executor::start`]). Keys beyond one request's staging are
+/// probed at once, in pieces.
+pub fn probe_start(ex: &mut dyn Executor, inner: &SegRef, kt: KeyType, keys: &[i64]) -> Result<Pending<ops::Probed>> {
+    if keys.len() * 8 > ex.max_io() {
+        let p = probe(ex, inner, kt, keys)?;
+        let done = Done::of(&ops::Probed { matches: p.matches, sum: Sum128::from(p.sum) }, 0);
+        return Ok(Pending::of(Started::Ready(Ok(done))));
+    }
+    start(ex, &ops::Probe { inner: *inner, key_type: key_code(kt), _pad: 0 }, keys.as_bytes())
 }
 
 /// Probes `keys` and appends every matched pair to the result buffer `result`.
-pub fn materialize(ex: &mut dyn Executor, inner: &SegRef, result: &SegRef, kt: KeyType, keys: &[i64]) -> Result<(u64, i128)> {
+pub fn materialize(ex: &mut dyn Executor, inner: &SegRef, result: &SegRef, kt: KeyType, keys: &[i64]) -> Result<ProbeSum> {
     let step = (ex.max_io() / 8).max(1);
-    keys.chunks(step).try_fold((0u64, 0i128), |(m, s), part| {
-        let mut r = with_seg(Op::Materialize, inner);
-        r.segs[1] = *result;
-        r.args[0] = key_code(kt);
-        r.input = (part.len() * 8) as u64;
-        let (v, _) = ex.run(&r, Io::In(as_bytes(part)))?;
-        Ok((m + v[0] as u64, s + sum_of(v[1], v[2])))
+    let o = ops::Materialize { inner: *inner, result: *result, key_type: key_code(kt), _pad: 0 };
+    keys.chunks(step).try_fold(ProbeSum { matches: 0, sum: 0 }, |acc, part| {
+        let (r, _) = call(ex, &o, Io::In(part.as_bytes()))?;
+        Ok(acc + ProbeSum { matches: r.matches, sum: r.sum.get() })
     })
 }
 
 /// Zeroes a table's header and `slot_count` slots (the start of a build).
 pub fn build_begin(ex: &mut dyn Executor, seg: &SegRef, slot_count: u64) -> Result<()> {
-    let mut r = with_seg(Op::BuildBegin, seg);
-    r.args[0] = slot_count.min(i64::MAX as u64) as i64;
-    ex.run(&r, Io::None).map(|_| ())
+    reply(ex, ops::BuildBegin { table: *seg, slot_count }).map(|_| ())
 }
 
 /// Inserts `rows` (key, payload; no NULL keys) into a table of `slot_count` slots.
 pub fn build_insert(ex: &mut dyn Executor, seg: &SegRef, kt: KeyType, slot_count: u64, rows: &[[i64; 2]]) -> Result<()> {
     let step = (ex.max_io() / 16).max(1);
+    let o = ops::BuildInsert { table: *seg, key_type: key_code(kt), _pad: 0, slot_count };
     for part in rows.chunks(step) {
-        let mut r = with_seg(Op::BuildInsert, seg);
-        r.args[..2].copy_from_slice(&[key_code(kt), slot_count.min(i64::MAX as u64) as i64]);
-        r.input = (part.len() * 16) as u64;
-        ex.run(&r, Io::In(as_bytes(part)))?;
+        call(ex, &o, Io::In(part.as_bytes()))?;
     }
     Ok(())
 }
@@ -303,39 +325,31 @@ pub fn pairs_reset(ex: &mut dyn Executor, seg: &SegRef) -> Result<()> {
 
 /// GB/s of a kernel reading all of the segment.
 pub fn bench_segment_read(ex: &mut dyn Executor, seg: &SegRef, iterations: i32) -> Result<f64> {
-    let mut r = with_seg(Op::BenchSegmentRead, seg);
-    r.args[0] = iterations.max(1) as i64;
-    ex.run(&r, Io::None).map(|(v, _)| f64::from_bits(v[0] as u64))
+    reply(ex, ops::BenchSegmentRead { seg: *seg, iterations: iterations.max(1) as u32, _pad: 0 }).map(|r| r.gbps)
 }
 
 pub fn bench_private_read(ex: &mut dyn Executor, bytes: i64, iterations: i32, seed: i64) -> Result<f64> {
-    let mut r = Request::new(Op::BenchPrivateRead);
-    r.args[..3].copy_from_slice(&[bytes.max(16), iterations.max(1) as i64, seed]);
-    ex.run(&r, Io::None).map(|(v, _)| f64::from_bits(v[0] as u64))
+    let o = ops::BenchPrivateRead { bytes: bytes.max(16), iterations: iterations.max(1) as u32, _pad: 0, seed };
+    reply(ex, o).map(|r| r.gbps)
 }
 
 /// (host to device, device to host) GB/s of `cuMemcpy`.
 pub fn bench_copy_ceiling(ex: &mut dyn Executor, bytes: i64, iterations: i32) -> Result<(f64, f64)> {
-    let mut r = Request::new(Op::BenchCopyCeiling);
-    r.args[..2].copy_from_slice(&[bytes.max(1), iterations.max(1) as i64]);
-    ex.run(&r, Io::None).map(|(v, _)| (f64::from_bits(v[0] as u64), f64::from_bits(v[1] as u64)))
+    let o = ops::BenchCopyCeiling { bytes: bytes.max(1), iterations: iterations.max(1) as u32, _pad: 0 };
+    reply(ex, o).map(|r| (r.host_to_device, r.device_to_host))
 }
 
 pub fn bench_join_probe(ex: &mut dyn Executor, seg: &SegRef, keys: i64, key_range: i64) -> Result<f64> {
-    let mut r = with_seg(Op::BenchJoinProbe, seg);
-    r.args[..2].copy_from_slice(&[keys, key_range]);
-    ex.run(&r, Io::None).map(|(v, _)| f64::from_bits(v[0] as u64))
+    reply(ex, ops::BenchJoinProbe { table: *seg, keys, key_range }).map(|r| r.keys_per_s)
 }
 
 pub fn bench_host_register(ex: &mut dyn Executor, bytes: i64) -> Result<f64> {
-    let mut r = Request::new(Op::BenchHostRegister);
-    r.args[0] = bytes.max(1);
-    ex.run(&r, Io::None).map(|(v, _)| f64::from_bits(v[0] as u64))
+    reply(ex, ops::BenchHostRegister { bytes: bytes.max(1) }).map(|r| r.ms)
 }
 
 /// Starts a caller's kernel (see [`kernel::Launch`]): validated here, run where the executor
 /// runs GPU work; [`Pending::wait`] gives its outcome.
-pub fn launch_start(ex: &mut dyn Executor, launch: &kernel::Launch) -> Result<Pending> {
+pub fn launch_start(ex: &mut dyn Executor, launch: &kernel::Launch) -> Result<Pending<ops::Launched>> {
     launch.validate()?;
     let bytes = launch.encode();
     if bytes.len() > ex.max_io() {
@@ -345,14 +359,12 @@ pub fn launch_start(ex: &mut dyn Executor, launch: &kernel::Launch) -> Result<Pe
         )
         .hint("Shorten the kernel's source, or raise pg_uvm_share.service_staging."));
     }
-    let mut r = Request::new(Op::Launch);
-    r.input = bytes.len() as u64;
-    ex.start(&r, &bytes)
+    start(ex, &ops::LaunchKernel {}, &bytes)
 }
 
 /// GPU memory (free, total) as the executor's process sees it; (0, 0) without a GPU.
 pub fn mem_info(ex: &mut dyn Executor) -> Result<(u64, u64)> {
-    ex.run(&Request::new(Op::MemInfo), Io::None).map(|(v, _)| (v[0] as u64, v[1] as u64))
+    reply(ex, ops::MemInfo {}).map(|r| (r.free, r.total))
 }
 
 #[cfg(test)]

@@ -1,12 +1,27 @@
-//! The execution seam's vocabulary, and what travels through a GPU service channel slot: the
-//! cluster's execution [`Mode`], a fixed-size request (an operation, references into
-//! segments, scalars) and a fixed-size reply (values, or an error with its SQLSTATE). Bulk
-//! data never does: it lies in the slot's staging area, or in the segments themselves.
+//! The execution seam's vocabulary: the cluster's execution [`Mode`], and every operation as
+//! a typed request with a typed reply, declared once in [`operations!`].
 //!
-//! Both are plain `repr(C)` data with no pointers, so a slot means the same in every process.
-//! Decoding is total: a reply written by a service of another build (there is none: the
-//! library is the same file in every process) or garbage would decode to an error, never to
-//! undefined behaviour.
+//! # Design
+//!
+//! An operation is a struct of named fields (the segments it names, then its scalars) with a
+//! reply struct of its own, both plain `repr(C)` data that `zerocopy`'s derive lays out as
+//! bytes: the derive refuses padding and types with invalid bit patterns at compile time, so
+//! any bytes decode to *some* value of the type, never to undefined behaviour. A [`Request`]
+//! on the wire is the operation's number, its bulk input length and the struct's bytes; a
+//! [`Reply`] is a status, the reply struct's bytes (or an error's texts) and the bulk output
+//! length. Bulk data never travels in either: it lies in the slot's staging area (service
+//! mode) or in the caller's buffer ([`super::Io`]), or in the segments themselves.
+//!
+//! Both live in a GPU service channel slot, in shared memory, so they mean the same in every
+//! process: no pointers, fixed sizes, and total decoding: an unknown operation number is an
+//! error, a reply's garbage an error or values, never a crash.
+//!
+//! Adding an operation touches one line group in [`operations!`] below (its number, how it
+//! uses staging, which thread of the service runs it, its request and reply fields), the code
+//! that runs it (`super::local`), and the typed helper its callers use (`super`). The numbers
+//! are fixed and only ever appended to: they are what a slot carries.
+
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use crate::error::{Code, UvmError};
 
@@ -40,58 +55,15 @@ impl Mode {
 pub const NAME_BYTES: usize = 64;
 /// Bytes of error text (message, detail, hint) a reply carries.
 pub const TEXT_BYTES: usize = 1024;
-
-crate::wire_enum! {
-    /// The operations of the service.
-    pub enum Op: u32 {
-        /// Nothing: the round trip alone.
-        Ping = 1,
-        /// The provider's `uvm.device_info()` rows, as text in staging.
-        Info = 2,
-        Create = 3,
-        Grow = 4,
-        Drop = 5,
-        Prefetch = 6,
-        /// Copies segment bytes into staging.
-        Read = 7,
-        /// Copies staging bytes into the segment.
-        Write = 8,
-        Checksum = 9,
-        Fill = 10,
-        /// Probes the keys in staging against a GpuJoin table.
-        Probe = 11,
-        /// Probes and appends matched pairs to a result buffer.
-        Materialize = 12,
-        /// Zeroes a table's header and slots.
-        BuildBegin = 13,
-        /// Inserts (key, payload) pairs from staging into a table's slots.
-        BuildInsert = 14,
-        GrowAtLeast = 15,
-        BenchSegmentRead = 16,
-        BenchPrivateRead = 17,
-        BenchCopyCeiling = 18,
-        BenchJoinProbe = 19,
-        BenchHostRegister = 20,
-        /// GPU memory in use now (free, total), for the benchmarks.
-        MemInfo = 21,
-        /// Runs a caller's kernel, described in staging (`exec::kernel::Launch`).
-        Launch = 22,
-    }
-}
-
-impl Op {
-    /// Whether the service runs it on its main thread (it changes the registry, or needs the
-    /// segment manager throughout; or, for `Ping`, there is nothing to hand over: a trip to an
-    /// executor would only add two thread wake-ups) rather than on an executor thread.
-    pub fn on_main_thread(self) -> bool {
-        use Op::*;
-        matches!(self, Ping | Info | Create | Grow | Drop | Prefetch | GrowAtLeast | Materialize)
-    }
-}
+/// Bytes an operation's request fields may take in a [`Request`].
+pub const BODY_BYTES: usize = 192;
+/// Bytes an operation's reply fields may take in a [`Reply`].
+pub const REPLY_BYTES: usize = 48;
 
 /// A segment named by a request: the name and the id the client resolved it to (and
-/// authorized). The service refuses it if the name now denotes another segment.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// authorized). The executor refuses it if the name now denotes another segment; id 0 (a
+/// segment about to be created) matches any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(C)]
 pub struct SegRef {
     pub id: u64,
@@ -102,7 +74,7 @@ pub struct SegRef {
 
 impl Default for SegRef {
     fn default() -> Self {
-        SegRef { id: 0, name_len: 0, _pad: 0, name: [0; NAME_BYTES] }
+        SegRef::new_zeroed()
     }
 }
 
@@ -124,34 +96,262 @@ impl SegRef {
     }
 }
 
-/// A request: the operation, up to two segments, scalars, and how many staging bytes it uses.
-#[derive(Clone, Copy, Debug, Default)]
+/// A signed 128-bit sum as two words (an `i128` field would align the reply to 16 bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct Sum128 {
+    pub lo: u64,
+    pub hi: i64,
+}
+
+impl From<i128> for Sum128 {
+    fn from(v: i128) -> Sum128 {
+        Sum128 { lo: v as u64, hi: (v >> 64) as i64 }
+    }
+}
+
+impl Sum128 {
+    pub fn get(self) -> i128 {
+        ((self.hi as i128) << 64) | self.lo as i128
+    }
+}
+
+/// How an operation uses its slot's staging area (or, in process mode, the caller's buffer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bulk {
+    /// Neither.
+    None,
+    /// It reads its input there ([`Request::input`] bytes).
+    In,
+    /// It writes its output there ([`Reply::output`] bytes).
+    Out,
+}
+
+/// Which thread of the GPU service runs an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Thread {
+    /// The main thread: the operation changes the registry, or needs the segment manager
+    /// throughout; or, for `Ping`, there is nothing to hand over (a trip to an executor would
+    /// only add two thread wake-ups).
+    Main,
+    /// An executor thread, with the segments pinned by the main thread.
+    Pool,
+}
+
+/// A typed request: its number and its reply's type. Implemented by [`operations!`] only.
+pub trait Operation: Copy + FromBytes + IntoBytes + Immutable + KnownLayout {
+    const OP: Op;
+    type Reply: Copy + Default + FromBytes + IntoBytes + Immutable + KnownLayout;
+}
+
+/// Reads a `T` from the start of `b`; zeroes if `b` is short (never: every type is checked
+/// against its field's size at compile time).
+fn read<T: FromBytes + KnownLayout>(b: &[u8]) -> T {
+    T::read_from_prefix(b).map(|(t, _)| t).unwrap_or_else(|_| T::new_zeroed())
+}
+
+/// Declares every operation: its number, its staging use and service thread, its request
+/// fields (segments first, each a [`SegRef`], then scalars) and its reply fields. Generates the
+/// [`Op`] numbers, one request and one reply struct per operation (`repr(C)`, laid out by
+/// `zerocopy`: a struct with padding does not compile, hence the explicit `_pad` fields),
+/// their [`Operation`] impls, and [`Call`], the decoded form executors match on.
+macro_rules! operations {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident = $num:literal, $bulk:ident, $thread:ident:
+            $args:ident [$($seg:ident),*] { $($f:ident: $t:ty),* $(,)? }
+            -> $reply:ident { $($rf:ident: $rt:ty),* $(,)? };
+    )+) => {
+        crate::wire_enum! {
+            /// The operations of the execution seam, by the number a request carries.
+            pub enum Op: u32 {
+                $($(#[$doc])* $variant = $num),+
+            }
+        }
+
+        impl Op {
+            /// How the operation uses staging.
+            pub fn bulk(self) -> Bulk {
+                match self { $(Op::$variant => Bulk::$bulk),+ }
+            }
+            /// Which service thread runs it.
+            pub fn thread(self) -> Thread {
+                match self { $(Op::$variant => Thread::$thread),+ }
+            }
+        }
+
+        $(
+            #[doc = concat!("The request of [`Op::", stringify!($variant), "`].")]
+            #[derive(Clone, Copy, Debug, PartialEq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+            #[repr(C)]
+            pub struct $args {
+                $(pub $seg: SegRef,)*
+                $(pub $f: $t,)*
+            }
+
+            #[doc = concat!("The reply of [`Op::", stringify!($variant), "`].")]
+            #[derive(Clone, Copy, Debug, Default, PartialEq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+            #[repr(C)]
+            pub struct $reply {
+                $(pub $rf: $rt,)*
+            }
+
+            impl Operation for $args {
+                const OP: Op = Op::$variant;
+                type Reply = $reply;
+            }
+
+            const _: () = assert!(std::mem::size_of::<$args>() <= BODY_BYTES);
+            const _: () = assert!(std::mem::size_of::<$reply>() <= REPLY_BYTES);
+        )+
+
+        /// A decoded request: what executors match on.
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        pub enum Call {
+            $($variant($args)),+
+        }
+
+        impl Call {
+            /// The request in `req`: an error for an unknown operation number; otherwise some
+            /// value of its type, whatever the bytes.
+            pub fn decode(req: &Request) -> Result<Call, UvmError> {
+                let op = Op::from_repr(req.op).ok_or_else(|| {
+                    UvmError::new(Code::ProtocolViolation, format!("unknown request operation {}", req.op))
+                })?;
+                Ok(match op { $(Op::$variant => Call::$variant(read(&req.body))),+ })
+            }
+
+            pub fn op(&self) -> Op {
+                match self { $(Call::$variant(_) => Op::$variant),+ }
+            }
+
+            /// The segments it names, in declaration order.
+            pub fn segments(&self) -> Vec<SegRef> {
+                match self { $(Call::$variant(_a) => vec![$(_a.$seg),*]),+ }
+            }
+        }
+    };
+}
+
+operations! {
+    /// Nothing: the round trip alone.
+    Ping = 1, None, Main: Ping [] {} -> Pong {};
+    /// The provider's `uvm.device_info()` rows, as `key\tvalue` lines in staging.
+    Info = 2, Out, Main: Info [] {} -> InfoText {};
+    /// Creates a segment (`seg.id` 0); `max_size` counts only with `has_max_size`; `pref` is a
+    /// `TierPref` code; `now` the creation time (PostgreSQL's timestamp).
+    Create = 3, None, Main: Create [seg] {
+        size: i64, max_size: i64, has_max_size: u32, pref: u32, owner: u32, _pad: u32, now: i64,
+    } -> Created { id: u64 };
+    /// Grows a segment to `new_size` bytes; replies its size.
+    Grow = 4, None, Main: Grow [seg] { new_size: i64 } -> Grown { size: u64 };
+    Drop = 5, None, Main: DropSegment [seg] {} -> Dropped {};
+    /// Moves `[offset, offset + length)` to the tier `target` (a `TierPref` code), waiting up to
+    /// `pin_wait_ms` for pins to drain; replies the bytes moved.
+    Prefetch = 6, None, Main: Prefetch [seg] {
+        offset: i64, length: i64, target: u32, _pad: u32, pin_wait_ms: u64,
+    } -> Moved { bytes: u64 };
+    /// Copies `[offset, offset + length)` of the segment into staging.
+    Read = 7, Out, Pool: ReadBytes [seg] { offset: i64, length: i64 } -> ReadDone {};
+    /// Copies the staging bytes to the segment at `offset`.
+    Write = 8, In, Pool: WriteBytes [seg] { offset: i64 } -> Written {};
+    Checksum = 9, None, Pool: Checksum [seg] { offset: i64, length: i64 } -> Summed { checksum: u64 };
+    Fill = 10, None, Pool: Fill [seg] { offset: i64, length: i64, seed: i64 } -> Filled {};
+    /// Probes the keys in staging against a GpuJoin table (`key_type`: 4 or 8 bytes).
+    Probe = 11, In, Pool: Probe [inner] { key_type: u32, _pad: u32 } -> Probed { matches: u64, sum: Sum128 };
+    /// Probes the keys in staging and appends matched pairs to a result buffer.
+    Materialize = 12, In, Main: Materialize [inner, result] { key_type: u32, _pad: u32 }
+        -> Materialized { matches: u64, sum: Sum128 };
+    /// Zeroes a table's header and `slot_count` slots.
+    BuildBegin = 13, None, Pool: BuildBegin [table] { slot_count: u64 } -> Begun {};
+    /// Inserts (key, payload) pairs from staging into a table of `slot_count` slots.
+    BuildInsert = 14, In, Pool: BuildInsert [table] { key_type: u32, _pad: u32, slot_count: u64 } -> Inserted {};
+    /// Grows a segment to at least `min_size` bytes; replies its size.
+    GrowAtLeast = 15, None, Main: GrowAtLeast [seg] { min_size: u64 } -> GrownTo { size: u64 };
+    /// GB/s of a kernel reading all of the segment.
+    BenchSegmentRead = 16, None, Pool: BenchSegmentRead [seg] { iterations: u32, _pad: u32 }
+        -> SegmentReadRate { gbps: f64 };
+    /// GB/s of a kernel reading a private allocation of `bytes`.
+    BenchPrivateRead = 17, None, Pool: BenchPrivateRead [] { bytes: i64, iterations: u32, _pad: u32, seed: i64 }
+        -> PrivateReadRate { gbps: f64 };
+    /// GB/s of `cuMemcpy` each way.
+    BenchCopyCeiling = 18, None, Pool: BenchCopyCeiling [] { bytes: i64, iterations: u32, _pad: u32 }
+        -> CopyRates { host_to_device: f64, device_to_host: f64 };
+    /// Keys per second of the probe kernel alone over `keys` generated keys.
+    BenchJoinProbe = 19, None, Pool: BenchJoinProbe [table] { keys: i64, key_range: i64 }
+        -> ProbeRate { keys_per_s: f64 };
+    /// Milliseconds to register `bytes` of host memory with CUDA.
+    BenchHostRegister = 20, None, Pool: BenchHostRegister [] { bytes: i64 } -> RegisterTime { ms: f64 };
+    /// GPU memory in use now, for the benchmarks: (0, 0) without a GPU.
+    MemInfo = 21, None, Pool: MemInfo [] {} -> GpuMemory { free: u64, total: u64 };
+    /// Runs a caller's kernel, described in staging (`exec::kernel::Launch`).
+    Launch = 22, In, Pool: LaunchKernel [] {} -> Launched {};
+}
+
+/// A request as it lies in a slot: the operation's number, its input bytes in staging, and its
+/// fields' bytes.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(C)]
 pub struct Request {
     pub op: u32,
     pub _pad: u32,
-    pub segs: [SegRef; 2],
-    pub args: [i64; 8],
     /// Input bytes in staging.
     pub input: u64,
+    pub body: [u8; BODY_BYTES],
 }
 
 impl Request {
-    pub fn new(op: Op) -> Request {
-        Request { op: op as u32, ..Default::default() }
+    /// The request for `o`, with `input` bytes of bulk input.
+    pub fn of<O: Operation>(o: &O, input: u64) -> Request {
+        let mut r = Request::new_zeroed();
+        r.op = O::OP as u32;
+        r.input = input;
+        let b = o.as_bytes();
+        r.body[..b.len()].copy_from_slice(b);
+        r
     }
 }
 
-/// A reply: values, output bytes in staging, or an error.
+impl Default for Request {
+    fn default() -> Self {
+        Request::new_zeroed()
+    }
+}
+
+/// A successful reply, not yet read as its operation's type: the reply fields' bytes and the
+/// bulk output bytes written.
 #[derive(Clone, Copy, Debug)]
+pub struct Done {
+    pub body: [u8; REPLY_BYTES],
+    pub output: u64,
+}
+
+impl Done {
+    /// The reply `r`, with `output` bytes of bulk output.
+    pub fn of<R: IntoBytes + Immutable>(r: &R, output: u64) -> Done {
+        let mut body = [0u8; REPLY_BYTES];
+        let b = r.as_bytes();
+        body[..b.len()].copy_from_slice(b);
+        Done { body, output }
+    }
+
+    /// The reply fields as `R`.
+    pub fn get<R: FromBytes + KnownLayout>(&self) -> R {
+        read(&self.body)
+    }
+}
+
+/// A reply as it lies in a slot: success with the reply's fields and output bytes, or an
+/// error with its SQLSTATE and texts.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(C)]
 pub struct Reply {
-    /// 0: success; otherwise 1 + the error's `Code` index.
+    /// 0: success; otherwise 1 + the error's `Code` number.
     pub status: u32,
     pub _pad: u32,
-    pub values: [i64; 6],
     /// Output bytes in staging.
     pub output: u64,
+    pub body: [u8; REPLY_BYTES],
     pub message_len: u16,
     pub detail_len: u16,
     pub hint_len: u16,
@@ -161,17 +361,7 @@ pub struct Reply {
 
 impl Default for Reply {
     fn default() -> Self {
-        Reply {
-            status: 0,
-            _pad: 0,
-            values: [0; 6],
-            output: 0,
-            message_len: 0,
-            detail_len: 0,
-            hint_len: 0,
-            _pad2: 0,
-            text: [0; TEXT_BYTES],
-        }
+        Reply::new_zeroed()
     }
 }
 
@@ -195,9 +385,9 @@ fn cut(s: &str, max: usize) -> &str {
 }
 
 impl Reply {
-    /// A successful reply with these values and output bytes.
-    pub fn ok(values: [i64; 6], output: u64) -> Reply {
-        Reply { values, output, ..Default::default() }
+    /// A successful reply.
+    pub fn ok(done: &Done) -> Reply {
+        Reply { body: done.body, output: done.output, ..Default::default() }
     }
 
     /// The reply for an error (texts cut to fit).
@@ -219,10 +409,10 @@ impl Reply {
         r
     }
 
-    /// The reply as a result: its values, or the error it carries.
-    pub fn result(&self) -> Result<([i64; 6], u64), UvmError> {
+    /// The reply as a result: its fields and output, or the error it carries.
+    pub fn result(&self) -> Result<Done, UvmError> {
         if self.status == 0 {
-            return Ok((self.values, self.output));
+            return Ok(Done { body: self.body, output: self.output });
         }
         let (m, d, h) = (self.message_len as usize, self.detail_len as usize, self.hint_len as usize);
         let text = |from: usize, n: usize| {
@@ -253,7 +443,10 @@ mod tests {
         let long = "é".repeat(2000);
         let e = Reply::error(&UvmError::new(Code::SystemError, long.clone()).hint(long)).result().unwrap_err();
         assert!(e.message.len() <= 512 && e.message.chars().all(|c| c == 'é'));
-        assert_eq!(Reply::ok([1, 2, 3, 4, 5, 6], 9).result().unwrap(), ([1, 2, 3, 4, 5, 6], 9));
+        let done = Reply::ok(&Done::of(&Probed { matches: 3, sum: Sum128::from(-5i128 << 70) }, 9)).result().unwrap();
+        assert_eq!(done.output, 9);
+        let p: Probed = done.get();
+        assert_eq!((p.matches, p.sum.get()), (3, -5i128 << 70));
     }
 
     #[test]
@@ -266,13 +459,45 @@ mod tests {
         }
         assert_eq!(Op::ALL.len(), 22);
         assert_eq!(Mode::from_u32(77), Mode::Undecided);
+        // The numbers are what a slot carries: fixed forever.
+        assert_eq!((Op::Ping as u32, Op::Materialize as u32, Op::Launch as u32), (1, 12, 22));
+    }
+
+    #[test]
+    fn typed_requests_round_trip_through_the_slot_form() {
+        let seg = SegRef::new("s", 7).unwrap();
+        let result = SegRef::new("r", 8).unwrap();
+        let m = Materialize { inner: seg, result, key_type: 8, _pad: 0 };
+        let req = Request::of(&m, 4096);
+        assert_eq!((req.op, req.input), (12, 4096));
+        let call = Call::decode(&req).unwrap();
+        assert_eq!(call, Call::Materialize(m));
+        assert_eq!(call.op(), Op::Materialize);
+        assert_eq!(call.segments(), vec![seg, result]);
+        assert_eq!((call.op().bulk(), call.op().thread()), (Bulk::In, Thread::Main));
+        let p = Prefetch { seg, offset: -1, length: i64::MAX, target: 2, _pad: 0, pin_wait_ms: 10_000 };
+        assert_eq!(Call::decode(&Request::of(&p, 0)).unwrap(), Call::Prefetch(p));
+        assert!(Call::decode(&Request::of(&Ping {}, 0)).unwrap().segments().is_empty());
+        assert_eq!(Sum128::from(i128::MIN).get(), i128::MIN);
+        assert_eq!(Sum128::from(i128::MAX).get(), i128::MAX);
     }
 
     #[test]
     fn garbage_decodes_to_an_error_or_values() {
         let r = Reply { status: 999, message_len: 60000, detail_len: 60000, hint_len: 60000, ..Default::default() };
         assert_eq!(r.result().unwrap_err().code, Code::SystemError);
-        assert_eq!(Op::from_repr(0), None);
+        let mut req = Request { op: 0, ..Default::default() };
+        assert_eq!(Call::decode(&req).unwrap_err().code, Code::ProtocolViolation);
+        // Any bytes are some request of the operation's type.
+        req.body = [0xff; BODY_BYTES];
+        for &op in Op::ALL {
+            req.op = op as u32;
+            let call = Call::decode(&req).unwrap();
+            assert_eq!(call.op(), op);
+            for s in call.segments() {
+                assert_eq!(s.name(), "", "a garbage name reads as no name");
+            }
+        }
         let s = SegRef { name_len: 9999, name: [0xff; NAME_BYTES], ..Default::default() };
         assert_eq!(s.name(), "");
         assert!(SegRef::new(&"x".repeat(64), 1).is_err());

@@ -26,7 +26,7 @@ impl Executor for Small<'_> {
     fn max_io(&self) -> usize {
         self.max
     }
-    fn run(&mut self, req: &Request, io: Io<'_>) -> Result<([i64; 6], u64)> {
+    fn run(&mut self, req: &Request, io: Io<'_>) -> Result<Done> {
         let n = match &io {
             Io::In(b) => b.len(),
             Io::Out(b) => b.len(),
@@ -106,19 +106,18 @@ fn gpujoin_build_probe_and_materialize_through_requests() {
         let header = table::Header { slot_count: n, ..table::header_for(KeyType::Int8, rows.len() as u64, 0, 0) };
         write(&mut ex, &t, 0, &header.as_bytes()).unwrap();
         let keys: Vec<i64> = (-100..10_000).collect();
-        let (matches, sum) = probe(&mut ex, &t, KeyType::Int8, &keys).unwrap();
+        let ProbeSum { matches, sum } = probe(&mut ex, &t, KeyType::Int8, &keys).unwrap();
         let expect: Vec<&[i64; 2]> = rows.iter().filter(|r| keys.contains(&r[0])).collect();
         assert_eq!(matches, expect.len() as u64);
         assert_eq!(sum, expect.iter().map(|r| r[1] as i128).sum::<i128>());
         // started (double-buffered) probes give the same
-        let (m2, s2) = probe_result(probe_start(&mut ex, &t, KeyType::Int8, &keys[..4000]).unwrap().wait().unwrap().0);
-        assert_eq!((m2, s2), probe(&mut ex, &t, KeyType::Int8, &keys[..4000]).unwrap());
+        let started = ProbeSum::from(probe_start(&mut ex, &t, KeyType::Int8, &keys[..4000]).unwrap().wait().unwrap());
+        assert_eq!(started, probe(&mut ex, &t, KeyType::Int8, &keys[..4000]).unwrap());
         // materialize into a buffer that must grow
         create(&mut ex, "r", pairs::bytes_for(4) as i64, None, TierPref::Host, 10, 0).unwrap();
         let r = seg_ref(ex.inner.segs, "r");
         write(&mut ex, &r, 0, &PairsHeader::new().as_bytes()).unwrap();
-        let (m3, s3) = materialize(&mut ex, &t, &r, KeyType::Int8, &keys).unwrap();
-        assert_eq!((m3, s3), (matches, sum));
+        assert_eq!(materialize(&mut ex, &t, &r, KeyType::Int8, &keys).unwrap(), ProbeSum { matches, sum });
         let size = ex.inner.segs.lookup("r").unwrap().size;
         let mut raw = [0u8; pairs::HEADER_BYTES as usize];
         read(&mut ex, &r, 0, &mut raw).unwrap();
