@@ -91,39 +91,76 @@ struct Slot { u64 tag; long long key; long long payload; };
 // whole bound, the walks look at *bad every BAD_POLL steps and give up once it is set.
 #define BAD_POLL 4096ull
 
+// Steps one thread walks along chains in one launch, at most (summed over its keys): a launch
+// then reads at most threads x WALK_BUDGET slots (135 K threads on the H200: about 13 GB, a few
+// milliseconds) whatever the table holds, and the host checks for interrupts between launches,
+// so a cancel or statement_timeout is answered in milliseconds even over a corrupted table of
+// 2^30 slots, whose walks take many launches. A thread out of budget saves where it stopped in
+// its per-thread state (`resume`) and sets the launch's `more` word; the host launches again
+// with fresh = 0 (the first launch of a batch has fresh = 1) and the same grid, and the walk
+// goes on. A healthy table's chains are short: its batches take one launch.
+#define WALK_BUDGET 4096ull
+// The walk-state word of a thread with no walk in progress.
+#define NO_WALK (~0ull)
+
 __device__ __forceinline__ bool gave_up(const u64 *bad, u64 step) {
     return (step & (BAD_POLL - 1)) == 0 && step != 0 && *(volatile const u64 *)bad != 0ull;
 }
 
 // Inserts n rows (keys[i], payloads[i]) into the table; NULL keys were left out by the caller.
-// A row that finds no empty slot within mask + 1 steps is left out and counted in *bad.
+// A row that finds no empty slot within mask + 1 steps is left out and counted in out[0];
+// out[1] is set when a thread ran out of its walk budget (launch again, fresh = 0).
+// resume: 3 words per thread: next row index, slot index and steps of the walk in progress
+// (NO_WALK: none).
 extern "C" __global__ void uvm_join_build(Slot *slots, u64 mask, u64 seed, const long long *keys,
-                                          const long long *payloads, u64 n, u64 *bad) {
-    for (u64 r = blockIdx.x * (u64)blockDim.x + threadIdx.x; r < n; r += (u64)gridDim.x * blockDim.x) {
+                                          const long long *payloads, u64 n, u64 *resume, u64 fresh, u64 *out) {
+    u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 *state = resume + 3 * tid;
+    u64 r = fresh ? tid : state[0];
+    u64 i = fresh ? 0ull : state[1];
+    u64 step = fresh ? NO_WALK : state[2];
+    u64 budget = WALK_BUDGET;
+    bool more = false;
+    for (; r < n; r += stride) {
         long long k = keys[r];
         u64 t = mix((u64)k ^ seed) | 1ull;
-        u64 i = t & mask;
+        if (step == NO_WALK) {
+            i = t & mask;
+            step = 0;
+        }
         // claim an empty slot; key and payload are written by the claimer before any probe runs
         bool placed = false;
-        for (u64 step = 0; step <= mask; step++) {
-            if (gave_up(bad, step)) break;
+        for (; step <= mask; step++) {
+            if (budget == 0ull) {
+                more = true;
+                break;
+            }
+            budget--;
+            if (gave_up(&out[0], step)) break;
             if (atomicCAS(&slots[i].tag, 0ull, t) == 0ull) {
                 placed = true;
                 break;
             }
             i = (i + 1) & mask;
         }
+        if (more) break;
+        step = NO_WALK;
         if (!placed) {
-            atomicAdd(bad, 1ull);
+            atomicAdd(&out[0], 1ull);
             continue;
         }
         slots[i].key = k;
         slots[i].payload = payloads[r];
     }
+    state[0] = r;
+    state[1] = i;
+    state[2] = step;
+    if (more) atomicExch(&out[1], 1ull);
 }
 
 // Exact payload sums: each payload is split into its signed high and unsigned low 32 bits,
-// summed apart in 64 bits (exact up to 2^32 matches per launch), and recombined in 128 bits on
+// summed apart in 64 bits (exact up to 2^32 matches per batch), and recombined in 128 bits on
 // the host: sum = hi * 2^32 + lo.
 __device__ __forceinline__ void add_payload(u64 &lo, long long &hi, long long p) {
     lo += (u64)(unsigned int)p;
@@ -140,17 +177,35 @@ __device__ __forceinline__ void warp_add(u64 *out, u64 v) {
 }
 
 // Probes n keys; adds the matches and the payload sum (lo, hi as above) to out[0..3], and the
-// keys whose chain had no empty slot within mask + 1 steps to out[3] (a corrupted table).
+// keys whose chain had no empty slot within mask + 1 steps to out[3] (a corrupted table);
+// sets out[4] when a thread ran out of its walk budget (launch again, fresh = 0: the sums go
+// on adding up). resume: 3 words per thread, as for uvm_join_build.
 extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed, const long long *keys,
-                                          u64 n, u64 *out) {
+                                          u64 n, u64 *resume, u64 fresh, u64 *out) {
+    u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 *state = resume + 3 * tid;
+    u64 r = fresh ? tid : state[0];
+    u64 i = fresh ? 0ull : state[1];
+    u64 step = fresh ? NO_WALK : state[2];
+    u64 budget = WALK_BUDGET;
+    bool more = false;
     u64 matches = 0, lo = 0;
     long long hi = 0;
-    for (u64 r = blockIdx.x * (u64)blockDim.x + threadIdx.x; r < n; r += (u64)gridDim.x * blockDim.x) {
+    for (; r < n; r += stride) {
         long long k = keys[r];
         u64 t = mix((u64)k ^ seed) | 1ull;
-        u64 i = t & mask;
+        if (step == NO_WALK) {
+            i = t & mask;
+            step = 0;
+        }
         bool ended = false;
-        for (u64 step = 0; step <= mask; step++) {
+        for (; step <= mask; step++) {
+            if (budget == 0ull) {
+                more = true;
+                break;
+            }
+            budget--;
             if (gave_up(&out[3], step)) break;
             u64 st = slots[i].tag;
             if (st == 0ull) {
@@ -163,11 +218,17 @@ extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed,
             }
             i = (i + 1) & mask;
         }
+        if (more) break;
+        step = NO_WALK;
         if (!ended) {
             atomicAdd(&out[3], 1ull);
             break; // the host raises an ERROR: no need to probe this thread's other keys
         }
     }
+    state[0] = r;
+    state[1] = i;
+    state[2] = step;
+    if (more) atomicExch(&out[4], 1ull);
     warp_add(&out[0], matches);
     warp_add(&out[1], lo);
     warp_add(&out[2], (u64)hi);
@@ -176,18 +237,27 @@ extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed,
 // ---- Materializing GpuJoin (crates/uvm_core/src/gpujoin/pairs.rs has the result layout) ----
 // Appends every match (outer key, payload) of n keys to a shared pair buffer through a bump
 // allocator: `next` (in the buffer's header, shared by every process) counts the pairs reserved.
-// A thread reserves all the pairs of a key at once; when they end beyond `cap` (the pairs this
-// process has mapped), the kernel stops: that thread keeps its reservation, every thread saves
-// where it stopped in `resume` (2 words per thread: next key index, pending reservation or ~0),
-// and ctl[1] says how many pairs the buffer needs. The host grows the segment, maps the new
-// chunks and launches again with the same resume state (fresh = 0; the first launch of a batch
-// has fresh = 1), which goes on where it stopped. The grid must be the same for every launch.
+// A thread counts a key's matches (walk COUNTING), reserves them all at once, then walks again
+// writing them (WRITING). When a reservation ends beyond `cap` (the pairs this process has
+// mapped), the kernel stops: that thread keeps its reservation, every thread saves where it
+// stopped in `resume`, and ctl[1] says how many pairs the buffer needs. The host grows the
+// segment, maps the new chunks and launches again with the same resume state (fresh = 0; the
+// first launch of a batch has fresh = 1), which goes on where it stopped. A thread out of its
+// walk budget saves its walk the same way and sets ctl[6]; the host launches again. The grid
+// must be the same for every launch.
 // ctl: [0] stop flag, [1] pairs needed, [2] matches written, [3] payload lo, [4] payload hi,
 // [5] corrupted: keys whose chain had no empty slot within mask + 1 steps, or whose second walk
 // found other matches than the first, or whose reservation overflowed (the host raises an
-// ERROR). A thread writes at most the pairs it reserved, below `cap`, whatever the slots hold.
-// `written` (in the header) counts pairs written, so that readers can tell a complete buffer.
+// ERROR), [6] a walk ran out of budget. A thread writes at most the pairs it reserved, below
+// `cap`, whatever the slots hold. `written` (in the header) counts pairs written, so that
+// readers can tell a complete buffer.
+// resume: 8 words per thread: [0] next key index, [1] its reservation or NO_RESERVATION,
+// [2] walk (NO_WALK, COUNTING, COUNTED, WRITING), [3] slot index, [4] steps, [5] matches
+// counted, [6] next pair to write.
 #define NO_RESERVATION (~0ull)
+#define COUNTING 1ull
+#define COUNTED 2ull
+#define WRITING 3ull
 // The most pairs a buffer's counters may claim (pairs.rs, MAX_PAIRS).
 #define MAX_PAIRS ((0x7fffffffffffffffull - 64ull) / 16ull)
 
@@ -196,8 +266,16 @@ extern "C" __global__ void uvm_join_materialize(const Slot *slots, u64 mask, u64
                                                 u64 *resume, u64 fresh, u64 *ctl) {
     u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 r = fresh ? tid : resume[2 * tid];
-    u64 pend = fresh ? NO_RESERVATION : resume[2 * tid + 1];
+    u64 *state = resume + 8 * tid;
+    u64 r = fresh ? tid : state[0];
+    u64 pend = fresh ? NO_RESERVATION : state[1];
+    u64 walk = fresh ? NO_WALK : state[2];
+    u64 i = fresh ? 0ull : state[3];
+    u64 step = fresh ? 0ull : state[4];
+    u64 m = fresh ? 0ull : state[5];
+    u64 j = fresh ? 0ull : state[6];
+    u64 budget = WALK_BUDGET;
+    bool more = false;
     u64 done = 0, lo = 0;
     long long hi = 0;
     for (; r < n; r += stride) {
@@ -205,39 +283,66 @@ extern "C" __global__ void uvm_join_materialize(const Slot *slots, u64 mask, u64
         if (*(volatile u64 *)&ctl[5] != 0ull) break; // the table is corrupted: the host fails
         long long k = keys[r];
         u64 t = mix((u64)k ^ seed) | 1ull;
-        u64 m = 0, i = t & mask;
-        bool ended = false;
-        for (u64 step = 0; step <= mask; step++) {
-            if (gave_up(&ctl[5], step)) break;
-            u64 st = slots[i].tag;
-            if (st == 0ull) {
-                ended = true;
+        if (walk == NO_WALK) {
+            walk = COUNTING;
+            i = t & mask;
+            step = 0;
+            m = 0;
+        }
+        if (walk == COUNTING) {
+            bool ended = false;
+            for (; step <= mask; step++) {
+                if (budget == 0ull) {
+                    more = true;
+                    break;
+                }
+                budget--;
+                if (gave_up(&ctl[5], step)) break;
+                u64 st = slots[i].tag;
+                if (st == 0ull) {
+                    ended = true;
+                    break;
+                }
+                if (st == t && slots[i].key == k) m++;
+                i = (i + 1) & mask;
+            }
+            if (more) break;
+            if (!ended) {
+                atomicAdd(&ctl[5], 1ull);
                 break;
             }
-            if (st == t && slots[i].key == k) m++;
-            i = (i + 1) & mask;
+            walk = COUNTED;
         }
-        if (!ended) {
-            atomicAdd(&ctl[5], 1ull);
-            break;
-        }
-        if (m == 0) continue;
-        u64 base = pend != NO_RESERVATION ? pend : atomicAdd(next, m);
-        if (base > MAX_PAIRS || m > MAX_PAIRS - base) {
-            atomicAdd(&ctl[5], 1ull); // a corrupted counter: never write
-            break;
-        }
-        u64 end = base + m;
-        if (end > cap) {
+        if (walk == COUNTED) {
+            if (m == 0) {
+                walk = NO_WALK;
+                continue;
+            }
+            u64 base = pend != NO_RESERVATION ? pend : atomicAdd(next, m);
+            if (base > MAX_PAIRS || m > MAX_PAIRS - base) {
+                atomicAdd(&ctl[5], 1ull); // a corrupted counter: never write
+                break;
+            }
             pend = base;
-            atomicMax(&ctl[1], end);
-            atomicExch(&ctl[0], 1ull);
-            break;
+            if (base + m > cap) {
+                atomicMax(&ctl[1], base + m);
+                atomicExch(&ctl[0], 1ull);
+                break;
+            }
+            // Walk again, writing at most the m pairs reserved (the slots may have changed).
+            walk = WRITING;
+            i = t & mask;
+            step = 0;
+            j = base;
         }
-        // Walk again, writing at most the m pairs reserved (the slots may have changed).
-        u64 j = base;
-        i = t & mask;
-        for (u64 step = 0; step <= mask && j < end; step++) {
+        // WRITING: pairs [pend, pend + m) reserved, j the next to write.
+        u64 end = pend + m;
+        for (; step <= mask && j < end; step++) {
+            if (budget == 0ull) {
+                more = true;
+                break;
+            }
+            budget--;
             u64 st = slots[i].tag;
             if (st == 0ull) break;
             if (st == t && slots[i].key == k) {
@@ -246,18 +351,26 @@ extern "C" __global__ void uvm_join_materialize(const Slot *slots, u64 mask, u64
                 pairs[2 * j + 1] = p;
                 add_payload(lo, hi, p);
                 j++;
+                done++;
             }
             i = (i + 1) & mask;
         }
-        done += j - base;
+        if (more) break;
+        walk = NO_WALK;
         pend = NO_RESERVATION;
         if (j != end) {
             atomicAdd(&ctl[5], 1ull); // part of the reservation stays unwritten: written != next
             break;
         }
     }
-    resume[2 * tid] = r;
-    resume[2 * tid + 1] = pend;
+    state[0] = r;
+    state[1] = pend;
+    state[2] = walk;
+    state[3] = i;
+    state[4] = step;
+    state[5] = m;
+    state[6] = j;
+    if (more) atomicExch(&ctl[6], 1ull);
     if (done != 0ull) {
         __threadfence_system(); // the pairs before the count that publishes them
         atomicAdd(written, done);

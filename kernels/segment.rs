@@ -38,7 +38,8 @@ kernels! {
         /// written.
         uvm_read_bw => ReadBw(p: Ptr<ULongLong2>, n: u64, out: MutPtr<u64>);
         /// Inserts `n` rows (`keys[i]`, `payloads[i]`) into `mask + 1` slots; counts the rows
-        /// left out in `*bad`.
+        /// left out in `out[0]`, sets `out[1]` when a walk ran out of budget (`resume`: 3
+        /// words per thread of the grid; launch again with `fresh` 0).
         uvm_join_build => JoinBuild(
             slots: MutPtr<Slot>,
             mask: u64,
@@ -46,13 +47,25 @@ kernels! {
             keys: Ptr<i64>,
             payloads: Ptr<i64>,
             n: u64,
-            bad: MutPtr<u64>,
+            resume: MutPtr<u64>,
+            fresh: u64,
+            out: MutPtr<u64>,
         );
         /// Probes `n` keys against `mask + 1` slots; adds matches, payload lo and hi, and
-        /// corrupted chains to `out[0..4]`.
-        uvm_join_probe => JoinProbe(slots: Ptr<Slot>, mask: u64, seed: u64, keys: Ptr<i64>, n: u64, out: MutPtr<u64>);
+        /// corrupted chains to `out[0..4]`; sets `out[4]` when a walk ran out of budget
+        /// (`resume`: 3 words per thread; launch again with `fresh` 0).
+        uvm_join_probe => JoinProbe(
+            slots: Ptr<Slot>,
+            mask: u64,
+            seed: u64,
+            keys: Ptr<i64>,
+            n: u64,
+            resume: MutPtr<u64>,
+            fresh: u64,
+            out: MutPtr<u64>,
+        );
         /// Appends the matches of `n` keys to a pair buffer, under the grow-and-resume protocol
-        /// (`resume`: 2 words per thread of the grid; `ctl`: 6 words).
+        /// and the walk budget (`resume`: 8 words per thread of the grid; `ctl`: 7 words).
         uvm_join_materialize => JoinMaterialize(
             slots: Ptr<Slot>,
             mask: u64,

@@ -1150,6 +1150,68 @@ fn l_a_faulting_kernel_is_an_error_and_the_gpu_work_goes_on() {
     drop_segment(&mut c, &seg);
 }
 
+// --- m. a huge corrupted table: every launch bounded, cancel answered at once -----------------
+
+#[test]
+fn m_a_huge_corrupted_table_answers_cancel_within_100_ms() {
+    // Issue 24, point 3: a valid header over 2^27 slots (3 GiB) with no empty slot, so that every
+    // probe chain is as long as the table. One launch once walked a whole chain (about 15 s
+    // here, deaf to cancel); now no launch walks more than its budget, and the host checks for
+    // interrupts between launches: statement_timeout ends the probe and the materializing
+    // probe within 100 ms of its deadline, in parallel workers, in both modes.
+    const T: &str = "m_a_huge_corrupted_table_answers_cancel_within_100_ms";
+    const SLOTS: i64 = 1 << 27;
+    let mut c = connect();
+    start(&mut c);
+    c.batch_execute(
+        "DROP TABLE IF EXISTS gjh_dim, gjh_fact;
+         CREATE TABLE gjh_dim AS SELECT i::bigint AS k, i::bigint AS v FROM generate_series(1, 100) i;
+         CREATE TABLE gjh_fact AS SELECT (i % 200)::bigint AS k FROM generate_series(1, 200000) i;
+         ANALYZE gjh_dim, gjh_fact;
+         SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; SET min_parallel_table_scan_size = 0;
+         SET max_parallel_workers_per_gather = 4;",
+    )
+    .expect("test tables");
+    let empty = unique_name("gjh_empty");
+    let huge = unique_name("gjh_huge");
+    let pairs = unique_name("gjh_pairs");
+    let _guard = SegmentGuard::with(&[&empty, &huge, &pairs]);
+    c.query_one("SELECT uvm.gpujoin_build($1, 'SELECT k, v FROM gjh_dim WHERE false')", &[&empty]).expect("empty build");
+    let bytes = 64 + 24 * SLOTS;
+    c.query_one("SELECT uvm.create_segment($1, $2, NULL, 'device')", &[&huge, &bytes]).expect("3 GiB device segment");
+    // The empty table's header with 2^27 slots (offset 16), over slots of random bytes: every
+    // tag is non-zero, so no chain ends.
+    c.query_one("SELECT uvm.write_segment($1, 0, uvm.read_segment($2, 0, 64))", &[&huge, &empty]).expect("header");
+    c.query_one("SELECT uvm.write_segment($1, 16, '\\x0000000800000000'::bytea)", &[&huge]).expect("slot count, little-endian");
+    let t = Instant::now();
+    c.query_one("SELECT uvm.fill_segment($1, 64, $2, 7)", &[&huge, &(24 * SLOTS)]).expect("random slots");
+    note(T, &format!("a table of {SLOTS} slots ({} MiB) without an empty slot, filled in {:.0} ms", bytes >> 20, t.elapsed().as_secs_f64() * 1e3));
+    c.query_one("SELECT uvm.gpujoin_pairs_create($1, 16)", &[&pairs]).expect("pairs");
+    let q = quote_literal(&huge);
+    const TIMEOUT_MS: f64 = 300.0;
+    c.batch_execute(&format!("SET statement_timeout = {TIMEOUT_MS}")).unwrap();
+    for (what, sql) in [
+        ("probe", format!("SELECT (uvm.gpujoin_probe({q}, k)).matches FROM gjh_fact")),
+        ("materialize", format!("SELECT (uvm.gpujoin_materialize({q}, {}, k)).matches FROM gjh_fact", quote_literal(&pairs))),
+    ] {
+        let t = Instant::now();
+        let r = c.query_one(sql.as_str(), &[]);
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        expect_sqlstate(r, "57014", &format!("{what} over a huge table with no empty slot"));
+        note(T, &format!("{what}: statement_timeout of {TIMEOUT_MS:.0} ms answered after {ms:.0} ms ({:.0} ms late)", ms - TIMEOUT_MS));
+        assert!(ms < TIMEOUT_MS + 100.0, "{what}: the timeout of {TIMEOUT_MS} ms was answered after {ms:.0} ms");
+    }
+    // In service mode the client gives up at once whatever the service does; the service's own
+    // walk must stop too: dropping the table waits for the work abandoned on it.
+    c.batch_execute("RESET statement_timeout").unwrap();
+    let t = Instant::now();
+    c.query_one("SELECT uvm.drop_segment($1)", &[&huge]).expect("drop the huge table");
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    note(T, &format!("dropping the table after the timeouts took {ms:.0} ms"));
+    assert!(ms < 1000.0, "the drop waited {ms:.0} ms for the abandoned walks");
+    c.batch_execute("DROP TABLE gjh_dim, gjh_fact").unwrap();
+}
+
 // --- z. crash of a backend with a CUDA context and device mappings (runs last) ---------------
 
 #[test]

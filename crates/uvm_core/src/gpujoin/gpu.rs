@@ -3,7 +3,11 @@
 //! device buffers launches share).
 //!
 //! Keys are staged into the process's device staging buffer, at most [`MAX_LAUNCH_KEYS`] a
-//! launch, with an interrupt check between launches. The kernels reduce into the result buffer:
+//! launch, with an interrupt check between launches. No launch walks more than a bounded
+//! number of slots per thread (`WALK_BUDGET` in segment.cu): a walk out of budget saves its
+//! place in the per-thread state and the batch takes another launch, after another interrupt
+//! check, so a cancel is answered in milliseconds even over a corrupted table of 2^30 slots,
+//! whose every chain is as long as the table. The kernels reduce into the result buffer:
 //! the probe adds (matches, payload lo, payload hi, corrupted chains), the materializing kernel
 //! its six `ctl` words; the payload sums come back split in two halves that [`payload_sum`]
 //! recombines exactly. A corrupted table (a chain without an empty slot within `slot_count`
@@ -28,8 +32,10 @@ use crate::gpu::Kernels;
 pub const MAX_LAUNCH_KEYS: usize = 1 << 20;
 /// Keys one probe benchmark launch takes at most (128 MiB staged on the device).
 pub const MAX_BENCH_KEYS: u64 = 1 << 24;
-/// Bytes of per-thread state of `uvm_join_materialize` (next key index, pending reservation).
-const RESUME_BYTES_PER_THREAD: usize = 16;
+/// Bytes of per-thread state the join kernels keep between the launches of one batch (where
+/// each thread's walk stopped; `uvm_join_materialize`'s 8 words, the most of the three). One
+/// size for all: the process's state buffer is sized by its first use.
+const STATE_BYTES_PER_THREAD: usize = 64;
 
 /// Recombines the split payload sums of the join kernels: hi * 2^32 + lo (see segment.cu),
 /// exact while one launch matches fewer than 2^32 rows (else an error, never a wrong sum).
@@ -79,24 +85,36 @@ impl JoinKernels for Kernels {
             let buf = self.staging(ks.len() * 16)?;
             self.stage(0, ks)?;
             self.stage(ks.len() * 8, ps)?;
-            self.result().set_bytes(0, 8)?;
-            let params = JoinBuild {
+            let resume = self.per_thread_state(STATE_BYTES_PER_THREAD)?;
+            self.result().set_bytes(0, 16)?;
+            let mut params = JoinBuild {
                 slots: MutPtr::new(slots),
                 mask,
                 seed,
                 keys: Ptr::new(buf),
                 payloads: Ptr::new(buf + ks.len() as u64 * 8),
                 n: ks.len() as u64,
-                bad: self.result_ptr(),
+                resume: MutPtr::new(resume),
+                fresh: 1,
+                out: self.result_ptr(),
             };
-            // SAFETY: the kernel writes inside `mask + 1` slots at `slots` (the caller's
-            // promise; every walk is bounded by mask + 1 steps), reads n keys and n payloads
-            // from our staging buffer, which holds 16 * n bytes, and adds to the first word of
-            // our result buffer.
-            unsafe { self.launch(self.segment().uvm_join_build(), params) }?;
-            let mut b = [0u64; 1];
-            self.result().read(&mut b)?;
-            left_out += b[0];
+            loop {
+                // SAFETY: the kernel writes inside `mask + 1` slots at `slots` (the caller's
+                // promise; every walk is bounded by mask + 1 steps), reads n keys and n
+                // payloads from our staging buffer, which holds 16 * n bytes, 24 bytes per
+                // thread of our per-thread state, and the first 2 words of our result buffer.
+                unsafe { self.launch(self.segment().uvm_join_build(), params) }?;
+                let mut b = [0u64; 2];
+                self.result().read(&mut b)?;
+                if b[1] == 0 {
+                    left_out += b[0];
+                    break;
+                }
+                // A walk ran out of budget: go on where it stopped.
+                crate::interrupt::check()?;
+                self.result().set_bytes(8, 8)?;
+                params.fresh = 0;
+            }
         }
         Ok(left_out)
     }
@@ -104,18 +122,9 @@ impl JoinKernels for Kernels {
     fn join_probe(&self, inner: &Inner<'_>, keys: &[i64]) -> Result<(u64, i128)> {
         keys.chunks(MAX_LAUNCH_KEYS).try_fold((0, 0), |(m, sum), part| {
             crate::interrupt::check()?;
-            self.result().set_bytes(0, 32)?;
             let buf = self.staging(part.len() * 8)?;
             self.stage(0, part)?;
-            launch_probe(self, inner, buf, part.len() as u64, 1)?;
-            let mut r = [0u64; 4];
-            self.result().read(&mut r)?;
-            if r[3] != 0 {
-                return Err(table::corrupted(
-                    inner.name(),
-                    &format!("a probe found no empty slot in {} slots", inner.header().slot_count),
-                ));
-            }
+            let (r, _) = probe_batch(self, inner, buf, part.len() as u64, 1)?;
             Ok((m + r[0], sum + payload_sum(r[0], r[1], r[2])?))
         })
     }
@@ -135,35 +144,57 @@ impl JoinKernels for Kernels {
             host.extend((start..(start + MAX_LAUNCH_KEYS as u64).min(n)).map(&key));
             self.stage(start as usize * 8, &host)?;
         }
-        self.result().set_bytes(0, 32)?;
-        launch_probe(self, inner, buf, n, 2)
+        probe_batch(self, inner, buf, n, 2).map(|(_, ms)| ms)
     }
 }
 
-/// Launches the probe kernel `runs` times over `n` keys staged at `keys` (our staging buffer,
-/// holding at least `n` keys), adding into the result buffer; returns the milliseconds of the
-/// last launch.
-fn launch_probe(k: &Kernels, inner: &Inner<'_>, keys: CUdeviceptr, n: u64, runs: u32) -> Result<f64> {
+/// Probes the `n` keys staged at `keys` (our staging buffer, holding at least `n` keys) `runs`
+/// times, each run as many launches as its walks' budgets need (one for a healthy table), with
+/// an interrupt check between launches. Returns the last run's (matches, payload lo, payload
+/// hi) and the milliseconds of its launches; a corrupted table is an ERROR (22023).
+fn probe_batch(k: &Kernels, inner: &Inner<'_>, keys: CUdeviceptr, n: u64, runs: u32) -> Result<([u64; 3], f64)> {
     let h = inner.header();
-    let params = JoinProbe {
+    let resume = k.per_thread_state(STATE_BYTES_PER_THREAD)?;
+    let mut params = JoinProbe {
         slots: Ptr::new(inner.slots()),
         mask: h.slot_count - 1,
         seed: h.seed,
         keys: Ptr::new(keys),
         n,
+        resume: MutPtr::new(resume),
+        fresh: 1,
         out: k.result_ptr(),
     };
-    let mut ms = 0.0;
+    let mut last = ([0u64; 3], 0.0);
     for _ in 0..runs.max(1) {
-        let t = Instant::now();
-        // SAFETY: Inner::of validated the header and bounded the `slot_count` slots inside the
-        // pinned segment, which the pin behind `inner` keeps mapped; the kernel reads only
-        // those (every walk is bounded by slot_count steps), n keys from our staging buffer
-        // (the caller staged them), and adds to the first 4 words of our result buffer.
-        unsafe { k.launch(k.segment().uvm_join_probe(), params) }?;
-        ms = t.elapsed().as_secs_f64() * 1e3;
+        k.result().set_bytes(0, 40)?;
+        params.fresh = 1;
+        let mut ms = 0.0;
+        let r = loop {
+            let t = Instant::now();
+            // SAFETY: Inner::of validated the header and bounded the `slot_count` slots inside
+            // the pinned segment, which the pin behind `inner` keeps mapped; the kernel reads
+            // only those (every walk is bounded by slot_count steps), n keys from our staging
+            // buffer (the caller staged them), 24 bytes per thread of our per-thread state, and
+            // the first 5 words of our result buffer.
+            unsafe { k.launch(k.segment().uvm_join_probe(), params) }?;
+            ms += t.elapsed().as_secs_f64() * 1e3;
+            let mut r = [0u64; 5];
+            k.result().read(&mut r)?;
+            if r[3] != 0 {
+                return Err(table::corrupted(inner.name(), &format!("a probe found no empty slot in {} slots", h.slot_count)));
+            }
+            if r[4] == 0 {
+                break r;
+            }
+            // A walk ran out of budget: go on where it stopped (the sums keep adding up).
+            crate::interrupt::check()?;
+            k.result().set_bytes(32, 8)?;
+            params.fresh = 0;
+        };
+        last = ([r[0], r[1], r[2]], ms);
     }
-    Ok(ms)
+    Ok(last)
 }
 
 /// The materializing GpuJoin on the GPU: `uvm_join_materialize` under the grow-and-resume
@@ -196,18 +227,30 @@ impl Appender for KernelAppender<'_> {
         while self.at < self.keys.len() {
             crate::interrupt::check()?;
             let part = &self.keys[self.at..(self.at + MAX_LAUNCH_KEYS).min(self.keys.len())];
-            if let Step::Need(pairs) = self.launch(part, inner, target)? {
-                return Ok(Step::Need(pairs));
+            match self.launch(part, inner, target)? {
+                Launched::Need(pairs) => return Ok(Step::Need(pairs)),
+                // A walk ran out of budget: the next launch goes on where it stopped.
+                Launched::More => continue,
+                Launched::Done => (self.at, self.staged, self.fresh) = (self.at + part.len(), None, true),
             }
-            (self.at, self.staged, self.fresh) = (self.at + part.len(), None, true);
         }
         Ok(Step::Done)
     }
 }
 
+/// How a launch of the materializing kernel ended.
+enum Launched {
+    /// Every key of the part is done.
+    Done,
+    /// The buffer must hold this many pairs before the next launch resumes.
+    Need(u64),
+    /// A walk ran out of its budget: launch again.
+    More,
+}
+
 impl KernelAppender<'_> {
     /// One launch over `part` (staged on its first launch): starts it, or resumes it.
-    fn launch(&mut self, part: &[i64], inner: &Inner<'_>, target: Target<'_>) -> Result<Step> {
+    fn launch(&mut self, part: &[i64], inner: &Inner<'_>, target: Target<'_>) -> Result<Launched> {
         let k = self.k;
         let keys = match self.staged {
             Some(p) => p,
@@ -218,8 +261,8 @@ impl KernelAppender<'_> {
                 p
             }
         };
-        let resume = k.per_thread_state(RESUME_BYTES_PER_THREAD)?;
-        k.result().set_bytes(0, 48)?;
+        let resume = k.per_thread_state(STATE_BYTES_PER_THREAD)?;
+        k.result().set_bytes(0, 56)?;
         let h = inner.header();
         let base = target.base();
         let params = JoinMaterialize {
@@ -241,11 +284,11 @@ impl KernelAppender<'_> {
         // the kernel reads only the `slot_count` slots (every walk bounded), writes pairs only
         // below `cap` and the header's `next` and `written` words. It reads the part's keys
         // from our staging buffer (staged on the part's first launch and not replaced since:
-        // nothing else stages while this appender runs), 16 bytes per thread of our per-thread
-        // state, and the 6 words of our result buffer.
+        // nothing else stages while this appender runs), 64 bytes per thread of our per-thread
+        // state, and the 7 words of our result buffer.
         unsafe { k.launch(k.segment().uvm_join_materialize(), params) }?;
         self.fresh = false;
-        let mut c = [0u64; 6];
+        let mut c = [0u64; 7];
         k.result().read(&mut c)?;
         self.matches += c[2];
         self.sum += payload_sum(c[2], c[3], c[4])?;
@@ -256,7 +299,13 @@ impl KernelAppender<'_> {
                 "a probe found no empty slot or the table changed while it was probed (or the result buffer's counters are corrupted)",
             ));
         }
-        Ok(if c[0] != 0 { Step::Need(c[1]) } else { Step::Done })
+        Ok(if c[0] != 0 {
+            Launched::Need(c[1])
+        } else if c[6] != 0 {
+            Launched::More
+        } else {
+            Launched::Done
+        })
     }
 }
 
