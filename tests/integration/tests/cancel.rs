@@ -315,3 +315,70 @@ fn a_backend_terminated_mid_checksum_leaves_no_pin_behind() {
     drop_and_check_fds(&mut c, &name, broker, before);
     guard.forget(&name);
 }
+
+/// Issue 24, point 6: a backend terminated in the middle of a parallel GpuJoin plan node query
+/// (its inner table and result buffer in temporary segments, its parallel workers attached)
+/// leaves nothing: no temporary segment, no attachment of the backend, no broker fd. The query
+/// returns wide rows to a client that stops reading after the first, so the leader blocks on
+/// its socket with the node's state alive, whatever the machine's speed.
+#[test]
+fn a_backend_terminated_mid_node_query_leaves_nothing() {
+    use postgres::fallible_iterator::FallibleIterator;
+    let mut c = connect();
+    let broker = wait_broker(&mut c, Duration::from_secs(10));
+    c.batch_execute(
+        "DROP TABLE IF EXISTS term_fact, term_dim;
+         CREATE TABLE term_fact AS SELECT (i % 50000)::bigint AS k FROM generate_series(1, 300000) i;
+         CREATE TABLE term_dim AS SELECT i::bigint AS k, i::bigint AS v FROM generate_series(1, 50000) i;
+         ANALYZE term_fact, term_dim;",
+    )
+    .expect("test tables");
+    let temp = |c: &mut Client| -> Vec<String> {
+        c.query("SELECT name FROM uvm.segments WHERE name LIKE 'pg_temp_gpujoin%' ORDER BY name", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    assert!(temp(&mut c).is_empty(), "temporary segments before the test: {:?}", temp(&mut c));
+    let before = memfd_count(broker);
+
+    let mut victim = connect();
+    let pid = backend_pid(&mut victim);
+    victim
+        .batch_execute(
+            "SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off;
+             SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; SET min_parallel_table_scan_size = 0;
+             SET max_parallel_workers_per_gather = 2;",
+        )
+        .unwrap();
+    let sql = "SELECT f.k, d.v, repeat('x', 4000) AS pad FROM term_fact f JOIN term_dim d ON f.k = d.k";
+    let plan: Vec<String> = victim.query(&format!("EXPLAIN (COSTS OFF) {sql}"), &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    assert!(plan.iter().any(|l| l.contains("UvmGpuJoin")), "the plan node is not used:\n{}", plan.join("\n"));
+    let mut rows = victim.query_raw(sql, std::iter::empty::<i32>()).expect("the join starts");
+    assert!(rows.next().expect("a first row").is_some(), "the join returned no row");
+    let held = temp(&mut c);
+    assert!(!held.is_empty(), "the node holds no temporary segment mid-query");
+
+    let t = Instant::now();
+    c.execute("SELECT pg_terminate_backend($1)", &[&pid]).unwrap();
+    assert!(wait_until(Duration::from_secs(10), || !process_alive(pid)), "backend {pid} still alive");
+    drop(rows);
+    drop(victim);
+    let mut left = held.clone();
+    let gone = wait_until(Duration::from_secs(10), || {
+        left = temp(&mut c);
+        left.is_empty()
+    });
+    assert!(gone, "temporary segments left after the backend was terminated: {left:?} (held before: {held:?})");
+    eprintln!("terminated mid-query after {} ms; {} temporary segment(s) dropped", t.elapsed().as_millis(), held.len());
+    let attached: i64 = c.query_one("SELECT count(*) FROM uvm.attachments WHERE pid = $1", &[&pid]).unwrap().get(0);
+    assert_eq!(attached, 0, "attachments of the terminated backend {pid} remain");
+    let mut now = 0;
+    let fds_back = wait_until(Duration::from_secs(10), || {
+        now = memfd_count(broker);
+        now == before
+    });
+    assert!(fds_back, "the broker holds {now} memfds, {before} before the query");
+    c.batch_execute("DROP TABLE term_fact, term_dim").unwrap();
+}
