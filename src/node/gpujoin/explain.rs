@@ -33,6 +33,9 @@ pub(super) unsafe fn explain(
             prop(c"GpuJoin Key", &format!("{} columns, {form}", scan.p.keys.len()));
         }
         prop(c"Inner Relation", &scan.p.inner_names);
+        if scan.p.join != JoinKind::Inner {
+            prop(c"Join Type", scan.p.join.name());
+        }
         if !scan.aggs.is_empty() {
             let tl = PgList::<pg_sys::TargetEntry>::from_pg((*cscan).custom_scan_tlist);
             let names: Vec<String> = tl

@@ -32,14 +32,19 @@ pub(super) unsafe fn rescan_if_changed(node: *mut pg_sys::PlanState) {
 
 /// Rows of a child plan with a non-NULL key, as [`fetch_chunk`] reads them: their keys, and per
 /// row the values and NULL flags of some columns (`n` per row, none for the probe mode's keys),
-/// by-reference values copied.
+/// by-reference values copied. With `keep_null_keys` (the outer side of a left or anti join,
+/// whose rows without a match are returned) rows with a NULL key are kept too, their key 0 and
+/// `keyless` set.
 #[derive(Default)]
 pub(super) struct Chunk {
     pub(super) keys: Vec<i64>,
     pub(super) vals: Vec<pg_sys::Datum>,
     pub(super) nulls: Vec<bool>,
-    /// Rows with a NULL key skipped.
+    /// Rows with a NULL key skipped (or kept).
     pub(super) null_keys: u64,
+    pub(super) keep_null_keys: bool,
+    /// Per row, with `keep_null_keys`: whether its key is NULL (empty otherwise).
+    pub(super) keyless: Vec<bool>,
 }
 
 /// Rows per chunk of the inner side (its by-reference values are copied into a scratch context
@@ -76,10 +81,16 @@ pub(super) unsafe fn fetch_chunk(
     chunk.keys.clear();
     chunk.vals.clear();
     chunk.nulls.clear();
+    chunk.keyless.clear();
     chunk.keys.reserve(cap);
     chunk.vals.reserve(cap * n);
     chunk.nulls.reserve(cap * n);
-    let (kp, vp, np) = (chunk.keys.as_mut_ptr(), chunk.vals.as_mut_ptr(), chunk.nulls.as_mut_ptr());
+    let keep = chunk.keep_null_keys;
+    if keep {
+        chunk.keyless.reserve(cap);
+    }
+    let (kp, vp, np, lp) =
+        (chunk.keys.as_mut_ptr(), chunk.vals.as_mut_ptr(), chunk.nulls.as_mut_ptr(), chunk.keyless.as_mut_ptr());
     let (mut got, mut null_keys) = (0usize, 0u64);
     // SAFETY: forwarded contract.
     unsafe { rescan_if_changed(node) };
@@ -115,9 +126,15 @@ pub(super) unsafe fn fetch_chunk(
                 }
                 if null {
                     null_keys += 1;
-                    continue;
+                    if !keep {
+                        continue;
+                    }
+                    k = key.composer.start();
                 }
                 *kp.add(got) = k as i64;
+                if keep {
+                    *lp.add(got) = null;
+                }
                 for (i, (&r, c)) in resnos.iter().zip(cols).enumerate() {
                     let (mut v, isnull) = at(r);
                     if !isnull && !c.byval {
@@ -140,6 +157,9 @@ pub(super) unsafe fn fetch_chunk(
         chunk.keys.set_len(got);
         chunk.vals.set_len(got * n);
         chunk.nulls.set_len(got * n);
+        if keep {
+            chunk.keyless.set_len(got);
+        }
     }
     chunk.null_keys = null_keys;
     ended

@@ -251,9 +251,11 @@ impl Clauses {
         inner: *mut pg_sys::RelOptInfo,
     ) -> Clauses {
         let mut c = Clauses { keys: Vec::new(), others: Vec::new() };
-        // SAFETY: forwarded contract: a list of RestrictInfos.
+        // SAFETY: forwarded contract: a list of RestrictInfos (a path's `custom_private` ends
+        // with its join kind, a Const, which is skipped).
         let list = unsafe { PgList::<pg_sys::RestrictInfo>::from_pg(rinfos) };
-        for r in list.iter_ptr() {
+        // SAFETY: every element of a List is a Node.
+        for r in list.iter_ptr().filter(|&r| unsafe { (*r).type_ } == pg_sys::NodeTag::T_RestrictInfo) {
             // SAFETY: forwarded contract.
             match unsafe { hash_clause(r, outer, inner) } {
                 Some((o, i)) => c.keys.push((r, o, i)),
@@ -280,7 +282,7 @@ impl Clauses {
         q
     }
 
-    /// The key clauses, then the others: a path's `custom_private`.
+    /// The key clauses, then the others (a path's `custom_private`, before its join kind).
     pub(super) fn ordered(&self) -> *mut pg_sys::List {
         let mut l = PgList::<pg_sys::RestrictInfo>::new();
         for &(r, _, _) in &self.keys {
@@ -290,6 +292,76 @@ impl Clauses {
             l.push(r);
         }
         l.into_pg()
+    }
+}
+
+/// Which joins the node runs: the outer side is the one probed (a batch at a time), the inner
+/// side the one built into the table. The number is what a path's `custom_private` and the
+/// plan's private list carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum JoinKind {
+    /// Every (outer, inner) pair whose keys are equal (and that passes the qual).
+    Inner = 0,
+    /// As `Inner`, and each outer row without a match once, its inner columns NULL.
+    Left = 1,
+    /// Each outer row with at least one match, once (`EXISTS`, `IN (SELECT ...)`).
+    Semi = 2,
+    /// Each outer row without a match (`NOT EXISTS`), a NULL key included: `NULL = x` is
+    /// never true. (`NOT IN` is not an anti join in PostgreSQL's planner: its NULL rules
+    /// differ, and it runs as PostgreSQL plans it.)
+    Anti = 3,
+}
+
+impl JoinKind {
+    /// The kind of PostgreSQL's `jointype` the node runs; `None` for the others (right and
+    /// full joins, and the unique-ified sides PostgreSQL plans for semi joins).
+    pub(crate) fn of(jointype: pg_sys::JoinType::Type) -> Option<JoinKind> {
+        match jointype {
+            pg_sys::JoinType::JOIN_INNER => Some(JoinKind::Inner),
+            pg_sys::JoinType::JOIN_LEFT => Some(JoinKind::Left),
+            pg_sys::JoinType::JOIN_SEMI => Some(JoinKind::Semi),
+            pg_sys::JoinType::JOIN_ANTI => Some(JoinKind::Anti),
+            _ => None,
+        }
+    }
+
+    /// The kind numbered `v` (a plan's), inner for anything else.
+    pub(crate) fn from_i64(v: i64) -> JoinKind {
+        match v {
+            1 => JoinKind::Left,
+            2 => JoinKind::Semi,
+            3 => JoinKind::Anti,
+            _ => JoinKind::Inner,
+        }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            JoinKind::Inner => "Inner",
+            JoinKind::Left => "Left",
+            JoinKind::Semi => "Semi",
+            JoinKind::Anti => "Anti",
+        }
+    }
+
+    /// Whether outer rows without a match are returned.
+    pub(crate) fn keeps_unmatched(self) -> bool {
+        matches!(self, JoinKind::Left | JoinKind::Anti)
+    }
+}
+
+/// The join kind a path's `custom_private` ends with (see [`add_path`]).
+///
+/// # Safety
+/// A GpuJoin path's `custom_private`.
+pub(super) unsafe fn path_join_kind(private: *mut pg_sys::List) -> JoinKind {
+    // SAFETY: forwarded contract: every element is a Node; the last, a Const, is ours.
+    unsafe {
+        let l = PgList::<pg_sys::Node>::from_pg(private);
+        match l.get_ptr(l.len().wrapping_sub(1)) {
+            Some(n) if (*n).type_ == pg_sys::NodeTag::T_Const => JoinKind::from_i64(int_of(n)),
+            _ => JoinKind::Inner,
+        }
     }
 }
 
@@ -321,10 +393,8 @@ unsafe extern "C-unwind" fn join_pathlist_hook(
         if let Some(prev) = PREV_HOOK {
             prev(root, joinrel, outerrel, innerrel, jointype, extra);
         }
-        if jointype != pg_sys::JoinType::JOIN_INNER || !enabled() {
-            return;
-        }
-        add_path(root, joinrel, outerrel, innerrel, extra);
+        let Some(kind) = JoinKind::of(jointype).filter(|_| enabled()) else { return };
+        add_path(root, joinrel, outerrel, innerrel, extra, kind);
     }
 }
 
@@ -340,6 +410,7 @@ pub(super) unsafe fn add_path(
     outerrel: *mut pg_sys::RelOptInfo,
     innerrel: *mut pg_sys::RelOptInfo,
     extra: *mut pg_sys::JoinPathExtraData,
+    kind: JoinKind,
 ) {
     // SAFETY: forwarded contract; every node is allocated in the planner's memory context.
     unsafe {
@@ -362,6 +433,12 @@ pub(super) unsafe fn add_path(
         if clauses.keys.is_empty() {
             return;
         }
+        // An outer, semi or anti join matches an outer row by its key alone: every clause of
+        // the join must be in the key, and the key exact (a hashed key needs its clauses
+        // checked again, after which a row found no match after all: not done).
+        if kind != JoinKind::Inner && !(clauses.others.is_empty() && clauses.composer().form().exact()) {
+            return;
+        }
         let mut keylist = PgList::<pg_sys::RestrictInfo>::new();
         for &(r, _, _) in &clauses.keys {
             keylist.push(r);
@@ -374,12 +451,18 @@ pub(super) unsafe fn add_path(
         if cost.qual_clauses > 0 && formed > MAX_PAIRS_PER_ROW * (*joinrel).rows + PAIRS_SLACK {
             return;
         }
-        let ordered = || clauses.ordered();
+        let ordered = || {
+            let mut l = PgList::<pg_sys::Node>::from_pg(clauses.ordered());
+            l.push(int_node(kind as i64));
+            l.into_pg()
+        };
         let outer_path = (*outerrel).cheapest_total_path;
         if !outer_path.is_null() && (*outer_path).param_info.is_null() {
             let cp = make_path(joinrel, outer_path, inner_path, ordered(), None, cost);
             pg_sys::add_path(joinrel, cp as *mut pg_sys::Path);
-            candidates::remember(root, joinrel, make_path(joinrel, outer_path, inner_path, ordered(), None, cost));
+            if kind == JoinKind::Inner {
+                candidates::remember(root, joinrel, make_path(joinrel, outer_path, inner_path, ordered(), None, cost));
+            }
         }
         // In parallel: the outer side's cheapest partial path, split among the participants; the
         // inner side built once for all of them (so it need only be safe to run in a worker).
@@ -403,11 +486,13 @@ pub(super) unsafe fn add_path(
                 let workers = (*outer_partial).parallel_workers;
                 let cp = make_path(joinrel, outer_partial, safe_inner, ordered(), Some(workers), cost);
                 pg_sys::add_partial_path(joinrel, cp as *mut pg_sys::Path);
-                candidates::remember(
-                    root,
-                    joinrel,
-                    make_path(joinrel, outer_partial, safe_inner, ordered(), Some(workers), cost),
-                );
+                if kind == JoinKind::Inner {
+                    candidates::remember(
+                        root,
+                        joinrel,
+                        make_path(joinrel, outer_partial, safe_inner, ordered(), Some(workers), cost),
+                    );
+                }
             }
         }
     }

@@ -82,8 +82,8 @@ pub(super) unsafe fn relation_names(root: *mut pg_sys::PlannerInfo, relids: *mut
 
 /// The plan's private list: [the number of key columns, (outer type oid, inner type oid, outer
 /// resno, inner resno) per key column, inner relation names, whether the inner plan is
-/// partial, the number of aggregates, (function OID, column) per aggregate, then (side, resno)
-/// per column kept].
+/// partial, the join kind, the number of aggregates, (function OID, column) per aggregate,
+/// then (side, resno) per column kept].
 pub(super) struct Private {
     /// Per key clause (`super::joinkey`, in the clauses' order): the outer and inner columns'
     /// types and their resnos in the outer and inner child's rows.
@@ -91,6 +91,8 @@ pub(super) struct Private {
     pub(super) inner_names: String,
     /// The inner plan is partial (a parallel query's participants each scan a share of it).
     pub(super) inner_partial: bool,
+    /// Inner, left, semi or anti (`super::plan::JoinKind`).
+    pub(super) join: JoinKind,
     /// (0 outer / 1 inner, resno) per column of the join the node keeps: per scan tuple
     /// column, or in the aggregate mode per scan tuple column after the aggregates'.
     pub(super) map: Vec<(u8, i32)>,
@@ -111,6 +113,7 @@ impl Private {
         }
         l.push(text_node(&self.inner_names));
         l.push(int_node(self.inner_partial as i64));
+        l.push(int_node(self.join as i64));
         l.push(int_node(self.aggs.len() as i64));
         for &(fnoid, col) in &self.aggs {
             l.push(int_node(fnoid as i64));
@@ -136,15 +139,16 @@ impl Private {
             let keys = (0..nkeys).map(|j| (oid(1 + 4 * j), oid(2 + 4 * j), at(3 + 4 * j) as i32, at(4 + 4 * j) as i32));
             let keys: Vec<_> = keys.collect();
             let rest = 1 + 4 * nkeys;
-            let naggs = at(rest + 2).max(0) as usize;
-            let aggs = (0..naggs).map(|j| (at(rest + 3 + 2 * j) as u32, at(rest + 4 + 2 * j) as i32)).collect();
+            let naggs = at(rest + 3).max(0) as usize;
+            let aggs = (0..naggs).map(|j| (at(rest + 4 + 2 * j) as u32, at(rest + 5 + 2 * j) as i32)).collect();
             let mut map = Vec::new();
-            let mut i = rest + 3 + 2 * naggs;
+            let mut i = rest + 4 + 2 * naggs;
             while i + 1 < l.len() {
                 map.push((at(i) as u8, at(i + 1) as i32));
                 i += 2;
             }
-            Private { keys, inner_names: text_of(node(rest)), inner_partial: at(rest + 1) != 0, map, aggs }
+            let join = JoinKind::from_i64(at(rest + 2));
+            Private { keys, inner_names: text_of(node(rest)), inner_partial: at(rest + 1) != 0, join, map, aggs }
         }
     }
 
@@ -287,6 +291,7 @@ pub(super) unsafe fn plan_custom_path(
             // From the path: a partial inner path here is a parallel-aware scan (add_path
             // takes no other), whatever the planner puts above it in the plan.
             inner_partial: (*path).path.parallel_aware && (*paths.get_ptr(1).expect("inner")).parallel_aware,
+            join: path_join_kind((*path).custom_private),
             map,
             aggs,
         };

@@ -33,8 +33,9 @@ impl GpuJoinScan {
                 );
                 self.outer_vals.extend_from_slice(&chunk.vals);
                 self.outer_nulls.extend_from_slice(&chunk.nulls);
-                for &k in &chunk.keys {
-                    self.batch.push(Some(k));
+                for (i, &k) in chunk.keys.iter().enumerate() {
+                    // Kept NULL keys (left, anti: `Chunk::keep_null_keys`) match nothing.
+                    self.batch.push((!chunk.keyless.get(i).copied().unwrap_or(false)).then_some(k));
                 }
                 if ended {
                     self.outer_done = true;
@@ -42,11 +43,75 @@ impl GpuJoinScan {
                 }
             }
             self.chunk = chunk;
+            self.matched.clear();
+            self.matched.resize(self.batch.len(), false);
+            self.unmatched_at = 0;
             if self.batch.is_empty() {
                 return !self.outer_done;
             }
-            self.probe_batch();
+            if self.rows.is_empty() || self.batch.distinct().is_empty() {
+                // Nothing to probe (an empty inner side of a left or anti join, or a batch of
+                // NULL keys): no pair, every tuple unmatched.
+                let buf = self.emitter.take_buffer();
+                self.emitter.reset(buf);
+            } else {
+                self.probe_batch();
+            }
             true
+        }
+    }
+
+    /// Puts outer tuple `pos` of the batch into the scan slot, the inner columns NULL (a left
+    /// join's row without a match; a semi or anti join returns outer columns only).
+    ///
+    /// # Safety
+    /// `scan` is the node's scan slot; `pos` a position of the current batch.
+    pub(super) unsafe fn emit_outer_only(&mut self, pos: u32, scan: *mut pg_sys::TupleTableSlot) {
+        let n = self.outer_cols.len();
+        let base = pos as usize * n;
+        if base + n > self.outer_vals.len() {
+            report(UvmError::new(Code::SystemError, "GpuJoin: an outer position past its batch"));
+        }
+        // SAFETY: forwarded contract; the scan slot has one column per `map` entry.
+        unsafe {
+            pg_sys::ExecClearTuple(scan);
+            for (i, &(side, _)) in self.p.map.iter().enumerate() {
+                let (d, isnull) = if side == 0 {
+                    let at = base + self.col_index[i];
+                    (self.outer_vals[at], self.outer_nulls[at])
+                } else {
+                    (pg_sys::Datum::from(0), true)
+                };
+                *(*scan).tts_values.add(i) = d;
+                *(*scan).tts_isnull.add(i) = isnull;
+            }
+        }
+    }
+
+    /// Stores the row filled into the scan slot, checks it against the qual and projects it:
+    /// the slot to return, or `None` when the qual rejects it.
+    ///
+    /// # Safety
+    /// `node` is this node's state, `scan` its scan slot, filled.
+    pub(super) unsafe fn finish_row(
+        &mut self,
+        node: *mut pg_sys::CustomScanState,
+        scan: *mut pg_sys::TupleTableSlot,
+    ) -> Option<*mut pg_sys::TupleTableSlot> {
+        // SAFETY: forwarded contract.
+        unsafe {
+            pg_sys::ExecStoreVirtualTuple(scan);
+            let econtext = (*node).ss.ps.ps_ExprContext;
+            (*econtext).ecxt_scantuple = scan;
+            let qual = (*node).ss.ps.qual;
+            if !qual.is_null() && !pg_sys::ExecQual(qual, econtext) {
+                if !(*node).ss.ps.instrument.is_null() {
+                    (*(*node).ss.ps.instrument).nfiltered1 += 1.0;
+                }
+                return None;
+            }
+            let proj = (*node).ss.ps.ps_ProjInfo;
+            Some(if proj.is_null() { scan } else { pg_sys::ExecProject(proj) })
         }
     }
 

@@ -88,6 +88,11 @@ pub struct GpuJoinScan {
     pub(super) in_flight: Option<exec::Pending<exec::request::Probed>>,
     /// The outer side's chunk buffer (reused from batch to batch).
     pub(super) chunk: Chunk,
+    /// A left, semi or anti join: per position of the batch, whether the outer tuple matched;
+    /// and (left, anti) the next position to look at for unmatched tuples once the batch's
+    /// pairs are done.
+    pub(super) matched: Vec<bool>,
+    pub(super) unmatched_at: usize,
 }
 
 impl JoinScan for GpuJoinScan {
@@ -120,6 +125,7 @@ impl JoinScan for GpuJoinScan {
         let max_inner_att = p.map.iter().filter(|m| m.0 == 1).map(|m| m.1).max().unwrap_or(0).max(inner_key.max_att());
         // SAFETY: our plan.
         let parallel_aware = unsafe { (*cscan).scan.plan.parallel_aware };
+        let p_join = p.join;
         GpuJoinScan {
             p,
             key,
@@ -158,7 +164,9 @@ impl JoinScan for GpuJoinScan {
             awaiting: None,
             in_flight: None,
             pending: Vec::new(),
-            chunk: Chunk::default(),
+            chunk: Chunk { keep_null_keys: p_join.keeps_unmatched(), ..Chunk::default() },
+            matched: Vec::new(),
+            unmatched_at: 0,
         }
     }
 
@@ -237,7 +245,8 @@ impl JoinScan for GpuJoinScan {
             if !self.aggs.is_empty() {
                 return self.exec_aggregates(node);
             }
-            if self.rows.is_empty() {
+            let join = self.p.join;
+            if self.rows.is_empty() && !join.keeps_unmatched() {
                 self.report_stats();
                 return std::ptr::null_mut(); // no inner row has a non-NULL key
             }
@@ -245,13 +254,44 @@ impl JoinScan for GpuJoinScan {
             let scan = (*node).ss.ss_ScanTupleSlot;
             loop {
                 pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
-                let Some((pos, row)) = self.emitter.next(&self.batch) else {
-                    if self.outer_done {
-                        self.report_stats();
-                        return std::ptr::null_mut();
+                // The next (outer position, inner row) to return: a pair of the batch, or once
+                // they are done (left, anti) an outer tuple without a match (no inner row).
+                let (pos, row) = match self.emitter.next(&self.batch) {
+                    Some((pos, row)) => {
+                        let first = !std::mem::replace(self.matched.get_mut(pos as usize).unwrap_or(&mut true), true);
+                        match join {
+                            JoinKind::Inner | JoinKind::Left => (pos, Some(row)),
+                            // Each outer tuple once, at its first match.
+                            JoinKind::Semi if first => (pos, None),
+                            JoinKind::Semi | JoinKind::Anti => continue,
+                        }
                     }
-                    pg_sys::check_for_interrupts!();
-                    self.next_batch();
+                    None => {
+                        if join.keeps_unmatched() {
+                            let from = self.unmatched_at.min(self.matched.len());
+                            if let Some(k) = self.matched[from..].iter().position(|m| !m) {
+                                self.unmatched_at = from + k + 1;
+                                self.emit_outer_only((from + k) as u32, scan);
+                                if let Some(slot) = self.finish_row(node, scan) {
+                                    return slot;
+                                }
+                                continue;
+                            }
+                        }
+                        if self.outer_done {
+                            self.report_stats();
+                            return std::ptr::null_mut();
+                        }
+                        pg_sys::check_for_interrupts!();
+                        self.next_batch();
+                        continue;
+                    }
+                };
+                let Some(row) = row else {
+                    self.emit_outer_only(pos, scan);
+                    if let Some(slot) = self.finish_row(node, scan) {
+                        return slot;
+                    }
                     continue;
                 };
                 let n = self.outer_cols.len();
@@ -273,17 +313,9 @@ impl JoinScan for GpuJoinScan {
                     *(*scan).tts_values.add(i) = d;
                     *(*scan).tts_isnull.add(i) = isnull;
                 }
-                pg_sys::ExecStoreVirtualTuple(scan);
-                (*econtext).ecxt_scantuple = scan;
-                let qual = (*node).ss.ps.qual;
-                if !qual.is_null() && !pg_sys::ExecQual(qual, econtext) {
-                    if !(*node).ss.ps.instrument.is_null() {
-                        (*(*node).ss.ps.instrument).nfiltered1 += 1.0;
-                    }
-                    continue;
+                if let Some(slot) = self.finish_row(node, scan) {
+                    return slot;
                 }
-                let proj = (*node).ss.ps.ps_ProjInfo;
-                return if proj.is_null() { scan } else { pg_sys::ExecProject(proj) };
             }
         }
     }
@@ -292,6 +324,8 @@ impl JoinScan for GpuJoinScan {
         // SAFETY: ReScanCustomScan's argument; children initialized in begin.
         unsafe {
             self.finish_probe();
+            self.matched.clear();
+            self.unmatched_at = 0;
             let chg = (*node).ss.ps.chgParam;
             if !chg.is_null() {
                 pg_sys::UpdateChangedParamSet(self.outer, chg);
