@@ -1,8 +1,10 @@
-//! GpuJoin as a plan node: plain SQL inner equi-joins run through the GpuJoin operations.
+//! GpuJoin as a plan node: plain SQL equi-joins (inner, left, semi, anti) run through the GpuJoin
+//! operations.
 //!
 //! # What runs where
 //!
-//! - **Planner** (`set_join_pathlist_hook`, this backend): for an inner join whose restriction
+//! - **Planner** (`set_join_pathlist_hook`, this backend): for an inner join (or a left, semi or
+//!   anti join whose clauses are all in an exact key: [`JoinKind`]) whose restriction
 //!   list holds a hashable equality between a plain column of the outer relation and one of
 //!   the inner relation, both of one type among int2, int4, date (held as int4 keys) and
 //!   int8, timestamp, timestamptz (int8 keys), or of two of int2, int4 and int8, with the
@@ -39,7 +41,10 @@
 //!   temporary segment, reset before each batch), reads the (key, row id) pairs back and emits
 //!   one joined row per call, from the outer columns of each tuple with that key and the inner
 //!   row (`super::matching`), after the qual, projected. Rows are read from the children a
-//!   chunk at a time under one pgrx guard ([`fetch_chunk`]).
+//!   chunk at a time under one pgrx guard ([`fetch_chunk`]). A left, semi or anti join keeps a
+//!   matched flag per tuple of the batch: a left join returns the pairs, then each tuple
+//!   without a match with NULL inner columns; a semi join a tuple at its first pair; an anti
+//!   join the tuples without one. Their outer side keeps its NULL-key tuples (unmatched).
 //! - **Aggregate mode** (`super::preagg` plans it: the path's target is a list of Aggrefs):
 //!   instead of joined rows, each participant folds its matches into the aggregates
 //!   (`super::agg`) and returns one row of results. In its **probe mode** (every aggregate is
