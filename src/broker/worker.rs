@@ -42,7 +42,8 @@ fn force_crash_restart(why: &str) -> ! {
 }
 
 /// Connections the broker serves beyond one per server process (`MaxBackends`): room for a
-/// process that reconnects before its old connection is noticed closed, and for tools.
+/// process that reconnects before its old connection is noticed closed, and for tools, which
+/// (processes not of the cluster) may hold no more than this margin (`Limits::max_foreign`).
 const CLIENT_MARGIN: usize = 64;
 
 /// Raises the soft open-file limit to the hard one: the broker holds one fd per chunk and one
@@ -72,6 +73,14 @@ fn log_counters(now: &Counters, last: &mut Counters, limits: &Limits) {
             limits.max_clients,
             now.refused_full - last.refused_full,
             now.evicted - last.evicted
+        );
+    }
+    if now.refused_foreign != last.refused_foreign || now.evicted_foreign != last.evicted_foreign {
+        pgrx::log!(
+            "pg_uvm_share broker: connections from processes not of this cluster: refused {} past their limit of {}, evicted {} to make room for the cluster's",
+            now.refused_foreign - last.refused_foreign,
+            limits.max_foreign,
+            now.evicted_foreign - last.evicted_foreign
         );
     }
     if now.refused_resources != last.refused_resources || now.accept_pauses != last.accept_pauses {
@@ -114,7 +123,7 @@ pub extern "C-unwind" fn pg_uvm_share_broker_main(_arg: pg_sys::Datum) {
     let fd_limit = raise_fd_limit();
     // SAFETY: MaxBackends is set by the postmaster before any worker starts and never changes.
     let max_backends = unsafe { pg_sys::MaxBackends }.max(0) as usize;
-    let limits = Limits { max_clients: max_backends + CLIENT_MARGIN, evict_idle: EVICT_IDLE };
+    let limits = Limits { max_clients: max_backends + CLIENT_MARGIN, evict_idle: EVICT_IDLE, max_foreign: CLIENT_MARGIN };
     let mut server = match Server::bind_with(Path::new(SOCKET_NAME), epoch, limits) {
         Ok(s) => s,
         Err(e) => force_crash_restart(&format!("could not listen on {SOCKET_NAME}: {e}")),

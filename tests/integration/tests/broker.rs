@@ -438,6 +438,71 @@ fn broker_survives_a_flood_of_connections() {
     assert_survived(&b);
 }
 
+/// Issue 25, point 6: 500 connections from a process that is not the cluster's (this test)
+/// held open, and a new session still creates a segment within a second: foreign connections
+/// keep to the broker's margin (64) and are refused past it, so the cluster's processes never
+/// wait for one to be evicted as idle (10 s before).
+#[test]
+fn a_flood_of_foreign_connections_does_not_lock_out_a_new_session() {
+    use std::io::Read;
+    let mut admin = connect();
+    let b = before(&mut admin);
+    let epoch = epoch(&mut admin);
+    let (ready_r, ready_w) = pipe();
+    let (release_r, release_w) = pipe();
+    // The flood lives in a thread (as the cluster's owner: a process forked for it, when this
+    // test runs as another user) until this test has done its part. A forked child inherits
+    // this process's end of the release pipe and closes it, so that it sees the pipe close.
+    let (release_w_fd, me) = (release_w.as_raw_fd(), std::process::id());
+    let flood = std::thread::spawn(move || {
+        as_cluster_owner(move || {
+            if std::process::id() != me {
+                // SAFETY: the forked child's inherited copy, which nothing in it owns.
+                unsafe { libc::close(release_w_fd) };
+            }
+            let stats = request(OP_STATS, epoch, 0);
+            let conns: Vec<OwnedFd> =
+                (0..500).map(|_| connect_broker()).collect::<Result<_, _>>().map_err(|e| format!("flood connect: {e}"))?;
+            let mut served = 0;
+            for c in &conns {
+                match exchange(c, &stats, &[])? {
+                    Some(OK) => served += 1,
+                    Some(TOO_MANY_CLIENTS) | None => {}
+                    Some(s) => return Err(format!("unexpected status {s}")),
+                }
+            }
+            if served > 64 {
+                return Err(format!("{served} of the flood's 500 connections served, more than the margin of 64"));
+            }
+            // SAFETY: writing one byte from a live local to our pipe.
+            unsafe { libc::write(ready_w.as_raw_fd(), b"r".as_ptr() as *const libc::c_void, 1) };
+            let mut f = std::fs::File::from(release_r);
+            let _ = f.read(&mut [0u8; 1]); // returns when the test closes its end
+            drop(conns);
+            Ok(())
+        })
+    });
+    let mut ready = [0u8; 1];
+    let got = std::fs::File::from(ready_r).read(&mut ready).unwrap_or(0);
+    if got == 1 {
+        let mut c = connect();
+        let name = unique_name("after_flood");
+        let _guard = SegmentGuard::with(&[&name]);
+        let t = Instant::now();
+        let r = c.query_one("SELECT uvm.create_segment($1, 1048576)", &[&name]);
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        drop(release_w);
+        r.expect("create_segment during the flood");
+        eprintln!("create_segment in a new session during a flood of 500 foreign connections: {ms:.1} ms");
+        assert!(ms < 1000.0, "create_segment took {ms:.0} ms during the flood");
+    } else {
+        drop(release_w);
+    }
+    flood.join().unwrap().unwrap();
+    assert_eq!(got, 1, "the flood never got ready");
+    assert_survived(&b);
+}
+
 /// The soft and hard open-file limits of a process, from /proc/<pid>/limits.
 fn nofile_limits(pid: i32) -> (u64, u64) {
     let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("read /proc/<pid>/limits");

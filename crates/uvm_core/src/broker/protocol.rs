@@ -306,6 +306,15 @@ pub fn set_timeouts(sock: BorrowedFd<'_>, timeout: std::time::Duration) -> io::R
 
 /// The uid of the process at the other end of a connected Unix socket.
 pub fn peer_uid(sock: BorrowedFd<'_>) -> io::Result<u32> {
+    peer_cred(sock).map(|c| c.uid)
+}
+
+/// The pid of the process at the other end of a connected Unix socket (as of its connect).
+pub fn peer_pid(sock: BorrowedFd<'_>) -> io::Result<libc::pid_t> {
+    peer_cred(sock).map(|c| c.pid)
+}
+
+fn peer_cred(sock: BorrowedFd<'_>) -> io::Result<libc::ucred> {
     // SAFETY: ucred is plain data; getsockopt writes at most `len` bytes into it.
     unsafe {
         let mut cred: libc::ucred = zeroed();
@@ -320,7 +329,7 @@ pub fn peer_uid(sock: BorrowedFd<'_>) -> io::Result<u32> {
         {
             return Err(io::Error::last_os_error());
         }
-        Ok(cred.uid)
+        Ok(cred)
     }
 }
 

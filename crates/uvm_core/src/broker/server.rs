@@ -43,8 +43,14 @@
 //! - Nothing a client sends can panic the broker: decoding is total (`protocol.rs`, property
 //!   tested), and the only error `poll_once` returns is a failure of `epoll_wait` itself.
 //!
-//! Connections from another uid are closed at accept (`SO_PEERCRED`). `Counters` records what
-//! was refused or dropped; the worker logs it.
+//! Connections from another uid are closed at accept (`SO_PEERCRED`). A connection of this uid
+//! from a process that is not the cluster's (its parent is not the postmaster, the broker's own
+//! parent: a tool, a test, a runaway script) is **foreign**: foreign connections may hold at most
+//! `Limits::max_foreign` places (the margin the worker adds to `MaxBackends`), beyond that they
+//! are refused at once, and at the cap a connection of the cluster's own evicts the idlest
+//! foreign one whatever its idle time before it evicts one of its own. So a flood of foreign
+//! connections never locks a backend out, even for `evict_idle`. `Counters` records what was
+//! refused or dropped; the worker logs it.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -56,6 +62,8 @@ use super::protocol::{self, DecodeError, Op, Request, Response, Status, MAX_MESS
 
 /// Connections `Server::bind` allows (the background worker sizes its own from `MaxBackends`).
 pub const DEFAULT_MAX_CLIENTS: usize = 256;
+/// Of them, those that processes not of the cluster may hold (the worker's margin).
+pub const DEFAULT_MAX_FOREIGN: usize = 64;
 /// How long a client must have been idle before a new connection may evict it at the cap.
 pub const EVICT_IDLE: Duration = Duration::from_secs(10);
 /// How long the listener is left unwatched after an `accept` failure the spare fd cannot cure.
@@ -135,11 +143,14 @@ pub struct Limits {
     pub max_clients: usize,
     /// A client idle this long may be evicted to make room for a new connection.
     pub evict_idle: Duration,
+    /// Connections from processes that are not the cluster's served at once (see the module
+    /// comment); past it a new one is refused.
+    pub max_foreign: usize,
 }
 
 impl Default for Limits {
     fn default() -> Limits {
-        Limits { max_clients: DEFAULT_MAX_CLIENTS, evict_idle: EVICT_IDLE }
+        Limits { max_clients: DEFAULT_MAX_CLIENTS, evict_idle: EVICT_IDLE, max_foreign: DEFAULT_MAX_FOREIGN }
     }
 }
 
@@ -154,8 +165,12 @@ pub struct Counters {
     pub refused_resources: u64,
     /// Connections from another uid, closed at accept.
     pub refused_uid: u64,
+    /// Foreign connections refused: `max_foreign` of them were served.
+    pub refused_foreign: u64,
     /// Idle clients closed to make room for a new connection.
     pub evicted: u64,
+    /// Of them, foreign ones closed to make room for one of the cluster's.
+    pub evicted_foreign: u64,
     /// Clients dropped for a socket error or a reply they would not read.
     pub dropped: u64,
     /// Messages answered `BadRequest`, `VersionMismatch` or `OutOfResources`.
@@ -169,6 +184,27 @@ pub struct Counters {
 struct Conn {
     fd: OwnedFd,
     last_active: Instant,
+    /// From a process that is not the cluster's (see the module comment).
+    foreign: bool,
+}
+
+/// Whether the peer of `conn` is a process of this cluster: this process itself (a test's
+/// threads), or a child of this process's parent (the broker is the postmaster's child, as
+/// every backend, parallel worker and background worker is). A peer whose parent cannot be read
+/// (gone already) is not.
+fn peer_is_sibling(conn: BorrowedFd<'_>) -> bool {
+    let Ok(pid) = protocol::peer_pid(conn) else { return false };
+    // SAFETY: getpid and getppid have no preconditions.
+    let (me, parent) = unsafe { (libc::getpid(), libc::getppid()) };
+    pid == me || parent_of(pid) == Some(parent)
+}
+
+/// The parent of process `pid`, from /proc/PID/stat ("pid (comm) state ppid ..."; the command
+/// may hold spaces and parentheses, so the fields are counted after the last ')').
+fn parent_of(pid: libc::pid_t) -> Option<libc::pid_t> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// A listening socket, its connected clients, and the fd table.
@@ -441,10 +477,21 @@ impl Server {
                 return; // another user: closed by dropping `conn`
             }
         }
-        if self.clients.len() >= self.limits.max_clients && !self.evict_idlest() {
+        let foreign = !peer_is_sibling(conn.as_fd());
+        if foreign && self.clients.values().filter(|c| c.foreign).count() >= self.limits.max_foreign {
             notify(&conn, Status::TooManyClients);
-            self.counters.refused_full += 1;
+            self.counters.refused_foreign += 1;
             return;
+        }
+        if self.clients.len() >= self.limits.max_clients {
+            // Room for one of the cluster's: a foreign client first, however recently used;
+            // then one of its own idle for `evict_idle`.
+            let made_room = (!foreign && self.evict_foreign()) || self.evict_idlest();
+            if !made_room {
+                notify(&conn, Status::TooManyClients);
+                self.counters.refused_full += 1;
+                return;
+            }
         }
         let token = self.next_token;
         self.next_token += 1;
@@ -453,8 +500,19 @@ impl Server {
             self.counters.refused_resources += 1;
             return;
         }
-        self.clients.insert(token, Conn { fd: conn, last_active: Instant::now() });
+        self.clients.insert(token, Conn { fd: conn, last_active: Instant::now(), foreign });
         self.counters.accepted += 1;
+    }
+
+    /// At the cap, for a connection of the cluster's: closes the foreign client idle for
+    /// longest, however briefly.
+    fn evict_foreign(&mut self) -> bool {
+        let idlest = self.clients.iter().filter(|(_, c)| c.foreign).min_by_key(|(_, c)| c.last_active);
+        let Some((&token, _)) = idlest else { return false };
+        self.clients.remove(&token);
+        self.counters.evicted += 1;
+        self.counters.evicted_foreign += 1;
+        true
     }
 
     /// At the cap: closes the client idle for longest if it has been idle for `evict_idle`.
@@ -953,7 +1011,7 @@ mod tests {
         // 1,000 connections held open (fewer if the hard fd limit is low: both ends are ours).
         let flood = ((raise_nofile().saturating_sub(300)) as usize / 2).min(1000);
         assert!(flood >= 200, "the open-file limit is too low for this test");
-        let limits = Limits { max_clients: 50, evict_idle: Duration::from_secs(3600) };
+        let limits = Limits { max_clients: 50, evict_idle: Duration::from_secs(3600), ..Limits::default() };
         let r = Running::start("flood", 6, limits, |_| {});
         let conns: Vec<OwnedFd> =
             (0..flood).map(|i| raw_connect(&r.path).unwrap_or_else(|e| panic!("connect {i}: {e}"))).collect();
@@ -981,12 +1039,94 @@ mod tests {
         r.finish();
     }
 
+    /// A process that is not the cluster's (a child of this test process, whose parent is not
+    /// this process's parent): it connects `n` times to the server and holds its connections
+    /// until dropped.
+    struct ForeignChild {
+        pid: libc::pid_t,
+        hold: Option<OwnedFd>,
+    }
+
+    impl ForeignChild {
+        fn spawn(path: &Path, n: usize) -> ForeignChild {
+            let (addr, len) = sockaddr(path).unwrap();
+            let mut fds = [0; 2];
+            // SAFETY: pipe2 writes two fds into a live array.
+            assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+            // SAFETY: fork; the child calls only async-signal-safe functions (socket, connect,
+            // read, _exit) on data prepared before the fork, then exits without unwinding.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // SAFETY: see above.
+                unsafe {
+                    libc::close(fds[1]);
+                    for _ in 0..n {
+                        let s = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0);
+                        libc::connect(s, &addr as *const _ as *const libc::sockaddr, len);
+                    }
+                    let mut b = [0u8; 1];
+                    libc::read(fds[0], b.as_mut_ptr() as *mut libc::c_void, 1);
+                    libc::_exit(0);
+                }
+            }
+            assert!(pid > 0, "fork failed");
+            // SAFETY: the pipe's ends are ours; the read end is the child's now.
+            unsafe { libc::close(fds[0]) };
+            // SAFETY: a fresh fd owned by nobody else.
+            ForeignChild { pid, hold: Some(unsafe { OwnedFd::from_raw_fd(fds[1]) }) }
+        }
+    }
+
+    impl Drop for ForeignChild {
+        fn drop(&mut self) {
+            drop(self.hold.take()); // the child's read returns: it exits
+            let mut status = 0;
+            // SAFETY: waits for our own child.
+            unsafe { libc::waitpid(self.pid, &mut status, 0) };
+        }
+    }
+
+    #[test]
+    fn foreign_connections_keep_to_their_margin_and_make_room_for_the_clusters() {
+        // Issue 25, point 6: at most `max_foreign` places for processes not of the cluster,
+        // refused past that at once; at the cap, one of the cluster's own evicts a foreign
+        // connection however recently it was used (no idle time needed).
+        let limits = Limits { max_clients: 12, evict_idle: Duration::from_secs(3600), max_foreign: 8 };
+        let r = Running::start("foreign", 6, limits, |_| {});
+        let child = ForeignChild::spawn(&r.path, 20);
+        r.wait_for("the foreign connections admitted or refused", |s| {
+            let c = s.counters();
+            c.accepted + c.refused_foreign == 20
+        });
+        assert_eq!(r.with(|s| (s.clients(), s.counters().refused_foreign, s.counters().refused_full)), (8, 12, 0));
+        // This process's connections are the cluster's: 4 free places, then 4 evictions.
+        let own: Vec<OwnedFd> = (0..8).map(|_| raw_connect(&r.path).unwrap()).collect();
+        for (i, c) in own.iter().enumerate() {
+            assert_eq!(exchange(c, &stats(6), &[]), Reply::Status(Status::Ok), "own connection {i}");
+        }
+        assert_eq!(r.with(|s| (s.clients(), s.counters().evicted_foreign, s.counters().refused_full)), (12, 4, 0));
+        // With no foreign connection left to evict, and none idle long enough: refused.
+        let more: Vec<OwnedFd> = (0..4).map(|_| raw_connect(&r.path).unwrap()).collect();
+        r.wait_for("4 more admitted", |s| s.counters().evicted_foreign == 8);
+        let last = raw_connect(&r.path).unwrap();
+        let reply = exchange(&last, &stats(6), &[]);
+        assert!(matches!(reply, Reply::Status(Status::TooManyClients) | Reply::Closed), "{reply:?}");
+        drop((child, own, more, last));
+        r.wait_for("every client gone", |s| s.clients() == 0);
+        r.finish();
+    }
+
     #[test]
     fn at_the_cap_the_longest_idle_client_makes_room() {
         // No clock in the assertions (a loaded CI machine took 3.3 s to connect ten clients):
         // one server whose clients can never have been idle long enough refuses, one whose
         // clients always have evicts.
-        let r = Running::start("noevict", 6, Limits { max_clients: 10, evict_idle: Duration::from_secs(3600) }, |_| {});
+        let r = Running::start(
+            "noevict",
+            6,
+            Limits { max_clients: 10, evict_idle: Duration::from_secs(3600), ..Limits::default() },
+            |_| {},
+        );
         let squatters: Vec<OwnedFd> = (0..10).map(|_| raw_connect(&r.path).unwrap()).collect();
         r.wait_for("squatters in", |s| s.clients() == 10);
         let early = raw_connect(&r.path).unwrap();
@@ -996,7 +1136,7 @@ mod tests {
         drop((squatters, early));
         r.finish();
 
-        let r = Running::start("evict", 6, Limits { max_clients: 10, evict_idle: Duration::ZERO }, |_| {});
+        let r = Running::start("evict", 6, Limits { max_clients: 10, evict_idle: Duration::ZERO, ..Limits::default() }, |_| {});
         let squatters: Vec<OwnedFd> = (0..10).map(|_| raw_connect(&r.path).unwrap()).collect();
         r.wait_for("squatters in", |s| s.clients() == 10);
         let c = Client::connect(&r.path).unwrap();
@@ -1031,7 +1171,7 @@ mod tests {
     #[ignore]
     fn fd_exhaustion_child() {
         let Ok(path) = std::env::var(CHILD_ENV) else { return };
-        let limits = Limits { max_clients: 16, evict_idle: Duration::from_secs(3600) };
+        let limits = Limits { max_clients: 16, evict_idle: Duration::from_secs(3600), ..Limits::default() };
         let mut server = Server::bind_with(Path::new(&path), 8, limits).unwrap();
         let mut original: libc::rlimit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         // SAFETY: getrlimit writes a live local.
