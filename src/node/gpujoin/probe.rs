@@ -61,26 +61,33 @@ impl GpuJoinScan {
         }
     }
 
-    /// Puts outer tuple `pos` of the batch into the scan slot, the inner columns NULL (a left
-    /// join's row without a match; a semi or anti join returns outer columns only).
+    /// Puts the joined row of outer tuple `pos` of the batch and inner row `row` into the scan
+    /// slot; with no inner row, the inner columns NULL (a left join's row without a match; a
+    /// semi or anti join returns outer columns only).
     ///
     /// # Safety
     /// `scan` is the node's scan slot; `pos` a position of the current batch.
-    pub(super) unsafe fn emit_outer_only(&mut self, pos: u32, scan: *mut pg_sys::TupleTableSlot) {
+    pub(super) unsafe fn fill_row(&mut self, pos: u32, row: Option<i64>, scan: *mut pg_sys::TupleTableSlot) {
         let n = self.outer_cols.len();
         let base = pos as usize * n;
-        if base + n > self.outer_vals.len() {
-            report(UvmError::new(Code::SystemError, "GpuJoin: an outer position past its batch"));
+        let inner = row.map(|r| self.rows.get(r));
+        if base + n > self.outer_vals.len() || inner.is_some_and(|ir| ir.is_none()) {
+            report(UvmError::new(
+                Code::ObjectNotInPrerequisiteState,
+                "GpuJoin: a pair names no row (the result buffer was overwritten)",
+            ));
         }
         // SAFETY: forwarded contract; the scan slot has one column per `map` entry.
         unsafe {
             pg_sys::ExecClearTuple(scan);
             for (i, &(side, _)) in self.p.map.iter().enumerate() {
-                let (d, isnull) = if side == 0 {
-                    let at = base + self.col_index[i];
-                    (self.outer_vals[at], self.outer_nulls[at])
-                } else {
-                    (pg_sys::Datum::from(0), true)
+                let (d, isnull) = match (side, inner.flatten()) {
+                    (0, _) => {
+                        let at = base + self.col_index[i];
+                        (self.outer_vals[at], self.outer_nulls[at])
+                    }
+                    (_, Some(ir)) => self.rows.value(ir, self.col_index[i]),
+                    (_, None) => (pg_sys::Datum::from(0), true),
                 };
                 *(*scan).tts_values.add(i) = d;
                 *(*scan).tts_isnull.add(i) = isnull;

@@ -271,7 +271,7 @@ impl JoinScan for GpuJoinScan {
                             let from = self.unmatched_at.min(self.matched.len());
                             if let Some(k) = self.matched[from..].iter().position(|m| !m) {
                                 self.unmatched_at = from + k + 1;
-                                self.emit_outer_only((from + k) as u32, scan);
+                                self.fill_row((from + k) as u32, None, scan);
                                 if let Some(slot) = self.finish_row(node, scan) {
                                     return slot;
                                 }
@@ -287,32 +287,7 @@ impl JoinScan for GpuJoinScan {
                         continue;
                     }
                 };
-                let Some(row) = row else {
-                    self.emit_outer_only(pos, scan);
-                    if let Some(slot) = self.finish_row(node, scan) {
-                        return slot;
-                    }
-                    continue;
-                };
-                let n = self.outer_cols.len();
-                let base = pos as usize * n;
-                let (true, Some(ir)) = (base + n <= self.outer_vals.len(), self.rows.get(row)) else {
-                    report(UvmError::new(
-                        Code::ObjectNotInPrerequisiteState,
-                        "GpuJoin: a pair names no row (the result buffer was overwritten)",
-                    ));
-                };
-                pg_sys::ExecClearTuple(scan);
-                for (i, &(side, _)) in self.p.map.iter().enumerate() {
-                    let (d, isnull) = if side == 0 {
-                        let at = base + self.col_index[i];
-                        (self.outer_vals[at], self.outer_nulls[at])
-                    } else {
-                        self.rows.value(ir, self.col_index[i])
-                    };
-                    *(*scan).tts_values.add(i) = d;
-                    *(*scan).tts_isnull.add(i) = isnull;
-                }
+                self.fill_row(pos, row, scan);
                 if let Some(slot) = self.finish_row(node, scan) {
                     return slot;
                 }
