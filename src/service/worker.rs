@@ -58,11 +58,16 @@ struct Task {
 
 /// A migration waiting for a segment's pins to drain. The main thread does not sleep on it
 /// (every other request would wait too): it tries again at each turn of its loop until the
-/// client's `pin_wait_timeout` has passed.
+/// client's `pin_wait_timeout` has passed. Meanwhile it is queued (`queued`): other processes'
+/// new pins of the segment wait behind it, and this loop holds its own requests for the
+/// segment back (`behind`), so that readers taking turns cannot starve it.
 struct Parked {
     slot: u32,
     req: request::Prefetch,
     since: Instant,
+    queued: Option<crate::segment::WaitingToMigrate<crate::runtime::PgEnv>>,
+    /// Its `uvm.progress` row while it waits between tries (each try claims its own).
+    progress: Option<crate::stats::ProgressGuard>,
 }
 
 /// What the main thread and the executors share.
@@ -403,8 +408,19 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
                 }
             }
             if let Call::Prefetch(p) = call {
-                if let Some(p) = try_prefetch(&ch, Parked { slot, req: p, since: Instant::now() }) {
+                if let Some(p) = try_prefetch(&ch, Parked { slot, req: p, since: Instant::now(), queued: None, progress: None }) {
                     parked.push(p);
+                }
+                continue;
+            }
+            // A segment whose migration is parked takes no new pin until the migration has run
+            // or given up (the queue that `Segments::pin` keeps for other processes), unless
+            // the client holds a pin on it itself (a session pin: it would wait for itself).
+            if behind_parked_migration(&ch, slot, &parked, &call) {
+                if ch.abandoned(slot) {
+                    finish_here(&ch, slot, Err(UvmError::new(Code::QueryCanceled, "abandoned")));
+                } else {
+                    behind.push(slot);
                 }
                 continue;
             }
@@ -428,6 +444,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
                     let gpu = pool.route(&pins, guc::service_gpus());
                     // The pins stay here (the work refers to their memory) until it finishes.
                     running.insert(id, (slot, pins));
+                    ch.set_gpu(slot, gpu);
                     pool.push(gpu, Task { job: id, slot, work, op, input: req.input });
                 }
             }
@@ -482,6 +499,9 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         let _ = h.join();
     }
     drop(running);
+    // (Withdraws the parked migrations' places in their segments' queues: proc_exit returns
+    // to no destructor.)
+    drop(parked);
     ch.service_stopped();
     // SAFETY: proc_exit runs the exit callbacks (the segment manager's detach) and ends the
     // process; exit code 1: restarted unless the postmaster is shutting down.
@@ -519,22 +539,45 @@ fn behind_abandoned_work(ch: &Channel, pool: &Pool, running: &mut Running, call:
     !ids.is_empty() && running.values().any(|(slot, pins)| ch.abandoned(*slot) && pins.iter().any(|p| ids.contains(&p.info().id)))
 }
 
+/// Whether request `slot` (`call`) names a segment whose migration is parked here, and its
+/// client holds no pin on that segment (see `crate::segment`'s queue of pins).
+fn behind_parked_migration(ch: &Channel, slot: u32, parked: &[Parked], call: &Call) -> bool {
+    let queued: Vec<u64> = call.segments().iter().map(|s| s.id).filter(|id| parked.iter().any(|p| p.req.seg.id == *id)).collect();
+    if queued.is_empty() {
+        return false;
+    }
+    let client = ch.client_pid(slot);
+    match crate::registry::shmem::shared() {
+        Ok(reg) => queued.iter().any(|&id| !reg.holds_pin(client, id)),
+        Err(_) => true,
+    }
+}
+
 /// Runs a migration request without waiting for pins: done (answered), or parked again while
 /// the segment is pinned and the client's wait (its `pin_wait_timeout`) lasts.
-fn try_prefetch(ch: &Channel, p: Parked) -> Option<Parked> {
+fn try_prefetch(ch: &Channel, mut p: Parked) -> Option<Parked> {
     if ch.abandoned(p.slot) {
         finish_here(ch, p.slot, Err(UvmError::new(Code::QueryCanceled, "abandoned")));
         return None;
     }
     let wait = Duration::from_millis(p.req.pin_wait_ms);
     let now = Call::Prefetch(request::Prefetch { pin_wait_ms: 0, ..p.req });
+    // The try shows in uvm.progress by itself (`Segments::prefetch`).
+    p.progress = None;
     let r = {
         // SAFETY: the slot's state lives in shared memory as long as the process.
         let _w = unsafe { crate::interrupt::watch(ch.state_flag(p.slot), ABANDONED) };
         crate::runtime::try_with_segments(|s| local::run_main(s, &now, Io::None))
     };
     match r {
-        Err(e) if e.code == Code::LockNotAvailable && p.since.elapsed() < wait => Some(p),
+        Err(e) if e.code == Code::LockNotAvailable && p.since.elapsed() < wait => {
+            if p.queued.is_none() {
+                // (A segment dropped meanwhile: the next try says so.)
+                p.queued = crate::runtime::try_with_segments(|s| s.wait_to_migrate(p.req.seg.id)).ok();
+            }
+            p.progress = waiting_row(&p.req);
+            Some(p)
+        }
         Err(e) if e.code == Code::LockNotAvailable => {
             let detail = e.detail.unwrap_or(e.message);
             finish_here(ch, p.slot, Err(crate::segment::still_pinned(p.req.seg.name(), wait, detail)));
@@ -545,6 +588,19 @@ fn try_prefetch(ch: &Channel, p: Parked) -> Option<Parked> {
             None
         }
     }
+}
+
+/// A `uvm.progress` row for a parked migration between its tries: waiting for pins, the bytes
+/// it asked to move (`None` without a free row or the segment).
+fn waiting_row(req: &request::Prefetch) -> Option<crate::stats::ProgressGuard> {
+    use crate::stats::{ProgressKind, ProgressPhase};
+    let reg = crate::registry::shmem::shared().ok()?;
+    let size = reg.find_id(req.seg.id).map(|slot| reg.info(slot).size)?;
+    let offset = req.offset.max(0) as u64;
+    let total = (req.length.max(0) as u64).min(size.saturating_sub(offset));
+    // SAFETY: a plain global of the process.
+    let pid = unsafe { pg_sys::MyProcPid };
+    reg.start_progress(pid, ProgressKind::Migration, ProgressPhase::WaitingForPins, req.seg.id, total)
 }
 
 /// Completes a request on the main thread and wakes its client.

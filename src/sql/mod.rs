@@ -1,5 +1,5 @@
 //! The SQL surface, schema `uvm` (`functions.rs`: segments; `gpujoin.rs`: the GpuJoin
-//! functions and aggregates).
+//! functions and aggregates; `stats.rs`: the statistics views).
 //!
 //! It stays thin on purpose: argument conversion, and the calls into the backend runtime
 //! (`crate::runtime`: the executor, privilege checks against the owner role, turning a
@@ -8,6 +8,7 @@
 
 mod functions;
 mod gpujoin;
+mod stats;
 // Only with `cargo pgrx test` (feature pg_test): plain `cargo test` has no PostgreSQL.
 #[cfg(feature = "pg_test")]
 mod tests;

@@ -51,6 +51,7 @@
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use crate::exec::request::{Mode, Reply, Request};
+use crate::stats::{OpCounters, OpStats};
 
 /// Slot states (see the module documentation).
 pub const FREE: u32 = 0;
@@ -60,7 +61,11 @@ pub const RUNNING: u32 = 3;
 pub const DONE: u32 = 4;
 pub const ABANDONED: u32 = 5;
 
-const MAGIC: u64 = 0x5556_4d53_4552_5631; // "UVMSERV1"
+const MAGIC: u64 = 0x5556_4d53_4552_5632; // "UVMSERV2"
+/// Operation numbers the statistics keep apart (`exec::request::Op`: 1 to 22 today).
+pub const OP_NUMBERS: usize = 32;
+/// A request that ran on no GPU (the service's main thread).
+const NO_GPU: u32 = u32::MAX;
 /// Tickets a ring can mark abandoned at once (more cancelled waiters than this at the same
 /// moment would be more than any cluster has processes).
 const SKIP_RING: u64 = 4096;
@@ -88,6 +93,9 @@ struct Header {
     submitted: AtomicU64,
     completed: AtomicU64,
     abandoned: AtomicU64,
+    /// The service's cumulative counters per GPU and operation number (`crate::stats`); the
+    /// last row is the main thread's (operations that run on no GPU).
+    ops: [[OpCounters; OP_NUMBERS]; crate::vocab::MAX_DEVICES as usize + 1],
     /// Requests the service's executors ran, per GPU they were routed to (`crate::placement::
     /// route`); all on entry 0 without a device tier.
     routed: [AtomicU64; crate::vocab::MAX_DEVICES as usize],
@@ -106,6 +114,11 @@ pub struct Slot {
     client_latch: AtomicU64,
     /// Which service incarnation took it (0: not taken).
     taken_by: AtomicU64,
+    /// When the client submitted it and the service took it (`stats::monotonic_ns`), and the
+    /// GPU it was routed to (`NO_GPU`: run on the service's main thread), for the statistics.
+    submitted_ns: AtomicU64,
+    taken_ns: AtomicU64,
+    gpu: AtomicU32,
     pub request: Request,
     pub reply: Reply,
 }
@@ -295,6 +308,50 @@ impl Channel {
         (h.submitted.load(Ordering::Relaxed), h.completed.load(Ordering::Relaxed), h.abandoned.load(Ordering::Relaxed))
     }
 
+    /// Records that slot `i`'s request runs on GPU `gpu` (its statistics row).
+    pub fn set_gpu(&self, i: u32, gpu: usize) {
+        self.slot(i).gpu.store(gpu.min(NO_GPU as usize) as u32, Ordering::Relaxed);
+    }
+
+    /// Counts slot `i`'s request as completed (by the service, which wrote its reply).
+    fn count_completed(&self, i: u32) {
+        let s = self.slot(i);
+        let now = crate::stats::monotonic_ns();
+        let (submitted, taken) = (s.submitted_ns.load(Ordering::Relaxed), s.taken_ns.load(Ordering::Relaxed));
+        // SAFETY: RUNNING or ABANDONED: the service owns the slot's plain fields until it
+        // completes it, which is now.
+        let (op, status) = unsafe { (self.slot_mut(i).request.op, self.slot_mut(i).reply.status) };
+        let gpu = s.gpu.load(Ordering::Relaxed);
+        let row = if gpu == NO_GPU { None } else { Some(gpu as usize) };
+        let ops = &self.header().ops;
+        let row = &ops[row.filter(|&g| g < ops.len() - 1).unwrap_or(ops.len() - 1)];
+        if let Some(c) = row.get(op as usize) {
+            let abandoned = s.state.load(Ordering::Acquire) == ABANDONED;
+            c.completed(status != 0, abandoned, taken.saturating_sub(submitted), now.saturating_sub(taken));
+        }
+    }
+
+    /// The service's counters: (GPU, or `None` for the main thread; operation number; counts)
+    /// of every pair that has counted anything.
+    pub fn op_stats(&self) -> Vec<(Option<u32>, u32, OpStats)> {
+        let ops = &self.header().ops;
+        let mut out = Vec::new();
+        for (g, row) in ops.iter().enumerate() {
+            for (op, c) in row.iter().enumerate() {
+                let st = c.snapshot();
+                if st.requests > 0 {
+                    out.push(((g < ops.len() - 1).then_some(g as u32), op as u32, st));
+                }
+            }
+        }
+        out
+    }
+
+    /// Zeroes the service's counters (`uvm.stat_reset()`).
+    pub fn reset_stats(&self) {
+        self.header().ops.iter().flatten().for_each(OpCounters::reset);
+    }
+
     /// Counts a request routed to GPU `gpu` (ignored past [`crate::vocab::MAX_DEVICES`]).
     pub fn count_routed(&self, gpu: usize) {
         if let Some(c) = self.header().routed.get(gpu) {
@@ -423,6 +480,7 @@ impl Channel {
     /// Publishes a claimed slot's request to the service.
     pub fn submit(&self, i: u32) {
         self.header().submitted.fetch_add(1, Ordering::Relaxed);
+        self.slot(i).submitted_ns.store(crate::stats::monotonic_ns(), Ordering::Relaxed);
         let r = self.slot(i).state.compare_exchange(CLAIMED, SUBMITTED, Ordering::AcqRel, Ordering::Relaxed);
         debug_assert!(r.is_ok(), "submit of a slot not claimed");
     }
@@ -469,6 +527,8 @@ impl Channel {
         let s = self.slot(i);
         if s.state.compare_exchange(SUBMITTED, RUNNING, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             s.taken_by.store(incarnation, Ordering::Release);
+            s.taken_ns.store(crate::stats::monotonic_ns(), Ordering::Relaxed);
+            s.gpu.store(NO_GPU, Ordering::Relaxed);
             true
         } else {
             false
@@ -481,11 +541,17 @@ impl Channel {
         self.state(i) == ABANDONED
     }
 
+    /// The pid of the client that claimed slot `i` (0: none).
+    pub fn client_pid(&self, i: u32) -> i32 {
+        self.slot(i).client_pid.load(Ordering::Relaxed)
+    }
+
     /// The service has finished slot `i` (its reply written): DONE, or FREE if the client left.
     /// Returns the latch to set: the client's, or (the slot freed) the waiting turn's (0: none).
     pub fn complete(&self, i: u32) -> u64 {
         let s = self.slot(i);
         self.header().completed.fetch_add(1, Ordering::Relaxed);
+        self.count_completed(i);
         match s.state.compare_exchange(RUNNING, DONE, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => s.client_latch.load(Ordering::Acquire),
             // ABANDONED: nobody waits for the reply; the slot is free again.
@@ -589,6 +655,46 @@ mod tests {
         ch.release(i);
         assert_eq!(ch.state(i), FREE);
         assert_eq!(ch.counters(), (1, 1, 0));
+    }
+
+    #[test]
+    fn completed_requests_are_counted_per_gpu_and_operation() {
+        let b = block(2, 4096);
+        let ch = b.ch;
+        let run = |op: u32, gpu: Option<usize>, error: bool, abandon: bool| {
+            let i = ch.try_claim(ch.ticket(), 7, 1).unwrap();
+            // SAFETY: claimed: ours until submitted.
+            unsafe { ch.slot_mut(i).request.op = op };
+            ch.submit(i);
+            assert!(ch.take(i, 1));
+            if let Some(g) = gpu {
+                ch.set_gpu(i, g);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            // (The service always writes the reply before it completes.)
+            // SAFETY: taken: the service's until completed.
+            unsafe { ch.slot_mut(i).reply.status = if error { 3 } else { 0 } };
+            if abandon {
+                ch.abandon(i);
+            }
+            ch.complete(i);
+            if !abandon {
+                ch.release(i);
+            }
+        };
+        run(2, Some(1), false, false);
+        run(2, Some(1), true, false);
+        run(5, None, false, true);
+        run(99, None, false, false); // past OP_NUMBERS: not counted, nothing overflows
+        let st = ch.op_stats();
+        assert_eq!(st.len(), 2, "{st:?}");
+        let (gpu, op, c) = st[0];
+        assert_eq!((gpu, op, c.requests, c.errors, c.abandoned), (Some(1), 2, 2, 1, 0));
+        assert!(c.run_ns >= 2_000_000, "two runs of 1 ms or more: {c:?}");
+        let (gpu, op, c) = st[1];
+        assert_eq!((gpu, op, c.requests, c.errors, c.abandoned), (None, 5, 1, 0, 1));
+        ch.reset_stats();
+        assert!(ch.op_stats().is_empty());
     }
 
     #[test]

@@ -19,6 +19,7 @@
 //! - [`channel`]: the GPU service's request channel, slot protocol (the extension puts it in
 //!   shared memory and runs the service).
 //! - [`checksum`], [`interrupt`]: the checksum and fill pattern; cancel for long loops.
+//! - [`stats`]: cumulative counters in shared memory (segments, the service, the plan node).
 //!
 //! Unsafe code is denied here but in the modules that need it, each allowed with its reason.
 
@@ -54,6 +55,9 @@ pub mod registry;
 // mappings of chunks into the arena, and pins over memory other processes share.
 #[allow(unsafe_code)]
 pub mod segment;
+// clock_gettime(CLOCK_MONOTONIC): the clock every process of the machine shares (service times).
+#[allow(unsafe_code)]
+pub mod stats;
 pub mod vocab;
 
 #[cfg(test)]

@@ -3,6 +3,16 @@
 //! participants together (`super::super::shared`).
 
 use super::*;
+use crate::stats::{ProgressGuard, ProgressKind, ProgressPhase};
+
+/// A row of `uvm.progress` for this participant's part of the build (`None` when the table of
+/// rows is full, or without the registry).
+fn start_progress(phase: ProgressPhase, segment_id: u64, total: u64) -> Option<ProgressGuard> {
+    let reg = crate::registry::shmem::shared().ok()?;
+    // SAFETY: a plain global of the backend.
+    let pid = unsafe { pg_sys::MyProcPid };
+    reg.start_progress(pid, ProgressKind::GpuJoinBuild, phase, segment_id, total)
+}
 
 impl GpuJoinScan {
     /// Runs `f` with the executor, counting its time as GPU time.
@@ -21,15 +31,23 @@ impl GpuJoinScan {
         let n = table::slot_count(stored);
         let bytes = table::table_bytes(stored);
         let t = Instant::now();
+        let progress = start_progress(ProgressPhase::BuildingTable, seg.id, stored);
         self.timed(|ex| {
             exec::grow_at_least(ex, seg, bytes)?;
             exec::build_begin(ex, seg, n)?;
+            let mut done = 0;
             for rows in parts {
                 exec::build_insert(ex, seg, kt, n, rows)?;
+                done += rows.len() as u64;
+                if let Some(p) = &progress {
+                    p.done(done);
+                }
             }
             exec::build_finish(ex, seg, kt, n, stored, nulls)
         });
+        drop(progress);
         self.stats.table_build = t.elapsed();
+        super::count(|c| c.built(stored));
         // The node's own segment, in the reserved namespace: looked up, not resolved (which
         // is for names users give).
         let info = crate::registry::shmem::shared().ok().and_then(|reg| reg.lookup(seg.name()).ok().map(|slot| reg.info(slot)));
@@ -75,6 +93,10 @@ impl GpuJoinScan {
             // The probe mode's payload column: its index among the stored ones and its type
             // (`None` for count(*) alone, whose payloads are 0).
             let mut values = self.probe.is_some();
+            // `uvm.progress`: the rows read so far against the planner's estimate.
+            let estimate = (*(*self.inner).plan).plan_rows.max(0.0) as u64;
+            let table = if self.shared.is_null() { 0 } else { (*self.shared).table.id };
+            let progress = start_progress(ProgressPhase::ReadingInner, table, estimate);
             let payload = self.probe.flatten().map(|c| {
                 let arg = self.aggs.iter().find(|a| a.col == Some(c)).map_or(Arg::Any, |a| a.acc.arg);
                 (self.col_index[c], arg)
@@ -114,6 +136,9 @@ impl GpuJoinScan {
                     rows.push([key, p]);
                 }
                 pg_sys::MemoryContextSwitchTo(old);
+                if let Some(p) = &progress {
+                    p.done(rows.len() as u64);
+                }
                 if ended {
                     break;
                 }
@@ -267,6 +292,24 @@ impl GpuJoinScan {
             sh.build_ns.fetch_max(self.stats.build.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
             sh.ahead.fetch_add(self.stats.ahead, std::sync::atomic::Ordering::Relaxed);
         }
+    }
+
+    /// Adds this participant's work to the node's cumulative counters (`uvm.stat_gpujoin`), at
+    /// End: the query once (by the leader, or a serial execution), the rows, batches and GPU
+    /// time of every participant that ran.
+    pub(super) fn count_in_stats(&mut self) {
+        if !std::mem::take(&mut self.stats.executed) {
+            return;
+        }
+        // SAFETY: a plain global of the backend.
+        let worker = unsafe { pg_sys::ParallelWorkerNumber } >= 0;
+        let (rows, batches, gpu) = (self.stats.rows_out, self.stats.batches, self.stats.gpu.as_nanos() as u64);
+        super::count(|c| {
+            if !worker {
+                c.query();
+            }
+            c.work(rows, batches, gpu);
+        });
     }
 
     /// Forgets the inner table, dropping it if this process owns it (End, or a rebuild).

@@ -74,6 +74,10 @@
 //! batches, joined rows and aggregates), [`fetch`] (reading a child's rows a chunk at a time),
 //! [`results`] (the aggregates' values as datums, shared with `super::preagg`) and [`explain`].
 //!
+//! Every participant adds its rows, batches and GPU time to the node's cumulative counters at
+//! End (`uvm.stat_gpujoin`, `crate::stats`); the planner hook counts the paths it offers and
+//! declines (and why), `PlanCustomPath` the plans made with the node.
+//!
 //! `super::preagg` uses the declared interface re-exported here: [`enabled`], [`as_var`],
 //! [`candidates`], [`can_aggregate`], [`with_aggregates`], [`int_node`], [`emit_results`] and
 //! [`value_of_datum`].
@@ -135,6 +139,14 @@ static METHODS: Methods = customscan::methods::<GpuJoinScan>();
 pub fn install() {
     plan::install_hook();
     customscan::register::<GpuJoinScan>();
+}
+
+/// Counts in the node's cumulative counters (`uvm.stat_gpujoin`); a registry that cannot be
+/// reached (no preload) counts nothing.
+fn count(f: impl FnOnce(&crate::stats::NodeCounters)) {
+    if let Ok(reg) = crate::registry::shmem::shared() {
+        f(reg.node_counters());
+    }
 }
 
 /// Whether the planner may offer GpuJoin now.

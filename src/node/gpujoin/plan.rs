@@ -57,6 +57,7 @@
 //! to other nodes at small sizes; and only the H200.
 
 use super::*;
+use crate::stats::Decline;
 
 /// The GPU part of a row's cost, as a fraction of `cpu_operator_cost` (see the module comment).
 pub const GPU_ROW_FACTOR: f64 = 0.05;
@@ -414,30 +415,31 @@ pub(super) unsafe fn add_path(
 ) {
     // SAFETY: forwarded contract; every node is allocated in the planner's memory context.
     unsafe {
+        let decline = |why| super::count(|c| c.declined(why));
         let inner_path = (*innerrel).cheapest_total_path;
         if inner_path.is_null() || !(*inner_path).param_info.is_null() {
-            return;
+            return decline(Decline::ParameterizedInner);
         }
         let rinfos = PgList::<pg_sys::RestrictInfo>::from_pg((*extra).restrictlist);
         for r in rinfos.iter_ptr() {
             if (*r).pseudoconstant || !only_plain_vars((*r).clause as *mut pg_sys::Node) {
-                return;
+                return decline(Decline::NotPlainColumns);
             }
         }
         if !only_plain_vars((*(*joinrel).reltarget).exprs as *mut pg_sys::Node) {
-            return;
+            return decline(Decline::NotPlainColumns);
         }
         // Every clause the node can hash goes into the key (`super::joinkey`): the pairs it
         // forms are those of all of them, which the cost counts.
         let clauses = Clauses::of((*extra).restrictlist, outerrel, innerrel);
         if clauses.keys.is_empty() {
-            return;
+            return decline(Decline::NoKey);
         }
         // An outer, semi or anti join matches an outer row by its key alone: every clause of
         // the join must be in the key, and the key exact (a hashed key needs its clauses
         // checked again, after which a row found no match after all: not done).
         if kind != JoinKind::Inner && !(clauses.others.is_empty() && clauses.composer().form().exact()) {
-            return;
+            return decline(Decline::NotExactForOuterJoin);
         }
         let mut keylist = PgList::<pg_sys::RestrictInfo>::new();
         for &(r, _, _) in &clauses.keys {
@@ -449,7 +451,7 @@ pub(super) unsafe fn add_path(
         // node cannot hash, throw most away) is no job for the node, forced or not.
         let formed = (*outerrel).rows * (*innerrel).rows * key_sel;
         if cost.qual_clauses > 0 && formed > MAX_PAIRS_PER_ROW * (*joinrel).rows + PAIRS_SLACK {
-            return;
+            return decline(Decline::TooManyPairs);
         }
         let ordered = || {
             let mut l = PgList::<pg_sys::Node>::from_pg(clauses.ordered());
@@ -460,6 +462,7 @@ pub(super) unsafe fn add_path(
         if !outer_path.is_null() && (*outer_path).param_info.is_null() {
             let cp = make_path(joinrel, outer_path, inner_path, ordered(), None, cost);
             pg_sys::add_path(joinrel, cp as *mut pg_sys::Path);
+            super::count(|c| c.offered());
             if kind == JoinKind::Inner {
                 candidates::remember(root, joinrel, make_path(joinrel, outer_path, inner_path, ordered(), None, cost));
             }
@@ -486,6 +489,7 @@ pub(super) unsafe fn add_path(
                 let workers = (*outer_partial).parallel_workers;
                 let cp = make_path(joinrel, outer_partial, safe_inner, ordered(), Some(workers), cost);
                 pg_sys::add_partial_path(joinrel, cp as *mut pg_sys::Path);
+                super::count(|c| c.offered());
                 if kind == JoinKind::Inner {
                     candidates::remember(
                         root,

@@ -200,6 +200,7 @@ pub(super) unsafe fn plan_custom_path(
     _clauses: *mut pg_sys::List,
     custom_plans: *mut pg_sys::List,
 ) -> *mut pg_sys::CustomScan {
+    super::count(|c| c.planned());
     // SAFETY: PlanCustomPath's arguments; the path is ours (custom_private: the key clauses
     // first, then the other restrict clauses; custom_paths: outer, inner).
     unsafe {

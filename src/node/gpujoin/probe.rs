@@ -118,6 +118,7 @@ impl GpuJoinScan {
                 return None;
             }
             let proj = (*node).ss.ps.ps_ProjInfo;
+            self.stats.rows_out += 1;
             Some(if proj.is_null() { scan } else { pg_sys::ExecProject(proj) })
         }
     }
@@ -290,6 +291,7 @@ impl GpuJoinScan {
             self.collect_probe();
             self.report_stats();
             self.agg_done = true;
+            self.stats.rows_out += 1;
             emit_results(node, self.aggs.iter().map(|a| (&a.acc, a.out)), None)
         }
     }

@@ -19,6 +19,9 @@ pub(super) struct Stats {
     pub(super) ahead: u64,
     /// The table's build from the pairs (in parallel, by the participant that built it).
     pub(super) table_build: Duration,
+    /// Rows this participant returned (`uvm.stat_gpujoin`), and whether it ran at all.
+    pub(super) rows_out: u64,
+    pub(super) executed: bool,
 }
 
 /// The GpuJoin custom scan.
@@ -241,6 +244,7 @@ impl JoinScan for GpuJoinScan {
                 }
                 self.ready = true;
                 self.reported = false;
+                self.stats.executed = true;
             }
             if !self.aggs.is_empty() {
                 return self.exec_aggregates(node);
@@ -341,6 +345,7 @@ impl JoinScan for GpuJoinScan {
         // SAFETY: EndCustomScan; children and slots made in begin (null in EXPLAIN-only runs
         // that failed before begin).
         unsafe {
+            self.count_in_stats();
             self.finish_probe();
             self.drop_table();
             if let Some(seg) = self.result.take() {

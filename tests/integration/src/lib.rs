@@ -34,14 +34,17 @@ pub fn env_var(name: &str) -> String {
 }
 
 fn config_for(user: &str) -> postgres::Config {
-    let host = env_var("PGHOST");
-    let port: u16 = env_var("PGPORT").parse().unwrap_or_else(|_| panic!("PGPORT is not a port number; run through `make test`"));
+    config_at(&env_var("PGHOST"), &env_var("PGPORT"), user)
+}
+
+fn config_at(host: &str, port: &str, user: &str) -> postgres::Config {
+    let port: u16 = port.parse().unwrap_or_else(|_| panic!("{port:?} is not a port number; run through `make test`"));
     let dbname = std::env::var("PGDATABASE").unwrap_or_else(|_| "postgres".to_string());
     let mut cfg = postgres::Config::new();
     if host.starts_with('/') {
-        cfg.host_path(&host);
+        cfg.host_path(host);
     } else {
-        cfg.host(&host);
+        cfg.host(host);
     }
     cfg.port(port).user(user).dbname(&dbname).application_name("pg_uvm_share_tests").connect_timeout(Duration::from_secs(10));
     cfg
@@ -55,6 +58,104 @@ pub fn try_connect() -> Result<Client, postgres::Error> {
 /// Connects as `PGUSER` (the cluster's superuser).
 pub fn connect() -> Client {
     try_connect().unwrap_or_else(|e| panic!("cannot connect to the test cluster: {}", describe(&e)))
+}
+
+/// Connects as `PGUSER` to the integration suite's second cluster, which runs the same execution
+/// mode with a simulated GPU (`pg_uvm_share.simulated_devices = 1`): a device tier of memfds, so
+/// that migrations between tiers run without a GPU. `make integration` starts it and exports
+/// `UVM_TIERS_PGHOST` and `UVM_TIERS_PGPORT`.
+pub fn connect_tiers() -> Client {
+    config_at(&env_var("UVM_TIERS_PGHOST"), &env_var("UVM_TIERS_PGPORT"), &env_var("PGUSER"))
+        .connect(NoTls)
+        .unwrap_or_else(|e| panic!("cannot connect to the simulated-GPU cluster: {}", describe(&e)))
+}
+
+/// How the readers of [`migrations_under_readers`] read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readers {
+    /// Each checksums the segment, then pauses 50 ms (the held-out shape of issue 25).
+    Pausing,
+    /// Each takes a session pin (`uvm.pin_segment`), checksums, and lets go only once another
+    /// reader holds a pin too (or after 100 ms): the pins overlap, so that the segment is never
+    /// free unless a waiting migration holds new pins back.
+    HandingOver,
+}
+
+/// Migrations under readers (issue 25, point 2): `readers` sessions checksum a segment of `size`
+/// bytes in a loop while one session moves it host <-> device `moves` times. Every migration
+/// must succeed (no 55P03: a waiting migration is not overtaken by new pins) and every checksum
+/// must be right. `connect` opens a session on the cluster under test. Returns the checksums
+/// the readers took, per reader.
+pub fn migrations_under_readers(connect: fn() -> Client, size: i64, readers: usize, how: Readers, moves: usize) -> Vec<usize> {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let name = unique_name("starve");
+    let mut m = connect();
+    create_segment_tier(&mut m, &name, size, None, "host");
+    fill_segment(&mut m, &name, 0, size, 25);
+    let want = checksum_segment(&mut m, &name, 0, size);
+    let stop = Arc::new(AtomicBool::new(false));
+    let holding = Arc::new(AtomicU32::new(0));
+    let threads: Vec<_> = (0..readers)
+        .map(|_| {
+            let (stop, holding, name) = (stop.clone(), holding.clone(), name.clone());
+            std::thread::spawn(move || {
+                let mut c = connect();
+                let mut n = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    if how == Readers::HandingOver {
+                        c.execute("SELECT uvm.pin_segment($1)", &[&name])
+                            .unwrap_or_else(|e| panic!("pin_segment: {}", describe(&e)));
+                        holding.fetch_add(1, Ordering::SeqCst);
+                    }
+                    match c.query_one("SELECT uvm.checksum_segment($1, 0, $2)::bigint", &[&name, &size]) {
+                        Ok(r) => assert_eq!(r.get::<_, i64>(0), want, "a reader's checksum"),
+                        Err(e) => panic!("a reader's checksum failed: {}", describe(&e)),
+                    }
+                    n += 1;
+                    if how == Readers::HandingOver {
+                        let t = Instant::now();
+                        while holding.load(Ordering::SeqCst) < 2 && t.elapsed() < Duration::from_millis(100) {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        holding.fetch_sub(1, Ordering::SeqCst);
+                        c.execute("SELECT uvm.unpin_segment($1)", &[&name])
+                            .unwrap_or_else(|e| panic!("unpin_segment: {}", describe(&e)));
+                        std::thread::sleep(Duration::from_millis(5));
+                    } else {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+                n
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut failed = Vec::new();
+    for i in 0..moves {
+        // To the other tier (a failed move leaves the segment where it was).
+        let (tier, want_tiers) = if tier_bytes(&mut m, &name).0 == 0 { ("device", (size, 0)) } else { ("host", (0, size)) };
+        let t = Instant::now();
+        match m.query_one("SELECT uvm.prefetch_segment($1, 0, $2, $3)::bigint", &[&name, &size, &tier]) {
+            Ok(r) => {
+                assert_eq!(r.get::<_, i64>(0), size, "move {i} to {tier}");
+                assert_eq!(tier_bytes(&mut m, &name), want_tiers, "(device, host) bytes after move {i} to {tier}");
+            }
+            Err(e) => failed.push(format!("move {i} to {tier}: {}", describe(&e))),
+        }
+        eprintln!("migrations_under_readers ({how:?}): move {i} to {tier} took {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+    }
+    stop.store(true, Ordering::SeqCst);
+    let counts: Vec<usize> = threads.into_iter().map(|t| t.join().expect("a reader panicked")).collect();
+    assert!(failed.is_empty(), "{} of {moves} migrations failed under {readers} readers: {failed:?}", failed.len());
+    assert_eq!(checksum_segment(&mut m, &name, 0, size), want, "the checksum after every move");
+    // uvm.stat_segments counted every move and its bytes.
+    let r = m
+        .query_one("SELECT migrations, bytes_migrated FROM uvm.stat_segments WHERE name = $1", &[&name])
+        .unwrap_or_else(|e| panic!("uvm.stat_segments: {}", describe(&e)));
+    assert_eq!((r.get::<_, i64>(0), r.get::<_, i64>(1)), (moves as i64, moves as i64 * size), "(migrations, bytes_migrated)");
+    drop_segment(&mut m, &name);
+    counts
 }
 
 /// Connects as another role (trust authentication).

@@ -59,6 +59,14 @@ fn start(c: &mut Client) -> Mode {
         let want = parse_mode(&want).unwrap_or_else(|| panic!("UVM_EXPECT_EXECUTION={want:?}: must be process or service"));
         assert_eq!(mode, want, "the cluster runs execution mode {mode:?}, the suite expects {want:?}");
     }
+    // `GPU_SUITE_NVRTC=12 scripts/gpu-suite run`: the kernels are compiled by NVRTC 12.
+    if let Ok(want) = std::env::var("UVM_EXPECT_NVRTC") {
+        let nvrtc = device_info_value(c, "nvrtc");
+        assert!(
+            nvrtc.as_deref().is_some_and(|v| v.starts_with(&format!("{want}."))),
+            "uvm.device_info() says nvrtc = {nvrtc:?}; the suite expects NVRTC {want}"
+        );
+    }
     mode
 }
 
@@ -465,6 +473,29 @@ fn e_migration_both_ways() {
     }
     drop(b);
     drop_segment(&mut a, &seg);
+}
+
+/// Issue 25 point 2, the held-out shape: a 2 GiB segment, four sessions checksumming it in a
+/// loop with 50 ms pauses, one session moving it host <-> device ten times: ten of ten, no
+/// 55P03, every checksum right. Then readers that hand their pins over (the segment is never
+/// free unless the waiting migration holds new pins back).
+#[test]
+fn e_migrations_under_readers_are_not_starved() {
+    const T: &str = "e_migrations_under_readers_are_not_starved";
+    let mut c = connect();
+    start(&mut c);
+    for (size, readers, how, moves) in [(2048 * MIB_I, 4, Readers::Pausing, 10), (256 * MIB_I, 3, Readers::HandingOver, 6)] {
+        let t = Instant::now();
+        let counts = migrations_under_readers(connect, size, readers, how, moves);
+        note(
+            T,
+            &format!(
+                "{how:?}: {moves} of {moves} moves of {} MiB under {readers} readers in {:.0} ms; checksums per reader {counts:?}",
+                size / MIB_I,
+                t.elapsed().as_secs_f64() * 1e3
+            ),
+        );
+    }
 }
 
 // --- f. create/drop cycles do not leak device memory -------------------------------------------
@@ -1231,6 +1262,74 @@ fn m_a_huge_corrupted_table_answers_cancel_within_100_ms() {
     note(T, &format!("dropping the table after the timeouts took {ms:.0} ms"));
     assert!(ms < 1000.0, "the drop waited {ms:.0} ms for the abandoned walks");
     c.batch_execute("DROP TABLE gjh_dim, gjh_fact").unwrap();
+}
+
+// --- n. statistics after known GPU work (issue 28) ------------------------------------------
+
+/// `uvm.stat_segments`, `uvm.stat_service` and `uvm.stat_gpujoin` after known work on the GPU:
+/// 256 MiB filled and checksummed by kernels on a device segment, moved to the host and back,
+/// and one GpuJoin node query.
+#[test]
+fn n_statistics_count_gpu_work() {
+    const T: &str = "n_statistics_count_gpu_work";
+    const SIZE: i64 = 256 * MIB_I;
+    let mut c = connect();
+    let mode = start(&mut c);
+    let seg = unique_name("gpu_n");
+    let _guard = SegmentGuard::with(&[&seg]);
+    c.batch_execute("SELECT uvm.stat_reset()").unwrap();
+    create_segment_tier(&mut c, &seg, SIZE, None, "device");
+    fill_segment(&mut c, &seg, 0, SIZE, 5);
+    checksum_u64(&mut c, &seg, 0, SIZE);
+    prefetch_segment(&mut c, &seg, 0, SIZE, "host");
+    prefetch_segment(&mut c, &seg, 0, SIZE, "device");
+    let r = c
+        .query_one(
+            "SELECT bytes_read, bytes_written, migrations, bytes_migrated, pins >= 2 FROM uvm.stat_segments WHERE name = $1",
+            &[&seg],
+        )
+        .unwrap();
+    let got: (i64, i64, i64, i64, bool) = (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+    assert_eq!(got, (SIZE, SIZE, 2, 2 * SIZE, true), "(bytes_read, bytes_written, migrations, bytes_migrated, pinned)");
+    let service: Vec<(Option<i32>, String, i64, f64)> = c
+        .query("SELECT gpu, operation, requests, run_ms FROM uvm.stat_service WHERE operation IN ('checksum', 'fill', 'prefetch') ORDER BY 2", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    note(T, &format!("{mode:?}: uvm.stat_service rows for checksum, fill, prefetch: {service:?}"));
+    if mode == Mode::Service {
+        let find = |op: &str| service.iter().find(|r| r.1 == op).cloned();
+        let (gpu, _, n, ms) = find("checksum").expect("a checksum row");
+        assert_eq!((gpu, n), (Some(0), 1), "the checksum ran on GPU 0, once");
+        assert!(ms > 0.0, "its run time");
+        assert_eq!(find("prefetch").map(|r| (r.0, r.2)), Some((None, 2)), "two migrations on the main thread");
+    } else {
+        assert!(service.is_empty(), "process mode sends no request: {service:?}");
+    }
+    // One plan node query, forced.
+    c.batch_execute(
+        "DROP TABLE IF EXISTS gpu_n_out, gpu_n_in;
+         CREATE TABLE gpu_n_out AS SELECT g AS k FROM generate_series(1, 100000) g;
+         CREATE TABLE gpu_n_in AS SELECT g * 3 AS k FROM generate_series(1, 10000) g;
+         ANALYZE gpu_n_out, gpu_n_in;
+         SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off;
+         SET enable_nestloop = off; SET max_parallel_workers_per_gather = 0;",
+    )
+    .unwrap();
+    let n: i64 = c
+        .query_one("SELECT count(*) FROM (SELECT o.k FROM gpu_n_out o JOIN gpu_n_in i ON o.k = i.k OFFSET 0) j", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 10000, "every inner key (3, 6, ..., 30000) has its outer row");
+    let r = c.query_one("SELECT queries, rows, batches, inner_rows, plans, gpu_ms FROM uvm.stat_gpujoin", &[]).unwrap();
+    let (q, rows, batches, inner, plans, ms): (i64, i64, i64, i64, i64, f64) =
+        (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
+    note(T, &format!("{mode:?}: uvm.stat_gpujoin: queries {q}, rows {rows}, batches {batches}, inner rows {inner}, plans {plans}, GPU {ms:.2} ms"));
+    assert_eq!((q, rows, inner, plans), (1, n, 10000, 1), "(queries, rows, inner_rows, plans)");
+    assert!(batches >= 1 && ms > 0.0, "batches {batches}, gpu_ms {ms}");
+    c.batch_execute("RESET ALL; DROP TABLE gpu_n_out, gpu_n_in").unwrap();
+    drop_segment(&mut c, &seg);
 }
 
 // --- z. crash of a backend with a CUDA context and device mappings (runs last) ---------------

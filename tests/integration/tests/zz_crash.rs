@@ -1,6 +1,6 @@
 //! Crash of an attached backend: the postmaster crash-restarts the cluster, a new broker starts,
-//! the registry is empty, no memfd survives in the broker or the postmaster, and the extension
-//! works again.
+//! the registry is empty, the cumulative statistics start from zero, no memfd survives in the
+//! broker or the postmaster, and the extension works again.
 //!
 //! This file is named to run last (cargo runs test binaries in name order) and holds a single
 //! test: the restart terminates every session of the cluster.
@@ -45,6 +45,20 @@ fn backend_crash_restarts_cleanly() {
         assert!(memfd_count(broker_before) > 0, "the host provider's broker holds no memfds with two live segments");
     }
 
+    // The cumulative statistics outlive the session that counted (a declined join path, counted
+    // by a session that exits) and, below, start from zero after the crash restart.
+    {
+        let mut counter = connect();
+        counter
+            .batch_execute(
+                "SET pg_uvm_share.enable_gpujoin = on;
+                 EXPLAIN SELECT 1 FROM pg_class a JOIN pg_class b ON a.oid::int8 + 0 = b.oid::int8",
+            )
+            .unwrap();
+    }
+    let declined: i64 = admin.query_one("SELECT paths_declined FROM uvm.stat_gpujoin", &[]).unwrap().get(0);
+    assert!(declined > 0, "uvm.stat_gpujoin lost what an exited session counted");
+
     // SIGKILL the attached backend: the postmaster crash-restarts everything.
     drop(admin);
     kill_backend_for_crash_restart(victim_pid, broker_before);
@@ -78,7 +92,9 @@ fn backend_crash_restarts_cleanly() {
     assert_eq!(postmaster_pid(), postmaster, "the postmaster itself must survive (crash restart, not a new start)");
     assert!(process_alive(postmaster));
 
-    // Registry is clean.
+    // Registry is clean, and the statistics start from zero.
+    let declined: i64 = c.query_one("SELECT paths_declined FROM uvm.stat_gpujoin", &[]).unwrap().get(0);
+    assert_eq!(declined, 0, "uvm.stat_gpujoin after the crash restart");
     let n: i64 = c.query_one("SELECT count(*) FROM uvm.segments", &[]).unwrap().get(0);
     assert_eq!(n, 0, "uvm.segments not empty after the crash restart");
     let n: i64 = c.query_one("SELECT count(*) FROM uvm.attachments", &[]).unwrap().get(0);

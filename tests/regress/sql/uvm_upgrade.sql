@@ -171,6 +171,26 @@ SELECT * FROM upgraded3 EXCEPT SELECT * FROM fresh ORDER BY 1, 2, 3;
 -- only in a fresh install (expected: none)
 SELECT * FROM fresh EXCEPT SELECT * FROM upgraded3 ORDER BY 1, 2, 3;
 
+DROP EXTENSION pg_uvm_share;
+
+-- 0.4.0 -> current
+CREATE EXTENSION pg_uvm_share VERSION '0.4.0';
+SELECT extversion FROM pg_extension WHERE extname = 'pg_uvm_share';
+-- what the update path will run
+SELECT path FROM pg_extension_update_paths('pg_uvm_share') WHERE source = '0.4.0'
+   AND target = (SELECT default_version FROM pg_available_extensions WHERE name = 'pg_uvm_share');
+-- the old catalog is different (else this test would prove nothing)
+SELECT count(*) > 0 AS old_catalog_differs
+  FROM ((SELECT * FROM ext_snapshot EXCEPT SELECT * FROM fresh) UNION ALL (SELECT * FROM fresh EXCEPT SELECT * FROM ext_snapshot)) d;
+ALTER EXTENSION pg_uvm_share UPDATE;
+SELECT extversion = (SELECT default_version FROM pg_available_extensions WHERE name = 'pg_uvm_share') AS is_default
+  FROM pg_extension WHERE extname = 'pg_uvm_share';
+CREATE TEMP TABLE upgraded4 AS SELECT * FROM ext_snapshot;
+-- only in the upgraded catalog (expected: none)
+SELECT * FROM upgraded4 EXCEPT SELECT * FROM fresh ORDER BY 1, 2, 3;
+-- only in a fresh install (expected: none)
+SELECT * FROM fresh EXCEPT SELECT * FROM upgraded4 ORDER BY 1, 2, 3;
+
 -- The upgraded extension works, aggregates included (an empty probe needs no table).
 SELECT uvm.create_segment('upgrade_s', 4096) > 0 AS created;
 SELECT uvm.fill_segment('upgrade_s', 0, 4096, 3), uvm.checksum_segment('upgrade_s', 0, 4096) <> 0 AS checksum_nonzero;

@@ -184,24 +184,29 @@ pub fn prepare<E: Env>(segs: &mut Segments<E>, call: &Call, io: &Io<'_>) -> Resu
         Call::Checksum(ops::Checksum { seg, offset, length }) => {
             let pin = pin_ref(segs, &seg)?;
             let addr = engine_addr(&pin, engine, offset, length)?;
+            pin.count_read(length as u64);
             pins.push(pin);
             Work::Checksum { addr, len: length as u64, engine }
         }
         Call::Fill(ops::Fill { seg, offset, length, seed }) => {
             let pin = pin_ref(segs, &seg)?;
             let addr = engine_addr(&pin, engine, offset, length)?;
+            pin.count_written(length as u64);
             pins.push(pin);
             Work::Fill { addr, len: length as u64, seed: seed as u64, engine }
         }
         Call::Read(ops::ReadBytes { seg, offset, length }) => {
             let pin = pin_ref(segs, &seg)?;
             let pieces = pin.pieces_at(offset, length)?;
+            pin.count_read(length as u64);
             pins.push(pin);
             Work::Read { pieces }
         }
         Call::Write(ops::WriteBytes { seg, offset }) => {
             let pin = pin_ref(segs, &seg)?;
-            let pieces = pin.pieces_at(offset, io.input().len().min(i64::MAX as usize) as i64)?;
+            let len = io.input().len().min(i64::MAX as usize) as i64;
+            let pieces = pin.pieces_at(offset, len)?;
+            pin.count_written(len as u64);
             pins.push(pin);
             Work::Write { pieces }
         }

@@ -69,6 +69,18 @@ use crate::error::{Code, Result, UvmError};
 
 pub use kernels::Kernels;
 
+/// The oldest driver the extension runs on: every driver function it calls is in CUDA 12.0's
+/// `cuda.h` (`scripts/check-cuda-symbols`, in `make lint`).
+pub const MIN_DRIVER: i32 = 12000;
+/// The first driver with shareable host-NUMA VMM memory (`CU_MEM_LOCATION_TYPE_HOST_NUMA` and
+/// its device attributes), which the CUDA provider's host tier is made of.
+pub const HOST_NUMA_DRIVER: i32 = 12020;
+
+/// A driver version as CUDA writes it: 12020 -> "CUDA 12.2".
+pub fn driver_name(v: i32) -> String {
+    format!("CUDA {}.{}", v / 1000, (v % 1000) / 10)
+}
+
 /// What `probe` found out about device 0.
 #[derive(Clone, Debug, Default)]
 pub struct DeviceInfo {
@@ -313,6 +325,12 @@ fn probe_inner() -> std::result::Result<Gpu, UvmError> {
     // SAFETY: valid out-pointers after a successful cuInit.
     unsafe {
         check("cuDriverGetVersion", sys::cuDriverGetVersion(&mut info.driver_version))?;
+        if info.driver_version < MIN_DRIVER {
+            return Err(UvmError::new(
+                Code::FeatureNotSupported,
+                format!("the CUDA driver is {}: pg_uvm_share needs CUDA 12.0 or later", driver_name(info.driver_version)),
+            ));
+        }
         let mut count: c_int = 0;
         check("cuDeviceGetCount", sys::cuDeviceGetCount(&mut count))?;
         if count < 1 {
@@ -334,8 +352,13 @@ fn probe_inner() -> std::result::Result<Gpu, UvmError> {
     info.sm_count = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)?;
     info.vmm = attr(A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev)? != 0;
     info.posix_fd = attr(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev)? != 0;
-    info.host_numa_vmm = attr(A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev)? != 0;
-    info.host_numa_id = attr(A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev)?;
+    // Both attributes came with CUDA 12.2 (an older driver answers CUDA_ERROR_INVALID_VALUE).
+    if info.driver_version >= HOST_NUMA_DRIVER {
+        info.host_numa_vmm = attr(A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev)? != 0;
+        info.host_numa_id = attr(A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev)?;
+    } else {
+        info.host_numa_id = -1;
+    }
     if !info.vmm || !info.posix_fd {
         return Err(UvmError::new(
             Code::FeatureNotSupported,

@@ -35,6 +35,17 @@ impl CudaProvider {
     /// The CUDA provider of this process (initialises CUDA on first call).
     pub fn new() -> Result<CudaProvider> {
         let gpu = gpu::gpu()?;
+        if gpu.info.driver_version < gpu::HOST_NUMA_DRIVER {
+            return Err(UvmError::new(
+                Code::FeatureNotSupported,
+                format!(
+                    "the {} driver predates shareable host-NUMA memory ({}), which the CUDA provider's host tier is made of",
+                    gpu::driver_name(gpu.info.driver_version),
+                    gpu::driver_name(gpu::HOST_NUMA_DRIVER)
+                ),
+            )
+            .hint("Upgrade the driver to CUDA 12.2 or later; meanwhile the host provider runs (no GPU kernels)."));
+        }
         if !gpu.info.host_numa_vmm {
             return Err(UvmError::new(
                 Code::FeatureNotSupported,

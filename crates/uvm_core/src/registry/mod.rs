@@ -56,6 +56,10 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::error::{Code, Result, UvmError};
+use crate::stats::{
+    NodeCounters, Progress, ProgressGuard, ProgressKind, ProgressPhase, ProgressSlot, SegmentCounters, SegmentStats,
+    PROGRESS_SLOTS,
+};
 use crate::uvm_err;
 pub use crate::vocab::{Arena, ChunkInfo, Place, Tier, TierPref, MAX_DEVICES};
 
@@ -65,7 +69,7 @@ pub const MAX_NAME_LEN: usize = 63;
 /// cover far more than any machine's memory.
 pub const MAX_CHUNKS_PER_SEGMENT: usize = 64;
 const MAGIC: u64 = 0x5556_4d53_4841_5245; // "UVMSHARE"
-const LAYOUT_VERSION: u32 = 3;
+const LAYOUT_VERSION: u32 = 4;
 const NO_CHUNK: u32 = u32::MAX;
 
 /// Slot counts, fixed at postmaster start.
@@ -103,7 +107,17 @@ struct Header {
     devices: u32,
     /// A broker started since this registry was made (see [`Registry::start_broker`]).
     broker_started: u32,
+    /// The GpuJoin plan node's cumulative counters (`crate::stats`).
+    node: NodeCounters,
+    /// Long operations in progress (`uvm.progress`; `crate::stats`).
+    progress: [ProgressSlot; PROGRESS_SLOTS],
+    /// Why the CUDA provider could not run although a driver is installed (UTF-8, NUL-padded;
+    /// empty: nothing to say), recorded by the process that chose the provider.
+    provider_note: [u8; PROVIDER_NOTE_BYTES],
 }
+
+/// Bytes of [`Registry::provider_note`].
+const PROVIDER_NOTE_BYTES: usize = 400;
 
 #[repr(C)]
 struct SegmentSlot {
@@ -127,8 +141,12 @@ struct SegmentSlot {
     pins: AtomicU32,
     nchunks: u32,
     flags: u32,
-    _pad: u32,
+    /// Migrations waiting for the pins to drain (`wait_to_migrate`): while there is one, new
+    /// pins wait behind it (see [`Registry::pin_must_wait`]). Changed under the exclusive lock.
+    migrations_waiting: u32,
     chunks: [u32; MAX_CHUNKS_PER_SEGMENT],
+    /// Cumulative counters (`crate::stats`), from the segment's creation.
+    stats: SegmentCounters,
 }
 
 const CHUNK_FREE: u32 = 0;
@@ -319,6 +337,7 @@ pub fn next_chunk_size(committed: u64, nchunks: u32, needed: u64, reserve: u64, 
 pub struct HeldPin {
     seg_pins: *const AtomicU32,
     att_pins: *const AtomicU64,
+    stats: *const SegmentCounters,
     incarnation: u32,
     slot: u32,
     att: u32,
@@ -332,6 +351,12 @@ impl HeldPin {
     /// The attachment slot the pin is counted on.
     pub fn att(&self) -> u32 {
         self.att
+    }
+    /// The pinned segment's counters (while the pin is held, the slot is this segment's).
+    pub fn counters(&self) -> &SegmentCounters {
+        // SAFETY: points into the registry block, mapped while any HeldPin is used (as for the
+        // pin counts); the counters are atomics.
+        unsafe { &*self.stats }
     }
 }
 
@@ -420,6 +445,9 @@ impl Registry {
                 provider: 0,
                 devices: 0,
                 broker_started: 0,
+                node: NodeCounters::default(),
+                progress: std::array::from_fn(|_| ProgressSlot::default()),
+                provider_note: [0; PROVIDER_NOTE_BYTES],
             };
         }
         r
@@ -514,6 +542,24 @@ impl Registry {
             self.hdr_mut().provider = kind;
         }
         self.hdr().provider
+    }
+
+    /// Records why the CUDA provider could not run (cut at a character boundary to fit).
+    pub fn set_provider_note(&mut self, note: &str) {
+        let mut end = note.len().min(PROVIDER_NOTE_BYTES);
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        let buf = &mut self.hdr_mut().provider_note;
+        *buf = [0; PROVIDER_NOTE_BYTES];
+        buf[..end].copy_from_slice(&note.as_bytes()[..end]);
+    }
+
+    /// The note of [`Registry::set_provider_note`] (`None`: none).
+    pub fn provider_note(&self) -> Option<String> {
+        let b = &self.hdr().provider_note;
+        let len = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+        (len > 0).then(|| String::from_utf8_lossy(&b[..len]).into_owned())
     }
 
     /// Records how many GPUs the cluster's provider has (every process computes the same).
@@ -678,6 +724,8 @@ impl Registry {
         s.generation = 1;
         s.base_hint = base_hint;
         s.flags = flags;
+        s.migrations_waiting = 0;
+        s.stats.reset();
         s.created_at = spec.created_at;
         s.pins.store(0, Ordering::Release);
         s.nchunks = 0;
@@ -804,6 +852,7 @@ impl Registry {
         s.id = 0;
         s.name = [0; MAX_NAME_LEN + 1];
         s.nchunks = 0;
+        s.migrations_waiting = 0;
         s.generation += 1;
         Ok(ids)
     }
@@ -835,6 +884,63 @@ impl Registry {
     /// Ends a migration begun with `begin_migration`.
     pub fn end_migration(&mut self, slot: u32) {
         self.seg_mut(slot).flags &= !FLAG_MIGRATING;
+    }
+
+    /// Records a migration that waits for the segment's pins to drain: from here until
+    /// [`Registry::stop_waiting_to_migrate`], new pins of processes that hold none on the
+    /// segment wait behind it, as a lock request waits behind a queued stronger one, so that
+    /// readers pinning in turn cannot starve the migration.
+    pub fn wait_to_migrate(&mut self, slot: u32) {
+        let s = self.seg_mut(slot);
+        s.migrations_waiting = s.migrations_waiting.saturating_add(1);
+    }
+
+    /// Withdraws one [`Registry::wait_to_migrate`] (the migration began, or gave up).
+    pub fn stop_waiting_to_migrate(&mut self, slot: u32) {
+        let s = self.seg_mut(slot);
+        s.migrations_waiting = s.migrations_waiting.saturating_sub(1);
+    }
+
+    /// The segment's cumulative counters.
+    pub fn segment_stats(&self, slot: u32) -> SegmentStats {
+        self.seg(slot).stats.snapshot()
+    }
+
+    /// Counts a migration of `bytes` of the segment.
+    pub fn count_migration(&self, slot: u32, bytes: u64) {
+        self.seg(slot).stats.migrated(bytes);
+    }
+
+    /// The GpuJoin node's counters (atomics: any lock mode will do).
+    pub fn node_counters(&self) -> &NodeCounters {
+        &self.hdr().node
+    }
+
+    /// Zeroes every segment's counters and the node's (`uvm.stat_reset()`).
+    pub fn reset_stats(&self) {
+        for i in 0..self.hdr().max_segments {
+            self.seg(i).stats.reset();
+        }
+        self.hdr().node.reset();
+    }
+
+    /// How many migrations wait for the segment's pins to drain.
+    pub fn migrations_waiting(&self, slot: u32) -> u32 {
+        self.seg(slot).migrations_waiting
+    }
+
+    /// Whether a new pin of the segment must wait: a migration runs, or one waits for the pins
+    /// to drain and the pinning process (attachment `att`) holds no pin on the segment yet (a
+    /// process that holds one passes: it could otherwise wait for itself).
+    pub fn pin_must_wait(&self, slot: u32, att: u32) -> Option<PinWait> {
+        let s = self.seg(slot);
+        if s.flags & FLAG_MIGRATING != 0 {
+            Some(PinWait::Migrating)
+        } else if s.migrations_waiting > 0 && self.att(att).pins.load(Ordering::Acquire) & PIN_COUNT_MASK == 0 {
+            Some(PinWait::MigrationWaiting)
+        } else {
+            None
+        }
     }
 
     /// Records a pending chunk at `place` that will replace `[offset, offset + size)` of live
@@ -1046,11 +1152,13 @@ impl Registry {
     pub fn pin_attached(&self, slot: u32, att: u32) -> HeldPin {
         let seg_pins: *const AtomicU32 = &self.seg(slot).pins;
         let att_pins: *const AtomicU64 = &self.att(att).pins;
+        let stats: *const SegmentCounters = &self.seg(slot).stats;
+        self.seg(slot).stats.pinned();
         // Segment first, then attachment (the reverse of the release); the lock keeps `detach`
         // out meanwhile, so the incarnation read here is the attachment's.
         self.seg(slot).pins.fetch_add(1, Ordering::AcqRel);
         let v = self.att(att).pins.fetch_add(1, Ordering::AcqRel);
-        HeldPin { seg_pins, att_pins, incarnation: (v >> 32) as u32, slot, att }
+        HeldPin { seg_pins, att_pins, stats, incarnation: (v >> 32) as u32, slot, att }
     }
 
     /// Every attachment of every process.
@@ -1069,14 +1177,65 @@ impl Registry {
             .collect()
     }
 
-    /// Frees every attachment slot of `pid` (process exit).
+    /// Whether process `pid` holds a pin on segment `segment_id` (a bounded scan of the
+    /// attachment slots).
+    pub fn holds_pin(&self, pid: i32, segment_id: u64) -> bool {
+        (0..self.hdr().max_attachments)
+            .map(|i| self.att(i))
+            .any(|a| a.pid == pid && a.segment_id == segment_id && a.pins.load(Ordering::Acquire) & PIN_COUNT_MASK > 0)
+    }
+
+    /// Claims a row of the progress table for a long operation of process `pid` (`None` when
+    /// every row is taken: the operation runs unreported). Lock-free: any lock mode will do.
+    pub fn start_progress(
+        &self,
+        pid: i32,
+        kind: ProgressKind,
+        phase: ProgressPhase,
+        segment_id: u64,
+        total: u64,
+    ) -> Option<ProgressGuard> {
+        let rows = &self.hdr().progress;
+        // A free row, else one a dead process left (it exited without unwinding and without
+        // the exit callback that frees its rows: see `detach_process`).
+        let slot = rows.iter().find(|s| s.claim(pid, kind, phase, segment_id, total)).or_else(|| {
+            rows.iter()
+                .find(|s| s.snapshot().is_some_and(|p| !process_alive(p.pid)) && s.reclaim(pid, kind, phase, segment_id, total))
+        })?;
+        // SAFETY: the slot lies in the registry block, which stays mapped while the process
+        // uses the registry (the contract of `from_raw`); `pid` just claimed it.
+        Some(unsafe { ProgressGuard::new(slot, pid) })
+    }
+
+    /// The long operations in progress (rows of processes that are gone left out).
+    pub fn progress(&self) -> Vec<Progress> {
+        self.hdr().progress.iter().filter_map(ProgressSlot::snapshot).filter(|p| process_alive(p.pid)).collect()
+    }
+
+    /// Frees every attachment slot of `pid` (process exit), and its progress rows.
     pub fn detach_process(&mut self, pid: i32) {
+        self.hdr().progress.iter().for_each(|s| s.release(pid));
         for i in 0..self.hdr().max_attachments {
             if self.att(i).pid == pid {
                 self.detach(i);
             }
         }
     }
+}
+
+/// Whether process `pid` exists (signal 0: no signal is sent; EPERM means it exists).
+fn process_alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks for the process.
+    pid > 0 && (unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+}
+
+/// Why a new pin waits ([`Registry::pin_must_wait`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PinWait {
+    /// A migration replaces the segment's chunks.
+    Migrating,
+    /// A migration waits for the pins held now to drain.
+    MigrationWaiting,
 }
 
 const FLAG_IN_ARENA: u32 = 1;

@@ -275,3 +275,15 @@ fn reattach_sees_same_contents() {
     assert_eq!(r2.capacity(), cap);
     assert!(r2.find("x").is_some());
 }
+
+#[test]
+fn the_provider_note_is_kept_and_cut_at_a_character() {
+    let mut t = small();
+    assert_eq!(t.reg.provider_note(), None);
+    t.reg.set_provider_note("the CUDA 12.1 driver predates shareable host-NUMA memory");
+    assert_eq!(t.reg.provider_note().as_deref(), Some("the CUDA 12.1 driver predates shareable host-NUMA memory"));
+    // 399 bytes then a two-byte character: cut before it, never inside
+    let long = format!("{}é and more", "x".repeat(399));
+    t.reg.set_provider_note(&long);
+    assert_eq!(t.reg.provider_note(), Some("x".repeat(399)));
+}

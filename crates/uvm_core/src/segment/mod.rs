@@ -28,7 +28,16 @@
 //! Growth only appends chunks, so it never waits for pins: a process pinned at generation g keeps
 //! using the chunks of g, which stay valid. What removes or replaces chunks (a drop, and the
 //! migrations of the CUDA provider) needs the exclusive lock and a pin count of zero, so no
-//! process can be inside a chunk that disappears. Processes that still map a dropped segment
+//! process can be inside a chunk that disappears.
+//!
+//! A migration that finds the segment pinned queues itself ([`WaitingToMigrate`]) and tries
+//! again until `pin_wait`: while it waits, new pins wait behind it, as a lock request waits
+//! behind a queued stronger one in PostgreSQL's lock manager, so readers that pin in turn (each
+//! taking its pin before the last one gave its pin back) cannot starve it. Two kinds of pin pass
+//! the queue, because waiting would deadlock: those of a process that already holds a pin on the
+//! segment (it would wait for itself), and those of the process that queued the migration (the
+//! GPU service, which retries a parked migration at each turn of its loop and holds its clients'
+//! other requests for that segment back itself). Processes that still map a dropped segment
 //! notice that its id is gone at their next access of any segment, or at exit, and unmap it.
 //!
 //! # Mappings outlive nothing that uses them
@@ -68,9 +77,10 @@ use crate::error::{Code, Kind, Result, UvmError};
 use crate::placement::{self, Gpu};
 use crate::provider::{Provider, Reservation, GRANULARITY};
 use crate::registry::{
-    next_chunk_size, round_up, ChunkInfo, HeldPin, NewSegment, PendingChunk, Place, Registry, SegmentInfo, Tier, TierPref,
-    MAX_CHUNKS_PER_SEGMENT,
+    next_chunk_size, round_up, ChunkInfo, HeldPin, NewSegment, PendingChunk, PinWait, Place, Registry, SegmentInfo, Tier,
+    TierPref, MAX_CHUNKS_PER_SEGMENT,
 };
+use crate::stats::{ProgressKind, ProgressPhase};
 use crate::uvm_err;
 
 #[cfg(test)]
@@ -223,6 +233,16 @@ impl<E: Env> Pin<E> {
     /// business; [`Pin::addr`] gives bounds-checked addresses.
     pub fn base(&self) -> *mut u8 {
         self.base
+    }
+
+    /// Counts `bytes` read from the segment (its `uvm.stat_segments` row).
+    pub fn count_read(&self, bytes: u64) {
+        self.held.counters().read(bytes);
+    }
+
+    /// Counts `bytes` written to the segment.
+    pub fn count_written(&self, bytes: u64) {
+        self.held.counters().written(bytes);
     }
 
     /// Milliseconds spent mapping chunks for this pin (0 when the mapping was current).
@@ -401,16 +421,24 @@ pub fn still_pinned(name: &str, wait: Duration, detail: String) -> UvmError {
 }
 
 impl<E: Env> MigrationFlag<E> {
-    /// Waits up to `wait` for the segment's pins to drain, then sets its migration flag.
-    fn begin(env: &E, id: u64, name: &str, wait: Duration) -> Result<Self> {
+    /// Waits up to `wait` for the segment's pins to drain, then sets its migration flag. While
+    /// it waits, new pins of processes holding none on the segment wait behind it
+    /// ([`WaitingToMigrate`]), so that readers taking turns cannot keep it out forever.
+    fn begin(env: &E, own: &OwnWaits, id: u64, name: &str, wait: Duration) -> Result<Self> {
         let started = Instant::now();
+        let mut waiting: Option<WaitingToMigrate<E>> = None;
         loop {
             let attempt = {
                 let mut reg = env.exclusive()?;
                 let slot = reg.find_id(id).ok_or_else(|| uvm_err!(Code::UndefinedObject, "segment \"{name}\" does not exist"))?;
-                reg.begin_migration(slot)
+                let r = reg.begin_migration(slot);
+                if r.is_err() && waiting.is_none() {
+                    waiting = Some(WaitingToMigrate::register(env, own, &mut reg, slot, id));
+                }
+                r
             };
             match attempt {
+                // (`waiting` goes here: the flag now holds new pins back itself.)
                 Ok(()) => return Ok(MigrationFlag { env: env.clone(), id }),
                 Err(e) if e.code == Code::ObjectInUse && started.elapsed() < wait => {
                     // The wait may last pin_wait_timeout (seconds): answer cancel meanwhile.
@@ -419,6 +447,49 @@ impl<E: Env> MigrationFlag<E> {
                 }
                 Err(e) if e.code == Code::ObjectInUse => return Err(still_pinned(name, wait, e.detail.unwrap_or(e.message))),
                 Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// This process's migrations that wait for pins to drain: segment id -> how many. Its own pins
+/// do not wait behind them (the GPU service, which migrates for its clients, holds their
+/// other requests back itself rather than sleep on its own wait).
+type OwnWaits = Rc<RefCell<HashMap<u64, u32>>>;
+
+/// A migration's place in the queue of a segment's pins ([`Registry::wait_to_migrate`]),
+/// withdrawn when dropped (the migration began, gave up, or failed) or at process exit
+/// ([`Segments::detach_all`]), whichever comes first.
+pub struct WaitingToMigrate<E: Env> {
+    env: E,
+    own: OwnWaits,
+    id: u64,
+}
+
+impl<E: Env> WaitingToMigrate<E> {
+    fn register(env: &E, own: &OwnWaits, reg: &mut Registry, slot: u32, id: u64) -> Self {
+        reg.wait_to_migrate(slot);
+        *own.borrow_mut().entry(id).or_default() += 1;
+        WaitingToMigrate { env: env.clone(), own: Rc::clone(own), id }
+    }
+}
+
+impl<E: Env> Drop for WaitingToMigrate<E> {
+    fn drop(&mut self) {
+        // Withdrawn already if `detach_all` took this process's waits at exit.
+        {
+            let mut own = self.own.borrow_mut();
+            match own.get_mut(&self.id) {
+                Some(n) if *n > 1 => *n -= 1,
+                Some(_) => {
+                    own.remove(&self.id);
+                }
+                None => return,
+            }
+        }
+        if let Ok(mut reg) = self.env.exclusive() {
+            if let Some(slot) = reg.find_id(self.id) {
+                reg.stop_waiting_to_migrate(slot);
             }
         }
     }
@@ -477,6 +548,8 @@ pub struct Segments<E: Env> {
     /// the releaser dies first the broker's sweep closes them (within 2 s).
     deferred: Vec<(u64, u64)>,
     defer_releases: bool,
+    /// This process's migrations waiting for pins to drain (see [`WaitingToMigrate`]).
+    own_waits: OwnWaits,
 }
 
 /// How long a process waits for the broker to come up (it starts with the postmaster).
@@ -494,6 +567,7 @@ impl<E: Env> Segments<E> {
             limits,
             deferred: Vec::new(),
             defer_releases: false,
+            own_waits: OwnWaits::default(),
         }
     }
 
@@ -796,6 +870,12 @@ impl<E: Env> Segments<E> {
         }
         self.session_pins.clear();
         if let Ok(mut reg) = self.env.exclusive() {
+            // Waits whose guards outlive the process's exit path (FATAL skips destructors).
+            for (id, n) in self.own_waits.borrow_mut().drain() {
+                if let Some(slot) = reg.find_id(id) {
+                    (0..n).for_each(|_| reg.stop_waiting_to_migrate(slot));
+                }
+            }
             reg.detach_process(self.env.pid());
         }
     }
@@ -821,18 +901,29 @@ impl<E: Env> Segments<E> {
         self.ensure_attachment(&info)?;
         let att = self.attachments[&info.id].att_slot;
         // Pin, and take the snapshot that the pin protects. A migration in progress holds new
-        // pins back until it ends.
-        let waited = Instant::now();
+        // pins back until it ends, and so does one waiting for the pins held now to drain
+        // (unless this process holds one, or is the one waiting). The wait starts again once
+        // when a waiting migration begins: its own wait is bounded by pin_wait too.
+        let mut waited = Instant::now();
+        let (mut behind, mut restarted) = (None, false);
         let (held, info, epoch) = loop {
             let reg = self.env.shared()?;
             let slot = match reg.find_id(info.id) {
                 Some(s) => s,
                 None => return Err(uvm_err!(Code::UndefinedObject, "segment \"{name}\" does not exist")),
             };
-            if !reg.migrating(slot) {
+            let wait = match reg.pin_must_wait(slot, att) {
+                Some(PinWait::MigrationWaiting) if self.own_waits.borrow().contains_key(&info.id) => None,
+                w => w,
+            };
+            let Some(wait) = wait else {
                 break (reg.pin_attached(slot, att), reg.info(slot), reg.epoch());
-            }
+            };
             drop(reg);
+            if behind == Some(PinWait::MigrationWaiting) && wait == PinWait::Migrating && !restarted {
+                (waited, restarted) = (Instant::now(), true);
+            }
+            behind = Some(wait);
             if waited.elapsed() >= self.limits.pin_wait {
                 return Err(uvm_err!(
                     Code::LockNotAvailable,
@@ -859,6 +950,16 @@ impl<E: Env> Segments<E> {
         }
         let base = a.mapping.addr() as *mut u8;
         Ok(Pin { mapping: Rc::clone(&a.mapping), held, info, base, map_ms, _env: PhantomData })
+    }
+
+    /// Queues a migration of segment `id` that this process will try again and again without
+    /// sleeping (the GPU service's parked migrations): new pins of other processes wait behind
+    /// it until the guard goes. Its own pins of the segment do not: it holds its other requests
+    /// for the segment back itself.
+    pub fn wait_to_migrate(&mut self, id: u64) -> Result<WaitingToMigrate<E>> {
+        let mut reg = self.env.exclusive()?;
+        let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
+        Ok(WaitingToMigrate::register(&self.env, &self.own_waits, &mut reg, slot, id))
     }
 
     /// Creates this process's attachment (reservation + registry slot) if it has none.
@@ -956,13 +1057,31 @@ impl<E: Env> Segments<E> {
         }
         let bytes: u64 = moving.iter().map(|(c, _)| c.size).sum();
         let started = Instant::now();
-        let _flag = MigrationFlag::begin(&self.env, info.id, name, self.limits.pin_wait)?;
+        // (`uvm.progress`: none if every row is taken.)
+        let progress = self.env.shared()?.start_progress(
+            self.env.pid(),
+            ProgressKind::Migration,
+            ProgressPhase::WaitingForPins,
+            info.id,
+            bytes,
+        );
+        let _flag = MigrationFlag::begin(&self.env, &self.own_waits, info.id, name, self.limits.pin_wait)?;
         let mut stats = MigrationStats { bytes, chunks: moving.len() as u32, wait_ms: ms(started), ..Default::default() };
+        let mut done = 0;
         for (c, to) in &moving {
+            if let Some(p) = &progress {
+                p.phase(ProgressPhase::Copying, done, bytes);
+            }
             // Between chunks: each migrate_chunk is all-or-nothing, so an interrupt here leaves
             // every chunk either moved or in place (and the flag is cleared by its guard).
             crate::interrupt::check()?;
             self.migrate_chunk(info.id, c, *to, &mut stats)?;
+            done += c.size;
+        }
+        if let Ok(reg) = self.env.shared() {
+            if let Some(slot) = reg.find_id(info.id) {
+                reg.count_migration(slot, bytes);
+            }
         }
         stats.other_ms = ms(started)
             - stats.wait_ms

@@ -3,6 +3,7 @@
 //! its own reservations, so they map the same chunks at different addresses, as processes
 //! outside the arena would).
 
+use crate::stats::{ProgressKind, ProgressPhase};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -408,6 +409,148 @@ fn migration_waits_for_pins_and_times_out_cleanly() {
     a.drop_segment("w", ok).unwrap();
     drop((a, b));
     assert_eq!(world.finish(), 0);
+}
+
+/// Readers that take turns, each pinning before the last one let go, keep the segment pinned
+/// at every instant: a migration must still get through (it queues, and new pins wait behind
+/// it), every time, both ways.
+#[test]
+fn readers_taking_turns_do_not_starve_a_migration() {
+    let world = World::new("migstarve", Arena::default());
+    let mut a = two_tier(&world, 1, None);
+    a.create("w", 4 * MIB as i64, None, TierPref::Host, 1, 0).unwrap();
+    a.pin("w", ok).unwrap().bytes_mut(0, 4).unwrap().copy_from_slice(&[7; 4]);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Pins held now by the readers; each reader pins only once the count shows another
+    // reader's pin, so the pins overlap and never all drain by themselves.
+    let holding = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let readers: Vec<_> = (0..3)
+        .map(|i| {
+            let (w, stop, holding) = (world.clone(), stop.clone(), holding.clone());
+            std::thread::spawn(move || {
+                use std::sync::atomic::Ordering::SeqCst;
+                let mut r = two_tier(&w, 10 + i, None);
+                let mut pins = 0u32;
+                while !stop.load(SeqCst) {
+                    let p = r.pin("w", ok).unwrap();
+                    holding.fetch_add(1, SeqCst);
+                    assert_eq!(p.bytes(0, 4).unwrap(), &[7, 7, 7, 7]);
+                    std::thread::sleep(Duration::from_millis(15));
+                    // Let go only while another reader holds a pin (or nobody else is left).
+                    let t = std::time::Instant::now();
+                    while holding.load(SeqCst) < 2 && t.elapsed() < Duration::from_millis(20) {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                    holding.fetch_sub(1, SeqCst);
+                    drop(p);
+                    pins += 1;
+                }
+                r.detach_all();
+                pins
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(50));
+    for round in 0..6 {
+        let to = if round % 2 == 0 { TierPref::Device } else { TierPref::Host };
+        let moved = a.prefetch("w", 0, 4 * MIB as i64, to, ok).unwrap_or_else(|e| panic!("migration {round}: {e}"));
+        assert_eq!(moved, 4 * MIB, "migration {round}");
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let pins: Vec<u32> = readers.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(pins.iter().all(|&n| n >= 3), "every reader kept reading: {pins:?}");
+    // Nothing queued is left behind.
+    let reg = a.env.shared().unwrap();
+    let slot = reg.lookup("w").unwrap();
+    assert_eq!((reg.migrations_waiting(slot), reg.migrating(slot)), (0, false));
+    drop(reg);
+    a.drop_segment("w", ok).unwrap();
+    drop(a);
+    assert_eq!(world.finish(), 0);
+}
+
+/// Who passes a queued migration: a process already holding a pin, and the process that
+/// queued it; anyone else waits, and is let through when the migration gives up or its queued
+/// place is withdrawn at process exit.
+#[test]
+fn a_queued_migration_holds_new_pins_back_but_not_its_holders() {
+    let world = World::new("migqueue", Arena::default());
+    let mut a = two_tier(&world, 1, None);
+    let mut b = two_tier(&world, 2, None);
+    let mut c = two_tier(&world, 3, None);
+    a.create("w", MIB as i64, None, TierPref::Host, 1, 0).unwrap();
+    let id = a.lookup("w").unwrap().id;
+    // b holds a pin; a's migration queues behind it and gives up after pin_wait (300 ms).
+    let held = b.pin("w", ok).unwrap();
+    let w = world.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // (The migrating "process" has this test's real pid: uvm.progress leaves out rows of
+    // processes that do not exist.)
+    let me = std::process::id() as i32;
+    let migration = std::thread::spawn(move || {
+        let mut m = two_tier(&w, me, None);
+        tx.send(()).unwrap();
+        let r = m.prefetch("w", 0, 1, TierPref::Device, ok).map_err(|e| e.code);
+        m.detach_all();
+        r
+    });
+    rx.recv().unwrap();
+    assert!(wait_until(|| {
+        let reg = c.env.shared().unwrap();
+        reg.migrations_waiting(reg.lookup("w").unwrap()) == 1
+    }));
+    // uvm.progress shows the waiting migration.
+    {
+        let reg = c.env.shared().unwrap();
+        let rows = reg.progress();
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        let p = rows[0];
+        assert_eq!(
+            (p.pid, p.kind, p.phase, p.segment_id, p.done, p.total),
+            (me, ProgressKind::Migration, ProgressPhase::WaitingForPins, id, 0, 2 * MIB)
+        );
+    }
+    // b, which holds a pin, pins again at once.
+    let t = std::time::Instant::now();
+    drop(b.pin("w", ok).unwrap());
+    assert!(t.elapsed() < Duration::from_millis(100), "a holder waited {:?}", t.elapsed());
+    // c waits behind the queued migration; when it gives up (b never lets go), c gets in
+    // (c's own wait is longer than the migration's).
+    c.limits.pin_wait = Duration::from_secs(5);
+    let t = std::time::Instant::now();
+    drop(c.pin("w", ok).unwrap());
+    assert!(t.elapsed() >= Duration::from_millis(150), "c did not wait: {:?}", t.elapsed());
+    assert_eq!(migration.join().unwrap(), Err(Code::LockNotAvailable));
+    assert!(c.env.shared().unwrap().progress().is_empty(), "the progress row went with the migration");
+    drop(held);
+    // The service's kind of wait: queued by hand, passed by its own process, withdrawn at exit.
+    let queued = a.wait_to_migrate(id).unwrap();
+    drop(a.pin("w", ok).unwrap());
+    c.limits.pin_wait = Duration::from_millis(50);
+    assert_eq!(c.pin("w", ok).err().map(|e| e.code), Some(Code::LockNotAvailable));
+    a.detach_all();
+    drop(c.pin("w", ok).unwrap());
+    drop(queued); // withdrawn already: no second withdrawal
+    {
+        let reg = c.env.shared().unwrap();
+        assert_eq!(reg.migrations_waiting(reg.lookup("w").unwrap()), 0);
+    }
+    b.detach_all();
+    c.drop_segment("w", ok).unwrap();
+    drop((a, b, c));
+    assert_eq!(world.finish(), 0);
+}
+
+fn wait_until(mut cond: impl FnMut() -> bool) -> bool {
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    false
 }
 
 #[test]
