@@ -29,8 +29,9 @@
  *    CurTransactionResourceOwner.
  *  - Addresses: pin->base is where this process addresses the segment (the same address in
  *    every process where pin->same_address is true), or NULL where this process maps no chunk
- *    (gpu_execution = service: only the GPU service maps segment memory). Offsets are valid
- *    everywhere; read() and write() work in every mode and tier.
+ *    of it (gpu_execution = service: only the GPU service maps device memory, and the host
+ *    tier where it is not memfds). Dereference only chunks marked cpu_mapped.
+ *    Offsets are valid everywhere; read() and write() work in every mode and tier.
  *
  * Versioning: PG_UVM_SHARE_ABI_MAJOR changes when an existing member changes meaning or place;
  * a minor version only appends members at the end of PgUvmShareApi. A module built against
@@ -87,7 +88,7 @@ typedef struct UvmPin
 {
 	UvmPinHandle handle;
 	UvmSegmentInfo info;
-	void	   *base;			/* NULL where this process maps no chunk (service mode) */
+	void	   *base;			/* NULL where this process maps no chunk of it */
 	bool		same_address;	/* base is the segment's address in every process */
 	const UvmChunk *chunks;		/* info.nchunks entries, valid until the pin is released */
 } UvmPin;

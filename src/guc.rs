@@ -67,6 +67,7 @@ pub static MIN_CHUNK_SIZE_MB: GucSetting<i32> = GucSetting::<i32>::new(2);
 pub static MAX_SEGMENT_SIZE_MB: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
 pub static DEVICE_MEMORY_LIMIT_MB: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static PIN_WAIT_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+pub static MAP_HOST_TIER: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static TEST_ALLOC_LIMIT_KB: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static PROVIDER: GucSetting<ProviderChoice> = GucSetting::<ProviderChoice>::new(ProviderChoice::Auto);
 
@@ -190,6 +191,14 @@ pub fn define() {
         i32::MAX,
         GucContext::Userset,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_uvm_share.map_host_tier",
+        c"Service mode: whether this session reads, writes, checksums and fills host-tier bytes through its own mapping.",
+        c"on (the default): where the host tier's chunks are memfds (the host provider), requests whose bytes all lie there run in this process and never wait for the GPU service; off: every request goes to the service. Device memory is always the service's.",
+        &MAP_HOST_TIER,
+        GucContext::Userset,
+        GucFlags::empty(),
     );
     GucRegistry::define_enum_guc(
         c"pg_uvm_share.enable_gpujoin",

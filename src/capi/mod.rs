@@ -431,14 +431,11 @@ unsafe extern "C-unwind" fn api_pin(name: *const c_char, expect: *const UvmSegme
         let chunks: Box<[UvmChunk]> = i
             .chunks
             .iter()
-            .map(|c| UvmChunk {
-                offset: c.offset,
-                size: c.size,
-                tier: c.tier as u32,
-                cpu_mapped: (mapped && pin.cpu_mapped(c.tier)) as u32,
-            })
+            .map(|c| UvmChunk { offset: c.offset, size: c.size, tier: c.tier as u32, cpu_mapped: pin.cpu_mapped(c.tier) as u32 })
             .collect();
-        let base = if mapped { pin.base() as *mut c_void } else { std::ptr::null_mut() };
+        // Service mode: this process maps the host tier only (`crate::provider::remote`).
+        let base =
+            if mapped || chunks.iter().any(|c| c.cpu_mapped != 0) { pin.base() as *mut c_void } else { std::ptr::null_mut() };
         let filled = UvmPin {
             handle: new_handle(),
             info: info_of(i),

@@ -43,7 +43,7 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 
 use crate::error::{Code, Result, UvmError};
 use crate::exec::local::Local;
-use crate::exec::{Executor, Mode, SegRef};
+use crate::exec::{Call, Done, Executor, Io, Mode, Request, SegRef, Started};
 use crate::guc;
 use crate::provider::cuda::CudaProvider;
 use crate::provider::host::HostProvider;
@@ -81,8 +81,61 @@ pub fn with_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> R {
 /// [`with_executor`], returning the error instead of raising it.
 pub fn try_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> Result<R> {
     match execution_mode()? {
-        Mode::Service => f(&mut Client::new(channel()?)),
+        Mode::Service => f(&mut ServiceExecutor { client: Client::new(channel()?) }),
         _ => try_with_segments(|s| f(&mut Local { segs: s })),
+    }
+}
+
+/// Service mode's executor in a client process: what this process can do on its own mappings
+/// (`exec::local::run_here`: reads, writes, checksums and fills of bytes in the host tier, which
+/// it maps, unless `pg_uvm_share.map_host_tier` is off) runs here; everything else goes to the
+/// GPU service.
+struct ServiceExecutor {
+    client: Client,
+}
+
+impl ServiceExecutor {
+    /// `req` run on this process's mappings, or `None` where the service must run it. Not while
+    /// this process's segment manager is in use further up the stack (the request then goes to
+    /// the service, as it always did).
+    fn here(req: &Request, io: &mut Io<'_>) -> Result<Option<Done>> {
+        if IS_SERVICE.load(std::sync::atomic::Ordering::Acquire)
+            || !guc::MAP_HOST_TIER.get()
+            || SEGMENTS.with(|c| c.try_borrow_mut().is_err())
+        {
+            return Ok(None);
+        }
+        let call = Call::decode(req)?;
+        // Only these may run here (the GpuJoin operations and the rest never do): no segment
+        // manager is made for the others.
+        if !matches!(call, Call::Read(_) | Call::Write(_) | Call::Checksum(_) | Call::Fill(_)) {
+            return Ok(None);
+        }
+        try_with_segments(|s| crate::exec::local::run_here(s, &call, io))
+    }
+}
+
+impl Executor for ServiceExecutor {
+    fn mode(&self) -> Mode {
+        Mode::Service
+    }
+
+    fn max_io(&self) -> usize {
+        self.client.max_io()
+    }
+
+    fn run(&mut self, req: &Request, mut io: Io<'_>) -> Result<Done> {
+        match Self::here(req, &mut io)? {
+            Some(done) => Ok(done),
+            None => self.client.run(req, io),
+        }
+    }
+
+    fn start(&mut self, req: &Request, input: &[u8]) -> Result<Started> {
+        match Self::here(req, &mut Io::In(input))? {
+            Some(done) => Ok(Started::Ready(Ok(done))),
+            None => self.client.start(req, input),
+        }
     }
 }
 
@@ -107,7 +160,9 @@ pub fn held_off<R>(f: impl FnOnce() -> R) -> R {
 /// most 10 s: for cleanups in drop guards, which run with interrupts held off.
 pub fn try_with_executor<R>(f: impl FnOnce(&mut dyn Executor) -> Result<R>) -> Result<R> {
     match execution_mode()? {
-        Mode::Service => f(&mut Client { ch: channel()?, deadline: Some(std::time::Instant::now() + CLEANUP_WAIT) }),
+        Mode::Service => f(&mut ServiceExecutor {
+            client: Client { ch: channel()?, deadline: Some(std::time::Instant::now() + CLEANUP_WAIT) },
+        }),
         _ => try_with_segments(|s| f(&mut Local { segs: s })),
     }
 }
@@ -220,7 +275,7 @@ fn limits() -> Limits {
 fn make_provider() -> Result<Box<dyn Provider>> {
     if !IS_SERVICE.load(std::sync::atomic::Ordering::Acquire) && execution_mode()? == Mode::Service {
         let recorded = shmem::shared()?.provider();
-        return Ok(Box::new(RemoteProvider { kind: ProviderKind::from_code(recorded).unwrap_or(ProviderKind::Host) }));
+        return Ok(Box::new(RemoteProvider::new(ProviderKind::from_code(recorded).unwrap_or(ProviderKind::Host))));
     }
     let choice = guc::PROVIDER.get();
     let (recorded, arena) = {

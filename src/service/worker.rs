@@ -562,8 +562,9 @@ fn try_prefetch(ch: &Channel, mut p: Parked) -> Option<Parked> {
     }
     let wait = Duration::from_millis(p.req.pin_wait_ms);
     let now = Call::Prefetch(request::Prefetch { pin_wait_ms: 0, ..p.req });
-    // The try shows in uvm.progress by itself (`Segments::prefetch`).
-    p.progress = None;
+    // The waiting row stays through the try, so that a waiting migration never leaves
+    // uvm.progress (the try adds its own row beside it while it runs: `Segments::prefetch`).
+    let waiting = p.progress.take();
     let r = {
         // SAFETY: the slot's state lives in shared memory as long as the process.
         let _w = unsafe { crate::interrupt::watch(ch.state_flag(p.slot), ABANDONED) };
@@ -575,7 +576,7 @@ fn try_prefetch(ch: &Channel, mut p: Parked) -> Option<Parked> {
                 // (A segment dropped meanwhile: the next try says so.)
                 p.queued = crate::runtime::try_with_segments(|s| s.wait_to_migrate(p.req.seg.id)).ok();
             }
-            p.progress = waiting_row(&p.req);
+            p.progress = waiting.or_else(|| waiting_row(&p.req));
             Some(p)
         }
         Err(e) if e.code == Code::LockNotAvailable => {

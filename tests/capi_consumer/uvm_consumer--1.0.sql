@@ -24,6 +24,9 @@ RETURNS integer AS 'MODULE_PATHNAME', 'uvm_consumer_write_part' LANGUAGE C VOLAT
 CREATE FUNCTION read_sum(name text, "offset" bigint, length bigint, through_transaction_pin boolean DEFAULT false)
 RETURNS bigint AS 'MODULE_PATHNAME', 'uvm_consumer_read_sum' LANGUAGE C VOLATILE PARALLEL SAFE;
 
+CREATE FUNCTION mapping(name text)
+RETURNS text AS 'MODULE_PATHNAME', 'uvm_consumer_mapping' LANGUAGE C VOLATILE PARALLEL SAFE;
+
 CREATE FUNCTION pin_for_transaction(name text)
 RETURNS bigint AS 'MODULE_PATHNAME', 'uvm_consumer_pin_for_transaction' LANGUAGE C VOLATILE PARALLEL UNSAFE;
 

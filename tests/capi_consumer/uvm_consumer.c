@@ -349,6 +349,45 @@ pin_under(const PgUvmShareApi *api, ResourceOwner owner, const char *name, UvmPi
 }
 
 /*
+ * Where this process addresses a pinned segment, in words that hold in every mode: whether
+ * base is set, whether it is the segment's address in every process, and how many chunks the
+ * CPU may dereference there. Bytes mapped are checked against api->read().
+ */
+PG_FUNCTION_INFO_V1(uvm_consumer_mapping);
+Datum
+uvm_consumer_mapping(PG_FUNCTION_ARGS)
+{
+	const PgUvmShareApi *api = pg_uvm_share_api();
+	char	   *name = name_arg(fcinfo, 0);
+	UvmPin		pin;
+	uint32		c,
+				mapped = 0;
+	char	   *buf;
+	char	   *result;
+
+	api->pin(name, NULL, &pin);
+	buf = palloc(BLOCK_BYTES);
+	for (c = 0; c < pin.info.nchunks; c++)
+	{
+		const UvmChunk *ch = &pin.chunks[c];
+		uint64		n = Min((uint64) BLOCK_BYTES, ch->size);
+
+		if (!ch->cpu_mapped)
+			continue;
+		mapped++;
+		api->read(pin.handle, ch->offset, buf, n);
+		verify_mapped(&pin, ch->offset, buf, n);
+	}
+	result = psprintf("base %s, %s, %u of %u chunks mapped",
+					  pin.base != NULL ? "set" : "NULL",
+					  pin.base != NULL && pin.same_address ? "same address" : "not the same address",
+					  mapped, pin.info.nchunks);
+	api->unpin(pin.handle);
+	pfree(buf);
+	PG_RETURN_TEXT_P(cstring_to_text(result));
+}
+
+/*
  * A pin that lasts to the end of the transaction: taken with CurrentResourceOwner switched to
  * CurTransactionResourceOwner. Returns the pinned size.
  */

@@ -50,6 +50,9 @@ SELECT count(*) AS parts, bool_and(w <> :leader_pid) AS all_written_by_workers
 -- word i holds i + 1: 262144 words sum to 262144 * 262145 / 2
 SELECT uvm_consumer.read_sum('cap_a', 0, 2097152) AS sum, 262144::bigint * 262145 / 2 AS expected;
 SELECT uvm_consumer.read_sum('cap_a', 8, 16) AS words_1_and_2;
+-- every process maps the host tier's memfds, in service mode too: a base at the segment's address,
+-- every chunk dereferenceable (and its bytes the same as api->read() gives)
+SELECT uvm_consumer.mapping('cap_a');
 SELECT uvm_consumer.read_sum('cap_a', 2097152, 0) AS empty_at_end;
 
 -- grow it in another session while this one holds a pin for its whole transaction

@@ -47,7 +47,55 @@ fn config_at(host: &str, port: &str, user: &str) -> postgres::Config {
         cfg.host(host);
     }
     cfg.port(port).user(user).dbname(&dbname).application_name("pg_uvm_share_tests").connect_timeout(Duration::from_secs(10));
+    if THROUGH_SERVICE.load(std::sync::atomic::Ordering::Relaxed) {
+        cfg.options("-c pg_uvm_share.map_host_tier=off");
+    }
     cfg
+}
+
+/// Set by [`route_through_service`]: sessions opened from now on by this test binary send every
+/// request to the GPU service.
+static THROUGH_SERVICE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes every session this test binary opens from now on send every request to the GPU service
+/// in service mode (`pg_uvm_share.map_host_tier = off`), host-tier bytes included: for the tests
+/// of the service's own machinery (slots, cancels, abandoned requests, its crash), whose
+/// segments are host-tier memfds in CI (the host provider): their requests would otherwise run
+/// in the backends.
+pub fn route_through_service() {
+    THROUGH_SERVICE.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether this session reads, writes, checksums and fills host-tier segments on its own
+/// mapping: always in process mode; in service mode while `pg_uvm_share.map_host_tier` is on
+/// (the default) and the host tier's chunks are memfds (the host provider).
+pub fn maps_host_tier(c: &mut Client) -> bool {
+    if execution(c) == Execution::Process {
+        return true;
+    }
+    let on: String = c.query_one("SHOW pg_uvm_share.map_host_tier", &[]).expect("SHOW pg_uvm_share.map_host_tier").get(0);
+    on == "on" && device_info_value(c, "provider").as_deref() == Some("host")
+}
+
+/// The operations on a segment's bytes, as `uvm.stat_service` names them.
+pub const BYTE_OPS: &[&str] = &["read", "write", "checksum", "fill"];
+
+/// Requests of `ops` that the GPU service completed (`uvm.stat_service`; 0 in process mode).
+pub fn service_ops(c: &mut Client, ops: &[&str]) -> i64 {
+    c.query_one("SELECT coalesce(sum(requests), 0)::bigint FROM uvm.stat_service WHERE operation = ANY($1)", &[&ops])
+        .expect("uvm.stat_service")
+        .get(0)
+}
+
+/// The process that maps a host-tier segment and pins it while it reads, writes, checksums or
+/// fills it for the session `c` (whose backend is `backend`): the backend itself where it maps
+/// the host tier ([`maps_host_tier`]), the GPU service otherwise.
+pub fn host_tier_pid(c: &mut Client, backend: i32) -> i32 {
+    if maps_host_tier(c) {
+        backend
+    } else {
+        mapping_pid(c, backend)
+    }
 }
 
 /// Connects as `PGUSER` (the cluster's superuser), or returns the error.
@@ -1196,7 +1244,9 @@ pub fn service_pid_in_activity(c: &mut Client) -> Option<i32> {
 }
 
 /// The process that maps segments, and pins them while it works, for the requests of backend
-/// `backend`: the backend itself in process mode, the GPU service in service mode.
+/// `backend` that need the device or the service (the GpuJoin operations, device-tier bytes): the
+/// backend itself in process mode, the GPU service in service mode. For host-tier bytes see
+/// [`host_tier_pid`].
 pub fn mapping_pid(c: &mut Client, backend: i32) -> i32 {
     match execution(c) {
         Execution::Process => backend,

@@ -1,6 +1,7 @@
 //! Parallel workers read segments: uvm.read_segment is evaluated inside a parallel scan, and
-//! the workers show up in uvm.attachments while they run. In service mode the workers map
-//! nothing: they send every read to the GPU service, which alone is attached.
+//! the workers show up in uvm.attachments while they run, in service mode too where the segment
+//! is in the host tier and its chunks are memfds (the host provider; `pg_uvm_share.map_host_tier`);
+//! otherwise they map nothing and send every read to the GPU service, which alone is attached.
 
 use pg_uvm_share_tests::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -85,7 +86,11 @@ fn parallel_workers_read_segments() {
     // would fall before the snapshot).
     let mut b = connect();
     let mode = execution(&mut b);
+    // Whether the workers read the (host-tier) segment through their own mappings: always in
+    // process mode, and in service mode on the host provider (`pg_uvm_share.map_host_tier`).
+    let local = maps_host_tier(&mut b);
     let requests_before = service_requests(&mut b);
+    let reads_before = service_ops(&mut b, BYTE_OPS);
     let done = Arc::new(AtomicBool::new(false));
     let done2 = done.clone();
     let worker = std::thread::spawn(move || {
@@ -110,7 +115,7 @@ fn parallel_workers_read_segments() {
             .expect("poll uvm.attachments");
         if let Some(r) = rows.first() {
             seen = Some((r.get(0), r.get(1)));
-            if mode == Execution::Process {
+            if local {
                 break;
             }
         }
@@ -120,15 +125,24 @@ fn parallel_workers_read_segments() {
     let n = r.expect("slow parallel query failed");
     assert_eq!(n, ROWS, "slow parallel query result");
     match mode {
-        Execution::Process => {
+        _ if local => {
             assert!(
                 seen.is_some(),
                 "no 'parallel worker' row in uvm.attachments for {seg} during the slow query \
                  ({polls} polls over {:?})",
                 start.elapsed()
             );
-            assert_eq!(service_requests(&mut b), requests_before, "process mode: requests went to the GPU service");
+            if mode == Execution::Process {
+                assert_eq!(service_requests(&mut b), requests_before, "process mode: requests went to the GPU service");
+            } else {
+                assert_eq!(
+                    service_ops(&mut b, BYTE_OPS),
+                    reads_before,
+                    "the workers' reads of host-tier bytes went to the service"
+                );
+            }
         }
+        Execution::Process => unreachable!("a process-mode session maps the host tier"),
         Execution::Service => {
             assert!(seen.is_none(), "service mode: a parallel worker mapped {seg}: {seen:?} ({polls} polls)");
             // Every row's read went to the service (one request each), and the service alone

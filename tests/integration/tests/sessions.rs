@@ -42,8 +42,8 @@ fn session_b_reads_what_session_a_wrote() {
     write_segment(&mut b, &name, 0, &back);
     assert_bytes_eq(&read_segment(&mut a, &name, 0, back.len() as i32), &back, "A reads B's write");
 
-    // Who maps the segment now: both sessions, or (service mode) the GPU service alone, which
-    // did the work of both.
+    // Who maps the segment now: both sessions (in service mode too where they map the host
+    // tier), or the GPU service alone, which did the work of both.
     let row = segment_row(&mut a, &name).expect("segment listed in uvm.segments");
     let pids = vec![backend_pid(&mut a), backend_pid(&mut b)];
     let attached: Vec<i32> = a
@@ -52,12 +52,14 @@ fn session_b_reads_what_session_a_wrote() {
         .iter()
         .map(|r| r.get(0))
         .collect();
+    let local = maps_host_tier(&mut a);
     match execution(&mut a) {
-        Execution::Process => {
+        _ if local => {
             assert!(row.attached_processes >= 2, "attached_processes = {} (want >= 2)", row.attached_processes);
             let n = attached.iter().filter(|p| pids.contains(p)).count();
             assert_eq!(n, 2, "both sessions should be listed in uvm.attachments (attached: {attached:?}, sessions: {pids:?})");
         }
+        Execution::Process => unreachable!("a process-mode session maps the host tier"),
         Execution::Service => {
             let service = service_pid(&mut a);
             assert_eq!(row.attached_processes, 1, "service mode: only the service maps {name}");
@@ -125,10 +127,10 @@ fn growth_while_another_session_is_attached() {
     assert!(after.chunks > before.chunks, "chunks did not increase: {before:?} -> {after:?}");
     assert!(after.generation > before.generation, "generation did not increase: {before:?} -> {after:?}");
 
-    // B's attachment (in service mode the service's, which read for B) has caught up with the
+    // B's attachment (the service's where it read for B: `host_tier_pid`) has caught up with the
     // new generation.
     let b_pid = backend_pid(&mut b);
-    let reader = mapping_pid(&mut b, b_pid);
+    let reader = host_tier_pid(&mut b, b_pid);
     let mapped: Option<i64> = b
         .query_opt(
             "SELECT mapped_generation::bigint FROM uvm.attachments WHERE pid = $1 AND segment::text = $2",

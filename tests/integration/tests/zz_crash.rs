@@ -33,9 +33,10 @@ fn backend_crash_restarts_cleanly() {
     write_segment(&mut victim, &victim_seg, 0, &data);
     assert_bytes_eq(&read_segment(&mut victim, &victim_seg, 0, data.len() as i32), &data, "victim reads");
     assert_bytes_eq(&read_segment(&mut victim, &other_seg, 0, MIB as i32), &pattern(MIB, 40), "victim reads other");
-    // The victim's segments are mapped by the victim itself, or (service mode) by the service.
+    // The victim's segments are mapped by the victim itself, or by the service where it read
+    // and wrote them for the victim (`host_tier_pid`).
     let mode = execution(&mut admin);
-    let mapper = mapping_pid(&mut admin, victim_pid);
+    let mapper = host_tier_pid(&mut admin, victim_pid);
     let attached: i64 = admin.query_one("SELECT count(*) FROM uvm.attachments WHERE pid = $1", &[&mapper]).unwrap().get(0);
     assert!(attached >= 2, "process {mapper} (victim backend {victim_pid}) maps {attached} segments, want both");
     let service_before = service_pid(&mut admin);

@@ -6,7 +6,8 @@
 //! Named to run after every other test (cargo runs test binaries in name order; zz_crash.rs
 //! before this one): a crash restart ends every session of the cluster. In process mode the
 //! service runs no request: each test then checks that its workload sent none, and kills
-//! nothing (zz_crash.rs covers a backend crash in that mode).
+//! nothing (zz_crash.rs covers a backend crash in that mode). Sessions send every request to the
+//! service, host-tier bytes included (`route_through_service`), as on a GPU.
 
 use std::time::{Duration, Instant};
 
@@ -148,6 +149,7 @@ fn process_mode_sends_nothing(admin: &mut Client, name: &str) -> bool {
 
 #[test]
 fn a_backend_killed_while_the_service_runs_its_request_restarts_the_cluster_clean() {
+    route_through_service();
     let mut admin = connect_retry(Duration::from_secs(90));
     let name = unique_name("svc_victim");
     create_segment(&mut admin, &name, LONG_BYTES);
@@ -172,6 +174,7 @@ fn a_backend_killed_while_the_service_runs_its_request_restarts_the_cluster_clea
 
 #[test]
 fn the_service_killed_restarts_the_cluster_clean() {
+    route_through_service();
     let mut admin = connect_retry(Duration::from_secs(90));
     let name = unique_name("svc_killed");
     create_segment(&mut admin, &name, LONG_BYTES);
@@ -203,6 +206,7 @@ fn the_service_killed_restarts_the_cluster_clean() {
 /// no pin is left.
 #[test]
 fn the_service_terminated_while_clients_wait_comes_back() {
+    route_through_service();
     const CLIENTS: usize = 8;
     const BYTES: i64 = 512 << 20;
     let mut admin = connect_retry(Duration::from_secs(90));

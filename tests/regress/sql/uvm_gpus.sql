@@ -97,7 +97,9 @@ DROP TABLE g_parts;
 
 -- routing: the service runs a request on the GPU that holds most of the bytes it reads
 -- (g_wide: 8 MB on GPU 0, 4 MB on GPU 1; g_auto: all on the host tier), else on the least
--- loaded GPU (an idle service: GPU 0)
+-- loaded GPU (an idle service: GPU 0). Host-tier requests go to the service too here
+-- (a backend of the host provider runs them itself otherwise: pg_uvm_share.map_host_tier).
+SET pg_uvm_share.map_host_tier = off;
 SELECT uvm.create_segment('g_on1', 2 * 1024 * 1024, NULL, 'device:1') > 0 AS created;
 CREATE TEMP TABLE routed0 AS
   SELECT property, value::bigint AS n FROM uvm.device_info() WHERE property LIKE 'gpu%\_requests';

@@ -6,7 +6,10 @@ CREATE EXTENSION IF NOT EXISTS pg_uvm_share;
 SELECT uvm.stat_reset();
 SELECT current_setting('pg_uvm_share.gpu_execution') = 'service' AS service_mode \gset
 
--- Segments: 1 MiB filled, checksummed, 1000 bytes read, 2 written.
+-- Segments: 1 MiB filled, checksummed, 1000 bytes read, 2 written. In service mode this session
+-- sends them to the GPU service (a backend of the host provider runs them itself otherwise:
+-- pg_uvm_share.map_host_tier, below).
+SET pg_uvm_share.map_host_tier = off;
 SELECT uvm.create_segment('st_a', 1048576) > 0 AS created;
 SELECT uvm.fill_segment('st_a', 0, 1048576, 7);
 SELECT uvm.checksum_segment('st_a', 0, 1048576) <> 0 AS checksummed;
@@ -33,6 +36,16 @@ SELECT (SELECT coalesce(sum(requests), 0) FROM uvm.stat_service WHERE operation 
 SELECT uvm.checksum_segment('st_a', 0, 8192);
 SELECT (SELECT coalesce(sum(errors), 0) FROM uvm.stat_service WHERE operation = 'checksum')
        = CASE WHEN :'service_mode'::boolean THEN 1 ELSE 0 END AS error_counted;
+-- With map_host_tier on (the default), host-tier bytes that this backend maps (the host
+-- provider's memfds) are checksummed here, in either mode: no request, the bytes counted all
+-- the same.
+SELECT coalesce(sum(requests), 0) AS checksums_before FROM uvm.stat_service WHERE operation = 'checksum' \gset
+RESET pg_uvm_share.map_host_tier;
+SELECT uvm.checksum_segment('st_a', 0, 4096) IS NOT NULL AS checksummed;
+SELECT (SELECT coalesce(sum(requests), 0) FROM uvm.stat_service WHERE operation = 'checksum') = :checksums_before
+       AS not_a_request,
+       bytes_read
+  FROM uvm.stat_segments WHERE name = 'st_a';
 
 -- The plan node: one query of 150 joined rows, forced.
 CREATE TABLE st_outer AS SELECT g AS k, g AS v FROM generate_series(1, 1000) g;

@@ -576,6 +576,66 @@ pub fn run_main<E: Env>(segs: &mut Segments<E>, call: &Call, mut io: Io<'_>) -> 
     }
 }
 
+/// In a client process of the GPU service: runs a read, write, checksum or fill here, on this
+/// process's own mappings, when every byte it touches lies in a chunk this process maps (the
+/// host tier, where its chunks are memfds: `crate::provider::remote`). `None` (nothing done, no
+/// pin kept) for bytes elsewhere and for every other operation: the service runs those.
+///
+/// The pin taken here is a pin like the service's: it waits behind a migration that waits, and
+/// holds off migrations while the bytes are copied, so what runs here sees the same chunks the
+/// service would. Its bytes are counted in the segment's statistics, not as a service request.
+pub fn run_here<E: Env>(segs: &mut Segments<E>, call: &Call, io: &mut Io<'_>) -> Result<Option<Done>> {
+    if !segs.provider().cpu_accessible(crate::vocab::Tier::Host) {
+        return Ok(None);
+    }
+    let (seg, offset, length) = match *call {
+        Call::Checksum(ops::Checksum { seg, offset, length })
+        | Call::Fill(ops::Fill { seg, offset, length, .. })
+        | Call::Read(ops::ReadBytes { seg, offset, length }) => (seg, offset, length),
+        Call::Write(ops::WriteBytes { seg, offset }) => (seg, offset, io.input().len().min(i64::MAX as usize) as i64),
+        _ => return Ok(None),
+    };
+    // Looked up first (a shared lock): bytes outside the chunks this process maps go to the
+    // service without a pin here, which would fetch fds of chunks it never maps.
+    let info = segs.lookup(seg.name())?;
+    let (start, end) = (offset.max(0) as u64, offset.max(0).saturating_add(length.max(0)) as u64);
+    if info.chunks.iter().any(|c| c.offset < end && start < c.offset + c.size && !segs.provider().cpu_accessible(c.tier)) {
+        return Ok(None);
+    }
+    let mut pin = pin_ref(segs, &seg)?;
+    // The chunks may have moved meanwhile: checked again under the pin.
+    if !pin.cpu_mapped_range(offset, length)? {
+        return Ok(None);
+    }
+    let done = match *call {
+        Call::Checksum(_) => {
+            pin.count_read(length as u64);
+            ops::Summed { checksum: crate::checksum::checksum_interruptible(pin.bytes(offset, length)?)? }.done(0)
+        }
+        Call::Fill(ops::Fill { seed, .. }) => {
+            pin.count_written(length as u64);
+            crate::checksum::fill_interruptible(pin.bytes_mut(offset, length)?, seed as u64)?;
+            ops::Filled {}.done(0)
+        }
+        Call::Read(_) => {
+            let Io::Out(buf) = io else { return Err(uvm_err!(Code::SystemError, "a read request without a buffer")) };
+            let room = buf.len();
+            let dst = buf.get_mut(..length as usize).ok_or_else(|| {
+                uvm_err!(Code::ProgramLimitExceeded, "a read of {length} bytes exceeds the request's {room} bytes")
+            })?;
+            pin.count_read(length as u64);
+            pin.read_into(offset, dst)?;
+            ops::ReadDone {}.done(length as u64)
+        }
+        _ => {
+            pin.count_written(length as u64);
+            pin.write_from(offset, io.input())?;
+            ops::Written {}.done(0)
+        }
+    };
+    Ok(Some(done))
+}
+
 /// The process-mode executor: every request runs here, on this process's segment manager.
 pub struct Local<'a, E: Env> {
     pub segs: &'a mut Segments<E>,

@@ -9,7 +9,11 @@ use crate::error::Code;
 use crate::gpujoin::pairs::{self, PairsHeader};
 use crate::gpujoin::table;
 use crate::registry::{Arena, TierPref};
-use crate::segment::tests::{process, World};
+use crate::segment::tests::{limits, ok, process, two_tier, TestEnv, World};
+use crate::uvm_err;
+use crate::vocab::Tier;
+
+const MIB: u64 = 1 << 20;
 
 /// A process-mode executor that pretends each request carries at most `max` bytes, so that the
 /// helpers must split as they do for the service.
@@ -129,5 +133,87 @@ fn gpujoin_build_probe_and_materialize_through_requests() {
         }
     }
     std::mem::drop(segs);
+    assert_eq!(world.finish(), 0);
+}
+
+/// A client process of the GPU service (`crate::provider::remote`), as an executor that runs
+/// only what `run_here` takes, and says so for the rest.
+struct Here<'a>(&'a mut crate::segment::Segments<TestEnv>);
+
+impl Executor for Here<'_> {
+    fn mode(&self) -> Mode {
+        Mode::Service
+    }
+    fn max_io(&self) -> usize {
+        usize::MAX
+    }
+    fn run(&mut self, req: &Request, mut io: Io<'_>) -> Result<Done> {
+        let call = Call::decode(req)?;
+        local::run_here(self.0, &call, &mut io)?.ok_or_else(|| uvm_err!(Code::FeatureNotSupported, "not here"))
+    }
+}
+
+#[test]
+fn a_service_client_maps_the_host_tier_and_never_the_device() {
+    use crate::exec;
+    use crate::provider::remote::RemoteProvider;
+    let world = World::new("client", Arena::default());
+    let mut service = two_tier(&world, 1, None);
+    let mut client = crate::segment::Segments::new(
+        TestEnv::new(&world, 2),
+        Box::new(RemoteProvider::new(crate::provider::ProviderKind::Host)),
+        limits(),
+    );
+    let size = 4 * MIB as i64;
+    let h = SegRef::new("h", service.create("h", size, None, TierPref::Host, 1, 0).unwrap()).unwrap();
+    let d = SegRef::new("d", service.create("d", size, None, TierPref::Device, 1, 0).unwrap()).unwrap();
+    let data: Vec<u8> = (0..size as usize).map(|i| (i * 7 % 251) as u8).collect();
+    service.pin("h", ok).unwrap().write_from(0, &data).unwrap();
+    service.pin("d", ok).unwrap().write_from(0, &data).unwrap();
+    let not_here = |r: Result<()>| assert_eq!(r.unwrap_err().message, "not here");
+
+    // The host tier: read, checksum, write and fill run on the client's own mapping.
+    let mut out = vec![0u8; data.len()];
+    exec::read(&mut Here(&mut client), &h, 0, &mut out).unwrap();
+    assert!(out == data, "the client read other bytes than the service wrote");
+    assert_eq!(exec::checksum(&mut Here(&mut client), &h, 0, size).unwrap(), crate::checksum::checksum(&data, 0));
+    exec::write(&mut Here(&mut client), &h, 3, b"client").unwrap();
+    assert_eq!(service.pin("h", ok).unwrap().bytes(3, 6).unwrap(), b"client");
+    exec::fill(&mut Here(&mut client), &h, 2 * MIB as i64, MIB as i64, 5).unwrap();
+    // Bounds are checked here as the service checks them.
+    assert_eq!(exec::read(&mut Here(&mut client), &h, size, &mut [0u8; 1]).unwrap_err().code, Code::OutOfRange);
+    {
+        let p = client.pin("h", ok).unwrap();
+        assert!(p.cpu_mapped(Tier::Host) && !p.cpu_mapped(Tier::Device));
+        assert_eq!(p.bytes(MIB as i64, 4).unwrap(), &data[MIB as usize..MIB as usize + 4]);
+    }
+
+    // The device tier: nothing runs here, nothing is mapped.
+    not_here(exec::read(&mut Here(&mut client), &d, 0, &mut out));
+    not_here(exec::fill(&mut Here(&mut client), &d, 0, 8, 1));
+    assert_eq!(client.pin("d", ok).unwrap().bytes(0, 1).unwrap_err().code, Code::FeatureNotSupported);
+
+    // A migration to the device takes the chunk from the client at its next pin; back on the
+    // host tier, the client maps the new chunk and reads what moved.
+    service.prefetch("h", 0, size, TierPref::Device, ok).unwrap();
+    not_here(exec::checksum(&mut Here(&mut client), &h, 0, size).map(|_| ()));
+    service.prefetch("h", 0, size, TierPref::Host, ok).unwrap();
+    exec::read(&mut Here(&mut client), &h, 3, &mut out[..6]).unwrap();
+    assert_eq!(&out[..6], b"client");
+    let moved = service.pin("h", ok).unwrap().bytes(0, size).unwrap().to_vec();
+    assert_eq!(exec::checksum(&mut Here(&mut client), &h, 0, size).unwrap(), crate::checksum::checksum(&moved, 0));
+
+    // Where host chunks are CUDA allocations, the client maps nothing.
+    let mut cuda_client = crate::segment::Segments::new(
+        TestEnv::new(&world, 3),
+        Box::new(RemoteProvider::new(crate::provider::ProviderKind::Cuda)),
+        limits(),
+    );
+    not_here(exec::read(&mut Here(&mut cuda_client), &h, 0, &mut out));
+    cuda_client.detach_all();
+    client.detach_all();
+    service.drop_segment("h", ok).unwrap();
+    service.drop_segment("d", ok).unwrap();
+    std::mem::drop((service, client, cuda_client));
     assert_eq!(world.finish(), 0);
 }

@@ -1,30 +1,54 @@
-//! The provider of a client process in service mode: it maps nothing.
+//! The provider of a client process in service mode: it maps the host tier where its chunks are
+//! memfds, and never the device.
 //!
-//! In service mode every operation on segment memory runs in the GPU service
-//! (`crate::service`), which maps the chunks with the cluster's real provider. A backend or
-//! parallel worker still keeps a segment manager, for what needs no memory: looking segments
-//! up and holding session pins (`uvm.pin_segment`), which are counts in the registry. Its pins
-//! then "map" through this provider, which takes the fds the broker hands out and maps none of
-//! them (closing them at once), so that no client process loads libcuda or touches a chunk.
+//! In service mode the GPU service (`crate::service`) maps every chunk with the cluster's real
+//! provider and runs every operation that needs the device. A backend or parallel worker still
+//! keeps a segment manager: for looking segments up, holding pins and session pins (counts in
+//! the registry), and for the memory it can reach without a GPU: host-tier chunks that are
+//! memfds (the host provider's), which it maps `MAP_SHARED` at the segment's address as the
+//! host provider does. Reads, writes, checksums and fills whose bytes all lie there run in the
+//! calling process (`crate::exec::local::run_here`); CPU code and other extensions use them
+//! through the C API's `base`. Device chunks are never mapped here
+//! (their fds are taken from the broker and closed at once), so no client process loads libcuda
+//! or touches GPU memory: `cpu_accessible` is false for the device tier (so `Pin::bytes`
+//! refuses), `copy` is an error (so `Pin::read_into` refuses there), and chunks are never created
+//! here (creation is the service's).
 //!
-//! No byte is reachable through such a pin: `cpu_accessible` is false for every tier (so
-//! `Pin::bytes` refuses), `copy` is an error (so `Pin::read_into` refuses), and chunks are
-//! never created here (creation is the service's).
+//! The CUDA provider's host chunks are `HOST_NUMA` VMM allocations, which only a process with a
+//! CUDA context can map: under it this provider maps nothing. (Memfd host chunks that the
+//! service registers with CUDA work on the H200, `bench/probes/host_tier_memfd.py`, but
+//! registering 4 KiB pages made an 8 GiB migration to the host tier 20 times slower: see
+//! `docs/ARCHITECTURE.md`, "The host tier in every process".)
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 
+use super::host::HostProvider;
 use super::{adopt, unadopt, Capabilities, Provider, ProviderKind, Reservation, GRANULARITY};
 use crate::error::{Code, Result, UvmError};
 use crate::vocab::{Place, Tier};
 
-/// Maps nothing; see the module documentation. `kind` is the cluster's provider (for display).
+/// See the module documentation. `kind` is the cluster's provider (for display).
 pub struct RemoteProvider {
     pub kind: ProviderKind,
+    /// How this process maps host-tier chunks, where they are memfds; `None`: it maps nothing.
+    host: Option<HostProvider>,
+}
+
+impl RemoteProvider {
+    /// The client provider of a cluster whose provider is `kind`.
+    pub fn new(kind: ProviderKind) -> RemoteProvider {
+        RemoteProvider { kind, host: (kind == ProviderKind::Host).then(HostProvider::default) }
+    }
+
+    /// The host provider that maps chunks of `tier` here, if any.
+    fn mapper(&self, tier: Tier) -> Option<&HostProvider> {
+        self.host.as_ref().filter(|_| tier == Tier::Host)
+    }
 }
 
 fn in_service() -> UvmError {
-    UvmError::new(Code::FeatureNotSupported, "segment memory is reached only through the GPU service in this cluster")
-        .hint("pg_uvm_share.gpu_execution is service: this process maps no chunk.")
+    UvmError::new(Code::FeatureNotSupported, "device memory is reached only through the GPU service in this cluster")
+        .hint("pg_uvm_share.gpu_execution is service: this process maps no device chunk.")
 }
 
 impl Provider for RemoteProvider {
@@ -40,35 +64,54 @@ impl Provider for RemoteProvider {
         true
     }
 
-    fn cpu_accessible(&self, _tier: Tier) -> bool {
-        false
+    fn cpu_accessible(&self, tier: Tier) -> bool {
+        self.mapper(tier).is_some()
     }
 
     fn reserve(&self, hint: u64, size: u64) -> Result<Reservation> {
-        // Nothing is mapped here, so the range is only a name for the attachment.
-        Ok(Reservation { addr: hint, size, in_arena: false })
+        match &self.host {
+            // A real reservation: host chunks are mapped into it.
+            Some(h) => h.reserve(hint, size),
+            // Nothing is mapped here, so the range is only a name for the attachment.
+            None => Ok(Reservation { addr: hint, size, in_arena: false }),
+        }
     }
 
     unsafe fn reserve_in_arena(&self, addr: u64, size: u64) -> Result<Reservation> {
-        adopt(addr, size)?;
-        Ok(Reservation { addr, size, in_arena: true })
+        match &self.host {
+            // SAFETY: forwarded contract (the range lies in this process's arena).
+            Some(h) => unsafe { h.reserve_in_arena(addr, size) },
+            None => {
+                adopt(addr, size)?;
+                Ok(Reservation { addr, size, in_arena: true })
+            }
+        }
     }
 
     fn release_reservation(&self, r: Reservation) {
-        if r.in_arena {
-            unadopt(r.addr);
+        match &self.host {
+            Some(h) => h.release_reservation(r),
+            None if r.in_arena => unadopt(r.addr),
+            None => {}
         }
     }
 
     fn create_chunk(&self, _place: Place, _size: u64) -> Result<OwnedFd> {
-        Err(in_service())
+        Err(UvmError::new(Code::FeatureNotSupported, "chunks are created only by the GPU service in this cluster"))
     }
 
-    fn map_chunk(&self, _fd: BorrowedFd<'_>, _tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()> {
-        r.sub_range(offset, size).map(|_| ())
+    fn map_chunk(&self, fd: BorrowedFd<'_>, tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()> {
+        match self.mapper(tier) {
+            Some(h) => h.map_chunk(fd, tier, r, offset, size),
+            None => r.sub_range(offset, size).map(|_| ()),
+        }
     }
 
-    fn unmap_chunk(&self, _r: &Reservation, _offset: u64, _size: u64, _tier: Tier) {}
+    fn unmap_chunk(&self, r: &Reservation, offset: u64, size: u64, tier: Tier) {
+        if let Some(h) = self.mapper(tier) {
+            h.unmap_chunk(r, offset, size, tier);
+        }
+    }
 
     unsafe fn copy(&self, _dst: *mut u8, _src: *const u8, _len: usize) -> Result<()> {
         Err(in_service())

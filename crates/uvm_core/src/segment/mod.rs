@@ -256,6 +256,13 @@ impl<E: Env> Pin<E> {
         self.mapping.provider.cpu_accessible(tier)
     }
 
+    /// Whether this process's CPU addresses every byte of `[offset, offset + len)` (checked
+    /// against the segment's size first: 22023 or 2202E past it).
+    pub fn cpu_mapped_range(&self, offset: i64, len: i64) -> Result<bool> {
+        let (o, l) = self.check_range(offset, len)?;
+        Ok(self.check_cpu(o, l).is_ok())
+    }
+
     /// Checks `[offset, offset + len)` against the segment's size and returns it as a range.
     pub fn check_range(&self, offset: i64, len: i64) -> Result<(usize, usize)> {
         check_range(&self.info, offset, len)

@@ -125,7 +125,7 @@ impl Env for TestEnv {
     }
 }
 
-fn limits() -> Limits {
+pub(crate) fn limits() -> Limits {
     Limits {
         min_chunk: 2 * MIB,
         max_segment_size: 1 << 30,
@@ -323,7 +323,7 @@ fn arena_segments_map_at_their_hint() {
     assert_eq!(world.finish(), 0);
 }
 
-fn two_tier(world: &Arc<World>, pid: i32, device_limit: Option<u64>) -> Segments<TestEnv> {
+pub(crate) fn two_tier(world: &Arc<World>, pid: i32, device_limit: Option<u64>) -> Segments<TestEnv> {
     let mut l = limits();
     l.device_limit = device_limit;
     // One simulated GPU: the CUDA provider's two tiers, with memfds in both, so that the tests
