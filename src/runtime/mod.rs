@@ -17,7 +17,8 @@
 //!   `gpu_execution = process`.
 //! - backends, parallel workers, other background workers: a [`Segments`] manager created on
 //!   first use, whose attachments are undone by a `before_shmem_exit` callback. Its provider
-//!   maps chunks in process mode and maps nothing in service mode (`provider::remote`).
+//!   maps chunks in process mode; in service mode it maps the host tier where its chunks are
+//!   memfds and never a device chunk (`provider::remote`).
 //!
 //! # Two ways to memory, and which to use
 //!

@@ -31,10 +31,12 @@
 //!   a reply (the execution seam's vocabulary, which the service shares with the local executor).
 //! - `worker` is the background worker; `client` is the backend side (both pgrx).
 //!
-//! In service mode no backend maps a chunk or loads libcuda: backends keep a segment manager
-//! whose provider maps nothing ([`crate::provider::remote`]), for session pins and lookups, and
-//! send every operation on segment memory to the service. The service runs the same code a
-//! process-mode backend runs ([`crate::exec::local`]), on its own mappings.
+//! In service mode no backend maps a device chunk or loads libcuda: backends keep a segment
+//! manager whose provider maps only host-tier memfds ([`crate::provider::remote`]), for session
+//! pins, lookups and the reads, writes, checksums and fills of bytes it maps
+//! (`crate::exec::local::run_here`), and send every other operation on segment memory to the
+//! service. The service runs the same code a process-mode backend runs
+//! ([`crate::exec::local`]), on its own mappings.
 //!
 //! # Faults
 //!

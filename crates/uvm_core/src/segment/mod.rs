@@ -250,8 +250,9 @@ impl<E: Env> Pin<E> {
         self.map_ms
     }
 
-    /// Whether this process's CPU addresses chunks of `tier` at `base() + offset` (not in
-    /// service mode's client processes, which map nothing; not device chunks under CUDA).
+    /// Whether this process's CPU addresses chunks of `tier` at `base() + offset` (not device
+    /// chunks under CUDA, nor in service mode's client processes, which map only host-tier
+    /// memfds).
     pub fn cpu_mapped(&self, tier: Tier) -> bool {
         self.mapping.provider.cpu_accessible(tier)
     }
