@@ -113,6 +113,11 @@ fn checksum_and_fill_of_a_large_segment_answer_cancel_and_timeout() {
     let name = unique_name("cancel_big");
     let mut guard = SegmentGuard::with(&[&name]);
     let q = quote_literal(&name);
+    // The first ERROR of a backend may take a while to report when RUST_BACKTRACE is set (pgrx
+    // captures a backtrace; symbolizing it loads debug info once, 100 to 150 ms): have it before
+    // measuring. (A service-mode backend fills and checksums host-tier memfds itself, so its
+    // cancel is such an ERROR in both modes.)
+    let _ = c.batch_execute("SELECT uvm.drop_segment('it_cancel_no_such_segment')");
     // The segment must be large enough that a whole fill leaves room to interrupt it (see the
     // assertion below): from UVM_CANCEL_SEGMENT_BYTES (4 GiB), grown by half (whole GiB) while a
     // fill is shorter than that here and memory allows (a faster machine fills 4 GiB in 0.6 s).
