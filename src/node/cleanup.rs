@@ -64,6 +64,40 @@ pub fn create(what: &str, make: impl FnOnce(&str) -> u64) -> SegRef {
     seg
 }
 
+/// [`create`], returning the creation's error instead of raising it (nothing stays listed).
+pub fn try_create(what: &str, make: impl FnOnce(&str) -> crate::error::Result<u64>) -> crate::error::Result<SegRef> {
+    let name = temp_name(what);
+    let pending = SegRef::new(&name, 0)?;
+    track(pending);
+    install_exit_once();
+    match make(&name).and_then(|id| SegRef::new(&name, id)) {
+        Ok(seg) => {
+            listed_as(&pending, seg);
+            Ok(seg)
+        }
+        Err(e) => {
+            // A creation interrupted in the GPU service may still complete: dropped by name at
+            // the abort the error leads to.
+            Err(e)
+        }
+    }
+}
+
+/// Stops dropping `seg` at this process's abort, commit or exit: another process drops it (a
+/// parallel query's spill segment, created by a worker for the leader).
+pub fn disown(seg: &SegRef) {
+    forget(seg);
+}
+
+/// Drops `seg` with this process's temporary segments from now on (a parallel query's leader,
+/// of a segment a worker created for it).
+pub fn adopt(seg: SegRef) {
+    if !LIST.with(|l| l.borrow().iter().any(|e| e.seg == seg)) {
+        track(seg);
+        install_exit_once();
+    }
+}
+
 /// Lists a temporary segment about to be created (id 0: by name).
 fn track(seg: SegRef) {
     // SAFETY: reads the current subtransaction's id.
@@ -181,13 +215,18 @@ fn alive(pid: i32) -> bool {
 unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     match event {
         pg_sys::XactEvent::XACT_EVENT_ABORT => {
+            // A spill segment's pin first: a pinned segment cannot be dropped.
+            super::spill::release_from(0);
             drop_where(|_| true);
             sweep_orphans_quietly();
         }
         pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT
         | pg_sys::XactEvent::XACT_EVENT_COMMIT
         | pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT
-        | pg_sys::XactEvent::XACT_EVENT_PREPARE => drop_where(|_| true),
+        | pg_sys::XactEvent::XACT_EVENT_PREPARE => {
+            super::spill::release_from(0);
+            drop_where(|_| true)
+        }
         _ => {}
     }
 }
@@ -201,6 +240,7 @@ unsafe extern "C-unwind" fn subxact_callback(
 ) {
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
         // Subtransaction ids grow: the aborted one's children have larger ids.
+        super::spill::release_from(my_subid);
         drop_where(|e| e.subxact >= my_subid);
         sweep_orphans_quietly();
     }
@@ -215,6 +255,7 @@ fn sweep_orphans_quietly() {
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
+    super::spill::release_from(0);
     drop_where(|_| true);
 }
 

@@ -8,6 +8,7 @@
 //! - [`preagg`]: the aggregate push-down (planner hook, the GpuJoinAgg node that merges the
 //!   participants' partial results).
 //! - [`shared`]: what the participants of a parallel GpuJoin share (one inner side per query).
+//! - [`spill`]: its memory, bounded by PostgreSQL's hash memory; past it, the host tier.
 //! - [`cleanup`]: the temporary segments of plan nodes, dropped however the query ends.
 
 pub mod agg;
@@ -18,6 +19,7 @@ pub mod joinkey;
 pub mod matching;
 pub mod preagg;
 pub mod shared;
+pub mod spill;
 
 /// Installs the planner hook and the cleanup callbacks (from `_PG_init`).
 pub fn init() {

@@ -51,6 +51,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use pgrx::pg_sys;
 
+use super::spill::{Budget, SharedSpill, Spill, SPILL_BIT};
 use crate::exec::SegRef;
 
 /// The build's phases, in the high half of [`Shared::sync`]; the low half counts the
@@ -74,14 +75,19 @@ pub fn row_id(slot: u32, n: u64) -> i64 {
 /// Turns the probe mode's (key, value) pairs of the participant in `slot` back into (key, row
 /// id) pairs, where a NULL among the values means the matches must be formed: the `n`th pair
 /// is the `n`th row that participant stored.
-pub fn values_to_row_ids(pairs: &mut [[i64; 2]], slot: u32) {
+/// `first`: the number of the first pair of `pairs` (a page of them).
+pub fn values_to_row_ids(pairs: &mut [[i64; 2]], slot: u32, first: u64) {
     for (n, pair) in pairs.iter_mut().enumerate() {
-        pair[1] = row_id(slot, n as u64);
+        pair[1] = row_id(slot, first + n as u64);
     }
 }
 
-/// Bytes of a DSA page of inner rows (a larger value gets an allocation of its own).
+/// Bytes of a page of inner rows or of their pairs (a larger value gets an allocation of its
+/// own).
 const PAGE_BYTES: usize = 1 << 20;
+
+/// (key, payload) pairs per page.
+const PAIRS_PER_PAGE: usize = PAGE_BYTES / 16;
 
 /// A participant's part of the inner side, in the DSM (written by that participant only).
 #[repr(C)]
@@ -93,7 +99,8 @@ struct Slot {
     /// DSA array of `nallocations` DSA pointers: every allocation of the rows (freed by `reset`).
     allocations: pg_sys::dsa_pointer,
     nallocations: u64,
-    /// DSA array of `rows` (key, payload) pairs, for the table's build.
+    /// DSA array of the handles of the pages of its `rows` (key, payload) pairs, for the table's
+    /// build ([`PAIRS_PER_PAGE`] a page).
     keys: pg_sys::dsa_pointer,
     /// The payloads are the probe mode's values, not row ids (see `GpuJoinScan::drain_into`).
     values: bool,
@@ -107,6 +114,11 @@ pub struct Shared {
     cv: pg_sys::ConditionVariable,
     /// The table segment the leader created.
     pub table: SegRef,
+    /// The spill segment (`super::spill`), the bytes of the participants' rows and pairs in the
+    /// DSA area, and their limit.
+    pub spill: SharedSpill,
+    pub held: AtomicU64,
+    pub budget: u64,
     /// Every participant scans a share of the inner side (a partial inner plan), or the first
     /// one scans it whole.
     partial: bool,
@@ -211,6 +223,7 @@ impl Shared {
         unsafe {
             std::ptr::write_bytes(p as *mut u8, 0, shared_bytes(participants as usize));
             (*p).table = table;
+            (*p).budget = super::spill::hash_memory().saturating_mul(u64::from(participants));
             (*p).partial = partial;
             (*p).nslots = participants;
             pg_sys::ConditionVariableInit(&mut (*p).cv);
@@ -334,25 +347,29 @@ impl Shared {
     /// # Safety
     /// `p` is in its building phase (every scan ended); `area` is the query's DSA area; only
     /// the builder calls this, once, and drops the pairs before [`Shared::free_keys`].
-    pub unsafe fn keys(p: *mut Shared, area: *mut pg_sys::dsa_area) -> (Vec<&'static [[i64; 2]]>, u64, bool) {
+    pub unsafe fn keys(p: *mut Shared, arena: Arena) -> (Vec<&'static [[i64; 2]]>, u64, bool) {
         // SAFETY: forwarded contract; each slot's pairs were written by its participant before
         // it left the scan, stay allocated until `free_keys` or `reset`, and no one else reads
-        // or writes them now.
+        // or writes them now; `arena` maps the spill segment as far as anyone wrote.
         unsafe {
             let mut parts = Vec::new();
             for i in 0..(*p).nslots {
                 let s = *Shared::slot(p, i).expect("in range");
                 if s.keys != 0 && s.rows > 0 {
-                    let k = pg_sys::dsa_get_address(area, s.keys) as *mut [i64; 2];
-                    parts.push((i, std::slice::from_raw_parts_mut(k, s.rows as usize), s.values));
+                    let list = arena.resolve(s.keys) as *const u64;
+                    for (j, first) in (0..s.rows).step_by(PAIRS_PER_PAGE).enumerate() {
+                        let k = arena.resolve(*list.add(j)) as *mut [i64; 2];
+                        let n = (s.rows - first).min(PAIRS_PER_PAGE as u64) as usize;
+                        parts.push((i, first, std::slice::from_raw_parts_mut(k, n), s.values));
+                    }
                 }
             }
-            let values = parts.iter().all(|&(_, _, v)| v);
+            let values = parts.iter().all(|&(_, _, _, v)| v);
             let parts = parts
                 .into_iter()
-                .map(|(slot, pairs, v)| {
+                .map(|(slot, first, pairs, v)| {
                     if v && !values {
-                        values_to_row_ids(pairs, slot);
+                        values_to_row_ids(pairs, slot, first);
                     }
                     &*pairs
                 })
@@ -366,12 +383,13 @@ impl Shared {
     /// # Safety
     /// As for [`Shared::keys`]; the slices it gave are no longer used.
     pub unsafe fn free_keys(p: *mut Shared, area: *mut pg_sys::dsa_area) {
-        // SAFETY: forwarded contract; only the builder reads the pairs.
+        // SAFETY: forwarded contract; only the builder reads the pairs; the pages in the DSA
+        // area are freed, those in the spill segment go with it.
         unsafe {
             for i in 0..(*p).nslots {
                 let s = Shared::slot(p, i).expect("in range");
                 if (*s).keys != 0 {
-                    pg_sys::dsa_free(area, (*s).keys);
+                    free_pair_pages(area, (*s).keys, (*s).rows);
                     (*s).keys = 0;
                 }
             }
@@ -395,7 +413,11 @@ impl Shared {
                             pg_sys::dsa_free(area, *all.add(j));
                         }
                     }
-                    for dp in [(*s).allocations, (*s).row_pages, (*s).keys] {
+                    if (*s).keys != 0 {
+                        free_pair_pages(area, (*s).keys, (*s).rows);
+                        (*s).keys = 0;
+                    }
+                    for dp in [(*s).allocations, (*s).row_pages] {
                         if dp != 0 {
                             pg_sys::dsa_free(area, dp);
                         }
@@ -405,6 +427,8 @@ impl Shared {
             }
             (*p).rows.store(0, Ordering::Relaxed);
             (*p).nulls.store(0, Ordering::Relaxed);
+            (*p).spill.reset();
+            (*p).held.store(0, Ordering::Relaxed);
             (*p).table_bytes = 0;
             (*p).tier = 0;
             (*p).table_build_ns = 0;
@@ -419,27 +443,50 @@ impl Shared {
 }
 
 /// Where the inner rows' bytes live: the node's memory context (a serial execution) or the
-/// query's DSA area (a parallel one). A handle is the address, or the DSA pointer.
+/// query's DSA area (a parallel one), within the node's budget; past it the spill segment
+/// (`super::spill`), which `spill` maps here. A handle is the address, the DSA pointer, or
+/// [`SPILL_BIT`] and an offset into the spill segment.
 #[derive(Clone, Copy)]
-pub enum Arena {
+pub struct Arena {
+    base: Base,
+    spill: *mut u8,
+}
+
+#[derive(Clone, Copy)]
+enum Base {
     Local(pg_sys::MemoryContext),
     Shared(*mut pg_sys::dsa_area),
 }
 
 impl Arena {
-    /// Allocates `bytes` (MAXALIGNed): its handle and address.
+    /// A serial execution's: `ctx`.
+    pub fn local(ctx: pg_sys::MemoryContext) -> Arena {
+        Arena { base: Base::Local(ctx), spill: std::ptr::null_mut() }
+    }
+
+    /// A parallel one's: the query's DSA area.
+    pub fn shared(area: *mut pg_sys::dsa_area) -> Arena {
+        Arena { base: Base::Shared(area), spill: std::ptr::null_mut() }
+    }
+
+    /// This arena, with the spill segment mapped at `base` in this process.
+    pub fn with_spill(self, base: *mut u8) -> Arena {
+        Arena { spill: base, ..self }
+    }
+
+    /// Allocates `bytes` (MAXALIGNed) in the context or the DSA area: its handle and address.
     ///
     /// # Safety
     /// The context or the area is live.
     unsafe fn alloc(&self, bytes: usize) -> (u64, *mut u8) {
         // SAFETY: forwarded contract.
         unsafe {
-            match *self {
-                Arena::Local(ctx) => {
+            match self.base {
+                Base::Local(ctx) => {
                     let p = pg_sys::MemoryContextAllocExtended(ctx, bytes, pg_sys::MCXT_ALLOC_HUGE as i32) as *mut u8;
                     (p as u64, p)
                 }
-                Arena::Shared(area) => {
+                Base::Shared(area) => {
                     let dp = pg_sys::dsa_allocate_extended(area, bytes, alloc_flags(bytes));
                     (dp, pg_sys::dsa_get_address(area, dp) as *mut u8)
                 }
@@ -447,16 +494,41 @@ impl Arena {
         }
     }
 
-    /// The address of a handle made by [`Arena::alloc`] (or of a byte inside that allocation).
+    /// The address of a handle made by [`Arena::alloc`] or by the spill segment (or of a byte
+    /// inside that allocation).
     ///
     /// # Safety
-    /// `handle` came from this arena and its allocation is live.
+    /// `handle` came from this arena and its allocation is live; a spill handle lies in the
+    /// spill segment's bytes mapped at `spill`.
     unsafe fn resolve(&self, handle: u64) -> *mut u8 {
-        match *self {
-            Arena::Local(_) => handle as *mut u8,
+        if handle & SPILL_BIT != 0 {
             // SAFETY: forwarded contract.
-            Arena::Shared(area) => unsafe { pg_sys::dsa_get_address(area, handle) as *mut u8 },
+            return unsafe { self.spill.add((handle & !SPILL_BIT) as usize) };
         }
+        match self.base {
+            Base::Local(_) => handle as *mut u8,
+            // SAFETY: forwarded contract.
+            Base::Shared(area) => unsafe { pg_sys::dsa_get_address(area, handle) as *mut u8 },
+        }
+    }
+}
+
+/// Frees the pages of `rows` pairs listed at `list` (a DSA array of their handles) that are in
+/// the DSA area, and the list (those in the spill segment go with it).
+///
+/// # Safety
+/// `list` and its DSA pages were allocated in `area` and nothing uses them any more.
+unsafe fn free_pair_pages(area: *mut pg_sys::dsa_area, list: pg_sys::dsa_pointer, rows: u64) {
+    // SAFETY: forwarded contract: the list holds one handle per page of `rows` pairs.
+    unsafe {
+        let handles = pg_sys::dsa_get_address(area, list) as *const u64;
+        for j in 0..(rows as usize).div_ceil(PAIRS_PER_PAGE) {
+            let h = *handles.add(j);
+            if h & SPILL_BIT == 0 {
+                pg_sys::dsa_free(area, h);
+            }
+        }
+        pg_sys::dsa_free(area, list);
     }
 }
 
@@ -509,16 +581,23 @@ unsafe fn value_bytes(v: pg_sys::Datum, len: i16) -> (*const u8, usize) {
 }
 
 /// Writes a participant's inner rows: the columns the join uses, each row of a fixed size,
-/// by-reference values copied beside them.
+/// by-reference values copied beside them; and each row's (key, payload) pair, in pages of
+/// their own. Within the node's [`Budget`] in its own memory, past it in the spill segment.
 pub struct RowWriter {
     arena: Arena,
+    budget: Budget,
+    spill: Spill,
     cols: Vec<Col>,
     layout: Layout,
     /// Handles of the row pages, in row order.
     pages: Vec<u64>,
     page: *mut u8,
     rows: u64,
-    /// Handles of every allocation (row pages and value pages), to free them.
+    /// Handles of the pair pages, in row order, and the current one.
+    pair_pages: Vec<u64>,
+    pair_page: *mut [i64; 2],
+    /// Handles of every allocation in the context or DSA area but the pair pages (row pages and
+    /// value pages), to free them.
     allocations: Vec<u64>,
     blob: (u64, *mut u8),
     blob_used: usize,
@@ -528,19 +607,44 @@ pub struct RowWriter {
 
 impl RowWriter {
     /// A writer for participant `slot` (0 in a serial execution).
-    pub fn new(arena: Arena, cols: &[Col], slot: u32) -> RowWriter {
+    pub fn new(arena: Arena, cols: &[Col], slot: u32, budget: Budget, spill: Spill) -> RowWriter {
         RowWriter {
             slot,
             arena,
+            budget,
+            spill,
             cols: cols.to_vec(),
             layout: Layout::of(cols.len()),
             pages: Vec::new(),
             page: std::ptr::null_mut(),
             rows: 0,
+            pair_pages: Vec::new(),
+            pair_page: std::ptr::null_mut(),
             allocations: Vec::new(),
             blob: (0, std::ptr::null_mut()),
             blob_used: PAGE_BYTES,
         }
+    }
+
+    /// Allocates `bytes` (MAXALIGNed): in the context or DSA area within the budget (listed for
+    /// freeing unless `pairs`), else in the spill segment. Raises 53200 where this process
+    /// cannot spill.
+    ///
+    /// # Safety
+    /// The arena is live.
+    unsafe fn alloc(&mut self, bytes: usize, pairs: bool) -> (u64, *mut u8) {
+        let need = maxalign(bytes);
+        if self.budget.try_take(need as u64) {
+            // SAFETY: forwarded contract.
+            let (h, p) = unsafe { self.arena.alloc(need) };
+            if !pairs {
+                self.allocations.push(h);
+            }
+            return (h, p);
+        }
+        let got = self.spill.alloc(need).unwrap_or_else(|e| crate::runtime::report(e));
+        self.arena = self.arena.with_spill(self.spill.base());
+        got
     }
 
     /// Copies `bytes` into the value pages; returns the handle of the copy.
@@ -552,25 +656,24 @@ impl RowWriter {
         unsafe {
             let need = maxalign(bytes);
             if need > PAGE_BYTES / 4 {
-                let (h, p) = self.arena.alloc(need);
-                self.allocations.push(h);
+                let (h, p) = self.alloc(need, false);
                 std::ptr::copy_nonoverlapping(src, p, bytes);
                 return h;
             }
             if self.blob_used + need > PAGE_BYTES {
-                self.blob = self.arena.alloc(PAGE_BYTES);
-                self.allocations.push(self.blob.0);
+                self.blob = self.alloc(PAGE_BYTES, false);
                 self.blob_used = 0;
             }
             std::ptr::copy_nonoverlapping(src, self.blob.1.add(self.blob_used), bytes);
-            // A DSA pointer (or an address) plus an offset inside its allocation names that byte.
+            // A handle plus an offset inside its allocation names that byte.
             let h = self.blob.0 + self.blob_used as u64;
             self.blob_used += need;
             h
         }
     }
 
-    /// Stores a row (one value and null flag per column); returns its row id.
+    /// Stores a row (one value and null flag per column) and its (key, payload) pair; returns
+    /// its row id.
     ///
     /// # Safety
     /// `values` and `nulls` have one entry per column, of the columns' types; the arena is live.
@@ -580,9 +683,8 @@ impl RowWriter {
             let l = self.layout;
             let at = (self.rows % l.rows_per_page as u64) as usize;
             if at == 0 {
-                let (h, p) = self.arena.alloc(l.rows_per_page * l.row_bytes);
+                let (h, p) = self.alloc(l.rows_per_page * l.row_bytes, false);
                 self.pages.push(h);
-                self.allocations.push(h);
                 self.page = p;
             }
             let row = self.page.add(at * l.row_bytes);
@@ -599,8 +701,49 @@ impl RowWriter {
                 (row as *mut u64).add(i).write(word);
                 row.add(8 * l.n + i).write(u8::from(nulls[i]));
             }
+            if self.rows.is_multiple_of(PAIRS_PER_PAGE as u64) {
+                let (h, p) = self.alloc(PAGE_BYTES, true);
+                self.pair_pages.push(h);
+                self.pair_page = p as *mut [i64; 2];
+            }
             self.rows += 1;
             row_id(self.slot, self.rows - 1)
+        }
+    }
+
+    /// Sets the (key, payload) pair of the row [`RowWriter::push`] stored last.
+    pub fn set_pair(&mut self, pair: [i64; 2]) {
+        let at = ((self.rows.max(1) - 1) % PAIRS_PER_PAGE as u64) as usize;
+        if !self.pair_page.is_null() {
+            // SAFETY: `push` made the page, of PAIRS_PER_PAGE pairs, for this row.
+            unsafe { self.pair_page.add(at).write(pair) };
+        }
+    }
+
+    /// The pairs so far, a page at a time.
+    ///
+    /// # Safety
+    /// The arena is live while the slices are used, and nothing pushes meanwhile.
+    pub unsafe fn pairs(&mut self) -> Vec<&'static mut [[i64; 2]]> {
+        (0..self.rows)
+            .step_by(PAIRS_PER_PAGE)
+            .zip(&self.pair_pages)
+            .map(|(first, &h)| {
+                let n = (self.rows - first).min(PAIRS_PER_PAGE as u64) as usize;
+                // SAFETY: forwarded contract; page `h` holds pairs `first..first + n`.
+                unsafe { std::slice::from_raw_parts_mut(self.arena.resolve(h) as *mut [i64; 2], n) }
+            })
+            .collect()
+    }
+
+    /// Turns the payloads of the pairs so far into row ids (a NULL among the probe mode's values).
+    ///
+    /// # Safety
+    /// As for [`RowWriter::pairs`].
+    pub unsafe fn pairs_to_row_ids(&mut self) {
+        // SAFETY: forwarded contract.
+        for (j, page) in unsafe { self.pairs() }.into_iter().enumerate() {
+            values_to_row_ids(page, self.slot, (j * PAIRS_PER_PAGE) as u64);
         }
     }
 
@@ -613,29 +756,38 @@ impl RowWriter {
         self.rows
     }
 
-    /// The rows of a serial build, read back in this process.
+    /// Bytes in the node's own memory (all participants' in a parallel query), its limit, and
+    /// the bytes this participant spilled.
+    pub fn memory(&self) -> (u64, u64, u64) {
+        (self.budget.used(), self.budget.limit(), self.spill.bytes())
+    }
+
+    /// The rows of a serial build, read back in this process, and the spill segment they may
+    /// lie in (the node keeps it until End).
     ///
     /// # Safety
     /// The arena is live while the rows are read.
-    pub unsafe fn into_local(self) -> InnerRows {
+    pub unsafe fn into_local(self) -> (InnerRows, Spill) {
         // SAFETY: forwarded contract.
         let pages = self.pages.iter().map(|&h| unsafe { self.arena.resolve(h) } as *const u8).collect();
-        InnerRows {
+        let rows = InnerRows {
             arena: Some(self.arena),
             cols: self.cols,
             layout: Some(self.layout),
             slots: vec![SlotRows { pages, rows: self.rows }],
             total: self.rows,
-        }
+        };
+        (rows, self.spill)
     }
 
     /// Records this participant's rows, and their (key, payload) pairs for the table (`values`:
-    /// the payloads are values, not row ids), in its slot of `p` (a parallel execution).
+    /// the payloads are values, not row ids), in its slot of `p` (a parallel execution); gives
+    /// back the spill segment as this process maps it.
     ///
     /// # Safety
     /// `p` is the query's [`Shared`]; this participant joined the scan and has not left it; the
     /// arena is the query's DSA area.
-    pub unsafe fn publish(self, p: *mut Shared, keys: &[[i64; 2]], nulls: u64, values: bool) {
+    pub unsafe fn publish(self, p: *mut Shared, nulls: u64, values: bool) -> Spill {
         // SAFETY: forwarded contract; each array is copied into an allocation of its size.
         unsafe {
             let Some(s) = Shared::slot(p, self.slot) else {
@@ -644,6 +796,7 @@ impl RowWriter {
                     "GpuJoin: a participant without a slot in the shared state",
                 ));
             };
+            // The lists themselves (a word per page) stay out of the budget.
             let copy = |v: &[u64]| -> pg_sys::dsa_pointer {
                 if v.is_empty() {
                     return 0;
@@ -655,12 +808,12 @@ impl RowWriter {
             (*s).row_pages = copy(&self.pages);
             (*s).allocations = copy(&self.allocations);
             (*s).nallocations = self.allocations.len() as u64;
-            // SAFETY (layout): [i64; 2] is two u64 words.
-            (*s).keys = copy(std::slice::from_raw_parts(keys.as_ptr() as *const u64, keys.len() * 2));
+            (*s).keys = copy(&self.pair_pages);
             (*s).values = values;
             (*s).rows = self.rows;
             (*p).rows.fetch_add(self.rows, Ordering::Relaxed);
             (*p).nulls.fetch_add(nulls, Ordering::Relaxed);
+            self.spill
         }
     }
 }
@@ -690,12 +843,12 @@ impl InnerRows {
     /// The rows of the query's shared state, with the plan's inner columns.
     ///
     /// # Safety
-    /// `p` is built; `area` is the query's attached DSA area.
-    pub unsafe fn of_shared(p: *mut Shared, area: *mut pg_sys::dsa_area, cols: &[Col]) -> InnerRows {
+    /// `p` is built; `arena` is the query's attached DSA area, with the spill segment mapped as
+    /// far as the participants wrote.
+    pub unsafe fn of_shared(p: *mut Shared, arena: Arena, cols: &[Col]) -> InnerRows {
         // SAFETY: forwarded contract: each slot's page list holds one handle per page of its rows.
         unsafe {
             let layout = Layout::of(cols.len());
-            let arena = Arena::Shared(area);
             let mut slots = Vec::new();
             for i in 0..(*p).nslots {
                 let s = *Shared::slot(p, i).expect("in range");

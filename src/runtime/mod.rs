@@ -376,6 +376,17 @@ pub fn maps_segment_memory() -> Result<bool> {
     Ok(IS_SERVICE.load(std::sync::atomic::Ordering::Acquire) || execution_mode()? != Mode::Service)
 }
 
+/// Whether this process maps host-tier memory at its segment addresses: every process in process
+/// mode; in service mode a backend under the host provider with `pg_uvm_share.map_host_tier` on
+/// (`crate::provider::remote`); not one under CUDA, whose host tier only the service maps.
+pub fn maps_host_tier() -> bool {
+    match maps_segment_memory() {
+        Ok(true) => true,
+        Ok(false) => guc::MAP_HOST_TIER.get() && cluster_provider() == Some(ProviderKind::Host),
+        Err(_) => false,
+    }
+}
+
 /// Ok when this process can hand out device addresses of segment memory (it maps the
 /// segments, with the CUDA provider); else the error that says why not.
 pub fn check_device_addresses() -> Result<()> {

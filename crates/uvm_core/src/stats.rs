@@ -164,6 +164,9 @@ crate::wire_enum! {
         NotExactForOuterJoin = 3,
         /// The key would form far more pairs than the join returns.
         TooManyPairs = 4,
+        /// The inner side is estimated past the node's hash memory, and this process cannot
+        /// spill it to the host tier.
+        InnerOverMemory = 5,
     }
 }
 
@@ -175,6 +178,7 @@ impl Decline {
             Decline::NoKey => "no hashable key",
             Decline::NotExactForOuterJoin => "outer join without an exact key",
             Decline::TooManyPairs => "too many pairs per row",
+            Decline::InnerOverMemory => "inner side over work_mem, cannot spill",
         }
     }
 }

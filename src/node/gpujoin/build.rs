@@ -69,24 +69,19 @@ impl GpuJoinScan {
     }
 
     /// Drains the inner child into `writer` (the columns the join uses of each row with a
-    /// non-NULL key): returns the table's (key, payload) pairs, the count of NULL keys and
-    /// whether the payloads are values. A payload is the row's id, or in the probe mode the
-    /// aggregated column's value (0 for `count(*)` alone), read here as the row goes by, so
+    /// non-NULL key, and the table's (key, payload) pair of each): returns the count of NULL
+    /// keys and whether the payloads are values. A payload is the row's id, or in the probe mode
+    /// the aggregated column's value (0 for `count(*)` alone), read here as the row goes by, so
     /// that no one makes a second pass over the stored rows; a NULL value turns this
-    /// participant's payloads back into row ids ([`shared::values_to_row_ids`]). By-reference
+    /// participant's payloads back into row ids ([`RowWriter::pairs_to_row_ids`]). By-reference
     /// values that need flattening are made in `scratch`, reset as it goes.
     ///
     /// # Safety
     /// Called from exec with the node's children initialized; the writer's arena is live.
-    pub(super) unsafe fn drain_into(
-        &mut self,
-        writer: &mut RowWriter,
-        scratch: pg_sys::MemoryContext,
-    ) -> (Vec<[i64; 2]>, u64, bool) {
+    pub(super) unsafe fn drain_into(&mut self, writer: &mut RowWriter, scratch: pg_sys::MemoryContext) -> (u64, bool) {
         // SAFETY: forwarded contract.
         unsafe {
             let n = self.inner_resnos.len();
-            let mut rows: Vec<[i64; 2]> = Vec::new();
             let mut nulls = 0u64;
             let mut chunk = Chunk::default();
             let upto = self.max_inner_att;
@@ -115,11 +110,6 @@ impl GpuJoinScan {
                     CHUNK_ROWS,
                 );
                 nulls += chunk.null_keys;
-                // Room for the chunk's pairs first (an ERROR here leaves nothing half done).
-                if let Err(e) = fallible::try_reserve(&mut rows, chunk.keys.len(), "the inner side's keys") {
-                    pg_sys::MemoryContextReset(scratch);
-                    report(e);
-                }
                 let old = pg_sys::MemoryContextSwitchTo(scratch);
                 for (j, &key) in chunk.keys.iter().enumerate() {
                     let id = writer.push(&chunk.vals[j * n..(j + 1) * n], &chunk.nulls[j * n..(j + 1) * n]);
@@ -128,29 +118,31 @@ impl GpuJoinScan {
                         None => 0,
                         Some((i, _)) if chunk.nulls[j * n + i] => {
                             values = false;
-                            shared::values_to_row_ids(&mut rows, writer.slot());
+                            writer.pairs_to_row_ids();
                             id
                         }
                         Some((i, arg)) => int_of_datum(chunk.vals[j * n + i], arg),
                     };
-                    rows.push([key, p]);
+                    writer.set_pair([key, p]);
                 }
                 pg_sys::MemoryContextSwitchTo(old);
                 if let Some(p) = &progress {
-                    p.done(rows.len() as u64);
+                    p.done(writer.rows());
                 }
                 if ended {
                     break;
                 }
             }
             pg_sys::MemoryContextReset(scratch);
-            self.stats.inner_rows = rows.len() as u64;
-            (rows, nulls, values)
+            self.stats.inner_rows = writer.rows();
+            (self.stats.held, self.stats.memory_limit, self.stats.spilled) = writer.memory();
+            (nulls, values)
         }
     }
 
-    /// A serial execution's build: the inner rows in the node's memory, the table in a
-    /// temporary segment of this process.
+    /// A serial execution's build: the inner rows in the node's memory (past its hash memory,
+    /// in its spill segment: `super::super::spill`), the table in a temporary segment of this
+    /// process.
     ///
     /// # Safety
     /// Called from exec with the node's children initialized.
@@ -160,18 +152,21 @@ impl GpuJoinScan {
             self.drop_table();
             self.rows = InnerRows::default();
             pg_sys::MemoryContextReset(self.inner_ctx);
-            let mut writer = RowWriter::new(Arena::Local(self.inner_ctx), &self.inner_cols, 0);
-            let (rows, nulls, values) = self.drain_into(&mut writer, self.batch_ctx);
-            self.rows = writer.into_local();
-            if rows.is_empty() {
-                return;
+            let spill = std::mem::take(&mut self.spill);
+            let mut writer = RowWriter::new(Arena::local(self.inner_ctx), &self.inner_cols, 0, Budget::own(), spill);
+            let (nulls, values) = self.drain_into(&mut writer, self.batch_ctx);
+            let stored = writer.rows();
+            if stored > 0 {
+                let bytes = table::table_bytes(stored);
+                let seg = self.create_temp("inner", bytes, Some(bytes));
+                self.table = Some(seg);
+                self.owns_table = true;
+                self.payload_values = values;
+                let pairs = writer.pairs();
+                let parts: Vec<&[[i64; 2]]> = pairs.iter().map(|p| &**p).collect();
+                self.fill_table(&seg, &parts, nulls);
             }
-            let bytes = table::table_bytes(rows.len() as u64);
-            let seg = self.create_temp("inner", bytes, Some(bytes));
-            self.table = Some(seg);
-            self.owns_table = true;
-            self.payload_values = values;
-            self.fill_table(&seg, &[&rows], nulls);
+            (self.rows, self.spill) = writer.into_local();
         }
     }
 
@@ -218,18 +213,20 @@ impl GpuJoinScan {
             if let Some(Role::Scan) = role {
                 // This participant's share of the inner side (all of it for a non-partial
                 // inner plan, which only the first participant scans).
-                let mut writer = RowWriter::new(Arena::Shared(area), &self.inner_cols, shared::my_slot());
-                let (rows, nulls, values) = self.drain_into(&mut writer, self.batch_ctx);
-                writer.publish(sh, &rows, nulls, values);
-                drop(rows);
+                let spill = std::mem::take(&mut self.spill);
+                let budget = Budget::shared(&(*sh).held, (*sh).budget);
+                let mut writer = RowWriter::new(Arena::shared(area), &self.inner_cols, shared::my_slot(), budget, spill);
+                let (nulls, values) = self.drain_into(&mut writer, self.batch_ctx);
+                self.spill = writer.publish(sh, nulls, values);
                 if Shared::leave(sh) {
                     // The last to finish builds the table from every participant's pairs: in
                     // the probe mode, with the aggregated column's values as payloads, unless
                     // a participant met a NULL among them, and then every one's row ids.
-                    let (parts, nulls, values) = Shared::keys(sh, area);
+                    let arena = self.shared_arena(sh, area);
+                    let (parts, nulls, values) = Shared::keys(sh, arena);
                     if parts.iter().any(|p| !p.is_empty()) {
                         let seg = (*sh).table;
-                        self.rows = InnerRows::of_shared(sh, area, &self.inner_cols);
+                        self.rows = InnerRows::of_shared(sh, arena, &self.inner_cols);
                         (*sh).payload_values = values;
                         let (bytes, tier) = self.fill_table(&seg, &parts, nulls);
                         (*sh).table_bytes = bytes;
@@ -256,9 +253,25 @@ impl GpuJoinScan {
             let area = self.query_area();
             Shared::wait_built(sh);
             self.table = Some((*sh).table);
-            self.rows = InnerRows::of_shared(sh, area, &self.inner_cols);
+            let arena = self.shared_arena(sh, area);
+            self.rows = InnerRows::of_shared(sh, arena, &self.inner_cols);
             self.copy_shared_stats();
         }
+    }
+
+    /// The query's DSA area, with the spill segment mapped here as far as the participants
+    /// wrote (every one of them has left the scan).
+    ///
+    /// # Safety
+    /// `sh` is the query's shared state, `area` its DSA area.
+    unsafe fn shared_arena(&mut self, sh: *mut Shared, area: *mut pg_sys::dsa_area) -> Arena {
+        // SAFETY: forwarded contract.
+        let used = unsafe { (*sh).spill.used.load(std::sync::atomic::Ordering::Acquire) };
+        let arena = Arena::shared(area);
+        if used == 0 {
+            return arena;
+        }
+        arena.with_spill(self.spill.map(used, false).unwrap_or_else(|e| report(e)))
     }
 
     /// The build's statistics, the table's payload kind and the participants' counters, from the
@@ -271,6 +284,9 @@ impl GpuJoinScan {
         unsafe {
             let sh = &*self.shared;
             self.stats.inner_rows = sh.rows.load(std::sync::atomic::Ordering::Relaxed);
+            self.stats.held = sh.held.load(std::sync::atomic::Ordering::Relaxed);
+            self.stats.memory_limit = sh.budget;
+            self.stats.spilled = sh.spill.used.load(std::sync::atomic::Ordering::Relaxed);
             self.stats.table_bytes = sh.table_bytes;
             self.stats.tier = TIERS.get(sh.tier as usize).copied().unwrap_or("").into();
             self.stats.table_build = Duration::from_nanos(sh.table_build_ns);
@@ -312,12 +328,17 @@ impl GpuJoinScan {
         });
     }
 
-    /// Forgets the inner table, dropping it if this process owns it (End, or a rebuild).
+    /// Forgets the inner table, dropping it if this process owns it (End, or a rebuild); a
+    /// serial execution's spill segment goes with it.
     pub(super) fn drop_table(&mut self) {
         if let Some(seg) = self.table.take() {
             if std::mem::replace(&mut self.owns_table, false) {
                 cleanup::drop_now(&seg);
             }
+        }
+        if self.shared.is_null() {
+            self.rows = InnerRows::default();
+            self.spill.finish();
         }
     }
 }

@@ -57,6 +57,12 @@ pub(super) unsafe fn explain(
                 // Probe mode: the aggregates came from the probes' match counts and payload sums.
                 prop(c"Aggregated", if scan.payload_values { "in the probe" } else { "per match" });
             }
+            // The inner side in the node's own memory, and past its hash memory in the host tier
+            // (`super::super::spill`).
+            int(c"Memory Usage", Some(c"kB"), scan.stats.held.div_ceil(1024));
+            if scan.stats.spilled > 0 {
+                int(c"Spilled to Host Tier", Some(c"kB"), scan.stats.spilled.div_ceil(1024));
+            }
             int(c"Inner Table", Some(c"bytes"), scan.stats.table_bytes);
             if !scan.stats.tier.is_empty() {
                 prop(c"Inner Table Tier", &scan.stats.tier);

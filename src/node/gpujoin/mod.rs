@@ -103,6 +103,7 @@ use super::cleanup;
 use super::fallible;
 use super::matching::{Batch, Emitter};
 use super::shared::{self, Arena, Col, InnerRows, Role, RowWriter, Shared, TIERS};
+use super::spill::{self, Budget, Spill};
 use crate::customscan::{self, JoinScan, Methods};
 use crate::error::{Code, Result, UvmError};
 use crate::exec::{self, SegRef};

@@ -441,6 +441,13 @@ pub(super) unsafe fn add_path(
         if kind != JoinKind::Inner && !(clauses.others.is_empty() && clauses.composer().form().exact()) {
             return decline(Decline::NotExactForOuterJoin);
         }
+        // Past its hash memory the node spills the inner side to the host tier, which not every
+        // process maps (`super::super::spill`): where this one does not, an inner side estimated
+        // past it is no job for the node.
+        let inner_bytes = (*innerrel).rows * (f64::from((*(*innerrel).reltarget).width) + 32.0);
+        if inner_bytes > spill::hash_memory() as f64 && !spill::can_spill() {
+            return decline(Decline::InnerOverMemory);
+        }
         let mut keylist = PgList::<pg_sys::RestrictInfo>::new();
         for &(r, _, _) in &clauses.keys {
             keylist.push(r);

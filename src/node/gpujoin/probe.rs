@@ -54,6 +54,7 @@ impl GpuJoinScan {
                 // NULL keys): no pair, every tuple unmatched.
                 let buf = self.emitter.take_buffer();
                 self.emitter.reset(buf);
+                self.matches = (0, 0);
             } else {
                 self.probe_batch();
             }
@@ -216,7 +217,7 @@ impl GpuJoinScan {
                 self.batch.push(Some(k));
             }
             self.probe_batch();
-            while let Some((pos, row)) = self.emitter.next(&self.batch) {
+            while let Some((pos, row)) = self.next_match() {
                 if let Err(e) = self.fold(pos, row) {
                     report(e);
                 }
@@ -232,7 +233,8 @@ impl GpuJoinScan {
     pub(super) unsafe fn gather_while_building(&mut self) {
         // SAFETY: forwarded contract.
         unsafe {
-            while !self.outer_done && self.pending.len() < PENDING_BATCHES && !Shared::is_built(self.shared) {
+            let most = spill::pending_batches(BATCH_TUPLES, PENDING_BATCHES);
+            while !self.outer_done && self.pending.len() < most && !Shared::is_built(self.shared) {
                 let mut chunk = Chunk::default();
                 self.outer_done = self.fetch_keys(&mut chunk);
                 if !chunk.keys.is_empty() {
@@ -276,7 +278,7 @@ impl GpuJoinScan {
                 self.probe_all();
             } else if !self.rows.is_empty() {
                 loop {
-                    while let Some((pos, row)) = self.emitter.next(&self.batch) {
+                    while let Some((pos, row)) = self.next_match() {
                         if let Err(e) = self.fold(pos, row) {
                             report(e);
                         }
@@ -326,7 +328,8 @@ impl GpuJoinScan {
     }
 
     /// Materializes the current batch's distinct keys into this participant's result buffer
-    /// (created at the first batch), reads the pairs back and hands them to the emitter.
+    /// (created at the first batch) and hands the first window of its pairs to the emitter
+    /// ([`GpuJoinScan::next_match`] reads the others).
     pub(super) fn probe_batch(&mut self) {
         self.stats.batches += 1;
         if self.result.is_none() {
@@ -335,7 +338,6 @@ impl GpuJoinScan {
         }
         let (table, result) = (self.table.expect("built"), self.result.expect("created"));
         let kt = self.key;
-        let mut buf = self.emitter.take_buffer();
         let keys = self.batch.distinct();
         let t = Instant::now();
         let got = crate::runtime::try_executor(|ex| {
@@ -354,15 +356,46 @@ impl GpuJoinScan {
                     ),
                 ));
             }
-            fallible::try_resize(&mut buf, m as usize, [0, 0], "a batch's matches")?;
+            Ok(m)
+        });
+        self.stats.gpu += t.elapsed();
+        self.matches = (0, got.unwrap_or_else(|e| report(e)));
+        self.read_matches();
+    }
+
+    /// Reads the next window of the batch's pairs ([`spill::match_window`] of them) from the
+    /// result buffer into the emitter.
+    fn read_matches(&mut self) {
+        let (from, m) = self.matches;
+        let n = (m - from).min(spill::match_window() as u64);
+        let result = self.result.expect("created");
+        let mut buf = self.emitter.take_buffer();
+        let t = Instant::now();
+        let got = crate::runtime::try_executor(|ex| {
+            fallible::try_resize(&mut buf, n as usize, [0, 0], "a batch's matches")?;
             // SAFETY: viewing our own [i64; 2] buffer as bytes.
             let bytes =
                 unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, buf.len() * pairs::PAIR_BYTES as usize) };
-            exec::read(ex, &result, pairs::HEADER_BYTES as i64, bytes)?;
+            let at = pairs::HEADER_BYTES + from * pairs::PAIR_BYTES;
+            exec::read(ex, &result, at as i64, bytes)?;
             Ok(buf)
         });
         self.stats.gpu += t.elapsed();
-        let buf = got.unwrap_or_else(|e| report(e));
-        self.emitter.reset(buf);
+        self.matches.0 = from + n;
+        self.emitter.reset(got.unwrap_or_else(|e| report(e)));
+    }
+
+    /// The next (outer position, inner row id) of the batch, reading its pairs a window at a
+    /// time; `None` when they are done.
+    pub(super) fn next_match(&mut self) -> Option<(u32, i64)> {
+        loop {
+            if let Some(x) = self.emitter.next(&self.batch) {
+                return Some(x);
+            }
+            if self.matches.0 >= self.matches.1 {
+                return None;
+            }
+            self.read_matches();
+        }
     }
 }

@@ -22,6 +22,11 @@ pub(super) struct Stats {
     /// Rows this participant returned (`uvm.stat_gpujoin`), and whether it ran at all.
     pub(super) rows_out: u64,
     pub(super) executed: bool,
+    /// The inner side's bytes in the node's own memory (in parallel, every participant's), its
+    /// limit (`super::super::spill`), and the bytes spilled past it.
+    pub(super) held: u64,
+    pub(super) memory_limit: u64,
+    pub(super) spilled: u64,
 }
 
 /// The GpuJoin custom scan.
@@ -38,6 +43,9 @@ pub struct GpuJoinScan {
     /// The inner rows (the inner columns the join uses: `inner_cols`, read from the inner
     /// child's `inner_resnos`).
     pub(super) rows: InnerRows,
+    /// Where the inner side goes past the node's hash memory (`super::super::spill`): this
+    /// process's view of the spill segment.
+    pub(super) spill: Spill,
     pub(super) inner_cols: Vec<Col>,
     pub(super) inner_resnos: Vec<i32>,
     /// The outer columns the join uses, kept per batch tuple (`outer_vals`, `outer_nulls`:
@@ -67,6 +75,8 @@ pub struct GpuJoinScan {
     pub(super) reported: bool,
     pub(super) batch: Batch,
     pub(super) emitter: Emitter,
+    /// The batch's pairs in the result buffer: the next one to read, and how many.
+    pub(super) matches: (u64, u64),
     pub(super) max_outer_att: i32,
     pub(super) max_inner_att: i32,
     pub(super) stats: Stats,
@@ -139,6 +149,7 @@ impl JoinScan for GpuJoinScan {
             inner_ctx: std::ptr::null_mut(),
             batch_ctx: std::ptr::null_mut(),
             rows: InnerRows::default(),
+            spill: Spill::default(),
             inner_cols: Vec::new(),
             inner_resnos: Vec::new(),
             outer_cols: Vec::new(),
@@ -157,6 +168,7 @@ impl JoinScan for GpuJoinScan {
             reported: false,
             batch: Batch::default(),
             emitter: Emitter::default(),
+            matches: (0, 0),
             max_outer_att,
             max_inner_att,
             stats: Stats::default(),
@@ -260,7 +272,7 @@ impl JoinScan for GpuJoinScan {
                 pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
                 // The next (outer position, inner row) to return: a pair of the batch, or once
                 // they are done (left, anti) an outer tuple without a match (no inner row).
-                let (pos, row) = match self.emitter.next(&self.batch) {
+                let (pos, row) = match self.next_match() {
                     Some((pos, row)) => {
                         let first = !std::mem::replace(self.matched.get_mut(pos as usize).unwrap_or(&mut true), true);
                         match join {
@@ -336,6 +348,7 @@ impl JoinScan for GpuJoinScan {
             self.batch.clear();
             let buf = self.emitter.take_buffer();
             self.emitter.reset(buf);
+            self.matches = (0, 0);
             self.outer_vals.clear();
             self.outer_nulls.clear();
         }
@@ -348,6 +361,9 @@ impl JoinScan for GpuJoinScan {
             self.count_in_stats();
             self.finish_probe();
             self.drop_table();
+            // A parallel query's spill segment: this process's pin, and the leader drops it.
+            self.rows = InnerRows::default();
+            self.spill.finish();
             if let Some(seg) = self.result.take() {
                 cleanup::drop_now(&seg);
             }
@@ -376,13 +392,17 @@ impl JoinScan for GpuJoinScan {
         let seg = self.create_temp("inner", table::table_bytes(0), None);
         self.table = Some(seg);
         self.owns_table = true;
+        let sh = coordinate as *mut Shared;
         // SAFETY: `coordinate` holds the bytes estimate_dsm asked for, in the DSM.
         // (One slot per participant: the leader and every worker the context may start.)
         unsafe {
             let participants = (*pcxt).nworkers.max(0) as u32 + 1;
-            Shared::init(coordinate as *mut Shared, seg, self.p.inner_partial, participants)
-        };
-        self.shared = coordinate as *mut Shared;
+            Shared::init(sh, seg, self.p.inner_partial, participants);
+            // The spill segment, created once the inner side outgrows the participants' hash
+            // memory; the leader drops it.
+            self.spill = Spill::shared(&(*sh).spill, true, (*sh).budget);
+        }
+        self.shared = sh;
         self.ready = false;
     }
 
@@ -397,7 +417,9 @@ impl JoinScan for GpuJoinScan {
         unsafe {
             self.rows = InnerRows::default();
             self.ready = false;
-            Shared::reset(coordinate as *mut Shared, (*self.estate).es_query_dsa);
+            let sh = coordinate as *mut Shared;
+            Shared::reset(sh, (*self.estate).es_query_dsa);
+            self.spill = Spill::shared(&(*sh).spill, true, (*sh).budget);
         }
         self.shared = coordinate as *mut Shared;
     }
@@ -408,9 +430,12 @@ impl JoinScan for GpuJoinScan {
         _toc: *mut pg_sys::shm_toc,
         coordinate: *mut std::ffi::c_void,
     ) {
-        self.shared = coordinate as *mut Shared;
+        let sh = coordinate as *mut Shared;
+        self.shared = sh;
         self.owns_table = false;
         self.ready = false;
+        // SAFETY: the leader set the shared state up before the workers started.
+        unsafe { self.spill = Spill::shared(&(*sh).spill, false, (*sh).budget) };
     }
 
     unsafe fn shutdown(&mut self, _node: *mut pg_sys::CustomScanState) {
@@ -431,6 +456,7 @@ impl JoinScan for GpuJoinScan {
         }
         self.shared = std::ptr::null_mut();
         self.rows = InnerRows::default();
+        self.spill.leave_shared();
         self.ready = false;
         self.awaiting = None;
         self.pending.clear();

@@ -147,8 +147,9 @@ SELECT pg_temp.check('SELECT o.id AS oid_, i.id AS iid FROM gjs_o o JOIN gjs_i i
 SELECT pg_temp.mode('forced');
 CREATE TABLE gjs_many AS SELECT g AS id, (g % 50)::int4 AS k FROM generate_series(1, 20000) g;
 SET pg_uvm_share.test_alloc_limit = '64kB';
--- the inner side's keys: 20,000 pairs of 16 bytes, whichever side is inner (a batch's
--- matches are never more than the inner rows: their buffer, also fallible, is not reached)
+-- a batch's matches read back (20,000 pairs of 16 bytes) for the joined rows; the aggregate,
+-- computed in the probe, reads none back (the inner side's pairs are kept in pages within the
+-- node's hash memory, or past it in the host tier: uvm_gpujoin_memory), and runs
 CREATE TABLE gjs_many2 AS SELECT * FROM gjs_many;
 SELECT pg_temp.try('SELECT count(*) FROM (SELECT a.id, b.id FROM gjs_many a JOIN gjs_many2 b ON a.id = b.k OFFSET 0) s') AS inner_keys;
 SELECT pg_temp.try('SELECT count(*) FROM gjs_many a JOIN gjs_many2 b ON a.id = b.k') AS inner_keys_aggregate;
