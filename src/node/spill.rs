@@ -445,3 +445,26 @@ fn release_where(which: impl Fn(&Held) -> bool) {
     });
     drop(gone);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A budget takes what fits and nothing past its limit, in this process and shared.
+    #[test]
+    fn a_counter_takes_what_fits_and_nothing_past_the_limit() {
+        let mut own = Counter::Own(0);
+        assert_eq!(own.take(6, 10), Some(0));
+        assert_eq!(own.take(5, 10), None, "past the limit: nothing taken");
+        assert_eq!(own.take(4, 10), Some(6));
+        assert_eq!(own.get(), 10);
+        let a = AtomicU64::new(0);
+        let mut shared = Counter::Shared(&a);
+        assert_eq!(shared.take(u64::MAX, 10), None);
+        assert_eq!(shared.take(10, 10), Some(0));
+        assert_eq!(shared.take(1, 10), None);
+        assert_eq!(a.load(Ordering::Relaxed), 10);
+        let mut huge = Counter::Own(u64::MAX - 1);
+        assert_eq!(huge.take(2, u64::MAX), None, "no overflow");
+    }
+}
