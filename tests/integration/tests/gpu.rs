@@ -548,7 +548,7 @@ fn f_create_drop_cycles_keep_gpu_memory_flat() {
 fn g_gpujoin_matches_postgres_join() {
     const T: &str = "g_gpujoin_matches_postgres_join";
     let mut c = connect();
-    start(&mut c);
+    let mode = start(&mut c);
     c.batch_execute(
         "DROP TABLE IF EXISTS gj_dim, gj_fact;
          CREATE TABLE gj_dim AS SELECT i::bigint AS k, (i % 1000)::bigint AS v FROM generate_series(1, 200000) i;
@@ -656,6 +656,38 @@ fn g_gpujoin_matches_postgres_join() {
         (node.get::<_, i64>(0), node.get::<_, Option<String>>(1)),
         (theirs.get::<_, i64>(0), theirs.get::<_, Option<String>>(1))
     );
+    // The node's memory within work_mem × hash_mem_multiplier (issue 24, point 1): at 1 MB of
+    // work_mem its inner side spills to the host tier where the backend maps it (process mode);
+    // in service mode under CUDA no backend maps the host tier, and the planner keeps an inner
+    // side estimated past the hash memory away from the node.
+    c2.batch_execute("SET work_mem = '1MB'; SET hash_mem_multiplier = 2").unwrap();
+    let plan = explain_analyze(&mut c2, plain);
+    let spilled = plan.lines().find_map(|l| l.trim().strip_prefix("Spilled to Host Tier: ")).unwrap_or("").to_string();
+    match mode {
+        Mode::Process => assert!(
+            plan.contains("UvmGpuJoin") && !spilled.is_empty(),
+            "the node did not spill its inner side at 1 MB of work_mem:\n{plan}"
+        ),
+        Mode::Service => assert!(
+            !plan.contains("UvmGpuJoin"),
+            "the node took an inner side past its hash memory where nothing can spill:\n{plan}"
+        ),
+    }
+    let t = Instant::now();
+    let small = c2.query_one(plain, &[]).map_err(|e| describe(&e)).expect("the join at 1 MB of work_mem");
+    note(
+        T,
+        &format!(
+            "at 1 MB of work_mem: {} ({spilled} spilled), same answer in {:.0} ms",
+            if plan.contains("UvmGpuJoin") { "the node" } else { "PostgreSQL's plan" },
+            t.elapsed().as_secs_f64() * 1e3
+        ),
+    );
+    assert_eq!(
+        (small.get::<_, i64>(0), small.get::<_, Option<String>>(1)),
+        (theirs.get::<_, i64>(0), theirs.get::<_, Option<String>>(1))
+    );
+    c2.batch_execute("RESET work_mem; RESET hash_mem_multiplier").unwrap();
     assert_eq!(
         c2.query_one("SELECT count(*) FROM uvm.segments WHERE name LIKE 'pg_temp_gpujoin%'", &[]).unwrap().get::<_, i64>(0),
         0,
