@@ -32,6 +32,12 @@
 //!   another process could overwrite, so [`InnerRows::get`] checks each against its slot's rows.
 //! - A serial execution stores its rows the same way (slot 0) in a memory context of the node
 //!   ([`Arena`]), so the executor code above does not care which.
+//! - Each row's (key, payload) pair goes into pages of its own beside the rows, listed in the
+//!   slot, read by the builder as slices a page long.
+//! - The bytes allocated in the context or the DSA area stay within the node's budget (the hash
+//!   memory, times the participants in parallel: `super::spill::Budget`); past it, pages and
+//!   values go to the spill segment (`super::spill::Spill`), whose handles carry
+//!   [`SPILL_BIT`]. An [`Arena`] resolves both.
 //!
 //! # Lifecycle
 //!

@@ -35,7 +35,9 @@
 //!   id). Serially the rows stay in a memory context of the node; in a parallel query they go
 //!   to the query's DSA area, every participant storing its share of a partial inner plan and
 //!   the last one building the table, or the first storing all of a non-partial one, while
-//!   the others wait (`super::shared`). Then each participant reads its outer child (its share
+//!   the others wait (`super::shared`). Either holds at most the hash memory (`work_mem` ×
+//!   `hash_mem_multiplier`, times the participants in parallel); past it the rows and pairs go
+//!   to a spill segment in the host tier (`super::spill`). Then each participant reads its outer child (its share
 //!   of a parallel scan) a batch at a time ([`BATCH_TUPLES`] tuples with a non-NULL key, their
 //!   used columns kept), materializes the batch's distinct keys into its own result buffer (a
 //!   temporary segment, reset before each batch), reads the (key, row id) pairs back and emits
