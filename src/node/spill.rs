@@ -393,6 +393,7 @@ impl Spill {
         }
         self.base = std::ptr::null_mut();
         self.mapped = 0;
+        self.bytes = 0;
         if let Counter::Own(v) = &mut self.cursor {
             *v = 0;
         }
