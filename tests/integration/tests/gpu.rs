@@ -661,6 +661,10 @@ fn g_gpujoin_matches_postgres_join() {
     // in service mode under CUDA no backend maps the host tier, and the planner keeps an inner
     // side estimated past the hash memory away from the node.
     c2.batch_execute("SET work_mem = '1MB'; SET hash_mem_multiplier = 2").unwrap();
+    if mode == Mode::Service {
+        // The node is declined: PostgreSQL's joins back (forced off, its plan is a nested loop).
+        c2.batch_execute("RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_nestloop").unwrap();
+    }
     let plan = explain_analyze(&mut c2, plain);
     let spilled = plan.lines().find_map(|l| l.trim().strip_prefix("Spilled to Host Tier: ")).unwrap_or("").to_string();
     match mode {
