@@ -100,7 +100,10 @@ fn cannot_spill(limit: u64) -> UvmError {
         Code::OutOfMemory,
         format!("GpuJoin: the inner side needs more than its hash memory ({} kB) and cannot spill in this process", limit / 1024),
     )
-    .detail("Past work_mem × hash_mem_multiplier the node keeps the inner side in the host tier, which a backend maps in process mode, or in service mode under the host provider with pg_uvm_share.map_host_tier on.")
+    .detail(concat!(
+        "Past work_mem × hash_mem_multiplier the node keeps the inner side in the host tier, which a backend maps ",
+        "in process mode, or in service mode under the host provider with pg_uvm_share.map_host_tier on."
+    ))
     .hint("Raise work_mem for this query, or set pg_uvm_share.enable_gpujoin = off.")
 }
 

@@ -37,10 +37,11 @@
 //!   the last one building the table, or the first storing all of a non-partial one, while
 //!   the others wait (`super::shared`). Either holds at most the hash memory (`work_mem` ×
 //!   `hash_mem_multiplier`, times the participants in parallel); past it the rows and pairs go
-//!   to a spill segment in the host tier (`super::spill`). Then each participant reads its outer child (its share
-//!   of a parallel scan) a batch at a time ([`BATCH_TUPLES`] tuples with a non-NULL key, their
-//!   used columns kept), materializes the batch's distinct keys into its own result buffer (a
-//!   temporary segment, reset before each batch), reads the (key, row id) pairs back and emits
+//!   to a spill segment in the host tier (`super::spill`). Then each participant reads its
+//!   outer child (its share of a parallel scan) a batch at a time ([`BATCH_TUPLES`] tuples
+//!   with a non-NULL key, their used columns kept), materializes the batch's distinct keys
+//!   into its own result buffer (a temporary segment, reset before each batch), reads the
+//!   (key, row id) pairs back (a window at a time: `super::spill::match_window`) and emits
 //!   one joined row per call, from the outer columns of each tuple with that key and the inner
 //!   row (`super::matching`), after the qual, projected. Rows are read from the children a
 //!   chunk at a time under one pgrx guard ([`fetch_chunk`]). A left, semi or anti join keeps a

@@ -682,8 +682,8 @@ fn g_gpujoin_matches_postgres_join() {
     note(
         T,
         &format!(
-            "at 1 MB of work_mem: {} ({spilled} spilled), same answer in {:.0} ms",
-            if plan.contains("UvmGpuJoin") { "the node" } else { "PostgreSQL's plan" },
+            "at 1 MB of work_mem: {}, same answer in {:.0} ms",
+            if plan.contains("UvmGpuJoin") { format!("the node ({spilled} spilled)") } else { "PostgreSQL's plan".into() },
             t.elapsed().as_secs_f64() * 1e3
         ),
     );
