@@ -175,8 +175,9 @@ impl Budget {
 #[repr(C)]
 pub struct SharedSpill {
     state: AtomicU32,
-    /// Set before `state` becomes [`READY`].
-    seg: SegRef,
+    /// Written once, by the participant that creates the segment, before `state` becomes
+    /// [`READY`]; read only after that.
+    seg: std::cell::UnsafeCell<SegRef>,
     /// The cursor the participants take its space with.
     pub used: AtomicU64,
 }
@@ -194,7 +195,8 @@ impl SharedSpill {
 
     /// The segment, if one was created.
     pub fn get(&self) -> Option<SegRef> {
-        (self.state.load(Ordering::Acquire) == READY).then_some(self.seg)
+        // SAFETY: READY (acquired) publishes the one write of `seg`.
+        (self.state.load(Ordering::Acquire) == READY).then(|| unsafe { *self.seg.get() })
     }
 
     /// The segment, created by this participant if it is the first to need it; the others wait
@@ -215,9 +217,9 @@ impl SharedSpill {
                             if unsafe { pg_sys::ParallelWorkerNumber } >= 0 {
                                 super::cleanup::disown(&seg);
                             }
-                            // SAFETY: only the participant that won the exchange writes it,
-                            // before READY is published.
-                            unsafe { std::ptr::write(std::ptr::addr_of!(self.seg) as *mut SegRef, seg) };
+                            // SAFETY: only the participant that won the exchange writes it, and
+                            // no one reads it before READY is published.
+                            unsafe { *self.seg.get() = seg };
                             self.state.store(READY, Ordering::Release);
                             Ok(seg)
                         }
@@ -227,7 +229,8 @@ impl SharedSpill {
                         }
                     };
                 }
-                Err(READY) => return Ok(self.seg),
+                // SAFETY: as in `get`.
+                Err(READY) => return Ok(unsafe { *self.seg.get() }),
                 Err(FAILED) => {
                     return Err(UvmError::new(
                         Code::ObjectNotInPrerequisiteState,
