@@ -70,15 +70,25 @@ pub const INNER_ROW_FACTOR: f64 = 2.0;
 /// at the rate PostgreSQL's own estimates imply there for the parallel hash join the node
 /// competes with (see the module comment), with a margin: joins that PostgreSQL prices below
 /// this stay with PostgreSQL.
-pub const SETUP_COST: f64 = 500.0;
+pub const SETUP_COST: f64 = 150.0;
+/// Start-up added when the node returns joined rows (rather than computing aggregates in its
+/// probe): it keeps the outer batch's columns, reads the matches back in windows and forms
+/// each row. The sweep's smallest joins measure it: at 20 K x 2 K the node takes 2 to 5 ms
+/// more to return rows than to aggregate them, where PostgreSQL's own join takes 0.3 ms more.
+pub const ROWS_SETUP_COST: f64 = 400.0;
+/// Each joined row the node returns, in `cpu_operator_cost`, in place of `cpu_tuple_cost`
+/// (four times it): fitted to the sweep, where a joined row costs the node about a quarter of
+/// what PostgreSQL's estimates charge for one.
+pub const JOINED_ROW_FACTOR: f64 = 1.0;
 /// Start-up of each parallel worker in the `process` execution mode, where it creates a CUDA
 /// context of its own, in units of `parallel_setup_cost` (PostgreSQL's price for starting the
 /// workers, 1,000 by default; a session that sets it to 0 to force parallel plans forces them
 /// here too). A context takes 260 ms alone and more when several start at once (the driver
 /// serialises them; `bench/probes/cuda_process_cost.py`); the planner sweep measured 365 ms
 /// per worker (the node with 2 workers took 1,030 ms at 20 M x 2 M against 299 ms in service
-/// mode). 12 × 1,000 units is about 320 ms at the module comment's rate (about 37 units per ms).
-pub const WORKER_CONTEXT_FACTOR: f64 = 12.0;
+/// mode). PostgreSQL's parallel hash join is priced at 18 to 30 units per millisecond of its
+/// work at 20 M and 50 M rows (the module comment), so 8 × 1,000 units is 270 to 440 ms.
+pub const WORKER_CONTEXT_FACTOR: f64 = 8.0;
 /// The node declines a join whose key forms more than this many pairs per joined row (plus
 /// [`PAIRS_SLACK`]), by the planner's estimates: with `a = a AND b = b + 0` and ten values of
 /// `a`, 200,000 rows a side form 4 billion pairs for 20,000 joined rows. PostgreSQL's own join
@@ -623,8 +633,8 @@ pub unsafe fn with_aggregates(path: *mut pg_sys::CustomPath, target: *mut pg_sys
         let naggs = PgList::<pg_sys::Node>::from_pg((*target).exprs).len() as f64;
         p.pathtarget = target;
         p.rows = 1.0;
-        p.total_cost =
-            p.total_cost - joined * pg_sys::cpu_tuple_cost + joined * naggs * AGG_FOLD_FACTOR * pg_sys::cpu_operator_cost;
+        p.total_cost = p.total_cost - ROWS_SETUP_COST - joined * JOINED_ROW_FACTOR * pg_sys::cpu_operator_cost
+            + joined * naggs * AGG_FOLD_FACTOR * pg_sys::cpu_operator_cost;
         p.startup_cost = p.total_cost;
         cp
     }
@@ -688,7 +698,7 @@ pub(super) unsafe fn make_path(
         }
         let build = pg_sys::cpu_operator_cost * (INNER_ROW_FACTOR + GPU_ROW_FACTOR);
         let probe = pg_sys::cpu_operator_cost * (1.0 + GPU_ROW_FACTOR);
-        p.startup_cost = (*inner_path).total_cost + (*inner_path).rows * build + SETUP_COST;
+        p.startup_cost = (*inner_path).total_cost + (*inner_path).rows * build + SETUP_COST + ROWS_SETUP_COST;
         if let Some(w) = workers.filter(|_| crate::runtime::per_process_cuda()) {
             p.startup_cost += f64::from(w) * WORKER_CONTEXT_FACTOR * pg_sys::parallel_setup_cost;
         }
@@ -696,14 +706,25 @@ pub(super) unsafe fn make_path(
         // side), each checked against the qual.
         let formed = (*outer_path).rows * (*(*inner_path).parent).rows * pairs.key_sel;
         let check = formed * pairs.qual_clauses as f64 * pg_sys::cpu_operator_cost;
-        p.total_cost =
-            p.startup_cost + (*outer_path).total_cost + (*outer_path).rows * probe + check + rows * pg_sys::cpu_tuple_cost;
+        p.total_cost = p.startup_cost
+            + (*outer_path).total_cost
+            + (*outer_path).rows * probe
+            + check
+            + rows * JOINED_ROW_FACTOR * pg_sys::cpu_operator_cost;
         let mut children = PgList::<pg_sys::Path>::new();
         children.push(outer_path);
         children.push(inner_path);
         (*cp).custom_paths = children.into_pg();
         (*cp).custom_private = clauses;
         (*cp).methods = &METHODS.path;
+        // The node evaluates its target list itself (`finish_row` projects each joined row), so
+        // PostgreSQL need not put a Result node above it to compute a sort key or a cast: one
+        // executor node less per joined row, and no `cpu_tuple_cost` for it. PostgreSQL 14 takes
+        // every custom scan as projection-capable; 15 added the flag.
+        #[cfg(not(feature = "pg14"))]
+        {
+            (*cp).flags = pg_sys::CUSTOMPATH_SUPPORT_PROJECTION;
+        }
         cp
     }
 }

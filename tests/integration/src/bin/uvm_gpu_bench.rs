@@ -1516,6 +1516,28 @@ fn three_ways_n(c: &mut Client, q: &str, runs: usize) -> R<(String, Timed, Timed
     Ok((plan, auto, node, pg))
 }
 
+/// The estimated total costs of `q`'s plan with the GpuJoin node forced (PostgreSQL's joins off)
+/// and with the node off, from EXPLAIN's first line; the settings are reset after.
+fn estimated_costs(c: &mut Client, q: &str) -> R<(f64, f64)> {
+    let mut cost = |settings: &str| -> R<f64> {
+        c.batch_execute(settings).map_err(err(settings))?;
+        let rows = c.query(format!("EXPLAIN {q}").as_str(), &[]).map_err(err("EXPLAIN"))?;
+        let top = rows.first().map(|r| r.get::<_, String>(0)).unwrap_or_default();
+        top.split("..")
+            .nth(1)
+            .and_then(|t| t.split_whitespace().next())
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| format!("no cost in EXPLAIN's first line: {top}"))
+    };
+    let node = cost(
+        "SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off; \
+         SET enable_nestloop = off",
+    )?;
+    let pg = cost("RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_nestloop; SET pg_uvm_share.enable_gpujoin = off")?;
+    c.batch_execute("RESET pg_uvm_share.enable_gpujoin").map_err(err("reset"))?;
+    Ok((node, pg))
+}
+
 fn explain(c: &mut Client, q: &str) -> R<String> {
     let rows = c.query(format!("EXPLAIN (COSTS OFF) {q}").as_str(), &[]).map_err(err("EXPLAIN"))?;
     Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n"))
@@ -1790,7 +1812,16 @@ fn gpujoin_tables(b: &mut Bench, c: &mut Client) -> R<()> {
 /// the count/sum join whose aggregates the node computes in its probe, an aggregate it cannot
 /// compute (`sum(d.v + 0)`, over the joined rows it returns), and columns of both sides under
 /// ORDER BY ... LIMIT. Each point timed with the node forced (PostgreSQL's joins off), with
-/// PostgreSQL's plan (node off), and as `auto` plans it; best of 3 (of 2 from 20 M rows on).
+/// PostgreSQL's plan (node off), and as `auto` plans it; best of 5 up to 2 M rows (a few
+/// milliseconds each, where one slow run would decide), 3 at 20 M, 2 at 50 M. Each point also
+/// notes both plans' estimated total costs, from which the cost model's constants are fitted
+/// (src/node/gpujoin/plan.rs).
+///
+/// The row-returning shape orders by an expression over both sides (`f.k + d.v`), so that every
+/// plan forms the whole join. Ordered by `d.v DESC, f.k` instead (the first sweep), PostgreSQL
+/// walks the dim in that order under a nested loop over the materialized fact and stops at the
+/// first match: its time is a draw on the data (330 ms at 50 M Zipf, 6 s at 20 M Zipf, with
+/// estimates alike), which no cost model can place.
 fn bench_gpujoin_planner(b: &mut Bench) {
     const K: &str = "gj_auto";
     const M: &str = "enable_gpujoin = auto within 1.25x of the faster plan: fact 20 K to 50 M rows, dim a tenth, uniform and \
@@ -1804,7 +1835,7 @@ fn bench_gpujoin_planner(b: &mut Bench) {
         ("sum(d.v + 0)", "SELECT count(*)::text, sum(d.v + 0)::text FROM gj_sw_f f JOIN gj_sw_d d ON f.k = d.k"),
         (
             "rows, ORDER BY ... LIMIT",
-            "SELECT f.k::text, d.v::text FROM gj_sw_f f JOIN gj_sw_d d ON f.k = d.k ORDER BY d.v DESC, f.k LIMIT 1",
+            "SELECT f.k::text, d.v::text FROM gj_sw_f f JOIN gj_sw_d d ON f.k = d.k ORDER BY f.k + d.v DESC, f.k LIMIT 1",
         ),
     ];
     let r = (|| -> R<(usize, usize, f64, Vec<String>)> {
@@ -1830,7 +1861,12 @@ fn bench_gpujoin_planner(b: &mut Bench) {
                     c.batch_execute(&sql).map_err(err("sweep tables"))?;
                 }
                 for (shape, q) in SHAPES {
-                    let runs = if n >= 20_000_000 { 2 } else { 3 };
+                    let runs = match n {
+                        ..=2_000_000 => 5,
+                        ..=20_000_000 => 3,
+                        _ => 2,
+                    };
+                    let (node_cost, pg_cost) = estimated_costs(&mut c, q)?;
                     let (plan, (auto_t, auto_v), (node_t, node_v), (pg_t, pg_v)) = three_ways_n(&mut c, q, runs)?;
                     if node_v != pg_v || auto_v != pg_v {
                         return Err(format!("{n} x {d}, {dist}, {shape}: node {node_v:?}, auto {auto_v:?}, PostgreSQL {pg_v:?}"));
@@ -1841,7 +1877,8 @@ fn bench_gpujoin_planner(b: &mut Bench) {
                     within += usize::from(ratio <= 1.25);
                     worst = worst.max(ratio);
                     lines.push(format!(
-                        "{n} x {d}, {dist}, {shape}: node {:.1} ms, PostgreSQL's plan {:.1} ms; auto picks {} ({:.1} ms, {ratio:.2}x){}",
+                        "{n} x {d}, {dist}, {shape}: node {:.1} ms, PostgreSQL's plan {:.1} ms (estimated {node_cost:.0} and \
+                         {pg_cost:.0}); auto picks {} ({:.1} ms, {ratio:.2}x){}",
                         node_t * 1e3,
                         pg_t * 1e3,
                         if picks { "GpuJoin" } else { "PostgreSQL's plan" },
@@ -1861,7 +1898,7 @@ fn bench_gpujoin_planner(b: &mut Bench) {
                 M,
                 format!("{within} of {points} points within 1.25x (worst {worst:.2}x)"),
                 lines.join("; "),
-                "the faster of the node forced and PostgreSQL's plan, best of 3 (2 from 20 M rows) each".into(),
+                "the faster of the node forced and PostgreSQL's plan, best of 5 (3 at 20 M rows, 2 at 50 M) each".into(),
                 Some(within as f64 / points as f64),
                 Target::info(),
             );
