@@ -187,6 +187,25 @@ SELECT count(*) FROM gjs_o o JOIN gjs_many i ON o.id = i.k;
 SELECT pg_temp.leftovers() AS leftovers;
 \set VERBOSITY default
 
+-- 5. Planning (issue 24): the node computes its own target list (a sort key and casts over
+-- both sides) with no Result node above it, and the same answer
+SELECT pg_temp.mode('forced');
+SET max_parallel_workers_per_gather = 0;
+SELECT pg_temp.plan_has('SELECT (o.id + i.id)::text AS s FROM gjs_o o JOIN gjs_many i ON o.id = i.k ORDER BY o.id + i.id DESC LIMIT 3',
+                        '->  Result') AS result_node_above;
+SELECT pg_temp.check('SELECT (o.id + i.id)::text AS s, i.k * 2 AS k2 FROM gjs_o o JOIN gjs_many i ON o.id = i.k') AS projected;
+-- a key repeated many times is not the side the table is built on: open addressing chains a
+-- key's duplicates, so 10,000 rows of one key walk 50 million slots to insert (PostgreSQL's
+-- hash join chains them in O(1)); the planner builds on the larger side with unique keys
+CREATE TABLE gjs_skew AS SELECT g AS id, (g % 2)::int8 AS k FROM generate_series(1, 20000) g;
+CREATE TABLE gjs_uniq AS SELECT g AS id, g::int8 AS k FROM generate_series(0, 199999) g;
+ANALYZE gjs_skew, gjs_uniq;
+SELECT pg_temp.mode('forced');
+SELECT pg_temp.plan_has('SELECT count(*), sum(u.id) FROM gjs_skew s JOIN gjs_uniq u ON s.k = u.k',
+                        'Inner Relation: gjs_uniq') AS built_on_unique_side;
+SELECT count(*), sum(u.id) FROM gjs_skew s JOIN gjs_uniq u ON s.k = u.k;
+RESET max_parallel_workers_per_gather;
+
 DROP ROLE gjs_user;
 DROP SCHEMA gjs CASCADE;
-DROP TABLE gjs_mk1, gjs_mk2, gjs_o, gjs_i, gjs_many, gjs_many2;
+DROP TABLE gjs_mk1, gjs_mk2, gjs_o, gjs_i, gjs_many, gjs_many2, gjs_skew, gjs_uniq;
