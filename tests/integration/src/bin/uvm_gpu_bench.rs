@@ -1861,10 +1861,12 @@ fn bench_gpujoin_planner(b: &mut Bench) {
                     c.batch_execute(&sql).map_err(err("sweep tables"))?;
                 }
                 for (shape, q) in SHAPES {
-                    let runs = match n {
-                        ..=2_000_000 => 5,
-                        ..=20_000_000 => 3,
-                        _ => 2,
+                    let runs = if n <= 2_000_000 {
+                        5
+                    } else if n <= 20_000_000 {
+                        3
+                    } else {
+                        2
                     };
                     let (node_cost, pg_cost) = estimated_costs(&mut c, q)?;
                     let (plan, (auto_t, auto_v), (node_t, node_v), (pg_t, pg_v)) = three_ways_n(&mut c, q, runs)?;
