@@ -14,8 +14,12 @@
 //!   which the next term prices;
 //! - the node's own CPU work per tuple (copying it, gathering its key, forming the output):
 //!   `cpu_operator_cost` per outer tuple, [`INNER_ROW_FACTOR`] times that per inner tuple
-//!   (kept for the whole scan), plus `cpu_tuple_cost` per output row;
-//! - a fixed start-up of [`SETUP_COST`] for the two segments and the round trips;
+//!   (kept for the whole scan), plus [`JOINED_ROW_FACTOR`] × `cpu_operator_cost` per output
+//!   row;
+//! - a fixed start-up of [`SETUP_COST`] for the two segments and the round trips, and
+//!   [`ROWS_SETUP_COST`] more where the node returns joined rows;
+//! - the build's walk past the inner side's duplicate keys ([`build_walk`]), at
+//!   [`GPU_ROW_FACTOR`] × `cpu_operator_cost` per slot;
 //! - in the `process` execution mode (each process runs its own kernels),
 //!   [`WORKER_CONTEXT_FACTOR`] × `parallel_setup_cost` per parallel worker of a partial path,
 //!   for the CUDA context each creates. (The leader's is not priced: a session pays it once, at
@@ -23,9 +27,11 @@
 //!
 //! ```text
 //! startup = inner total + inner rows × (INNER_ROW_FACTOR + GPU_ROW_FACTOR) × cpu_operator_cost
-//!           + SETUP_COST [+ workers × WORKER_CONTEXT_FACTOR × parallel_setup_cost in process mode]
+//!           + build walk × GPU_ROW_FACTOR × cpu_operator_cost + SETUP_COST + ROWS_SETUP_COST
+//!           [+ workers × WORKER_CONTEXT_FACTOR × parallel_setup_cost in process mode]
 //! total   = startup + outer total + outer rows × (1 + GPU_ROW_FACTOR) × cpu_operator_cost
-//!           + pairs × qual clauses × cpu_operator_cost + output rows × cpu_tuple_cost
+//!           + pairs × qual clauses × cpu_operator_cost
+//!           + output rows × JOINED_ROW_FACTOR × cpu_operator_cost
 //! ```
 //!
 //! `pairs` are the pairs the key forms: outer rows × inner rows × the key clauses' joint
@@ -37,7 +43,8 @@
 //!
 //! In a partial path the inner and outer figures are one participant's (the inner side's
 //! when its plan is partial too). The aggregate mode (`with_aggregates`) drops the output rows'
-//! term and adds [`AGG_FOLD_FACTOR`] × `cpu_operator_cost` per joined row and aggregate.
+//! term and [`ROWS_SETUP_COST`], and adds [`AGG_FOLD_FACTOR`] × `cpu_operator_cost` per joined
+//! row and aggregate.
 //!
 //! **Calibration** (H200; issue 24's sweep, `bench/gpu-report-planner-sweep.md` in service
 //! mode and `bench/gpu-report-planner-sweep-process.md` in process mode: fact 20 K to 50 M
@@ -71,10 +78,9 @@ pub const GPU_ROW_FACTOR: f64 = 0.05;
 /// smaller side is the inner one.
 pub const INNER_ROW_FACTOR: f64 = 2.0;
 /// Start-up cost: two segments created and dropped, a few round trips to the executor: about
-/// 4 ms on the H200 (test f: a segment's create, fill, checksum and drop take 2.5 ms), priced
-/// at the rate PostgreSQL's own estimates imply there for the parallel hash join the node
-/// competes with (see the module comment), with a margin: joins that PostgreSQL prices below
-/// this stay with PostgreSQL.
+/// 1 to 2 ms on the H200 where the node aggregates in its probe (the sweep's 20 K x 2 K join:
+/// 2.1 to 2.7 ms in all, PostgreSQL's 2.1 to 2.9 ms). Fitted so that the two plans' estimates
+/// meet where their times do (see the module comment).
 pub const SETUP_COST: f64 = 150.0;
 /// Start-up added when the node returns joined rows (rather than computing aggregates in its
 /// probe): it keeps the outer batch's columns, reads the matches back in windows and forms
@@ -82,8 +88,8 @@ pub const SETUP_COST: f64 = 150.0;
 /// more to return rows than to aggregate them, where PostgreSQL's own join takes 0.3 ms more.
 pub const ROWS_SETUP_COST: f64 = 400.0;
 /// Each joined row the node returns, in `cpu_operator_cost`, in place of `cpu_tuple_cost`
-/// (four times it): fitted to the sweep, where a joined row costs the node about a quarter of
-/// what PostgreSQL's estimates charge for one.
+/// (four times it), fitted to the sweep: priced at `cpu_tuple_cost`, the node lost every
+/// row-returning point from 20 M rows up to PostgreSQL's plan, which took 2 to 3 times as long.
 pub const JOINED_ROW_FACTOR: f64 = 1.0;
 /// Start-up of each parallel worker in the `process` execution mode, where it creates a CUDA
 /// context of its own, in units of `parallel_setup_cost` (PostgreSQL's price for starting the
