@@ -1503,15 +1503,17 @@ fn three_ways(c: &mut Client, q: &str) -> R<(String, Timed, Timed, Timed)> {
     three_ways_n(c, q, 3)
 }
 
+/// The GpuJoin node forced: on, with PostgreSQL's own joins off.
+const NODE_FORCED: &str =
+    "SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_nestloop = off";
+
 /// [`three_ways`], best of `runs`.
 fn three_ways_n(c: &mut Client, q: &str, runs: usize) -> R<(String, Timed, Timed, Timed)> {
     let defaults = "RESET pg_uvm_share.enable_gpujoin; RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_nestloop";
     c.batch_execute(defaults).map_err(err("defaults"))?;
     let plan = explain(c, q)?;
     let auto = best_of(c, defaults, q, runs)?;
-    let forced = "SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off; \
-                  SET enable_nestloop = off";
-    let node = best_of(c, forced, q, runs)?;
+    let node = best_of(c, NODE_FORCED, q, runs)?;
     let pg = best_of(c, &format!("{defaults}; SET pg_uvm_share.enable_gpujoin = off"), q, runs)?;
     Ok((plan, auto, node, pg))
 }
@@ -1529,10 +1531,7 @@ fn estimated_costs(c: &mut Client, q: &str) -> R<(f64, f64)> {
             .and_then(|t| t.parse().ok())
             .ok_or_else(|| format!("no cost in EXPLAIN's first line: {top}"))
     };
-    let node = cost(
-        "SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off; \
-         SET enable_nestloop = off",
-    )?;
+    let node = cost(NODE_FORCED)?;
     let pg = cost("RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_nestloop; SET pg_uvm_share.enable_gpujoin = off")?;
     c.batch_execute("RESET pg_uvm_share.enable_gpujoin").map_err(err("reset"))?;
     Ok((node, pg))
@@ -1648,11 +1647,7 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, scan_q: &str, h
             "planner, PostgreSQL's joins allowed: with enable_gpujoin = on it picks `{chosen}` for the count/sum query and \
              `{chosen_rows}` for the sum(d.v + 0) one; with it off, `{own}`"
         ));
-        c.batch_execute(
-            "SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off; \
-             SET enable_nestloop = off",
-        )
-        .map_err(err("enable_gpujoin"))?;
+        c.batch_execute(NODE_FORCED).map_err(err("enable_gpujoin"))?;
         let plan = try_explain_analyze(c, pg_q).map_err(err("EXPLAIN ANALYZE through the node"))?;
         if !plan.contains("Parallel Custom Scan (UvmGpuJoin)") || !plan.contains("UvmGpuJoinAgg") {
             return Err(format!(
