@@ -236,7 +236,8 @@ extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed,
 
 // ---- Materializing GpuJoin (crates/uvm_core/src/gpujoin/pairs.rs has the result layout) ----
 // Appends every match (outer key, payload) of n keys to a shared pair buffer through a bump
-// allocator: `next` (in the buffer's header, shared by every process) counts the pairs reserved.
+// allocator (with `indexed`, the pair's first word is the key's index, index_base + r, instead of
+// the key: the plan node then finds the key's outer tuples without a lookup): `next` (in the buffer's header, shared by every process) counts the pairs reserved.
 // A thread counts a key's matches (walk COUNTING), reserves them all at once, then walks again
 // writing them (WRITING). When a reservation ends beyond `cap` (the pairs this process has
 // mapped), the kernel stops: that thread keeps its reservation, every thread saves where it
@@ -263,7 +264,8 @@ extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed,
 
 extern "C" __global__ void uvm_join_materialize(const Slot *slots, u64 mask, u64 seed, const long long *keys,
                                                 u64 n, long long *pairs, u64 *next, u64 *written, u64 cap,
-                                                u64 *resume, u64 fresh, u64 *ctl) {
+                                                u64 *resume, u64 fresh, u64 *ctl, u64 indexed,
+                                                u64 index_base) {
     u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     u64 stride = (u64)gridDim.x * blockDim.x;
     u64 *state = resume + 8 * tid;
@@ -347,7 +349,7 @@ extern "C" __global__ void uvm_join_materialize(const Slot *slots, u64 mask, u64
             if (st == 0ull) break;
             if (st == t && slots[i].key == k) {
                 long long p = slots[i].payload;
-                pairs[2 * j] = k;
+                pairs[2 * j] = indexed ? (long long)(index_base + r) : k;
                 pairs[2 * j + 1] = p;
                 add_payload(lo, hi, p);
                 j++;

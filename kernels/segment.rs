@@ -65,7 +65,8 @@ kernels! {
             out: MutPtr<u64>,
         );
         /// Appends the matches of `n` keys to a pair buffer, under the grow-and-resume protocol
-        /// and the walk budget (`resume`: 8 words per thread of the grid; `ctl`: 7 words).
+        /// and the walk budget (`resume`: 8 words per thread of the grid; `ctl`: 7 words); with
+        /// `indexed` set a pair starts with the key's index plus `index_base`, not the key.
         uvm_join_materialize => JoinMaterialize(
             slots: Ptr<Slot>,
             mask: u64,
@@ -79,6 +80,8 @@ kernels! {
             resume: MutPtr<u64>,
             fresh: u64,
             ctl: MutPtr<u64>,
+            indexed: u64,
+            index_base: u64,
         );
         /// Zeroes `words` 8-byte words at `p`.
         uvm_zero => Zero(p: MutPtr<u64>, words: u64);

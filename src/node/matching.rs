@@ -1,11 +1,12 @@
 //! Batch matching for the GpuJoin plan node, in plain Rust.
 //!
-//! The node probes a batch of outer tuples at a time. The result buffer that
-//! `exec::materialize` fills holds (outer key, inner row id) pairs but not which outer tuple a
-//! pair came from, so the node probes each *distinct* key of the batch once and joins every
-//! pair of key `k` with every outer tuple of the batch whose key is `k`: duplicates on both
-//! sides give the cross product per key, as a hash join does; outer tuples with a NULL key are
-//! never probed and never match.
+//! The node probes a batch of outer tuples at a time. It probes each *distinct* key of the batch
+//! once, and the result buffer that `exec::materialize` fills (indexed) holds (the key's index
+//! among the distinct keys, inner row id) pairs; the node joins every pair of distinct key `i`
+//! with every outer tuple of the batch whose key is key `i`: duplicates on both sides give the
+//! cross product per key, as a hash join does; outer tuples with a NULL key are never probed and
+//! never match. (A pair carries the index, not the key, so that emitting it needs no lookup in
+//! the key table: one read of the key's last position, whatever the batch's size.)
 //!
 //! [`Batch`] gathers the keys (bounded by the batch size the node picks), [`Batch::distinct`]
 //! gives the keys to probe, and [`Emitter`] walks (pair, outer position) combinations one at a
@@ -14,7 +15,7 @@
 //! # Layout (this runs once per outer row: tens of nanoseconds in all is the budget)
 //!
 //! - An open-addressing table of our own: a power-of-two number of 16-byte `Slot`s, each a
-//!   key, the key's last position in the batch and a *generation*; the splitmix64 finalizer
+//!   key, the key's index among the distinct keys and a *generation*; the splitmix64 finalizer
 //!   spreads the key and linear probing resolves collisions. A slot belongs to the current batch
 //!   only when its generation is the batch's, so [`Batch::clear`] empties the table by bumping
 //!   one counter (when the counter wraps, every 2^32 - 1 batches, it wipes the slots once). The
@@ -22,17 +23,18 @@
 //!   slot within a few steps; its capacity follows the distinct keys rather than the tuples (a
 //!   batch of one key keeps a small table) and stays at the largest size seen.
 //! - The positions of a key form a *circular* chain through `next` (one `u32` per position):
-//!   in batch order, and the last position's `next` is the first. The slot holds the last
-//!   position, so appending a duplicate is two writes and the chain's start is one read away;
+//!   in batch order, and the last position's `next` is the first. `last` holds each distinct
+//!   key's last position, so appending a duplicate is two writes and the chain's start is one
+//!   read away;
 //!   a walk from the first position ends where `next` stops increasing (the wrap, or a key's
 //!   only position pointing at itself), so it is bounded by the batch's length whatever it is
 //!   given. No array per distinct key but the keys themselves (`distinct`, first-seen order).
 //! - Every buffer is cleared, never freed, between batches: in steady state a batch allocates
 //!   nothing, whatever its keys.
-//! - [`Emitter`] looks each pair's key up once and then follows the chain with a cursor, so a
-//!   yielded row costs O(1) whatever the duplicates. The pairs come from a segment another
-//!   process could overwrite: a key not in the batch finds no slot and yields nothing, and no
-//!   loop depends on their contents for its bound.
+//! - [`Emitter`] reads each pair's key index once (`last`, then `next`) and then follows the
+//!   chain with a cursor, so a yielded row costs O(1) whatever the duplicates. The pairs come
+//!   from a segment another process could overwrite: an index that is no distinct key's yields
+//!   nothing, and no loop depends on their contents for its bound.
 
 /// Not a position: the `next` of a NULL key's position, and the cursor of a walk that is done.
 /// A batch holds at most `NONE` tuples, positions `0..NONE`.
@@ -41,13 +43,13 @@ const NONE: u32 = u32::MAX;
 /// The smallest table, in slots.
 const MIN_SLOTS: usize = 16;
 
-/// One slot of the key table: the last position of `key` in the batch, when `generation` is the
-/// batch's (otherwise the slot is empty).
+/// One slot of the key table: `key`'s index among the batch's distinct keys, when `generation`
+/// is the batch's (otherwise the slot is empty).
 #[derive(Clone, Copy, Default, Debug)]
 struct Slot {
     key: i64,
     generation: u32,
-    last: u32,
+    index: u32,
 }
 
 /// The splitmix64 finalizer: every key bit reaches every hash bit, so consecutive or strided
@@ -63,8 +65,9 @@ fn mix(key: i64) -> u64 {
 /// The keys of one outer batch: positions of the tuples (in the batch) per distinct key.
 #[derive(Debug)]
 pub struct Batch {
-    /// Distinct keys in first-seen order (the keys probed).
+    /// Distinct keys in first-seen order (the keys probed), and each one's last position.
     keys: Vec<i64>,
+    last: Vec<u32>,
     /// Per position: the next position with the same key, the first one after the last (a
     /// circular chain), [`NONE`] for a NULL key. Its length is the batch's, NULL keys included.
     next: Vec<u32>,
@@ -77,7 +80,7 @@ pub struct Batch {
 
 impl Default for Batch {
     fn default() -> Self {
-        Batch { keys: Vec::new(), next: Vec::new(), slots: Vec::new(), generation: 1 }
+        Batch { keys: Vec::new(), last: Vec::new(), next: Vec::new(), slots: Vec::new(), generation: 1 }
     }
 }
 
@@ -85,6 +88,7 @@ impl Batch {
     /// Empties the batch, keeping every buffer's capacity.
     pub fn clear(&mut self) {
         self.keys.clear();
+        self.last.clear();
         self.next.clear();
         self.generation = self.generation.wrapping_add(1);
         if self.generation == 0 {
@@ -141,19 +145,21 @@ impl Batch {
             Ok(s) => {
                 // Append to the circular chain: the last position now leads here, and this one
                 // back to the first.
-                let last = self.slots[s].last as usize;
+                let index = self.slots[s].index as usize;
+                let last = self.last[index] as usize;
                 let first = self.next[last];
                 self.next[last] = pos;
                 self.next.push(first);
-                self.slots[s].last = pos;
+                self.last[index] = pos;
             }
             Err(mut at) => {
                 if (self.keys.len() + 1) * 2 > self.slots.len() {
                     self.grow();
                     at = self.find(key).expect_err("a new key");
                 }
-                self.slots[at] = Slot { key, generation: self.generation, last: pos };
+                self.slots[at] = Slot { key, generation: self.generation, index: self.keys.len() as u32 };
                 self.keys.push(key);
+                self.last.push(pos);
                 self.next.push(pos); // a chain of one
             }
         }
@@ -169,7 +175,8 @@ impl Batch {
         self.next.is_empty()
     }
 
-    /// The distinct non-NULL keys, each once, in first-seen order: what the batch probes.
+    /// The distinct non-NULL keys, each once, in first-seen order: what the batch probes (a
+    /// pair's key index is an index into these).
     pub fn distinct(&self) -> &[i64] {
         &self.keys
     }
@@ -179,8 +186,18 @@ impl Batch {
     #[inline]
     fn first(&self, key: i64) -> u32 {
         match self.find(key) {
-            Ok(s) => self.next[self.slots[s].last as usize],
+            Ok(s) => self.first_of(self.slots[s].index as i64),
             Err(_) => NONE,
+        }
+    }
+
+    /// The first position of the outer tuples whose key is distinct key `index`, or [`NONE`]
+    /// for an index that is none (a pair from an overwritten result buffer).
+    #[inline]
+    fn first_of(&self, index: i64) -> u32 {
+        match usize::try_from(index).ok().and_then(|i| self.last.get(i)) {
+            Some(&last) => self.next[last as usize],
+            None => NONE,
         }
     }
 
@@ -238,7 +255,8 @@ impl Default for Emitter {
 }
 
 impl Emitter {
-    /// Starts over with `pairs` (key, inner row id), as read from the result buffer.
+    /// Starts over with `pairs` (distinct key index, inner row id), as read from the result
+    /// buffer.
     pub fn reset(&mut self, pairs: Vec<[i64; 2]>) {
         self.pairs = pairs;
         self.pair = 0;
@@ -256,9 +274,9 @@ impl Emitter {
 
     /// The next (outer position, inner row id), or `None` when the batch is done.
     ///
-    /// One table lookup per pair, then one step along the key's chain per row. `batch` must be
-    /// the batch the pairs were probed for; with another one the positions are meaningless but
-    /// stay within it, and the walk still ends.
+    /// Two reads per pair (the key's last position, and the first after it), then one step
+    /// along the key's chain per row. `batch` must be the batch the pairs were probed for; with
+    /// another one the positions are meaningless but stay within it, and the walk still ends.
     #[inline]
     pub fn next(&mut self, batch: &Batch) -> Option<(u32, i64)> {
         loop {
@@ -267,10 +285,10 @@ impl Emitter {
                 self.at = batch.after(p);
                 return Some((p, self.row));
             }
-            let &[key, row] = self.pairs.get(self.pair)?;
+            let &[index, row] = self.pairs.get(self.pair)?;
             self.pair += 1;
             self.row = row;
-            self.at = batch.first(key);
+            self.at = batch.first_of(index);
         }
     }
 }
@@ -314,10 +332,10 @@ mod tests {
         }
         assert_eq!(b.len(), outer.len());
         let mut pairs = e.take_buffer();
-        for &k in b.distinct() {
+        for (i, &k) in b.distinct().iter().enumerate() {
             for (j, n) in inner.iter().enumerate() {
                 if *n == Some(k) {
-                    pairs.push([k, j as i64]);
+                    pairs.push([i as i64, j as i64]);
                 }
             }
         }
@@ -362,13 +380,13 @@ mod tests {
     }
 
     #[test]
-    fn a_pair_whose_key_is_not_in_the_batch_yields_nothing() {
+    fn a_pair_whose_index_is_no_key_of_the_batch_yields_nothing() {
         let mut b = Batch::default();
         let mut e = Emitter::default();
-        e.reset(vec![[1, 7]]);
+        e.reset(vec![[0, 7]]);
         assert_eq!(e.next(&b), None, "an empty batch (no table yet) matches nothing");
         b.push(Some(1));
-        e.reset(vec![[42, 0], [1, 7], [43, 1], [i64::MIN, 2], [i64::MAX, 3]]);
+        e.reset(vec![[42, 0], [0, 7], [1, 1], [-1, 1], [i64::MIN, 2], [i64::MAX, 3]]);
         assert_eq!(e.next(&b), Some((0, 7)));
         assert_eq!(e.next(&b), None);
         assert!(e.take_buffer().is_empty());
@@ -399,7 +417,7 @@ mod tests {
         assert_eq!(b.distinct(), &[-7]);
         assert!(b.positions(-7).eq(0..N as u32));
         let mut e = Emitter::default();
-        e.reset(vec![[-7, 10], [8, 99], [-7, 11], [-7, 12]]);
+        e.reset(vec![[0, 10], [8, 99], [0, 11], [0, 12]]);
         let mut n = 0usize;
         while let Some((p, row)) = e.next(&b) {
             // Pair by pair, each pair's positions in batch order.
@@ -441,7 +459,7 @@ mod tests {
         };
         fill(&mut b, 5000, 1);
         let buffers = |b: &Batch| {
-            [b.keys.as_ptr() as usize, b.next.as_ptr() as usize]
+            [b.keys.as_ptr() as usize, b.last.as_ptr() as usize, b.next.as_ptr() as usize]
                 .into_iter()
                 .chain([b.slots.as_ptr() as usize, b.slots.len()])
                 .collect::<Vec<_>>()
@@ -461,17 +479,18 @@ mod tests {
             b.push(Some(k));
         }
         let mut e = Emitter::default();
-        e.reset(vec![[1, 10], [2, 20], [1, 11]]);
+        e.reset(vec![[0, 10], [1, 20], [0, 11]]);
         assert_eq!(e.next(&b), Some((0, 10)));
         assert_eq!(e.next(&b), Some((2, 10)));
         // The batch changes under the walk (a caller's bug): the cursor (position 3) is past the
-        // new batch, so the pair ends; the rest are looked up in the new batch.
+        // new batch, so the pair ends; the rest are looked up in the new batch (index 1 is now
+        // key 1, at position 1; index 0 key 2, at 0).
         b.clear();
         for k in [2, 1] {
             b.push(Some(k));
         }
         let rest: Vec<_> = std::iter::from_fn(|| e.next(&b)).collect();
-        assert_eq!(rest, [(0, 20), (1, 11)]);
+        assert_eq!(rest, [(1, 20), (0, 11)]);
         assert_eq!(e.next(&b), None);
     }
 
@@ -489,208 +508,5 @@ mod tests {
         b.push(Some(2));
         assert_eq!(b.distinct(), &[2]);
         assert_eq!(b.positions(2).collect::<Vec<_>>(), [0]);
-    }
-}
-
-/// Old (std `HashMap<i64, Vec<u32>>`) against new, on the node's batch size:
-/// `cargo test -p pg_uvm_share --lib --release matching -- --ignored --nocapture`.
-#[cfg(test)]
-mod bench {
-    use super::{Batch, Emitter};
-    use std::hint::black_box;
-    use std::time::Instant;
-
-    /// The implementation this module had before its own table, kept only to measure against.
-    mod old {
-        use std::collections::HashMap;
-
-        #[derive(Default)]
-        pub struct Batch {
-            keys: Vec<i64>,
-            positions: HashMap<i64, Vec<u32>>,
-            tuples: u32,
-        }
-
-        impl Batch {
-            pub fn clear(&mut self) {
-                self.keys.clear();
-                self.positions.clear();
-                self.tuples = 0;
-            }
-
-            pub fn push(&mut self, key: Option<i64>) -> u32 {
-                let pos = self.tuples;
-                self.tuples += 1;
-                if let Some(k) = key {
-                    let v = self.positions.entry(k).or_default();
-                    if v.is_empty() {
-                        self.keys.push(k);
-                    }
-                    v.push(pos);
-                }
-                pos
-            }
-
-            pub fn distinct(&self) -> &[i64] {
-                &self.keys
-            }
-
-            pub fn positions(&self, key: i64) -> &[u32] {
-                self.positions.get(&key).map(Vec::as_slice).unwrap_or(&[])
-            }
-        }
-
-        #[derive(Default)]
-        pub struct Emitter {
-            pairs: Vec<[i64; 2]>,
-            pair: usize,
-            pos: usize,
-        }
-
-        impl Emitter {
-            pub fn reset(&mut self, pairs: Vec<[i64; 2]>) {
-                self.pairs = pairs;
-                self.pair = 0;
-                self.pos = 0;
-            }
-
-            pub fn take_buffer(&mut self) -> Vec<[i64; 2]> {
-                let mut v = std::mem::take(&mut self.pairs);
-                v.clear();
-                self.pair = 0;
-                self.pos = 0;
-                v
-            }
-
-            pub fn next(&mut self, batch: &Batch) -> Option<(u32, i64)> {
-                while self.pair < self.pairs.len() {
-                    let [key, row] = self.pairs[self.pair];
-                    let ps = batch.positions(key);
-                    if self.pos < ps.len() {
-                        let p = ps[self.pos];
-                        self.pos += 1;
-                        return Some((p, row));
-                    }
-                    self.pair += 1;
-                    self.pos = 0;
-                }
-                None
-            }
-        }
-    }
-
-    /// The calls the node makes, for either implementation.
-    trait Matching: Default {
-        type Emitter: Default;
-        fn clear(&mut self);
-        fn push(&mut self, key: Option<i64>) -> u32;
-        fn distinct(&self) -> &[i64];
-        fn take_buffer(e: &mut Self::Emitter) -> Vec<[i64; 2]>;
-        fn reset(e: &mut Self::Emitter, pairs: Vec<[i64; 2]>);
-        fn next(e: &mut Self::Emitter, b: &Self) -> Option<(u32, i64)>;
-    }
-
-    macro_rules! matching {
-        ($b:ty, $e:ty) => {
-            impl Matching for $b {
-                type Emitter = $e;
-                fn clear(&mut self) {
-                    <$b>::clear(self)
-                }
-                fn push(&mut self, key: Option<i64>) -> u32 {
-                    <$b>::push(self, key)
-                }
-                fn distinct(&self) -> &[i64] {
-                    <$b>::distinct(self)
-                }
-                fn take_buffer(e: &mut $e) -> Vec<[i64; 2]> {
-                    e.take_buffer()
-                }
-                fn reset(e: &mut $e, pairs: Vec<[i64; 2]>) {
-                    e.reset(pairs)
-                }
-                fn next(e: &mut $e, b: &$b) -> Option<(u32, i64)> {
-                    e.next(b)
-                }
-            }
-        };
-    }
-    matching!(Batch, Emitter);
-    matching!(old::Batch, old::Emitter);
-
-    /// Best of `runs` (each `batches` batches, steady state) ns per outer tuple for clear + push
-    /// + distinct, and for reset + the emit walk; and the rows yielded per batch.
-    fn time<M: Matching>(keys: &[Option<i64>], pairs: &[[i64; 2]], runs: usize, batches: usize) -> (f64, f64, usize) {
-        let (mut b, mut e) = (M::default(), M::Emitter::default());
-        let (mut push_ns, mut emit_ns, mut rows) = (f64::MAX, f64::MAX, 0);
-        for _ in 0..runs {
-            let (mut push, mut emit) = (0u128, 0u128);
-            for _ in 0..batches {
-                let t = Instant::now();
-                b.clear();
-                for &k in keys {
-                    b.push(black_box(k));
-                }
-                black_box(b.distinct().len());
-                push += t.elapsed().as_nanos();
-                let mut buf = M::take_buffer(&mut e);
-                buf.extend_from_slice(pairs); // the read from the result buffer: not timed
-                let t = Instant::now();
-                M::reset(&mut e, buf);
-                let (mut n, mut sum) = (0usize, 0u64);
-                while let Some((p, row)) = M::next(&mut e, &b) {
-                    n += 1;
-                    sum = sum.wrapping_add(p as u64 ^ row as u64);
-                }
-                black_box(sum);
-                emit += t.elapsed().as_nanos();
-                rows = n;
-            }
-            let per = (batches * keys.len()) as f64;
-            push_ns = push_ns.min(push as f64 / per);
-            emit_ns = emit_ns.min(emit as f64 / per);
-        }
-        (push_ns, emit_ns, rows)
-    }
-
-    /// One pair per distinct key (each fact key finds one dim row, as in the benchmark join), in
-    /// a shuffled order (the GPU's materialize does not keep the probe's order).
-    fn pairs_for(keys: &[Option<i64>], next: &mut impl FnMut() -> u64) -> Vec<[i64; 2]> {
-        let mut b = Batch::default();
-        for &k in keys {
-            b.push(k);
-        }
-        let mut pairs: Vec<[i64; 2]> = b.distinct().iter().map(|&k| [k, (next() % 5_000_000) as i64]).collect();
-        for i in (1..pairs.len()).rev() {
-            pairs.swap(i, (next() % (i as u64 + 1)) as usize);
-        }
-        pairs
-    }
-
-    #[test]
-    #[ignore = "a measurement: run with --release -- --ignored --nocapture"]
-    fn old_against_new() {
-        const N: usize = crate::node::gpujoin::BATCH_TUPLES;
-        let mut next = super::tests_rng(0x6a09_e667_f3bc_c908);
-        let uniform: Vec<Option<i64>> = (0..N).map(|_| Some((next() % 5_000_000) as i64)).collect();
-        let hot: Vec<i64> = (0..10).map(|_| (next() % 5_000_000) as i64).collect();
-        let skewed: Vec<Option<i64>> = (0..N)
-            .map(|_| Some(if next() % 10 < 9 { hot[(next() % 10) as usize] } else { (next() % 5_000_000) as i64 }))
-            .collect();
-        for (name, keys) in [("uniform, range 5 M", &uniform), ("skewed, 90% on 10 keys", &skewed)] {
-            let pairs = pairs_for(keys, &mut next);
-            let distinct = pairs.len();
-            let (op, oe, orows) = time::<old::Batch>(keys, &pairs, 5, 100);
-            let (np, ne, nrows) = time::<Batch>(keys, &pairs, 5, 100);
-            assert_eq!((orows, nrows), (N, N), "one pair per distinct key joins every tuple once");
-            println!(
-                "{name}: {N} tuples, {distinct} distinct; ns per outer tuple: push+distinct old {op:.1} new {np:.1} \
-                 ({:.1}x), emit old {oe:.1} new {ne:.1} ({:.1}x), total old {:.1} new {:.1}",
-                op / np,
-                oe / ne,
-                op + oe,
-                np + ne
-            );
-        }
     }
 }

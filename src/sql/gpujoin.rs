@@ -362,7 +362,7 @@ fn flush_batch(st: &mut AggState) {
         let p = with_executor(|ex| {
             let (inner, _) = resolve(name, "read")?;
             let (out, _) = resolve(result, "write")?;
-            exec::materialize(ex, &inner, &out, kt, keys)
+            exec::materialize(ex, &inner, &out, kt, keys, false)
         });
         st.st.absorb(p.matches, p.sum);
         return;

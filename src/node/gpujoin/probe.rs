@@ -342,7 +342,7 @@ impl GpuJoinScan {
         let t = Instant::now();
         let got = crate::runtime::try_executor(|ex| {
             exec::pairs_reset(ex, &result)?;
-            let m = exec::materialize(ex, &table, &result, kt, keys)?.matches;
+            let m = exec::materialize(ex, &table, &result, kt, keys, true)?.matches;
             let mut raw = [0u8; pairs::HEADER_BYTES as usize];
             exec::read(ex, &result, 0, &mut raw)?;
             let name = result.name().to_string();

@@ -548,7 +548,7 @@ pub fn run_main<E: Env>(segs: &mut Segments<E>, call: &Call, mut io: Io<'_>) -> 
             segs.limits.pin_wait = saved;
             done(&ops::Moved { bytes: r? })
         }
-        Call::Materialize(ops::Materialize { inner, result, key_type, .. }) => {
+        Call::Materialize(ops::Materialize { inner, result, key_type, indexed, index_base }) => {
             checked(segs, &inner)?;
             checked(segs, &result)?;
             let keys: &[i64] = words(io.input(), "probe keys")?;
@@ -556,12 +556,12 @@ pub fn run_main<E: Env>(segs: &mut Segments<E>, call: &Call, mut io: Io<'_>) -> 
             let allow = |_: u32, _: &str, _: &str| Ok(());
             let (matches, sum) = match Engine::of(segs.provider()) {
                 Engine::Cpu => {
-                    let mut ap = CpuAppender::new(keys);
+                    let mut ap = CpuAppender::new(keys).indexed(indexed != 0, index_base);
                     pairs::append_batch(segs, inner.name(), result.name(), kt, &allow, &mut ap)?;
                     (ap.matches, ap.sum)
                 }
                 Engine::Cuda => crate::gpu::gpu()?.with_kernels(|k| {
-                    let mut ap = KernelAppender::new(k, keys);
+                    let mut ap = KernelAppender::new(k, keys).indexed(indexed != 0, index_base);
                     pairs::append_batch(segs, inner.name(), result.name(), kt, &allow, &mut ap)?;
                     Ok((ap.matches, ap.sum))
                 })?,

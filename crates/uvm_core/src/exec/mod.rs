@@ -285,12 +285,22 @@ pub fn probe_start(ex: &mut dyn Executor, inner: &SegRef, kt: KeyType, keys: &[i
     start(ex, &ops::Probe { inner: *inner, key_type: key_code(kt), _pad: 0 }, keys.as_bytes())
 }
 
-/// Probes `keys` and appends every matched pair to the result buffer `result`.
-pub fn materialize(ex: &mut dyn Executor, inner: &SegRef, result: &SegRef, kt: KeyType, keys: &[i64]) -> Result<ProbeSum> {
+/// Probes `keys` and appends every matched pair to the result buffer `result`: (key, payload),
+/// or with `indexed` (the key's index in `keys`, payload).
+pub fn materialize(
+    ex: &mut dyn Executor,
+    inner: &SegRef,
+    result: &SegRef,
+    kt: KeyType,
+    keys: &[i64],
+    indexed: bool,
+) -> Result<ProbeSum> {
     let step = (ex.max_io() / 8).max(1);
-    let o = ops::Materialize { inner: *inner, result: *result, key_type: key_code(kt), _pad: 0 };
+    let mut o =
+        ops::Materialize { inner: *inner, result: *result, key_type: key_code(kt), indexed: u32::from(indexed), index_base: 0 };
     keys.chunks(step).try_fold(ProbeSum { matches: 0, sum: 0 }, |acc, part| {
         let (r, _) = call(ex, &o, Io::In(part.as_bytes()))?;
+        o.index_base += part.len() as u64;
         Ok(acc + ProbeSum { matches: r.matches, sum: r.sum.get() })
     })
 }

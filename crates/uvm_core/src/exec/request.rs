@@ -259,8 +259,9 @@ operations! {
     Fill = 10, None, Pool: Fill [seg] { offset: i64, length: i64, seed: i64 } -> Filled {};
     /// Probes the keys in staging against a GpuJoin table (`key_type`: 4 or 8 bytes).
     Probe = 11, In, Pool: Probe [inner] { key_type: u32, _pad: u32 } -> Probed { matches: u64, sum: Sum128 };
-    /// Probes the keys in staging and appends matched pairs to a result buffer.
-    Materialize = 12, In, Main: Materialize [inner, result] { key_type: u32, _pad: u32 }
+    /// Probes the keys in staging and appends matched pairs to a result buffer: (key, payload),
+    /// or with `indexed` 1 (key's index in staging + `index_base`, payload).
+    Materialize = 12, In, Main: Materialize [inner, result] { key_type: u32, indexed: u32, index_base: u64 }
         -> Materialized { matches: u64, sum: Sum128 };
     /// Zeroes a table's header and `slot_count` slots.
     BuildBegin = 13, None, Pool: BuildBegin [table] { slot_count: u64 } -> Begun {};
@@ -467,7 +468,7 @@ mod tests {
     fn typed_requests_round_trip_through_the_slot_form() {
         let seg = SegRef::new("s", 7).unwrap();
         let result = SegRef::new("r", 8).unwrap();
-        let m = Materialize { inner: seg, result, key_type: 8, _pad: 0 };
+        let m = Materialize { inner: seg, result, key_type: 8, indexed: 1, index_base: 65_536 };
         let req = Request::of(&m, 4096);
         assert_eq!((req.op, req.input), (12, 4096));
         let call = Call::decode(&req).unwrap();

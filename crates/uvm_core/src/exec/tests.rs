@@ -121,11 +121,27 @@ fn gpujoin_build_probe_and_materialize_through_requests() {
         create(&mut ex, "r", pairs::bytes_for(4) as i64, None, TierPref::Host, 10, 0).unwrap();
         let r = seg_ref(ex.inner.segs, "r");
         write(&mut ex, &r, 0, &PairsHeader::new().as_bytes()).unwrap();
-        assert_eq!(materialize(&mut ex, &t, &r, KeyType::Int8, &keys).unwrap(), ProbeSum { matches, sum });
+        assert_eq!(materialize(&mut ex, &t, &r, KeyType::Int8, &keys, false).unwrap(), ProbeSum { matches, sum });
         let size = ex.inner.segs.lookup("r").unwrap().size;
         let mut raw = [0u8; pairs::HEADER_BYTES as usize];
         read(&mut ex, &r, 0, &mut raw).unwrap();
         assert_eq!(pairs::check_complete("r", size, &pairs::parse_header("r", &raw, size).unwrap()).unwrap(), matches);
+        // indexed: each pair starts with its key's index in `keys`, across the requests that
+        // the keys are split into (64 KiB of keys each here)
+        write(&mut ex, &r, 0, &PairsHeader::new().as_bytes()).unwrap();
+        assert!(keys.len() * 8 > ex.max);
+        assert_eq!(materialize(&mut ex, &t, &r, KeyType::Int8, &keys, true).unwrap(), ProbeSum { matches, sum });
+        let mut got = vec![0u8; (matches * pairs::PAIR_BYTES) as usize];
+        read(&mut ex, &r, pairs::HEADER_BYTES as i64, &mut got).unwrap();
+        let mut seen: Vec<[i64; 2]> = got
+            .chunks_exact(16)
+            .map(|p| [i64::from_ne_bytes(p[..8].try_into().unwrap()), i64::from_ne_bytes(p[8..].try_into().unwrap())])
+            .map(|[i, row]| [keys[i as usize], row])
+            .collect();
+        seen.sort_unstable();
+        let mut want: Vec<[i64; 2]> = expect.iter().map(|r| **r).collect();
+        want.sort_unstable();
+        assert_eq!(seen, want);
         // a segment that is no table: an error, not a crash
         assert_eq!(probe(&mut ex, &r, KeyType::Int8, &keys).unwrap_err().code, Code::InvalidParameterValue);
         for s in [&t, &r] {

@@ -208,13 +208,20 @@ pub struct KernelAppender<'k> {
     staged: Option<CUdeviceptr>,
     /// Whether the part's next launch starts it (else it resumes where the last one stopped).
     fresh: bool,
+    /// Pairs start with the key's index plus this, not the key (`CpuAppender::indexed`).
+    index_base: Option<u64>,
     pub matches: u64,
     pub sum: i128,
 }
 
 impl<'k> KernelAppender<'k> {
     pub fn new(k: &'k Kernels, keys: &'k [i64]) -> KernelAppender<'k> {
-        KernelAppender { k, keys, at: 0, staged: None, fresh: true, matches: 0, sum: 0 }
+        KernelAppender { k, keys, at: 0, staged: None, fresh: true, index_base: None, matches: 0, sum: 0 }
+    }
+
+    /// With `on`, each pair starts with its key's index in `keys` plus `base`.
+    pub fn indexed(self, on: bool, base: u64) -> Self {
+        KernelAppender { index_base: on.then_some(base), ..self }
     }
 }
 
@@ -278,6 +285,9 @@ impl KernelAppender<'_> {
             resume: MutPtr::new(resume),
             fresh: u64::from(self.fresh),
             ctl: k.result_ptr(),
+            indexed: u64::from(self.index_base.is_some()),
+            // The part starts at `at` of this appender's keys.
+            index_base: self.index_base.unwrap_or(0).wrapping_add(self.at as u64),
         };
         // SAFETY: Inner::of and Target::of validated both headers and bounded both ranges
         // inside their pinned segments, which the pins behind `inner` and `target` keep mapped:

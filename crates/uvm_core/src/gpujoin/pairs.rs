@@ -384,6 +384,9 @@ pub struct CpuAppender<'a> {
     /// The next key to probe, and the reservation of that key when a run stopped on it.
     at: usize,
     pending: Option<u64>,
+    /// Pairs start with the key's index in `keys` plus this, not the key: the plan node reads
+    /// the batch position of the probed key from it, with no lookup.
+    index_base: Option<u64>,
     pub matches: u64,
     pub sum: i128,
 }
@@ -391,6 +394,11 @@ pub struct CpuAppender<'a> {
 impl<'a> CpuAppender<'a> {
     pub fn new(keys: &'a [i64]) -> CpuAppender<'a> {
         CpuAppender { keys, ..Default::default() }
+    }
+
+    /// With `on`, each pair starts with its key's index in `keys` plus `base`.
+    pub fn indexed(self, on: bool, base: u64) -> Self {
+        CpuAppender { index_base: on.then_some(base), ..self }
     }
 }
 
@@ -411,6 +419,7 @@ impl Appender for CpuAppender<'_> {
         let pairs = (target.base() + HEADER_BYTES) as *mut i64;
         while self.at < self.keys.len() {
             let k = self.keys[self.at];
+            let tag = self.index_base.map_or(k, |b| b.wrapping_add(self.at as u64) as i64);
             let mut m = 0u64;
             table.for_each_match(k, |_| m += 1)?;
             if m > 0 {
@@ -435,7 +444,7 @@ impl Appender for CpuAppender<'_> {
                         // SAFETY: pair j lies in [base, end), reserved by us alone and below the
                         // mapped capacity `cap` (checked above); two aligned i64 words each.
                         unsafe {
-                            std::ptr::write_volatile(pairs.add(2 * j as usize), k);
+                            std::ptr::write_volatile(pairs.add(2 * j as usize), tag);
                             std::ptr::write_volatile(pairs.add(2 * j as usize + 1), p);
                         }
                         *sum += p as i128;
