@@ -71,7 +71,8 @@ impl GpuJoinScan {
     /// Drains the inner child into `writer` (the columns the join uses of each row with a
     /// non-NULL key, and the table's (key, payload) pair of each): returns the count of NULL
     /// keys and whether the payloads are values. A payload is the row's id, or in the probe mode
-    /// the aggregated column's value (0 for `count(*)` alone), read here as the row goes by, so
+    /// the aggregated column's value (0 for `count(*)` alone), or in the join mode with a
+    /// `row_payload` the kept column's datum, read here as the row goes by, so
     /// that no one makes a second pass over the stored rows; a NULL value turns this
     /// participant's payloads back into row ids ([`RowWriter::pairs_to_row_ids`]). By-reference
     /// values that need flattening are made in `scratch`, reset as it goes.
@@ -85,17 +86,22 @@ impl GpuJoinScan {
             let mut nulls = 0u64;
             let mut chunk = Chunk::default();
             let upto = self.max_inner_att;
-            // The probe mode's payload column: its index among the stored ones and its type
-            // (`None` for count(*) alone, whose payloads are 0).
-            let mut values = self.probe.is_some();
+            // The payload column: its index among the stored ones and, in the probe mode, its
+            // type (the join mode's `row_payload` keeps the datum as it is); `None` for count(*)
+            // alone, or a join that keeps key columns only, whose payloads are 0.
+            let mut values = self.probe.is_some() || self.row_payload.is_some();
             // `uvm.progress`: the rows read so far against the planner's estimate.
             let estimate = (*(*self.inner).plan).plan_rows.max(0.0) as u64;
             let table = if self.shared.is_null() { 0 } else { (*self.shared).table.id };
             let progress = start_progress(ProgressPhase::ReadingInner, table, estimate);
-            let payload = self.probe.flatten().map(|c| {
-                let arg = self.aggs.iter().find(|a| a.col == Some(c)).map_or(Arg::Any, |a| a.acc.arg);
-                (self.col_index[c], arg)
-            });
+            let payload = match (self.probe, self.row_payload) {
+                (Some(p), _) => p.map(|c| {
+                    let arg = self.aggs.iter().find(|a| a.col == Some(c)).map_or(Arg::Any, |a| a.acc.arg);
+                    (self.col_index[c], Some(arg))
+                }),
+                (None, Some(p)) => p.map(|i| (i, None)),
+                (None, None) => None,
+            };
             loop {
                 // The chunk's by-reference values live in `scratch` until the writer copied them.
                 pg_sys::MemoryContextReset(scratch);
@@ -121,7 +127,8 @@ impl GpuJoinScan {
                             writer.pairs_to_row_ids();
                             id
                         }
-                        Some((i, arg)) => int_of_datum(chunk.vals[j * n + i], arg),
+                        Some((i, Some(arg))) => int_of_datum(chunk.vals[j * n + i], arg),
+                        Some((i, None)) => chunk.vals[j * n + i].value() as i64,
                     };
                     writer.set_pair([key, p]);
                 }

@@ -56,6 +56,10 @@ pub(super) unsafe fn explain(
             if !scan.aggs.is_empty() {
                 // Probe mode: the aggregates came from the probes' match counts and payload sums.
                 prop(c"Aggregated", if scan.payload_values { "in the probe" } else { "per match" });
+            } else if scan.row_payload.is_some() {
+                // The joined rows' inner columns came from the pairs (`row_payload`), or from
+                // the stored rows (a NULL among the kept column's values).
+                prop(c"Inner Columns", if scan.payload_values { "in the table" } else { "in the rows" });
             }
             // The inner side in the node's own memory, and past its hash memory in the host tier
             // (`super::super::spill`).

@@ -71,24 +71,29 @@ impl GpuJoinScan {
     pub(super) unsafe fn fill_row(&mut self, pos: u32, row: Option<i64>, scan: *mut pg_sys::TupleTableSlot) {
         let n = self.outer_cols.len();
         let base = pos as usize * n;
-        let inner = row.map(|r| self.rows.get(r));
+        // With payload values (`row_payload`) the pair holds all the row needs; else its row id.
+        let by_value = self.payload_values;
+        let inner = row.filter(|_| !by_value).map(|r| self.rows.get(r));
         if base + n > self.outer_vals.len() || inner.is_some_and(|ir| ir.is_none()) {
             report(UvmError::new(
                 Code::ObjectNotInPrerequisiteState,
                 "GpuJoin: a pair names no row (the result buffer was overwritten)",
             ));
         }
+        let outer = |at: usize| (self.outer_vals[base + at], self.outer_nulls[base + at]);
         // SAFETY: forwarded contract; the scan slot has one column per `map` entry.
         unsafe {
             pg_sys::ExecClearTuple(scan);
             for (i, &(side, _)) in self.p.map.iter().enumerate() {
-                let (d, isnull) = match (side, inner.flatten()) {
-                    (0, _) => {
-                        let at = base + self.col_index[i];
-                        (self.outer_vals[at], self.outer_nulls[at])
-                    }
-                    (_, Some(ir)) => self.rows.value(ir, self.col_index[i]),
-                    (_, None) => (pg_sys::Datum::from(0), true),
+                let (d, isnull) = match (side, row, inner.flatten()) {
+                    (0, ..) => outer(self.col_index[i]),
+                    (_, None, _) => (pg_sys::Datum::from(0), true),
+                    (_, Some(v), _) if by_value => match self.from_outer[i] {
+                        Some(o) => outer(o),
+                        None => (pg_sys::Datum::from(v as usize), false),
+                    },
+                    (_, Some(_), Some(ir)) => self.rows.value(ir, self.col_index[i]),
+                    (_, Some(_), None) => (pg_sys::Datum::from(0), true),
                 };
                 *(*scan).tts_values.add(i) = d;
                 *(*scan).tts_isnull.add(i) = isnull;

@@ -41,6 +41,36 @@ pub(super) fn probe_plan(p: &Private, aggs: &[NodeAgg]) -> Option<Option<usize>>
     (!aggs.is_empty()).then_some(col)
 }
 
+impl GpuJoinScan {
+    /// The join mode's payload plan (see `GpuJoinScan::row_payload`), and `from_outer`: for an
+    /// inner or left join whose inner columns are key columns with an outer column of the same
+    /// type (whose datum is then the same) and at most one by-value column more. Called in
+    /// begin, once the columns are known.
+    pub(super) fn inner_payload(&mut self) -> Option<Option<usize>> {
+        self.from_outer = vec![None; self.p.map.len()];
+        if !self.aggs.is_empty() || !matches!(self.p.join, JoinKind::Inner | JoinKind::Left) {
+            return None;
+        }
+        let mut payload = None;
+        for (i, &(side, resno)) in self.p.map.iter().enumerate() {
+            if side != 1 {
+                continue;
+            }
+            let outer = self.p.keys.iter().find(|k| k.3 == resno && k.0 == k.1);
+            if let Some(o) = outer.and_then(|k| self.outer_resnos.iter().position(|&r| r == k.2)) {
+                self.from_outer[i] = Some(o);
+                continue;
+            }
+            let c = self.col_index[i];
+            if !self.inner_cols[c].byval || payload.is_some_and(|p| p != c) {
+                return None;
+            }
+            payload = Some(c);
+        }
+        Some(payload)
+    }
+}
+
 /// An `int2`, `int4` or `int8` datum (`arg`) as an i64 (`Arg::Any`: 0, only its NULL counts).
 pub fn int_of_datum(d: pg_sys::Datum, arg: Arg) -> i64 {
     match arg {

@@ -91,6 +91,15 @@ pub struct GpuJoinScan {
     /// sum are the aggregates: no pairs come back, no match is formed.
     pub(super) probe: Option<Option<usize>>,
     pub(super) payload_values: bool,
+    /// The join mode's counterpart of `probe` (`inner_payload`): every inner column the join
+    /// keeps is a key column of the outer side's type (`from_outer`: its outer column) but at
+    /// most one by-value column (`Some(Some(its index in inner_cols))`). The table's payloads
+    /// are then that column's values (where none is NULL: `payload_values`), and a joined row
+    /// is made from the outer tuple and the pair alone, with no read of the stored rows.
+    pub(super) row_payload: Option<Option<usize>>,
+    /// Per scan tuple column: for an inner key column, the index in `outer_cols` of the outer
+    /// key column it equals (of the same type, so the same datum).
+    pub(super) from_outer: Vec<Option<usize>>,
     /// A parallel probe-mode participant that finished its share of the inner side while
     /// another builds the table: it reads up to [`PENDING_BATCHES`] batches of outer keys
     /// (`pending`) before it waits, so the build's serial part overlaps the outer scan.
@@ -176,6 +185,8 @@ impl JoinScan for GpuJoinScan {
             agg_done: false,
             probe,
             payload_values: false,
+            row_payload: None,
+            from_outer: Vec::new(),
             awaiting: None,
             in_flight: None,
             pending: Vec::new(),
@@ -233,6 +244,7 @@ impl JoinScan for GpuJoinScan {
                 };
                 self.col_index.push(at);
             }
+            self.row_payload = self.inner_payload();
         }
     }
 

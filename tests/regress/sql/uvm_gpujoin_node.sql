@@ -308,6 +308,21 @@ EXPLAIN (COSTS OFF, VERBOSE) SELECT count(*) + 1, sum(i.id) FROM gjn_o_int4_dup 
 SELECT pg_temp.explain_analyze('SELECT count(*) FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
 SELECT pg_temp.leftovers() AS after_aggregates;
 
+-- joined rows whose inner columns are key columns of the outer key's type and one by-value
+-- column more: the table's payloads are that column's values, and a row is made from the outer
+-- tuple and its pair ("Inner Columns: in the table"); a NULL among the values keeps row ids
+-- ("in the rows"); across types (int4 = int8) the inner key is that column; a by-reference
+-- column keeps row ids (no line)
+SELECT pg_temp.explain_analyze('SELECT o.id, i.k, i.x FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.explain_analyze('SELECT o.id, i.k, i.x FROM gjn_o_int4_dup o JOIN gjn_i_nx i ON o.k = i.k');
+SELECT pg_temp.explain_analyze('SELECT o.id, i.id FROM gjn_o_int4_hit o JOIN gjn_i_int8 i ON o.id = i.id');
+SELECT pg_temp.explain_analyze('SELECT o.id, i.v FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.check('SELECT o.id AS oid_, o.k AS ok, i.k AS ik, i.x FROM gjn_o_int4_dup o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.check('SELECT o.id AS oid_, i.k AS ik, i.x FROM gjn_o_int4_dup o JOIN gjn_i_nx i ON o.k = i.k');
+SELECT pg_temp.check('SELECT o.id AS oid_, i.id AS iid FROM gjn_o_int4_hit o JOIN gjn_i_int8 i ON o.id = i.id');
+SELECT pg_temp.check('SELECT o.id AS oid_, i.x, i.k AS ik FROM gjn_o_int4_nulls o LEFT JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.check('SELECT o.w, i.k AS ik FROM gjn_o_tstz_dup o JOIN gjn_i_tstz i ON o.k = i.k WHERE i.k > o.k - interval ''1 day''');
+
 RESET pg_uvm_share.enable_gpujoin;
 RESET enable_hashjoin;
 RESET enable_mergejoin;
