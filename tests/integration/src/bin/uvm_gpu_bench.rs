@@ -2253,13 +2253,15 @@ fn measure(mode: Mode, results: String, keep_tables: bool) -> i32 {
         ("host tier", Box::new(|b: &mut Bench, admin: &mut Client| bench_host_tier(b, admin, pid))),
     ];
     // GPU_SUITE_BENCH_STEPS="GpuJoin,migration" runs only the steps whose names contain one of
-    // the words (a run spent on one figure); the others are left out of the report.
+    // the words (a run spent on one figure), "=GpuJoin" the step of that name alone; the others
+    // are left out of the report.
     let only: Option<Vec<String>> = std::env::var("GPU_SUITE_BENCH_STEPS")
         .ok()
         .filter(|v| !v.trim().is_empty())
         .map(|v| v.split(',').map(|w| w.trim().to_string()).collect());
     for (what, mut step) in steps {
-        if only.as_ref().is_some_and(|o| !o.iter().any(|w| what.contains(w.as_str()))) {
+        let picked = |w: &String| w.strip_prefix('=').map_or_else(|| what.contains(w.as_str()), |exact| what == exact);
+        if only.as_ref().is_some_and(|o| !o.iter().any(picked)) {
             b.note(format!("step \"{what}\" left out (GPU_SUITE_BENCH_STEPS)"));
             continue;
         }
