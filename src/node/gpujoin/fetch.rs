@@ -5,12 +5,24 @@ use super::*;
 // utils/datum.h's datumCopy, which pgrx's bindings leave out, and executor/tuptable.h's
 // slot_getsomeattrs_int, both declared without pgrx's per-call guard (the same signatures on
 // PostgreSQL 14 to 18): the loops that read a child's rows call them inside one guard per
-// chunk (`fetch_chunk`).
+// chunk (`fetch_chunk`); and the calls that return a joined row, inside one guard per row.
 unsafe extern "C-unwind" {
     #[link_name = "datumCopy"]
     pub(super) fn datum_copy_raw(value: pg_sys::Datum, typ_by_val: bool, typ_len: std::ffi::c_int) -> pg_sys::Datum;
     #[link_name = "slot_getsomeattrs_int"]
     pub(super) fn slot_getsomeattrs_raw(slot: *mut pg_sys::TupleTableSlot, attnum: std::ffi::c_int);
+    // A joined row's calls (`GpuJoinScan::emit_row`): the exported function, or pgrx's C shim
+    // of the static inline one, each as pgrx's bindings declare it.
+    #[link_name = "MemoryContextReset"]
+    pub(super) fn memory_context_reset_raw(context: pg_sys::MemoryContext);
+    #[link_name = "ExecClearTuple__pgrx_cshim"]
+    pub(super) fn exec_clear_tuple_raw(slot: *mut pg_sys::TupleTableSlot) -> *mut pg_sys::TupleTableSlot;
+    #[link_name = "ExecStoreVirtualTuple"]
+    pub(super) fn exec_store_virtual_tuple_raw(slot: *mut pg_sys::TupleTableSlot) -> *mut pg_sys::TupleTableSlot;
+    #[link_name = "ExecQual__pgrx_cshim"]
+    pub(super) fn exec_qual_raw(state: *mut pg_sys::ExprState, econtext: *mut pg_sys::ExprContext) -> bool;
+    #[link_name = "ExecProject__pgrx_cshim"]
+    pub(super) fn exec_project_raw(proj: *mut pg_sys::ProjectionInfo) -> *mut pg_sys::TupleTableSlot;
 }
 
 /// What the executor's static inline `ExecProcNode` does before it calls the node's method: a

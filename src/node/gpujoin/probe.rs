@@ -33,10 +33,8 @@ impl GpuJoinScan {
                 );
                 self.outer_vals.extend_from_slice(&chunk.vals);
                 self.outer_nulls.extend_from_slice(&chunk.nulls);
-                for (i, &k) in chunk.keys.iter().enumerate() {
-                    // Kept NULL keys (left, anti: `Chunk::keep_null_keys`) match nothing.
-                    self.batch.push((!chunk.keyless.get(i).copied().unwrap_or(false)).then_some(k));
-                }
+                // Kept NULL keys (left, anti: `Chunk::keep_null_keys`) match nothing.
+                self.batch.extend(&chunk.keys, &chunk.keyless);
                 if ended {
                     self.outer_done = true;
                     break;
@@ -62,13 +60,26 @@ impl GpuJoinScan {
         }
     }
 
-    /// Puts the joined row of outer tuple `pos` of the batch and inner row `row` into the scan
-    /// slot; with no inner row, the inner columns NULL (a left join's row without a match; a
-    /// semi or anti join returns outer columns only).
+    /// Returns the joined row of outer tuple `pos` of the batch and inner row `row` (with no
+    /// inner row, the inner columns NULL: a left join's row without a match; a semi or anti join
+    /// returns outer columns only), checked against the qual and projected: the slot to return,
+    /// or `None` when the qual rejects it.
+    ///
+    /// The row's values are gathered first (`row_buf`; a pair naming no row is an ERROR here);
+    /// then the executor's per-row calls (the per-tuple memory's reset, the scan slot's clear and
+    /// store, the qual, the projection) run inside one pgrx guard, called without a guard each as
+    /// [`fetch_chunk`] calls the children: these run once per joined row, and a guard per call
+    /// was a `sigsetjmp` each. Nothing in the guarded closure panics or needs dropping.
     ///
     /// # Safety
-    /// `scan` is the node's scan slot; `pos` a position of the current batch.
-    pub(super) unsafe fn fill_row(&mut self, pos: u32, row: Option<i64>, scan: *mut pg_sys::TupleTableSlot) {
+    /// `node` is this node's state, whose scan slot (virtual) has one column per `map` entry; `pos` a
+    /// position of the current batch.
+    pub(super) unsafe fn emit_row(
+        &mut self,
+        node: *mut pg_sys::CustomScanState,
+        pos: u32,
+        row: Option<i64>,
+    ) -> Option<*mut pg_sys::TupleTableSlot> {
         let n = self.outer_cols.len();
         let base = pos as usize * n;
         // With payload values (`row_payload`) the pair holds all the row needs; else its row id.
@@ -81,52 +92,52 @@ impl GpuJoinScan {
             ));
         }
         let outer = |at: usize| (self.outer_vals[base + at], self.outer_nulls[base + at]);
-        // SAFETY: forwarded contract; the scan slot has one column per `map` entry.
-        unsafe {
-            pg_sys::ExecClearTuple(scan);
-            for (i, &(side, _)) in self.p.map.iter().enumerate() {
-                let (d, isnull) = match (side, row, inner.flatten()) {
-                    (0, ..) => outer(self.col_index[i]),
-                    (_, None, _) => (pg_sys::Datum::from(0), true),
-                    (_, Some(v), _) if by_value => match self.from_outer[i] {
-                        Some(o) => outer(o),
-                        None => (pg_sys::Datum::from(v as usize), false),
-                    },
-                    (_, Some(_), Some(ir)) => self.rows.value(ir, self.col_index[i]),
-                    (_, Some(_), None) => (pg_sys::Datum::from(0), true),
-                };
-                *(*scan).tts_values.add(i) = d;
-                *(*scan).tts_isnull.add(i) = isnull;
-            }
+        let mut buf = std::mem::take(&mut self.row_buf);
+        buf.clear();
+        for (i, &(side, _)) in self.p.map.iter().enumerate() {
+            buf.push(match (side, row, inner.flatten()) {
+                (0, ..) => outer(self.col_index[i]),
+                (_, None, _) => (pg_sys::Datum::from(0), true),
+                (_, Some(v), _) if by_value => match self.from_outer[i] {
+                    Some(o) => outer(o),
+                    None => (pg_sys::Datum::from(v as usize), false),
+                },
+                (_, Some(_), Some(ir)) => self.rows.value(ir, self.col_index[i]),
+                (_, Some(_), None) => (pg_sys::Datum::from(0), true),
+            });
         }
-    }
-
-    /// Stores the row filled into the scan slot, checks it against the qual and projects it:
-    /// the slot to return, or `None` when the qual rejects it.
-    ///
-    /// # Safety
-    /// `node` is this node's state, `scan` its scan slot, filled.
-    pub(super) unsafe fn finish_row(
-        &mut self,
-        node: *mut pg_sys::CustomScanState,
-        scan: *mut pg_sys::TupleTableSlot,
-    ) -> Option<*mut pg_sys::TupleTableSlot> {
-        // SAFETY: forwarded contract.
-        unsafe {
-            pg_sys::ExecStoreVirtualTuple(scan);
+        // SAFETY: forwarded contract; the slot's arrays have a column per `map` entry (`buf`'s
+        // length); the raw calls are PostgreSQL's own for a scan's row (ExecScan's), inside the
+        // guard, which turns an ERROR (in the qual or the projection) into a Rust panic at its
+        // boundary; the closure holds no value that needs dropping.
+        let out = unsafe {
+            let scan = (*node).ss.ss_ScanTupleSlot;
             let econtext = (*node).ss.ps.ps_ExprContext;
-            (*econtext).ecxt_scantuple = scan;
-            let qual = (*node).ss.ps.qual;
-            if !qual.is_null() && !pg_sys::ExecQual(qual, econtext) {
-                if !(*node).ss.ps.instrument.is_null() {
-                    (*(*node).ss.ps.instrument).nfiltered1 += 1.0;
+            let (qual, proj, instrument) = ((*node).ss.ps.qual, (*node).ss.ps.ps_ProjInfo, (*node).ss.ps.instrument);
+            let vals: &[(pg_sys::Datum, bool)] = &buf;
+            pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                memory_context_reset_raw((*econtext).ecxt_per_tuple_memory);
+                exec_clear_tuple_raw(scan);
+                for (i, &(d, isnull)) in vals.iter().enumerate() {
+                    *(*scan).tts_values.add(i) = d;
+                    *(*scan).tts_isnull.add(i) = isnull;
                 }
-                return None;
-            }
-            let proj = (*node).ss.ps.ps_ProjInfo;
+                exec_store_virtual_tuple_raw(scan);
+                (*econtext).ecxt_scantuple = scan;
+                if !qual.is_null() && !exec_qual_raw(qual, econtext) {
+                    if !instrument.is_null() {
+                        (*instrument).nfiltered1 += 1.0;
+                    }
+                    return None;
+                }
+                Some(if proj.is_null() { scan } else { exec_project_raw(proj) })
+            })
+        };
+        self.row_buf = buf;
+        if out.is_some() {
             self.stats.rows_out += 1;
-            Some(if proj.is_null() { scan } else { pg_sys::ExecProject(proj) })
         }
+        out
     }
 
     /// The probe mode's scan: the outer keys probed a batch at a time, each batch's matches and

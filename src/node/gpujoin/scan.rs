@@ -100,6 +100,8 @@ pub struct GpuJoinScan {
     /// Per scan tuple column: for an inner key column, the index in `outer_cols` of the outer
     /// key column it equals (of the same type, so the same datum).
     pub(super) from_outer: Vec<Option<usize>>,
+    /// A joined row's values, gathered before they go to the scan slot (`emit_row`).
+    pub(super) row_buf: Vec<(pg_sys::Datum, bool)>,
     /// A parallel probe-mode participant that finished its share of the inner side while
     /// another builds the table: it reads up to [`PENDING_BATCHES`] batches of outer keys
     /// (`pending`) before it waits, so the build's serial part overlaps the outer scan.
@@ -187,6 +189,7 @@ impl JoinScan for GpuJoinScan {
             payload_values: false,
             row_payload: None,
             from_outer: Vec::new(),
+            row_buf: Vec::new(),
             awaiting: None,
             in_flight: None,
             pending: Vec::new(),
@@ -278,11 +281,8 @@ impl JoinScan for GpuJoinScan {
                 self.report_stats();
                 return std::ptr::null_mut(); // no inner row has a non-NULL key
             }
-            let econtext = (*node).ss.ps.ps_ExprContext;
-            let scan = (*node).ss.ss_ScanTupleSlot;
             loop {
-                pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
-                // The next (outer position, inner row) to return: a pair of the batch, or once
+                // The per-tuple memory is reset as each row is returned (`emit_row`). The next (outer position, inner row) to return: a pair of the batch, or once
                 // they are done (left, anti) an outer tuple without a match (no inner row).
                 let (pos, row) = match self.next_match() {
                     Some((pos, row)) => {
@@ -299,8 +299,7 @@ impl JoinScan for GpuJoinScan {
                             let from = self.unmatched_at.min(self.matched.len());
                             if let Some(k) = self.matched[from..].iter().position(|m| !m) {
                                 self.unmatched_at = from + k + 1;
-                                self.fill_row((from + k) as u32, None, scan);
-                                if let Some(slot) = self.finish_row(node, scan) {
+                                if let Some(slot) = self.emit_row(node, (from + k) as u32, None) {
                                     return slot;
                                 }
                                 continue;
@@ -315,8 +314,7 @@ impl JoinScan for GpuJoinScan {
                         continue;
                     }
                 };
-                self.fill_row(pos, row, scan);
-                if let Some(slot) = self.finish_row(node, scan) {
+                if let Some(slot) = self.emit_row(node, pos, row) {
                     return slot;
                 }
             }
