@@ -69,7 +69,9 @@ impl GpuJoinScan {
     /// then the executor's per-row calls (the per-tuple memory's reset, the scan slot's clear and
     /// store, the qual, the projection) run inside one pgrx guard, called without a guard each as
     /// [`fetch_chunk`] calls the children: these run once per joined row, and a guard per call
-    /// was a `sigsetjmp` each. Nothing in the guarded closure panics or needs dropping.
+    /// was a `sigsetjmp` each. Nothing in the guarded closure panics or needs dropping. Where the
+    /// target list is plain columns and there is no qual (`direct`), the values go straight to
+    /// the projection's result slot, with no expression evaluated.
     ///
     /// # Safety
     /// `node` is this node's state, whose scan slot (virtual) has one column per `map` entry; `pos` a
@@ -115,6 +117,24 @@ impl GpuJoinScan {
             let econtext = (*node).ss.ps.ps_ExprContext;
             let (qual, proj, instrument) = ((*node).ss.ps.qual, (*node).ss.ps.ps_ProjInfo, (*node).ss.ps.instrument);
             let vals: &[(pg_sys::Datum, bool)] = &buf;
+            if let Some(direct) = &self.direct {
+                // Plain columns and no qual: straight into the projection's result slot.
+                let result = (*proj).pi_state.resultslot;
+                pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                    memory_context_reset_raw((*econtext).ecxt_per_tuple_memory);
+                    exec_clear_tuple_raw(result);
+                    for (i, &at) in direct.iter().enumerate() {
+                        if let Some(&(d, isnull)) = vals.get(at) {
+                            *(*result).tts_values.add(i) = d;
+                            *(*result).tts_isnull.add(i) = isnull;
+                        }
+                    }
+                    exec_store_virtual_tuple_raw(result);
+                });
+                self.row_buf = buf;
+                self.stats.rows_out += 1;
+                return Some(result);
+            }
             pg_sys::ffi::pg_guard_ffi_boundary(|| {
                 memory_context_reset_raw((*econtext).ecxt_per_tuple_memory);
                 exec_clear_tuple_raw(scan);

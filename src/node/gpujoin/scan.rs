@@ -102,6 +102,10 @@ pub struct GpuJoinScan {
     pub(super) from_outer: Vec<Option<usize>>,
     /// A joined row's values, gathered before they go to the scan slot (`emit_row`).
     pub(super) row_buf: Vec<(pg_sys::Datum, bool)>,
+    /// Where the node's target list is plain columns of its scan tuple and it has no qual: per
+    /// output column, its scan tuple column (`emit_row` then fills the projection's result slot
+    /// itself, with no expression evaluated per row: [`direct_projection`]).
+    pub(super) direct: Option<Vec<usize>>,
     /// A parallel probe-mode participant that finished its share of the inner side while
     /// another builds the table: it reads up to [`PENDING_BATCHES`] batches of outer keys
     /// (`pending`) before it waits, so the build's serial part overlaps the outer scan.
@@ -190,6 +194,7 @@ impl JoinScan for GpuJoinScan {
             row_payload: None,
             from_outer: Vec::new(),
             row_buf: Vec::new(),
+            direct: None,
             awaiting: None,
             in_flight: None,
             pending: Vec::new(),
@@ -248,6 +253,7 @@ impl JoinScan for GpuJoinScan {
                 self.col_index.push(at);
             }
             self.row_payload = self.inner_payload();
+            self.direct = direct_projection(node, self.p.map.len());
         }
     }
 
@@ -480,5 +486,38 @@ impl JoinScan for GpuJoinScan {
     ) {
         // SAFETY: forwarded: ExplainCustomScan's arguments.
         unsafe { super::explain::explain(self, node, ancestors, es) }
+    }
+}
+
+/// The projection `emit_row` can make itself: with no qual and a projection whose target list
+/// is plain columns of the scan tuple (`INDEX_VAR` Vars, as `set_customscan_references` leaves
+/// them), per output column the scan tuple column it copies (`None` otherwise: the executor's
+/// projection runs). Both slots are virtual, the columns' types the same.
+///
+/// # Safety
+/// `node` is an initialized custom scan state (its projection set up by ExecInitCustomScan) whose
+/// scan tuple has `ncols` columns.
+unsafe fn direct_projection(node: *mut pg_sys::CustomScanState, ncols: usize) -> Option<Vec<usize>> {
+    // SAFETY: forwarded contract: the plan's target list is a List of TargetEntry.
+    unsafe {
+        let ps = &(*node).ss.ps;
+        if !ps.qual.is_null() || ps.ps_ProjInfo.is_null() || (*ps.ps_ProjInfo).pi_state.resultslot.is_null() {
+            return None;
+        }
+        let tlist = PgList::<pg_sys::TargetEntry>::from_pg((*ps.plan).targetlist);
+        let natts = (*(*(*ps.ps_ProjInfo).pi_state.resultslot).tts_tupleDescriptor).natts as usize;
+        if tlist.len() != natts {
+            return None;
+        }
+        tlist
+            .iter_ptr()
+            .map(|te| {
+                let var = (*te).expr as *mut pg_sys::Var;
+                if var.is_null() || (*var).xpr.type_ != pg_sys::NodeTag::T_Var || (*var).varno != pg_sys::INDEX_VAR {
+                    return None;
+                }
+                usize::try_from((*var).varattno - 1).ok().filter(|&at| at < ncols)
+            })
+            .collect()
     }
 }
