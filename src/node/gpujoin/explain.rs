@@ -79,7 +79,8 @@ pub(super) unsafe fn explain(
                 let table = scan.stats.table_build.as_secs_f64() * 1e3;
                 pg_sys::ExplainPropertyFloat(c"Inner Table Build".as_ptr(), c"ms".as_ptr(), table, 3, es);
                 // How many batches were read ahead depends on timing: shown with the timings.
-                if scan.probe.is_some() && scan.parallel_aware {
+                let by_value = scan.outer_cols.iter().all(|c| c.byval);
+                if scan.parallel_aware && (scan.probe.is_some() || scan.aggs.is_empty() && by_value) {
                     int(c"Batches Read Ahead", None, scan.stats.ahead);
                 }
             }

@@ -18,9 +18,16 @@ impl GpuJoinScan {
             self.batch.clear();
             // A NULL key never matches: fetch_chunk skips those tuples. By-reference values are
             // copied into the batch context, which lives until the next batch.
+            // A batch read while the table was built (`gather_rows_while_building`) comes first.
+            let ahead = self.pending_rows.pop_front();
+            if let Some(a) = &ahead {
+                self.outer_vals.extend_from_slice(&a.vals);
+                self.outer_nulls.extend_from_slice(&a.nulls);
+                self.batch.extend(&a.keys, &a.keyless);
+            }
             let mut chunk = std::mem::take(&mut self.chunk);
             let upto = self.max_outer_att;
-            while self.batch.len() < BATCH_TUPLES {
+            while ahead.is_none() && self.batch.len() < BATCH_TUPLES {
                 let ended = fetch_chunk(
                     self.outer,
                     &self.outer_key,
@@ -257,6 +264,46 @@ impl GpuJoinScan {
                 if let Err(e) = self.fold(pos, row) {
                     report(e);
                 }
+            }
+        }
+    }
+
+    /// Whether this participant reads whole batches of outer tuples ahead while another builds
+    /// the table (the join mode of a parallel query whose outer columns are all by value).
+    pub(super) fn reads_rows_ahead(&self) -> bool {
+        !self.shared.is_null() && self.aggs.is_empty() && self.outer_cols.iter().all(|c| c.byval)
+    }
+
+    /// The join mode's read-ahead: batches of outer tuples (their keys and kept columns) into
+    /// `pending_rows` until the table is built or half the hash memory holds them
+    /// ([`PENDING_BATCHES`] at most), as [`GpuJoinScan::gather_while_building`] reads keys.
+    ///
+    /// # Safety
+    /// As for exec, after [`GpuJoinScan::scan_share`].
+    pub(super) unsafe fn gather_rows_while_building(&mut self) {
+        // Words per tuple: the key, a value and a NULL flag per column, the NULL-key flag.
+        let words = 2 + self.outer_cols.len() * 2;
+        let most = spill::pending_batches(BATCH_TUPLES * words, PENDING_BATCHES);
+        // SAFETY: forwarded contract; every kept column is by value (`reads_rows_ahead`), so no
+        // value points into the batch context.
+        unsafe {
+            while !self.outer_done && self.pending_rows.len() < most && !Shared::is_built(self.shared) {
+                let mut chunk = Chunk { keep_null_keys: self.chunk.keep_null_keys, ..Chunk::default() };
+                self.outer_done = fetch_chunk(
+                    self.outer,
+                    &self.outer_key,
+                    self.max_outer_att,
+                    &self.outer_resnos,
+                    &self.outer_cols,
+                    self.batch_ctx,
+                    &mut chunk,
+                    BATCH_TUPLES,
+                );
+                if !chunk.keys.is_empty() {
+                    self.stats.ahead += 1;
+                    self.pending_rows.push_back(chunk);
+                }
+                pg_sys::check_for_interrupts!();
             }
         }
     }

@@ -111,6 +111,10 @@ pub struct GpuJoinScan {
     /// (`pending`) before it waits, so the build's serial part overlaps the outer scan.
     pub(super) awaiting: Option<Instant>,
     pub(super) pending: Vec<Vec<i64>>,
+    /// The join mode's read-ahead (`awaiting` too): whole batches of outer tuples, read while
+    /// another participant builds the table, where every outer column kept is by value (so that
+    /// none points into the batch context); `next_batch` takes them first.
+    pub(super) pending_rows: std::collections::VecDeque<Chunk>,
     /// The probe mode's batch being probed (see `probe_keys`); dropped unwaited (an ERROR, a
     /// rescan), the request is given up and the service reuses its slot once it is done.
     pub(super) in_flight: Option<exec::Pending<exec::request::Probed>>,
@@ -198,6 +202,7 @@ impl JoinScan for GpuJoinScan {
             awaiting: None,
             in_flight: None,
             pending: Vec::new(),
+            pending_rows: Default::default(),
             chunk: Chunk { keep_null_keys: p_join.keeps_unmatched(), ..Chunk::default() },
             matched: Vec::new(),
             unmatched_at: 0,
@@ -265,8 +270,9 @@ impl JoinScan for GpuJoinScan {
                 let t = Instant::now();
                 if self.shared.is_null() {
                     self.build_local();
-                } else if !self.aggs.is_empty() && self.probe.is_some() {
-                    // exec_aggregates reads outer keys until the table is built.
+                } else if (!self.aggs.is_empty() && self.probe.is_some()) || self.reads_rows_ahead() {
+                    // exec_aggregates reads outer keys until the table is built, the join mode
+                    // whole batches of outer tuples (`gather_rows_while_building`).
                     self.scan_share(true);
                     self.awaiting = Some(t);
                 } else {
@@ -281,6 +287,11 @@ impl JoinScan for GpuJoinScan {
             }
             if !self.aggs.is_empty() {
                 return self.exec_aggregates(node);
+            }
+            if let Some(t) = self.awaiting.take() {
+                self.gather_rows_while_building();
+                self.finish_attach();
+                self.stats.build = self.stats.build.max(t.elapsed());
             }
             let join = self.p.join;
             if self.rows.is_empty() && !join.keeps_unmatched() {
@@ -311,7 +322,7 @@ impl JoinScan for GpuJoinScan {
                                 continue;
                             }
                         }
-                        if self.outer_done {
+                        if self.outer_done && self.pending_rows.is_empty() {
                             self.report_stats();
                             return std::ptr::null_mut();
                         }
@@ -348,6 +359,7 @@ impl JoinScan for GpuJoinScan {
                 self.rows = InnerRows::default();
                 self.awaiting = None;
                 self.pending.clear();
+                self.pending_rows.clear();
             } else if !(*self.inner).chgParam.is_null() {
                 // New parameters for the inner side: build again (ExecProcNode rescans it).
                 self.drop_table();
@@ -476,6 +488,7 @@ impl JoinScan for GpuJoinScan {
         self.ready = false;
         self.awaiting = None;
         self.pending.clear();
+        self.pending_rows.clear();
     }
 
     unsafe fn explain(
