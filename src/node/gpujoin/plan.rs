@@ -66,7 +66,11 @@
 //!
 //! With them, `auto` was within 1.25x of the faster plan at 27 of 30 points in service mode
 //! (the three others at 200 K rows, where the two plans are within 8 ms and one slow run
-//! decides: 1.27x to 1.51x). Not measured: wide inner rows, other GPUs.
+//! decides: 1.27x to 1.51x). Joined rows have been cheaper since (their inner column rides in
+//! the table, one guard per row, read-ahead during the build), with the constants unchanged:
+//! 30 of 30 points at 744ebdf (`bench/history/`) and 29 of 30 at 0dce23d, on a slower host
+//! (20 K Zipf rows, 10.3 ms against the node's 8.1 ms: 1.27x). Not measured: wide inner rows,
+//! other GPUs.
 
 use super::*;
 use crate::stats::Decline;
