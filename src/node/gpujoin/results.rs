@@ -46,17 +46,22 @@ impl GpuJoinScan {
     /// inner or left join whose inner columns are key columns with an outer column of the same
     /// type (whose datum is then the same) and at most one by-value column more. Called in
     /// begin, once the columns are known.
+    ///
+    /// Only an exact key (one column, or several packed) says that a pair's key columns equal
+    /// the outer tuple's: a hashed key's pairs include hash collisions, which the qual rechecks
+    /// against the inner row's own key columns, so those come from the rows.
     pub(super) fn inner_payload(&mut self) -> Option<Option<usize>> {
         self.from_outer = vec![None; self.p.map.len()];
         if !self.aggs.is_empty() || !matches!(self.p.join, JoinKind::Inner | JoinKind::Left) {
             return None;
         }
+        let exact = self.outer_key.composer.form().exact();
         let mut payload = None;
         for (i, &(side, resno)) in self.p.map.iter().enumerate() {
             if side != 1 {
                 continue;
             }
-            let outer = self.p.keys.iter().find(|k| k.3 == resno && k.0 == k.1);
+            let outer = self.p.keys.iter().find(|k| exact && k.3 == resno && k.0 == k.1);
             if let Some(o) = outer.and_then(|k| self.outer_resnos.iter().position(|&r| r == k.2)) {
                 self.from_outer[i] = Some(o);
                 continue;

@@ -299,8 +299,9 @@ impl JoinScan for GpuJoinScan {
                 return std::ptr::null_mut(); // no inner row has a non-NULL key
             }
             loop {
-                // The per-tuple memory is reset as each row is returned (`emit_row`). The next (outer position, inner row) to return: a pair of the batch, or once
-                // they are done (left, anti) an outer tuple without a match (no inner row).
+                // The next (outer position, inner row) to return: a pair of the batch, or once
+                // they are done (left, anti) an outer tuple without a match (no inner row). The
+                // per-tuple memory is reset as each row is returned (`emit_row`).
                 let (pos, row) = match self.next_match() {
                     Some((pos, row)) => {
                         let first = !std::mem::replace(self.matched.get_mut(pos as usize).unwrap_or(&mut true), true);
