@@ -41,9 +41,14 @@
 //!   outer child (its share of a parallel scan) a batch at a time ([`BATCH_TUPLES`] tuples
 //!   with a non-NULL key, their used columns kept), materializes the batch's distinct keys
 //!   into its own result buffer (a temporary segment, reset before each batch), reads the
-//!   (key, row id) pairs back (a window at a time: `super::spill::match_window`) and emits
-//!   one joined row per call, from the outer columns of each tuple with that key and the inner
-//!   row (`super::matching`), after the qual, projected. Rows are read from the children a
+//!   (key's index among them, payload) pairs back (a window at a time:
+//!   `super::spill::match_window`) and emits one joined row per call, from the outer columns
+//!   of each tuple with that key and the inner row (`super::matching`), after the qual,
+//!   projected. The payload is the inner row's id, or where the join keeps one by-value inner
+//!   column besides key columns of the outer key's type, that column's value (`row_payload`:
+//!   the row is then made from the outer tuple and the pair alone). A row's executor calls run
+//!   under one pgrx guard (`emit_row`); in parallel, a participant waiting for another's build
+//!   reads outer batches ahead (`gather_rows_while_building`). Rows are read from the children a
 //!   chunk at a time under one pgrx guard ([`fetch_chunk`]). A left, semi or anti join keeps a
 //!   matched flag per tuple of the batch: a left join returns the pairs, then each tuple
 //!   without a match with NULL inner columns; a semi join a tuple at its first pair; an anti
