@@ -243,15 +243,18 @@ pub(super) unsafe fn plan_custom_path(
                 vars.push(v);
             }
         };
-        for &(_, ov, iv) in &clauses.keys {
-            add(ov);
-            add(iv);
-        }
+        // The output's Vars first: above a left join they carry the join's nulling (PostgreSQL
+        // 16 and later), which setrefs checks against the scan tuple's Var of that column; the
+        // key clause's Vars, below the nulling, are made to match it (`custom_exprs` below).
         for n in [target, tlist as *mut pg_sys::Node, quals as *mut pg_sys::Node] {
             let found = pg_sys::pull_var_clause(n, pg_sys::PVC_RECURSE_AGGREGATES as i32);
             for v in PgList::<pg_sys::Node>::from_pg(found).iter_ptr() {
                 add(as_var(v).expect("plain Vars only (checked by the path)"));
             }
+        }
+        for &(_, ov, iv) in &clauses.keys {
+            add(ov);
+            add(iv);
         }
         let mut scan_tlist = PgList::<pg_sys::TargetEntry>::new();
         let mut aggs = Vec::with_capacity(aggrefs.len());
@@ -313,6 +316,16 @@ pub(super) unsafe fn plan_custom_path(
             1 => key_exprs.get_ptr(0).expect("one clause"),
             _ => pg_sys::make_andclause(key_exprs.into_pg()) as *mut pg_sys::Node,
         };
+        // The clause is shown by EXPLAIN only: its Vars take the scan tuple's nulling of their
+        // column (a left join's inner key in the output is nulled by the join; in the clause it
+        // is not), so that setrefs (which compares them) finds its column.
+        #[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
+        for v in PgList::<pg_sys::Node>::from_pg(pg_sys::pull_var_clause(cond, 0)).iter_ptr() {
+            let v = v as *mut pg_sys::Var;
+            if let Some(w) = vars.iter().find(|w| same(**w, v)) {
+                (*v).varnullingrels = pg_sys::bms_copy((**w).varnullingrels);
+            }
+        }
         let mut exprs = PgList::<pg_sys::Node>::new();
         exprs.push(cond);
         (*cscan).custom_exprs = exprs.into_pg();
