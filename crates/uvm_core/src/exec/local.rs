@@ -17,7 +17,7 @@
 
 use crate::error::{Code, Result};
 use crate::gpujoin::gpu::{JoinKernels, KernelAppender};
-use crate::gpujoin::pairs::{self, CpuAppender, Inner, RawInner};
+use crate::gpujoin::pairs::{self, Appender, CpuAppender, Inner, RawInner, Step, Target};
 use crate::gpujoin::table::{self, KeyType};
 use crate::provider::{Provider, ProviderKind};
 use crate::registry::TierPref;
@@ -72,6 +72,16 @@ pub enum Work {
     },
     Probe {
         inner: RawInner,
+        engine: Engine,
+    },
+    /// The result buffer's header at `base` and the pairs mapped after it (`cap`).
+    MaterializeWithin {
+        inner: RawInner,
+        base: u64,
+        cap: u64,
+        indexed: bool,
+        index_base: u64,
+        fresh: bool,
         engine: Engine,
     },
     BuildBegin {
@@ -215,6 +225,18 @@ pub fn prepare<E: Env>(segs: &mut Segments<E>, call: &Call, io: &Io<'_>) -> Resu
             let inner = Inner::of(&pin, key_type_of(key_type)?, engine == Engine::Cpu)?.raw();
             pins.push(pin);
             Work::Probe { inner, engine }
+        }
+        Call::MaterializeWithin(ops::MaterializeWithin { inner, result, key_type, indexed, index_base, fresh, .. }) => {
+            let cpu = engine == Engine::Cpu;
+            let inner_pin = pin_ref(segs, &inner)?;
+            let inner = Inner::of(&inner_pin, key_type_of(key_type)?, cpu)?.raw();
+            let result_pin = pin_ref(segs, &result)?;
+            // A fresh batch's header is written by the work before the kernel reads it.
+            let target = if fresh != 0 { Target::to_reset(&result_pin, cpu) } else { Target::of(&result_pin, cpu) };
+            let (base, cap) = target.map(|t| (t.base(), t.cap()))?;
+            pins.push(inner_pin);
+            pins.push(result_pin);
+            Work::MaterializeWithin { inner, base, cap, indexed: indexed != 0, index_base, fresh: fresh != 0, engine }
         }
         Call::BuildBegin(ops::BuildBegin { table, slot_count }) => {
             let (pin, addr, len) = table_for_build(segs, &table, slot_count, engine)?;
@@ -386,6 +408,58 @@ impl Work {
                     _ => crate::gpu::gpu()?.with_kernels(|k| k.join_probe(&view, keys))?,
                 };
                 done(&ops::Probed { matches, sum: Sum128::from(sum) })
+            }
+            &Work::MaterializeWithin { ref inner, base, cap, indexed, index_base, fresh, engine } => {
+                let keys: &[i64] = words(io.input(), "probe keys")?;
+                // The header: `HEADER_BYTES` at `base`, in the result's pinned first chunk
+                // (`Target::of` checked it); the CPU's to address under the CPU engine, else
+                // copied by the driver (device or host tier alike).
+                let header = |out: Option<&mut [u8; pairs::HEADER_BYTES as usize]>| -> Result<()> {
+                    let fresh_bytes = pairs::PairsHeader::new().as_bytes();
+                    if engine == Engine::Cuda {
+                        crate::gpu::gpu()?; // the context current on this thread
+                    }
+                    // SAFETY: `base` is the header of the pinned result buffer (above), 8-byte
+                    // aligned and mapped for HEADER_BYTES; each copy is of those bytes, to or
+                    // from a local array of that length.
+                    unsafe {
+                        match (out, engine) {
+                            (None, Engine::Cpu) => {
+                                std::ptr::copy_nonoverlapping(fresh_bytes.as_ptr(), base as *mut u8, fresh_bytes.len())
+                            }
+                            (None, Engine::Cuda) => crate::gpu::copy(base, fresh_bytes.as_ptr() as u64, fresh_bytes.len())?,
+                            (Some(o), Engine::Cpu) => std::ptr::copy_nonoverlapping(base as *const u8, o.as_mut_ptr(), o.len()),
+                            (Some(o), Engine::Cuda) => crate::gpu::copy(o.as_mut_ptr() as u64, base, o.len())?,
+                        }
+                    }
+                    Ok(())
+                };
+                if fresh {
+                    header(None)?;
+                }
+                // SAFETY: the pins behind `inner` and the result buffer are held (contract), and
+                // `base`, `cap` are what `Target::of` (or `to_reset`) found in the result's pin.
+                let (view, target) = unsafe { (inner.inner()?, Target::from_raw(base, cap)) };
+                let (step, matches, sum) = match engine {
+                    Engine::Cpu => {
+                        let mut ap = CpuAppender::new(keys).indexed(indexed, index_base);
+                        (ap.run(&view, target)?, ap.matches, ap.sum)
+                    }
+                    Engine::Cuda => crate::gpu::gpu()?.with_kernels(|k| {
+                        let mut ap = KernelAppender::new(k, keys).indexed(indexed, index_base);
+                        Ok((ap.run(&view, target)?, ap.matches, ap.sum))
+                    })?,
+                };
+                let need = match step {
+                    Step::Done => 0,
+                    Step::Need(pairs) => pairs.max(1),
+                };
+                let (matches, sum) = if need == 0 { (matches, sum) } else { (0, 0) };
+                let mut raw = [0u8; pairs::HEADER_BYTES as usize];
+                header(Some(&mut raw))?;
+                let counter = |at: u64| u64::from_ne_bytes(raw[at as usize..at as usize + 8].try_into().expect("8 bytes"));
+                let (next, written) = (counter(pairs::NEXT_AT), counter(pairs::WRITTEN_AT));
+                done(&ops::MaterializedWithin { matches, sum: Sum128::from(sum), need, next, written })
             }
             &Work::BuildBegin { addr, len, engine } => {
                 match engine {

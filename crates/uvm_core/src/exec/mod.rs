@@ -305,6 +305,80 @@ pub fn materialize(
     })
 }
 
+/// [`materialize`] into a reset result buffer, within its present size, on an executor thread of
+/// the GPU service rather than its main thread (one thread for the cluster, which a growth
+/// needs): the buffer's header is reset by the first request and checked after the last (every
+/// pair reserved was written, and they are the matches), so the caller needs no other round
+/// trip. `Ok(Err(pairs))` when the buffer must hold `pairs` pairs first; what was written then
+/// does not count (reset the buffer and call [`materialize`], which grows it).
+pub fn materialize_within(
+    ex: &mut dyn Executor,
+    inner: &SegRef,
+    result: &SegRef,
+    kt: KeyType,
+    keys: &[i64],
+    indexed: bool,
+) -> Result<std::result::Result<ProbeSum, u64>> {
+    let step = (ex.max_io() / 8).max(1);
+    let mut o = ops::MaterializeWithin {
+        inner: *inner,
+        result: *result,
+        key_type: key_code(kt),
+        indexed: u32::from(indexed),
+        index_base: 0,
+        fresh: 1,
+        _pad: 0,
+    };
+    let mut total = ProbeSum { matches: 0, sum: 0 };
+    // An empty batch still resets the buffer.
+    let parts: Vec<&[i64]> = if keys.is_empty() { vec![keys] } else { keys.chunks(step).collect() };
+    let mut counters = (0, 0);
+    for part in parts {
+        let (r, _) = call(ex, &o, Io::In(part.as_bytes()))?;
+        if r.need > 0 {
+            return Ok(Err(r.need));
+        }
+        o.index_base += part.len() as u64;
+        o.fresh = 0;
+        total = total + ProbeSum { matches: r.matches, sum: r.sum.get() };
+        counters = (r.next, r.written);
+    }
+    check_counters(result, counters, total.matches)?;
+    Ok(Ok(total))
+}
+
+/// [`materialize`] into a reset result buffer, its header checked after (as
+/// [`materialize_within`] does): the main-thread form, which grows the buffer.
+pub fn materialize_reset(
+    ex: &mut dyn Executor,
+    inner: &SegRef,
+    result: &SegRef,
+    kt: KeyType,
+    keys: &[i64],
+    indexed: bool,
+) -> Result<ProbeSum> {
+    pairs_reset(ex, result)?;
+    let p = materialize(ex, inner, result, kt, keys, indexed)?;
+    let mut raw = [0u8; crate::gpujoin::pairs::HEADER_BYTES as usize];
+    read(ex, result, 0, &mut raw)?;
+    let h = crate::gpujoin::pairs::parse_header(result.name(), &raw, crate::gpujoin::pairs::HEADER_BYTES)?;
+    check_counters(result, (h.next, h.written), p.matches)?;
+    Ok(p)
+}
+
+/// A result buffer whose header counts `(next, written)` pairs after a materialize that found
+/// `matches`: every pair reserved written, and they are the matches; else the buffer was
+/// overwritten meanwhile (ERROR 55000).
+fn check_counters(result: &SegRef, (next, written): (u64, u64), matches: u64) -> Result<()> {
+    if (next, written) == (matches, matches) {
+        return Ok(());
+    }
+    Err(UvmError::new(
+        Code::ObjectNotInPrerequisiteState,
+        format!("GpuJoin result buffer \"{}\" holds {next} pairs ({written} written), the probe found {matches}", result.name()),
+    ))
+}
+
 /// Zeroes a table's header and `slot_count` slots (the start of a build).
 pub fn build_begin(ex: &mut dyn Executor, seg: &SegRef, slot_count: u64) -> Result<()> {
     reply(ex, ops::BuildBegin { table: *seg, slot_count }).map(|_| ())

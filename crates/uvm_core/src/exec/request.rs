@@ -287,6 +287,14 @@ operations! {
     MemInfo = 21, None, Pool: MemInfo [] {} -> GpuMemory { free: u64, total: u64 };
     /// Runs a caller's kernel, described in staging (`exec::kernel::Launch`).
     Launch = 22, In, Pool: LaunchKernel [] {} -> Launched {};
+    /// `Materialize` within the result buffer's present size, on an executor thread rather than
+    /// the main one (which a growth needs); with `fresh` 1 the buffer's header is reset first.
+    /// `need` is 0, or the pairs the buffer must hold, in which case nothing it wrote counts
+    /// (the caller resets the buffer and asks again); `next` and `written` are the header's
+    /// counters after the work.
+    MaterializeWithin = 23, In, Pool: MaterializeWithin [inner, result] {
+        key_type: u32, indexed: u32, index_base: u64, fresh: u32, _pad: u32,
+    } -> MaterializedWithin { matches: u64, sum: Sum128, need: u64, next: u64, written: u64 };
 }
 
 /// A request as it lies in a slot: the operation's number, its input bytes in staging, and its
@@ -458,7 +466,7 @@ mod tests {
         for &m in Mode::ALL {
             assert_eq!(Mode::from_u32(m as u32), m);
         }
-        assert_eq!(Op::ALL.len(), 22);
+        assert_eq!(Op::ALL.len(), 23);
         assert_eq!(Mode::from_u32(77), Mode::Undecided);
         // The numbers are what a slot carries: fixed forever.
         assert_eq!((Op::Ping as u32, Op::Materialize as u32, Op::Launch as u32), (1, 12, 22));

@@ -142,6 +142,37 @@ fn gpujoin_build_probe_and_materialize_through_requests() {
         let mut want: Vec<[i64; 2]> = expect.iter().map(|r| **r).collect();
         want.sort_unstable();
         assert_eq!(seen, want);
+        // within the buffer's size (an executor thread's work): the same pairs where they fit;
+        // where they do not, the pairs needed, the buffer's size unchanged, and after a reset
+        // the main-thread form as before
+        let read_pairs = |ex: &mut Small<'_>, n: u64| {
+            let mut got = vec![0u8; (n * pairs::PAIR_BYTES) as usize];
+            read(ex, &r, pairs::HEADER_BYTES as i64, &mut got).unwrap();
+            let mut v: Vec<[i64; 2]> = got
+                .chunks_exact(16)
+                .map(|p| [i64::from_ne_bytes(p[..8].try_into().unwrap()), i64::from_ne_bytes(p[8..].try_into().unwrap())])
+                .map(|[i, row]| [keys[i as usize], row])
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        write(&mut ex, &r, 0, &PairsHeader::new().as_bytes()).unwrap();
+        let fit = materialize_within(&mut ex, &t, &r, KeyType::Int8, &keys, true).unwrap();
+        assert_eq!(fit, Ok(ProbeSum { matches, sum }), "the buffer grew to hold them all above");
+        assert_eq!(read_pairs(&mut ex, matches), want);
+        // it resets the buffer itself (its first request), so a second batch needs no reset
+        let again = materialize_within(&mut ex, &t, &r, KeyType::Int8, &keys[..5000], true).unwrap();
+        let few: Vec<&[i64; 2]> = rows.iter().filter(|x| keys[..5000].contains(&x[0])).collect();
+        assert_eq!(again.unwrap().matches, few.len() as u64);
+        create(&mut ex, "r2", pairs::bytes_for(8) as i64, None, TierPref::Host, 10, 0).unwrap();
+        let r2 = seg_ref(ex.inner.segs, "r2");
+        // (never reset: a fresh segment's zeroes are no header, which the first request writes)
+        let need = materialize_within(&mut ex, &t, &r2, KeyType::Int8, &keys, true).unwrap().unwrap_err();
+        assert!(need > 8, "{need} pairs needed");
+        assert_eq!(ex.inner.segs.lookup("r2").unwrap().size, pairs::bytes_for(8), "not grown");
+        // (the buffer as the refused request left it: the main-thread form resets it itself)
+        assert_eq!(materialize_reset(&mut ex, &t, &r2, KeyType::Int8, &keys, true).unwrap(), ProbeSum { matches, sum });
+        drop(&mut ex, &r2).unwrap();
         // a segment that is no table: an error, not a crash
         assert_eq!(probe(&mut ex, &r, KeyType::Int8, &keys).unwrap_err().code, Code::InvalidParameterValue);
         for s in [&t, &r] {

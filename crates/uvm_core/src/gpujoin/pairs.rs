@@ -277,7 +277,8 @@ impl RawInner {
 }
 
 /// The result buffer as a batch sees it, for as long as the pin it came from lives: the address
-/// of its header and the pairs mapped. Only [`Target::of`] makes one.
+/// of its header and the pairs mapped. Only [`Target::of`] and [`Target::to_reset`] make one
+/// ([`Target::from_raw`] makes one of theirs again).
 #[derive(Clone, Copy, Debug)]
 pub struct Target<'a> {
     base: u64,
@@ -290,6 +291,16 @@ impl<'a> Target<'a> {
     /// by the CPU. `cap` is the pairs the pin maps.
     pub fn of<E: Env>(pin: &'a Pin<E>, cpu: bool) -> Result<Target<'a>> {
         read_header(pin)?;
+        Target::to_reset(pin, cpu)
+    }
+
+    /// As [`Target::of`] for a buffer whose header the caller writes afresh before anything
+    /// reads it (so it is not read here: in the GPU service, a read of device memory on its main
+    /// thread).
+    pub fn to_reset<E: Env>(pin: &'a Pin<E>, cpu: bool) -> Result<Target<'a>> {
+        if pin.info().size < HEADER_BYTES {
+            return Err(not_pairs(&pin.info().name, "too small"));
+        }
         if cpu {
             pin.bytes(0, pin.info().size as i64)?; // refuses tiers the CPU cannot address
         }
@@ -298,6 +309,15 @@ impl<'a> Target<'a> {
             return Err(UvmError::new(Code::SystemError, "result buffer memory is misaligned"));
         }
         Ok(Target { base, cap: capacity(pin.info().size), _pin: std::marker::PhantomData })
+    }
+
+    /// The target `Target::of` found (`base`, `cap`), again: for work prepared under a pin and
+    /// run later.
+    ///
+    /// # Safety
+    /// `base` and `cap` come from [`Target::of`] on a pin the caller still holds.
+    pub unsafe fn from_raw(base: u64, cap: u64) -> Target<'a> {
+        Target { base, cap, _pin: std::marker::PhantomData }
     }
 
     /// Address of the header (8-byte aligned); the pairs follow it.
