@@ -76,11 +76,14 @@ pub struct Batch {
     /// The generation of the current batch's slots; never 0 (the generation of a slot never
     /// written).
     generation: u32,
+    /// Every non-NULL key is its own entry of `keys`, duplicates included, and the table is not
+    /// used ([`Batch::set_positional`]).
+    positional: bool,
 }
 
 impl Default for Batch {
     fn default() -> Self {
-        Batch { keys: Vec::new(), last: Vec::new(), next: Vec::new(), slots: Vec::new(), generation: 1 }
+        Batch { keys: Vec::new(), last: Vec::new(), next: Vec::new(), slots: Vec::new(), generation: 1, positional: false }
     }
 }
 
@@ -129,6 +132,36 @@ impl Batch {
         }
     }
 
+    /// Whether each key is probed once per outer tuple (no key table: a pair's index is then
+    /// the tuple's place among the batch's non-NULL keys) rather than once per distinct key.
+    /// Against an inner side whose keys are unique, a pair is then a joined row, and the batch
+    /// costs no hashing; against duplicates on both sides, the pairs multiply (the node turns it
+    /// off then: [`Batch::deduplicate`]). Set between batches: the current one is cleared.
+    pub fn set_positional(&mut self, on: bool) {
+        self.clear();
+        self.positional = on;
+    }
+
+    pub fn positional(&self) -> bool {
+        self.positional
+    }
+
+    /// Turns a positional batch into one of distinct keys, the same tuples in the same positions
+    /// (the pairs a positional batch formed are to be formed again), and leaves positional mode.
+    pub fn deduplicate(&mut self) {
+        if !self.positional {
+            return;
+        }
+        let keys = std::mem::take(&mut self.keys);
+        let nulls: Vec<bool> = self.next.iter().map(|&n| n == NONE).collect();
+        self.set_positional(false);
+        let mut at = keys.iter();
+        for null in nulls {
+            let key = if null { None } else { at.next().copied() };
+            self.push(key);
+        }
+    }
+
     /// Adds the next outer tuple of the batch (its key, `None` for NULL); returns its position.
     ///
     /// # Panics
@@ -141,6 +174,12 @@ impl Batch {
             self.next.push(NONE);
             return pos;
         };
+        if self.positional {
+            self.keys.push(key);
+            self.last.push(pos);
+            self.next.push(pos); // a chain of one
+            return pos;
+        }
         match self.find(key) {
             Ok(s) => {
                 // Append to the circular chain: the last position now leads here, and this one
@@ -172,6 +211,12 @@ impl Batch {
     /// the L2 cache).
     pub fn extend(&mut self, keys: &[i64], keyless: &[bool]) {
         const AHEAD: usize = 8;
+        if self.positional {
+            for (i, &k) in keys.iter().enumerate() {
+                self.push((!keyless.get(i).copied().unwrap_or(false)).then_some(k));
+            }
+            return;
+        }
         for (i, &k) in keys.iter().enumerate() {
             if let Some(&ahead) = keys.get(i + AHEAD) {
                 self.prefetch(ahead);
@@ -204,8 +249,8 @@ impl Batch {
         self.next.is_empty()
     }
 
-    /// The distinct non-NULL keys, each once, in first-seen order: what the batch probes (a
-    /// pair's key index is an index into these).
+    /// The distinct non-NULL keys, each once, in first-seen order (positional: every non-NULL
+    /// key, in batch order): what the batch probes (a pair's key index is an index into these).
     pub fn distinct(&self) -> &[i64] {
         &self.keys
     }
@@ -240,7 +285,8 @@ impl Batch {
     }
 
     /// Positions of the outer tuples whose key is `key`, in batch order (none for a key not in
-    /// the batch, which a pair from an overwritten result buffer could carry).
+    /// the batch, which a pair from an overwritten result buffer could carry). For a batch of
+    /// distinct keys: a positional one has no key table (none, then).
     pub fn positions(&self, key: i64) -> Positions<'_> {
         Positions { batch: self, at: self.first(key) }
     }
@@ -360,6 +406,13 @@ mod tests {
             assert_eq!(b.push(*k), i as u32);
         }
         assert_eq!(b.len(), outer.len());
+        expand(b, e, inner)
+    }
+
+    /// The batch's keys probed against the inner side as the node's materialize does (a pair
+    /// per match: the key's index among the batch's keys, the inner position), and the pairs
+    /// expanded by the emitter: the joined (outer, inner) positions, sorted.
+    fn expand(b: &Batch, e: &mut Emitter, inner: &[Option<i64>]) -> Vec<(u32, i64)> {
         let mut pairs = e.take_buffer();
         for (i, &k) in b.distinct().iter().enumerate() {
             for (j, n) in inner.iter().enumerate() {
@@ -389,6 +442,39 @@ mod tests {
         let got = by_batch(&outer, &inner);
         assert_eq!(got, reference(&outer, &inner));
         assert_eq!(got.len(), 3 * 2 + 1);
+    }
+
+    #[test]
+    fn positional_batches_probe_every_key_and_join_as_the_reference() {
+        let mut next = rng(0x51_7cc1_b727_220a);
+        let (mut b, mut e) = (Batch::default(), Emitter::default());
+        for round in 0..60 {
+            // Flipped every few rounds, and a positional batch deduplicated in place every third.
+            b.set_positional(round % 4 < 2);
+            let range = [1, 4, 50, 1 << 40][round % 4];
+            let outer: Vec<Option<i64>> =
+                (0..(next() % 80)).map(|_| if next().is_multiple_of(6) { None } else { Some((next() % range) as i64) }).collect();
+            let inner: Vec<Option<i64>> =
+                (0..(next() % 50)).map(|_| if next().is_multiple_of(5) { None } else { Some((next() % range) as i64) }).collect();
+            if b.positional() {
+                b.clear();
+                for k in &outer {
+                    b.push(*k);
+                }
+                assert_eq!(b.distinct(), outer.iter().flatten().copied().collect::<Vec<_>>(), "every key, in order");
+                if round % 3 == 0 {
+                    b.deduplicate();
+                    assert!(!b.positional());
+                    let mut seen = std::collections::HashSet::new();
+                    let firsts: Vec<i64> = outer.iter().flatten().copied().filter(|k| seen.insert(*k)).collect();
+                    assert_eq!(b.distinct(), firsts, "distinct keys after deduplicate");
+                    assert_eq!(b.len(), outer.len());
+                }
+                assert_eq!(expand(&b, &mut e, &inner), reference(&outer, &inner), "round {round}");
+            } else {
+                assert_eq!(by_batch_with(&mut b, &mut e, &outer, &inner), reference(&outer, &inner), "round {round}");
+            }
+        }
     }
 
     #[test]

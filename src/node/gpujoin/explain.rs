@@ -72,6 +72,12 @@ pub(super) unsafe fn explain(
                 prop(c"Inner Table Tier", &scan.stats.tier);
             }
             int(c"Batches", None, scan.stats.batches);
+            // Whether this process probed every outer tuple's key or, past a batch with
+            // more pairs than tuples, each batch's distinct keys (`materialize_batch`). In
+            // parallel that depends on which batches this process read: shown with the timings.
+            if scan.aggs.is_empty() && scan.stats.batches > 0 && (!scan.parallel_aware || (*es).timing) {
+                prop(c"Outer Keys", if scan.batch.positional() { "every tuple's" } else { "distinct" });
+            }
             if (*es).timing {
                 pg_sys::ExplainPropertyFloat(c"GPU Time".as_ptr(), c"ms".as_ptr(), scan.stats.gpu.as_secs_f64() * 1e3, 3, es);
                 let build = scan.stats.build.as_secs_f64() * 1e3;

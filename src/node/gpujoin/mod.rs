@@ -39,12 +39,17 @@
 //!   `hash_mem_multiplier`, times the participants in parallel); past it the rows and pairs go
 //!   to a spill segment in the host tier (`super::spill`). Then each participant reads its
 //!   outer child (its share of a parallel scan) a batch at a time ([`BATCH_TUPLES`] tuples
-//!   with a non-NULL key, their used columns kept), materializes the batch's distinct keys
-//!   into its own result buffer (a temporary segment, reset before each batch), reads the
-//!   (key's index among them, payload) pairs back (a window at a time:
+//!   with a non-NULL key, their used columns kept), materializes the batch's keys into its own
+//!   result buffer (a temporary segment, reset before each batch) in one round trip
+//!   (`exec::materialize_within`, which the GPU service's executor threads run, not its main
+//!   thread), reads the (key's index among them, payload) pairs back (a window at a time:
 //!   `super::spill::match_window`) and emits one joined row per call, from the outer columns
 //!   of each tuple with that key and the inner row (`super::matching`), after the qual,
-//!   projected. The payload is the inner row's id, or where the join keeps one by-value inner
+//!   projected. The keys are every tuple's (`Batch::set_positional`: no key table, and against
+//!   unique inner keys a pair is a joined row) until a batch's pairs outgrow the result
+//!   buffer's first size, [`RESULT_PAIRS`] (repeated inner keys); from that batch
+//!   on, each batch's distinct keys, whose pairs expand to every tuple with the key (EXPLAIN
+//!   ANALYZE: `Outer Keys`). The payload is the inner row's id, or where the join keeps one by-value inner
 //!   column besides key columns of the outer key's type, that column's value (`row_payload`:
 //!   the row is then made from the outer tuple and the pair alone). A row's executor calls run
 //!   under one pgrx guard (`emit_row`); in parallel, a participant waiting for another's build
@@ -139,8 +144,10 @@ pub const BATCH_TUPLES: usize = 1 << 16;
 /// Batches of outer keys a parallel probe-mode participant reads while the table is being
 /// built (16 MiB of keys at most).
 pub const PENDING_BATCHES: usize = 32;
-/// Pairs the result buffer holds at first (it grows on demand).
-const RESULT_PAIRS: u64 = 1 << 16;
+/// Pairs the result buffer holds at first (it grows on demand): a batch's, so that a batch
+/// that probes every tuple's key against unique inner keys always fits, and one that does not
+/// fit met repeated inner keys (`GpuJoinScan::materialize_batch`).
+const RESULT_PAIRS: u64 = BATCH_TUPLES as u64;
 
 static METHODS: Methods = customscan::methods::<GpuJoinScan>();
 

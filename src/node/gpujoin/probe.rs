@@ -410,40 +410,48 @@ impl GpuJoinScan {
         Ok(())
     }
 
-    /// Materializes the current batch's distinct keys into this participant's result buffer
-    /// (created at the first batch) and hands the first window of its pairs to the emitter
-    /// ([`GpuJoinScan::next_match`] reads the others).
+    /// Materializes the current batch's keys (distinct, or all of them: `Batch::positional`)
+    /// into this participant's result buffer (created at the first batch) and hands the first
+    /// window of its pairs to the emitter ([`GpuJoinScan::next_match`] reads the others).
     pub(super) fn probe_batch(&mut self) {
         self.stats.batches += 1;
         if self.result.is_none() {
             let seg = self.create_temp("pairs", pairs::bytes_for(RESULT_PAIRS), None);
             self.result = Some(seg);
         }
-        let (table, result) = (self.table.expect("built"), self.result.expect("created"));
-        let kt = self.key;
-        let keys = self.batch.distinct();
         let t = Instant::now();
-        let got = crate::runtime::try_executor(|ex| {
-            exec::pairs_reset(ex, &result)?;
-            let m = exec::materialize(ex, &table, &result, kt, keys, true)?.matches;
-            let mut raw = [0u8; pairs::HEADER_BYTES as usize];
-            exec::read(ex, &result, 0, &mut raw)?;
-            let name = result.name().to_string();
-            let h = pairs::parse_header(&name, &raw, pairs::HEADER_BYTES)?;
-            if h.next != m || h.written != m {
-                return Err(UvmError::new(
-                    Code::ObjectNotInPrerequisiteState,
-                    format!(
-                        "GpuJoin result buffer \"{name}\" holds {} pairs ({} written), the probe found {m}",
-                        h.next, h.written
-                    ),
-                ));
-            }
-            Ok(m)
-        });
+        let got = self.materialize_batch();
         self.stats.gpu += t.elapsed();
         self.matches = (0, got.unwrap_or_else(|e| report(e)));
         self.read_matches();
+    }
+
+    /// The batch's pairs written to the result buffer: their number.
+    ///
+    /// First within the buffer's present size, which an executor thread of the GPU service runs
+    /// in one round trip (the buffer keeps the largest size a batch needed, so this is the rule).
+    /// A positional batch (`Batch::set_positional`) whose pairs do not fit there formed more
+    /// than one pair per tuple on the whole (repeated inner keys): it is deduplicated, and the
+    /// scan goes on with distinct keys, which form fewer pairs where outer keys repeat too. A
+    /// batch of distinct keys that does not fit is formed by the main thread, which grows the
+    /// buffer.
+    fn materialize_batch(&mut self) -> Result<u64> {
+        let (table, result) = (self.table.expect("built"), self.result.expect("created"));
+        let kt = self.key;
+        let batch = &mut self.batch;
+        crate::runtime::try_executor(|ex| {
+            // One round trip: it resets the buffer and checks its header after.
+            if let Ok(p) = exec::materialize_within(ex, &table, &result, kt, batch.distinct(), true)? {
+                return Ok(p.matches);
+            }
+            if batch.positional() {
+                batch.deduplicate();
+                if let Ok(p) = exec::materialize_within(ex, &table, &result, kt, batch.distinct(), true)? {
+                    return Ok(p.matches);
+                }
+            }
+            Ok(exec::materialize_reset(ex, &table, &result, kt, batch.distinct(), true)?.matches)
+        })
     }
 
     /// Reads the next window of the batch's pairs ([`spill::match_window`] of them) from the

@@ -185,7 +185,12 @@ impl JoinScan for GpuJoinScan {
             ready: false,
             outer_done: false,
             reported: false,
-            batch: Batch::default(),
+            // Every key probed until a batch forms more pairs than it has tuples (`materialize_batch`).
+            batch: {
+                let mut b = Batch::default();
+                b.set_positional(true);
+                b
+            },
             emitter: Emitter::default(),
             matches: (0, 0),
             max_outer_att,

@@ -162,6 +162,26 @@ SELECT pg_temp.explain_analyze('SELECT count(*) FROM gjn_o_int4_dup o JOIN gjn_i
 CREATE TABLE gjn_big AS SELECT g AS id, (1 + g % 700)::int4 - 250 AS k FROM generate_series(1, 140000) g;
 SELECT pg_temp.explain_analyze('SELECT count(*) FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
 SELECT pg_temp.check('SELECT o.id AS oid_, i.id AS iid FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
+-- joined rows probe every outer tuple's key (a pair is then a joined row) until a batch's pairs
+-- outgrow the result buffer's first size (65536 pairs): repeated inner keys, after which
+-- the scan probes each batch's distinct keys ("Outer Keys"); the answers as PostgreSQL's
+CREATE FUNCTION pg_temp.outer_keys(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE l text;
+BEGIN
+  FOR l IN EXECUTE 'EXPLAIN (ANALYZE, BUFFERS OFF, COSTS OFF, TIMING OFF, SUMMARY OFF) ' || q LOOP
+    IF l ~ 'Outer Keys' THEN RETURN trim(l); END IF;
+  END LOOP;
+  RETURN 'no line';
+END $$;
+CREATE TABLE gjn_rep AS SELECT g AS id, -249 + g % 2 AS k FROM generate_series(1, 70000) g;
+SELECT pg_temp.outer_keys('SELECT o.id, i.id FROM gjn_big o JOIN gjn_i_int8 i ON o.id = i.id');
+SELECT pg_temp.outer_keys('SELECT o.id, i.id FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.outer_keys('SELECT o.id, i.id FROM gjn_rep o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.outer_keys('SELECT count(*) FROM gjn_rep o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.check('SELECT o.id AS oid_, i.id AS iid FROM gjn_big o JOIN gjn_i_int8 i ON o.id = i.id');
+SELECT pg_temp.check('SELECT o.id AS oid_, i.id AS iid, i.x FROM gjn_rep o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.check('SELECT o.id AS oid_, i.x FROM gjn_rep o LEFT JOIN gjn_i_int4 i ON o.k = i.k');
+DROP TABLE gjn_rep;
 -- an inner side without a non-NULL key: no segment, no row
 SELECT count(*) FROM gjn_o_int4_hit o JOIN (SELECT * FROM gjn_i_int4 WHERE k IS NULL) i ON o.k = i.k;
 -- the node's two segments exist while it runs (the InitPlan runs at the first joined row),
