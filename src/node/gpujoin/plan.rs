@@ -21,14 +21,15 @@
 //! - the build's walk past the inner side's duplicate keys ([`build_walk`]), at
 //!   [`GPU_ROW_FACTOR`] × `cpu_operator_cost` per slot;
 //! - in the `process` execution mode (each process runs its own kernels),
-//!   [`WORKER_CONTEXT_FACTOR`] × `parallel_setup_cost` per parallel worker of a partial path,
-//!   for the CUDA context each creates. (The leader's is not priced: a session pays it once, at
-//!   its first GPU query, whatever the plan.)
+//!   `parallel_setup_cost` × [`CONTEXT_ROWS`] / outer rows per parallel worker of a partial
+//!   path, for the CUDA context each creates (a fixed time, worth fewer units of the model's
+//!   margin the larger the join: see [`CONTEXT_ROWS`]). (The leader's is not priced: a session
+//!   pays it once, at its first GPU query, whatever the plan.)
 //!
 //! ```text
 //! startup = inner total + inner rows × (INNER_ROW_FACTOR + GPU_ROW_FACTOR) × cpu_operator_cost
 //!           + build walk × GPU_ROW_FACTOR × cpu_operator_cost + SETUP_COST + ROWS_SETUP_COST
-//!           [+ workers × WORKER_CONTEXT_FACTOR × parallel_setup_cost in process mode]
+//!           [+ workers × parallel_setup_cost × CONTEXT_ROWS / outer rows in process mode]
 //! total   = startup + outer total + outer rows × (1 + GPU_ROW_FACTOR) × cpu_operator_cost
 //!           + pairs × qual clauses × cpu_operator_cost
 //!           + output rows × JOINED_ROW_FACTOR × cpu_operator_cost
@@ -67,10 +68,11 @@
 //! With them, `auto` was within 1.25x of the faster plan at 27 of 30 points in service mode
 //! (the three others at 200 K rows, where the two plans are within 8 ms and one slow run
 //! decides: 1.27x to 1.51x). Joined rows have been cheaper since (their inner column rides in
-//! the table, one guard per row, read-ahead during the build), with the constants unchanged:
-//! 30 of 30 points at 744ebdf (`bench/history/`) and 29 of 30 at 0dce23d, on a slower host
-//! (20 K Zipf rows, 10.3 ms against the node's 8.1 ms: 1.27x). Not measured: wide inner rows,
-//! other GPUs.
+//! the table, one guard per row, read-ahead during the build, every outer key probed off the
+//! service's main thread), with the constants unchanged: 30 of 30 points at 744ebdf
+//! (`bench/history/`), 29 of 30 at 0dce23d on a slower host (20 K Zipf rows, 10.3 ms against the
+//! node's 8.1 ms: 1.27x) and 30 of 30 at daa9c3e. In process mode, 28 of 30 at c8ba866 (see
+//! [`CONTEXT_ROWS`]). Not measured: wide inner rows, other GPUs.
 
 use super::*;
 use crate::stats::Decline;
@@ -96,18 +98,23 @@ pub const ROWS_SETUP_COST: f64 = 400.0;
 /// row-returning point from 20 M rows up to PostgreSQL's plan, which took 2 to 3 times as long.
 pub const JOINED_ROW_FACTOR: f64 = 1.0;
 /// Start-up of each parallel worker in the `process` execution mode, where it creates a CUDA
-/// context of its own, in units of `parallel_setup_cost` (PostgreSQL's price for starting the
-/// workers, 1,000 by default; a session that sets it to 0 to force parallel plans forces them
-/// here too). The process-mode sweep (`bench/gpu-report-planner-sweep-process.md`) measured
-/// 150 to 170 ms per worker against service mode (the count/sum join with 5 workers: 1,079 ms
-/// against 219 ms at 20 M x 2 M); PostgreSQL's parallel hash join is priced at 18 to 30 units
-/// per millisecond of its work there. That report ran with 8: `auto` kept PostgreSQL's plan
-/// at 20 M (1.35x and 1.39x) and at 50 M for the row-returning shapes (1.74x, 1.62x), whose
-/// estimates were 2,000 to 15,000 units apart. 5 picks the node at both sizes and still leaves
-/// PostgreSQL the 2 M joins (2 workers), bar the count/sum one on uniform keys, whose
-/// estimates come within 500 units. No one factor fits both: PostgreSQL's units per
-/// millisecond grow tenfold from 20 M rows down to 2 M.
-pub const WORKER_CONTEXT_FACTOR: f64 = 5.0;
+/// context of its own (150 to 170 ms each, serialised by the driver), as a number of outer rows:
+/// each worker is charged `parallel_setup_cost` (PostgreSQL's price for starting a worker, 1,000
+/// by default; a session that sets it to 0 to force parallel plans forces them here too) times
+/// this over the outer side's rows. A fixed charge per worker could not be fitted: the
+/// process-mode sweep at 58ad1ff (`bench/history/gpu-report-planner-sweep-process-58ad1ff.md`, 5 units of
+/// `parallel_setup_cost` per worker then) kept PostgreSQL's plan at 20 M x 2 M (1.32x to 1.62x)
+/// and needed, for every point to pick right, a charge above 4,840 units per worker at 2 M rows
+/// and below 1,940 at 20 M. The model's margin between the two plans grows far slower with the
+/// join than the time between them does (PostgreSQL's hash join misses the CPU caches on a large
+/// inner side, which its model does not see), so a fixed time is worth fewer units of that
+/// margin the larger the join. 20 M rows puts both bounds 2x away: 10,000 units per worker at
+/// 2 M rows, 1,000 at 20 M, 400 at 50 M. Measured with it (c8ba866,
+/// `bench/gpu-report-planner-sweep-process.md`): 28 of 30 points within 1.25x, every point from
+/// 20 M rows up on the node; the two misses are 2 M-row count/sum joins (uniform, Zipf), where
+/// the node forced ran serially (no worker context) in 158 and 142 ms against PostgreSQL's
+/// parallel plan's 264 and 286 ms, and its serial estimate was 40 % above PostgreSQL's.
+pub const CONTEXT_ROWS: f64 = 20e6;
 /// The node declines a join whose key forms more than this many pairs per joined row (plus
 /// [`PAIRS_SLACK`]), by the planner's estimates: with `a = a AND b = b + 0` and ten values of
 /// `a`, 200,000 rows a side form 4 billion pairs for 20,000 joined rows. PostgreSQL's own join
@@ -675,6 +682,14 @@ pub(super) fn parallel_divisor(workers: i32) -> f64 {
     divisor
 }
 
+/// The charge for one parallel worker's CUDA context in the `process` execution mode, for a
+/// join whose outer side has `outer_rows` rows ([`CONTEXT_ROWS`]).
+pub(super) fn context_charge(outer_rows: f64) -> f64 {
+    // SAFETY: reads a GUC of this process.
+    let setup = unsafe { pg_sys::parallel_setup_cost };
+    setup * CONTEXT_ROWS / outer_rows.max(1.0)
+}
+
 /// What the pairs a join forms cost: the selectivity of its key clauses (the pairs the table
 /// forms are outer rows × inner rows × this), and the clauses checked on each pair.
 #[derive(Clone, Copy)]
@@ -749,7 +764,7 @@ pub(super) unsafe fn make_path(
             + SETUP_COST
             + ROWS_SETUP_COST;
         if let Some(w) = workers.filter(|_| crate::runtime::per_process_cuda()) {
-            p.startup_cost += f64::from(w) * WORKER_CONTEXT_FACTOR * pg_sys::parallel_setup_cost;
+            p.startup_cost += f64::from(w) * context_charge((*(*outer_path).parent).rows);
         }
         // The pairs the key forms (this participant's outer rows against the whole inner
         // side), each checked against the qual.
