@@ -1685,7 +1685,7 @@ fn bench_gpujoin_node(b: &mut Bench, c: &mut Client, pg_q: &str, scan_q: &str, h
                 .iter()
                 .map(|r| r.get::<_, String>(0))
                 .filter(|l| {
-                    ["GpuJoin", "Inner", "Batches", "GPU Time", "Seq Scan", "Aggregate", "Execution"]
+                    ["GpuJoin", "Inner", "Outer Keys", "Batches", "GPU Time", "Seq Scan", "Aggregate", "Execution"]
                         .iter()
                         .any(|w| l.contains(w))
                 })
