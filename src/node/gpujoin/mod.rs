@@ -52,7 +52,11 @@
 //!   ANALYZE: `Outer Keys`). The payload is the inner row's id, or where the join keeps one by-value inner
 //!   column besides key columns of the outer key's type, that column's value (`row_payload`:
 //!   the row is then made from the outer tuple and the pair alone). A row's executor calls run
-//!   under one pgrx guard (`emit_row`); in parallel, a participant waiting for another's build
+//!   under one pgrx guard (`emit_row`). Once a batch's pairs are all read back (they fit one
+//!   window, as a rule), the next batch is read into a second batch's storage and its pairs
+//!   started (`read_ahead`, `exec::materialize_within_start`): the GPU service forms them while
+//!   this batch's rows are returned, so the GPU's time hides behind the CPU's (two batches'
+//!   tuples and contexts held, not one). In parallel, a participant waiting for another's build
 //!   reads outer batches ahead (`gather_rows_while_building`). Rows are read from the children a
 //!   chunk at a time under one pgrx guard ([`fetch_chunk`]). A left, semi or anti join keeps a
 //!   matched flag per tuple of the batch: a left join returns the pairs, then each tuple

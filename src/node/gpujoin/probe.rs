@@ -5,20 +5,66 @@
 use super::*;
 
 impl GpuJoinScan {
-    /// Reads the next outer batch and probes it; false at the end of the outer side.
+    /// Makes the next outer batch current and forms its pairs: the batch read ahead if there is
+    /// one (its pairs started then), else one read now; false at the end of the outer side.
+    ///
+    /// In the join mode, once the batch's pairs are all in the emitter (the usual case: they fit
+    /// one window), the batch after it is read into the spare storage and its pairs started
+    /// ([`GpuJoinScan::read_ahead`]): the GPU service forms them while this batch's rows are
+    /// returned, and the next call finds them formed.
     ///
     /// # Safety
     /// Called from exec after the build, with a non-empty inner side.
     pub(super) unsafe fn next_batch(&mut self) -> bool {
+        let pending = match self.ahead.take() {
+            Some(ahead) => {
+                self.swap_spare();
+                ahead.pending
+            }
+            None => {
+                // SAFETY: forwarded contract.
+                unsafe { self.read_batch() };
+                None
+            }
+        };
+        self.matched.clear();
+        self.matched.resize(self.batch.len(), false);
+        self.unmatched_at = 0;
+        if self.batch.is_empty() {
+            return !self.outer_done;
+        }
+        if self.rows.is_empty() || self.batch.distinct().is_empty() {
+            // Nothing to probe (an empty inner side of a left or anti join, or a batch of
+            // NULL keys): no pair, every tuple unmatched.
+            let buf = self.emitter.take_buffer();
+            self.emitter.reset(buf);
+            self.matches = (0, 0);
+        } else {
+            self.probe_batch(pending);
+        }
+        if self.aggs.is_empty() && self.matches.0 >= self.matches.1 && !(self.outer_done && self.pending_rows.is_empty()) {
+            // SAFETY: forwarded contract.
+            unsafe { self.read_ahead() };
+        }
+        true
+    }
+
+    /// Reads the next outer batch into the current batch's storage (its memory context reset,
+    /// its values, NULL flags and keys cleared first): a batch read while the table was built
+    /// (`gather_rows_while_building`) first, else tuples of the outer child up to
+    /// [`BATCH_TUPLES`]; sets `outer_done` at the outer side's end. A NULL key never matches:
+    /// `fetch_chunk` skips those tuples (keeps them for a left or anti join). By-reference
+    /// values are copied into the batch's context, which lives until the batch is read again.
+    ///
+    /// # Safety
+    /// As for [`GpuJoinScan::next_batch`].
+    unsafe fn read_batch(&mut self) {
         // SAFETY: forwarded contract; tuples are copied into the batch context.
         unsafe {
             pg_sys::MemoryContextReset(self.batch_ctx);
             self.outer_vals.clear();
             self.outer_nulls.clear();
             self.batch.clear();
-            // A NULL key never matches: fetch_chunk skips those tuples. By-reference values are
-            // copied into the batch context, which lives until the next batch.
-            // A batch read while the table was built (`gather_rows_while_building`) comes first.
             let ahead = self.pending_rows.pop_front();
             if let Some(a) = &ahead {
                 self.outer_vals.extend_from_slice(&a.vals);
@@ -48,22 +94,52 @@ impl GpuJoinScan {
                 }
             }
             self.chunk = chunk;
-            self.matched.clear();
-            self.matched.resize(self.batch.len(), false);
-            self.unmatched_at = 0;
-            if self.batch.is_empty() {
-                return !self.outer_done;
-            }
-            if self.rows.is_empty() || self.batch.distinct().is_empty() {
-                // Nothing to probe (an empty inner side of a left or anti join, or a batch of
-                // NULL keys): no pair, every tuple unmatched.
-                let buf = self.emitter.take_buffer();
-                self.emitter.reset(buf);
-                self.matches = (0, 0);
-            } else {
-                self.probe_batch();
-            }
-            true
+        }
+    }
+
+    /// The join mode's read-ahead: reads the batch after the current one into the spare storage
+    /// (swapped in, read, swapped back) and starts forming its pairs in the result buffer, whose
+    /// pairs of the current batch are all read. The new batch keeps the current one's mode
+    /// (distinct keys once a batch was deduplicated: `materialize_batch`).
+    ///
+    /// # Safety
+    /// As for [`GpuJoinScan::next_batch`], with the current batch's pairs all read.
+    unsafe fn read_ahead(&mut self) {
+        self.swap_spare();
+        if !self.spare.batch.positional() && self.batch.positional() {
+            self.batch.set_positional(false);
+        }
+        // SAFETY: forwarded contract (the spare's context holds no value still in use: its
+        // batch's rows were all returned).
+        unsafe { self.read_batch() };
+        let ahead = if self.batch.is_empty() {
+            None
+        } else if self.rows.is_empty() || self.batch.distinct().is_empty() {
+            Some(Ahead { pending: None })
+        } else {
+            let (table, result) = (self.table.expect("built"), self.result_buffer());
+            let (kt, keys) = (self.key, self.batch.distinct());
+            let started = crate::runtime::try_executor(|ex| exec::materialize_within_start(ex, &table, &result, kt, keys, true));
+            Some(Ahead { pending: Some(started.unwrap_or_else(|e| report(e))) })
+        };
+        self.swap_spare();
+        self.ahead = ahead;
+    }
+
+    /// Swaps the current batch's storage with the spare's (`Spare`).
+    pub(super) fn swap_spare(&mut self) {
+        std::mem::swap(&mut self.batch_ctx, &mut self.spare.ctx);
+        std::mem::swap(&mut self.outer_vals, &mut self.spare.vals);
+        std::mem::swap(&mut self.outer_nulls, &mut self.spare.nulls);
+        std::mem::swap(&mut self.batch, &mut self.spare.batch);
+    }
+
+    /// Waits for the batch read ahead, if any, and drops it (a rescan or the end before its
+    /// rows were returned): the result buffer and the table are not dropped under its request.
+    pub(super) fn finish_ahead(&mut self) {
+        if let Some(p) = self.ahead.take().and_then(|a| a.pending) {
+            // Its pairs (or the room they needed) are not wanted: only that it is over.
+            let _ = p.wait().unwrap_or_else(|e| report(e));
         }
     }
 
@@ -259,7 +335,7 @@ impl GpuJoinScan {
                 }
                 self.batch.push(Some(k));
             }
-            self.probe_batch();
+            self.probe_batch(None);
             while let Some((pos, row)) = self.next_match() {
                 if let Err(e) = self.fold(pos, row) {
                     report(e);
@@ -413,17 +489,24 @@ impl GpuJoinScan {
     /// Materializes the current batch's keys (distinct, or all of them: `Batch::positional`)
     /// into this participant's result buffer (created at the first batch) and hands the first
     /// window of its pairs to the emitter ([`GpuJoinScan::next_match`] reads the others).
-    pub(super) fn probe_batch(&mut self) {
+    /// `started`: its pairs' request, started when the batch was read ahead.
+    pub(super) fn probe_batch(&mut self, started: Option<exec::WithinPending>) {
         self.stats.batches += 1;
-        if self.result.is_none() {
-            let seg = self.create_temp("pairs", pairs::bytes_for(RESULT_PAIRS), None);
-            self.result = Some(seg);
-        }
+        self.result_buffer();
         let t = Instant::now();
-        let got = self.materialize_batch();
+        let got = self.materialize_batch(started);
         self.stats.gpu += t.elapsed();
         self.matches = (0, got.unwrap_or_else(|e| report(e)));
         self.read_matches();
+    }
+
+    /// This participant's result buffer, created at its first batch.
+    fn result_buffer(&mut self) -> SegRef {
+        if let Some(seg) = self.result {
+            return seg;
+        }
+        let seg = self.create_temp("pairs", pairs::bytes_for(RESULT_PAIRS), None);
+        *self.result.insert(seg)
     }
 
     /// The batch's pairs written to the result buffer: their number.
@@ -435,13 +518,17 @@ impl GpuJoinScan {
     /// scan goes on with distinct keys, which form fewer pairs where outer keys repeat too. A
     /// batch of distinct keys that does not fit is formed by the main thread, which grows the
     /// buffer.
-    fn materialize_batch(&mut self) -> Result<u64> {
+    fn materialize_batch(&mut self, started: Option<exec::WithinPending>) -> Result<u64> {
         let (table, result) = (self.table.expect("built"), self.result.expect("created"));
         let kt = self.key;
         let batch = &mut self.batch;
         crate::runtime::try_executor(|ex| {
             // One round trip: it resets the buffer and checks its header after.
-            if let Ok(p) = exec::materialize_within(ex, &table, &result, kt, batch.distinct(), true)? {
+            let first = match started {
+                Some(p) => p.wait()?,
+                None => exec::materialize_within(ex, &table, &result, kt, batch.distinct(), true)?,
+            };
+            if let Ok(p) = first {
                 return Ok(p.matches);
             }
             if batch.positional() {

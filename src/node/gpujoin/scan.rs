@@ -118,6 +118,10 @@ pub struct GpuJoinScan {
     /// The probe mode's batch being probed (see `probe_keys`); dropped unwaited (an ERROR, a
     /// rescan), the request is given up and the service reuses its slot once it is done.
     pub(super) in_flight: Option<exec::Pending<exec::request::Probed>>,
+    /// The join mode's next batch, read while the current one's rows are returned, its pairs
+    /// being formed meanwhile (`read_ahead`), in `spare`'s storage until it becomes current.
+    pub(super) ahead: Option<Ahead>,
+    pub(super) spare: Spare,
     /// The outer side's chunk buffer (reused from batch to batch).
     pub(super) chunk: Chunk,
     /// A left, semi or anti join: per position of the batch, whether the outer tuple matched;
@@ -125,6 +129,22 @@ pub struct GpuJoinScan {
     /// pairs are done.
     pub(super) matched: Vec<bool>,
     pub(super) unmatched_at: usize,
+}
+
+/// A batch read ahead (`GpuJoinScan::read_ahead`): the request forming its pairs, none where
+/// it has nothing to probe (an empty inner side of a left or anti join, or only NULL keys).
+pub(super) struct Ahead {
+    pub(super) pending: Option<exec::WithinPending>,
+}
+
+/// A second batch's storage, which the batch read ahead fills: the memory context its
+/// by-reference values are copied into, its values, NULL flags and keys, as the current batch's
+/// (`GpuJoinScan::batch_ctx`, `outer_vals`, `outer_nulls`, `batch`), with which it is swapped.
+pub(super) struct Spare {
+    pub(super) ctx: pg_sys::MemoryContext,
+    pub(super) vals: Vec<pg_sys::Datum>,
+    pub(super) nulls: Vec<bool>,
+    pub(super) batch: Batch,
 }
 
 impl JoinScan for GpuJoinScan {
@@ -185,12 +205,7 @@ impl JoinScan for GpuJoinScan {
             ready: false,
             outer_done: false,
             reported: false,
-            // Every key probed until a batch forms more pairs than it has tuples (`materialize_batch`).
-            batch: {
-                let mut b = Batch::default();
-                b.set_positional(true);
-                b
-            },
+            batch: positional_batch(),
             emitter: Emitter::default(),
             matches: (0, 0),
             max_outer_att,
@@ -208,6 +223,8 @@ impl JoinScan for GpuJoinScan {
             in_flight: None,
             pending: Vec::new(),
             pending_rows: Default::default(),
+            ahead: None,
+            spare: Spare { ctx: std::ptr::null_mut(), vals: Vec::new(), nulls: Vec::new(), batch: positional_batch() },
             chunk: Chunk { keep_null_keys: p_join.keeps_unmatched(), ..Chunk::default() },
             matched: Vec::new(),
             unmatched_at: 0,
@@ -237,6 +254,7 @@ impl JoinScan for GpuJoinScan {
             };
             self.inner_ctx = ctx(c"GpuJoin inner tuples");
             self.batch_ctx = ctx(c"GpuJoin outer batch");
+            self.spare.ctx = ctx(c"GpuJoin outer batch");
             self.estate = estate;
             // The columns to keep from each side, with how to copy them.
             let (odesc, idesc) = (pg_sys::ExecGetResultType(self.outer), pg_sys::ExecGetResultType(self.inner));
@@ -328,7 +346,7 @@ impl JoinScan for GpuJoinScan {
                                 continue;
                             }
                         }
-                        if self.outer_done && self.pending_rows.is_empty() {
+                        if self.outer_done && self.pending_rows.is_empty() && self.ahead.is_none() {
                             self.report_stats();
                             return std::ptr::null_mut();
                         }
@@ -348,6 +366,7 @@ impl JoinScan for GpuJoinScan {
         // SAFETY: ReScanCustomScan's argument; children initialized in begin.
         unsafe {
             self.finish_probe();
+            self.finish_ahead();
             self.matched.clear();
             self.unmatched_at = 0;
             let chg = (*node).ss.ps.chgParam;
@@ -380,6 +399,7 @@ impl JoinScan for GpuJoinScan {
                 a.acc = Acc::new(a.acc.kind, a.acc.arg);
             }
             self.batch.clear();
+            self.spare.batch.clear();
             let buf = self.emitter.take_buffer();
             self.emitter.reset(buf);
             self.matches = (0, 0);
@@ -394,6 +414,7 @@ impl JoinScan for GpuJoinScan {
         unsafe {
             self.count_in_stats();
             self.finish_probe();
+            self.finish_ahead();
             self.drop_table();
             // A parallel query's spill segment: this process's pin, and the leader drops it.
             self.rows = InnerRows::default();
@@ -478,6 +499,8 @@ impl JoinScan for GpuJoinScan {
         if self.shared.is_null() {
             return;
         }
+        // The batch read ahead uses the table, which the leader drops after this.
+        self.finish_ahead();
         self.report_stats();
         self.copy_shared_stats();
         // SAFETY: mapped until the Gather above cleans up, after this call.
@@ -516,6 +539,14 @@ impl JoinScan for GpuJoinScan {
 /// # Safety
 /// `node` is an initialized custom scan state (its projection set up by ExecInitCustomScan) whose
 /// scan tuple has `ncols` columns.
+/// The scan's batches start positional (every key probed) until one forms more pairs than it
+/// has tuples (`materialize_batch`).
+fn positional_batch() -> Batch {
+    let mut b = Batch::default();
+    b.set_positional(true);
+    b
+}
+
 unsafe fn direct_projection(node: *mut pg_sys::CustomScanState, ncols: usize) -> Option<Vec<usize>> {
     // SAFETY: forwarded contract: the plan's target list is a List of TargetEntry.
     unsafe {

@@ -182,6 +182,20 @@ SELECT pg_temp.check('SELECT o.id AS oid_, i.id AS iid FROM gjn_big o JOIN gjn_i
 SELECT pg_temp.check('SELECT o.id AS oid_, i.id AS iid, i.x FROM gjn_rep o JOIN gjn_i_int4 i ON o.k = i.k');
 SELECT pg_temp.check('SELECT o.id AS oid_, i.x FROM gjn_rep o LEFT JOIN gjn_i_int4 i ON o.k = i.k');
 DROP TABLE gjn_rep;
+-- the next batch is read (into a second memory context) and its pairs formed while a batch's
+-- rows are returned: by-reference outer values of consecutive batches stay apart, semi and
+-- anti joins span the batches, and a scan stopped with a batch read ahead (LIMIT) leaves
+-- nothing behind
+CREATE TABLE gjn_ahead AS
+  SELECT g AS id, (1 + g % 700)::int4 - 250 AS k, 'o' || g || repeat('x', g % 40) AS t
+  FROM generate_series(1, 200000) g;
+SELECT pg_temp.check('SELECT o.id AS oid_, o.t, i.id AS iid FROM gjn_ahead o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.check('SELECT o.t FROM gjn_ahead o WHERE EXISTS (SELECT 1 FROM gjn_i_int4 i WHERE i.k = o.k)');
+SELECT pg_temp.check('SELECT o.t FROM gjn_ahead o WHERE NOT EXISTS (SELECT 1 FROM gjn_i_int4 i WHERE i.k = o.k)');
+SELECT pg_temp.check('SELECT o.t, i.x FROM gjn_ahead o LEFT JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT count(*) FROM (SELECT o.t FROM gjn_ahead o JOIN gjn_i_int4 i ON o.k = i.k LIMIT 70000) s;
+SELECT pg_temp.leftovers() AS after_limit;
+DROP TABLE gjn_ahead;
 -- an inner side without a non-NULL key: no segment, no row
 SELECT count(*) FROM gjn_o_int4_hit o JOIN (SELECT * FROM gjn_i_int4 WHERE k IS NULL) i ON o.k = i.k;
 -- the node's two segments exist while it runs (the InitPlan runs at the first joined row),

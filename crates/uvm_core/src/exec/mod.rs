@@ -347,6 +347,63 @@ pub fn materialize_within(
     Ok(Ok(total))
 }
 
+/// [`materialize_within`] started and not waited for ([`Executor::start`]), so that the caller
+/// reads its next batch or returns the last one's rows meanwhile: `keys` go in one request
+/// where they fit one request's staging; else the whole call runs now. The result buffer is the
+/// request's until [`WithinPending::wait`] returns; dropped unwaited, the request is given up.
+pub fn materialize_within_start(
+    ex: &mut dyn Executor,
+    inner: &SegRef,
+    result: &SegRef,
+    kt: KeyType,
+    keys: &[i64],
+    indexed: bool,
+) -> Result<WithinPending> {
+    if keys.len() * 8 > ex.max_io() {
+        let done = materialize_within(ex, inner, result, kt, keys, indexed)?;
+        return Ok(WithinPending { result: *result, state: Within::Done(done) });
+    }
+    let o = ops::MaterializeWithin {
+        inner: *inner,
+        result: *result,
+        key_type: key_code(kt),
+        indexed: u32::from(indexed),
+        index_base: 0,
+        fresh: 1,
+        _pad: 0,
+    };
+    Ok(WithinPending { result: *result, state: Within::InFlight(start(ex, &o, keys.as_bytes())?) })
+}
+
+/// A [`materialize_within`] in flight ([`materialize_within_start`]).
+pub struct WithinPending {
+    result: SegRef,
+    state: Within,
+}
+
+enum Within {
+    Done(std::result::Result<ProbeSum, u64>),
+    InFlight(Pending<ops::MaterializedWithin>),
+}
+
+impl WithinPending {
+    /// Its answer, as [`materialize_within`]'s: the pairs' count and sum, the buffer's header
+    /// checked; or `Err(pairs)` when the buffer must hold `pairs` pairs first.
+    pub fn wait(self) -> Result<std::result::Result<ProbeSum, u64>> {
+        match self.state {
+            Within::Done(d) => Ok(d),
+            Within::InFlight(p) => {
+                let r = p.wait()?;
+                if r.need > 0 {
+                    return Ok(Err(r.need));
+                }
+                check_counters(&self.result, (r.next, r.written), r.matches)?;
+                Ok(Ok(ProbeSum { matches: r.matches, sum: r.sum.get() }))
+            }
+        }
+    }
+}
+
 /// [`materialize`] into a reset result buffer, its header checked after (as
 /// [`materialize_within`] does): the main-thread form, which grows the buffer.
 pub fn materialize_reset(

@@ -164,6 +164,16 @@ fn gpujoin_build_probe_and_materialize_through_requests() {
         let again = materialize_within(&mut ex, &t, &r, KeyType::Int8, &keys[..5000], true).unwrap();
         let few: Vec<&[i64; 2]> = rows.iter().filter(|x| keys[..5000].contains(&x[0])).collect();
         assert_eq!(again.unwrap().matches, few.len() as u64);
+        // started and waited for later: the same answer, in one request where the keys fit
+        // one request's staging, and by the call itself where they do not
+        let before = ex.requests;
+        let started = materialize_within_start(&mut ex, &t, &r, KeyType::Int8, &keys[..5000], true).unwrap();
+        assert_eq!(ex.requests, before + 1);
+        assert_eq!(started.wait().unwrap(), again);
+        assert!(keys.len() * 8 > ex.max);
+        let started = materialize_within_start(&mut ex, &t, &r, KeyType::Int8, &keys, true).unwrap();
+        assert_eq!(started.wait().unwrap(), fit);
+        assert_eq!(read_pairs(&mut ex, matches), want);
         create(&mut ex, "r2", pairs::bytes_for(8) as i64, None, TierPref::Host, 10, 0).unwrap();
         let r2 = seg_ref(ex.inner.segs, "r2");
         // (never reset: a fresh segment's zeroes are no header, which the first request writes)
