@@ -14,6 +14,8 @@
 //!   the extension implements with PostgreSQL).
 //! - [`gpujoin`]: the GpuJoin table and result buffer, their CPU algorithms and the host side
 //!   of their kernels.
+//! - [`cache`]: the columnar cache's format (layout, encodings, a bounded CPU reader and
+//!   writer).
 //! - [`exec`]: the execution seam (the request vocabulary, the `Executor` trait) and the local
 //!   executor.
 //! - [`channel`]: the GPU service's request channel, slot protocol (the extension puts it in
@@ -28,6 +30,7 @@
 // fds passed with SCM_RIGHTS (sendmsg/recvmsg control messages), epoll.
 #[allow(unsafe_code)]
 pub mod broker;
+pub mod cache;
 // the request channel lives in shared memory: slots read and written through raw pointers with atomics.
 #[allow(unsafe_code)]
 pub mod channel;

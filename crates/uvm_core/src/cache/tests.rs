@@ -1,0 +1,186 @@
+use proptest::prelude::*;
+
+use super::*;
+use crate::testing::proptest_cases;
+
+fn spec(encoding: Encoding) -> ColumnSpec {
+    ColumnSpec { encoding, attnum: 1, scale: if encoding == Encoding::Numeric { 2 } else { 0 } }
+}
+
+/// A laid-out cache of `blocks` blocks in fresh bytes (prefix written).
+fn laid_out(specs: &[ColumnSpec], block_rows: u64, blocks: u64, rows: u64) -> (Layout, Vec<u8>) {
+    let mut l = Layout::plan(42, specs, block_rows).unwrap();
+    l.set_extent(blocks, rows).unwrap();
+    let mut seg = vec![0u8; l.bytes_for(blocks) as usize];
+    let p = l.prefix();
+    seg[..p.len()].copy_from_slice(&p);
+    (l, seg)
+}
+
+#[test]
+fn every_area_is_aligned_apart_and_inside_its_block() {
+    let all: Vec<ColumnSpec> = Encoding::ALL.iter().map(|&e| spec(e)).collect();
+    let l = Layout::plan(1, &all, MIN_BLOCK_ROWS).unwrap();
+    let h = l.header();
+    assert_eq!(h.data_offset % ALIGN, 0);
+    assert_eq!(h.block_bytes % ALIGN, 0);
+    let mut areas: Vec<(u64, u64)> = Vec::new();
+    for c in l.columns() {
+        assert_eq!(c.values_at % ALIGN, 0);
+        assert_eq!(c.nulls_at % ALIGN, 0);
+        areas.push((c.values_at, c.values_at + MIN_BLOCK_ROWS * u64::from(c.width)));
+        areas.push((c.nulls_at, c.nulls_at + MIN_BLOCK_ROWS / 8));
+    }
+    areas.sort_unstable();
+    for w in areas.windows(2) {
+        assert!(w[0].1 <= w[1].0, "{:?} overlaps {:?}", w[0], w[1]);
+    }
+    assert!(areas.last().unwrap().1 <= h.block_bytes);
+    // one int4 column of a full block: its values, its bitmap (1/32 of them), nothing else
+    let one = Layout::plan(1, &[spec(Encoding::Int4)], DEFAULT_BLOCK_ROWS).unwrap();
+    assert_eq!(one.header().block_bytes, DEFAULT_BLOCK_ROWS * 4 + DEFAULT_BLOCK_ROWS / 8);
+}
+
+#[test]
+fn impossible_plans_are_refused() {
+    let int4 = spec(Encoding::Int4);
+    assert!(Layout::plan(1, &[], MIN_BLOCK_ROWS).is_err());
+    assert!(Layout::plan(1, &vec![int4; MAX_COLUMNS as usize + 1], MIN_BLOCK_ROWS).is_err());
+    for rows in [0, 1, MIN_BLOCK_ROWS / 2, MIN_BLOCK_ROWS + 1, MAX_BLOCK_ROWS * 2] {
+        assert!(Layout::plan(1, &[int4], rows).is_err(), "{rows} rows per block");
+    }
+    for scale in [-1, MAX_NUMERIC_SCALE + 1] {
+        let e = Layout::plan(1, &[ColumnSpec { encoding: Encoding::Numeric, attnum: 1, scale }], MIN_BLOCK_ROWS).unwrap_err();
+        assert_eq!(e.code, Code::InvalidParameterValue);
+    }
+    let mut l = Layout::plan(1, &[int4], MIN_BLOCK_ROWS).unwrap();
+    assert!(l.set_extent(1, MIN_BLOCK_ROWS + 1).is_err());
+}
+
+#[test]
+fn values_of_every_encoding_round_trip_with_nulls_across_blocks() {
+    let specs: Vec<ColumnSpec> = Encoding::ALL.iter().map(|&e| spec(e)).collect();
+    let rows = MIN_BLOCK_ROWS * 2 + 7;
+    let (l, mut seg) = laid_out(&specs, MIN_BLOCK_ROWS, 3, rows);
+    let word = |e: Encoding, r: u64| -> Option<u64> {
+        (r % 5 != 3).then(|| match e {
+            Encoding::Bool => r & 1,
+            Encoding::Int2 => (r as i16).wrapping_sub(1000) as i64 as u64,
+            Encoding::Float4 => (r as f32 * -0.5).to_bits() as u64,
+            Encoding::Float8 => (r as f64 * 1.25).to_bits(),
+            Encoding::DictCode => r * 3,
+            _ => (r as i64 - 5000) as u64,
+        })
+    };
+    for r in 0..rows {
+        for (c, &e) in Encoding::ALL.iter().enumerate() {
+            l.put(&mut seg, c, r, word(e, r)).unwrap();
+        }
+    }
+    let parsed = Layout::parse("c", &seg, seg.len() as u64).unwrap();
+    assert_eq!(parsed, l);
+    for r in 0..rows {
+        for (c, &e) in Encoding::ALL.iter().enumerate() {
+            assert_eq!(parsed.get(&seg, c, r), Some(word(e, r)), "row {r}, {e:?}");
+        }
+    }
+    assert_eq!(parsed.get(&seg, 0, rows), None, "past the published rows");
+    // the CPU fold over an int8 column
+    let c8 = Encoding::ALL.iter().position(|&e| e == Encoding::Int8).unwrap();
+    let want: Vec<i64> = (0..rows).filter_map(|r| word(Encoding::Int8, r)).map(|w| w as i64).collect();
+    assert_eq!(parsed.fold_ints(&seg, c8).unwrap(), (want.len() as u64, want.iter().map(|&v| i128::from(v)).sum()));
+    let cf = Encoding::ALL.iter().position(|&e| e == Encoding::Float8).unwrap();
+    assert_eq!(parsed.fold_ints(&seg, cf).unwrap_err().code, Code::DatatypeMismatch);
+    // a word an encoding cannot hold, a row outside the blocks or the bytes
+    let c2 = Encoding::ALL.iter().position(|&e| e == Encoding::Int2).unwrap();
+    assert!(l.put(&mut seg, c2, 0, Some(1 << 20)).is_err());
+    assert!(l.put(&mut seg, 0, 0, Some(2)).is_err(), "a bool is 0 or 1");
+    assert!(l.put(&mut seg, 0, 3 * MIN_BLOCK_ROWS, Some(1)).is_err());
+    let last = Encoding::ALL.len() - 1;
+    let (nat, _) = l.null_at(last, rows - 1).unwrap();
+    assert!(l.put(&mut seg[..nat as usize], last, rows - 1, None).is_err());
+    assert_eq!(l.get(&seg[..nat as usize], last, rows - 1), None);
+    // a NULL written over a value and a value over a NULL
+    l.put(&mut seg, c8, 1, None).unwrap();
+    assert_eq!(l.get(&seg, c8, 1), Some(None));
+    l.put(&mut seg, c8, 1, Some(7)).unwrap();
+    assert_eq!(l.get(&seg, c8, 1), Some(Some(7)));
+}
+
+#[test]
+fn a_layout_that_contradicts_itself_or_its_segment_is_refused() {
+    let specs = [spec(Encoding::Int4), spec(Encoding::Numeric), spec(Encoding::DictCode)];
+    let (l, seg) = laid_out(&specs, MIN_BLOCK_ROWS, 2, 100);
+    let total = seg.len() as u64;
+    let fails = |bytes: &[u8], total: u64| Layout::parse("c", bytes, total).unwrap_err().code;
+    assert_eq!(fails(&seg[..10], total), Code::InvalidParameterValue);
+    assert_eq!(fails(&seg[..HEADER_BYTES as usize + 5], total), Code::InvalidParameterValue);
+    assert_eq!(fails(&seg, total - 1), Code::InvalidParameterValue, "blocks past the segment");
+    let field = |f: &dyn Fn(&mut Header)| {
+        let mut h = *l.header();
+        f(&mut h);
+        let mut s = seg.clone();
+        s[..HEADER_BYTES as usize].copy_from_slice(h.as_bytes());
+        Layout::parse("c", &s, total).map(|_| ()).unwrap_err().code
+    };
+    for f in [
+        &(|h: &mut Header| h.magic ^= 1) as &dyn Fn(&mut Header),
+        &|h| h.version = 2,
+        &|h| h.columns = 0,
+        &|h| h.columns = MAX_COLUMNS + 1,
+        &|h| h.columns = 4,
+        &|h| h.block_rows = MIN_BLOCK_ROWS + 8,
+        &|h| h.block_bytes += ALIGN,
+        &|h| h.data_offset += ALIGN,
+        &|h| h.blocks = 3,
+        &|h| h.blocks = u64::MAX,
+        &|h| h.rows = 2 * MIN_BLOCK_ROWS + 1,
+    ] {
+        assert_eq!(field(f), Code::InvalidParameterValue);
+    }
+    let col = |i: usize, f: &dyn Fn(&mut ColumnDesc)| {
+        let mut c = l.columns()[i];
+        f(&mut c);
+        let mut s = seg.clone();
+        let at = (HEADER_BYTES + COLUMN_BYTES * i as u64) as usize;
+        s[at..at + COLUMN_BYTES as usize].copy_from_slice(c.as_bytes());
+        Layout::parse("c", &s, total).map(|_| ())
+    };
+    assert!(col(0, &|c| c.encoding = 99).is_err());
+    assert!(col(0, &|c| c.width = 8).is_err());
+    assert!(col(0, &|c| c.values_at += ALIGN).is_err());
+    assert!(col(2, &|c| c.nulls_at = 0).is_err());
+    assert!(col(1, &|c| c.scale = 40).is_err());
+    assert!(col(1, &|c| c.scale = 3).is_ok(), "any scale up to 18 is the column's own");
+    assert!(col(2, &|c| c.dictionary = 77).is_ok(), "the dictionary is the extension's");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(proptest_cases(256)))]
+
+    /// Whatever the bytes, parsing answers (a layout or 22023) and never panics; a layout it
+    /// accepts addresses only inside the segment.
+    #[test]
+    fn parse_never_panics_and_what_it_accepts_stays_inside(
+        flips in proptest::collection::vec((0usize..HEADER_BYTES as usize + 3 * COLUMN_BYTES as usize, any::<u8>()), 0..6),
+        total_cut in 0u64..4096,
+    ) {
+        let specs = [spec(Encoding::Int8), spec(Encoding::Bool), spec(Encoding::Float4)];
+        let (_, mut seg) = laid_out(&specs, MIN_BLOCK_ROWS, 2, 1500);
+        for (at, v) in flips {
+            seg[at] = v;
+        }
+        let total = (seg.len() as u64).saturating_sub(total_cut);
+        if let Ok(l) = Layout::parse("c", &seg, total) {
+            let last = l.capacity().saturating_sub(1);
+            for col in 0..l.columns().len() {
+                if let Some((at, w)) = l.value_at(col, last) {
+                    prop_assert!(at + w <= total);
+                }
+                if let Some((at, _)) = l.null_at(col, last) {
+                    prop_assert!(at < total);
+                }
+            }
+        }
+    }
+}
