@@ -11,21 +11,26 @@
 //! | --- | --- | --- |
 //! | 0 | [`HEADER_BYTES`] | [`Header`]: magic, version, columns, rows per block, block size, blocks, rows |
 //! | [`HEADER_BYTES`] | [`COLUMN_BYTES`] × columns | a [`ColumnDesc`] per column: encoding, width, scale, where its values and NULL bitmap lie in a block |
-//! | `data_offset` | `block_bytes` × blocks | the blocks, block `b` at `data_offset + b × block_bytes` |
+//! | `data_offset` | `block_bytes` × blocks | the blocks, block `b` at `data_offset + b × block_bytes`: a [`BlockHeader`], then each column's values and NULL bitmap |
 //!
-//! A block holds `block_rows` rows (a power of two from [`MIN_BLOCK_ROWS`] to
-//! [`MAX_BLOCK_ROWS`]). In it each column has its values, `width` bytes each, little-endian,
-//! row `r` of the block at `values_at + r × width`, then its NULL bitmap, bit `r % 8` of byte
-//! `r / 8` set where row `r` is NULL (its value bytes are then zero). Every area starts at a
-//! multiple of [`ALIGN`] bytes, and so does `data_offset`, so that a kernel reads one column of
-//! one block as one aligned array, and a cache of one column and no NULL is 1.0x the values.
-//! Blocks are the unit of growth: rows go into the last block until it is full, then a block is
-//! added at the end (the segment grows; nothing written moves). A block is all of a column's
-//! rows of that block, so a scan of a few columns reads those columns' bytes and no others.
+//! A block holds up to `block_rows` rows (a power of two from [`MIN_BLOCK_ROWS`] to
+//! [`MAX_BLOCK_ROWS`]). It starts with a [`BlockHeader`] ([`ALIGN`] bytes: the rows it holds,
+//! room for per-block summaries), then each column's values, `width` bytes each,
+//! little-endian, row `r` of the block at `values_at + r × width`, then that column's NULL
+//! bitmap, bit `r % 8` of byte `r / 8` set where row `r` is NULL (its value bytes are then
+//! zero). Every area starts at a multiple of [`ALIGN`] bytes, and so does `data_offset`, so
+//! that a kernel reads one column of one block as one aligned array; one `int4` column without
+//! NULLs costs 1.03x its values (the bitmap) plus 256 bytes a block. A scan of a few columns
+//! reads those columns' bytes and no others.
 //!
-//! `rows` counts the rows published: a reader reads `rows` first and nothing at or past it. A
-//! writer fills rows past it (in blocks the header already counts), then raises `rows`: the
-//! extension makes that store the release that orders the rows' bytes before it.
+//! Blocks are the unit of work and of growth. Each block says how many rows it holds, so
+//! writers fill blocks independently (the parallel build hands each worker whole blocks, and
+//! each worker's last block is partly full), and appends go into a block of their own at the
+//! end: the segment grows, nothing written moves. A writer fills a block's rows first and sets
+//! its count last, and the header's `blocks` is raised only over blocks whose counts are set;
+//! the extension makes each of those stores a release, so a reader that reads `blocks`, then a
+//! block's count, sees every row below them. The header's `rows` is the blocks' total, kept
+//! for statistics.
 //!
 //! # Encodings
 //!
@@ -54,9 +59,10 @@
 //! from 1 to [`MAX_COLUMNS`], a known encoding of its width per column, and offsets equal to
 //! those [`Layout::plan`] computes from the encodings and `block_rows` (so no two areas overlap
 //! and every area lies inside its block), blocks that end inside the segment, and `rows` at
-//! most the blocks' rows. The CPU reader ([`Layout::get`], [`Layout::fold_ints`]) addresses
-//! only through a parsed layout, so its loops are bounded by the rows the segment holds, and
-//! checks for interrupts every [`interrupt::EVERY`] rows.
+//! most the blocks' rows. A block's count is read where it is used and refused above
+//! `block_rows`. The CPU reader ([`Layout::get`], [`Layout::fold_ints`]) addresses only
+//! through a parsed layout, so its loops are bounded by the rows the segment holds, and checks
+//! for interrupts every [`interrupt::EVERY`] rows.
 
 #[cfg(test)]
 mod tests;
@@ -166,6 +172,18 @@ pub struct Header {
 
 const _: () = assert!(std::mem::size_of::<Header>() as u64 == HEADER_BYTES);
 
+/// The start of every block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct BlockHeader {
+    /// Rows the block holds (rows 0 to `rows - 1` of each column).
+    pub rows: u64,
+    pub _reserved: [u64; 31],
+}
+
+pub const BLOCK_HEADER_BYTES: u64 = ALIGN;
+const _: () = assert!(std::mem::size_of::<BlockHeader>() as u64 == BLOCK_HEADER_BYTES);
+
 /// One column's entry of the directory after the header.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(C)]
@@ -219,14 +237,18 @@ impl Layout {
             return bad(format!("a cache holds 1 to {MAX_COLUMNS} columns, not {}", columns.len()));
         }
         if !block_rows.is_power_of_two() || !(MIN_BLOCK_ROWS..=MAX_BLOCK_ROWS).contains(&block_rows) {
-            return bad(format!("rows per block must be a power of two from {MIN_BLOCK_ROWS} to {MAX_BLOCK_ROWS}, not {block_rows}"));
+            return bad(format!(
+                "rows per block must be a power of two from {MIN_BLOCK_ROWS} to {MAX_BLOCK_ROWS}, not {block_rows}"
+            ));
         }
         let mut descs = Vec::with_capacity(columns.len());
-        let mut at = 0u64;
+        let mut at = BLOCK_HEADER_BYTES;
         for c in columns {
             let scale = match c.encoding {
                 Encoding::Numeric if (0..=MAX_NUMERIC_SCALE).contains(&c.scale) => c.scale,
-                Encoding::Numeric => return bad(format!("a numeric column's scale must be 0 to {MAX_NUMERIC_SCALE}, not {}", c.scale)),
+                Encoding::Numeric => {
+                    return bad(format!("a numeric column's scale must be 0 to {MAX_NUMERIC_SCALE}, not {}", c.scale))
+                }
                 _ => 0,
             };
             // Bounded: at most 1600 columns of 2^24 rows of 8 bytes (2^41 bytes).
@@ -345,7 +367,10 @@ impl Layout {
         for (p, s) in planned.columns.iter_mut().zip(&stored) {
             p.dictionary = s.dictionary;
         }
-        if planned.columns != stored || planned.header.block_bytes != header.block_bytes || planned.header.data_offset != header.data_offset {
+        if planned.columns != stored
+            || planned.header.block_bytes != header.block_bytes
+            || planned.header.data_offset != header.data_offset
+        {
             return Err(not_a_cache(name, "its column offsets contradict its columns"));
         }
         let end = header.blocks.checked_mul(header.block_bytes).and_then(|b| b.checked_add(header.data_offset));
@@ -359,43 +384,77 @@ impl Layout {
         Ok(planned)
     }
 
-    /// Where row `row`'s value of column `col` lies in the segment, and its width; `None`
-    /// outside the laid-out blocks.
-    pub fn value_at(&self, col: usize, row: u64) -> Option<(u64, u64)> {
-        let c = self.columns.get(col)?;
-        if row >= self.capacity() {
-            return None;
-        }
-        let (block, r) = (row / self.header.block_rows, row % self.header.block_rows);
-        let at = self.header.data_offset + block * self.header.block_bytes + c.values_at + r * u64::from(c.width);
-        Some((at, u64::from(c.width)))
+    /// Where block `block` lies in the segment: its offset and size; `None` past the laid-out
+    /// blocks.
+    pub fn block_at(&self, block: u64) -> Option<(u64, u64)> {
+        (block < self.header.blocks).then(|| (self.header.data_offset + block * self.header.block_bytes, self.header.block_bytes))
     }
 
-    /// Where row `row`'s NULL bit of column `col` lies: the byte's offset in the segment and the
-    /// bit's mask; `None` outside the laid-out blocks.
-    pub fn null_at(&self, col: usize, row: u64) -> Option<(u64, u8)> {
+    /// Where row `r` of block `block` has its value of column `col` in the segment, and its
+    /// width; `None` outside the laid-out blocks or the column.
+    pub fn value_at(&self, col: usize, block: u64, r: u64) -> Option<(u64, u64)> {
         let c = self.columns.get(col)?;
-        if row >= self.capacity() {
-            return None;
-        }
-        let (block, r) = (row / self.header.block_rows, row % self.header.block_rows);
-        Some((self.header.data_offset + block * self.header.block_bytes + c.nulls_at + r / 8, 1 << (r % 8)))
+        let (start, _) = self.block_at(block).filter(|_| r < self.header.block_rows)?;
+        Some((start + c.values_at + r * u64::from(c.width), u64::from(c.width)))
     }
 
-    /// Writes row `row` of column `col` into `seg` (the segment's bytes from offset 0): the
-    /// value's word, or `None` for NULL (zero bytes, the NULL bit set). 22023 outside the
-    /// laid-out blocks or `seg`, or for a word the encoding cannot hold.
-    pub fn put(&self, seg: &mut [u8], col: usize, row: u64, word: Option<u64>) -> Result<()> {
-        let (Some((at, width)), Some((nat, mask)), Some(enc)) = (self.value_at(col, row), self.null_at(col, row), self.encoding(col))
+    /// Where row `r` of block `block` has its NULL bit of column `col`: the byte's offset in
+    /// the segment and the bit's mask; `None` outside the laid-out blocks or the column.
+    pub fn null_at(&self, col: usize, block: u64, r: u64) -> Option<(u64, u8)> {
+        let c = self.columns.get(col)?;
+        let (start, _) = self.block_at(block).filter(|_| r < self.header.block_rows)?;
+        Some((start + c.nulls_at + r / 8, 1 << (r % 8)))
+    }
+
+    /// The rows block `block` holds, from `seg` (the segment's bytes from offset 0); 22023
+    /// past the blocks or the bytes, or for a count above `block_rows` (an overwritten block).
+    pub fn block_rows(&self, seg: &[u8], block: u64) -> Result<u64> {
+        let bytes = self.block_at(block).and_then(|(at, _)| seg.get(at as usize..(at + BLOCK_HEADER_BYTES) as usize));
+        let Some(h) = bytes.and_then(|b| BlockHeader::read_from_bytes(b).ok()) else {
+            return Err(UvmError::new(Code::InvalidParameterValue, format!("block {block} is outside the cache's bytes")));
+        };
+        if h.rows > self.header.block_rows {
+            return Err(UvmError::new(
+                Code::InvalidParameterValue,
+                format!("block {block} of the cache says it holds {} rows, more than its {}", h.rows, self.header.block_rows),
+            )
+            .hint("The segment was overwritten; drop the cache and build it again."));
+        }
+        Ok(h.rows)
+    }
+
+    /// Sets the rows block `block` holds (after they are written: see the module's essay).
+    pub fn set_block_rows(&self, seg: &mut [u8], block: u64, rows: u64) -> Result<()> {
+        let range = self.block_at(block).map(|(at, _)| at as usize..(at + BLOCK_HEADER_BYTES) as usize);
+        let Some(bytes) = range.and_then(|r| seg.get_mut(r)).filter(|_| rows <= self.header.block_rows) else {
+            return Err(UvmError::new(Code::InvalidParameterValue, format!("block {block} cannot hold {rows} rows")));
+        };
+        let h = BlockHeader { rows, _reserved: [0; 31] };
+        bytes.copy_from_slice(h.as_bytes());
+        Ok(())
+    }
+
+    /// Writes row `r` of block `block` of column `col` into `seg` (the segment's bytes from
+    /// offset 0): the value's word, or `None` for NULL (zero bytes, the NULL bit set). 22023
+    /// outside the laid-out blocks or `seg`, or for a word the encoding cannot hold.
+    pub fn put(&self, seg: &mut [u8], col: usize, block: u64, r: u64, word: Option<u64>) -> Result<()> {
+        let (Some((at, width)), Some((nat, mask)), Some(enc)) =
+            (self.value_at(col, block, r), self.null_at(col, block, r), self.encoding(col))
         else {
-            return Err(UvmError::new(Code::InvalidParameterValue, format!("row {row} of column {col} is outside the cache")));
+            return Err(UvmError::new(
+                Code::InvalidParameterValue,
+                format!("row {r} of block {block}, column {col}, is outside the cache"),
+            ));
         };
         if let Some(w) = word.filter(|&w| !enc.holds(w)) {
             return Err(UvmError::new(Code::InvalidParameterValue, format!("{w:#x} is no {enc:?} value")));
         }
         let (at, width, nat) = (at as usize, width as usize, nat as usize);
         if at + width > seg.len() || nat >= seg.len() {
-            return Err(UvmError::new(Code::InvalidParameterValue, format!("row {row} lies past the segment's bytes")));
+            return Err(UvmError::new(
+                Code::InvalidParameterValue,
+                format!("row {r} of block {block} lies past the segment's bytes"),
+            ));
         }
         seg[at..at + width].copy_from_slice(&word.unwrap_or(0).to_le_bytes()[..width]);
         if word.is_some() {
@@ -406,14 +465,15 @@ impl Layout {
         Ok(())
     }
 
-    /// Row `row` of column `col` from `seg`: `Some(None)` for NULL, `None` past the published
-    /// rows or the bytes.
-    pub fn get(&self, seg: &[u8], col: usize, row: u64) -> Option<Option<u64>> {
-        if row >= self.header.rows {
+    /// Row `r` of block `block` of column `col` from `seg`, given the block's count `rows`
+    /// ([`Layout::block_rows`]): `Some(None)` for NULL, `None` at or past the count, outside
+    /// the blocks or past the bytes.
+    pub fn get(&self, seg: &[u8], col: usize, block: u64, rows: u64, r: u64) -> Option<Option<u64>> {
+        if r >= rows {
             return None;
         }
-        let (at, width) = self.value_at(col, row)?;
-        let (nat, mask) = self.null_at(col, row)?;
+        let (at, width) = self.value_at(col, block, r)?;
+        let (nat, mask) = self.null_at(col, block, r)?;
         let bytes = seg.get(at as usize..(at + width) as usize)?;
         if seg.get(nat as usize)? & mask != 0 {
             return Some(None);
@@ -421,25 +481,33 @@ impl Layout {
         Some(Some(self.encodings[col].to_word(bytes)))
     }
 
-    /// Folds the published rows of an integer-like column (not a float or a dictionary code):
-    /// the non-NULL values' count and sum, as the CPU counterpart of a kernel's. Bounded by the
-    /// published rows; checks for interrupts every [`interrupt::EVERY`] rows.
+    /// Folds the rows of an integer-like column (not a float or a dictionary code) in every
+    /// block: the non-NULL values' count and sum, as the CPU counterpart of a kernel's. Bounded
+    /// by the blocks and `block_rows` each; checks for interrupts every [`interrupt::EVERY`]
+    /// rows.
     pub fn fold_ints(&self, seg: &[u8], col: usize) -> Result<(u64, i128)> {
         let enc = self.encoding(col).ok_or_else(|| UvmError::new(Code::InvalidParameterValue, format!("no column {col}")))?;
         if !enc.signed() && enc != Encoding::Bool {
             return Err(UvmError::new(Code::DatatypeMismatch, format!("a {enc:?} column has no integer sum")));
         }
-        let (mut n, mut sum) = (0u64, 0i128);
-        for row in 0..self.header.rows {
-            interrupt::check_every(row)?;
-            match self.get(seg, col, row) {
-                Some(Some(w)) => {
-                    n += 1;
-                    sum += i128::from(w as i64);
-                }
-                Some(None) => {}
-                None => {
-                    return Err(UvmError::new(Code::InvalidParameterValue, format!("the cache's bytes end before row {row}")))
+        let (mut n, mut sum, mut seen) = (0u64, 0i128, 0u64);
+        for block in 0..self.header.blocks {
+            let rows = self.block_rows(seg, block)?;
+            for r in 0..rows {
+                interrupt::check_every(seen)?;
+                seen += 1;
+                match self.get(seg, col, block, rows, r) {
+                    Some(Some(w)) => {
+                        n += 1;
+                        sum += i128::from(w as i64);
+                    }
+                    Some(None) => {}
+                    None => {
+                        return Err(UvmError::new(
+                            Code::InvalidParameterValue,
+                            format!("the cache's bytes end inside block {block}"),
+                        ))
+                    }
                 }
             }
         }

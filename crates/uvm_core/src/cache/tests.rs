@@ -36,9 +36,11 @@ fn every_area_is_aligned_apart_and_inside_its_block() {
         assert!(w[0].1 <= w[1].0, "{:?} overlaps {:?}", w[0], w[1]);
     }
     assert!(areas.last().unwrap().1 <= h.block_bytes);
-    // one int4 column of a full block: its values, its bitmap (1/32 of them), nothing else
+    assert!(areas[0].0 >= BLOCK_HEADER_BYTES, "the block's header comes first");
+    // one int4 column of a full block: the block's header, its values, its bitmap (1/32 of
+    // them), nothing else
     let one = Layout::plan(1, &[spec(Encoding::Int4)], DEFAULT_BLOCK_ROWS).unwrap();
-    assert_eq!(one.header().block_bytes, DEFAULT_BLOCK_ROWS * 4 + DEFAULT_BLOCK_ROWS / 8);
+    assert_eq!(one.header().block_bytes, BLOCK_HEADER_BYTES + DEFAULT_BLOCK_ROWS * 4 + DEFAULT_BLOCK_ROWS / 8);
 }
 
 #[test]
@@ -72,39 +74,58 @@ fn values_of_every_encoding_round_trip_with_nulls_across_blocks() {
             _ => (r as i64 - 5000) as u64,
         })
     };
-    for r in 0..rows {
+    // rows dense from block 0; the last block partly full
+    let at = |i: u64| (i / MIN_BLOCK_ROWS, i % MIN_BLOCK_ROWS);
+    for i in 0..rows {
+        let (b, r) = at(i);
         for (c, &e) in Encoding::ALL.iter().enumerate() {
-            l.put(&mut seg, c, r, word(e, r)).unwrap();
+            l.put(&mut seg, c, b, r, word(e, i)).unwrap();
         }
+    }
+    for b in 0..3 {
+        l.set_block_rows(&mut seg, b, (rows - b * MIN_BLOCK_ROWS).min(MIN_BLOCK_ROWS)).unwrap();
     }
     let parsed = Layout::parse("c", &seg, seg.len() as u64).unwrap();
     assert_eq!(parsed, l);
-    for r in 0..rows {
+    assert_eq!(parsed.block_rows(&seg, 2).unwrap(), 7);
+    for i in 0..rows {
+        let (b, r) = at(i);
+        let n = parsed.block_rows(&seg, b).unwrap();
         for (c, &e) in Encoding::ALL.iter().enumerate() {
-            assert_eq!(parsed.get(&seg, c, r), Some(word(e, r)), "row {r}, {e:?}");
+            assert_eq!(parsed.get(&seg, c, b, n, r), Some(word(e, i)), "row {i}, {e:?}");
         }
     }
-    assert_eq!(parsed.get(&seg, 0, rows), None, "past the published rows");
+    assert_eq!(parsed.get(&seg, 0, 2, 7, 7), None, "past the block's rows");
+    assert_eq!(parsed.get(&seg, 0, 3, MIN_BLOCK_ROWS, 0), None, "past the blocks");
     // the CPU fold over an int8 column
     let c8 = Encoding::ALL.iter().position(|&e| e == Encoding::Int8).unwrap();
-    let want: Vec<i64> = (0..rows).filter_map(|r| word(Encoding::Int8, r)).map(|w| w as i64).collect();
+    let want: Vec<i64> = (0..rows).filter_map(|i| word(Encoding::Int8, i)).map(|w| w as i64).collect();
     assert_eq!(parsed.fold_ints(&seg, c8).unwrap(), (want.len() as u64, want.iter().map(|&v| i128::from(v)).sum()));
     let cf = Encoding::ALL.iter().position(|&e| e == Encoding::Float8).unwrap();
     assert_eq!(parsed.fold_ints(&seg, cf).unwrap_err().code, Code::DatatypeMismatch);
+    // a block that claims more rows than it can hold (overwritten): an error, not a long walk
+    let (b1, _) = l.block_at(1).unwrap();
+    let mut bad = seg.clone();
+    bad[b1 as usize..b1 as usize + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+    assert_eq!(parsed.block_rows(&bad, 1).unwrap_err().code, Code::InvalidParameterValue);
+    assert!(parsed.fold_ints(&bad, c8).is_err());
+    assert!(l.set_block_rows(&mut seg, 0, MIN_BLOCK_ROWS + 1).is_err());
+    assert!(l.set_block_rows(&mut seg, 3, 1).is_err());
     // a word an encoding cannot hold, a row outside the blocks or the bytes
     let c2 = Encoding::ALL.iter().position(|&e| e == Encoding::Int2).unwrap();
-    assert!(l.put(&mut seg, c2, 0, Some(1 << 20)).is_err());
-    assert!(l.put(&mut seg, 0, 0, Some(2)).is_err(), "a bool is 0 or 1");
-    assert!(l.put(&mut seg, 0, 3 * MIN_BLOCK_ROWS, Some(1)).is_err());
+    assert!(l.put(&mut seg, c2, 0, 0, Some(1 << 20)).is_err());
+    assert!(l.put(&mut seg, 0, 0, 0, Some(2)).is_err(), "a bool is 0 or 1");
+    assert!(l.put(&mut seg, 0, 3, 0, Some(1)).is_err());
+    assert!(l.put(&mut seg, 0, 0, MIN_BLOCK_ROWS, Some(1)).is_err());
     let last = Encoding::ALL.len() - 1;
-    let (nat, _) = l.null_at(last, rows - 1).unwrap();
-    assert!(l.put(&mut seg[..nat as usize], last, rows - 1, None).is_err());
-    assert_eq!(l.get(&seg[..nat as usize], last, rows - 1), None);
+    let (nat, _) = l.null_at(last, 2, 6).unwrap();
+    assert!(l.put(&mut seg[..nat as usize], last, 2, 6, None).is_err());
+    assert_eq!(l.get(&seg[..nat as usize], last, 2, 7, 6), None);
     // a NULL written over a value and a value over a NULL
-    l.put(&mut seg, c8, 1, None).unwrap();
-    assert_eq!(l.get(&seg, c8, 1), Some(None));
-    l.put(&mut seg, c8, 1, Some(7)).unwrap();
-    assert_eq!(l.get(&seg, c8, 1), Some(Some(7)));
+    l.put(&mut seg, c8, 0, 1, None).unwrap();
+    assert_eq!(l.get(&seg, c8, 0, 2, 1), Some(None));
+    l.put(&mut seg, c8, 0, 1, Some(7)).unwrap();
+    assert_eq!(l.get(&seg, c8, 0, 2, 1), Some(Some(7)));
 }
 
 #[test]
@@ -172,14 +193,17 @@ proptest! {
         }
         let total = (seg.len() as u64).saturating_sub(total_cut);
         if let Ok(l) = Layout::parse("c", &seg, total) {
-            let last = l.capacity().saturating_sub(1);
+            let (block, r) = (l.header().blocks.saturating_sub(1), l.header().block_rows - 1);
             for col in 0..l.columns().len() {
-                if let Some((at, w)) = l.value_at(col, last) {
+                if let Some((at, w)) = l.value_at(col, block, r) {
                     prop_assert!(at + w <= total);
                 }
-                if let Some((at, _)) = l.null_at(col, last) {
+                if let Some((at, _)) = l.null_at(col, block, r) {
                     prop_assert!(at < total);
                 }
+            }
+            if let Some((at, size)) = l.block_at(block) {
+                prop_assert!(at + size <= total);
             }
         }
     }
