@@ -514,3 +514,68 @@ impl Layout {
         Ok((n, sum))
     }
 }
+
+/// One block built in the builder's own memory, a row at a time, then copied to its place in
+/// the segment whole ([`Layout::block_at`]): how a builder fills blocks without touching the
+/// segment per value, and how a parallel worker fills the blocks it claimed.
+pub struct BlockBuilder {
+    /// The cache's layout as if it were one block at offset 0: `put` then addresses `bytes`.
+    one: Layout,
+    bytes: Vec<u8>,
+    rows: u64,
+}
+
+impl BlockBuilder {
+    /// An empty block of `layout`'s shape (`block_bytes` zeroed bytes).
+    pub fn new(layout: &Layout) -> BlockBuilder {
+        let mut one = layout.clone();
+        one.header.data_offset = 0;
+        one.header.blocks = 1;
+        one.header.rows = 0;
+        BlockBuilder { bytes: vec![0; one.header.block_bytes as usize], one, rows: 0 }
+    }
+
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.rows == self.one.header.block_rows
+    }
+
+    /// Appends a row: one word per column (`None` for NULL). 22023 when the block is full,
+    /// the row has another number of columns, or a word does not fit its column's encoding
+    /// (the row is then not added).
+    pub fn push(&mut self, row: &[Option<u64>]) -> Result<()> {
+        if self.is_full() || row.len() != self.one.columns.len() {
+            return Err(UvmError::new(
+                Code::InvalidParameterValue,
+                format!(
+                    "a row of {} columns does not go into a block of {} columns holding {} rows",
+                    row.len(),
+                    self.one.columns.len(),
+                    self.rows
+                ),
+            ));
+        }
+        if let Some((col, w)) =
+            row.iter().enumerate().find_map(|(c, w)| w.filter(|&w| !self.one.encodings[c].holds(w)).map(|w| (c, w)))
+        {
+            return Err(UvmError::new(
+                Code::InvalidParameterValue,
+                format!("{w:#x} is no {:?} value (column {col})", self.one.encodings[col]),
+            ));
+        }
+        for (col, &w) in row.iter().enumerate() {
+            self.one.put(&mut self.bytes, col, 0, self.rows, w)?;
+        }
+        self.rows += 1;
+        Ok(())
+    }
+
+    /// The block's bytes, its count set: to be written at [`Layout::block_at`] of its block.
+    pub fn finish(mut self) -> Vec<u8> {
+        self.one.set_block_rows(&mut self.bytes, 0, self.rows).expect("a block's own count fits it");
+        self.bytes
+    }
+}

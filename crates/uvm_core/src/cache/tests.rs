@@ -129,6 +129,47 @@ fn values_of_every_encoding_round_trip_with_nulls_across_blocks() {
 }
 
 #[test]
+fn blocks_built_apart_and_copied_into_place_read_back() {
+    let specs = [spec(Encoding::Int4), spec(Encoding::Numeric), spec(Encoding::Bool)];
+    let mut l = Layout::plan(7, &specs, MIN_BLOCK_ROWS).unwrap();
+    let row = |i: u64| [Some((i as i64 - 100) as u64), (!i.is_multiple_of(3)).then_some(i * 100), Some(i & 1)];
+    // two workers' blocks: one full, one partly
+    let mut blocks = Vec::new();
+    for (first, n) in [(0u64, MIN_BLOCK_ROWS), (MIN_BLOCK_ROWS, 10)] {
+        let mut b = BlockBuilder::new(&l);
+        for i in first..first + n {
+            b.push(&row(i)).unwrap();
+        }
+        assert_eq!(b.is_full(), n == MIN_BLOCK_ROWS);
+        if b.is_full() {
+            assert!(b.push(&row(0)).is_err(), "a full block takes no more rows");
+        }
+        blocks.push(b.finish());
+    }
+    l.set_extent(2, MIN_BLOCK_ROWS + 10).unwrap();
+    let mut seg = vec![0u8; l.bytes_for(2) as usize];
+    seg[..l.prefix().len()].copy_from_slice(&l.prefix());
+    for (b, bytes) in blocks.iter().enumerate() {
+        let (at, size) = l.block_at(b as u64).unwrap();
+        assert_eq!(bytes.len() as u64, size);
+        seg[at as usize..(at + size) as usize].copy_from_slice(bytes);
+    }
+    let p = Layout::parse("c", &seg, seg.len() as u64).unwrap();
+    assert_eq!(p.block_rows(&seg, 1).unwrap(), 10);
+    for i in 0..MIN_BLOCK_ROWS + 10 {
+        let (b, r) = (i / MIN_BLOCK_ROWS, i % MIN_BLOCK_ROWS);
+        let n = p.block_rows(&seg, b).unwrap();
+        let got: Vec<Option<u64>> = (0..3).map(|c| p.get(&seg, c, b, n, r).unwrap()).collect();
+        assert_eq!(got, row(i));
+    }
+    // a row that does not fit is refused whole
+    let mut b = BlockBuilder::new(&l);
+    assert!(b.push(&[Some(1), Some(2)]).is_err());
+    assert!(b.push(&[Some(1), Some(2), Some(5)]).is_err());
+    assert_eq!(b.rows(), 0);
+}
+
+#[test]
 fn a_layout_that_contradicts_itself_or_its_segment_is_refused() {
     let specs = [spec(Encoding::Int4), spec(Encoding::Numeric), spec(Encoding::DictCode)];
     let (l, seg) = laid_out(&specs, MIN_BLOCK_ROWS, 2, 100);
