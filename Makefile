@@ -4,6 +4,7 @@
 #                     integration-service
 #   make run          install, then run sql/demo.sql against a throwaway cluster
 #   make bench        install, then the segment benchmark -> bench/segment-report.md
+#   make ssb          install, then the Star Schema Benchmark at SF=1 -> bench/ssb-report.md
 #   make install      build (release) and install into the PostgreSQL of PG, with the C API's
 #                     header (include/pg_uvm_share.h, see docs/C-API.md)
 #   make capi-consumer   build the C API's test consumer (tests/capi_consumer) with PGXS against
@@ -92,15 +93,17 @@ BENCH_PORT ?= 54334
 PGRX_TEST_DIR ?= /tmp/$(CLUSTER_TAG)-pgrx-test
 
 BENCH_REPORT ?= bench/segment-report.md
+SF ?= 1
+SSB_REPORT ?= bench/ssb-report.md
 # Formatting and clippy do not depend on the PostgreSQL version: only the default runs them.
 TEST_STAGES := prereqs $(if $(filter 15,$(PG)),lint) unit pgtest install regress integration integration-service
 
 PSQL := $(PG_BIN)/psql -X -v ON_ERROR_STOP=1
 
-.PHONY: help prereqs install capi-consumer fake-strom lint unit pgtest regress regress-accept integration integration-service package package-test test run bench gpu-suite-pack clean
+.PHONY: help prereqs install capi-consumer fake-strom lint unit pgtest regress regress-accept integration integration-service package package-test test run bench ssb gpu-suite-pack clean
 
 help:
-	@sed -n '2,21p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,22p' Makefile | sed 's/^# \{0,1\}//'
 
 prereqs:
 	scripts/install-prereqs.sh $(PG)
@@ -281,6 +284,15 @@ bench: prereqs install
 	eval "$$($(CLUSTER) env $(BENCH_DIR))"; \
 	$(PSQL) -q -d postgres -c 'CREATE EXTENSION pg_uvm_share'; \
 	$(CARGO) run --release -p pg_uvm_share_tests --bin uvm_bench -- $(BENCH_REPORT)
+
+# The Star Schema Benchmark (bench/ssb/run: the tables at scale factor SF, the 13 queries with
+# PostgreSQL's plans, the planner's and the GpuJoin node forced, answers compared) against a
+# throwaway cluster; the report goes to SSB_REPORT.
+ssb: prereqs install
+	@trap '$(CLUSTER) stop $(BENCH_DIR)' EXIT; \
+	$(CLUSTER) start $(BENCH_DIR) $(BENCH_PORT); \
+	eval "$$($(CLUSTER) env $(BENCH_DIR))"; \
+	PATH=$(PG_BIN):$$PATH bench/ssb/run --sf $(SF) --report $(SSB_REPORT)
 
 # The GPU suite's bundle: release extension, GPU test and bench programs, and PostgreSQL (PG=15:
 # Debian's packages; other majors: the relocatable build). On the GPU machine, carry
