@@ -320,15 +320,7 @@ pub fn materialize_within(
     indexed: bool,
 ) -> Result<std::result::Result<ProbeSum, u64>> {
     let step = (ex.max_io() / 8).max(1);
-    let mut o = ops::MaterializeWithin {
-        inner: *inner,
-        result: *result,
-        key_type: key_code(kt),
-        indexed: u32::from(indexed),
-        index_base: 0,
-        fresh: 1,
-        _pad: 0,
-    };
+    let mut o = within_op(inner, result, kt, indexed);
     let mut total = ProbeSum { matches: 0, sum: 0 };
     // An empty batch still resets the buffer.
     let parts: Vec<&[i64]> = if keys.is_empty() { vec![keys] } else { keys.chunks(step).collect() };
@@ -363,7 +355,13 @@ pub fn materialize_within_start(
         let done = materialize_within(ex, inner, result, kt, keys, indexed)?;
         return Ok(WithinPending { result: *result, state: Within::Done(done) });
     }
-    let o = ops::MaterializeWithin {
+    let o = within_op(inner, result, kt, indexed);
+    Ok(WithinPending { result: *result, state: Within::InFlight(start(ex, &o, keys.as_bytes())?) })
+}
+
+/// A batch's first [`ops::MaterializeWithin`] request (it resets the buffer: `fresh`).
+fn within_op(inner: &SegRef, result: &SegRef, kt: KeyType, indexed: bool) -> ops::MaterializeWithin {
+    ops::MaterializeWithin {
         inner: *inner,
         result: *result,
         key_type: key_code(kt),
@@ -371,8 +369,7 @@ pub fn materialize_within_start(
         index_base: 0,
         fresh: 1,
         _pad: 0,
-    };
-    Ok(WithinPending { result: *result, state: Within::InFlight(start(ex, &o, keys.as_bytes())?) })
+    }
 }
 
 /// A [`materialize_within`] in flight ([`materialize_within_start`]).
