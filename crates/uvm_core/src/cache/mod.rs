@@ -45,7 +45,7 @@
 //! | `Date` | `date` | 4 | days since 2000-01-01 |
 //! | `Timestamp`, `TimestampTz` | `timestamp`, `timestamptz` | 8 | microseconds since 2000-01-01 (UTC for tz) |
 //! | `Numeric` | `numeric(p, s)`, p ≤ 18 | 8 | the value × 10^`scale`, an `int8` |
-//! | `DictCode` | `text`, `varchar` | 4 | the string's code in the column's dictionary |
+//! | `DictCode` | `text`, `varchar` | 4 | the string's code in the column's dictionary ([`dict`]) |
 //!
 //! Values cross this module as raw 64-bit words ([`Encoding::to_word`] of what a column holds:
 //! integers sign-extended, floats' bits zero-extended), so one reader and one writer serve
@@ -64,6 +64,7 @@
 //! through a parsed layout, so its loops are bounded by the rows the segment holds, and checks
 //! for interrupts every [`interrupt::EVERY`] rows.
 
+pub mod dict;
 #[cfg(test)]
 mod tests;
 

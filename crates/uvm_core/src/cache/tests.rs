@@ -1,5 +1,6 @@
 use proptest::prelude::*;
 
+use super::dict::{Dict, DictBuilder, DictHeader, DICT_HEADER_BYTES};
 use super::*;
 use crate::testing::proptest_cases;
 
@@ -217,6 +218,65 @@ fn a_layout_that_contradicts_itself_or_its_segment_is_refused() {
     assert!(col(2, &|c| c.dictionary = 77).is_ok(), "the dictionary is the extension's");
 }
 
+#[test]
+fn a_dictionary_numbers_strings_in_first_seen_order_and_selects_codes() {
+    let mut b = DictBuilder::default();
+    let words: [&[u8]; 6] = [b"ASIA", b"EUROPE", b"ASIA", b"", b"AMERICA", b"EUROPE"];
+    let codes: Vec<u32> = words.iter().map(|w| b.intern(w).unwrap()).collect();
+    assert_eq!(codes, [0, 1, 0, 2, 3, 1]);
+    assert_eq!(b.len(), 4);
+    let bytes = b.to_bytes();
+    let d = Dict::parse("d", &bytes).unwrap();
+    assert_eq!(d.len(), 4);
+    for (w, c) in words.iter().zip(&codes) {
+        assert_eq!(d.get(*c), Some(*w));
+    }
+    assert_eq!(d.get(4), None);
+    // a predicate evaluated once per distinct string: the codes that pass
+    let bits = d.select(|s| s.starts_with(b"A"));
+    assert_eq!(bits, [0b1001]);
+    // empty
+    let empty = DictBuilder::default().to_bytes();
+    let e = Dict::parse("d", &empty).unwrap();
+    assert!(e.is_empty() && e.select(|_| true).is_empty());
+}
+
+#[test]
+fn a_dictionary_that_contradicts_itself_is_refused() {
+    let mut b = DictBuilder::default();
+    for w in [&b"one"[..], b"two", b"three"] {
+        b.intern(w).unwrap();
+    }
+    let bytes = b.to_bytes();
+    let fails = |bytes: &[u8]| Dict::parse("d", bytes).map(|_| ()).unwrap_err().code;
+    assert_eq!(fails(&bytes[..10]), Code::InvalidParameterValue);
+    assert_eq!(fails(&bytes[..bytes.len() - 1]), Code::InvalidParameterValue, "strings cut off");
+    let header = |f: &dyn Fn(&mut DictHeader)| {
+        let mut h = DictHeader::read_from_prefix(&bytes).unwrap().0;
+        f(&mut h);
+        let mut s = bytes.clone();
+        s[..DICT_HEADER_BYTES as usize].copy_from_slice(h.as_bytes());
+        fails(&s)
+    };
+    for f in [
+        &(|h: &mut DictHeader| h.magic ^= 1) as &dyn Fn(&mut DictHeader),
+        &|h| h.version = 9,
+        &|h| h.entries = 4,
+        &|h| h.entries = u64::MAX,
+        &|h| h.bytes += 1,
+        &|h| h.offsets_at = 8,
+        &|h| h.strings_at -= 8,
+        &|h| h.strings_at = u64::MAX,
+    ] {
+        assert_eq!(header(f), Code::InvalidParameterValue);
+    }
+    // offsets out of order
+    let mut s = bytes.clone();
+    let at = DICT_HEADER_BYTES as usize + 8;
+    s[at..at + 8].copy_from_slice(&100u64.to_le_bytes());
+    assert_eq!(fails(&s), Code::InvalidParameterValue);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(proptest_cases(256)))]
 
@@ -246,6 +306,29 @@ proptest! {
             if let Some((at, size)) = l.block_at(block) {
                 prop_assert!(at + size <= total);
             }
+        }
+    }
+
+    /// Whatever the bytes, a dictionary parses or is refused, and what it hands out lies inside
+    /// the bytes.
+    #[test]
+    fn a_dictionary_parse_never_panics(
+        flips in proptest::collection::vec((0usize..160, any::<u8>()), 0..6),
+        cut in 0usize..40,
+    ) {
+        let mut b = DictBuilder::default();
+        for i in 0..8u32 {
+            b.intern(format!("s{i}").as_bytes()).unwrap();
+        }
+        let mut bytes = b.to_bytes();
+        let len = bytes.len();
+        for (at, v) in flips {
+            bytes[at % len] = v;
+        }
+        bytes.truncate(len.saturating_sub(cut));
+        if let Ok(d) = Dict::parse("d", &bytes) {
+            let total: usize = d.iter().map(|(_, s)| s.len()).sum();
+            prop_assert!(total <= bytes.len());
         }
     }
 }

@@ -1,0 +1,204 @@
+//! A dictionary-encoded column's dictionary: its distinct strings, each stored once, numbered by
+//! a `u32` code in first-seen order; the column itself holds the codes (`Encoding::DictCode`).
+//!
+//! # Layout
+//!
+//! A dictionary is one segment (its column's entry names it: `ColumnDesc::dictionary`):
+//!
+//! | offset | bytes | what |
+//! | --- | --- | --- |
+//! | 0 | [`DICT_HEADER_BYTES`] | [`DictHeader`]: magic, version, entries, string bytes, where the offsets and the strings start |
+//! | `offsets_at` | 8 × (entries + 1) | the start of each string in the string area, then its end |
+//! | `strings_at` | `bytes` | the strings, back to back, as PostgreSQL stores them (no terminator) |
+//!
+//! String `c` is `strings[offsets[c]..offsets[c + 1]]`. Codes follow no order of the strings, so
+//! a predicate on the column (`=`, `IN`, `BETWEEN`, `LIKE`, under the column's collation) is
+//! evaluated by PostgreSQL once per distinct string, over the dictionary, and a kernel tests the
+//! codes against the set it yields (a bitmap of codes): the dictionary decides nothing about
+//! collations. Equal strings are equal bytes, which holds for deterministic collations only;
+//! the extension does not dictionary-encode a column of a nondeterministic one.
+//!
+//! # Untrusted bytes
+//!
+//! [`Dict::parse`] checks the header against the segment's size and every offset (rising, inside
+//! the string area) before a string is read, so a parsed dictionary hands out only slices of the
+//! bytes it was given, in time bounded by its entries.
+
+use std::collections::HashMap;
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use crate::error::{Code, Result, UvmError};
+
+pub const DICT_MAGIC: u64 = u64::from_le_bytes(*b"UVMDICT1");
+pub const DICT_VERSION: u32 = 1;
+pub const DICT_HEADER_BYTES: u64 = 64;
+/// Distinct strings a dictionary holds at most: codes are `u32`, and one is kept back.
+pub const MAX_ENTRIES: u64 = u32::MAX as u64 - 1;
+
+/// The dictionary segment's header (the module's table).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct DictHeader {
+    pub magic: u64,
+    pub version: u32,
+    pub _pad: u32,
+    pub entries: u64,
+    /// Bytes of the string area in use.
+    pub bytes: u64,
+    pub offsets_at: u64,
+    pub strings_at: u64,
+    pub _reserved: [u64; 2],
+}
+
+const _: () = assert!(std::mem::size_of::<DictHeader>() as u64 == DICT_HEADER_BYTES);
+
+fn not_a_dict(name: &str, why: &str) -> UvmError {
+    UvmError::new(Code::InvalidParameterValue, format!("segment \"{name}\" holds no column dictionary ({why})"))
+        .hint("The segment was overwritten or is not a dictionary; drop the cache and build it again.")
+}
+
+/// Builds a dictionary in memory: strings interned as they come, then laid out whole.
+#[derive(Default)]
+pub struct DictBuilder {
+    codes: HashMap<Vec<u8>, u32>,
+    offsets: Vec<u64>,
+    strings: Vec<u8>,
+}
+
+impl DictBuilder {
+    /// The code of `s`, a new one (the next in order) the first time it is seen; 54000 past
+    /// [`MAX_ENTRIES`] distinct strings.
+    pub fn intern(&mut self, s: &[u8]) -> Result<u32> {
+        if let Some(&c) = self.codes.get(s) {
+            return Ok(c);
+        }
+        let code = self.offsets.len() as u64;
+        if code >= MAX_ENTRIES {
+            return Err(UvmError::new(
+                Code::ProgramLimitExceeded,
+                format!("a column dictionary holds at most {MAX_ENTRIES} strings"),
+            ));
+        }
+        self.offsets.push(self.strings.len() as u64);
+        self.strings.extend_from_slice(s);
+        self.codes.insert(s.to_vec(), code as u32);
+        Ok(code as u32)
+    }
+
+    pub fn len(&self) -> u64 {
+        self.offsets.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.offsets.is_empty()
+    }
+
+    /// The dictionary's bytes, as its segment holds them from offset 0.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let entries = self.offsets.len() as u64;
+        let offsets_at = DICT_HEADER_BYTES;
+        let strings_at = offsets_at + 8 * (entries + 1);
+        let h = DictHeader {
+            magic: DICT_MAGIC,
+            version: DICT_VERSION,
+            entries,
+            bytes: self.strings.len() as u64,
+            offsets_at,
+            strings_at,
+            ..DictHeader::default()
+        };
+        let mut out = Vec::with_capacity((strings_at + h.bytes) as usize);
+        out.extend_from_slice(h.as_bytes());
+        for &o in self.offsets.iter().chain(std::iter::once(&(self.strings.len() as u64))) {
+            out.extend_from_slice(&o.to_le_bytes());
+        }
+        out.extend_from_slice(&self.strings);
+        out
+    }
+}
+
+/// A parsed dictionary over its segment's bytes (only [`Dict::parse`] makes one).
+pub struct Dict<'a> {
+    offsets: &'a [u8],
+    strings: &'a [u8],
+    entries: u64,
+}
+
+impl<'a> Dict<'a> {
+    /// Reads and validates the dictionary in `bytes` (the segment's bytes from offset 0; `name`
+    /// is for messages). Never reads past `bytes`, never panics; time bounded by the entries
+    /// `bytes` can hold.
+    pub fn parse(name: &str, bytes: &'a [u8]) -> Result<Dict<'a>> {
+        let Ok((h, _)) = DictHeader::read_from_prefix(bytes) else {
+            return Err(not_a_dict(name, "too small"));
+        };
+        if h.magic != DICT_MAGIC {
+            return Err(not_a_dict(name, "no header"));
+        }
+        if h.version != DICT_VERSION || h._pad != 0 {
+            return Err(not_a_dict(name, &format!("unknown version {}", h.version)));
+        }
+        let total = bytes.len() as u64;
+        let offsets_end = h.entries.checked_add(1).and_then(|n| n.checked_mul(8)).and_then(|n| n.checked_add(h.offsets_at));
+        let strings_end = h.strings_at.checked_add(h.bytes);
+        let (Some(offsets_end), Some(strings_end)) = (offsets_end, strings_end) else {
+            return Err(not_a_dict(name, "its sizes overflow"));
+        };
+        if h.entries > MAX_ENTRIES || h.offsets_at < DICT_HEADER_BYTES || offsets_end > h.strings_at || strings_end > total {
+            return Err(not_a_dict(name, &format!("{} entries of {} bytes do not fit {total} bytes", h.entries, h.bytes)));
+        }
+        let d = Dict {
+            offsets: &bytes[h.offsets_at as usize..offsets_end as usize],
+            strings: &bytes[h.strings_at as usize..strings_end as usize],
+            entries: h.entries,
+        };
+        // Rising offsets, from 0 to the string area's end.
+        let mut prev = 0u64;
+        for i in 0..=h.entries {
+            let o = d.offset(i);
+            if o < prev || o > h.bytes || (i == 0 && o != 0) || (i == h.entries && o != h.bytes) {
+                return Err(not_a_dict(name, &format!("offset {i} ({o}) is out of order")));
+            }
+            prev = o;
+        }
+        Ok(d)
+    }
+
+    fn offset(&self, i: u64) -> u64 {
+        let at = i as usize * 8;
+        u64::from_le_bytes(self.offsets[at..at + 8].try_into().expect("8 bytes"))
+    }
+
+    pub fn len(&self) -> u64 {
+        self.entries
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
+
+    /// The string of `code`; `None` for a code past the entries.
+    pub fn get(&self, code: u32) -> Option<&'a [u8]> {
+        let c = u64::from(code);
+        (c < self.entries).then(|| &self.strings[self.offset(c) as usize..self.offset(c + 1) as usize])
+    }
+
+    /// Every (code, string), in code order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &'a [u8])> + '_ {
+        (0..self.entries as u32).map(move |c| (c, self.get(c).expect("inside")))
+    }
+
+    /// The codes whose strings satisfy `keep` (a predicate PostgreSQL evaluates per distinct
+    /// string), as a bitmap of `len()` bits, bit `c % 8` of byte `c / 8`: what a kernel tests a
+    /// code against.
+    pub fn select(&self, mut keep: impl FnMut(&[u8]) -> bool) -> Vec<u8> {
+        let mut bits = vec![0u8; (self.entries as usize).div_ceil(8)];
+        for (c, s) in self.iter() {
+            if keep(s) {
+                bits[c as usize / 8] |= 1 << (c % 8);
+            }
+        }
+        bits
+    }
+}
