@@ -16,6 +16,7 @@
 //!   of their kernels.
 //! - [`cache`]: the columnar cache's format (layout, encodings, a bounded CPU reader and
 //!   writer).
+//! - [`groups`]: the `GROUP BY`'s group table (format, CPU update, grow, merge).
 //! - [`exec`]: the execution seam (the request vocabulary, the `Executor` trait) and the local
 //!   executor.
 //! - [`channel`]: the GPU service's request channel, slot protocol (the extension puts it in
@@ -45,6 +46,7 @@ pub mod gpu;
 // tables and result buffers in shared segments, read and written through raw pointers (volatile, bounded).
 #[allow(unsafe_code)]
 pub mod gpujoin;
+pub mod groups;
 // the hook PostgreSQL installs, a function pointer set once at start.
 #[allow(unsafe_code)]
 pub mod interrupt;
