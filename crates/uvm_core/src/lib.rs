@@ -17,6 +17,8 @@
 //! - [`cache`]: the columnar cache's format (layout, encodings, a bounded CPU reader and
 //!   writer).
 //! - [`groups`]: the `GROUP BY`'s group table (format, CPU update, grow, merge).
+//! - [`scan`]: scan programs (filters, star joins, grouped aggregates over a cache in one
+//!   pass), the CPU reference of their kernels.
 //! - [`exec`]: the execution seam (the request vocabulary, the `Executor` trait) and the local
 //!   executor.
 //! - [`channel`]: the GPU service's request channel, slot protocol (the extension puts it in
@@ -57,6 +59,7 @@ pub mod provider;
 // the registry is laid out in shared memory given as a raw base pointer.
 #[allow(unsafe_code)]
 pub mod registry;
+pub mod scan;
 // mappings of chunks into the arena, and pins over memory other processes share.
 #[allow(unsafe_code)]
 pub mod segment;

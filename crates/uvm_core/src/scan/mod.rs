@@ -1,0 +1,276 @@
+//! Scan programs: filters, star joins and grouped aggregates over a columnar cache in one pass,
+//! the CPU reference of the kernels that will run them (issue 27, points 1 to 3).
+//!
+//! # What a program is
+//!
+//! A [`Program`] reads a fact table's cache ([`crate::cache`]) block by block and, for each row:
+//!
+//! 1. tests its [`Filter`]s, each on one cached column: an inclusive range of the column's
+//!    integer-like words, or a set of dictionary codes (a text predicate PostgreSQL evaluated
+//!    per distinct string: `cache::dict::Dict::select`). A NULL passes no filter, as a
+//!    comparison with NULL is not true in SQL;
+//! 2. probes each [`Join`]'s dimension table (a GpuJoin table, `crate::gpujoin::table`, built
+//!    from the dimension's rows that pass the dimension's own filters, its payload the value the
+//!    query groups by or 0): a row without a match is dropped (an inner join), a row with
+//!    several goes on once per match;
+//! 3. folds what is left into the group table ([`crate::groups`]) under its key: words taken
+//!    from fact columns or join payloads ([`Source`]), plus a last word with a bit per source
+//!    that was NULL (NULL is a group of its own), with one input per aggregate ([`Input`]: a
+//!    column, or the difference or product of two, computed as PostgreSQL's `int8` arithmetic,
+//!    an overflow an ERROR 22003).
+//!
+//! Nothing is materialised between the steps: that is the point of running a star join in one
+//! pass (Crystal's model, `../shared/notes/prior-art.md`). The SQL side (the plan node) decides
+//! which queries a program can express and declines the others, so that PostgreSQL runs them.
+//!
+//! # Bounded, resumable
+//!
+//! Every loop is bounded by the cache's blocks and their validated counts, and by the
+//! dimension tables' slots; interrupts are checked every [`interrupt::EVERY`] rows. Before a
+//! row touches the group table, [`run`] makes sure the table has room for every group the row
+//! could add (one per combination of its joins' matches); where it has not, it stops there and
+//! answers [`Progress::Full`] with the row to resume at and the slots the table needs: the
+//! caller grows the table (`groups::grow`) and runs again from that row, and no row is folded
+//! twice or lost.
+
+#[cfg(test)]
+mod tests;
+
+use crate::cache::Layout;
+use crate::error::{Code, Result, UvmError};
+use crate::gpujoin::table::Table as DimTable;
+use crate::groups::{self, AggKind, Update};
+use crate::interrupt;
+
+/// A test on one cached column of the fact table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Test {
+    /// `lo <= value <= hi`, on the column's word as a signed integer.
+    Range { lo: i64, hi: i64 },
+    /// The value is a dictionary code whose bit is set in the bitmap (bit `c % 8` of byte
+    /// `c / 8`; a code past the bitmap fails).
+    Codes(Vec<u8>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Filter {
+    pub col: usize,
+    pub test: Test,
+}
+
+/// A star join: the fact column `col` probed against a dimension's table.
+pub struct Join<'a> {
+    pub col: usize,
+    pub table: DimTable<'a>,
+}
+
+/// Where a group key word comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// A fact column's word (NULL: 0, and its bit set in the key's last word).
+    Col(usize),
+    /// The payload of join `j`'s match.
+    Payload(usize),
+}
+
+/// An aggregate's input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// None: `count(*)`.
+    Star,
+    Col(usize),
+    /// `a - b`, `a * b` of two integer-like columns, as `int8` arithmetic (NULL if either is).
+    Sub(usize, usize),
+    Mul(usize, usize),
+}
+
+pub struct Program<'a> {
+    pub filters: Vec<Filter>,
+    pub joins: Vec<Join<'a>>,
+    pub keys: Vec<Source>,
+    pub aggs: Vec<(AggKind, Input)>,
+}
+
+/// Where [`run`] stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// Every row from the start position on was folded.
+    Done,
+    /// The group table needs `slots` slots before row `row` of block `block` (and the rows
+    /// after it) can be folded: grow it and run again from there.
+    Full { block: u64, row: u64, slots: u64 },
+}
+
+fn bad(why: String) -> UvmError {
+    UvmError::new(Code::InvalidParameterValue, why)
+}
+
+impl Program<'_> {
+    /// The group table's key words for this program: one per source and the NULL bits.
+    pub fn key_words(&self) -> u16 {
+        self.keys.len() as u16 + 1
+    }
+
+    fn check(&self, layout: &Layout) -> Result<()> {
+        let cols = layout.columns().len();
+        let col_ok = |c: usize| c < cols;
+        for f in &self.filters {
+            if !col_ok(f.col) {
+                return Err(bad(format!("a filter on column {} of a cache of {cols}", f.col)));
+            }
+        }
+        for j in &self.joins {
+            if !col_ok(j.col) {
+                return Err(bad(format!("a join on column {} of a cache of {cols}", j.col)));
+            }
+        }
+        for s in &self.keys {
+            match *s {
+                Source::Col(c) if !col_ok(c) => return Err(bad(format!("a group key from column {c} of a cache of {cols}"))),
+                Source::Payload(j) if j >= self.joins.len() => {
+                    return Err(bad(format!("a group key from join {j} of {}", self.joins.len())))
+                }
+                _ => {}
+            }
+        }
+        for (_, i) in &self.aggs {
+            let used = match *i {
+                Input::Star => vec![],
+                Input::Col(c) => vec![c],
+                Input::Sub(a, b) | Input::Mul(a, b) => vec![a, b],
+            };
+            if let Some(c) = used.into_iter().find(|&c| !col_ok(c)) {
+                return Err(bad(format!("an aggregate of column {c} of a cache of {cols}")));
+            }
+        }
+        if self.keys.len() >= 64 {
+            return Err(bad(format!("{} group keys: at most 63", self.keys.len())));
+        }
+        Ok(())
+    }
+}
+
+/// The word of column `col` at row `r` of a block holding `rows` rows, `None` for NULL.
+fn value(layout: &Layout, seg: &[u8], col: usize, block: u64, rows: u64, r: u64) -> Result<Option<u64>> {
+    layout.get(seg, col, block, rows, r).ok_or_else(|| bad(format!("the cache's bytes end inside block {block}")))
+}
+
+fn passes(test: &Test, v: Option<u64>) -> bool {
+    match (test, v) {
+        (_, None) => false,
+        (Test::Range { lo, hi }, Some(w)) => (*lo..=*hi).contains(&(w as i64)),
+        (Test::Codes(bits), Some(c)) => {
+            usize::try_from(c / 8).ok().and_then(|i| bits.get(i)).is_some_and(|b| b & (1 << (c % 8)) != 0)
+        }
+    }
+}
+
+fn overflow(what: &str) -> UvmError {
+    UvmError::new(Code::NumericValueOutOfRange, format!("bigint out of range ({what})"))
+}
+
+/// Runs `program` over the cache `layout` in `seg` (the segment's bytes from offset 0), from
+/// row `start.1` of block `start.0` on, folding into `groups` (a table of
+/// [`Program::key_words`] key words and the program's aggregates, in that order).
+pub fn run(
+    program: &Program<'_>,
+    layout: &Layout,
+    seg: &[u8],
+    groups: &mut groups::Table<'_>,
+    start: (u64, u64),
+) -> Result<Progress> {
+    program.check(layout)?;
+    let shape = groups.shape();
+    if shape.key_words != program.key_words() || shape.aggs != program.aggs.iter().map(|a| a.0).collect::<Vec<_>>() {
+        return Err(bad("the group table does not have the program's keys and aggregates".into()));
+    }
+    let mut seen = 0u64;
+    let mut payloads: Vec<Vec<i64>> = vec![Vec::new(); program.joins.len()];
+    let mut key = vec![0u64; program.keys.len() + 1];
+    let mut inputs: Vec<Option<u64>> = vec![None; program.aggs.len()];
+    for block in start.0..layout.header().blocks {
+        let rows = layout.block_rows(seg, block)?;
+        let first = if block == start.0 { start.1 } else { 0 };
+        'row: for r in first..rows {
+            interrupt::check_every(seen)?;
+            seen += 1;
+            for f in &program.filters {
+                if !passes(&f.test, value(layout, seg, f.col, block, rows, r)?) {
+                    continue 'row;
+                }
+            }
+            // Each join's matches (none: the row is dropped).
+            let mut combos = 1u64;
+            for (j, join) in program.joins.iter().enumerate() {
+                payloads[j].clear();
+                let Some(k) = value(layout, seg, join.col, block, rows, r)? else { continue 'row };
+                let p = &mut payloads[j];
+                join.table.for_each_match(k as i64, |v| p.push(v))?;
+                if p.is_empty() {
+                    continue 'row;
+                }
+                combos = combos.saturating_mul(p.len() as u64);
+            }
+            // Room for every group the row could add, before it touches the table.
+            let h = groups.header();
+            if h.groups.saturating_add(combos) > h.slot_count / 2 {
+                return Ok(Progress::Full { block, row: r, slots: groups::Shape::slots_for(h.groups.saturating_add(combos)) });
+            }
+            for (a, (_, input)) in program.aggs.iter().enumerate() {
+                let col = |c| value(layout, seg, c, block, rows, r);
+                inputs[a] = match *input {
+                    Input::Star => None,
+                    Input::Col(c) => col(c)?,
+                    Input::Sub(x, y) => match (col(x)?, col(y)?) {
+                        (Some(x), Some(y)) => {
+                            Some((x as i64).checked_sub(y as i64).ok_or_else(|| overflow("a difference"))? as u64)
+                        }
+                        _ => None,
+                    },
+                    Input::Mul(x, y) => match (col(x)?, col(y)?) {
+                        (Some(x), Some(y)) => Some((x as i64).checked_mul(y as i64).ok_or_else(|| overflow("a product"))? as u64),
+                        _ => None,
+                    },
+                };
+            }
+            // Every combination of the joins' matches (an odometer over their payloads).
+            let mut at = vec![0usize; program.joins.len()];
+            loop {
+                let mut nulls = 0u64;
+                for (i, s) in program.keys.iter().enumerate() {
+                    key[i] = match *s {
+                        Source::Payload(j) => payloads[j][at[j]] as u64,
+                        Source::Col(c) => match value(layout, seg, c, block, rows, r)? {
+                            Some(w) => w,
+                            None => {
+                                nulls |= 1 << i;
+                                0
+                            }
+                        },
+                    };
+                }
+                key[program.keys.len()] = nulls;
+                if let Update::Full(_) = groups.update(&key, &inputs)? {
+                    return Err(bad("the group table filled up after its room was checked".into()));
+                }
+                // next combination
+                let mut j = 0;
+                loop {
+                    if j == at.len() {
+                        break;
+                    }
+                    at[j] += 1;
+                    if at[j] < payloads[j].len() {
+                        break;
+                    }
+                    at[j] = 0;
+                    j += 1;
+                }
+                if j == at.len() {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(Progress::Done)
+}

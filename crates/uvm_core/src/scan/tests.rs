@@ -1,0 +1,190 @@
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use zerocopy::IntoBytes;
+
+use super::*;
+use crate::cache::{BlockBuilder, ColumnSpec, Encoding, MIN_BLOCK_ROWS};
+use crate::gpujoin::table::{build, table_bytes, KeyType};
+use crate::groups::{grow, init, Shape, Table as Groups};
+use crate::testing::proptest_cases;
+
+/// A fact row: (a, b, qty, price, region code); `None` is NULL.
+type Row = (Option<i64>, Option<i64>, Option<i64>, Option<i64>, Option<u64>);
+
+/// The fact table cached: blocks of MIN_BLOCK_ROWS rows.
+fn cache(rows: &[Row]) -> (Layout, Vec<u8>) {
+    let specs = [Encoding::Int4, Encoding::Int4, Encoding::Int4, Encoding::Int8, Encoding::DictCode].map(|encoding| ColumnSpec {
+        encoding,
+        attnum: 1,
+        scale: 0,
+    });
+    let mut l = Layout::plan(1, &specs, MIN_BLOCK_ROWS).unwrap();
+    let blocks: Vec<Vec<u8>> = rows
+        .chunks(MIN_BLOCK_ROWS as usize)
+        .map(|part| {
+            let mut b = BlockBuilder::new(&l);
+            for r in part {
+                let w = |v: Option<i64>| v.map(|v| v as u64);
+                b.push(&[w(r.0), w(r.1), w(r.2), w(r.3), r.4]).unwrap();
+            }
+            b.finish()
+        })
+        .collect();
+    l.set_extent(blocks.len() as u64, rows.len() as u64).unwrap();
+    let mut seg = vec![0u8; l.bytes_for(blocks.len() as u64) as usize];
+    seg[..l.prefix().len()].copy_from_slice(&l.prefix());
+    for (i, b) in blocks.iter().enumerate() {
+        let (at, _) = l.block_at(i as u64).unwrap();
+        seg[at as usize..at as usize + b.len()].copy_from_slice(b);
+    }
+    (l, seg)
+}
+
+/// A dimension's table of (key, payload) in 8-byte aligned memory.
+fn dim(rows: &[(i64, i64)]) -> Vec<u64> {
+    let mut mem = vec![0u64; (table_bytes(rows.len() as u64) as usize).div_ceil(8)];
+    let r: Vec<(Option<i64>, i64)> = rows.iter().map(|&(k, p)| (Some(k), p)).collect();
+    build(mem.as_mut_bytes(), KeyType::Int8, &r, 7).unwrap();
+    mem
+}
+
+type Answers = BTreeMap<(i64, u64), (u64, i128, u64, Option<i64>)>;
+
+/// The query the program stands for, as nested loops: qty in [lo, hi], region in `codes`,
+/// a = dim A's key, b = dim B's key; group by (A's payload, region); count(*),
+/// sum(price * qty), count(price), min(price - qty).
+fn reference(rows: &[Row], a: &[(i64, i64)], b: &[(i64, i64)], (lo, hi): (i64, i64), codes: &[u64]) -> Answers {
+    let mut m = Answers::new();
+    for r in rows {
+        let (Some(q), Some(c)) = (r.2, r.4) else { continue };
+        if !(lo..=hi).contains(&q) || !codes.contains(&c) {
+            continue;
+        }
+        for &(_, pa) in a.iter().filter(|d| Some(d.0) == r.0) {
+            for _ in b.iter().filter(|d| Some(d.0) == r.1) {
+                let e = m.entry((pa, c)).or_default();
+                e.0 += 1;
+                if let Some(p) = r.3 {
+                    e.1 += i128::from(p * q);
+                    e.2 += 1;
+                    e.3 = Some(e.3.map_or(p - q, |x| x.min(p - q)));
+                }
+            }
+        }
+    }
+    m
+}
+
+/// Runs the program over `rows`, from a group table of 16 slots grown whenever it is full.
+fn scanned(rows: &[Row], a: &[(i64, i64)], b: &[(i64, i64)], (lo, hi): (i64, i64), codes: &[u64]) -> Result<Answers> {
+    let (layout, seg) = cache(rows);
+    let (da, db) = (dim(a), dim(b));
+    let mut bits = vec![0u8; 8];
+    for &c in codes {
+        bits[c as usize / 8] |= 1 << (c % 8);
+    }
+    let program = Program {
+        filters: vec![Filter { col: 2, test: Test::Range { lo, hi } }, Filter { col: 4, test: Test::Codes(bits) }],
+        joins: vec![
+            Join { col: 0, table: DimTable::view("a", da.as_bytes()).unwrap() },
+            Join { col: 1, table: DimTable::view("b", db.as_bytes()).unwrap() },
+        ],
+        keys: vec![Source::Payload(0), Source::Col(4)],
+        aggs: vec![
+            (AggKind::CountStar, Input::Star),
+            (AggKind::SumInt, Input::Mul(3, 2)),
+            (AggKind::Count, Input::Col(3)),
+            (AggKind::MinInt, Input::Sub(3, 2)),
+        ],
+    };
+    let shape = Shape { key_words: program.key_words(), aggs: program.aggs.iter().map(|a| a.0).collect(), slot_count: 16 };
+    let mut bytes = vec![0u8; shape.bytes() as usize];
+    init(&mut bytes, &shape, 3).unwrap();
+    let mut start = (0, 0);
+    loop {
+        let mut g = Groups::parse("g", &mut bytes).unwrap();
+        match run(&program, &layout, &seg, &mut g, start)? {
+            Progress::Done => break,
+            Progress::Full { block, row, slots } => {
+                let mut bigger = vec![0u8; g.shape().with_slots(slots).bytes() as usize];
+                grow(&mut g, &mut bigger, slots).unwrap();
+                bytes = bigger;
+                start = (block, row);
+            }
+        }
+    }
+    let mut g = Groups::parse("g", &mut bytes).unwrap();
+    Ok(g.groups()?
+        .into_iter()
+        .map(|(k, s)| {
+            assert_eq!(k[2], 0, "no NULL key: the region is never NULL past its filter");
+            ((k[0] as i64, k[1]), (s[0].0, groups::sum_int(s[1]), s[2].0, (s[3].1 != 0).then_some(s[3].0 as i64)))
+        })
+        .collect())
+}
+
+#[test]
+fn a_star_join_with_filters_and_groups_is_the_nested_loops_answer() {
+    // 3,000 rows over three blocks; dim B has a key twice (its rows count twice), and keys
+    // without a match
+    let rows: Vec<Row> = (0..3000i64)
+        .map(|i| {
+            let null = |v: i64, n: i64| (i % n != 0).then_some(v);
+            (null(i % 50, 13), Some(i % 7), null(i % 40, 11), null(i * 1000, 17), Some((i % 5) as u64))
+        })
+        .collect();
+    let a: Vec<(i64, i64)> = (0..45).map(|k| (k, k / 10)).collect();
+    let b = vec![(0, 0), (1, 0), (1, 0), (2, 0), (3, 0), (5, 0)];
+    let want = reference(&rows, &a, &b, (5, 30), &[0, 2, 3]);
+    assert!(want.len() > 8, "groups enough to grow the table from 16 slots: {}", want.len());
+    assert_eq!(scanned(&rows, &a, &b, (5, 30), &[0, 2, 3]).unwrap(), want);
+}
+
+#[test]
+fn an_overflowing_product_is_an_error() {
+    let rows: Vec<Row> = vec![(Some(1), Some(1), Some(3), Some(i64::MAX / 2), Some(0))];
+    let e = scanned(&rows, &[(1, 1)], &[(1, 0)], (0, 10), &[0]).unwrap_err();
+    assert_eq!(e.code, Code::NumericValueOutOfRange);
+}
+
+#[test]
+fn a_program_that_names_what_is_not_there_is_refused() {
+    let (layout, seg) = cache(&[(Some(1), Some(1), Some(1), Some(1), Some(0))]);
+    let shape = Shape { key_words: 1, aggs: vec![AggKind::CountStar], slot_count: 16 };
+    let mut bytes = vec![0u8; shape.bytes() as usize];
+    init(&mut bytes, &shape, 3).unwrap();
+    let mut g = Groups::parse("g", &mut bytes).unwrap();
+    let p = |filters, keys, aggs| Program { filters, joins: vec![], keys, aggs };
+    let bad_filter =
+        p(vec![Filter { col: 9, test: Test::Range { lo: 0, hi: 1 } }], vec![], vec![(AggKind::CountStar, Input::Star)]);
+    assert!(run(&bad_filter, &layout, &seg, &mut g, (0, 0)).is_err());
+    let bad_key = p(vec![], vec![Source::Payload(0)], vec![(AggKind::CountStar, Input::Star)]);
+    assert!(run(&bad_key, &layout, &seg, &mut g, (0, 0)).is_err());
+    let other_shape = p(vec![], vec![Source::Col(0)], vec![(AggKind::CountStar, Input::Star)]);
+    assert!(run(&other_shape, &layout, &seg, &mut g, (0, 0)).is_err(), "two key words against one");
+    let ok = p(vec![], vec![], vec![(AggKind::CountStar, Input::Star)]);
+    assert_eq!(run(&ok, &layout, &seg, &mut g, (0, 0)).unwrap(), Progress::Done);
+    assert_eq!(g.groups().unwrap(), vec![(vec![0], vec![(1, 0)])]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(proptest_cases(64)))]
+
+    /// Any data and filter: the program's groups are the nested loops' answer.
+    #[test]
+    fn scans_are_the_reference(
+        rows in proptest::collection::vec(
+            (proptest::option::of(0i64..30), proptest::option::of(0i64..6), proptest::option::of(-5i64..40),
+             proptest::option::of(-1000i64..1000), proptest::option::of(0u64..6)),
+            0..2500),
+        a in proptest::collection::vec((0i64..30, 0i64..8), 0..40),
+        b in proptest::collection::vec((0i64..6, Just(0i64)), 0..8),
+        lo in -5i64..20,
+        width in 0i64..30,
+        codes in proptest::collection::vec(0u64..6, 0..6),
+    ) {
+        let want = reference(&rows, &a, &b, (lo, lo + width), &codes);
+        prop_assert_eq!(scanned(&rows, &a, &b, (lo, lo + width), &codes).unwrap(), want);
+    }
+}
