@@ -165,7 +165,7 @@ RESET ROLE;
 -- 4. The node's temporary names (pg_temp_gpujoin_<pid>_<n>_<what>) are reserved: no user
 -- creates, drops, reads, writes, pins or attaches a segment whose name starts with pg_temp_
 SELECT replace(pg_temp.try(format($$SELECT uvm.create_segment('pg_temp_gpujoin_%s_1_inner', 4096)$$, pg_backend_pid())),
-               pg_backend_pid()::text, '<pid>') AS create_own_next;
+               '_' || pg_backend_pid() || '_', '_<pid>_') AS create_own_next;
 SELECT pg_temp.try($$SELECT uvm.create_segment('pg_temp_gpujoin_2147483646_1_pairs', 4096)$$) AS create_dead_pid;
 SELECT pg_temp.try($$SELECT uvm.create_segment('pg_temp_anything', 4096)$$) AS create_prefix;
 SELECT pg_temp.try($$SELECT uvm.drop_segment('pg_temp_gpujoin_1_1_inner')$$) AS drop_;
