@@ -65,6 +65,7 @@
 //! for interrupts every [`interrupt::EVERY`] rows.
 
 pub mod dict;
+pub mod directory;
 #[cfg(test)]
 mod tests;
 
@@ -134,6 +135,12 @@ impl Encoding {
         } else {
             raw
         }
+    }
+
+    /// The word of a value whose bits are the low `width` bytes of `raw` (a PostgreSQL datum
+    /// of a by-value type: the extension encodes such a datum by this call alone).
+    pub fn word_of_raw(self, raw: u64) -> u64 {
+        self.to_word(&raw.to_le_bytes()[..self.width() as usize])
     }
 
     /// Whether `word` is a value of this encoding (fits its width as it is read back).
@@ -300,6 +307,16 @@ impl Layout {
     /// Bytes a segment needs to hold `blocks` blocks (saturating).
     pub fn bytes_for(&self, blocks: u64) -> u64 {
         blocks.saturating_mul(self.header.block_bytes).saturating_add(self.header.data_offset)
+    }
+
+    /// This layout as if the cache were one block at offset 0, holding no published rows: it
+    /// addresses the bytes of one block read on their own (a reader's block, a builder's).
+    pub fn one_block(&self) -> Layout {
+        let mut one = self.clone();
+        one.header.data_offset = 0;
+        one.header.blocks = 1;
+        one.header.rows = 0;
+        one
     }
 
     /// Rows the laid-out blocks hold.
@@ -529,10 +546,7 @@ pub struct BlockBuilder {
 impl BlockBuilder {
     /// An empty block of `layout`'s shape (`block_bytes` zeroed bytes).
     pub fn new(layout: &Layout) -> BlockBuilder {
-        let mut one = layout.clone();
-        one.header.data_offset = 0;
-        one.header.blocks = 1;
-        one.header.rows = 0;
+        let one = layout.one_block();
         BlockBuilder { bytes: vec![0; one.header.block_bytes as usize], one, rows: 0 }
     }
 

@@ -332,3 +332,46 @@ proptest! {
         }
     }
 }
+
+/// A by-value datum's bits become the column's word: sign-extended for the signed encodings,
+/// whatever lies above the type's width ignored.
+#[test]
+fn datums_become_words_by_their_low_bytes() {
+    assert_eq!(Encoding::Int2.word_of_raw(0xffff_ffff_ffff_fffb), (-5i64) as u64);
+    assert_eq!(Encoding::Int2.word_of_raw(0xfffb), (-5i64) as u64, "zero-extended datum");
+    assert_eq!(Encoding::Int4.word_of_raw(0x1_0000_0007), 7);
+    assert_eq!(Encoding::Float4.word_of_raw(0xdead_beef_3f80_0000), 0x3f80_0000);
+    assert_eq!(Encoding::Bool.word_of_raw(0x101), 1);
+    assert_eq!(Encoding::Int8.word_of_raw(u64::MAX), u64::MAX);
+    // (a bool datum is 0 or 1: any other byte is no bool)
+    for e in Encoding::ALL.iter().filter(|&&e| e != Encoding::Bool) {
+        assert!(e.holds(e.word_of_raw(0x8765_4321_0fed_cba9)), "{e:?}");
+    }
+}
+
+/// A block read on its own folds as the whole cache does: what a reader that fetches one
+/// block at a time relies on.
+#[test]
+fn one_block_read_alone_folds_like_the_cache() {
+    let specs = [spec(Encoding::Int4), spec(Encoding::Int8)];
+    let mut l = Layout::plan(7, &specs, MIN_BLOCK_ROWS).unwrap();
+    let mut b = BlockBuilder::new(&l);
+    for i in 0..300u64 {
+        let v = (i as i64 - 100) as u64;
+        b.push(&[(i % 7 != 0).then_some(Encoding::Int4.word_of_raw(v)), Some(v)]).unwrap();
+    }
+    let block = b.finish();
+    let one = l.one_block();
+    let (n, sum) = one.fold_ints(&block, 0).unwrap();
+    let want: Vec<i64> = (0..300i64).filter(|i| i % 7 != 0).map(|i| i - 100).collect();
+    assert_eq!((n, sum), (want.len() as u64, want.iter().map(|&v| i128::from(v)).sum()));
+    // the same block placed in a cache of two blocks, the second empty
+    l.set_extent(2, 300).unwrap();
+    let mut seg = vec![0u8; l.bytes_for(2) as usize];
+    let p = l.prefix();
+    seg[..p.len()].copy_from_slice(&p);
+    let (at, len) = l.block_at(0).unwrap();
+    seg[at as usize..(at + len) as usize].copy_from_slice(&block);
+    assert_eq!(l.fold_ints(&seg, 0).unwrap(), (n, sum));
+    assert_eq!(one.fold_ints(&block, 1).unwrap().0, 300);
+}

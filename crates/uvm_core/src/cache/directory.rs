@@ -1,0 +1,396 @@
+//! The cache directory: which tables of which database have a column cache, in what state, and
+//! for which snapshots it is current. One fixed array of [`MAX_CACHES`] slots in shared memory,
+//! read and written with atomics only, so that the check every write makes ("is this table
+//! cached?") costs a few loads and takes no lock.
+//!
+//! # A slot's life
+//!
+//! ```text
+//!   Free --claim--> Building --publish--> Ready --mark_stale--> Stale
+//!     ^                |                    |                     |
+//!     |                +-----abandon--------+------retire---------+--> Dropping --free--> Free
+//! ```
+//!
+//! - **claim**: a builder takes a free slot for (database, table), compare-and-swap on the
+//!   state, so two builders never share one. The extension serialises builders of one table
+//!   with a table lock (`ShareRowExclusiveLock`, which also keeps writers out during the
+//!   build), and [`Directory::claim`] refuses a second live slot of the same table anyway.
+//! - **publish**: the build is complete; the slot records the snapshot it is current for and
+//!   becomes `Ready`. A build that lost a race with a writer's mark (`Building -> Stale`)
+//!   publishes nothing and stays `Stale`.
+//! - **mark_stale**: a writer, before it changes the table, moves `Ready` (or `Building`) to
+//!   `Stale`. The mark is not transactional: a writer that aborts leaves the cache stale, which
+//!   costs a rebuild, never a wrong answer.
+//! - **retire** and **free**: dropping a cache moves it to `Dropping` (no reader starts on it
+//!   any more), the extension drops its segment, and the slot becomes `Free`.
+//!
+//! Each claim takes a fresh generation from the directory's counter; it names the cache's
+//! segment and is written into the cache's header, so a reader that found a slot `Ready` at
+//! generation g and then reads a segment of another generation knows the cache moved under it.
+//!
+//! # When a reader may use a cache
+//!
+//! The extension checks, with the reader's snapshot already taken: the slot is `Ready`, the
+//! snapshot's `xmin` follows or equals the build's `xmax` (every transaction the build could
+//! not see has ended for the reader), and the builder's own transaction, if it had an xid,
+//! committed. A writer marks the slot stale before it writes, so a reader that still sees
+//! `Ready` after taking its snapshot took it before any later write committed: the cache holds
+//! exactly what that snapshot sees of the table. The comparisons of transaction ids are
+//! PostgreSQL's and stay in the extension; this module stores the numbers.
+
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering::SeqCst};
+
+use crate::error::{Code, Result, UvmError};
+
+/// Caches a cluster holds at most.
+pub const MAX_CACHES: usize = 64;
+
+crate::wire_enum! {
+    /// A slot's state (the module's diagram).
+    pub enum State: u32 {
+        Free = 0,
+        Building = 1,
+        Ready = 2,
+        Stale = 3,
+        Dropping = 4,
+    }
+}
+
+impl State {
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Free => "free",
+            State::Building => "building",
+            State::Ready => "ready",
+            State::Stale => "stale",
+            State::Dropping => "dropping",
+        }
+    }
+}
+
+/// One slot, in shared memory.
+#[derive(Default)]
+#[repr(C)]
+pub struct Slot {
+    state: AtomicU32,
+    database: AtomicU32,
+    relation: AtomicU32,
+    columns: AtomicU32,
+    generation: AtomicU64,
+    /// The build's snapshot `xmax` (a 32-bit transaction id, widened).
+    built_xmax: AtomicU64,
+    /// The builder's top transaction id, 0 if it had none.
+    builder_xid: AtomicU64,
+    built_at: AtomicI64,
+    last_used: AtomicI64,
+    rows: AtomicU64,
+    bytes: AtomicU64,
+    /// The role that built it (for the view).
+    builder: AtomicU32,
+    _pad: AtomicU32,
+}
+
+/// The directory's header and slots, in shared memory.
+#[repr(C)]
+pub struct Directory {
+    next_generation: AtomicU64,
+    slots: [Slot; MAX_CACHES],
+}
+
+/// What a slot held when it was read (one load per field; fields read while the slot moves may
+/// disagree, which is why a reader re-checks the state and the generation before and after).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub slot: usize,
+    pub state: State,
+    pub database: u32,
+    pub relation: u32,
+    pub columns: u32,
+    pub generation: u64,
+    pub built_xmax: u64,
+    pub builder_xid: u64,
+    pub built_at: i64,
+    pub last_used: i64,
+    pub rows: u64,
+    pub bytes: u64,
+    pub builder: u32,
+}
+
+/// What a builder publishes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Built {
+    pub columns: u32,
+    pub built_xmax: u64,
+    pub builder_xid: u64,
+    pub built_at: i64,
+    pub rows: u64,
+    pub bytes: u64,
+}
+
+impl Directory {
+    pub const fn size() -> usize {
+        std::mem::size_of::<Directory>()
+    }
+
+    /// Empties the directory: every slot `Free`, the next generation 1. The extension calls it
+    /// once on the block's fresh shared memory (after a crash-restart too, when every cache is
+    /// gone with the segments).
+    pub fn reset(&self) {
+        self.next_generation.store(1, SeqCst);
+        for s in &self.slots {
+            for f in [&s.state, &s.database, &s.relation, &s.columns, &s.builder, &s._pad] {
+                f.store(0, SeqCst);
+            }
+            for f in [&s.generation, &s.built_xmax, &s.builder_xid, &s.rows, &s.bytes] {
+                f.store(0, SeqCst);
+            }
+            s.built_at.store(0, SeqCst);
+            s.last_used.store(0, SeqCst);
+        }
+    }
+
+    /// An empty directory in this process's memory (tests; the extension's lives in shared
+    /// memory).
+    pub fn boxed() -> Box<Directory> {
+        let d = Box::new(Directory { next_generation: AtomicU64::new(1), slots: std::array::from_fn(|_| Slot::default()) });
+        d.reset();
+        d
+    }
+
+    fn entry(&self, i: usize) -> Entry {
+        let s = &self.slots[i];
+        Entry {
+            slot: i,
+            state: State::from_repr(s.state.load(SeqCst)).unwrap_or(State::Stale),
+            database: s.database.load(SeqCst),
+            relation: s.relation.load(SeqCst),
+            columns: s.columns.load(SeqCst),
+            generation: s.generation.load(SeqCst),
+            built_xmax: s.built_xmax.load(SeqCst),
+            builder_xid: s.builder_xid.load(SeqCst),
+            built_at: s.built_at.load(SeqCst),
+            last_used: s.last_used.load(SeqCst),
+            rows: s.rows.load(SeqCst),
+            bytes: s.bytes.load(SeqCst),
+            builder: s.builder.load(SeqCst),
+        }
+    }
+
+    /// Every slot not `Free`.
+    pub fn list(&self) -> Vec<Entry> {
+        (0..MAX_CACHES).map(|i| self.entry(i)).filter(|e| e.state != State::Free).collect()
+    }
+
+    /// The slot of (database, relation) that is not `Free` or `Dropping`, if any.
+    pub fn find(&self, database: u32, relation: u32) -> Option<Entry> {
+        (0..MAX_CACHES)
+            .map(|i| self.entry(i))
+            .find(|e| e.database == database && e.relation == relation && !matches!(e.state, State::Free | State::Dropping))
+    }
+
+    /// Takes a free slot for a new build of (database, relation) by `builder`; returns its
+    /// entry (state `Building`, a fresh generation). 42710 if the table has a live cache
+    /// (retire it first), 53400 if every slot is taken.
+    pub fn claim(&self, database: u32, relation: u32, builder: u32) -> Result<Entry> {
+        if let Some(e) = self.find(database, relation) {
+            return Err(UvmError::new(
+                Code::DuplicateObject,
+                format!("table {relation} already has a column cache ({})", e.state.name()),
+            ));
+        }
+        for (i, s) in self.slots.iter().enumerate() {
+            if s.state.compare_exchange(State::Free as u32, State::Dropping as u32, SeqCst, SeqCst).is_err() {
+                continue;
+            }
+            // The slot is ours (Dropping: nobody looks it up); fill it, then make it Building.
+            let generation = self.next_generation.fetch_add(1, SeqCst);
+            s.database.store(database, SeqCst);
+            s.relation.store(relation, SeqCst);
+            s.generation.store(generation, SeqCst);
+            for f in [&s.built_xmax, &s.builder_xid, &s.rows, &s.bytes] {
+                f.store(0, SeqCst);
+            }
+            s.columns.store(0, SeqCst);
+            s.built_at.store(0, SeqCst);
+            s.last_used.store(0, SeqCst);
+            s.builder.store(builder, SeqCst);
+            s.state.store(State::Building as u32, SeqCst);
+            return Ok(self.entry(i));
+        }
+        Err(UvmError::new(Code::ConfigurationLimitExceeded, format!("all {MAX_CACHES} column cache slots are in use"))
+            .hint("Drop a cache with uvm.cache_drop(table)."))
+    }
+
+    /// `Building -> Ready` with what the build made; false (nothing published) when a writer
+    /// marked it stale meanwhile or the slot is not that build's any more.
+    pub fn publish(&self, e: &Entry, b: &Built) -> bool {
+        let s = &self.slots[e.slot];
+        if s.generation.load(SeqCst) != e.generation {
+            return false;
+        }
+        s.columns.store(b.columns, SeqCst);
+        s.built_xmax.store(b.built_xmax, SeqCst);
+        s.builder_xid.store(b.builder_xid, SeqCst);
+        s.built_at.store(b.built_at, SeqCst);
+        s.last_used.store(b.built_at, SeqCst);
+        s.rows.store(b.rows, SeqCst);
+        s.bytes.store(b.bytes, SeqCst);
+        s.state.compare_exchange(State::Building as u32, State::Ready as u32, SeqCst, SeqCst).is_ok()
+    }
+
+    /// Marks every `Ready` or `Building` cache of (database, relation) stale; `relation` 0 marks
+    /// every cache of the database. Returns how many it marked. Lock-free: safe from any hook.
+    pub fn mark_stale(&self, database: u32, relation: u32) -> usize {
+        let mut n = 0;
+        for s in &self.slots {
+            if s.database.load(SeqCst) != database || (relation != 0 && s.relation.load(SeqCst) != relation) {
+                continue;
+            }
+            for from in [State::Ready, State::Building] {
+                if s.state.compare_exchange(from as u32, State::Stale as u32, SeqCst, SeqCst).is_ok() {
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    /// Whether any slot of `database` is `Ready` or `Building` (the writers' fast check).
+    pub fn any_live(&self, database: u32) -> bool {
+        self.slots.iter().any(|s| {
+            s.database.load(SeqCst) == database
+                && matches!(State::from_repr(s.state.load(SeqCst)), Some(State::Ready | State::Building))
+        })
+    }
+
+    /// The slot's state if it still holds generation `generation`.
+    pub fn state_of(&self, slot: usize, generation: u64) -> Option<State> {
+        let s = self.slots.get(slot)?;
+        let st = State::from_repr(s.state.load(SeqCst))?;
+        (s.generation.load(SeqCst) == generation).then_some(st)
+    }
+
+    /// Records a use (for the view).
+    pub fn touch(&self, slot: usize, generation: u64, now: i64) {
+        if let Some(s) = self.slots.get(slot) {
+            if s.generation.load(SeqCst) == generation {
+                s.last_used.store(now, SeqCst);
+            }
+        }
+    }
+
+    /// Moves the slot of generation `generation` to `Dropping` from any live state; true if
+    /// this call did (the caller then drops the segment and calls [`Directory::free`]).
+    pub fn retire(&self, slot: usize, generation: u64) -> bool {
+        let Some(s) = self.slots.get(slot) else { return false };
+        loop {
+            let cur = s.state.load(SeqCst);
+            if s.generation.load(SeqCst) != generation
+                || matches!(State::from_repr(cur), Some(State::Free | State::Dropping) | None)
+            {
+                return false;
+            }
+            if s.state.compare_exchange(cur, State::Dropping as u32, SeqCst, SeqCst).is_ok() {
+                return true;
+            }
+        }
+    }
+
+    /// `Dropping -> Free` for the slot of generation `generation`.
+    pub fn free(&self, slot: usize, generation: u64) {
+        if let Some(s) = self.slots.get(slot) {
+            if s.generation.load(SeqCst) == generation {
+                let _ = s.state.compare_exchange(State::Dropping as u32, State::Free as u32, SeqCst, SeqCst);
+            }
+        }
+    }
+}
+
+/// The name of the segment holding generation `generation` of the cache of (database,
+/// relation): in the plan nodes' reserved namespace, so no user names it by accident.
+pub fn segment_name(database: u32, relation: u32, generation: u64) -> String {
+    format!("{}cache_{database}_{relation}_{generation}", crate::registry::RESERVED_PREFIX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> &'static Directory {
+        Box::leak(Directory::boxed())
+    }
+
+    fn built(xmax: u64) -> Built {
+        Built { columns: 2, built_xmax: xmax, builder_xid: 0, built_at: 7, rows: 10, bytes: 4096 }
+    }
+
+    #[test]
+    fn a_slot_goes_through_its_states() {
+        let d = dir();
+        let e = d.claim(5, 100, 10).unwrap();
+        assert_eq!(e.state, State::Building);
+        assert!(d.claim(5, 100, 10).is_err(), "a second live cache of one table");
+        assert!(d.publish(&e, &built(42)));
+        let f = d.find(5, 100).unwrap();
+        assert_eq!((f.state, f.built_xmax, f.rows, f.generation), (State::Ready, 42, 10, e.generation));
+        assert!(d.any_live(5) && !d.any_live(6));
+        assert_eq!(d.mark_stale(5, 999), 0, "another table");
+        assert_eq!(d.mark_stale(6, 100), 0, "another database");
+        assert_eq!(d.mark_stale(5, 100), 1);
+        assert_eq!(d.state_of(e.slot, e.generation), Some(State::Stale));
+        assert!(!d.any_live(5));
+        assert!(d.retire(e.slot, e.generation));
+        assert!(!d.retire(e.slot, e.generation), "retired once");
+        assert!(d.find(5, 100).is_none());
+        d.free(e.slot, e.generation);
+        assert!(d.list().is_empty());
+        let g = d.claim(5, 100, 10).unwrap();
+        assert!(g.generation > e.generation, "generations are never reused");
+    }
+
+    #[test]
+    fn a_build_marked_stale_is_not_published() {
+        let d = dir();
+        let e = d.claim(1, 2, 10).unwrap();
+        assert_eq!(d.mark_stale(1, 0), 1, "relation 0: the whole database");
+        assert!(!d.publish(&e, &built(1)));
+        assert_eq!(d.state_of(e.slot, e.generation), Some(State::Stale));
+        assert_eq!(d.state_of(e.slot, e.generation + 1), None, "another generation");
+    }
+
+    #[test]
+    fn slots_run_out_with_a_clear_error() {
+        let d = dir();
+        for r in 0..MAX_CACHES as u32 {
+            d.claim(1, r + 1, 10).unwrap();
+        }
+        let e = d.claim(1, 9999, 10).unwrap_err();
+        assert_eq!(e.code, Code::ConfigurationLimitExceeded);
+    }
+
+    #[test]
+    fn concurrent_claims_never_share_a_slot() {
+        let d = dir();
+        let got: Vec<Vec<Entry>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4u32)
+                .map(|t| s.spawn(move || (0..16u32).map(|r| d.claim(t + 1, r + 1, 10).unwrap()).collect::<Vec<_>>()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut slots: Vec<usize> = got.iter().flatten().map(|e| e.slot).collect();
+        slots.sort();
+        slots.dedup();
+        assert_eq!(slots.len(), 64);
+        let mut gens: Vec<u64> = got.iter().flatten().map(|e| e.generation).collect();
+        gens.sort();
+        gens.dedup();
+        assert_eq!(gens.len(), 64);
+    }
+
+    #[test]
+    fn segment_names_are_reserved() {
+        let n = segment_name(4_294_967_295, 4_294_967_295, u64::MAX);
+        assert!(crate::registry::check_not_reserved(&n).is_err());
+        assert!(n.len() <= crate::registry::MAX_NAME_LEN, "{n}");
+    }
+}
