@@ -68,6 +68,7 @@ pub static MAX_SEGMENT_SIZE_MB: GucSetting<i32> = GucSetting::<i32>::new(64 * 10
 pub static DEVICE_MEMORY_LIMIT_MB: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static PIN_WAIT_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static MAP_HOST_TIER: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static ENABLE_CACHE: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static TEST_ALLOC_LIMIT_KB: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static PROVIDER: GucSetting<ProviderChoice> = GucSetting::<ProviderChoice>::new(ProviderChoice::Auto);
 
@@ -191,6 +192,14 @@ pub fn define() {
         i32::MAX,
         GucContext::Userset,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_uvm_share.enable_cache",
+        c"Whether queries read a table's column cache (uvm.cache_table) where it is current.",
+        c"on (the default): a reader whose snapshot the cache answers exactly reads it; off: every reader reads the heap.",
+        &ENABLE_CACHE,
+        GucContext::Userset,
+        GucFlags::empty(),
     );
     GucRegistry::define_bool_guc(
         c"pg_uvm_share.map_host_tier",

@@ -2,7 +2,8 @@
 //!
 //! Defines the GUCs, installs the interrupt hook, reserves the address arena, installs the
 //! shared memory (the registry and the GPU service's channel), registers the broker and the
-//! GPU service, publishes the C API and installs the plan nodes' hooks.
+//! GPU service, publishes the C API and installs the plan nodes' hooks and the column caches'
+//! (writers mark a cached table's cache stale).
 
 use pgrx::pg_sys;
 
@@ -41,10 +42,11 @@ pub extern "C-unwind" fn _PG_init() {
         staging_bytes: (guc::SERVICE_STAGING_MB.get().max(1) as u64 * guc::MIB).min(1 << 30) as u32,
         mode: if process_only { Mode::Process } else { Mode::Undecided },
     };
-    shmem::install(cap, arena, &[crate::service::shmem::block(spec)]);
+    shmem::install(cap, arena, &[crate::service::shmem::block(spec), crate::caches::block()]);
     crate::broker::worker::register();
     crate::capi::publish();
     crate::node::init();
+    crate::caches::init_hooks();
     if !process_only {
         crate::service::worker::register();
     }

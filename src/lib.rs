@@ -35,6 +35,7 @@
 //! `docs/ARCHITECTURE.md` ("Layers") draws what may import what; `scripts/check-layers` checks it.
 
 pub mod broker;
+pub mod caches;
 pub mod capi;
 pub mod customscan;
 pub mod guc;
@@ -48,7 +49,7 @@ pub mod sql;
 
 // The plain-Rust layers, from the pgrx-free core crate (`crates/uvm_core`), under their
 // names here, so that `crate::error`, `crate::segment` and the others read as before.
-pub use uvm_core::{checksum, error, exec, gpu, gpujoin, interrupt, placement, provider, segment, stats, uvm_err, vocab};
+pub use uvm_core::{cache, checksum, error, exec, gpu, gpujoin, interrupt, placement, provider, segment, stats, uvm_err, vocab};
 
 ::pgrx::pg_module_magic!();
 

@@ -183,6 +183,17 @@ pub fn resolve(name: &str, action: &str) -> Result<(SegRef, SegmentInfo)> {
     Ok((SegRef::new(name, info.id)?, info))
 }
 
+/// Finds segment `name` without checking privileges or the reserved namespace: for the
+/// extension's own segments (column caches), whose users it authorizes itself.
+pub fn lookup_own(name: &str) -> Result<(SegRef, SegmentInfo)> {
+    let info = {
+        let reg = shmem::shared()?;
+        let slot = reg.lookup(name)?;
+        reg.info(slot)
+    };
+    Ok((SegRef::new(name, info.id)?, info))
+}
+
 /// Raises `e` as a PostgreSQL ERROR with its SQLSTATE. Does not return.
 pub fn report(e: UvmError) -> ! {
     let mut r = ErrorReport::new(sqlstate(e.code), e.message, "pg_uvm_share");
@@ -220,6 +231,7 @@ fn sqlstate(c: Code) -> PgSqlErrorCode {
         Code::NumericValueOutOfRange => ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
         Code::QueryCanceled => ERRCODE_QUERY_CANCELED,
         Code::ReservedName => ERRCODE_RESERVED_NAME,
+        Code::UndefinedColumn => ERRCODE_UNDEFINED_COLUMN,
     }
 }
 

@@ -1,11 +1,12 @@
 //! The SQL surface, schema `uvm` (`functions.rs`: segments; `gpujoin.rs`: the GpuJoin
-//! functions and aggregates; `stats.rs`: the statistics views).
+//! functions and aggregates; `cache.rs`: column caches; `stats.rs`: the statistics views).
 //!
 //! It stays thin on purpose: argument conversion, and the calls into the backend runtime
 //! (`crate::runtime`: the executor, privilege checks against the owner role, turning a
 //! `UvmError` into `ereport(ERROR)` with its SQLSTATE). The logic lives in the plain-Rust
 //! modules.
 
+mod cache;
 mod functions;
 mod gpujoin;
 mod stats;

@@ -85,6 +85,8 @@ crate::wire_enum! {
         /// 57014: the statement was cancelled (only a test's interrupt hook returns it: in
         /// PostgreSQL, `CHECK_FOR_INTERRUPTS()` raises the cancel itself).
         QueryCanceled = 18,
+        /// 42703: a column the table does not have (a cache's columns).
+        UndefinedColumn = 21,
     }
 }
 
@@ -113,6 +115,7 @@ impl Code {
             Code::NumericValueOutOfRange => "22003",
             Code::QueryCanceled => "57014",
             Code::ReservedName => "42939",
+            Code::UndefinedColumn => "42703",
         }
     }
 }

@@ -347,6 +347,24 @@ impl Layout {
         Ok(())
     }
 
+    /// Records what the extension keeps in the header about the build: the snapshot's `xmax`
+    /// and the cache's generation (its directory slot's).
+    pub fn stamp(&mut self, relid: u32, built_xmax: u64, generation: u64) {
+        self.header.relid = relid;
+        self.header.built_xmax = built_xmax;
+        self.header.generation = generation;
+    }
+
+    /// Bytes of the prefix ([`Layout::prefix_bytes`]) that the header at the start of `head`
+    /// announces, its column count capped at [`MAX_COLUMNS`]: how much a reader that read the
+    /// header alone reads next for [`Layout::parse`]. 22023 when `head` is no cache header.
+    pub fn prefix_len(name: &str, head: &[u8]) -> Result<u64> {
+        match Header::read_from_prefix(head) {
+            Ok((h, _)) if h.magic == MAGIC => Ok(Self::prefix_bytes(h.columns.clamp(1, MAX_COLUMNS))),
+            _ => Err(not_a_cache(name, "no cache header")),
+        }
+    }
+
     /// Reads and validates the layout at the start of `bytes` (at least the header; the
     /// directory too, [`Layout::prefix_bytes`]) of a segment of `total` bytes (`name` is for
     /// messages). Never reads past `bytes`, never panics.

@@ -1,0 +1,147 @@
+-- Column caches (issue 26): uvm.cache_table copies chosen columns of a table into a shared
+-- segment; every write marks the cache stale before it changes the table; a reader
+-- (uvm.cache_fold) reads the cache only where it answers exactly what the heap would under the
+-- reader's snapshot, and the heap otherwise. Runs in both execution modes.
+CREATE EXTENSION IF NOT EXISTS pg_uvm_share;
+CREATE TABLE ct (id int8, a int4, s int2, n numeric(10, 2), f float8, b bool, d date, ts timestamptz, t text);
+INSERT INTO ct
+SELECT g, CASE WHEN g % 10 = 0 THEN NULL ELSE g % 1000 - 300 END, (g % 100)::int2, (g % 997) / 100.0 - 2,
+       CASE WHEN g % 7 = 0 THEN NULL ELSE g / 3.0 END, g % 2 = 0, date '2020-01-01' + (g % 365),
+       timestamptz '2020-01-01 00:00+00' + g * interval '1 minute', 'x' || g
+  FROM generate_series(1, 150000) g;
+
+-- cache vs heap for one column: the cache's answer, then the heap's (cache use off)
+CREATE FUNCTION fold_check(colname text) RETURNS TABLE (col text, source text, same_as_heap boolean)
+LANGUAGE plpgsql AS $$
+DECLARE c record; h record;
+BEGIN
+  SELECT * INTO c FROM uvm.cache_fold('ct', colname);
+  PERFORM set_config('pg_uvm_share.enable_cache', 'off', true);
+  SELECT * INTO h FROM uvm.cache_fold('ct', colname);
+  PERFORM set_config('pg_uvm_share.enable_cache', 'on', true);
+  RETURN QUERY SELECT colname, c.source, (c.rows, c.non_null, c.sum) IS NOT DISTINCT FROM (h.rows, h.non_null, h.sum) AND h.source = 'heap';
+END $$;
+
+-- Build: 150000 rows in three blocks of 64 Ki; every cached type
+SELECT uvm.cache_table('ct', ARRAY['id', 'a', 's', 'n', 'f', 'b', 'd', 'ts']);
+SELECT relation, state, columns, rows, device_bytes + host_bytes > 0 AS has_bytes, built_at IS NOT NULL AS built,
+       segment LIKE 'pg_temp_cache_%' AS reserved_name
+  FROM uvm.caches;
+SELECT f.* FROM unnest(ARRAY['id', 'a', 's', 'n', 'f', 'b', 'd', 'ts']) c, fold_check(c) f;
+SELECT * FROM uvm.cache_fold('ct', 'n');
+SELECT count(*), count(n), sum(n) FROM ct;
+SELECT last_used IS NOT NULL AS used FROM uvm.caches;
+-- a column the cache does not hold: the heap
+SELECT source FROM uvm.cache_fold('ct', 't');
+
+-- Statements that keep the rows keep the cache
+EXPLAIN (COSTS OFF) UPDATE ct SET a = 0;
+VACUUM ct;
+VACUUM FULL ct;
+CREATE INDEX ct_id ON ct (id);
+CLUSTER ct USING ct_id;
+ANALYZE ct;
+SELECT state FROM uvm.caches;
+SELECT * FROM fold_check('a');
+
+-- Every write marks it stale before it writes; readers then use the heap; a rebuild is current
+INSERT INTO ct (id, a) VALUES (-1, 5);
+SELECT state FROM uvm.caches;
+SELECT * FROM fold_check('a');
+SELECT uvm.cache_table('ct', ARRAY['id', 'a']);
+SELECT * FROM fold_check('a');
+UPDATE ct SET a = a + 1 WHERE id = 5;
+SELECT state FROM uvm.caches;
+SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+DELETE FROM ct WHERE id = 6;
+SELECT state FROM uvm.caches;
+SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+-- a write that aborts leaves it stale (never wrong, a rebuild later)
+BEGIN;
+DELETE FROM ct WHERE id < 100;
+ROLLBACK;
+SELECT state FROM uvm.caches;
+SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+-- a write inside a function, through SPI
+DO $$ BEGIN UPDATE ct SET a = 1 WHERE id = 7; END $$;
+SELECT state FROM uvm.caches;
+SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+-- a data-modifying CTE under a SELECT
+WITH d AS (DELETE FROM ct WHERE id = 8 RETURNING id) SELECT count(*) FROM d;
+SELECT state FROM uvm.caches;
+SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+-- COPY FROM
+COPY ct (id, a) FROM stdin;
+-2	7
+\.
+SELECT state FROM uvm.caches;
+SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+-- ALTER TABLE and TRUNCATE
+ALTER TABLE ct ALTER COLUMN s TYPE int4;
+SELECT state FROM uvm.caches;
+SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+TRUNCATE ct;
+SELECT state FROM uvm.caches;
+SELECT * FROM fold_check('a');
+INSERT INTO ct (id, a) SELECT g, g FROM generate_series(1, 1000) g;
+SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+SELECT * FROM fold_check('a');
+
+-- Snapshots: a build in a transaction that wrote the table is read by no snapshot until that
+-- transaction commits, and never if it aborts (the cache holds rows nobody will see)
+BEGIN;
+INSERT INTO ct (id, a) VALUES (1001, 1000000);
+SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+SELECT source, rows, sum FROM uvm.cache_fold('ct', 'a');
+ROLLBACK;
+SELECT state FROM uvm.caches;
+SELECT source, rows, sum FROM uvm.cache_fold('ct', 'a');
+SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+-- under SERIALIZABLE the heap (the cache takes no predicate locks)
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT source FROM uvm.cache_fold('ct', 'a');
+COMMIT;
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT source, rows FROM uvm.cache_fold('ct', 'a');
+COMMIT;
+SET pg_uvm_share.enable_cache = off;
+SELECT source FROM uvm.cache_fold('ct', 'a');
+RESET pg_uvm_share.enable_cache;
+
+-- Refusals, each with its SQLSTATE; a failed build leaves no slot and no segment
+\set VERBOSITY sqlstate
+SELECT uvm.cache_table('ct', ARRAY['t']);
+SELECT uvm.cache_table('ct', ARRAY['nope']);
+SELECT uvm.cache_table('ct', ARRAY['a', 'a']);
+SELECT uvm.cache_table(NULL);
+CREATE VIEW ctv AS SELECT * FROM ct;
+SELECT uvm.cache_table('ctv');
+CREATE TEMP TABLE ctt (a int);
+SELECT uvm.cache_table('ctt');
+CREATE TABLE ctn (a numeric);
+SELECT uvm.cache_table('ctn');
+CREATE TABLE ctp (a int) PARTITION BY RANGE (a);
+CREATE TABLE ctp1 PARTITION OF ctp FOR VALUES FROM (0) TO (10);
+SELECT uvm.cache_table('ctp1');
+CREATE TABLE ctnan (a numeric(5, 1));
+INSERT INTO ctnan VALUES (1.5), ('NaN');
+SELECT uvm.cache_table('ctnan');
+CREATE ROLE uvm_cache_reader;
+SET ROLE uvm_cache_reader;
+SELECT uvm.cache_table('ct');
+SELECT uvm.cache_fold('ct', 'a');
+SELECT uvm.cache_drop('ct');
+RESET ROLE;
+\set VERBOSITY default
+SELECT relation, state FROM uvm.caches ORDER BY 1;
+SELECT count(*) AS cache_segments FROM uvm.segments WHERE name LIKE 'pg_temp_cache_%';
+
+-- Drop: cache_drop, and a dropped table's cache is reclaimed
+SELECT uvm.cache_drop('ct'), uvm.cache_drop('ct');
+SELECT uvm.cache_table('ct', ARRAY['a']) AS rows;
+DROP TABLE ct CASCADE;
+SELECT count(*) AS caches_left FROM uvm.caches;
+SELECT count(*) AS cache_segments FROM uvm.segments WHERE name LIKE 'pg_temp_cache_%';
+DROP TABLE ctn, ctp, ctnan;
+DROP FUNCTION fold_check(text);
+DROP ROLE uvm_cache_reader;
