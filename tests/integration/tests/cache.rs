@@ -1,0 +1,157 @@
+//! Column caches under concurrent writers (issue 26, point 2): every answer a reader takes from
+//! a cache equals the heap's under the same snapshot, at READ COMMITTED and REPEATABLE READ,
+//! while writers insert, update and delete (a quarter of their transactions and some of their
+//! subtransactions abort) and a rebuilder keeps building the cache again.
+
+use pg_uvm_share_tests::*;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The reader's comparison: the cache's answer (or the heap's, where the cache is not current)
+/// and the heap's, in one statement, so under one snapshot at READ COMMITTED too. `heap_fold`
+/// is STABLE (it runs with the caller's snapshot) and turns cache use off.
+const COMPARE: &str = "SELECT c.source, c.rows, c.non_null, c.sum::text, h.rows, h.non_null, h.sum::text \
+                       FROM uvm.cache_fold($1::text::regclass, 'a') c, heap_fold($1::text::regclass, 'a') h";
+
+struct Counts {
+    cache: AtomicU64,
+    heap: AtomicU64,
+    rr_cache: AtomicU64,
+}
+
+fn compare(c: &mut postgres::Client, table: &str, counts: &Counts, rr: bool) {
+    let row = c.query_one(COMPARE, &[&table]).unwrap_or_else(|e| panic!("reader: {}", describe(&e)));
+    let source: String = row.get(0);
+    let mine: (i64, i64, Option<String>) = (row.get(1), row.get(2), row.get(3));
+    let heap: (i64, i64, Option<String>) = (row.get(4), row.get(5), row.get(6));
+    assert_eq!(mine, heap, "the {source}'s answer differs from the heap's under one snapshot (repeatable read: {rr})");
+    match (source.as_str(), rr) {
+        ("cache", false) => counts.cache.fetch_add(1, Ordering::Relaxed),
+        ("cache", true) => counts.rr_cache.fetch_add(1, Ordering::Relaxed),
+        _ => counts.heap.fetch_add(1, Ordering::Relaxed),
+    };
+}
+
+#[test]
+fn cached_answers_equal_the_heap_under_concurrent_writers() {
+    let table = unique_name("cache_conc");
+    let mut admin = connect();
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (id int8, a int4, n numeric(10, 2));
+             INSERT INTO {table} SELECT g, g % 1000, g / 100.0 FROM generate_series(1, 20000) g;
+             CREATE OR REPLACE FUNCTION heap_fold(rel regclass, col text)
+               RETURNS TABLE (source text, rows bigint, non_null bigint, sum numeric)
+               LANGUAGE sql STABLE SET pg_uvm_share.enable_cache = off
+               AS $$ SELECT * FROM uvm.cache_fold(rel, col) $$;"
+        ))
+        .unwrap();
+    let built: i64 = admin.query_one("SELECT uvm.cache_table($1::text::regclass, ARRAY['a', 'n'])", &[&table]).unwrap().get(0);
+    assert_eq!(built, 20000);
+
+    let stop = AtomicBool::new(false);
+    let counts = Counts { cache: AtomicU64::new(0), heap: AtomicU64::new(0), rr_cache: AtomicU64::new(0) };
+    let writes = AtomicU64::new(0);
+    let builds = AtomicU64::new(0);
+    let run_for = Duration::from_secs(8);
+    // Phases of 400 ms: writers write in the even ones; the rebuilder builds once at the start
+    // of each odd one, so that readers find the cache current for a while, then stale again.
+    let t0 = Instant::now();
+    let phase = move || t0.elapsed().as_millis() / 400;
+    std::thread::scope(|s| {
+        // Writers: small transactions of inserts, updates and deletes; every fourth aborts, and
+        // some roll a savepoint back.
+        for w in 0..2u64 {
+            let (stop, writes, table) = (&stop, &writes, &table);
+            s.spawn(move || {
+                let mut c = connect();
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    if phase() % 2 == 1 {
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    }
+                    i += 1;
+                    let k = (i * 7919 + w * 104729) % 20000;
+                    let body = match i % 3 {
+                        0 => format!("INSERT INTO {table} VALUES ({}, {}, 1.25)", 100000 + i * 2 + w, k % 1000),
+                        1 => format!("UPDATE {table} SET a = a + 1, n = n + 0.5 WHERE id = {k}"),
+                        _ => format!("DELETE FROM {table} WHERE id = {k}"),
+                    };
+                    let sub = if i.is_multiple_of(5) {
+                        format!("SAVEPOINT s; UPDATE {table} SET a = -a WHERE id = {}; ROLLBACK TO SAVEPOINT s;", (k + 1) % 20000)
+                    } else {
+                        String::new()
+                    };
+                    let end = if i.is_multiple_of(4) { "ROLLBACK" } else { "COMMIT" };
+                    c.batch_execute(&format!("BEGIN; {body}; {sub} {end};"))
+                        .unwrap_or_else(|e| panic!("writer: {}", describe(&e)));
+                    writes.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            });
+        }
+        // The rebuilder (it waits for the writers' locks).
+        {
+            let (stop, builds, table) = (&stop, &builds, &table);
+            s.spawn(move || {
+                let mut c = connect();
+                let mut last = u128::MAX;
+                while !stop.load(Ordering::Relaxed) {
+                    let p = phase();
+                    if p % 2 == 0 || p == last {
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    }
+                    last = p;
+                    c.query_one("SELECT uvm.cache_table($1::text::regclass, ARRAY['a', 'n'])", &[table])
+                        .unwrap_or_else(|e| panic!("rebuilder: {}", describe(&e)));
+                    builds.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        // Readers: one at READ COMMITTED, one in REPEATABLE READ transactions that compare
+        // twice, a while apart, under their one snapshot.
+        {
+            let (stop, counts, table) = (&stop, &counts, &table);
+            s.spawn(move || {
+                let mut c = connect();
+                while !stop.load(Ordering::Relaxed) {
+                    compare(&mut c, table, counts, false);
+                }
+            });
+        }
+        {
+            let (stop, counts, table) = (&stop, &counts, &table);
+            s.spawn(move || {
+                let mut c = connect();
+                while !stop.load(Ordering::Relaxed) {
+                    c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ").unwrap();
+                    compare(&mut c, table, counts, true);
+                    std::thread::sleep(Duration::from_millis(40));
+                    compare(&mut c, table, counts, true);
+                    c.batch_execute("COMMIT").unwrap();
+                }
+            });
+        }
+        while t0.elapsed() < run_for {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    let (cache, heap, rr) =
+        (counts.cache.load(Ordering::Relaxed), counts.heap.load(Ordering::Relaxed), counts.rr_cache.load(Ordering::Relaxed));
+    eprintln!(
+        "cache: {cache} read committed and {rr} repeatable read answers from the cache, {heap} from the heap; {} writes, {} builds",
+        writes.load(Ordering::Relaxed),
+        builds.load(Ordering::Relaxed)
+    );
+    // The test proves something only if both kinds of reader used the cache, and writes ran.
+    assert!(cache > 0, "no READ COMMITTED answer came from the cache");
+    assert!(rr > 0, "no REPEATABLE READ answer came from the cache");
+    assert!(heap > 0, "no answer came from the heap: the writers never made the cache stale");
+    assert!(writes.load(Ordering::Relaxed) > 20 && builds.load(Ordering::Relaxed) > 2);
+    admin.batch_execute(&format!("DROP TABLE {table}; DROP FUNCTION heap_fold(regclass, text);")).unwrap();
+    let left: i64 = admin.query_one("SELECT count(*) FROM uvm.caches", &[]).unwrap().get(0);
+    assert_eq!(left, 0, "the dropped table's cache is reclaimed");
+}
