@@ -29,7 +29,7 @@ CREATE FUNCTION @extschema@."caches_internal"() RETURNS TABLE (
 	"last_used" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
 	"segment" TEXT  /* String */
 )
-STRICT VOLATILE PARALLEL SAFE
+STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'caches_internal_wrapper';
 

@@ -627,11 +627,19 @@ fn fill(seg: &SegRef, layout: &Layout, query: &str, ncols: usize) -> Result<(u64
 
 /// Drops this database's caches whose table no longer exists (a `DROP TABLE` marked them
 /// stale; nothing could drop their segments inside the dropping transaction, which might
-/// abort). Best effort: a cache still in use stays for the next call.
+/// abort), and finishes drops that an error or a reader's pin interrupted (`Dropping`). Best
+/// effort: a cache still in use stays for the next call.
 fn reclaim(d: &Directory) {
     let db = database();
     for e in d.list() {
-        if e.database != db || e.state != State::Stale {
+        if e.database != db {
+            continue;
+        }
+        if e.state == State::Dropping {
+            let _ = drop_entry(d, &e);
+            continue;
+        }
+        if e.state != State::Stale {
             continue;
         }
         // SAFETY: a syscache probe.
@@ -768,7 +776,11 @@ fn usable(relid: pg_sys::Oid) -> Result<Option<(Entry, SegRef, Layout)>> {
     }
     let name = segment_name(e.database, e.relation, e.generation);
     let Ok((seg, info)) = lookup_own(&name) else { return Ok(None) };
-    let layout = read_layout(&seg, &name, info.size)?;
+    // (a segment dropped meanwhile, by a rebuild or cache_drop: the heap answers)
+    let layout = match read_layout(&seg, &name, info.size) {
+        Err(e) if e.code == Code::UndefinedObject => return Ok(None),
+        r => r?,
+    };
     let h = layout.header();
     if h.relid != e.relation || h.generation != e.generation {
         return Err(UvmError::new(Code::InvalidParameterValue, format!("segment \"{name}\" holds another cache"))
@@ -785,7 +797,12 @@ pub fn fold(relid: pg_sys::Oid, column: &str) -> Result<Folded> {
     let t = target_column(relid, column)?;
     if let Some((_, seg, layout)) = usable(relid)? {
         if let Some(col) = layout.columns().iter().position(|c| c.attnum == t.0) {
-            return fold_cache(&seg, &layout, col, t.1);
+            // A rebuild or cache_drop may drop the segment while its blocks are read; the
+            // heap, under the same snapshot, answers then.
+            match fold_cache(&seg, &layout, col, t.1) {
+                Err(e) if e.code == Code::UndefinedObject => {}
+                r => return r,
+            }
         }
     }
     let q = quote_ident(column);

@@ -49,8 +49,9 @@ fn cache_fold(
     TableIterator::once((f.source.to_string(), f.rows, f.non_null, sum))
 }
 
+/// The rows of `uvm.caches`. PARALLEL UNSAFE: listing also removes dropped tables' caches.
 #[allow(clippy::type_complexity)]
-#[pg_extern(volatile, parallel_safe)]
+#[pg_extern(volatile, parallel_unsafe)]
 fn caches_internal() -> TableIterator<
     'static,
     (

@@ -6,7 +6,7 @@
 //! # A slot's life
 //!
 //! ```text
-//!   Free --claim--> Building --publish--> Ready --mark_stale--> Stale
+//!   Free --claim--> (Claiming) Building --publish--> Ready --mark_stale--> Stale
 //!     ^                |                    |                     |
 //!     |                +-----abandon--------+------retire---------+--> Dropping --free--> Free
 //! ```
@@ -53,6 +53,8 @@ crate::wire_enum! {
         Ready = 2,
         Stale = 3,
         Dropping = 4,
+        /// A claim filling the slot's fields (nobody else reads them yet).
+        Claiming = 5,
     }
 }
 
@@ -64,6 +66,7 @@ impl State {
             State::Ready => "ready",
             State::Stale => "stale",
             State::Dropping => "dropping",
+            State::Claiming => "claiming",
         }
     }
 }
@@ -176,16 +179,19 @@ impl Directory {
         }
     }
 
-    /// Every slot not `Free`.
+    /// Every slot not `Free` (nor being claimed).
     pub fn list(&self) -> Vec<Entry> {
-        (0..MAX_CACHES).map(|i| self.entry(i)).filter(|e| e.state != State::Free).collect()
+        (0..MAX_CACHES).map(|i| self.entry(i)).filter(|e| !matches!(e.state, State::Free | State::Claiming)).collect()
     }
 
-    /// The slot of (database, relation) that is not `Free` or `Dropping`, if any.
+    /// The slot of (database, relation) that is live (not `Free`, `Dropping` or `Claiming`), if
+    /// any.
     pub fn find(&self, database: u32, relation: u32) -> Option<Entry> {
-        (0..MAX_CACHES)
-            .map(|i| self.entry(i))
-            .find(|e| e.database == database && e.relation == relation && !matches!(e.state, State::Free | State::Dropping))
+        (0..MAX_CACHES).map(|i| self.entry(i)).find(|e| {
+            e.database == database
+                && e.relation == relation
+                && !matches!(e.state, State::Free | State::Dropping | State::Claiming)
+        })
     }
 
     /// Takes a free slot for a new build of (database, relation) by `builder`; returns its
@@ -199,10 +205,10 @@ impl Directory {
             ));
         }
         for (i, s) in self.slots.iter().enumerate() {
-            if s.state.compare_exchange(State::Free as u32, State::Dropping as u32, SeqCst, SeqCst).is_err() {
+            if s.state.compare_exchange(State::Free as u32, State::Claiming as u32, SeqCst, SeqCst).is_err() {
                 continue;
             }
-            // The slot is ours (Dropping: nobody looks it up); fill it, then make it Building.
+            // The slot is ours (Claiming: nobody looks it up); fill it, then make it Building.
             let generation = self.next_generation.fetch_add(1, SeqCst);
             s.database.store(database, SeqCst);
             s.relation.store(relation, SeqCst);
@@ -286,7 +292,7 @@ impl Directory {
         loop {
             let cur = s.state.load(SeqCst);
             if s.generation.load(SeqCst) != generation
-                || matches!(State::from_repr(cur), Some(State::Free | State::Dropping) | None)
+                || matches!(State::from_repr(cur), Some(State::Free | State::Dropping | State::Claiming) | None)
             {
                 return false;
             }
@@ -296,7 +302,8 @@ impl Directory {
         }
     }
 
-    /// `Dropping -> Free` for the slot of generation `generation`.
+    /// `Dropping -> Free` for the slot of generation `generation` (idempotent: two processes
+    /// that both finished dropping one cache free it once).
     pub fn free(&self, slot: usize, generation: u64) {
         if let Some(s) = self.slots.get(slot) {
             if s.generation.load(SeqCst) == generation {
@@ -356,6 +363,22 @@ mod tests {
         assert!(!d.publish(&e, &built(1)));
         assert_eq!(d.state_of(e.slot, e.generation), Some(State::Stale));
         assert_eq!(d.state_of(e.slot, e.generation + 1), None, "another generation");
+    }
+
+    /// A slot being claimed is nobody's to list, find, retire or free.
+    #[test]
+    fn a_claim_in_progress_is_invisible() {
+        let d = dir();
+        d.slots[3].state.store(State::Claiming as u32, SeqCst);
+        d.slots[3].database.store(1, SeqCst);
+        d.slots[3].relation.store(2, SeqCst);
+        assert!(d.list().is_empty());
+        assert!(d.find(1, 2).is_none());
+        assert!(!d.retire(3, 0));
+        d.free(3, 0);
+        assert_eq!(d.state_of(3, 0), Some(State::Claiming));
+        let e = d.claim(1, 2, 10).unwrap();
+        assert_ne!(e.slot, 3, "a claimed slot is not handed out again");
     }
 
     #[test]
