@@ -320,6 +320,8 @@ fn encoding_of(typid: pg_sys::Oid, typmod: i32) -> std::result::Result<(Encoding
 
 /// What `cache_table` checked of the table, under its lock.
 struct Target {
+    /// The planner's estimate of the rows (`pg_class.reltuples`; 0 when never analyzed).
+    estimated_rows: u64,
     /// The schema-qualified, quoted name, for the build's query.
     qualified: String,
     columns: Vec<Chosen>,
@@ -368,6 +370,7 @@ fn target(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<Target> {
         let persistence = form.relpersistence as u8;
         let partition = form.relispartition;
         let has_children = form.relhassubclass;
+        let estimated_rows = if form.reltuples > 0.0 { form.reltuples as u64 } else { 0 };
         let nsp = pg_sys::get_namespace_name(form.relnamespace);
         let qualified = std::ffi::CStr::from_ptr(pg_sys::quote_qualified_identifier(nsp, form.relname.data.as_ptr()))
             .to_string_lossy()
@@ -417,7 +420,7 @@ fn target(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<Target> {
             let expr = if encoding == Encoding::Numeric { format!("(({q}) * 1e{scale})::int8") } else { q };
             columns.push(Chosen { spec: ColumnSpec { encoding, attnum, scale }, expr });
         }
-        Ok(Target { qualified, columns })
+        Ok(Target { estimated_rows, qualified, columns })
     }
 }
 
@@ -520,7 +523,12 @@ pub fn build(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<i64> {
     let specs: Vec<ColumnSpec> = t.columns.iter().map(|c| c.spec).collect();
     let mut layout = Layout::plan(u32::from(relid), &specs, BLOCK_ROWS)?;
     let name = segment_name(db, u32::from(relid), entry.generation);
-    let first = layout.bytes_for(1) as i64;
+    // Sized for the estimated rows at once (one chunk where the estimate holds; growth
+    // otherwise), so the segment does not end in a half-empty doubled chunk.
+    let first = layout
+        .bytes_for(t.estimated_rows.div_ceil(BLOCK_ROWS).max(1))
+        .min(crate::guc::max_segment_size())
+        .min(i64::MAX as u64) as i64;
     with_executor_result(|ex| exec::create(ex, &name, first, None, TierPref::Auto, BOOTSTRAP_SUPERUSER, now()))?;
     let (seg, _) = lookup_own(&name)?;
     building.seg = Some(seg);
