@@ -15,7 +15,9 @@
 //! budget); the header goes last, then the slot becomes `Ready` with the snapshot's `xmax` and
 //! the builder's transaction id. An error or a cancel drops the half-made segment and frees the
 //! slot. A table that has a cache is rebuilt by calling `cache_table` again (the old cache is
-//! dropped first).
+//! dropped first). Text and varchar columns of a deterministic collation are dictionary codes;
+//! each column's distinct strings go into a segment of its own (`<cache>_d<attnum>`, its
+//! `ColumnDesc::dictionary` the attnum), built in the builder's memory up to 1 GiB.
 //!
 //! # Staying correct
 //!
@@ -55,6 +57,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use pgrx::pg_sys;
 
+use crate::cache::dict::DictBuilder;
 use crate::cache::directory::{segment_name, Built, Directory, Entry, State};
 use crate::cache::{BlockBuilder, ColumnSpec, Encoding, Layout, HEADER_BYTES, MAX_NUMERIC_SCALE};
 use crate::error::{Code, Result, UvmError};
@@ -311,11 +314,24 @@ fn encoding_of(typid: pg_sys::Oid, typmod: i32) -> std::result::Result<(Encoding
             }
             (Encoding::Numeric, scale)
         }
-        pg_sys::TEXTOID | pg_sys::VARCHAROID | pg_sys::BPCHAROID => {
-            return Err("dictionary-encoded text columns are not built yet".into());
-        }
+        pg_sys::TEXTOID | pg_sys::VARCHAROID => (Encoding::DictCode, 0),
+        pg_sys::BPCHAROID => return Err("character(n) is not cached (its padding makes equal values unequal bytes)".into()),
         _ => return Err("the type has no column encoding".into()),
     })
+}
+
+/// [`encoding_of`], and for text a deterministic collation (a dictionary code stands for equal
+/// bytes; a nondeterministic collation calls other bytes equal).
+fn cacheable(typid: pg_sys::Oid, typmod: i32, collation: pg_sys::Oid) -> std::result::Result<(Encoding, i16), String> {
+    let e = encoding_of(typid, typmod)?;
+    if e.0 == Encoding::DictCode && collation != pg_sys::InvalidOid {
+        // SAFETY: a catalog lookup of an existing collation (the column's).
+        let deterministic = unsafe { pg_sys::get_collation_isdeterministic(collation) };
+        if !deterministic {
+            return Err("its collation is nondeterministic".into());
+        }
+    }
+    Ok(e)
 }
 
 /// What `cache_table` checked of the table, under its lock.
@@ -382,7 +398,7 @@ fn target(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<Target> {
                 continue;
             }
             let name = std::ffi::CStr::from_ptr(att.attname.data.as_ptr()).to_string_lossy().into_owned();
-            all.push((name, att.attnum, att.atttypid, att.atttypmod));
+            all.push((name, att.attnum, att.atttypid, att.atttypmod, att.attcollation));
         }
         drop(desc);
         pg_sys::relation_close(rel, pg_sys::NoLock as i32);
@@ -399,21 +415,21 @@ fn target(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<Target> {
         let mut columns = Vec::new();
         let wanted: Vec<String> = match names {
             Some(v) => v,
-            None => all.iter().filter(|c| encoding_of(c.2, c.3).is_ok()).map(|c| c.0.clone()).collect(),
+            None => all.iter().filter(|c| cacheable(c.2, c.3, c.4).is_ok()).map(|c| c.0.clone()).collect(),
         };
         if wanted.is_empty() {
             return refuse(format!("\"{name}\" has no column of a type a cache holds"));
         }
         for w in &wanted {
-            let Some(&(ref n, attnum, typid, typmod)) = all.iter().find(|c| &c.0 == w) else {
+            let Some(&(ref n, attnum, typid, typmod, collation)) = all.iter().find(|c| &c.0 == w) else {
                 return Err(UvmError::new(Code::UndefinedColumn, format!("column \"{w}\" of \"{name}\" does not exist")));
             };
             if columns.iter().any(|c: &Chosen| c.spec.attnum == attnum) {
                 return Err(UvmError::new(Code::DuplicateObject, format!("column \"{w}\" is named twice")));
             }
-            let (encoding, scale) = encoding_of(typid, typmod).map_err(|why| {
+            let (encoding, scale) = cacheable(typid, typmod, collation).map_err(|why| {
                 UvmError::new(Code::FeatureNotSupported, format!("column \"{w}\" of \"{name}\" cannot be cached: {why}")).hint(
-                    "Cached types: bool, int2, int4, int8, float4, float8, date, timestamp, timestamptz, numeric(p, s) with p <= 18.",
+                    "Cached types: bool, int2, int4, int8, float4, float8, date, timestamp, timestamptz, numeric(p, s) with p <= 18, text and varchar of a deterministic collation.",
                 )
             })?;
             let q = quote_ident(n);
@@ -429,11 +445,13 @@ fn target(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<Target> {
 struct Building {
     entry: Entry,
     seg: Option<SegRef>,
+    dicts: Vec<SegRef>,
 }
 
 impl Building {
     fn done(mut self) {
         self.seg = None;
+        self.dicts.clear();
         self.entry.slot = usize::MAX;
     }
 }
@@ -443,13 +461,13 @@ impl Drop for Building {
         if self.entry.slot == usize::MAX {
             return;
         }
-        let (entry, seg) = (self.entry, self.seg.take());
+        let (entry, seg, dicts) = (self.entry, self.seg.take(), std::mem::take(&mut self.dicts));
         crate::runtime::held_off(|| {
             let _ = std::panic::catch_unwind(|| {
                 if let Ok(d) = directory() {
                     if d.retire(entry.slot, entry.generation) {
-                        if let Some(seg) = seg {
-                            let _ = crate::runtime::try_with_executor(|ex| exec::drop(ex, &seg));
+                        for seg in seg.iter().chain(&dicts) {
+                            let _ = crate::runtime::try_with_executor(|ex| exec::drop(ex, seg));
                         }
                         d.free(entry.slot, entry.generation);
                     }
@@ -467,14 +485,30 @@ fn drop_entry(d: &Directory, e: &Entry) -> Result<bool> {
         return Ok(false);
     }
     let name = segment_name(e.database, e.relation, e.generation);
-    match lookup_own(&name) {
-        Ok((seg, _)) => with_executor_result(|ex| exec::drop(ex, &seg))?,
-        Err(err) if err.code == Code::UndefinedObject => {}
-        Err(err) => return Err(err),
+    let dicts: Vec<String> = crate::registry::shmem::shared()?
+        .segments()
+        .into_iter()
+        .map(|i| i.name)
+        .filter(|n| n.strip_prefix(name.as_str()).is_some_and(|rest| rest.starts_with("_d")))
+        .collect();
+    for n in dicts.iter().chain(std::iter::once(&name)) {
+        match lookup_own(n) {
+            Ok((seg, _)) => with_executor_result(|ex| exec::drop(ex, &seg))?,
+            Err(err) if err.code == Code::UndefinedObject => {}
+            Err(err) => return Err(err),
+        }
     }
     d.free(e.slot, e.generation);
     Ok(true)
 }
+
+/// The name of the dictionary segment of column `attnum` of the cache in segment `cache`.
+fn dictionary_name(cache: &str, attnum: i16) -> String {
+    format!("{cache}_d{attnum}")
+}
+
+/// Bytes the dictionaries of one build may hold in the builder's memory (54000 past it).
+const MAX_DICT_MEMORY: u64 = 1 << 30;
 
 fn with_executor_result<R>(f: impl FnOnce(&mut dyn exec::Executor) -> Result<R>) -> Result<R> {
     crate::runtime::try_with_executor(f)
@@ -519,16 +553,15 @@ pub fn build(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<i64> {
     }
     // SAFETY: GetUserId reads this backend's current user.
     let entry = d.claim(db, u32::from(relid), u32::from(unsafe { pg_sys::GetUserId() }))?;
-    let mut building = Building { entry, seg: None };
+    let mut building = Building { entry, seg: None, dicts: Vec::new() };
     let specs: Vec<ColumnSpec> = t.columns.iter().map(|c| c.spec).collect();
     let mut layout = Layout::plan(u32::from(relid), &specs, BLOCK_ROWS)?;
     let name = segment_name(db, u32::from(relid), entry.generation);
     // Sized for the estimated rows at once (one chunk where the estimate holds; growth
     // otherwise), so the segment does not end in a half-empty doubled chunk.
-    let first = layout
-        .bytes_for(t.estimated_rows.div_ceil(BLOCK_ROWS).max(1))
-        .min(crate::guc::max_segment_size())
-        .min(i64::MAX as u64) as i64;
+    let first =
+        layout.bytes_for(t.estimated_rows.div_ceil(BLOCK_ROWS).max(1)).min(crate::guc::max_segment_size()).min(i64::MAX as u64)
+            as i64;
     with_executor_result(|ex| exec::create(ex, &name, first, None, TierPref::Auto, BOOTSTRAP_SUPERUSER, now()))?;
     let (seg, _) = lookup_own(&name)?;
     building.seg = Some(seg);
@@ -544,13 +577,30 @@ pub fn build(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<i64> {
     };
     let select: Vec<&str> = t.columns.iter().map(|c| c.expr.as_str()).collect();
     let query = format!("SELECT {} FROM ONLY {}", select.join(", "), t.qualified);
-    let (blocks, rows) = pgrx::spi::Spi::connect(|_| fill(&seg, &layout, &query, t.columns.len()))?;
+    let mut dicts: Vec<Option<DictBuilder>> =
+        t.columns.iter().map(|c| (c.spec.encoding == Encoding::DictCode).then(DictBuilder::default)).collect();
+    let (blocks, rows) = pgrx::spi::Spi::connect(|_| fill(&seg, &layout, &query, &mut dicts))?;
     // SAFETY: pops the snapshot pushed above (the SPI connection is closed).
     unsafe { pg_sys::PopActiveSnapshot() };
+    // Each text column's dictionary, a segment of its own, named from the cache's.
+    for (col, dict) in dicts.iter().enumerate() {
+        let Some(dict) = dict else { continue };
+        let attnum = t.columns[col].spec.attnum;
+        let dname = dictionary_name(&name, attnum);
+        let bytes = dict.to_bytes();
+        with_executor_result(|ex| {
+            exec::create(ex, &dname, bytes.len() as i64, None, TierPref::Auto, BOOTSTRAP_SUPERUSER, now())
+        })?;
+        let (dseg, _) = lookup_own(&dname)?;
+        building.dicts.push(dseg);
+        with_executor_result(|ex| exec::write(ex, &dseg, 0, &bytes))?;
+        layout.set_dictionary(col, attnum as u64);
+    }
     layout.set_extent(blocks, rows)?;
     layout.stamp(u32::from(relid), xmax, entry.generation);
     with_executor_result(|ex| exec::write(ex, &seg, 0, &layout.prefix()))?;
-    let bytes = lookup_own(&name).map(|(_, i)| i.committed).unwrap_or(0);
+    let dict_bytes: u64 = building.dicts.iter().filter_map(|d| lookup_own(d.name()).ok()).map(|(_, i)| i.committed).sum();
+    let bytes = lookup_own(&name).map(|(_, i)| i.committed).unwrap_or(0) + dict_bytes;
     let built = Built { columns: t.columns.len() as u32, built_xmax: xmax, builder_xid, built_at: now(), rows, bytes };
     d.publish(&entry, &built);
     building.done();
@@ -558,7 +608,8 @@ pub fn build(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<i64> {
 }
 
 /// Reads `query` through a cursor into blocks of `seg`; returns (blocks, rows).
-fn fill(seg: &SegRef, layout: &Layout, query: &str, ncols: usize) -> Result<(u64, u64)> {
+fn fill(seg: &SegRef, layout: &Layout, query: &str, dicts: &mut [Option<DictBuilder>]) -> Result<(u64, u64)> {
+    let ncols = dicts.len();
     let q = std::ffi::CString::new(query).map_err(|_| UvmError::new(Code::InvalidParameterValue, "NUL in a name"))?;
     // SAFETY: SPI is connected; read-only, so the cursor runs with the active snapshot (the
     // build's); an error raises an ERROR (a Rust unwind), and the abort closes the portal.
@@ -593,6 +644,8 @@ fn fill(seg: &SegRef, layout: &Layout, query: &str, ncols: usize) -> Result<(u64
     let mut block = BlockBuilder::new(layout);
     let (mut blocks, mut rows) = (0u64, 0u64);
     let mut row: Vec<Option<u64>> = vec![None; ncols];
+    // Detoasted text lives in a context reset after each batch, not in SPI's for the whole build.
+    let mut batch_cx = pgrx::PgMemoryContexts::new("pg_uvm_share cache build");
     loop {
         // SAFETY: an open portal of this SPI connection; SPI_tuptable holds SPI_processed rows
         // of `ncols` by-value columns (the query's), freed after use.
@@ -603,18 +656,43 @@ fn fill(seg: &SegRef, layout: &Layout, query: &str, ncols: usize) -> Result<(u64
                 0
             } else {
                 let n = pg_sys::SPI_processed as usize;
-                for i in 0..n {
-                    let tuple = *(*tt).vals.add(i);
-                    for (c, slot) in row.iter_mut().enumerate() {
-                        let mut isnull = false;
-                        let v = pg_sys::SPI_getbinval(tuple, (*tt).tupdesc, c as i32 + 1, &mut isnull);
-                        *slot = (!isnull).then(|| encodings[c].word_of_raw(v.value() as u64));
+                let r: Result<()> = batch_cx.switch_to(|_| {
+                    for i in 0..n {
+                        let tuple = *(*tt).vals.add(i);
+                        for (c, slot) in row.iter_mut().enumerate() {
+                            let mut isnull = false;
+                            let v = pg_sys::SPI_getbinval(tuple, (*tt).tupdesc, c as i32 + 1, &mut isnull);
+                            *slot = match (isnull, &mut dicts[c]) {
+                                (true, _) => None,
+                                (false, None) => Some(encodings[c].word_of_raw(v.value() as u64)),
+                                (false, Some(dict)) => {
+                                    // a text datum: its bytes, detoasted into the batch's context
+                                    let p = pg_sys::pg_detoast_datum_packed(v.cast_mut_ptr());
+                                    let bytes = std::slice::from_raw_parts(
+                                        pgrx::varlena::vardata_any(p) as *const u8,
+                                        pgrx::varlena::varsize_any_exhdr(p),
+                                    );
+                                    Some(u64::from(dict.intern(bytes)?))
+                                }
+                            };
+                        }
+                        block.push(&row)?;
+                        rows += 1;
+                        if block.is_full() {
+                            flush(std::mem::replace(&mut block, BlockBuilder::new(layout)), &mut blocks)?;
+                        }
                     }
-                    block.push(&row)?;
-                    rows += 1;
-                    if block.is_full() {
-                        flush(std::mem::replace(&mut block, BlockBuilder::new(layout)), &mut blocks)?;
-                    }
+                    Ok(())
+                });
+                batch_cx.reset();
+                r?;
+                let memory: u64 = dicts.iter().flatten().map(|d| d.memory()).sum();
+                if memory > MAX_DICT_MEMORY {
+                    return Err(UvmError::new(
+                        Code::ProgramLimitExceeded,
+                        format!("the text columns' dictionaries outgrow {} MiB", MAX_DICT_MEMORY >> 20),
+                    )
+                    .hint("Cache text columns of fewer distinct values, or leave them out."));
                 }
                 pg_sys::SPI_freetuptable(tt);
                 n

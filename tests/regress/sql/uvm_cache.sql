@@ -3,11 +3,12 @@
 -- (uvm.cache_fold) reads the cache only where it answers exactly what the heap would under the
 -- reader's snapshot, and the heap otherwise. Runs in both execution modes.
 CREATE EXTENSION IF NOT EXISTS pg_uvm_share;
-CREATE TABLE ct (id int8, a int4, s int2, n numeric(10, 2), f float8, b bool, d date, ts timestamptz, t text);
+CREATE TABLE ct (id int8, a int4, s int2, n numeric(10, 2), f float8, b bool, d date, ts timestamptz, t text, v varchar(20), c char(3));
 INSERT INTO ct
 SELECT g, CASE WHEN g % 10 = 0 THEN NULL ELSE g % 1000 - 300 END, (g % 100)::int2, (g % 997) / 100.0 - 2,
        CASE WHEN g % 7 = 0 THEN NULL ELSE g / 3.0 END, g % 2 = 0, date '2020-01-01' + (g % 365),
-       timestamptz '2020-01-01 00:00+00' + g * interval '1 minute', 'x' || g
+       timestamptz '2020-01-01 00:00+00' + g * interval '1 minute', 'x' || g,
+       CASE WHEN g % 11 = 0 THEN NULL ELSE 'region ' || (g % 5) END, 'c'
   FROM generate_series(1, 150000) g;
 
 -- cache vs heap for one column: the cache's answer, then the heap's (cache use off)
@@ -22,17 +23,19 @@ BEGIN
   RETURN QUERY SELECT colname, c.source, (c.rows, c.non_null, c.sum) IS NOT DISTINCT FROM (h.rows, h.non_null, h.sum) AND h.source = 'heap';
 END $$;
 
--- Build: 150000 rows in three blocks of 64 Ki; every cached type
-SELECT uvm.cache_table('ct', ARRAY['id', 'a', 's', 'n', 'f', 'b', 'd', 'ts']);
+-- Build: 150000 rows in three blocks of 64 Ki; every cached type (text and varchar as
+-- dictionary codes, each dictionary a segment of its own)
+SELECT uvm.cache_table('ct', ARRAY['id', 'a', 's', 'n', 'f', 'b', 'd', 'ts', 't', 'v']);
 SELECT relation, state, columns, rows, device_bytes + host_bytes > 0 AS has_bytes, built_at IS NOT NULL AS built,
        segment LIKE 'pg_temp_cache_%' AS reserved_name
   FROM uvm.caches;
-SELECT f.* FROM unnest(ARRAY['id', 'a', 's', 'n', 'f', 'b', 'd', 'ts']) c, fold_check(c) f;
+SELECT f.* FROM unnest(ARRAY['id', 'a', 's', 'n', 'f', 'b', 'd', 'ts', 't', 'v']) c, fold_check(c) f;
+SELECT count(*) AS dictionaries FROM uvm.segments WHERE name LIKE 'pg_temp_cache_%_d%';
 SELECT * FROM uvm.cache_fold('ct', 'n');
 SELECT count(*), count(n), sum(n) FROM ct;
 SELECT last_used IS NOT NULL AS used FROM uvm.caches;
 -- a column the cache does not hold: the heap
-SELECT source FROM uvm.cache_fold('ct', 't');
+SELECT source FROM uvm.cache_fold('ct', 'c');
 
 -- Statements that keep the rows keep the cache
 EXPLAIN (COSTS OFF) UPDATE ct SET a = 0;
@@ -110,7 +113,7 @@ RESET pg_uvm_share.enable_cache;
 
 -- Refusals, each with its SQLSTATE; a failed build leaves no slot and no segment
 \set VERBOSITY sqlstate
-SELECT uvm.cache_table('ct', ARRAY['t']);
+SELECT uvm.cache_table('ct', ARRAY['c']);
 SELECT uvm.cache_table('ct', ARRAY['nope']);
 SELECT uvm.cache_table('ct', ARRAY['a', 'a']);
 SELECT uvm.cache_table(NULL);

@@ -94,6 +94,12 @@ impl DictBuilder {
         self.offsets.is_empty()
     }
 
+    /// Bytes the builder holds, roughly (strings twice: the area and the map's keys; the
+    /// offsets; the map's own overhead): what a caller bounds.
+    pub fn memory(&self) -> u64 {
+        2 * self.strings.len() as u64 + 64 * self.offsets.len() as u64
+    }
+
     /// The dictionary's bytes, as its segment holds them from offset 0.
     pub fn to_bytes(&self) -> Vec<u8> {
         let entries = self.offsets.len() as u64;

@@ -347,6 +347,13 @@ impl Layout {
         Ok(())
     }
 
+    /// Sets column `col`'s dictionary reference (a `DictCode` column's; the extension's).
+    pub fn set_dictionary(&mut self, col: usize, reference: u64) {
+        if let Some(c) = self.columns.get_mut(col) {
+            c.dictionary = reference;
+        }
+    }
+
     /// Records what the extension keeps in the header about the build: the snapshot's `xmax`
     /// and the cache's generation (its directory slot's).
     pub fn stamp(&mut self, relid: u32, built_xmax: u64, generation: u64) {
