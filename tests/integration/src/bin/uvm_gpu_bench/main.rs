@@ -33,11 +33,13 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 // The measurements, by topic, and the report.
+mod caches;
 mod joins;
 mod report;
 mod segments;
 mod service;
 
+use caches::*;
 use joins::*;
 use report::*;
 use segments::*;
@@ -602,6 +604,7 @@ fn measure(mode: Mode, results: String, keep_tables: bool) -> i32 {
         ("several GPUs", Box::new(|b: &mut Bench, admin: &mut Client| bench_gpus(b, admin, pid))),
         ("64 GiB attach", Box::new(|b: &mut Bench, admin: &mut Client| bench_attach_big(b, admin, pid))),
         ("host tier", Box::new(|b: &mut Bench, admin: &mut Client| bench_host_tier(b, admin, pid))),
+        ("column cache", Box::new(|b: &mut Bench, admin: &mut Client| bench_cache(b, admin, pid))),
     ];
     // GPU_SUITE_BENCH_STEPS="GpuJoin,migration" runs only the steps whose names contain one of
     // the words (a run spent on one figure), "=GpuJoin" the step of that name alone; the others

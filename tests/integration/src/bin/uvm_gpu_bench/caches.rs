@@ -1,0 +1,88 @@
+//! The column cache measurements (issue 26): building a cache of a table's columns, reading it
+//! against reading the heap, and its bytes against the heap's.
+
+use super::*;
+
+/// Rows of the table the step caches: the issue's 50 M x 2 columns.
+const CACHE_ROWS: i64 = 50_000_000;
+/// Issue 26's budget for building the cache of 50 M rows x 2 columns.
+const BUILD_BUDGET_S: f64 = 2.0;
+
+/// Builds the cache of a 50 M-row table of two `int8` columns (best of two builds), then folds
+/// one column from the cache and from the heap (`uvm.cache_fold`, both serial in the backend),
+/// and against PostgreSQL's own parallel `count(*), count(v), sum(v)`; notes the bytes per row.
+pub(crate) fn bench_cache(b: &mut Bench, admin: &mut Client, pid: u32) {
+    const K_BUILD: &str = "cache_build";
+    const M_BUILD: &str = "building the column cache of 50 M rows x 2 int8 columns (s), serial, vs the budget";
+    const K_FOLD: &str = "cache_fold";
+    const M_FOLD: &str = "count, non-NULL count and sum of one cached int8 column of 50 M rows, from the cache vs PostgreSQL's parallel aggregate over the heap (s)";
+    if !b.has_time(&[(K_BUILD, M_BUILD), (K_FOLD, M_FOLD)]) {
+        return;
+    }
+    let table = format!("gpu_bench_cache_{pid}");
+    let r = (|| -> R<()> {
+        let t = Instant::now();
+        let make = format!(
+            "DROP TABLE IF EXISTS {table}; CREATE UNLOGGED TABLE {table} AS SELECT g::int8 AS k, (g % 1000)::int8 AS v FROM generate_series(1, {CACHE_ROWS}) g; VACUUM ANALYZE {table}"
+        );
+        admin.batch_execute(&make).map_err(err("make the cache table"))?;
+        b.note(format!("generated {table} ({CACHE_ROWS} rows) in {:.0} s", t.elapsed().as_secs_f64()));
+        let build = format!("SELECT uvm.cache_table('{table}')::text");
+        let mut builds = Vec::new();
+        for _ in 0..2 {
+            let (s, v) = time_query(admin, &build)?;
+            if v.first().map(String::as_str) != Some(&CACHE_ROWS.to_string()) {
+                return Err(format!("cache_table returned {v:?}, not {CACHE_ROWS} rows"));
+            }
+            builds.push(s);
+        }
+        let best = builds.iter().cloned().fold(f64::INFINITY, f64::min);
+        b.row(
+            K_BUILD,
+            M_BUILD,
+            format!("{best:.2} s"),
+            format!("{best:.2} ({})", list(&builds, 2)),
+            format!("{BUILD_BUDGET_S:.1} s budget"),
+            Some(best / BUILD_BUDGET_S),
+            Target::service(Goal::AtMost(1.0)).saying("≤ 2 s"),
+        );
+        let sizes = admin
+            .query_one(
+                "SELECT device_bytes, host_bytes, pg_relation_size(relation) FROM uvm.caches WHERE relation = $1::text::regclass",
+                &[&table],
+            )
+            .map_err(err("uvm.caches"))?;
+        let (dev, host, heap): (i64, i64, i64) = (sizes.get(0), sizes.get(1), sizes.get(2));
+        b.note(format!(
+            "cache of {table}: {dev} device + {host} host bytes = {:.2} bytes a row; the heap {heap} bytes = {:.2} a row",
+            (dev + host) as f64 / CACHE_ROWS as f64,
+            heap as f64 / CACHE_ROWS as f64
+        ));
+        let fold = format!("SELECT source, rows::text, non_null::text, sum::text FROM uvm.cache_fold('{table}', 'v')");
+        let (cache_s, cache_v) = best_of(admin, "RESET pg_uvm_share.enable_cache", &fold, 3)?;
+        if cache_v.first().map(String::as_str) != Some("cache") {
+            return Err(format!("cache_fold read {cache_v:?}, not the cache"));
+        }
+        let (heap_s, heap_v) = best_of(admin, "SET pg_uvm_share.enable_cache = off", &fold, 2)?;
+        admin.batch_execute("RESET pg_uvm_share.enable_cache").map_err(err("reset"))?;
+        let pgq = format!("SELECT count(*)::text, count(v)::text, sum(v)::text FROM {table}");
+        let (pg_s, pg_v) = best_of(admin, "SELECT 1", &pgq, 3)?;
+        if cache_v[1..] != heap_v[1..] || cache_v[1..] != pg_v[..] {
+            return Err(format!("answers differ: cache {cache_v:?}, heap {heap_v:?}, PostgreSQL {pg_v:?}"));
+        }
+        b.row(
+            K_FOLD,
+            M_FOLD,
+            format!("{cache_s:.3} s = {:.2}x PostgreSQL", cache_s / pg_s),
+            format!("{cache_s:.3} from the cache (the same fold over the heap, serial: {heap_s:.2} s)"),
+            format!("{pg_s:.3} PostgreSQL's parallel aggregate"),
+            Some(cache_s / pg_s),
+            Target::info(),
+        );
+        Ok(())
+    })();
+    if let Err(e) = r {
+        b.error(K_BUILD, M_BUILD, e);
+    }
+    let _ = admin.batch_execute(&format!("DROP TABLE IF EXISTS {table}"));
+}
