@@ -8,6 +8,9 @@
 //! `--includedir-server`, and writes `$OUT_DIR/pg_version_consts.rs` with the index, which
 //! `src/registry/shmem.rs` includes. A test (`registry::shmem::tests`) checks at run time that the
 //! server names that lock "AddinShmemInit".
+//!
+//! It also compiles `src/caches/hooks.c` (the column caches' executor and utility hooks, C so
+//! that PostgreSQL's errors pass through them unconverted) against the same headers.
 
 use std::path::PathBuf;
 
@@ -36,6 +39,17 @@ fn main() {
     });
     let index = addin_shmem_init_lock_index(&text)
         .unwrap_or_else(|| fail(&format!("no `#define AddinShmemInitLock (&MainLWLockArray[N].lock)` in {}", header.display())));
+
+    // The column caches' hooks, C trampolines so that PostgreSQL's errors pass them untouched
+    // (src/caches/hooks.c says why), against this version's server headers.
+    println!("cargo:rerun-if-changed=src/caches/hooks.c");
+    cc::Build::new()
+        .file("src/caches/hooks.c")
+        .include(&includedir)
+        .warnings(true)
+        .flag_if_supported("-Wno-unused-parameter")
+        .flag_if_supported("-Wno-missing-field-initializers")
+        .compile("uvm_caches_hooks");
 
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("pg_version_consts.rs");
     let code = format!(

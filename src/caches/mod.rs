@@ -32,6 +32,10 @@
 //!   `CLUSTER`, which keep the rows, `CREATE` of new objects, `GRANT`, ...) marks every cache
 //!   of the database: `TRUNCATE`, `ALTER TABLE`, `DROP`, and whatever a later PostgreSQL adds.
 //!
+//! The two hooks are C trampolines (`hooks.c`) around the markers here, so that an ERROR of the
+//! statement itself passes through them as PostgreSQL raised it (a Rust hook would convert it
+//! through pgrx's FFI guard and lose its position, context and object names).
+//!
 //! The mark is an atomic store, not transactional: an aborted writer leaves the cache stale.
 //! A reader may use a cache only when, with its snapshot already taken, the slot is `Ready`,
 //! the snapshot's `xmin` follows or equals the build's `xmax`, and the builder's transaction,
@@ -111,19 +115,16 @@ fn database() -> u32 {
 
 // --- writers' marks ------------------------------------------------------------------------
 
-static mut PREV_EXECUTOR_START: pg_sys::ExecutorStart_hook_type = None;
-static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
+unsafe extern "C" {
+    /// src/caches/hooks.c: installs the C trampolines that call the two markers below.
+    fn uvm_caches_install_hooks();
+}
 
 /// Installs the writers' hooks (from `_PG_init`).
 pub fn init_hooks() {
-    // SAFETY: _PG_init runs single-threaded, before any hook can fire; the previous hooks are
-    // kept and called.
-    unsafe {
-        PREV_EXECUTOR_START = pg_sys::ExecutorStart_hook;
-        pg_sys::ExecutorStart_hook = Some(executor_start);
-        PREV_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
-        pg_sys::ProcessUtility_hook = Some(process_utility);
-    }
+    // SAFETY: _PG_init runs single-threaded, before any hook can fire; the C side keeps the
+    // previous hooks and calls them.
+    unsafe { uvm_caches_install_hooks() };
 }
 
 /// Marks the caches of `relation` (0: all of this database) stale, where there are any.
@@ -163,21 +164,24 @@ unsafe fn result_relations(pstmt: *const pg_sys::PlannedStmt) -> Vec<u32> {
     out
 }
 
+/// Before `ExecutorStart` (src/caches/hooks.c): marks the caches of the plan's result
+/// relations stale, unless the plan is only explained.
+///
+/// # Safety
+/// PostgreSQL's query descriptor, valid for the call.
 #[pgrx::pg_guard]
-unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, eflags: std::ffi::c_int) {
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn uvm_caches_before_executor_start(query_desc: *mut pg_sys::QueryDesc, eflags: std::ffi::c_int) {
     // SAFETY: PostgreSQL hands a valid QueryDesc; its planned statement lives as long.
     unsafe {
-        if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as std::ffi::c_int == 0 {
-            let pstmt = (*query_desc).plannedstmt;
-            if !pstmt.is_null() && directory().map(|d| d.any_live(database())).unwrap_or(false) {
-                for rel in result_relations(pstmt) {
-                    mark(rel);
-                }
-            }
+        if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as std::ffi::c_int != 0 {
+            return;
         }
-        match PREV_EXECUTOR_START {
-            Some(prev) => prev(query_desc, eflags),
-            None => pg_sys::standard_ExecutorStart(query_desc, eflags),
+        let pstmt = (*query_desc).plannedstmt;
+        if !pstmt.is_null() && directory().map(|d| d.any_live(database())).unwrap_or(false) {
+            for rel in result_relations(pstmt) {
+                mark(rel);
+            }
         }
     }
 }
@@ -230,47 +234,40 @@ fn keeps_rows(tag: pg_sys::NodeTag) -> bool {
     )
 }
 
+/// Before `ProcessUtility` (src/caches/hooks.c): `COPY ... FROM` marks its table's cache
+/// stale; any statement not known to keep every table's rows marks every cache of the database.
+///
+/// # Safety
+/// PostgreSQL's planned utility statement, valid for the call.
 #[pgrx::pg_guard]
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C-unwind" fn process_utility(
-    pstmt: *mut pg_sys::PlannedStmt,
-    query_string: *const std::ffi::c_char,
-    read_only_tree: bool,
-    context: pg_sys::ProcessUtilityContext::Type,
-    params: pg_sys::ParamListInfo,
-    query_env: *mut pg_sys::QueryEnvironment,
-    dest: *mut pg_sys::DestReceiver,
-    qc: *mut pg_sys::QueryCompletion,
-) {
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn uvm_caches_before_utility(pstmt: *mut pg_sys::PlannedStmt) {
     // SAFETY: PostgreSQL hands a valid planned utility statement; nodes are read by their tags.
     unsafe {
         let stmt = (*pstmt).utilityStmt;
-        if !stmt.is_null() && directory().map(|d| d.any_live(database())).unwrap_or(false) {
-            let tag = (*stmt).type_;
-            if tag == pg_sys::NodeTag::T_CopyStmt {
-                let copy = stmt as *const pg_sys::CopyStmt;
-                if (*copy).is_from {
-                    let rel = if (*copy).relation.is_null() {
-                        0
-                    } else {
-                        u32::from(pg_sys::RangeVarGetRelidExtended(
-                            (*copy).relation,
-                            pg_sys::NoLock as i32,
-                            pg_sys::RVROption::RVR_MISSING_OK,
-                            None,
-                            std::ptr::null_mut(),
-                        ))
-                    };
-                    // an unknown table marks every cache: COPY fails on it anyway
-                    mark(rel);
-                }
-            } else if !keeps_rows(tag) {
-                mark(0);
-            }
+        if stmt.is_null() || !directory().map(|d| d.any_live(database())).unwrap_or(false) {
+            return;
         }
-        match PREV_PROCESS_UTILITY {
-            Some(prev) => prev(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc),
-            None => pg_sys::standard_ProcessUtility(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc),
+        let tag = (*stmt).type_;
+        if tag == pg_sys::NodeTag::T_CopyStmt {
+            let copy = stmt as *const pg_sys::CopyStmt;
+            if (*copy).is_from {
+                let rel = if (*copy).relation.is_null() {
+                    0
+                } else {
+                    u32::from(pg_sys::RangeVarGetRelidExtended(
+                        (*copy).relation,
+                        pg_sys::NoLock as i32,
+                        pg_sys::RVROption::RVR_MISSING_OK,
+                        None,
+                        std::ptr::null_mut(),
+                    ))
+                };
+                // an unknown table marks every cache: COPY fails on it anyway
+                mark(rel);
+            }
+        } else if !keeps_rows(tag) {
+            mark(0);
         }
     }
 }

@@ -79,6 +79,12 @@ COPY ct (id, a) FROM stdin;
 \.
 SELECT state FROM uvm.caches;
 SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+-- The hooks pass PostgreSQL's errors through untouched: the position of a utility statement's
+-- error and the context of COPY's
+ALTER TABLE ct ADD COLUMN zz no_such_type;
+COPY ct (id) FROM stdin;
+x
+\.
 -- ALTER TABLE and TRUNCATE
 ALTER TABLE ct ALTER COLUMN s TYPE int4;
 SELECT state FROM uvm.caches;
