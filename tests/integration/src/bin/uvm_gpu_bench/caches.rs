@@ -22,10 +22,14 @@ pub(crate) fn bench_cache(b: &mut Bench, admin: &mut Client, pid: u32) {
     let table = format!("gpu_bench_cache_{pid}");
     let r = (|| -> R<()> {
         let t = Instant::now();
-        let make = format!(
-            "DROP TABLE IF EXISTS {table}; CREATE UNLOGGED TABLE {table} AS SELECT g::int8 AS k, (g % 1000)::int8 AS v FROM generate_series(1, {CACHE_ROWS}) g; VACUUM ANALYZE {table}"
-        );
-        admin.batch_execute(&make).map_err(err("make the cache table"))?;
+        // (VACUUM cannot run in the implicit transaction of a multi-statement batch)
+        for q in [
+            format!("DROP TABLE IF EXISTS {table}"),
+            format!("CREATE UNLOGGED TABLE {table} AS SELECT g::int8 AS k, (g % 1000)::int8 AS v FROM generate_series(1, {CACHE_ROWS}) g"),
+            format!("VACUUM ANALYZE {table}"),
+        ] {
+            admin.batch_execute(&q).map_err(err("make the cache table"))?;
+        }
         b.note(format!("generated {table} ({CACHE_ROWS} rows) in {:.0} s", t.elapsed().as_secs_f64()));
         let build = format!("SELECT uvm.cache_table('{table}')::text");
         let mut builds = Vec::new();
