@@ -39,7 +39,8 @@
 //! The mark is an atomic store, not transactional: an aborted writer leaves the cache stale.
 //! A reader may use a cache only when, with its snapshot already taken, the slot is `Ready`,
 //! the snapshot's `xmin` follows or equals the build's `xmax`, and the builder's transaction,
-//! if it had an id, committed; then no write the snapshot sees is missing from the cache and
+//! if it had an id, committed (its commit callback clears the id; its abort callback marks the
+//! cache stale; the commit log is never asked); then no write the snapshot sees is missing from the cache and
 //! none it does not see is in it (`uvm_core::cache::directory` says why). Under
 //! `SERIALIZABLE` a reader goes to the heap (the cache takes no predicate locks), as it does
 //! with `pg_uvm_share.enable_cache = off`.
@@ -601,6 +602,22 @@ pub fn build(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<i64> {
     let built = Built { columns: t.columns.len() as u32, built_xmax: xmax, builder_xid, built_at: now(), rows, bytes };
     d.publish(&entry, &built);
     building.done();
+    if builder_xid != 0 {
+        // The builder's transaction decides whether the rows it wrote (and the cache holds) are
+        // real: its end settles the slot (commit: forget the xid; abort: stale). A prepared
+        // transaction settles nothing here: its cache stays unused until rebuilt.
+        let (slot, generation) = (entry.slot, entry.generation);
+        pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, move || {
+            if let Ok(d) = directory() {
+                d.settle_builder(slot, generation, true);
+            }
+        });
+        pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Abort, move || {
+            if let Ok(d) = directory() {
+                d.settle_builder(slot, generation, false);
+            }
+        });
+    }
     Ok(rows as i64)
 }
 
@@ -848,9 +865,9 @@ fn usable(relid: pg_sys::Oid) -> Result<Option<(Entry, SegRef, Layout)>> {
         } else {
             let snap = pg_sys::GetActiveSnapshot();
             let xmin = (*snap).xmin;
-            let builder = pg_sys::TransactionId::from_inner(e.builder_xid as u32);
+            // (a builder with an xid clears it when it commits: until then, the heap)
             pg_sys::TransactionIdFollowsOrEquals(xmin, pg_sys::TransactionId::from_inner(e.built_xmax as u32))
-                && (builder == pg_sys::InvalidTransactionId || pg_sys::TransactionIdDidCommit(builder))
+                && e.builder_xid == 0
         }
     };
     // The state is read again after the snapshot checks: a writer marks it before it writes.

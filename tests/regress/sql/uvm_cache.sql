@@ -97,7 +97,8 @@ SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
 SELECT * FROM fold_check('a');
 
 -- Snapshots: a build in a transaction that wrote the table is read by no snapshot until that
--- transaction commits, and never if it aborts (the cache holds rows nobody will see)
+-- transaction commits, and never if it aborts (the cache holds rows nobody will see: the
+-- abort marks it stale)
 BEGIN;
 INSERT INTO ct (id, a) VALUES (1001, 1000000);
 SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
@@ -105,6 +106,14 @@ SELECT source, rows, sum FROM uvm.cache_fold('ct', 'a');
 ROLLBACK;
 SELECT state FROM uvm.caches;
 SELECT source, rows, sum FROM uvm.cache_fold('ct', 'a');
+SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+-- the same build committed: its commit lets readers in
+BEGIN;
+INSERT INTO ct (id, a) VALUES (1001, 1000000);
+SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+COMMIT;
+SELECT source, rows, sum FROM uvm.cache_fold('ct', 'a');
+DELETE FROM ct WHERE id = 1001;
 SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
 -- under SERIALIZABLE the heap (the cache takes no predicate locks)
 BEGIN ISOLATION LEVEL SERIALIZABLE;

@@ -33,7 +33,9 @@
 //! The extension checks, with the reader's snapshot already taken: the slot is `Ready`, the
 //! snapshot's `xmin` follows or equals the build's `xmax` (every transaction the build could
 //! not see has ended for the reader), and the builder's own transaction, if it had an xid,
-//! committed. A writer marks the slot stale before it writes, so a reader that still sees
+//! committed: the builder's commit callback clears the xid ([`Directory::settle_builder`]), its
+//! abort callback marks the cache stale, so a reader never asks the commit log about a
+//! transaction that may be older than the log's horizon. A writer marks the slot stale before it writes, so a reader that still sees
 //! `Ready` after taking its snapshot took it before any later write committed: the cache holds
 //! exactly what that snapshot sees of the table. The comparisons of transaction ids are
 //! PostgreSQL's and stay in the extension; this module stores the numbers.
@@ -276,6 +278,23 @@ impl Directory {
         (s.generation.load(SeqCst) == generation).then_some(st)
     }
 
+    /// The builder's transaction ended (its xact callback, in the building backend): committed,
+    /// the slot forgets the builder's xid (readers need no commit log for it from now on);
+    /// aborted, the cache holds rows nobody will see, so it goes stale.
+    pub fn settle_builder(&self, slot: usize, generation: u64, committed: bool) {
+        let Some(s) = self.slots.get(slot) else { return };
+        if s.generation.load(SeqCst) != generation {
+            return;
+        }
+        if committed {
+            s.builder_xid.store(0, SeqCst);
+        } else {
+            for from in [State::Ready, State::Building] {
+                let _ = s.state.compare_exchange(from as u32, State::Stale as u32, SeqCst, SeqCst);
+            }
+        }
+    }
+
     /// Records a use (for the view).
     pub fn touch(&self, slot: usize, generation: u64, now: i64) {
         if let Some(s) = self.slots.get(slot) {
@@ -379,6 +398,21 @@ mod tests {
         assert_eq!(d.state_of(3, 0), Some(State::Claiming));
         let e = d.claim(1, 2, 10).unwrap();
         assert_ne!(e.slot, 3, "a claimed slot is not handed out again");
+    }
+
+    #[test]
+    fn the_builder_settles_its_slot() {
+        let d = dir();
+        let e = d.claim(1, 2, 10).unwrap();
+        assert!(d.publish(&e, &Built { builder_xid: 77, ..built(5) }));
+        d.settle_builder(e.slot, e.generation + 1, false);
+        assert_eq!(d.state_of(e.slot, e.generation), Some(State::Ready), "another generation's settling");
+        d.settle_builder(e.slot, e.generation, true);
+        assert_eq!(d.find(1, 2).unwrap().builder_xid, 0);
+        let f = d.claim(1, 3, 10).unwrap();
+        assert!(d.publish(&f, &Built { builder_xid: 78, ..built(5) }));
+        d.settle_builder(f.slot, f.generation, false);
+        assert_eq!(d.state_of(f.slot, f.generation), Some(State::Stale), "an aborted builder's cache");
     }
 
     #[test]
