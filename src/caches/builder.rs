@@ -1,0 +1,344 @@
+//! Building a cache (`uvm.cache_table`; the module essay, "Building").
+
+use super::*;
+
+/// Rows per block of a cache this module builds: 64 Ki, 256 KiB of an `int4` column, so that a
+/// reader fetches a block in one request and a small table does not take a 1 Mi-row block.
+const BLOCK_ROWS: u64 = 1 << 16;
+/// Rows fetched from the build's cursor at a time.
+const FETCH_ROWS: i64 = 4096;
+
+/// A column chosen for the cache: its number and encoding, and the SQL that reads it.
+struct Chosen {
+    spec: ColumnSpec,
+    /// The select-list expression: the column itself, or a `numeric(p, s)` scaled to `int8`.
+    expr: String,
+}
+
+/// What `cache_table` checked of the table, under its lock.
+struct Target {
+    /// The planner's estimate of the rows (`pg_class.reltuples`; 0 when never analyzed).
+    estimated_rows: u64,
+    /// The schema-qualified, quoted name, for the build's query.
+    qualified: String,
+    columns: Vec<Chosen>,
+}
+
+/// Checks the table and picks its columns (`names`: all cacheable ones when `None`).
+fn target(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<Target> {
+    let refuse = |why: String| Err(UvmError::new(Code::FeatureNotSupported, why));
+    // SAFETY: the relation is locked by the caller; it is opened without a further lock and
+    // closed before returning; its descriptor is read within natts.
+    unsafe {
+        let rel = pg_sys::relation_open(relid, pg_sys::NoLock as i32);
+        let form = &*(*rel).rd_rel;
+        let kind = form.relkind as u8;
+        let persistence = form.relpersistence as u8;
+        let partition = form.relispartition;
+        let has_children = form.relhassubclass;
+        let estimated_rows = if form.reltuples > 0.0 { form.reltuples as u64 } else { 0 };
+        let nsp = pg_sys::get_namespace_name(form.relnamespace);
+        let qualified = std::ffi::CStr::from_ptr(pg_sys::quote_qualified_identifier(nsp, form.relname.data.as_ptr()))
+            .to_string_lossy()
+            .into_owned();
+        let desc = pgrx::PgTupleDesc::from_pg_unchecked((*rel).rd_att);
+        let mut all = Vec::new();
+        for att in desc.iter() {
+            if att.attisdropped {
+                continue;
+            }
+            let name = std::ffi::CStr::from_ptr(att.attname.data.as_ptr()).to_string_lossy().into_owned();
+            all.push((name, att.attnum, att.atttypid, att.atttypmod, att.attcollation));
+        }
+        drop(desc);
+        pg_sys::relation_close(rel, pg_sys::NoLock as i32);
+        let name = rel_name(relid);
+        if kind != pg_sys::RELKIND_RELATION {
+            return refuse(format!("\"{name}\" is not a table: only plain tables are cached"));
+        }
+        if partition || has_children {
+            return refuse(format!("\"{name}\" is a partition or has inheritance children: such tables are not cached"));
+        }
+        if persistence == pg_sys::RELPERSISTENCE_TEMP {
+            return refuse(format!("\"{name}\" is a temporary table: only tables every session sees are cached"));
+        }
+        let mut columns = Vec::new();
+        let wanted: Vec<String> = match names {
+            Some(v) => v,
+            None => all.iter().filter(|c| cacheable(c.2, c.3, c.4).is_ok()).map(|c| c.0.clone()).collect(),
+        };
+        if wanted.is_empty() {
+            return refuse(format!("\"{name}\" has no column of a type a cache holds"));
+        }
+        for w in &wanted {
+            let Some(&(ref n, attnum, typid, typmod, collation)) = all.iter().find(|c| &c.0 == w) else {
+                return Err(UvmError::new(Code::UndefinedColumn, format!("column \"{w}\" of \"{name}\" does not exist")));
+            };
+            if columns.iter().any(|c: &Chosen| c.spec.attnum == attnum) {
+                return Err(UvmError::new(Code::DuplicateObject, format!("column \"{w}\" is named twice")));
+            }
+            let (encoding, scale) = cacheable(typid, typmod, collation).map_err(|why| {
+                UvmError::new(Code::FeatureNotSupported, format!("column \"{w}\" of \"{name}\" cannot be cached: {why}")).hint(
+                    "Cached types: bool, int2, int4, int8, float4, float8, date, timestamp, timestamptz, numeric(p, s) with p <= 18, text and varchar of a deterministic collation.",
+                )
+            })?;
+            let q = quote_ident(n);
+            let expr = if encoding == Encoding::Numeric { format!("(({q}) * 1e{scale})::int8") } else { q };
+            columns.push(Chosen { spec: ColumnSpec { encoding, attnum, scale }, expr });
+        }
+        Ok(Target { estimated_rows, qualified, columns })
+    }
+}
+
+/// A build in progress: its directory slot and segment, dropped and freed unless
+/// [`Building::done`] is called (an error or a cancel leaves nothing).
+struct Building {
+    entry: Entry,
+    seg: Option<SegRef>,
+    dicts: Vec<SegRef>,
+}
+
+impl Building {
+    fn done(mut self) {
+        self.seg = None;
+        self.dicts.clear();
+        self.entry.slot = usize::MAX;
+    }
+}
+
+impl Drop for Building {
+    fn drop(&mut self) {
+        if self.entry.slot == usize::MAX {
+            return;
+        }
+        let (entry, seg, dicts) = (self.entry, self.seg.take(), std::mem::take(&mut self.dicts));
+        crate::runtime::held_off(|| {
+            let _ = std::panic::catch_unwind(|| {
+                if let Ok(d) = directory() {
+                    if d.retire(entry.slot, entry.generation) {
+                        for seg in seg.iter().chain(&dicts) {
+                            let _ = crate::runtime::try_with_executor(|ex| exec::drop(ex, seg));
+                        }
+                        d.free(entry.slot, entry.generation);
+                    }
+                }
+            });
+        });
+    }
+}
+
+/// Bytes the dictionaries of one build may hold in the builder's memory (54000 past it).
+const MAX_DICT_MEMORY: u64 = 1 << 30;
+
+/// `uvm.cache_table`: builds (or rebuilds) the cache of `relid`'s `names` columns; returns the
+/// rows cached.
+pub fn build(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<i64> {
+    // SAFETY: reads a flag of this process.
+    if unsafe { pg_sys::RecoveryInProgress() } {
+        return Err(UvmError::new(Code::ObjectNotInPrerequisiteState, "column caches cannot be built during recovery")
+            .detail("A standby's tables change by WAL replay, which no cache follows."));
+    }
+    check_select(relid)?;
+    // SAFETY: takes a heavyweight lock held to the end of the transaction.
+    unsafe { pg_sys::LockRelationOid(relid, pg_sys::ShareRowExclusiveLock as i32) };
+    // SAFETY: a syscache probe.
+    if !unsafe {
+        pg_sys::SearchSysCacheExists(
+            pg_sys::SysCacheIdentifier::RELOID as i32,
+            pg_sys::Datum::from(relid),
+            0.into(),
+            0.into(),
+            0.into(),
+        )
+    } {
+        return Err(UvmError::new(Code::UndefinedObject, format!("table {} was dropped", u32::from(relid))));
+    }
+    let t = target(relid, names)?;
+    if subscribed(relid) {
+        return Err(UvmError::new(
+            Code::FeatureNotSupported,
+            format!("\"{}\" is written by a subscription: such tables are not cached", rel_name(relid)),
+        )
+        .detail("Logical replication's apply worker writes without the hooks that keep a cache current."));
+    }
+    let d = directory()?;
+    let db = database();
+    reclaim(d);
+    if let Some(old) = d.find(db, u32::from(relid)) {
+        drop_entry(d, &old)?;
+    }
+    // SAFETY: GetUserId reads this backend's current user.
+    let entry = d.claim(db, u32::from(relid), u32::from(unsafe { pg_sys::GetUserId() }))?;
+    let mut building = Building { entry, seg: None, dicts: Vec::new() };
+    let specs: Vec<ColumnSpec> = t.columns.iter().map(|c| c.spec).collect();
+    let mut layout = Layout::plan(u32::from(relid), &specs, BLOCK_ROWS)?;
+    let name = segment_name(db, u32::from(relid), entry.generation);
+    // Sized for the estimated rows at once (one chunk where the estimate holds; growth
+    // otherwise), so the segment does not end in a half-empty doubled chunk.
+    let first =
+        layout.bytes_for(t.estimated_rows.div_ceil(BLOCK_ROWS).max(1)).min(crate::guc::max_segment_size()).min(i64::MAX as u64)
+            as i64;
+    with_executor_result(|ex| exec::create(ex, &name, first, None, TierPref::Auto, BOOTSTRAP_SUPERUSER, now()))?;
+    let (seg, _) = lookup_own(&name)?;
+    building.seg = Some(seg);
+
+    // The build's snapshot: the latest, taken under the lock, so every writer has ended.
+    // SAFETY: GetLatestSnapshot returns a static snapshot that PushActiveSnapshot copies; it is
+    // popped below, or by the transaction's abort after an error.
+    let (xmax, builder_xid) = unsafe {
+        let snap = pg_sys::GetLatestSnapshot();
+        pg_sys::PushActiveSnapshot(snap);
+        let s = pg_sys::GetActiveSnapshot();
+        (u64::from((*s).xmax.into_inner()), u64::from(pg_sys::GetTopTransactionIdIfAny().into_inner()))
+    };
+    let select: Vec<&str> = t.columns.iter().map(|c| c.expr.as_str()).collect();
+    let query = format!("SELECT {} FROM ONLY {}", select.join(", "), t.qualified);
+    let mut dicts: Vec<Option<DictBuilder>> =
+        t.columns.iter().map(|c| (c.spec.encoding == Encoding::DictCode).then(DictBuilder::default)).collect();
+    let (blocks, rows) = pgrx::spi::Spi::connect(|_| fill(&seg, &layout, &query, &mut dicts))?;
+    // SAFETY: pops the snapshot pushed above (the SPI connection is closed).
+    unsafe { pg_sys::PopActiveSnapshot() };
+    // Each text column's dictionary, a segment of its own, named from the cache's.
+    for (col, dict) in dicts.iter().enumerate() {
+        let Some(dict) = dict else { continue };
+        let attnum = t.columns[col].spec.attnum;
+        let dname = dictionary_name(&name, attnum);
+        let bytes = dict.to_bytes();
+        with_executor_result(|ex| {
+            exec::create(ex, &dname, bytes.len() as i64, None, TierPref::Auto, BOOTSTRAP_SUPERUSER, now())
+        })?;
+        let (dseg, _) = lookup_own(&dname)?;
+        building.dicts.push(dseg);
+        with_executor_result(|ex| exec::write(ex, &dseg, 0, &bytes))?;
+        layout.set_dictionary(col, attnum as u64);
+    }
+    layout.set_extent(blocks, rows)?;
+    layout.stamp(u32::from(relid), xmax, entry.generation);
+    with_executor_result(|ex| exec::write(ex, &seg, 0, &layout.prefix()))?;
+    let dict_bytes: u64 = building.dicts.iter().filter_map(|d| lookup_own(d.name()).ok()).map(|(_, i)| i.committed).sum();
+    let bytes = lookup_own(&name).map(|(_, i)| i.committed).unwrap_or(0) + dict_bytes;
+    let built = Built { columns: t.columns.len() as u32, built_xmax: xmax, builder_xid, built_at: now(), rows, bytes };
+    d.publish(&entry, &built);
+    building.done();
+    if builder_xid != 0 {
+        // The builder's transaction decides whether the rows it wrote (and the cache holds) are
+        // real: its end settles the slot (commit: forget the xid; abort: stale). A prepared
+        // transaction settles nothing here: its cache stays unused until rebuilt.
+        let (slot, generation) = (entry.slot, entry.generation);
+        pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, move || {
+            if let Ok(d) = directory() {
+                d.settle_builder(slot, generation, true);
+            }
+        });
+        pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Abort, move || {
+            if let Ok(d) = directory() {
+                d.settle_builder(slot, generation, false);
+            }
+        });
+    }
+    Ok(rows as i64)
+}
+
+/// Reads `query` through a cursor into blocks of `seg`; returns (blocks, rows).
+fn fill(seg: &SegRef, layout: &Layout, query: &str, dicts: &mut [Option<DictBuilder>]) -> Result<(u64, u64)> {
+    let ncols = dicts.len();
+    let q = std::ffi::CString::new(query).map_err(|_| UvmError::new(Code::InvalidParameterValue, "NUL in a name"))?;
+    // SAFETY: SPI is connected; read-only, so the cursor runs with the active snapshot (the
+    // build's); an error raises an ERROR (a Rust unwind), and the abort closes the portal.
+    let portal = unsafe {
+        pg_sys::SPI_cursor_open_with_args(
+            std::ptr::null(),
+            q.as_ptr(),
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            true,
+            0,
+        )
+    };
+    if portal.is_null() {
+        return Err(UvmError::new(Code::SystemError, "the cache build opened no cursor"));
+    }
+    let encodings: Vec<Encoding> = (0..ncols).map(|c| layout.encoding(c).expect("planned column")).collect();
+    let (data_offset, block_bytes) = (layout.header().data_offset, layout.header().block_bytes);
+    // Block `b` goes at data_offset + b * block_bytes (the layout's extent is set at the end).
+    let flush = |b: BlockBuilder, blocks: &mut u64| -> Result<()> {
+        let too_many = || UvmError::new(Code::ProgramLimitExceeded, "the cache outgrows a segment");
+        let at = blocks.checked_mul(block_bytes).and_then(|x| x.checked_add(data_offset)).ok_or_else(too_many)?;
+        let end = at.checked_add(block_bytes).ok_or_else(too_many)?;
+        with_executor_result(|ex| exec::grow_at_least(ex, seg, end))?;
+        let bytes = b.finish();
+        with_executor_result(|ex| exec::write(ex, seg, at as i64, &bytes))?;
+        *blocks += 1;
+        Ok(())
+    };
+    let mut block = BlockBuilder::new(layout);
+    let (mut blocks, mut rows) = (0u64, 0u64);
+    let mut row: Vec<Option<u64>> = vec![None; ncols];
+    // Detoasted text lives in a context reset after each batch, not in SPI's for the whole build.
+    let mut batch_cx = pgrx::PgMemoryContexts::new("pg_uvm_share cache build");
+    loop {
+        // SAFETY: an open portal of this SPI connection; SPI_tuptable holds SPI_processed rows
+        // of `ncols` by-value columns (the query's), freed after use.
+        let n = unsafe {
+            pg_sys::SPI_cursor_fetch(portal, true, FETCH_ROWS as std::ffi::c_long);
+            let tt = pg_sys::SPI_tuptable;
+            if tt.is_null() {
+                0
+            } else {
+                let n = pg_sys::SPI_processed as usize;
+                let r: Result<()> = batch_cx.switch_to(|_| {
+                    for i in 0..n {
+                        let tuple = *(*tt).vals.add(i);
+                        for (c, slot) in row.iter_mut().enumerate() {
+                            let mut isnull = false;
+                            let v = pg_sys::SPI_getbinval(tuple, (*tt).tupdesc, c as i32 + 1, &mut isnull);
+                            *slot = match (isnull, &mut dicts[c]) {
+                                (true, _) => None,
+                                (false, None) => Some(encodings[c].word_of_raw(v.value() as u64)),
+                                (false, Some(dict)) => {
+                                    // a text datum: its bytes, detoasted into the batch's context
+                                    let p = pg_sys::pg_detoast_datum_packed(v.cast_mut_ptr());
+                                    let bytes = std::slice::from_raw_parts(
+                                        pgrx::varlena::vardata_any(p) as *const u8,
+                                        pgrx::varlena::varsize_any_exhdr(p),
+                                    );
+                                    Some(u64::from(dict.intern(bytes)?))
+                                }
+                            };
+                        }
+                        block.push(&row)?;
+                        rows += 1;
+                        if block.is_full() {
+                            flush(std::mem::replace(&mut block, BlockBuilder::new(layout)), &mut blocks)?;
+                        }
+                    }
+                    Ok(())
+                });
+                batch_cx.reset();
+                r?;
+                let memory: u64 = dicts.iter().flatten().map(|d| d.memory()).sum();
+                if memory > MAX_DICT_MEMORY {
+                    return Err(UvmError::new(
+                        Code::ProgramLimitExceeded,
+                        format!("the text columns' dictionaries outgrow {} MiB", MAX_DICT_MEMORY >> 20),
+                    )
+                    .hint("Cache text columns of fewer distinct values, or leave them out."));
+                }
+                pg_sys::SPI_freetuptable(tt);
+                n
+            }
+        };
+        crate::interrupt::check()?;
+        if n == 0 {
+            break;
+        }
+    }
+    if block.rows() > 0 {
+        flush(block, &mut blocks)?;
+    }
+    // SAFETY: the portal is open and closed once.
+    unsafe { pg_sys::SPI_cursor_close(portal) };
+    Ok((blocks, rows))
+}

@@ -1,0 +1,161 @@
+//! The writers' marks: before a statement changes a cached table, its cache goes stale (the
+//! module essay, "Staying correct"). Called from the C trampolines of `hooks.c`.
+
+use super::*;
+
+unsafe extern "C" {
+    /// src/caches/hooks.c: installs the C trampolines that call the two markers below.
+    fn uvm_caches_install_hooks();
+}
+
+/// Installs the writers' hooks (from `_PG_init`).
+pub fn init_hooks() {
+    // SAFETY: _PG_init runs single-threaded, before any hook can fire; the C side keeps the
+    // previous hooks and calls them.
+    unsafe { uvm_caches_install_hooks() };
+}
+
+/// Marks the caches of `relation` (0: all of this database) stale, where there are any.
+fn mark(relation: u32) {
+    if let Ok(d) = directory() {
+        let db = database();
+        if d.any_live(db) {
+            d.mark_stale(db, relation);
+        }
+    }
+}
+
+/// The OIDs of `pstmt`'s result relations.
+///
+/// # Safety
+/// `pstmt` is a valid planned statement.
+unsafe fn result_relations(pstmt: *const pg_sys::PlannedStmt) -> Vec<u32> {
+    let mut out = Vec::new();
+    // SAFETY: PostgreSQL's lists: `resultRelations` holds RT indexes (ints) into `rtable`
+    // (pointers to RangeTblEntry), 1-based; both are read within their lengths.
+    unsafe {
+        let rr = (*pstmt).resultRelations;
+        let rt = (*pstmt).rtable;
+        if rr.is_null() || rt.is_null() {
+            return out;
+        }
+        for i in 0..(*rr).length as usize {
+            let idx = (*(*rr).elements.add(i)).int_value;
+            if idx >= 1 && idx <= (*rt).length {
+                let rte = (*(*rt).elements.add(idx as usize - 1)).ptr_value as *const pg_sys::RangeTblEntry;
+                if !rte.is_null() {
+                    out.push(u32::from((*rte).relid));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Before `ExecutorStart` (src/caches/hooks.c): marks the caches of the plan's result
+/// relations stale, unless the plan is only explained.
+///
+/// # Safety
+/// PostgreSQL's query descriptor, valid for the call.
+#[pgrx::pg_guard]
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn uvm_caches_before_executor_start(query_desc: *mut pg_sys::QueryDesc, eflags: std::ffi::c_int) {
+    // SAFETY: PostgreSQL hands a valid QueryDesc; its planned statement lives as long.
+    unsafe {
+        if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as std::ffi::c_int != 0 {
+            return;
+        }
+        let pstmt = (*query_desc).plannedstmt;
+        if !pstmt.is_null() && directory().map(|d| d.any_live(database())).unwrap_or(false) {
+            for rel in result_relations(pstmt) {
+                mark(rel);
+            }
+        }
+    }
+}
+
+/// Whether a utility statement of this tag leaves every table's rows as they are.
+fn keeps_rows(tag: pg_sys::NodeTag) -> bool {
+    use pg_sys::NodeTag::*;
+    matches!(
+        tag,
+        T_TransactionStmt
+            | T_VariableSetStmt
+            | T_VariableShowStmt
+            | T_ExplainStmt
+            | T_PrepareStmt
+            | T_ExecuteStmt
+            | T_DeallocateStmt
+            | T_DeclareCursorStmt
+            | T_FetchStmt
+            | T_ClosePortalStmt
+            | T_NotifyStmt
+            | T_ListenStmt
+            | T_UnlistenStmt
+            | T_LockStmt
+            | T_CheckPointStmt
+            | T_DiscardStmt
+            | T_VacuumStmt
+            | T_ClusterStmt
+            | T_ReindexStmt
+            | T_IndexStmt
+            | T_CreateStmt
+            | T_CreateTableAsStmt
+            | T_ViewStmt
+            | T_CreateFunctionStmt
+            | T_CreateSeqStmt
+            | T_AlterSeqStmt
+            | T_DoStmt
+            | T_CallStmt
+            | T_CommentStmt
+            | T_GrantStmt
+            | T_GrantRoleStmt
+            | T_CreateRoleStmt
+            | T_AlterRoleStmt
+            | T_CreateSchemaStmt
+            | T_CreateExtensionStmt
+            | T_RefreshMatViewStmt
+            | T_LoadStmt
+            | T_CreatedbStmt
+            | T_CreateStatsStmt
+            | T_AlterStatsStmt
+    )
+}
+
+/// Before `ProcessUtility` (src/caches/hooks.c): `COPY ... FROM` marks its table's cache
+/// stale; any statement not known to keep every table's rows marks every cache of the database.
+///
+/// # Safety
+/// PostgreSQL's planned utility statement, valid for the call.
+#[pgrx::pg_guard]
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn uvm_caches_before_utility(pstmt: *mut pg_sys::PlannedStmt) {
+    // SAFETY: PostgreSQL hands a valid planned utility statement; nodes are read by their tags.
+    unsafe {
+        let stmt = (*pstmt).utilityStmt;
+        if stmt.is_null() || !directory().map(|d| d.any_live(database())).unwrap_or(false) {
+            return;
+        }
+        let tag = (*stmt).type_;
+        if tag == pg_sys::NodeTag::T_CopyStmt {
+            let copy = stmt as *const pg_sys::CopyStmt;
+            if (*copy).is_from {
+                let rel = if (*copy).relation.is_null() {
+                    0
+                } else {
+                    u32::from(pg_sys::RangeVarGetRelidExtended(
+                        (*copy).relation,
+                        pg_sys::NoLock as i32,
+                        pg_sys::RVROption::RVR_MISSING_OK,
+                        None,
+                        std::ptr::null_mut(),
+                    ))
+                };
+                // an unknown table marks every cache: COPY fails on it anyway
+                mark(rel);
+            }
+        } else if !keeps_rows(tag) {
+            mark(0);
+        }
+    }
+}

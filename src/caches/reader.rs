@@ -1,0 +1,189 @@
+//! Reading a cache where the reader's snapshot may (`uvm.cache_fold`; the module essay,
+//! "Reading").
+
+use super::*;
+
+/// Where `cache_fold`'s answer came from, and the answer.
+pub struct Folded {
+    pub source: &'static str,
+    pub rows: i64,
+    pub non_null: i64,
+    /// The sum as numeric text (integer and numeric columns), else `None`.
+    pub sum: Option<String>,
+}
+
+/// The cache of `relid` if this query's snapshot may read it, with its layout.
+fn usable(relid: pg_sys::Oid) -> Result<Option<(Entry, SegRef, Layout)>> {
+    if !crate::guc::ENABLE_CACHE.get() {
+        return Ok(None);
+    }
+    let d = directory()?;
+    let Some(e) = d.find(database(), u32::from(relid)) else { return Ok(None) };
+    if e.state != State::Ready {
+        return Ok(None);
+    }
+    // SAFETY: reads this transaction's isolation level and active snapshot (a query runs with
+    // one); the transaction id functions read the commit log.
+    let current = unsafe {
+        if pg_sys::XactIsoLevel == pg_sys::XACT_SERIALIZABLE as i32 || !pg_sys::ActiveSnapshotSet() {
+            false
+        } else {
+            let snap = pg_sys::GetActiveSnapshot();
+            let xmin = (*snap).xmin;
+            // (a builder with an xid clears it when it commits: until then, the heap)
+            pg_sys::TransactionIdFollowsOrEquals(xmin, pg_sys::TransactionId::from_inner(e.built_xmax as u32))
+                && e.builder_xid == 0
+        }
+    };
+    // The state is read again after the snapshot checks: a writer marks it before it writes.
+    if !current || d.state_of(e.slot, e.generation) != Some(State::Ready) || subscribed(relid) {
+        return Ok(None);
+    }
+    let name = segment_name(e.database, e.relation, e.generation);
+    let Ok((seg, info)) = lookup_own(&name) else { return Ok(None) };
+    // (a segment dropped meanwhile, by a rebuild or cache_drop: the heap answers)
+    let layout = match read_layout(&seg, &name, info.size) {
+        Err(e) if e.code == Code::UndefinedObject => return Ok(None),
+        r => r?,
+    };
+    let h = layout.header();
+    if h.relid != e.relation || h.generation != e.generation {
+        return Err(UvmError::new(Code::InvalidParameterValue, format!("segment \"{name}\" holds another cache"))
+            .hint("Drop the cache with uvm.cache_drop and build it again."));
+    }
+    d.touch(e.slot, e.generation, now());
+    Ok(Some((e, seg, layout)))
+}
+
+/// `uvm.cache_fold`: (rows, non-NULL values, sum) of `column`, from the cache where this
+/// snapshot may read it, else from the heap.
+pub fn fold(relid: pg_sys::Oid, column: &str) -> Result<Folded> {
+    check_select(relid)?;
+    let t = target_column(relid, column)?;
+    if let Some((_, seg, layout)) = usable(relid)? {
+        if let Some(col) = layout.columns().iter().position(|c| c.attnum == t.0) {
+            // A rebuild or cache_drop may drop the segment while its blocks are read; the
+            // heap, under the same snapshot, answers then.
+            match fold_cache(&seg, &layout, col, t.1) {
+                Err(e) if e.code == Code::UndefinedObject => {}
+                r => return r,
+            }
+        }
+    }
+    let q = quote_ident(column);
+    let sum = if t.1.is_some() { format!("sum({q})::text") } else { "NULL::text".into() };
+    let query = format!("SELECT count(*), count({q}), {sum} FROM ONLY {}", qualified(relid));
+    heap_fold(&query)
+}
+
+/// Runs the heap's fold read-only, so with the query's own snapshot (the one the cache was
+/// refused for), never a newer one.
+fn heap_fold(query: &str) -> Result<Folded> {
+    let q = std::ffi::CString::new(query).map_err(|_| UvmError::new(Code::InvalidParameterValue, "NUL in a name"))?;
+    pgrx::spi::Spi::connect(|_| {
+        // SAFETY: SPI is connected; a read-only SELECT of one row of (int8, int8, text); its
+        // values are read before the connection closes (the text copied out).
+        unsafe {
+            let rc = pg_sys::SPI_execute(q.as_ptr(), true, 1);
+            let tt = pg_sys::SPI_tuptable;
+            if rc != pg_sys::SPI_OK_SELECT as i32 || tt.is_null() || pg_sys::SPI_processed != 1 {
+                return Err(UvmError::new(Code::SystemError, format!("the heap's fold returned no row ({rc})")));
+            }
+            let tuple = *(*tt).vals;
+            let desc = (*tt).tupdesc;
+            let mut null = false;
+            let rows = pg_sys::SPI_getbinval(tuple, desc, 1, &mut null).value() as i64;
+            let non_null = pg_sys::SPI_getbinval(tuple, desc, 2, &mut null).value() as i64;
+            let text = pg_sys::SPI_getvalue(tuple, desc, 3);
+            let sum = (!text.is_null()).then(|| std::ffi::CStr::from_ptr(text).to_string_lossy().into_owned());
+            Ok(Folded { source: "heap", rows, non_null, sum })
+        }
+    })
+}
+
+fn qualified(relid: pg_sys::Oid) -> String {
+    // SAFETY: catalog lookups of an existing relation (the caller's regclass).
+    unsafe {
+        let nsp = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid));
+        let rel = pg_sys::get_rel_name(relid);
+        if nsp.is_null() || rel.is_null() {
+            return format!("pg_catalog.pg_class WHERE false AND oid = {}", u32::from(relid));
+        }
+        std::ffi::CStr::from_ptr(pg_sys::quote_qualified_identifier(nsp, rel)).to_string_lossy().into_owned()
+    }
+}
+
+/// The column's number, and the decimal scale of its sum where it has one (integers: 0).
+fn target_column(relid: pg_sys::Oid, column: &str) -> Result<(i16, Option<i16>)> {
+    let c = std::ffi::CString::new(column).map_err(|_| UvmError::new(Code::InvalidParameterValue, "NUL in a name"))?;
+    // SAFETY: catalog lookups by name.
+    let (attnum, typid, typmod) = unsafe {
+        let attnum = pg_sys::get_attnum(relid, c.as_ptr());
+        if attnum <= 0 {
+            return Err(UvmError::new(
+                Code::UndefinedColumn,
+                format!("column \"{column}\" of \"{}\" does not exist", rel_name(relid)),
+            ));
+        }
+        let mut typid = pg_sys::InvalidOid;
+        let mut typmod = -1;
+        let mut coll = pg_sys::InvalidOid;
+        pg_sys::get_atttypetypmodcoll(relid, attnum, &mut typid, &mut typmod, &mut coll);
+        (attnum, typid, typmod)
+    };
+    let scale = match encoding_of(typid, typmod) {
+        Ok((Encoding::Int2 | Encoding::Int4 | Encoding::Int8, _)) => Some(0),
+        Ok((Encoding::Numeric, s)) => Some(s),
+        _ => None,
+    };
+    Ok((attnum, scale))
+}
+
+fn fold_cache(seg: &SegRef, layout: &Layout, col: usize, scale: Option<i16>) -> Result<Folded> {
+    let h = *layout.header();
+    let one = layout.one_block();
+    let enc = layout.encoding(col).expect("a parsed column");
+    let (mut rows, mut non_null, mut sum) = (0u64, 0u64, 0i128);
+    let mut buf = vec![0u8; h.block_bytes as usize];
+    for b in 0..h.blocks {
+        let (at, _) =
+            layout.block_at(b).ok_or_else(|| UvmError::new(Code::InvalidParameterValue, "a block past the cache's end"))?;
+        with_executor_result(|ex| exec::read(ex, seg, at as i64, &mut buf))?;
+        let n = one.block_rows(&buf, 0)?;
+        rows += n;
+        let (nn, s) = match enc {
+            Encoding::Float4 | Encoding::Float8 | Encoding::DictCode => (count_non_null(&one, &buf, col, n)?, 0),
+            _ => one.fold_ints(&buf, col)?,
+        };
+        non_null += nn;
+        sum += s;
+        crate::interrupt::check()?;
+    }
+    let sum = scale.map(|s| decimal(sum, s));
+    // (as SQL's sum: NULL over no value)
+    Ok(Folded { source: "cache", rows: rows as i64, non_null: non_null as i64, sum: sum.filter(|_| non_null > 0) })
+}
+
+fn count_non_null(one: &Layout, block: &[u8], col: usize, rows: u64) -> Result<u64> {
+    let mut n = 0;
+    for r in 0..rows {
+        match one.get(block, col, 0, rows, r) {
+            Some(Some(_)) => n += 1,
+            Some(None) => {}
+            None => return Err(UvmError::new(Code::InvalidParameterValue, "the cache's bytes end inside a block")),
+        }
+    }
+    Ok(n)
+}
+
+/// `v / 10^scale` as decimal text.
+fn decimal(v: i128, scale: i16) -> String {
+    if scale <= 0 {
+        return v.to_string();
+    }
+    let s = v.unsigned_abs().to_string();
+    let scale = scale as usize;
+    let s = if s.len() <= scale { format!("{}{s}", "0".repeat(scale + 1 - s.len())) } else { s };
+    let (int, frac) = s.split_at(s.len() - scale);
+    format!("{}{int}.{frac}", if v < 0 { "-" } else { "" })
+}
