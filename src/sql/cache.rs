@@ -1,4 +1,4 @@
-//! Column caches (issue 26; the logic is `crate::cache`): build, drop, list, and the first
+//! Column caches (issue 26; the logic is `crate::caches`): build, drop, list, and the first
 //! reader. Executable by every role: each checks `SELECT` on the table, the privilege a cache
 //! stands in for.
 
