@@ -117,7 +117,7 @@ impl Drop for Building {
                 if let Ok(d) = directory() {
                     if d.retire(entry.slot, entry.generation) {
                         for seg in seg.iter().chain(&dicts) {
-                            let _ = crate::runtime::try_with_executor(|ex| exec::drop(ex, seg));
+                            let _ = try_with_executor(|ex| exec::drop(ex, seg));
                         }
                         d.free(entry.slot, entry.generation);
                     }
@@ -178,7 +178,7 @@ pub fn build(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<i64> {
     let first =
         layout.bytes_for(t.estimated_rows.div_ceil(BLOCK_ROWS).max(1)).min(crate::guc::max_segment_size()).min(i64::MAX as u64)
             as i64;
-    with_executor_result(|ex| exec::create(ex, &name, first, None, TierPref::Auto, BOOTSTRAP_SUPERUSER, now()))?;
+    try_with_executor(|ex| exec::create(ex, &name, first, None, TierPref::Auto, BOOTSTRAP_SUPERUSER, now()))?;
     let (seg, _) = lookup_own(&name)?;
     building.seg = Some(seg);
 
@@ -204,17 +204,15 @@ pub fn build(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<i64> {
         let attnum = t.columns[col].spec.attnum;
         let dname = dictionary_name(&name, attnum);
         let bytes = dict.to_bytes();
-        with_executor_result(|ex| {
-            exec::create(ex, &dname, bytes.len() as i64, None, TierPref::Auto, BOOTSTRAP_SUPERUSER, now())
-        })?;
+        try_with_executor(|ex| exec::create(ex, &dname, bytes.len() as i64, None, TierPref::Auto, BOOTSTRAP_SUPERUSER, now()))?;
         let (dseg, _) = lookup_own(&dname)?;
         building.dicts.push(dseg);
-        with_executor_result(|ex| exec::write(ex, &dseg, 0, &bytes))?;
+        try_with_executor(|ex| exec::write(ex, &dseg, 0, &bytes))?;
         layout.set_dictionary(col, attnum as u64);
     }
     layout.set_extent(blocks, rows)?;
     layout.stamp(u32::from(relid), xmax, entry.generation);
-    with_executor_result(|ex| exec::write(ex, &seg, 0, &layout.prefix()))?;
+    try_with_executor(|ex| exec::write(ex, &seg, 0, &layout.prefix()))?;
     let dict_bytes: u64 = building.dicts.iter().filter_map(|d| lookup_own(d.name()).ok()).map(|(_, i)| i.committed).sum();
     let bytes = lookup_own(&name).map(|(_, i)| i.committed).unwrap_or(0) + dict_bytes;
     let built = Built { columns: t.columns.len() as u32, built_xmax: xmax, builder_xid, built_at: now(), rows, bytes };
@@ -267,9 +265,9 @@ fn fill(seg: &SegRef, layout: &Layout, query: &str, dicts: &mut [Option<DictBuil
         let too_many = || UvmError::new(Code::ProgramLimitExceeded, "the cache outgrows a segment");
         let at = blocks.checked_mul(block_bytes).and_then(|x| x.checked_add(data_offset)).ok_or_else(too_many)?;
         let end = at.checked_add(block_bytes).ok_or_else(too_many)?;
-        with_executor_result(|ex| exec::grow_at_least(ex, seg, end))?;
+        try_with_executor(|ex| exec::grow_at_least(ex, seg, end))?;
         let bytes = b.finish();
-        with_executor_result(|ex| exec::write(ex, seg, at as i64, &bytes))?;
+        try_with_executor(|ex| exec::write(ex, seg, at as i64, &bytes))?;
         *blocks += 1;
         Ok(())
     };

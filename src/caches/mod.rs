@@ -75,7 +75,7 @@ use crate::error::{Code, Result, UvmError};
 use crate::exec::{self, SegRef};
 use crate::registry::shmem::Block;
 use crate::registry::TierPref;
-use crate::runtime::{lookup_own, now};
+use crate::runtime::{lookup_own, now, try_with_executor};
 
 mod builder;
 mod marks;
@@ -206,10 +206,6 @@ fn subscribed(relid: pg_sys::Oid) -> bool {
     pgrx::spi::Spi::get_one::<bool>(&q).ok().flatten().unwrap_or(true)
 }
 
-fn with_executor_result<R>(f: impl FnOnce(&mut dyn exec::Executor) -> Result<R>) -> Result<R> {
-    crate::runtime::try_with_executor(f)
-}
-
 /// Drops the cache of `entry` (its segment, then its slot); false if another process retired
 /// it first. 55006 while a reader still holds its segment (the slot stays `Dropping` and the
 /// next `cache_drop` or build retries).
@@ -226,7 +222,7 @@ fn drop_entry(d: &Directory, e: &Entry) -> Result<bool> {
         .collect();
     for n in dicts.iter().chain(std::iter::once(&name)) {
         match lookup_own(n) {
-            Ok((seg, _)) => with_executor_result(|ex| exec::drop(ex, &seg))?,
+            Ok((seg, _)) => try_with_executor(|ex| exec::drop(ex, &seg))?,
             Err(err) if err.code == Code::UndefinedObject => {}
             Err(err) => return Err(err),
         }
@@ -347,8 +343,8 @@ fn attname(relation: u32, attnum: i16) -> String {
 /// Reads and validates a cache segment's header and column directory.
 fn read_layout(seg: &SegRef, name: &str, size: u64) -> Result<Layout> {
     let mut head = vec![0u8; HEADER_BYTES as usize];
-    with_executor_result(|ex| exec::read(ex, seg, 0, &mut head))?;
+    try_with_executor(|ex| exec::read(ex, seg, 0, &mut head))?;
     let mut prefix = vec![0u8; Layout::prefix_len(name, &head)?.min(size) as usize];
-    with_executor_result(|ex| exec::read(ex, seg, 0, &mut prefix))?;
+    try_with_executor(|ex| exec::read(ex, seg, 0, &mut prefix))?;
     Layout::parse(name, &prefix, size)
 }
