@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use pgrx::pg_sys;
 
-use super::channel::Channel;
+use super::channel::{Channel, Claim, Holdings};
 use crate::error::{Code, Result, UvmError};
 use crate::exec::request::{self, Reply, Request};
 use crate::exec::Mode;
@@ -68,11 +68,12 @@ thread_local! {
     static WAITING: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
     /// Whether this process registered [`on_exit`].
     static EXIT_HOOKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// The slots this process holds (claimed, and neither released nor abandoned yet): what the
-    /// exit callback abandons. Recorded here, not found in the channel by pid: a slot keeps the
-    /// pid of its last client after its release, so a scan by pid at exit would abandon slots
-    /// that other processes have claimed since (their requests then never come back).
-    static HELD: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+    /// The slots this process holds (claimed, and neither released nor abandoned yet), by
+    /// claim: what the exit callback abandons. Recorded here, not found in the channel by pid:
+    /// a slot keeps the pid of its last client after its release, so a scan by pid at exit
+    /// would abandon slots that other processes have claimed since (their requests then never
+    /// come back). By claim, not by index: see [`Holdings`].
+    static HELD: RefCell<Holdings> = const { RefCell::new(Holdings::new()) };
 }
 
 /// Registers [`on_exit`] once per process, before its first request: a client may have no
@@ -121,22 +122,29 @@ impl Drop for TicketGuard {
 struct SlotGuard {
     ch: Channel,
     slot: u32,
+    claim: Claim,
     released: bool,
 }
 
 impl SlotGuard {
     fn new(ch: Channel, slot: u32) -> SlotGuard {
-        HELD.with(|h| h.borrow_mut().push(slot));
-        SlotGuard { ch, slot, released: false }
+        let claim = HELD.with(|h| h.borrow_mut().hold(slot));
+        SlotGuard { ch, slot, claim, released: false }
+    }
+
+    /// Whether the slot is still this guard's: not abandoned by the exit callback (which may
+    /// have run before the guard goes; the slot may be another claim's since).
+    fn owned(&self) -> bool {
+        HELD.with(|h| h.try_borrow().is_ok_and(|h| h.holds(self.claim)))
     }
 }
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
-        if !self.released {
+        let owned = HELD.with(|h| h.try_borrow_mut().is_ok_and(|mut h| h.let_go(self.claim)));
+        if owned && !self.released {
             set_latch(self.ch.abandon(self.slot));
         }
-        HELD.with(|h| h.borrow_mut().retain(|&s| s != self.slot));
     }
 }
 
@@ -328,8 +336,14 @@ impl Client {
     /// Waits for a started request and reads its reply into process memory, freeing its slot.
     fn settle(&self, flight: &RefCell<Flight>) -> Result<()> {
         let slot = match &*flight.borrow() {
-            Flight::Slot(g) => g.slot,
+            Flight::Slot(g) => g.owned().then_some(g.slot),
             Flight::Settled(_) => return Ok(()),
+        };
+        let Some(slot) = slot else {
+            // Abandoned by the exit callback: the slot may be another request's now.
+            *flight.borrow_mut() =
+                Flight::Settled(Err(UvmError::new(Code::QueryCanceled, "a started request was abandoned at exit")));
+            return Ok(());
         };
         self.wait(slot)?;
         let mut f = flight.borrow_mut();
@@ -368,7 +382,7 @@ pub fn abandon_mine() {
         if let Some(t) = WAITING.with(|w| w.take()) {
             ch.abandon_ticket(t);
         }
-        let held = HELD.with(|h| h.try_borrow_mut().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default());
+        let held = HELD.with(|h| h.try_borrow_mut().map(|mut v| v.take_all()).unwrap_or_default());
         for slot in held {
             set_latch(ch.abandon(slot));
         }

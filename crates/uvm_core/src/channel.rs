@@ -611,6 +611,61 @@ impl Channel {
     }
 }
 
+/// One claim of a slot by a client process: the slot and the claim's number in that process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub slot: u32,
+    number: u64,
+}
+
+/// The slots one client process holds (claimed, and neither released nor abandoned yet), each
+/// by the claim that got it: what its exit abandons ([`Holdings::take_all`]).
+///
+/// A slot's index does not name a claim. Once an exit callback has abandoned the process's
+/// slots, the same index is claimed again (by a cleanup of this process, or by another
+/// process) while the guard of the old claim may still live: a FATAL exit runs the exit
+/// callbacks before the transaction's memory, and the guards in it, go. A guard that then
+/// abandoned by index would abandon the new claim, whose client waits for a reply that never
+/// comes (the GpuJoin node's read-ahead left in flight by a terminated leader did this to a
+/// worker's last drop). So a guard keeps its [`Claim`] and abandons only while it is held.
+#[derive(Debug, Default)]
+pub struct Holdings {
+    held: Vec<Claim>,
+    claims: u64,
+}
+
+impl Holdings {
+    pub const fn new() -> Holdings {
+        Holdings { held: Vec::new(), claims: 0 }
+    }
+
+    /// Records that this process claimed `slot`.
+    pub fn hold(&mut self, slot: u32) -> Claim {
+        self.claims += 1;
+        let c = Claim { slot, number: self.claims };
+        self.held.push(c);
+        c
+    }
+
+    /// Whether `c` is still held (not let go, nor taken by [`Holdings::take_all`]).
+    pub fn holds(&self, c: Claim) -> bool {
+        self.held.contains(&c)
+    }
+
+    /// Forgets `c`; whether it was still held (only then may its holder release or abandon
+    /// the slot).
+    pub fn let_go(&mut self, c: Claim) -> bool {
+        let before = self.held.len();
+        self.held.retain(|h| *h != c);
+        self.held.len() != before
+    }
+
+    /// Forgets every claim and returns their slots (to abandon at exit).
+    pub fn take_all(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.held).into_iter().map(|c| c.slot).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -655,6 +710,38 @@ mod tests {
         ch.release(i);
         assert_eq!(ch.state(i), FREE);
         assert_eq!(ch.counters(), (1, 1, 0));
+    }
+
+    #[test]
+    fn a_guard_of_a_claim_abandoned_at_exit_leaves_the_slots_next_claim_alone() {
+        let b = block(1, 4096);
+        let ch = b.ch;
+        let mut mine = Holdings::new();
+        // A request started and left in flight (a read-ahead), which the service answers.
+        let i = ch.try_claim_free(7, 1).unwrap();
+        let old = mine.hold(i);
+        ch.submit(i);
+        assert!(ch.take(i, 1));
+        ch.complete(i);
+        // The process is terminated: its exit callback abandons what it holds.
+        for s in mine.take_all() {
+            ch.abandon(s);
+        }
+        assert_eq!(ch.state(i), FREE);
+        // A cleanup later in the exit (or another process) claims the same slot and waits.
+        let j = ch.try_claim_free(7, 1).unwrap();
+        assert_eq!(j, i);
+        let new = mine.hold(j);
+        ch.submit(j);
+        assert!(ch.take(j, 1));
+        // The old claim's guard goes with the transaction's memory: it holds nothing.
+        assert!(!mine.holds(old) && !mine.let_go(old));
+        assert_eq!(ch.state(j), RUNNING, "the new claim's request was left alone");
+        ch.complete(j);
+        assert!(ch.is_done(j), "the new claim's client gets its reply");
+        assert!(mine.holds(new) && mine.let_go(new));
+        ch.release(j);
+        assert!(mine.take_all().is_empty());
     }
 
     #[test]
