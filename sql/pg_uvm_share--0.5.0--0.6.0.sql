@@ -25,6 +25,7 @@ CREATE FUNCTION @extschema@."caches_internal"() RETURNS TABLE (
 	"rows" bigint,  /* i64 */
 	"device_bytes" bigint,  /* i64 */
 	"host_bytes" bigint,  /* i64 */
+	"build_workers" INT,  /* i32 */
 	"built_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
 	"last_used" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
 	"segment" TEXT  /* String */
@@ -35,7 +36,7 @@ AS 'MODULE_PATHNAME', 'caches_internal_wrapper';
 
 CREATE VIEW @extschema@.caches AS
 SELECT c.relation::regclass AS relation, c.state, c.columns, c.rows, c.device_bytes, c.host_bytes,
-       c.built_at, c.last_used, c.segment
+       c.build_workers, c.built_at, c.last_used, c.segment
   FROM @extschema@.caches_internal() c;
-COMMENT ON VIEW @extschema@.caches IS 'The column caches of this database (uvm.cache_table): table, cached columns, rows, bytes per tier, state (ready: read where current; stale: a write changed the table since the build, readers use the heap until uvm.cache_table rebuilds it; building; dropping), when built and last read, its segment.';
+COMMENT ON VIEW @extschema@.caches IS 'The column caches of this database (uvm.cache_table): table, cached columns, rows, bytes per tier, parallel workers that built it beside the builder, state (ready: read where current; stale: a write changed the table since the build, readers use the heap until uvm.cache_table rebuilds it; building; dropping), when built and last read, its segment.';
 GRANT SELECT ON @extschema@.caches TO PUBLIC;

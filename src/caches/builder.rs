@@ -19,6 +19,9 @@ struct Chosen {
 struct Target {
     /// The planner's estimate of the rows (`pg_class.reltuples`; 0 when never analyzed).
     estimated_rows: u64,
+    /// The table's heap pages (`RelationGetNumberOfBlocks`): how many workers a parallel build
+    /// takes.
+    pages: u64,
     /// The schema-qualified, quoted name, for the build's query.
     qualified: String,
     columns: Vec<Chosen>,
@@ -36,6 +39,7 @@ fn target(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<Target> {
         let persistence = form.relpersistence as u8;
         let partition = form.relispartition;
         let has_children = form.relhassubclass;
+        let row_security = form.relrowsecurity;
         let estimated_rows = if form.reltuples > 0.0 { form.reltuples as u64 } else { 0 };
         let nsp = pg_sys::get_namespace_name(form.relnamespace);
         let qualified = std::ffi::CStr::from_ptr(pg_sys::quote_qualified_identifier(nsp, form.relname.data.as_ptr()))
@@ -51,6 +55,7 @@ fn target(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<Target> {
             all.push((name, att.attnum, att.atttypid, att.atttypmod, att.attcollation));
         }
         drop(desc);
+        let pages = u64::from(pg_sys::RelationGetNumberOfBlocksInFork(rel, pg_sys::ForkNumber::MAIN_FORKNUM));
         pg_sys::relation_close(rel, pg_sys::NoLock as i32);
         let name = rel_name(relid);
         if kind != pg_sys::RELKIND_RELATION {
@@ -61,6 +66,15 @@ fn target(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<Target> {
         }
         if persistence == pg_sys::RELPERSISTENCE_TEMP {
             return refuse(format!("\"{name}\" is a temporary table: only tables every session sees are cached"));
+        }
+        if row_security {
+            // The build reads what its user's policies let through, and every reader would
+            // see that: a cache holds all of a table's rows or none.
+            return Err(UvmError::new(
+                Code::FeatureNotSupported,
+                format!("\"{name}\" has row-level security enabled: such tables are not cached"),
+            )
+            .detail("A cache holds every row of its table for every reader; policies choose rows per user."));
         }
         let mut columns = Vec::new();
         let wanted: Vec<String> = match names {
@@ -86,7 +100,7 @@ fn target(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<Target> {
             let expr = if encoding == Encoding::Numeric { format!("(({q}) * 1e{scale})::int8") } else { q };
             columns.push(Chosen { spec: ColumnSpec { encoding, attnum, scale }, expr });
         }
-        Ok(Target { estimated_rows, qualified, columns })
+        Ok(Target { estimated_rows, pages, qualified, columns })
     }
 }
 
@@ -117,7 +131,7 @@ impl Drop for Building {
                 if let Ok(d) = directory() {
                     if d.retire(entry.slot, entry.generation) {
                         for seg in seg.iter().chain(&dicts) {
-                            let _ = try_with_executor(|ex| exec::drop(ex, seg));
+                            let _ = crate::runtime::try_with_executor(|ex| exec::drop(ex, seg));
                         }
                         d.free(entry.slot, entry.generation);
                     }
@@ -173,12 +187,14 @@ pub fn build(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<i64> {
     let specs: Vec<ColumnSpec> = t.columns.iter().map(|c| c.spec).collect();
     let mut layout = Layout::plan(u32::from(relid), &specs, BLOCK_ROWS)?;
     let name = segment_name(db, u32::from(relid), entry.generation);
+    let parallel = super::parallel::suits(&specs, &name);
+    let workers = if parallel { super::parallel::workers_for(t.pages) } else { 0 };
     // Sized for the estimated rows at once (one chunk where the estimate holds; growth
-    // otherwise), so the segment does not end in a half-empty doubled chunk.
-    let first =
-        layout.bytes_for(t.estimated_rows.div_ceil(BLOCK_ROWS).max(1)).min(crate::guc::max_segment_size()).min(i64::MAX as u64)
-            as i64;
-    try_with_executor(|ex| exec::create(ex, &name, first, None, TierPref::Auto, BOOTSTRAP_SUPERUSER, now()))?;
+    // otherwise), so the segment does not end in a half-empty doubled chunk; each participant
+    // of a parallel build leaves one block partly full.
+    let blocks = t.estimated_rows.div_ceil(BLOCK_ROWS).max(1) + workers as u64;
+    let first = layout.bytes_for(blocks).min(crate::guc::max_segment_size()).min(i64::MAX as u64) as i64;
+    try_executor(|ex| exec::create(ex, &name, first, None, TierPref::Auto, BOOTSTRAP_SUPERUSER, now()))?;
     let (seg, _) = lookup_own(&name)?;
     building.seg = Some(seg);
 
@@ -195,7 +211,12 @@ pub fn build(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<i64> {
     let query = format!("SELECT {} FROM ONLY {}", select.join(", "), t.qualified);
     let mut dicts: Vec<Option<DictBuilder>> =
         t.columns.iter().map(|c| (c.spec.encoding == Encoding::DictCode).then(DictBuilder::default)).collect();
-    let (blocks, rows) = pgrx::spi::Spi::connect(|_| fill(&seg, &layout, &query, &mut dicts))?;
+    let (blocks, rows, launched) = if parallel {
+        super::parallel::fill(relid, &seg, &specs, BLOCK_ROWS, workers)?
+    } else {
+        let (blocks, rows) = pgrx::spi::Spi::connect(|_| fill(&seg, &layout, &query, &mut dicts))?;
+        (blocks, rows, 0)
+    };
     // SAFETY: pops the snapshot pushed above (the SPI connection is closed).
     unsafe { pg_sys::PopActiveSnapshot() };
     // Each text column's dictionary, a segment of its own, named from the cache's.
@@ -204,18 +225,19 @@ pub fn build(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<i64> {
         let attnum = t.columns[col].spec.attnum;
         let dname = dictionary_name(&name, attnum);
         let bytes = dict.to_bytes();
-        try_with_executor(|ex| exec::create(ex, &dname, bytes.len() as i64, None, TierPref::Auto, BOOTSTRAP_SUPERUSER, now()))?;
+        try_executor(|ex| exec::create(ex, &dname, bytes.len() as i64, None, TierPref::Auto, BOOTSTRAP_SUPERUSER, now()))?;
         let (dseg, _) = lookup_own(&dname)?;
         building.dicts.push(dseg);
-        try_with_executor(|ex| exec::write(ex, &dseg, 0, &bytes))?;
+        try_executor(|ex| exec::write(ex, &dseg, 0, &bytes))?;
         layout.set_dictionary(col, attnum as u64);
     }
     layout.set_extent(blocks, rows)?;
     layout.stamp(u32::from(relid), xmax, entry.generation);
-    try_with_executor(|ex| exec::write(ex, &seg, 0, &layout.prefix()))?;
+    try_executor(|ex| exec::write(ex, &seg, 0, &layout.prefix()))?;
     let dict_bytes: u64 = building.dicts.iter().filter_map(|d| lookup_own(d.name()).ok()).map(|(_, i)| i.committed).sum();
     let bytes = lookup_own(&name).map(|(_, i)| i.committed).unwrap_or(0) + dict_bytes;
-    let built = Built { columns: t.columns.len() as u32, built_xmax: xmax, builder_xid, built_at: now(), rows, bytes };
+    let built =
+        Built { columns: t.columns.len() as u32, built_xmax: xmax, builder_xid, built_at: now(), rows, bytes, workers: launched };
     d.publish(&entry, &built);
     building.done();
     if builder_xid != 0 {
@@ -265,9 +287,9 @@ fn fill(seg: &SegRef, layout: &Layout, query: &str, dicts: &mut [Option<DictBuil
         let too_many = || UvmError::new(Code::ProgramLimitExceeded, "the cache outgrows a segment");
         let at = blocks.checked_mul(block_bytes).and_then(|x| x.checked_add(data_offset)).ok_or_else(too_many)?;
         let end = at.checked_add(block_bytes).ok_or_else(too_many)?;
-        try_with_executor(|ex| exec::grow_at_least(ex, seg, end))?;
+        try_executor(|ex| exec::grow_at_least(ex, seg, end))?;
         let bytes = b.finish();
-        try_with_executor(|ex| exec::write(ex, seg, at as i64, &bytes))?;
+        try_executor(|ex| exec::write(ex, seg, at as i64, &bytes))?;
         *blocks += 1;
         Ok(())
     };

@@ -75,10 +75,11 @@ use crate::error::{Code, Result, UvmError};
 use crate::exec::{self, SegRef};
 use crate::registry::shmem::Block;
 use crate::registry::TierPref;
-use crate::runtime::{lookup_own, now, try_with_executor};
+use crate::runtime::{lookup_own, now, try_executor};
 
 mod builder;
 mod marks;
+mod parallel;
 mod reader;
 
 pub use builder::build;
@@ -222,7 +223,7 @@ fn drop_entry(d: &Directory, e: &Entry) -> Result<bool> {
         .collect();
     for n in dicts.iter().chain(std::iter::once(&name)) {
         match lookup_own(n) {
-            Ok((seg, _)) => try_with_executor(|ex| exec::drop(ex, &seg))?,
+            Ok((seg, _)) => try_executor(|ex| exec::drop(ex, &seg))?,
             Err(err) if err.code == Code::UndefinedObject => {}
             Err(err) => return Err(err),
         }
@@ -290,6 +291,8 @@ pub struct Listed {
     pub rows: i64,
     pub device_bytes: i64,
     pub host_bytes: i64,
+    /// Parallel workers that built it beside the builder.
+    pub build_workers: i32,
     pub built_at: Option<i64>,
     pub last_used: Option<i64>,
     pub segment: String,
@@ -323,6 +326,7 @@ pub fn list() -> Result<Vec<Listed>> {
             built_at: (e.built_at != 0).then_some(e.built_at),
             last_used: (e.last_used != 0).then_some(e.last_used),
             segment: name,
+            build_workers: e.workers as i32,
         });
     }
     Ok(out)
@@ -343,8 +347,8 @@ fn attname(relation: u32, attnum: i16) -> String {
 /// Reads and validates a cache segment's header and column directory.
 fn read_layout(seg: &SegRef, name: &str, size: u64) -> Result<Layout> {
     let mut head = vec![0u8; HEADER_BYTES as usize];
-    try_with_executor(|ex| exec::read(ex, seg, 0, &mut head))?;
+    try_executor(|ex| exec::read(ex, seg, 0, &mut head))?;
     let mut prefix = vec![0u8; Layout::prefix_len(name, &head)?.min(size) as usize];
-    try_with_executor(|ex| exec::read(ex, seg, 0, &mut prefix))?;
+    try_executor(|ex| exec::read(ex, seg, 0, &mut prefix))?;
     Layout::parse(name, &prefix, size)
 }

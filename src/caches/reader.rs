@@ -148,7 +148,7 @@ fn fold_cache(seg: &SegRef, layout: &Layout, col: usize, scale: Option<i16>) -> 
     for b in 0..h.blocks {
         let (at, _) =
             layout.block_at(b).ok_or_else(|| UvmError::new(Code::InvalidParameterValue, "a block past the cache's end"))?;
-        try_with_executor(|ex| exec::read(ex, seg, at as i64, &mut buf))?;
+        try_executor(|ex| exec::read(ex, seg, at as i64, &mut buf))?;
         let n = one.block_rows(&buf, 0)?;
         rows += n;
         let (nn, s) = match enc {

@@ -61,6 +61,7 @@ fn caches_internal() -> TableIterator<
         name!(rows, i64),
         name!(device_bytes, i64),
         name!(host_bytes, i64),
+        name!(build_workers, i32),
         name!(built_at, Option<TimestampWithTimeZone>),
         name!(last_used, Option<TimestampWithTimeZone>),
         name!(segment, String),
@@ -78,6 +79,7 @@ fn caches_internal() -> TableIterator<
                 c.rows,
                 c.device_bytes,
                 c.host_bytes,
+                c.build_workers,
                 ts(c.built_at),
                 ts(c.last_used),
                 c.segment,
@@ -91,9 +93,9 @@ pgrx::extension_sql!(
     r#"
 CREATE VIEW caches AS
 SELECT c.relation::regclass AS relation, c.state, c.columns, c.rows, c.device_bytes, c.host_bytes,
-       c.built_at, c.last_used, c.segment
+       c.build_workers, c.built_at, c.last_used, c.segment
   FROM caches_internal() c;
-COMMENT ON VIEW caches IS 'The column caches of this database (uvm.cache_table): table, cached columns, rows, bytes per tier, state (ready: read where current; stale: a write changed the table since the build, readers use the heap until uvm.cache_table rebuilds it; building; dropping), when built and last read, its segment.';
+COMMENT ON VIEW caches IS 'The column caches of this database (uvm.cache_table): table, cached columns, rows, bytes per tier, parallel workers that built it beside the builder, state (ready: read where current; stale: a write changed the table since the build, readers use the heap until uvm.cache_table rebuilds it; building; dropping), when built and last read, its segment.';
 GRANT SELECT ON caches TO PUBLIC;
 "#,
     name = "cache_views",

@@ -154,12 +154,67 @@ RESET ROLE;
 SELECT relation, state FROM uvm.caches ORDER BY 1;
 SELECT count(*) AS cache_segments FROM uvm.segments WHERE name LIKE 'pg_temp_cache_%';
 
+-- Row-level security: refused at build; enabling it later leaves the caches stale (an ALTER
+-- TABLE marks every cache of the database)
+CREATE TABLE ctrls (a int);
+INSERT INTO ctrls VALUES (1), (2);
+ALTER TABLE ctrls ENABLE ROW LEVEL SECURITY;
+SELECT uvm.cache_table('ctrls');
+ALTER TABLE ctrls DISABLE ROW LEVEL SECURITY;
+SELECT uvm.cache_table('ctrls') AS rows;
+ALTER TABLE ctrls ENABLE ROW LEVEL SECURITY;
+SELECT state FROM uvm.caches WHERE relation = 'ctrls'::regclass;
+SELECT uvm.cache_drop('ctrls');
+
+-- Parallel build (fixed-width columns): the leader and parallel workers each fill whole blocks
+-- of their own from the table's parallel scan (each one's last block partly full); the answers
+-- are the heap's. Without workers the leader scans alone.
+CREATE TABLE ctpar AS
+SELECT g::int8 AS k, (g % 97)::int4 AS v, CASE WHEN g % 5 = 0 THEN NULL ELSE (g % 13)::int2 END AS s,
+       g % 3 = 0 AS b, date '2000-01-01' + g % 1000 AS d, g / 7.0::float8 AS f
+  FROM generate_series(1, 300000) g;
+CREATE FUNCTION par_check() RETURNS TABLE (col text, source text, same_as_heap boolean)
+LANGUAGE plpgsql AS $$
+DECLARE c text; f record; h record;
+BEGIN
+  FOREACH c IN ARRAY ARRAY['k', 'v', 's', 'b', 'd', 'f'] LOOP
+    SELECT * INTO f FROM uvm.cache_fold('ctpar', c);
+    PERFORM set_config('pg_uvm_share.enable_cache', 'off', true);
+    SELECT * INTO h FROM uvm.cache_fold('ctpar', c);
+    PERFORM set_config('pg_uvm_share.enable_cache', 'on', true);
+    RETURN QUERY SELECT c, f.source, (f.rows, f.non_null, f.sum) IS NOT DISTINCT FROM (h.rows, h.non_null, h.sum) AND h.source = 'heap';
+  END LOOP;
+END $$;
+SET min_parallel_table_scan_size = 0;
+SET max_parallel_maintenance_workers = 2;
+SELECT uvm.cache_table('ctpar') AS rows;
+SELECT build_workers > 0 AS parallel, rows, columns FROM uvm.caches WHERE relation = 'ctpar'::regclass;
+SELECT * FROM par_check();
+SET max_parallel_maintenance_workers = 0;
+SELECT uvm.cache_table('ctpar') AS rows;
+SELECT build_workers FROM uvm.caches WHERE relation = 'ctpar'::regclass;
+SELECT * FROM par_check();
+-- a cancelled parallel build (statement_timeout) leaves no cache and no segment
+SET max_parallel_maintenance_workers = 2;
+SELECT uvm.cache_drop('ctpar');
+INSERT INTO ctpar SELECT * FROM ctpar;
+INSERT INTO ctpar SELECT * FROM ctpar;
+SET statement_timeout = '5ms';
+SELECT uvm.cache_table('ctpar');
+RESET statement_timeout;
+SELECT count(*) AS caches FROM uvm.caches WHERE relation = 'ctpar'::regclass;
+SELECT count(*) AS cache_segments FROM uvm.segments WHERE name LIKE 'pg_temp_cache_%';
+RESET max_parallel_maintenance_workers;
+RESET min_parallel_table_scan_size;
+DROP TABLE ctpar;
+DROP FUNCTION par_check();
+
 -- Drop: cache_drop, and a dropped table's cache is reclaimed
 SELECT uvm.cache_drop('ct'), uvm.cache_drop('ct');
 SELECT uvm.cache_table('ct', ARRAY['a']) AS rows;
 DROP TABLE ct CASCADE;
 SELECT count(*) AS caches_left FROM uvm.caches;
 SELECT count(*) AS cache_segments FROM uvm.segments WHERE name LIKE 'pg_temp_cache_%';
-DROP TABLE ctn, ctp, ctnan;
+DROP TABLE ctn, ctp, ctnan, ctrls;
 DROP FUNCTION fold_check(text);
 DROP ROLE uvm_cache_reader;

@@ -92,7 +92,8 @@ pub struct Slot {
     bytes: AtomicU64,
     /// The role that built it (for the view).
     builder: AtomicU32,
-    _pad: AtomicU32,
+    /// The parallel workers that built it beside the builder (for the view).
+    workers: AtomicU32,
 }
 
 /// The directory's header and slots, in shared memory.
@@ -119,6 +120,7 @@ pub struct Entry {
     pub rows: u64,
     pub bytes: u64,
     pub builder: u32,
+    pub workers: u32,
 }
 
 /// What a builder publishes.
@@ -130,6 +132,8 @@ pub struct Built {
     pub built_at: i64,
     pub rows: u64,
     pub bytes: u64,
+    /// The parallel workers that filled blocks beside the builder.
+    pub workers: u32,
 }
 
 impl Directory {
@@ -143,7 +147,7 @@ impl Directory {
     pub fn reset(&self) {
         self.next_generation.store(1, SeqCst);
         for s in &self.slots {
-            for f in [&s.state, &s.database, &s.relation, &s.columns, &s.builder, &s._pad] {
+            for f in [&s.state, &s.database, &s.relation, &s.columns, &s.builder, &s.workers] {
                 f.store(0, SeqCst);
             }
             for f in [&s.generation, &s.built_xmax, &s.builder_xid, &s.rows, &s.bytes] {
@@ -178,6 +182,7 @@ impl Directory {
             rows: s.rows.load(SeqCst),
             bytes: s.bytes.load(SeqCst),
             builder: s.builder.load(SeqCst),
+            workers: s.workers.load(SeqCst),
         }
     }
 
@@ -219,6 +224,7 @@ impl Directory {
                 f.store(0, SeqCst);
             }
             s.columns.store(0, SeqCst);
+            s.workers.store(0, SeqCst);
             s.built_at.store(0, SeqCst);
             s.last_used.store(0, SeqCst);
             s.builder.store(builder, SeqCst);
@@ -243,6 +249,7 @@ impl Directory {
         s.last_used.store(b.built_at, SeqCst);
         s.rows.store(b.rows, SeqCst);
         s.bytes.store(b.bytes, SeqCst);
+        s.workers.store(b.workers, SeqCst);
         s.state.compare_exchange(State::Building as u32, State::Ready as u32, SeqCst, SeqCst).is_ok()
     }
 
@@ -347,7 +354,7 @@ mod tests {
     }
 
     fn built(xmax: u64) -> Built {
-        Built { columns: 2, built_xmax: xmax, builder_xid: 0, built_at: 7, rows: 10, bytes: 4096 }
+        Built { columns: 2, built_xmax: xmax, builder_xid: 0, built_at: 7, rows: 10, bytes: 4096, workers: 0 }
     }
 
     #[test]
