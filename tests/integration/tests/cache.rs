@@ -1,7 +1,9 @@
 //! Column caches under concurrent writers (issue 26, point 2): every answer a reader takes from
 //! a cache equals the heap's under the same snapshot, at READ COMMITTED and REPEATABLE READ,
 //! while writers insert, update and delete (a quarter of their transactions and some of their
-//! subtransactions abort) and a rebuilder keeps building the cache again.
+//! subtransactions abort) and a rebuilder keeps building the cache again, by turns serially
+//! (with a `numeric` column) and by the parallel scan with workers; and a parallel build whose
+//! worker is terminated leaves nothing behind.
 
 use pg_uvm_share_tests::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -96,6 +98,8 @@ fn cached_answers_equal_the_heap_under_concurrent_writers() {
             let (stop, builds, table) = (&stop, &builds, &table);
             s.spawn(move || {
                 let mut c = connect();
+                // Workers for a table of any size: the parallel build every other time.
+                c.batch_execute("SET min_parallel_table_scan_size = 0; SET max_parallel_maintenance_workers = 2").unwrap();
                 let mut last = u128::MAX;
                 while !stop.load(Ordering::Relaxed) {
                     let p = phase();
@@ -104,7 +108,8 @@ fn cached_answers_equal_the_heap_under_concurrent_writers() {
                         continue;
                     }
                     last = p;
-                    c.query_one("SELECT uvm.cache_table($1::text::regclass, ARRAY['a', 'n'])", &[table])
+                    let columns = if p % 4 == 1 { "ARRAY['a', 'n']" } else { "ARRAY['a']" };
+                    c.query_one(&format!("SELECT uvm.cache_table($1::text::regclass, {columns})"), &[table])
                         .unwrap_or_else(|e| panic!("rebuilder: {}", describe(&e)));
                     builds.fetch_add(1, Ordering::Relaxed);
                 }
@@ -154,4 +159,84 @@ fn cached_answers_equal_the_heap_under_concurrent_writers() {
     admin.batch_execute(&format!("DROP TABLE {table}; DROP FUNCTION heap_fold(regclass, text);")).unwrap();
     let left: i64 = admin.query_one("SELECT count(*) FROM uvm.caches", &[]).unwrap().get(0);
     assert_eq!(left, 0, "the dropped table's cache is reclaimed");
+}
+
+/// A parallel build whose worker is terminated mid-way fails with the worker's error and leaves
+/// no cache, no segment and no broker fd; the builder's session builds again afterwards.
+#[test]
+fn a_parallel_build_whose_worker_is_terminated_leaves_nothing() {
+    let table = unique_name("cache_par_term");
+    let mut admin = connect();
+    let broker = wait_broker(&mut admin, Duration::from_secs(10));
+    admin
+        .batch_execute(&format!(
+            "CREATE UNLOGGED TABLE {table} AS SELECT g::int8 AS k, (g % 1000)::int8 AS v FROM generate_series(1, 4000000) g"
+        ))
+        .unwrap();
+    // (VACUUM cannot run in the implicit transaction of a multi-statement batch)
+    admin.batch_execute(&format!("VACUUM ANALYZE {table}")).unwrap();
+    let cache_segments = |c: &mut postgres::Client| -> i64 {
+        c.query_one("SELECT count(*) FROM uvm.segments WHERE name LIKE 'pg_temp_cache_%'", &[]).unwrap().get(0)
+    };
+    assert_eq!(cache_segments(&mut admin), 0, "cache segments before the test");
+    let before = memfd_count(broker);
+    let mut builder = connect();
+    let pid = backend_pid(&mut builder);
+    builder.batch_execute("SET min_parallel_table_scan_size = 0; SET max_parallel_maintenance_workers = 2").unwrap();
+    // A build is short: try a few times to catch one of its workers.
+    let mut caught = None;
+    for _ in 0..5 {
+        let sql = format!("SELECT uvm.cache_table('{table}')");
+        let mut c = connect();
+        let runner = std::thread::spawn(move || {
+            let mut b = builder;
+            let r = b.query_one(&sql, &[]).map(|_| ()).map_err(|e| describe(&e));
+            (b, r)
+        });
+        let mut worker = None;
+        wait_until(Duration::from_secs(20), || {
+            worker = c
+                .query_opt("SELECT pid FROM pg_stat_activity WHERE leader_pid = $1 AND pid <> $1 LIMIT 1", &[&pid])
+                .unwrap()
+                .map(|r| r.get::<_, i32>(0));
+            worker.is_some() || runner.is_finished()
+        });
+        if let Some(w) = worker {
+            c.execute("SELECT pg_terminate_backend($1)", &[&w]).unwrap();
+        }
+        let (b, r) = runner.join().unwrap();
+        builder = b;
+        if worker.is_some() && r.is_err() {
+            caught = Some(r.unwrap_err());
+            break;
+        }
+        builder.batch_execute(&format!("SELECT uvm.cache_drop('{table}')")).unwrap();
+    }
+    let err = caught.expect("no attempt caught a worker of the parallel build mid-way");
+    eprintln!("the build failed with: {err}");
+    let cached: i64 =
+        admin.query_one("SELECT count(*) FROM uvm.caches WHERE relation = $1::text::regclass", &[&table]).unwrap().get(0);
+    assert_eq!(cached, 0, "a cache is left of the failed build");
+    assert_eq!(cache_segments(&mut admin), 0, "a segment is left of the failed build");
+    let mut now = 0;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            now = memfd_count(broker);
+            now == before
+        }),
+        "the broker holds {now} memfds, {before} before the build"
+    );
+    // The session goes on: the build again, and its answer is the heap's.
+    let rows: i64 = builder.query_one(&format!("SELECT uvm.cache_table('{table}')"), &[]).unwrap().get(0);
+    assert_eq!(rows, 4_000_000);
+    let q = format!("SELECT source, rows, non_null, sum::text FROM uvm.cache_fold('{table}', 'v')");
+    let cache = builder.query_one(&q, &[]).unwrap();
+    builder.batch_execute("SET pg_uvm_share.enable_cache = off").unwrap();
+    let heap = builder.query_one(&q, &[]).unwrap();
+    assert_eq!((cache.get::<_, String>(0), heap.get::<_, String>(0)), ("cache".to_string(), "heap".to_string()));
+    for i in 1..3 {
+        assert_eq!(cache.get::<_, i64>(i), heap.get::<_, i64>(i));
+    }
+    assert_eq!(cache.get::<_, String>(3), heap.get::<_, String>(3));
+    admin.batch_execute(&format!("DROP TABLE {table}")).unwrap();
 }
