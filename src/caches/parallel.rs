@@ -233,10 +233,11 @@ fn scan_part(shared: &Shared, rel: pg_sys::Relation, pscan: pg_sys::ParallelTabl
     let mut block = BlockBuilder::new(&layout);
     let mut row: Vec<Option<u64>> = vec![None; columns.len()];
     let mut rows = 0u64;
-    // SAFETY: the scan and slot are live; after slot_getsomeattrs the slot's first `natts`
-    // values and NULL flags are valid; every chosen attnum is 1..=natts, and its type is
-    // by-value (`suits`), so the datum is the value's bits.
+    // SAFETY: the scan and slot are live (ended by `Scan`'s drop only).
     while unsafe { pg_sys::table_scan_getnextslot(scan.scan, pg_sys::ScanDirection::ForwardScanDirection, scan.slot) } {
+        // SAFETY: the slot holds a tuple; after slot_getsomeattrs its first `natts` values and
+        // NULL flags are valid; every chosen attnum is 1..=natts, and its type is by-value
+        // (`suits`), so the datum is the value's bits.
         unsafe {
             pg_sys::slot_getsomeattrs(scan.slot, natts);
             let (values, nulls) = ((*scan.slot).tts_values, (*scan.slot).tts_isnull);
@@ -250,7 +251,7 @@ fn scan_part(shared: &Shared, rel: pg_sys::Relation, pscan: pg_sys::ParallelTabl
         if block.is_full() {
             flush(std::mem::replace(&mut block, BlockBuilder::new(&layout)))?;
         }
-        if rows % 4096 == 0 {
+        if rows.is_multiple_of(4096) {
             pg_sys::check_for_interrupts!();
         }
     }

@@ -206,8 +206,8 @@ fn a_parallel_build_whose_worker_is_terminated_leaves_nothing() {
         }
         let (b, r) = runner.join().unwrap();
         builder = b;
-        if worker.is_some() && r.is_err() {
-            caught = Some(r.unwrap_err());
+        if let (Some(_), Err(e)) = (worker, &r) {
+            caught = Some(e.clone());
             break;
         }
         builder.batch_execute(&format!("SELECT uvm.cache_drop('{table}')")).unwrap();
