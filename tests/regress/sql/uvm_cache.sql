@@ -200,7 +200,9 @@ SELECT uvm.cache_drop('ctpar');
 INSERT INTO ctpar SELECT * FROM ctpar;
 INSERT INTO ctpar SELECT * FROM ctpar;
 SET statement_timeout = '5ms';
+\set VERBOSITY terse
 SELECT uvm.cache_table('ctpar');
+\set VERBOSITY default
 RESET statement_timeout;
 SELECT count(*) AS caches FROM uvm.caches WHERE relation = 'ctpar'::regclass;
 SELECT count(*) AS cache_segments FROM uvm.segments WHERE name LIKE 'pg_temp_cache_%';
