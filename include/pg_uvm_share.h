@@ -43,9 +43,10 @@
 
 #include "postgres.h"
 #include "fmgr.h"
+#include "utils/snapshot.h"
 
 #define PG_UVM_SHARE_ABI_MAJOR 1
-#define PG_UVM_SHARE_ABI_MINOR 0
+#define PG_UVM_SHARE_ABI_MINOR 1
 #define PG_UVM_SHARE_ABI_VERSION ((PG_UVM_SHARE_ABI_MAJOR << 16) | PG_UVM_SHARE_ABI_MINOR)
 
 /* The name of the rendezvous variable that holds the table. */
@@ -121,6 +122,53 @@ typedef struct UvmKernelArg
 /* The most arguments one launch takes. */
 #define UVM_MAX_KERNEL_ARGS 32
 
+/* Column caches (1.1): how a cache's values are stored (crates/uvm_core/src/cache: the format's
+ * numbers, fixed). Values are little-endian, `width` bytes each. */
+#define UVM_ENC_BOOL 1			/* 1 byte, 0 or 1 */
+#define UVM_ENC_INT2 2
+#define UVM_ENC_INT4 3
+#define UVM_ENC_INT8 4
+#define UVM_ENC_FLOAT4 5		/* IEEE 754 bits */
+#define UVM_ENC_FLOAT8 6
+#define UVM_ENC_DATE 7			/* int4: PostgreSQL's DateADT, days from 2000-01-01 */
+#define UVM_ENC_TIMESTAMP 8		/* int8: PostgreSQL's Timestamp, microseconds from 2000-01-01 */
+#define UVM_ENC_TIMESTAMPTZ 9	/* int8: PostgreSQL's TimestampTz */
+#define UVM_ENC_NUMERIC 10		/* int8: the number x 10^scale */
+#define UVM_ENC_DICT_CODE 11	/* uint4: a code of the column's dictionary */
+
+/* One cached column. In block b (at data_offset + b * block_bytes from the segment's start),
+ * row r's value is at values_at + r * width and its NULL flag is bit (r % 8) of the byte at
+ * nulls_at + r / 8 (1: NULL; the value bytes are then 0), for r below the block's own row
+ * count (the uint64 at the block's start). */
+typedef struct UvmCacheColumn
+{
+	int16		attnum;			/* the table's column number */
+	uint16		encoding;		/* UVM_ENC_* */
+	uint16		width;			/* bytes per value */
+	int16		scale;			/* UVM_ENC_NUMERIC: the stored integer is the number x 10^scale */
+	uint64		values_at;		/* from the block's start */
+	uint64		nulls_at;		/* from the block's start */
+	UvmPinHandle dictionary;	/* UVM_ENC_DICT_CODE: a pin of the dictionary's segment (its
+								 * layout: docs/C-API.md); 0 for the other encodings */
+} UvmCacheColumn;
+
+/* A table's column cache, pinned: what cache_pin() fills in. */
+typedef struct UvmCache
+{
+	UvmPin		pin;			/* the cache's segment: read through it (read(), or base where
+								 * cpu_mapped); unpin() it, and each column's dictionary, when done
+								 * (or let the resource owner release them) */
+	uint64		rows;			/* rows in all blocks */
+	uint64		blocks;
+	uint64		block_rows;		/* rows a block holds at most; each block's own count (a uint64
+								 * at its start) may be less, in any block (parallel builds) */
+	uint64		block_bytes;
+	uint64		data_offset;	/* where block 0 starts */
+	uint64		block_header_bytes; /* bytes of a block's header (its row count first) */
+	uint32		ncolumns;
+	const UvmCacheColumn *columns; /* ncolumns entries, valid as long as the pin */
+} UvmCache;
+
 typedef struct PgUvmShareApi
 {
 	uint32		abi_version;	/* PG_UVM_SHARE_ABI_VERSION of the library */
@@ -161,6 +209,14 @@ typedef struct PgUvmShareApi
 	 * launch never waited for is given up when its resource owner is released. */
 	UvmLaunchHandle (*launch_start) (const UvmKernel *kernel, const UvmKernelArg *args, int nargs);
 	void		(*launch_wait) (UvmLaunchHandle launch);
+
+	/* 1.1: column caches. The cache of table `relid` if it answers exactly what the heap would
+	 * under `snapshot` (an MVCC snapshot the caller holds, e.g. the query's; the extension's
+	 * reader's rule, docs/C-API.md): pins it (and each dictionary) for CurrentResourceOwner,
+	 * fills *cache and returns true. false where no cache may be read instead of the heap: none,
+	 * stale, being built or dropped, a snapshot that may not see it, SERIALIZABLE,
+	 * pg_uvm_share.enable_cache off. 42501 without SELECT on the table. */
+	bool		(*cache_pin) (Oid relid, Snapshot snapshot, UvmCache *cache);
 } PgUvmShareApi;
 
 /* The table, checked against the ABI major version and size a module was built for. */

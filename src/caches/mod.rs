@@ -86,7 +86,7 @@ mod reader;
 
 pub use builder::build;
 pub use marks::init_hooks;
-pub use reader::{fold, Folded};
+pub use reader::{fold, usable_for, Folded, Usable};
 
 /// PostgreSQL's bootstrap superuser: the owner of every cache segment (no role a user can drop).
 const BOOTSTRAP_SUPERUSER: u32 = 10;

@@ -14,6 +14,42 @@ pub struct Folded {
 
 /// The cache of `relid` if this query's snapshot may read it, with its layout.
 fn usable(relid: pg_sys::Oid) -> Result<Option<(Entry, SegRef, Layout)>> {
+    // SAFETY: reads whether this backend has an active snapshot, and then that snapshot.
+    let snap = unsafe { if pg_sys::ActiveSnapshotSet() { pg_sys::GetActiveSnapshot() } else { std::ptr::null_mut() } };
+    usable_under(relid, snap)
+}
+
+/// A cache that a snapshot may read in place of the heap ([`usable_for`]).
+pub struct Usable {
+    pub entry: Entry,
+    pub seg: SegRef,
+    pub layout: Layout,
+}
+
+impl Usable {
+    /// Whether the cache is still the one found, and `Ready`: what a reader checks again after
+    /// it has pinned the segment (a drop or a rebuild in between: the heap answers).
+    pub fn still_ready(&self) -> bool {
+        directory().is_ok_and(|d| d.state_of(self.entry.slot, self.entry.generation) == Some(State::Ready))
+    }
+
+    /// The segment of the dictionary of column `col` (a `DictCode` one).
+    pub fn dictionary(&self, col: usize) -> Result<SegRef> {
+        let attnum = self.layout.columns().get(col).map(|c| c.attnum).unwrap_or(0);
+        lookup_own(&dictionary_name(self.seg.name(), attnum)).map(|(s, _)| s)
+    }
+}
+
+/// The cache of `relid` if `snapshot` (NULL: none, so no cache) may read it in place of the
+/// heap, by the reader's rule (the module essay): for other extensions (the C API). 42501
+/// without `SELECT` on the table.
+pub fn usable_for(relid: pg_sys::Oid, snapshot: pg_sys::Snapshot) -> Result<Option<Usable>> {
+    check_select(relid)?;
+    Ok(usable_under(relid, snapshot)?.map(|(entry, seg, layout)| Usable { entry, seg, layout }))
+}
+
+/// [`usable`] under `snap` (NULL: no snapshot, no cache).
+fn usable_under(relid: pg_sys::Oid, snap: pg_sys::Snapshot) -> Result<Option<(Entry, SegRef, Layout)>> {
     if !crate::guc::ENABLE_CACHE.get() {
         return Ok(None);
     }
@@ -22,13 +58,15 @@ fn usable(relid: pg_sys::Oid) -> Result<Option<(Entry, SegRef, Layout)>> {
     if e.state != State::Ready {
         return Ok(None);
     }
-    // SAFETY: reads this transaction's isolation level and active snapshot (a query runs with
-    // one); the transaction id functions read the commit log.
+    // SAFETY: reads this transaction's isolation level and the snapshot, non-NULL (the
+    // caller's: live while it reads); TransactionIdFollowsOrEquals compares two ids.
     let current = unsafe {
-        if pg_sys::XactIsoLevel == pg_sys::XACT_SERIALIZABLE as i32 || !pg_sys::ActiveSnapshotSet() {
+        if pg_sys::XactIsoLevel == pg_sys::XACT_SERIALIZABLE as i32
+            || snap.is_null()
+            || (*snap).snapshot_type != pg_sys::SnapshotType::SNAPSHOT_MVCC
+        {
             false
         } else {
-            let snap = pg_sys::GetActiveSnapshot();
             let xmin = (*snap).xmin;
             // (a builder with an xid clears it when it commits: until then, the heap)
             pg_sys::TransactionIdFollowsOrEquals(xmin, pg_sys::TransactionId::from_inner(e.built_xmax as u32))

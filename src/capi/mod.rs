@@ -63,7 +63,7 @@ use crate::uvm_err;
 
 /// The ABI major version (`PG_UVM_SHARE_ABI_MAJOR`) and minor version of this library.
 pub const ABI_MAJOR: u32 = 1;
-pub const ABI_MINOR: u32 = 0;
+pub const ABI_MINOR: u32 = 1;
 
 /// `UvmSegmentInfo`.
 #[repr(C)]
@@ -97,6 +97,33 @@ pub struct UvmPin {
     pub base: *mut c_void,
     pub same_address: bool,
     pub chunks: *const UvmChunk,
+}
+
+/// `UvmCacheColumn`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UvmCacheColumn {
+    pub attnum: i16,
+    pub encoding: u16,
+    pub width: u16,
+    pub scale: i16,
+    pub values_at: u64,
+    pub nulls_at: u64,
+    pub dictionary: u64,
+}
+
+/// `UvmCache`.
+#[repr(C)]
+pub struct UvmCache {
+    pub pin: UvmPin,
+    pub rows: u64,
+    pub blocks: u64,
+    pub block_rows: u64,
+    pub block_bytes: u64,
+    pub data_offset: u64,
+    pub block_header_bytes: u64,
+    pub ncolumns: u32,
+    pub columns: *const UvmCacheColumn,
 }
 
 /// `UvmKernel`.
@@ -145,6 +172,8 @@ pub struct PgUvmShareApi {
     pub launch: unsafe extern "C-unwind" fn(*const UvmKernel, *const UvmKernelArg, c_int),
     pub launch_start: unsafe extern "C-unwind" fn(*const UvmKernel, *const UvmKernelArg, c_int) -> u64,
     pub launch_wait: unsafe extern "C-unwind" fn(u64),
+    // 1.1
+    pub cache_pin: unsafe extern "C-unwind" fn(pg_sys::Oid, pg_sys::Snapshot, *mut UvmCache) -> bool,
 }
 
 /// A `Sync` wrapper: the table holds a pointer to a static string, which C only reads.
@@ -170,6 +199,7 @@ static API: Table = Table(PgUvmShareApi {
     launch: api_launch,
     launch_start: api_launch_start,
     launch_wait: api_launch_wait,
+    cache_pin: api_cache_pin,
 });
 
 /// Publishes the table and registers the resource release callback (from `_PG_init`, in the
@@ -194,6 +224,9 @@ struct HeldPin {
     pin: Pin<PgEnv>,
     /// What the caller's `UvmPin::chunks` points to: kept, never read here.
     _chunks: Box<[UvmChunk]>,
+    /// What a cache pin's `UvmCache::columns` points to (empty for other pins): kept, never
+    /// read here.
+    _columns: Box<[UvmCacheColumn]>,
 }
 
 /// A launch in flight for C.
@@ -428,27 +461,105 @@ unsafe extern "C-unwind" fn api_pin(name: *const c_char, expect: *const UvmSegme
                 .hint("Look it up again (its chunks grew or moved), then pin it."));
             }
         }
-        let chunks: Box<[UvmChunk]> = i
-            .chunks
-            .iter()
-            .map(|c| UvmChunk { offset: c.offset, size: c.size, tier: c.tier as u32, cpu_mapped: pin.cpu_mapped(c.tier) as u32 })
-            .collect();
-        // Service mode: this process maps the host tier only (`crate::provider::remote`).
-        let base =
-            if mapped || chunks.iter().any(|c| c.cpu_mapped != 0) { pin.base() as *mut c_void } else { std::ptr::null_mut() };
-        let filled = UvmPin {
-            handle: new_handle(),
-            info: info_of(i),
-            base,
-            same_address: i.base_hint != 0 && pin.base() as u64 == i.base_hint,
-            chunks: chunks.as_ptr(),
-        };
-        let handle = filled.handle;
-        let seg = SegRef::new(name, i.id)?;
+        let (filled, held) = hold(name, pin, owner, mapped, Box::new([]))?;
         // SAFETY: non-NULL (checked): the caller's UvmPin.
         unsafe { out(result, filled, "pin") }?;
-        PINS.with(|p| p.borrow_mut().push(HeldPin { handle, owner, seg, pin, _chunks: chunks }));
+        PINS.with(|p| p.borrow_mut().push(held));
         Ok(())
+    })
+}
+
+/// The `UvmPin` of segment `name`'s `pin`, and the entry that holds it for `owner` (with
+/// `columns`, what a cache pin's `UvmCache::columns` points to).
+fn hold(name: &str, pin: Pin<PgEnv>, owner: usize, mapped: bool, columns: Box<[UvmCacheColumn]>) -> Result<(UvmPin, HeldPin)> {
+    let i = pin.info();
+    let chunks: Box<[UvmChunk]> = i
+        .chunks
+        .iter()
+        .map(|c| UvmChunk { offset: c.offset, size: c.size, tier: c.tier as u32, cpu_mapped: pin.cpu_mapped(c.tier) as u32 })
+        .collect();
+    // Service mode: this process maps the host tier only (`crate::provider::remote`).
+    let base = if mapped || chunks.iter().any(|c| c.cpu_mapped != 0) { pin.base() as *mut c_void } else { std::ptr::null_mut() };
+    let filled = UvmPin {
+        handle: new_handle(),
+        info: info_of(i),
+        base,
+        same_address: i.base_hint != 0 && pin.base() as u64 == i.base_hint,
+        chunks: chunks.as_ptr(),
+    };
+    let (handle, seg) = (filled.handle, SegRef::new(name, i.id)?);
+    Ok((filled, HeldPin { handle, owner, seg, pin, _chunks: chunks, _columns: columns }))
+}
+
+/// Pins a segment of a cache (the extension's own, in the reserved namespace: the caller was
+/// authorized for the table) as `expect`: the same id.
+fn pin_own(seg: &SegRef) -> Result<Pin<PgEnv>> {
+    let pin = runtime::try_with_segments(|s| s.pin(seg.name(), |_| Ok(())))?;
+    if pin.info().id != seg.id {
+        return Err(uvm_err!(Code::UndefinedObject, "segment \"{}\" was dropped and created again", seg.name()));
+    }
+    Ok(pin)
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn api_cache_pin(relid: pg_sys::Oid, snapshot: pg_sys::Snapshot, result: *mut UvmCache) -> bool {
+    guarded(|| {
+        if result.is_null() {
+            return Err(UvmError::new(Code::NullValueNotAllowed, "the UvmCache to fill in must not be NULL"));
+        }
+        let owner = current_owner()?;
+        let mapped = runtime::maps_segment_memory()?;
+        let Some(cache) = crate::caches::usable_for(relid, snapshot)? else { return Ok(false) };
+        // Pinned, the segment stays; a drop or a rebuild that came first means the heap.
+        let pin = match pin_own(&cache.seg) {
+            Ok(p) => p,
+            Err(e) if e.code == Code::UndefinedObject => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        if !cache.still_ready() {
+            return Ok(false);
+        }
+        // The dictionaries' pins first (an ERROR meanwhile: the resource owner releases them);
+        // the cache's own pin is published last, with everything.
+        let mut columns = Vec::new();
+        for (col, c) in cache.layout.columns().iter().enumerate() {
+            let mut dictionary = 0;
+            if cache.layout.encoding(col) == Some(crate::cache::Encoding::DictCode) {
+                let seg = cache.dictionary(col)?;
+                let p = pin_own(&seg)?;
+                let (_, held) = hold(seg.name(), p, owner, mapped, Box::new([]))?;
+                dictionary = held.handle;
+                PINS.with(|p| p.borrow_mut().push(held));
+            }
+            columns.push(UvmCacheColumn {
+                attnum: c.attnum,
+                encoding: c.encoding,
+                width: c.width,
+                scale: c.scale,
+                values_at: c.values_at,
+                nulls_at: c.nulls_at,
+                dictionary,
+            });
+        }
+        let columns: Box<[UvmCacheColumn]> = columns.into_boxed_slice();
+        let h = cache.layout.header();
+        let (ptr, n) = (columns.as_ptr(), columns.len() as u32);
+        let (filled, held) = hold(cache.seg.name(), pin, owner, mapped, columns)?;
+        let c = UvmCache {
+            pin: filled,
+            rows: h.rows,
+            blocks: h.blocks,
+            block_rows: h.block_rows,
+            block_bytes: h.block_bytes,
+            data_offset: h.data_offset,
+            block_header_bytes: crate::cache::BLOCK_HEADER_BYTES,
+            ncolumns: n,
+            columns: ptr,
+        };
+        // SAFETY: non-NULL (checked): the caller's UvmCache.
+        unsafe { out(result, c, "cache") }?;
+        PINS.with(|p| p.borrow_mut().push(held));
+        Ok(true)
     })
 }
 

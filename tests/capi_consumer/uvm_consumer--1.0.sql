@@ -64,3 +64,8 @@ REVOKE EXECUTE ON FUNCTION launch_source(text, text, text, boolean, integer, int
 
 CREATE FUNCTION device_address(name text)
 RETURNS bigint AS 'MODULE_PATHNAME', 'uvm_consumer_device_address' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+-- Column caches (ABI 1.1): a fold over a table's cached column through cache_pin(), NULL where no
+-- cache may be read under the query's snapshot.
+CREATE FUNCTION cache_fold(rel regclass, colname text)
+RETURNS text AS 'MODULE_PATHNAME', 'uvm_consumer_cache_fold' LANGUAGE C VOLATILE PARALLEL UNSAFE;

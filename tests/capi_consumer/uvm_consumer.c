@@ -19,7 +19,9 @@
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
+#include "utils/lsyscache.h"
 #include "utils/resowner.h"
+#include "utils/snapmgr.h"
 
 #include "extension/pg_uvm_share/pg_uvm_share.h"
 
@@ -684,4 +686,122 @@ uvm_consumer_device_address(PG_FUNCTION_ARGS)
 	addr = api->device_address(pin.handle, 0, (int64) pin.info.size);
 	api->unpin(pin.handle);
 	PG_RETURN_INT64((int64) addr);
+}
+
+/*
+ * cache_fold(rel, column): the rows, the column's non-NULL count and a sum, read from the
+ * table's column cache through cache_pin() (NULL where no cache may be read under the query's
+ * snapshot): integers and dates sum their values, a dictionary-coded text column the bytes of
+ * its strings (read from the dictionary through its pin: the layout of docs/C-API.md). Every
+ * read goes through api->read(), bounded by the pinned size; every count and offset read from
+ * the segment is checked against the cache's own bounds before use.
+ */
+PG_FUNCTION_INFO_V1(uvm_consumer_cache_fold);
+Datum
+uvm_consumer_cache_fold(PG_FUNCTION_ARGS)
+{
+	const PgUvmShareApi *api = pg_uvm_share_api();
+	Oid			relid = PG_GETARG_OID(0);
+	char	   *colname = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	AttrNumber	attnum = get_attnum(relid, colname);
+	UvmCache	cache;
+	const UvmCacheColumn *col = NULL;
+	uint64		rows = 0,
+				non_null = 0,
+				b;
+	int64		sum = 0;
+	uint64	   *offsets = NULL;
+	uint64		entries = 0,
+				strings_at = 0;
+	uint32		k;
+	char	   *block;
+
+	if (!api->cache_pin(relid, GetActiveSnapshot(), &cache))
+		PG_RETURN_NULL();
+	for (k = 0; k < cache.ncolumns; k++)
+		if (cache.columns[k].attnum == attnum)
+			col = &cache.columns[k];
+	if (col == NULL)
+		ereport(ERROR, (errcode(ERRCODE_UNDEFINED_COLUMN), errmsg("column \"%s\" is not cached", colname)));
+	if (col->encoding == UVM_ENC_DICT_CODE)
+	{
+		uint64		header[8];	/* magic, version, entries, bytes, offsets_at, strings_at, ... */
+
+		api->read(col->dictionary, 0, header, sizeof(header));
+		entries = header[2];
+		strings_at = header[5];
+		if (entries > 100000000)
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("a dictionary of %llu entries", (unsigned long long) entries)));
+		offsets = palloc((entries + 1) * sizeof(uint64));
+		api->read(col->dictionary, (int64) header[4], offsets, (int64) ((entries + 1) * sizeof(uint64)));
+	}
+	if (cache.block_bytes == 0 || cache.block_bytes > (uint64) 1 << 30)
+		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("a block of %llu bytes", (unsigned long long) cache.block_bytes)));
+	block = palloc(cache.block_bytes);
+	for (b = 0; b < cache.blocks; b++)
+	{
+		uint64		n,
+					r;
+
+		CHECK_FOR_INTERRUPTS();
+		api->read(cache.pin.handle, (int64) (cache.data_offset + b * cache.block_bytes), block, (int64) cache.block_bytes);
+		memcpy(&n, block, sizeof(n));
+		if (n > cache.block_rows)
+			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("block %llu holds %llu rows", (unsigned long long) b, (unsigned long long) n)));
+		rows += n;
+		for (r = 0; r < n; r++)
+		{
+			const char *v = block + col->values_at + r * col->width;
+			int64		x = 0;
+
+			if (block[col->nulls_at + r / 8] & (1 << (r % 8)))
+				continue;
+			non_null++;
+			switch (col->encoding)
+			{
+				case UVM_ENC_INT2:
+					{
+						int16		i;
+
+						memcpy(&i, v, 2);
+						x = i;
+						break;
+					}
+				case UVM_ENC_INT4:
+				case UVM_ENC_DATE:
+					{
+						int32		i;
+
+						memcpy(&i, v, 4);
+						x = i;
+						break;
+					}
+				case UVM_ENC_INT8:
+					memcpy(&x, v, 8);
+					break;
+				case UVM_ENC_DICT_CODE:
+					{
+						uint32		c;
+
+						memcpy(&c, v, 4);
+						if (c >= entries || offsets[c + 1] < offsets[c])
+							ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("code %u of a dictionary of %llu", c, (unsigned long long) entries)));
+						x = (int64) (offsets[c + 1] - offsets[c]);
+						break;
+					}
+				default:
+					break;
+			}
+			sum += x;
+		}
+	}
+	(void) strings_at;
+	if (rows != cache.rows)
+		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("the blocks hold %llu rows, the cache says %llu", (unsigned long long) rows, (unsigned long long) cache.rows)));
+	for (k = 0; k < cache.ncolumns; k++)
+		if (cache.columns[k].dictionary != 0)
+			api->unpin(cache.columns[k].dictionary);
+	api->unpin(cache.pin.handle);
+	PG_RETURN_TEXT_P(cstring_to_text(psprintf("rows=%llu non_null=%llu sum=%lld", (unsigned long long) rows,
+											 (unsigned long long) non_null, (long long) sum)));
 }

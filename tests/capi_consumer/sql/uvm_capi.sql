@@ -182,6 +182,34 @@ SELECT pg_temp.try($$SELECT uvm_consumer.launch_add('cap_a', -1, 1)$$);
 SELECT uvm_consumer.read_sum('cap_a', 0, 4194304) AS sum_unchanged;
 SELECT pg_temp.my_pins('cap_a') AS pins_left;
 
+-- column caches (ABI 1.1): cache_pin() under the query's snapshot; NULL where no cache may be
+-- read (none, stale, enable_cache off); the answers are the heap's; a role without SELECT on the
+-- table gets 42501; no pin is left behind
+CREATE TABLE cap_ct AS
+SELECT g::int8 AS k, (g % 1000 - 500)::int4 AS a, date '2020-01-01' + g % 400 AS d,
+       CASE WHEN g % 4 = 0 THEN NULL ELSE 'word ' || (g % 50) END AS t
+  FROM generate_series(1, 100000) g;
+SELECT uvm_consumer.cache_fold('cap_ct', 'k') IS NULL AS no_cache;
+SELECT uvm.cache_table('cap_ct') AS rows;
+SELECT c, uvm_consumer.cache_fold('cap_ct', c) = h AS same_as_heap
+  FROM (VALUES ('k', (SELECT format('rows=%s non_null=%s sum=%s', count(*), count(k), sum(k)) FROM cap_ct)),
+               ('a', (SELECT format('rows=%s non_null=%s sum=%s', count(*), count(a), sum(a)) FROM cap_ct)),
+               ('d', (SELECT format('rows=%s non_null=%s sum=%s', count(*), count(d), sum(d - date '2000-01-01')) FROM cap_ct)),
+               ('t', (SELECT format('rows=%s non_null=%s sum=%s', count(*), count(t), sum(octet_length(t))) FROM cap_ct))) v(c, h);
+SET pg_uvm_share.enable_cache = off;
+SELECT uvm_consumer.cache_fold('cap_ct', 'k') IS NULL AS cache_off;
+RESET pg_uvm_share.enable_cache;
+CREATE ROLE uvm_capi_other;
+SET ROLE uvm_capi_other;
+SELECT pg_temp.try($$SELECT uvm_consumer.cache_fold('cap_ct', 'k')$$);
+RESET ROLE;
+DROP ROLE uvm_capi_other;
+INSERT INTO cap_ct VALUES (0, 0, NULL, NULL);
+SELECT uvm_consumer.cache_fold('cap_ct', 'k') IS NULL AS stale;
+SELECT count(*) AS cache_pins_left FROM uvm.attachments a WHERE a.pid = pg_backend_pid() AND a.segment LIKE 'pg_temp_cache_%' AND a.pins > 0;
+SELECT uvm.cache_drop('cap_ct');
+DROP TABLE cap_ct;
+
 -- drop
 SELECT uvm_consumer.drop_segment('cap_a');
 SELECT uvm_consumer.lookup_size('cap_a') IS NULL AS dropped;
