@@ -15,7 +15,13 @@ pub struct Folded {
 /// The cache of `relid` if this query's snapshot may read it, with its layout.
 fn usable(relid: pg_sys::Oid) -> Result<Option<(Entry, SegRef, Layout)>> {
     // SAFETY: reads whether this backend has an active snapshot, and then that snapshot.
-    let snap = unsafe { if pg_sys::ActiveSnapshotSet() { pg_sys::GetActiveSnapshot() } else { std::ptr::null_mut() } };
+    let snap = unsafe {
+        if pg_sys::ActiveSnapshotSet() {
+            pg_sys::GetActiveSnapshot()
+        } else {
+            std::ptr::null_mut()
+        }
+    };
     usable_under(relid, snap)
 }
 
