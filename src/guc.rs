@@ -69,6 +69,7 @@ pub static DEVICE_MEMORY_LIMIT_MB: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static PIN_WAIT_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static MAP_HOST_TIER: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static ENABLE_CACHE: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static CACHE_REFRESH_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static TEST_ALLOC_LIMIT_KB: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static PROVIDER: GucSetting<ProviderChoice> = GucSetting::<ProviderChoice>::new(ProviderChoice::Auto);
 
@@ -200,6 +201,16 @@ pub fn define() {
         &ENABLE_CACHE,
         GucContext::Userset,
         GucFlags::empty(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.cache_refresh_delay",
+        c"How long after a column cache goes stale a background worker rebuilds it (-1: never; uvm.cache_table rebuilds).",
+        c"A background worker per database rebuilds each stale cache this long after the first write that made it stale, with the privileges of the role that built it, when it can take the table's lock without waiting; at most once per this delay per table.",
+        &CACHE_REFRESH_DELAY_MS,
+        -1,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
     );
     GucRegistry::define_bool_guc(
         c"pg_uvm_share.map_host_tier",

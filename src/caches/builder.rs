@@ -147,6 +147,17 @@ const MAX_DICT_MEMORY: u64 = 1 << 30;
 /// `uvm.cache_table`: builds (or rebuilds) the cache of `relid`'s `names` columns; returns the
 /// rows cached.
 pub fn build(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<i64> {
+    build_with(relid, names, true).map(|rows| rows.unwrap_or(0))
+}
+
+/// The background refresher's build: as [`build`], but `None` at once where the table's lock
+/// is not free (a refresher never queues in front of the table's writers).
+pub(super) fn rebuild(relid: pg_sys::Oid, names: Vec<String>) -> Result<Option<i64>> {
+    build_with(relid, Some(names), false)
+}
+
+/// [`build`], waiting for the table's lock or not (`None`: not free).
+fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Result<Option<i64>> {
     // SAFETY: reads a flag of this process.
     if unsafe { pg_sys::RecoveryInProgress() } {
         return Err(UvmError::new(Code::ObjectNotInPrerequisiteState, "column caches cannot be built during recovery")
@@ -154,7 +165,13 @@ pub fn build(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<i64> {
     }
     check_select(relid)?;
     // SAFETY: takes a heavyweight lock held to the end of the transaction.
-    unsafe { pg_sys::LockRelationOid(relid, pg_sys::ShareRowExclusiveLock as i32) };
+    unsafe {
+        if wait {
+            pg_sys::LockRelationOid(relid, pg_sys::ShareRowExclusiveLock as i32);
+        } else if !pg_sys::ConditionalLockRelationOid(relid, pg_sys::ShareRowExclusiveLock as i32) {
+            return Ok(None);
+        }
+    }
     // SAFETY: a syscache probe.
     if !unsafe {
         pg_sys::SearchSysCacheExists(
@@ -247,16 +264,16 @@ pub fn build(relid: pg_sys::Oid, names: Option<Vec<String>>) -> Result<i64> {
         let (slot, generation) = (entry.slot, entry.generation);
         pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, move || {
             if let Ok(d) = directory() {
-                d.settle_builder(slot, generation, true);
+                d.settle_builder(slot, generation, true, now());
             }
         });
         pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Abort, move || {
             if let Ok(d) = directory() {
-                d.settle_builder(slot, generation, false);
+                d.settle_builder(slot, generation, false, now());
             }
         });
     }
-    Ok(rows as i64)
+    Ok(Some(rows as i64))
 }
 
 /// Reads `query` through a cursor into blocks of `seg`; returns (blocks, rows).

@@ -15,14 +15,24 @@ pub fn init_hooks() {
     unsafe { uvm_caches_install_hooks() };
 }
 
-/// Marks the caches of `relation` (0: all of this database) stale, where there are any.
+/// Marks the caches of `relation` (0: all of this database) stale, where there are any, and
+/// starts the database's background refresher where one is wanted.
 fn mark(relation: u32) {
     if let Ok(d) = directory() {
         let db = database();
         if d.any_live(db) {
-            d.mark_stale(db, relation);
+            d.mark_stale(db, relation, now());
         }
+        super::refresh::launch_if_due(d, db);
     }
+}
+
+/// Whether a statement of this database may have a cache to mark, or a stale one to refresh.
+fn worth_marking() -> bool {
+    directory().is_ok_and(|d| {
+        let db = database();
+        d.any_live(db) || super::refresh::wanted(d, db)
+    })
 }
 
 /// The OIDs of `pstmt`'s result relations.
@@ -66,7 +76,7 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_executor_start(query_desc: *mu
             return;
         }
         let pstmt = (*query_desc).plannedstmt;
-        if !pstmt.is_null() && directory().map(|d| d.any_live(database())).unwrap_or(false) {
+        if !pstmt.is_null() && worth_marking() {
             for rel in result_relations(pstmt) {
                 mark(rel);
             }
@@ -133,7 +143,7 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_utility(pstmt: *mut pg_sys::Pl
     // SAFETY: PostgreSQL hands a valid planned utility statement; nodes are read by their tags.
     unsafe {
         let stmt = (*pstmt).utilityStmt;
-        if stmt.is_null() || !directory().map(|d| d.any_live(database())).unwrap_or(false) {
+        if stmt.is_null() || !worth_marking() {
             return;
         }
         let tag = (*stmt).type_;

@@ -24,7 +24,8 @@
 //! # Staying correct
 //!
 //! Every statement that may change a cached table marks its cache stale before it changes
-//! anything; a stale cache is never read (readers go to the heap) until it is rebuilt:
+//! anything; a stale cache is never read (readers go to the heap) until it is rebuilt (by
+//! `cache_table`, or by the background refresher, `refresh.rs`):
 //!
 //! - `ExecutorStart` (every INSERT, UPDATE, DELETE, MERGE and data-modifying CTE, also from
 //!   functions and SPI): each of the plan's result relations. `EXPLAIN` without `ANALYZE` writes
@@ -63,7 +64,8 @@
 //! # Files
 //!
 //! `marks.rs` the writers' marks (with `hooks.c`, their C trampolines), `builder.rs` building
-//! (`parallel.rs` its parallel scan), `reader.rs` reading; this file the directory's shared memory, the checks every surface
+//! (`parallel.rs` its parallel scan), `refresh.rs` the background refresher of stale caches,
+//! `reader.rs` reading; this file the directory's shared memory, the checks every surface
 //! makes (privilege, types, subscriptions), dropping, reclaiming and listing.
 
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -83,6 +85,7 @@ mod builder;
 mod marks;
 mod parallel;
 mod reader;
+mod refresh;
 
 pub use builder::build;
 pub use marks::init_hooks;

@@ -62,6 +62,10 @@ fn usable_under(relid: pg_sys::Oid, snap: pg_sys::Snapshot) -> Result<Option<(En
     let d = directory()?;
     let Some(e) = d.find(database(), u32::from(relid)) else { return Ok(None) };
     if e.state != State::Ready {
+        if e.state == State::Stale {
+            // (a cache that went stale where no refresher could be started: its build aborted)
+            super::refresh::launch_if_due(d, e.database);
+        }
         return Ok(None);
     }
     // SAFETY: reads this transaction's isolation level and the snapshot, non-NULL (the

@@ -240,3 +240,123 @@ fn a_parallel_build_whose_worker_is_terminated_leaves_nothing() {
     assert_eq!(cache.get::<_, String>(3), heap.get::<_, String>(3));
     admin.batch_execute(&format!("DROP TABLE {table}")).unwrap();
 }
+
+/// Sets `pg_uvm_share.cache_refresh_delay` cluster-wide for the test's life (`ALTER SYSTEM`),
+/// and resets it when dropped, also when the test fails.
+struct RefreshDelay;
+
+impl RefreshDelay {
+    fn set(ms: i32) -> RefreshDelay {
+        let mut c = connect();
+        // (ALTER SYSTEM cannot run in the implicit transaction of a multi-statement batch)
+        c.batch_execute(&format!("ALTER SYSTEM SET pg_uvm_share.cache_refresh_delay = {ms}")).unwrap();
+        c.batch_execute("SELECT pg_reload_conf()").unwrap();
+        // (a reload reaches the backends at their next command; new ones read it at start)
+        let want = format!("{ms}ms");
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                connect().query_one("SHOW pg_uvm_share.cache_refresh_delay", &[]).unwrap().get::<_, String>(0) == want
+            }),
+            "the refresh delay did not reach new sessions"
+        );
+        RefreshDelay
+    }
+}
+
+impl Drop for RefreshDelay {
+    fn drop(&mut self) {
+        let mut c = connect();
+        let _ = c.batch_execute("ALTER SYSTEM RESET pg_uvm_share.cache_refresh_delay");
+        let _ = c.batch_execute("SELECT pg_reload_conf()");
+    }
+}
+
+fn cache_state(c: &mut postgres::Client, table: &str) -> Option<(String, i64)> {
+    c.query_opt("SELECT state, rows FROM uvm.caches WHERE relation = $1::text::regclass", &[&table])
+        .unwrap()
+        .map(|r| (r.get(0), r.get(1)))
+}
+
+/// With `pg_uvm_share.cache_refresh_delay` set, a stale cache is rebuilt in the background:
+/// after a write (its columns as they were, the answers the heap's), after its build's
+/// transaction aborted (a reader starts the refresher), and one whose building role lost SELECT
+/// is dropped; the refresher then exits.
+#[test]
+fn stale_caches_are_rebuilt_in_the_background() {
+    let _delay = RefreshDelay::set(300);
+    let table = unique_name("cache_refresh");
+    let role = unique_name("cache_refresher_role");
+    let mut admin = connect();
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (id int8, a int4, n numeric(10, 2), t text);
+             INSERT INTO {table} SELECT g, g % 1000, g / 100.0, 'w' || (g % 9) FROM generate_series(1, 20000) g;
+             CREATE ROLE {role};
+             GRANT SELECT ON {table} TO {role};"
+        ))
+        .unwrap();
+    let built: i64 =
+        admin.query_one("SELECT uvm.cache_table($1::text::regclass, ARRAY['a', 'n', 't'])", &[&table]).unwrap().get(0);
+    assert_eq!(built, 20000);
+    let ready_with = |c: &mut postgres::Client, rows: i64| {
+        let mut last = None;
+        let ok = wait_until(Duration::from_secs(20), || {
+            last = cache_state(c, &table);
+            last == Some(("ready".into(), rows))
+        });
+        assert!(ok, "the cache of {table} was not rebuilt with {rows} rows: {last:?}");
+    };
+
+    // 1. A write: stale, then rebuilt with the same columns; the answers are the heap's.
+    admin.batch_execute(&format!("INSERT INTO {table} VALUES (0, 7, 1.5, 'new')")).unwrap();
+    assert_eq!(cache_state(&mut admin, &table).map(|s| s.0), Some("stale".to_string()));
+    ready_with(&mut admin, 20001);
+    let cols: Vec<String> =
+        admin.query_one("SELECT columns FROM uvm.caches WHERE relation = $1::text::regclass", &[&table]).unwrap().get(0);
+    assert_eq!(cols, vec!["a", "n", "t"]);
+    for col in ["a", "n", "t"] {
+        let q = format!("SELECT source, rows, non_null, sum::text FROM uvm.cache_fold('{table}', '{col}')");
+        let cache = admin.query_one(&q, &[]).unwrap();
+        admin.batch_execute("SET pg_uvm_share.enable_cache = off").unwrap();
+        let heap = admin.query_one(&q, &[]).unwrap();
+        admin.batch_execute("RESET pg_uvm_share.enable_cache").unwrap();
+        assert_eq!(cache.get::<_, String>(0), "cache", "column {col}");
+        assert_eq!(heap.get::<_, String>(0), "heap", "column {col}");
+        assert_eq!(
+            (cache.get::<_, i64>(1), cache.get::<_, i64>(2), cache.get::<_, Option<String>>(3)),
+            (heap.get::<_, i64>(1), heap.get::<_, i64>(2), heap.get::<_, Option<String>>(3)),
+            "column {col}"
+        );
+    }
+
+    // 2. A build whose transaction (with an xid) aborts leaves the cache stale; a reader starts
+    //    the refresher.
+    admin
+        .batch_execute(&format!(
+            "BEGIN; SELECT txid_current(); SELECT uvm.cache_table('{table}', ARRAY['a', 'n', 't']); ROLLBACK;"
+        ))
+        .unwrap();
+    assert_eq!(cache_state(&mut admin, &table).map(|s| s.0), Some("stale".to_string()));
+    admin.query_one(&format!("SELECT source FROM uvm.cache_fold('{table}', 'a')"), &[]).unwrap();
+    ready_with(&mut admin, 20001);
+
+    // 3. Built by a role that then loses SELECT: dropped, not rebuilt with its privileges.
+    let mut other = connect();
+    other.batch_execute(&format!("SET ROLE {role}")).unwrap();
+    other.query_one(&format!("SELECT uvm.cache_table('{table}', ARRAY['a'])"), &[]).unwrap();
+    admin.batch_execute(&format!("REVOKE SELECT ON {table} FROM {role}; INSERT INTO {table} VALUES (-1, 1, 1, 'x')")).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || cache_state(&mut admin, &table).is_none()),
+        "the cache of a role without SELECT was not dropped: {:?}",
+        cache_state(&mut admin, &table)
+    );
+    // 4. Nothing stale: the refresher leaves.
+    let refreshers = |c: &mut postgres::Client| -> i64 {
+        c.query_one("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_uvm_share cache refresh'", &[])
+            .unwrap()
+            .get(0)
+    };
+    assert!(wait_until(Duration::from_secs(10), || refreshers(&mut admin) == 0), "the refresher did not exit");
+    drop(other);
+    admin.batch_execute(&format!("DROP TABLE {table}; DROP ROLE {role}")).unwrap();
+}

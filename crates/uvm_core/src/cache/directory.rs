@@ -46,6 +46,8 @@ use crate::error::{Code, Result, UvmError};
 
 /// Caches a cluster holds at most.
 pub const MAX_CACHES: usize = 64;
+/// Databases whose stale caches a background refresher rebuilds at once, at most.
+pub const MAX_REFRESHERS: usize = 16;
 
 crate::wire_enum! {
     /// A slot's state (the module's diagram).
@@ -94,6 +96,10 @@ pub struct Slot {
     builder: AtomicU32,
     /// The parallel workers that built it beside the builder (for the view).
     workers: AtomicU32,
+    _pad: AtomicU32,
+    /// When it went stale (a refresher rebuilds it `cache_refresh_delay` later), or when a
+    /// refresher should try again.
+    stale_since: AtomicI64,
 }
 
 /// The directory's header and slots, in shared memory.
@@ -101,6 +107,18 @@ pub struct Slot {
 pub struct Directory {
     next_generation: AtomicU64,
     slots: [Slot; MAX_CACHES],
+    /// The databases whose background refresher runs (0: a free entry).
+    refreshers: [Refresher; MAX_REFRESHERS],
+}
+
+/// One database's background refresher: claimed by the backend that launches it, its pid set
+/// by the worker once it runs.
+#[derive(Default)]
+#[repr(C)]
+struct Refresher {
+    database: AtomicU32,
+    pid: AtomicU32,
+    claimed_at: AtomicI64,
 }
 
 /// What a slot held when it was read (one load per field; fields read while the slot moves may
@@ -121,6 +139,7 @@ pub struct Entry {
     pub bytes: u64,
     pub builder: u32,
     pub workers: u32,
+    pub stale_since: i64,
 }
 
 /// What a builder publishes.
@@ -155,13 +174,22 @@ impl Directory {
             }
             s.built_at.store(0, SeqCst);
             s.last_used.store(0, SeqCst);
+            s.stale_since.store(0, SeqCst);
+        }
+        for r in &self.refreshers {
+            r.database.store(0, SeqCst);
+            r.pid.store(0, SeqCst);
         }
     }
 
     /// An empty directory in this process's memory (tests; the extension's lives in shared
     /// memory).
     pub fn boxed() -> Box<Directory> {
-        let d = Box::new(Directory { next_generation: AtomicU64::new(1), slots: std::array::from_fn(|_| Slot::default()) });
+        let d = Box::new(Directory {
+            next_generation: AtomicU64::new(1),
+            slots: std::array::from_fn(|_| Slot::default()),
+            refreshers: std::array::from_fn(|_| Refresher::default()),
+        });
         d.reset();
         d
     }
@@ -183,6 +211,7 @@ impl Directory {
             bytes: s.bytes.load(SeqCst),
             builder: s.builder.load(SeqCst),
             workers: s.workers.load(SeqCst),
+            stale_since: s.stale_since.load(SeqCst),
         }
     }
 
@@ -225,6 +254,7 @@ impl Directory {
             }
             s.columns.store(0, SeqCst);
             s.workers.store(0, SeqCst);
+            s.stale_since.store(0, SeqCst);
             s.built_at.store(0, SeqCst);
             s.last_used.store(0, SeqCst);
             s.builder.store(builder, SeqCst);
@@ -253,21 +283,97 @@ impl Directory {
         s.state.compare_exchange(State::Building as u32, State::Ready as u32, SeqCst, SeqCst).is_ok()
     }
 
-    /// Marks every `Ready` or `Building` cache of (database, relation) stale; `relation` 0 marks
-    /// every cache of the database. Returns how many it marked. Lock-free: safe from any hook.
-    pub fn mark_stale(&self, database: u32, relation: u32) -> usize {
+    /// Marks every `Ready` or `Building` cache of (database, relation) stale at time `now`;
+    /// `relation` 0 marks every cache of the database. Returns how many it marked. Lock-free:
+    /// safe from any hook.
+    pub fn mark_stale(&self, database: u32, relation: u32, now: i64) -> usize {
         let mut n = 0;
         for s in &self.slots {
             if s.database.load(SeqCst) != database || (relation != 0 && s.relation.load(SeqCst) != relation) {
                 continue;
             }
             for from in [State::Ready, State::Building] {
+                // (the time first: a refresher that sees Stale sees when)
+                let before = s.stale_since.swap(now, SeqCst);
                 if s.state.compare_exchange(from as u32, State::Stale as u32, SeqCst, SeqCst).is_ok() {
                     n += 1;
+                } else {
+                    s.stale_since.store(before, SeqCst);
                 }
             }
         }
         n
+    }
+
+    /// The `Stale` caches of `database` that went stale (or were put off) at or before `due`:
+    /// what a background refresher rebuilds now.
+    pub fn due(&self, database: u32, due: i64) -> Vec<Entry> {
+        self.list().into_iter().filter(|e| e.database == database && e.state == State::Stale && e.stale_since <= due).collect()
+    }
+
+    /// The earliest time a `Stale` cache of `database` falls due (None: none is stale).
+    pub fn next_due(&self, database: u32) -> Option<i64> {
+        self.list().into_iter().filter(|e| e.database == database && e.state == State::Stale).map(|e| e.stale_since).min()
+    }
+
+    /// Puts a stale cache's refresh off until `until` (a refresher that found its table busy,
+    /// or is about to try: a refresher that fails does not try again before then).
+    pub fn postpone(&self, slot: usize, generation: u64, until: i64) {
+        if let Some(s) = self.slots.get(slot) {
+            if s.generation.load(SeqCst) == generation {
+                s.stale_since.store(until, SeqCst);
+            }
+        }
+    }
+
+    /// Claims the refresher of `database` for the caller at time `now` (false: one runs or is
+    /// starting, or every entry is taken). A claim whose worker never started (`start_within`
+    /// after it was made) or whose worker is gone (`alive` says no) is taken over.
+    pub fn claim_refresher(&self, database: u32, now: i64, start_within: i64, alive: impl Fn(u32) -> bool) -> bool {
+        if database == 0 {
+            return false;
+        }
+        for r in &self.refreshers {
+            if r.database.load(SeqCst) != database {
+                continue;
+            }
+            let pid = r.pid.load(SeqCst);
+            let lost = if pid == 0 { now.saturating_sub(r.claimed_at.load(SeqCst)) > start_within } else { !alive(pid) };
+            if !lost || r.database.compare_exchange(database, 0, SeqCst, SeqCst).is_err() {
+                return false;
+            }
+        }
+        for r in &self.refreshers {
+            if r.database.compare_exchange(0, database, SeqCst, SeqCst).is_ok() {
+                r.pid.store(0, SeqCst);
+                r.claimed_at.store(now, SeqCst);
+                // Two claimers may both have seen no entry for the database: the one in the
+                // earlier entry keeps it.
+                let first = self.refreshers.iter().position(|x| x.database.load(SeqCst) == database);
+                if first.is_some_and(|i| !std::ptr::eq(&self.refreshers[i], r)) {
+                    r.database.store(0, SeqCst);
+                    return false;
+                }
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The refresher of `database` runs as process `pid` (the worker, at its start).
+    pub fn refresher_started(&self, database: u32, pid: u32) {
+        for r in &self.refreshers {
+            if r.database.load(SeqCst) == database {
+                r.pid.store(pid, SeqCst);
+            }
+        }
+    }
+
+    /// Releases the refresher claim of `database`.
+    pub fn release_refresher(&self, database: u32) {
+        for r in &self.refreshers {
+            let _ = r.database.compare_exchange(database, 0, SeqCst, SeqCst);
+        }
     }
 
     /// Whether any slot of `database` is `Ready` or `Building` (the writers' fast check).
@@ -288,14 +394,15 @@ impl Directory {
     /// The builder's transaction ended (its xact callback, in the building backend): committed,
     /// the slot forgets the builder's xid (readers need no commit log for it from now on);
     /// aborted, the cache holds rows nobody will see, so it goes stale.
-    pub fn settle_builder(&self, slot: usize, generation: u64, committed: bool) {
+    pub fn settle_builder(&self, slot: usize, generation: u64, committed: bool, now: i64) {
         let Some(s) = self.slots.get(slot) else { return };
         if s.generation.load(SeqCst) != generation {
             return;
         }
         if committed {
             s.builder_xid.store(0, SeqCst);
-        } else {
+        } else if matches!(State::from_repr(s.state.load(SeqCst)), Some(State::Ready | State::Building)) {
+            s.stale_since.store(now, SeqCst);
             for from in [State::Ready, State::Building] {
                 let _ = s.state.compare_exchange(from as u32, State::Stale as u32, SeqCst, SeqCst);
             }
@@ -367,9 +474,9 @@ mod tests {
         let f = d.find(5, 100).unwrap();
         assert_eq!((f.state, f.built_xmax, f.rows, f.generation), (State::Ready, 42, 10, e.generation));
         assert!(d.any_live(5) && !d.any_live(6));
-        assert_eq!(d.mark_stale(5, 999), 0, "another table");
-        assert_eq!(d.mark_stale(6, 100), 0, "another database");
-        assert_eq!(d.mark_stale(5, 100), 1);
+        assert_eq!(d.mark_stale(5, 999, 50), 0, "another table");
+        assert_eq!(d.mark_stale(6, 100, 50), 0, "another database");
+        assert_eq!(d.mark_stale(5, 100, 50), 1);
         assert_eq!(d.state_of(e.slot, e.generation), Some(State::Stale));
         assert!(!d.any_live(5));
         assert!(d.retire(e.slot, e.generation));
@@ -385,7 +492,7 @@ mod tests {
     fn a_build_marked_stale_is_not_published() {
         let d = dir();
         let e = d.claim(1, 2, 10).unwrap();
-        assert_eq!(d.mark_stale(1, 0), 1, "relation 0: the whole database");
+        assert_eq!(d.mark_stale(1, 0, 50), 1, "relation 0: the whole database");
         assert!(!d.publish(&e, &built(1)));
         assert_eq!(d.state_of(e.slot, e.generation), Some(State::Stale));
         assert_eq!(d.state_of(e.slot, e.generation + 1), None, "another generation");
@@ -412,14 +519,67 @@ mod tests {
         let d = dir();
         let e = d.claim(1, 2, 10).unwrap();
         assert!(d.publish(&e, &Built { builder_xid: 77, ..built(5) }));
-        d.settle_builder(e.slot, e.generation + 1, false);
+        d.settle_builder(e.slot, e.generation + 1, false, 60);
         assert_eq!(d.state_of(e.slot, e.generation), Some(State::Ready), "another generation's settling");
-        d.settle_builder(e.slot, e.generation, true);
+        d.settle_builder(e.slot, e.generation, true, 60);
         assert_eq!(d.find(1, 2).unwrap().builder_xid, 0);
         let f = d.claim(1, 3, 10).unwrap();
         assert!(d.publish(&f, &Built { builder_xid: 78, ..built(5) }));
-        d.settle_builder(f.slot, f.generation, false);
+        d.settle_builder(f.slot, f.generation, false, 60);
         assert_eq!(d.state_of(f.slot, f.generation), Some(State::Stale), "an aborted builder's cache");
+    }
+
+    #[test]
+    fn stale_caches_fall_due_from_their_first_mark_and_can_be_put_off() {
+        let d = dir();
+        let e = d.claim(1, 2, 10).unwrap();
+        assert!(d.publish(&e, &built(5)));
+        let f = d.claim(1, 3, 10).unwrap();
+        assert!(d.publish(&f, &built(5)));
+        assert_eq!(d.next_due(1), None, "nothing is stale");
+        assert_eq!(d.mark_stale(1, 2, 100), 1);
+        assert_eq!(d.mark_stale(1, 2, 300), 0, "already stale: its time stays the first mark's");
+        assert_eq!(d.find(1, 2).unwrap().stale_since, 100);
+        assert!(d.due(1, 99).is_empty());
+        assert_eq!(d.due(1, 100).iter().map(|e| e.relation).collect::<Vec<_>>(), vec![2]);
+        assert!(d.due(2, 1000).is_empty(), "another database");
+        d.postpone(e.slot, e.generation, 500);
+        d.postpone(e.slot, e.generation + 1, 50);
+        assert_eq!(d.next_due(1), Some(500));
+        // A build its transaction aborted goes stale at that time.
+        let g = d.claim(1, 4, 10).unwrap();
+        assert!(d.publish(&g, &Built { builder_xid: 9, ..built(5) }));
+        d.settle_builder(g.slot, g.generation, false, 200);
+        assert_eq!(d.next_due(1), Some(200));
+        assert_eq!(d.due(1, 200).len(), 1);
+        assert_eq!(d.find(1, 3).unwrap().state, State::Ready);
+    }
+
+    #[test]
+    fn one_refresher_per_database() {
+        let d = dir();
+        let live = |_| true;
+        assert!(!d.claim_refresher(0, 0, 10, live), "no database 0");
+        assert!(d.claim_refresher(7, 0, 10, live));
+        assert!(!d.claim_refresher(7, 5, 10, live), "one is starting");
+        assert!(d.claim_refresher(7, 11, 10, live), "a worker that never started is replaced");
+        d.refresher_started(7, 1234);
+        assert!(!d.claim_refresher(7, 1000, 10, live), "one runs");
+        assert!(d.claim_refresher(7, 1000, 10, |pid| pid != 1234), "a worker that is gone is replaced");
+        assert!(d.claim_refresher(8, 0, 10, live));
+        d.release_refresher(7);
+        assert!(d.claim_refresher(7, 0, 10, live));
+        for db in 100..(100 + MAX_REFRESHERS as u32 - 2) {
+            assert!(d.claim_refresher(db, 0, 10, live));
+        }
+        assert!(!d.claim_refresher(99, 0, 10, live), "every entry is taken");
+        // Racing claimers of one database: exactly one wins.
+        let d = dir();
+        let won: usize = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8).map(|_| s.spawn(|| d.claim_refresher(42, 0, 10, |_| true) as usize)).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(won, 1);
     }
 
     #[test]
