@@ -111,3 +111,90 @@ pub(crate) fn bench_cache(b: &mut Bench, admin: &mut Client, pid: u32) {
     }
     let _ = admin.batch_execute(&format!("DROP TABLE IF EXISTS {table}"));
 }
+
+/// Clients and seconds of the INSERT throughput measurement.
+const INSERT_CLIENTS: usize = 16;
+const INSERT_SECONDS: f64 = 5.0;
+
+/// INSERT throughput into a table of 1 M rows, 16 clients each inserting one row per
+/// transaction for 5 s, with the table cached against without a cache (alternating, best of
+/// two each). Until INSERTs append to a cache, the first INSERT makes the cache stale and the
+/// rest only find it so: this measures what the cache costs its table's writers.
+pub(crate) fn bench_cache_inserts(b: &mut Bench, admin: &mut Client, pid: u32) {
+    const K: &str = "cache_inserts";
+    const M: &str =
+        "INSERT throughput into a cached table (16 clients, one row per transaction), against the same table without a cache";
+    if !b.has_time(&[(K, M)]) {
+        return;
+    }
+    let table = format!("gpu_bench_inserts_{pid}");
+    let r = (|| -> R<()> {
+        admin
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS {table};
+                 CREATE TABLE {table} AS SELECT g::int8 AS k, (g % 1000)::int8 AS v FROM generate_series(1, 1000000) g"
+            ))
+            .map_err(err("make the insert table"))?;
+        let run = |cached: bool, admin: &mut Client| -> R<f64> {
+            if cached {
+                simple_value(admin, &format!("SELECT uvm.cache_table('{table}')::text"))?;
+            } else {
+                simple_value(admin, &format!("SELECT uvm.cache_drop('{table}')::text"))?;
+            }
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let done = std::sync::atomic::AtomicU64::new(0);
+            let t = Instant::now();
+            let failed: Vec<String> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..INSERT_CLIENTS)
+                    .map(|i| {
+                        let (stop, done, table) = (&stop, &done, &table);
+                        s.spawn(move || -> R<()> {
+                            let mut c = fresh()?;
+                            let ins = c.prepare(&format!("INSERT INTO {table} VALUES ($1, $2)")).map_err(err("prepare"))?;
+                            let mut n = 0i64;
+                            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                                n += 1;
+                                c.execute(&ins, &[&(-(i as i64) * 1_000_000_000 - n), &n]).map_err(err("insert"))?;
+                                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                std::thread::sleep(Duration::from_secs_f64(INSERT_SECONDS));
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                hs.into_iter().filter_map(|h| h.join().unwrap_or_else(|_| Err("a client panicked".into())).err()).collect()
+            });
+            if let Some(e) = failed.first() {
+                return Err(e.clone());
+            }
+            Ok(done.load(std::sync::atomic::Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64())
+        };
+        let (mut plain, mut cached) = (Vec::new(), Vec::new());
+        for _ in 0..2 {
+            plain.push(run(false, admin)?);
+            cached.push(run(true, admin)?);
+        }
+        let (p, c) = (max_of(&plain), max_of(&cached));
+        let state = simple_value(admin, &format!("SELECT state FROM uvm.caches WHERE relation = '{table}'::regclass"))?;
+        b.note(format!(
+            "cache inserts: {c:.0}/s cached ({}), {p:.0}/s without ({}); the cache was {state} after the run (INSERTs do not append yet)",
+            list(&cached, 0),
+            list(&plain, 0)
+        ));
+        b.row(
+            K,
+            M,
+            format!("{:.2}x", c / p),
+            format!("{c:.0} rows/s ({})", list(&cached, 0)),
+            format!("{p:.0} rows/s without a cache ({})", list(&plain, 0)),
+            Some(c / p),
+            Target::service(Goal::AtLeast(0.8)).saying("≥ 0.8"),
+        );
+        Ok(())
+    })();
+    if let Err(e) = r {
+        b.error(K, M, e);
+    }
+    let _ = admin.batch_execute(&format!("DROP TABLE IF EXISTS {table}"));
+}
