@@ -711,8 +711,7 @@ uvm_consumer_cache_fold(PG_FUNCTION_ARGS)
 				b;
 	int64		sum = 0;
 	uint64	   *offsets = NULL;
-	uint64		entries = 0,
-				strings_at = 0;
+	uint64		entries = 0;
 	uint32		k;
 	char	   *block;
 
@@ -725,11 +724,11 @@ uvm_consumer_cache_fold(PG_FUNCTION_ARGS)
 		ereport(ERROR, (errcode(ERRCODE_UNDEFINED_COLUMN), errmsg("column \"%s\" is not cached", colname)));
 	if (col->encoding == UVM_ENC_DICT_CODE)
 	{
-		uint64		header[8];	/* magic, version, entries, bytes, offsets_at, strings_at, ... */
+		uint64		header[8];	/* magic, version, entries, bytes, offsets_at, strings_at, ...:
+								 * the strings' lengths are their offsets' differences */
 
 		api->read(col->dictionary, 0, header, sizeof(header));
 		entries = header[2];
-		strings_at = header[5];
 		if (entries > 100000000)
 			ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("a dictionary of %llu entries", (unsigned long long) entries)));
 		offsets = palloc((entries + 1) * sizeof(uint64));
@@ -795,7 +794,6 @@ uvm_consumer_cache_fold(PG_FUNCTION_ARGS)
 			sum += x;
 		}
 	}
-	(void) strings_at;
 	if (rows != cache.rows)
 		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED), errmsg("the blocks hold %llu rows, the cache says %llu", (unsigned long long) rows, (unsigned long long) cache.rows)));
 	for (k = 0; k < cache.ncolumns; k++)
