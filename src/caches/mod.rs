@@ -15,9 +15,9 @@
 //! budget); the header goes last, then the slot becomes `Ready` with the snapshot's `xmax` and
 //! the builder's transaction id. An error or a cancel drops the half-made segment and frees the
 //! slot. A table that has a cache is rebuilt by calling `cache_table` again (the old cache is
-//! dropped first). A cache of fixed-width columns only is filled by a parallel heap scan, the
+//! dropped first). A cache without text columns is filled by a parallel heap scan, the
 //! builder and parallel workers each writing whole blocks of their own (`parallel.rs`); one with
-//! a `numeric` or text column through a read-only SPI cursor, serially. Text and varchar columns of a deterministic collation are dictionary codes;
+//! a text or varchar column through a read-only SPI cursor, serially. Text and varchar columns of a deterministic collation are dictionary codes;
 //! each column's distinct strings go into a segment of its own (`<cache>_d<attnum>`, its
 //! `ColumnDesc::dictionary` the attnum), built in the builder's memory up to 1 GiB.
 //!

@@ -1,4 +1,5 @@
-//! Building a cache's blocks by a parallel heap scan (`uvm.cache_table` of fixed-width columns).
+//! Building a cache's blocks by a parallel heap scan (`uvm.cache_table` of a cache without text
+//! columns).
 //!
 //! The serial build reads its rows through an SPI cursor, a tuple at a time through the
 //! executor; here the table's own parallel scan (`table_beginscan_parallel`, the one a Parallel
@@ -21,9 +22,11 @@
 //!   parallel messages). On any error the leader's guard here destroys the parallel context,
 //!   which terminates and waits for the workers, before the build's guard drops the segment:
 //!   no worker still writes a segment being dropped.
-//! - **What stays serial.** `numeric` columns (scaled by SQL arithmetic) and dictionary-coded
-//!   text (one dictionary, first-seen order) go through the serial build; so does a build
-//!   inside parallel mode.
+//! - **Numeric columns** are scaled as the serial build's SQL scales them: PostgreSQL's own
+//!   `numeric_mul` by 10^scale and `numeric_int8` (so NaN and infinity are the same ERROR), in a
+//!   memory context reset every 4096 rows.
+//! - **What stays serial.** Dictionary-coded text (one dictionary, codes in first-seen order)
+//!   goes through the serial build; so does a build inside parallel mode.
 
 use std::sync::atomic::AtomicU64;
 
@@ -80,7 +83,7 @@ impl Shared {
 pub(super) fn suits(columns: &[ColumnSpec], segment: &str) -> bool {
     columns.len() <= MAX_COLUMNS
         && segment.len() <= NAME_BYTES
-        && columns.iter().all(|c| !matches!(c.encoding, Encoding::Numeric | Encoding::DictCode))
+        && columns.iter().all(|c| c.encoding != Encoding::DictCode)
         // SAFETY: reads a flag of this backend.
         && !unsafe { pg_sys::IsInParallelMode() }
 }
@@ -230,20 +233,43 @@ fn scan_part(shared: &Shared, rel: pg_sys::Relation, pscan: pg_sys::ParallelTabl
     let scan = unsafe {
         Scan { scan: pg_sys::table_beginscan_parallel(rel, pscan), slot: pg_sys::table_slot_create(rel, std::ptr::null_mut()) }
     };
+    // 10^scale of each numeric column (as a numeric datum, for numeric_mul), in this call's
+    // memory context; the products go into `scratch`, reset every 4096 rows.
+    let pow10: Vec<pg_sys::Datum> = columns
+        .iter()
+        .map(|c| match c.encoding {
+            // SAFETY: int64_to_numeric pallocs the numeric of a value that fits (scale <= 18).
+            Encoding::Numeric => unsafe { pg_sys::Datum::from(pg_sys::int64_to_numeric(10i64.pow(c.scale.clamp(0, 18) as u32))) },
+            _ => pg_sys::Datum::from(0),
+        })
+        .collect();
+    let mut scratch = pgrx::PgMemoryContexts::new("pg_uvm_share cache build numerics");
     let mut block = BlockBuilder::new(&layout);
     let mut row: Vec<Option<u64>> = vec![None; columns.len()];
     let mut rows = 0u64;
     // SAFETY: the scan and slot are live (ended by `Scan`'s drop only).
     while unsafe { pg_sys::table_scan_getnextslot(scan.scan, pg_sys::ScanDirection::ForwardScanDirection, scan.slot) } {
         // SAFETY: the slot holds a tuple; after slot_getsomeattrs its first `natts` values and
-        // NULL flags are valid; every chosen attnum is 1..=natts, and its type is by-value
-        // (`suits`), so the datum is the value's bits.
+        // NULL flags are valid; every chosen attnum is 1..=natts; a type other than numeric is
+        // by-value (`suits`), so its datum is the value's bits; a numeric datum is a varlena
+        // that numeric_mul reads (detoasting as needed) in `scratch`.
         unsafe {
             pg_sys::slot_getsomeattrs(scan.slot, natts);
             let (values, nulls) = ((*scan.slot).tts_values, (*scan.slot).tts_isnull);
             for (c, w) in row.iter_mut().enumerate() {
                 let a = attnums[c] - 1;
-                *w = if *nulls.add(a) { None } else { Some(encodings[c].word_of_raw((*values.add(a)).value() as u64)) };
+                let v = *values.add(a);
+                *w = if *nulls.add(a) {
+                    None
+                } else if encodings[c] == Encoding::Numeric {
+                    let scaled = scratch.switch_to(|_| {
+                        let product = pgrx::direct_function_call_as_datum(pg_sys::numeric_mul, &[Some(v), Some(pow10[c])]);
+                        pgrx::direct_function_call::<i64>(pg_sys::numeric_int8, &[product])
+                    });
+                    scaled.map(|i| encodings[c].word_of_raw(i as u64))
+                } else {
+                    Some(encodings[c].word_of_raw(v.value() as u64))
+                };
             }
         }
         block.push(&row)?;
@@ -252,6 +278,9 @@ fn scan_part(shared: &Shared, rel: pg_sys::Relation, pscan: pg_sys::ParallelTabl
             flush(std::mem::replace(&mut block, BlockBuilder::new(&layout)))?;
         }
         if rows.is_multiple_of(4096) {
+            // SAFETY: nothing made in `scratch` outlives its row (the products are copied out as
+            // integers at once).
+            unsafe { scratch.reset() };
             pg_sys::check_for_interrupts!();
         }
     }

@@ -166,18 +166,19 @@ ALTER TABLE ctrls ENABLE ROW LEVEL SECURITY;
 SELECT state FROM uvm.caches WHERE relation = 'ctrls'::regclass;
 SELECT uvm.cache_drop('ctrls');
 
--- Parallel build (fixed-width columns): the leader and parallel workers each fill whole blocks
+-- Parallel build (every type but text): the leader and parallel workers each fill whole blocks
 -- of their own from the table's parallel scan (each one's last block partly full); the answers
 -- are the heap's. Without workers the leader scans alone.
 CREATE TABLE ctpar AS
 SELECT g::int8 AS k, (g % 97)::int4 AS v, CASE WHEN g % 5 = 0 THEN NULL ELSE (g % 13)::int2 END AS s,
-       g % 3 = 0 AS b, date '2000-01-01' + g % 1000 AS d, g / 7.0::float8 AS f
+       g % 3 = 0 AS b, date '2000-01-01' + g % 1000 AS d, g / 7.0::float8 AS f,
+       CASE WHEN g % 9 = 0 THEN NULL ELSE (g % 100000) / 100.0 - 20 END::numeric(10, 2) AS n
   FROM generate_series(1, 300000) g;
 CREATE FUNCTION par_check() RETURNS TABLE (col text, source text, same_as_heap boolean)
 LANGUAGE plpgsql AS $$
 DECLARE c text; f record; h record;
 BEGIN
-  FOREACH c IN ARRAY ARRAY['k', 'v', 's', 'b', 'd', 'f'] LOOP
+  FOREACH c IN ARRAY ARRAY['k', 'v', 's', 'b', 'd', 'f', 'n'] LOOP
     SELECT * INTO f FROM uvm.cache_fold('ctpar', c);
     PERFORM set_config('pg_uvm_share.enable_cache', 'off', true);
     SELECT * INTO h FROM uvm.cache_fold('ctpar', c);
