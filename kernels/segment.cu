@@ -107,13 +107,30 @@ __device__ __forceinline__ bool gave_up(const u64 *bad, u64 step) {
     return (step & (BAD_POLL - 1)) == 0 && step != 0 && *(volatile const u64 *)bad != 0ull;
 }
 
-// Inserts n rows (keys[i], payloads[i]) into the table; NULL keys were left out by the caller.
-// A row that finds no empty slot within mask + 1 steps is left out and counted in out[0];
-// out[1] is set when a thread ran out of its walk budget (launch again, fresh = 0).
-// resume: 3 words per thread: next row index, slot index and steps of the walk in progress
-// (NO_WALK: none).
-extern "C" __global__ void uvm_join_build(Slot *slots, u64 mask, u64 seed, const long long *keys,
-                                          const long long *payloads, u64 n, u64 *resume, u64 fresh, u64 *out) {
+// A column of n values: `width` bytes each (2, 4 or 8: a signed integer, sign-extended; the
+// staged keys and payloads of the callers are 8-byte ones), and a NULL bitmap (bit r % 8 of
+// byte r / 8 set where row r is NULL) or none (a null pointer). The keys and payloads of the
+// build and the probe are such columns: staged words, or a block of a column cache read in
+// place (crates/uvm_core/src/cache has its layout).
+__device__ __forceinline__ long long column_value(const u8 *v, u64 width, u64 r) {
+    if (width == 8ull) return ((const long long *)v)[r];
+    if (width == 4ull) return (long long)((const int *)v)[r];
+    return (long long)((const short *)v)[r];
+}
+
+__device__ __forceinline__ bool column_null(const u8 *nulls, u64 r) {
+    return nulls != 0 && ((nulls[r >> 3] >> (r & 7ull)) & 1u) != 0;
+}
+
+// Inserts n rows (keys[i], payloads[i]) into the table. Rows whose key is NULL are left out and
+// counted in out[3]; a NULL payload is stored as 0 and counted in out[2] (payload_width 0: no
+// payload column, every payload 0). A row that finds no empty slot within mask + 1 steps is
+// left out and counted in out[0]; out[1] is set when a thread ran out of its walk budget
+// (launch again, fresh = 0). resume: 3 words per thread: next row index, slot index and steps
+// of the walk in progress (NO_WALK: none).
+extern "C" __global__ void uvm_join_build(Slot *slots, u64 mask, u64 seed, const u8 *keys, u64 key_width,
+                                          const u8 *key_nulls, const u8 *payloads, u64 payload_width,
+                                          const u8 *payload_nulls, u64 n, u64 *resume, u64 fresh, u64 *out) {
     u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     u64 stride = (u64)gridDim.x * blockDim.x;
     u64 *state = resume + 3 * tid;
@@ -122,8 +139,13 @@ extern "C" __global__ void uvm_join_build(Slot *slots, u64 mask, u64 seed, const
     u64 step = fresh ? NO_WALK : state[2];
     u64 budget = WALK_BUDGET;
     bool more = false;
+    u64 null_keys = 0, null_payloads = 0;
     for (; r < n; r += stride) {
-        long long k = keys[r];
+        if (step == NO_WALK && column_null(key_nulls, r)) {
+            null_keys++;
+            continue;
+        }
+        long long k = column_value(keys, key_width, r);
         u64 t = mix((u64)k ^ seed) | 1ull;
         if (step == NO_WALK) {
             i = t & mask;
@@ -150,13 +172,23 @@ extern "C" __global__ void uvm_join_build(Slot *slots, u64 mask, u64 seed, const
             atomicAdd(&out[0], 1ull);
             continue;
         }
+        long long p = 0;
+        if (payload_width != 0ull) {
+            if (column_null(payload_nulls, r)) {
+                null_payloads++;
+            } else {
+                p = column_value(payloads, payload_width, r);
+            }
+        }
         slots[i].key = k;
-        slots[i].payload = payloads[r];
+        slots[i].payload = p;
     }
     state[0] = r;
     state[1] = i;
     state[2] = step;
     if (more) atomicExch(&out[1], 1ull);
+    if (null_payloads != 0ull) atomicAdd(&out[2], null_payloads);
+    if (null_keys != 0ull) atomicAdd(&out[3], null_keys);
 }
 
 // Exact payload sums: each payload is split into its signed high and unsigned low 32 bits,
@@ -176,12 +208,13 @@ __device__ __forceinline__ void warp_add(u64 *out, u64 v) {
     }
 }
 
-// Probes n keys; adds the matches and the payload sum (lo, hi as above) to out[0..3], and the
-// keys whose chain had no empty slot within mask + 1 steps to out[3] (a corrupted table);
-// sets out[4] when a thread ran out of its walk budget (launch again, fresh = 0: the sums go
-// on adding up). resume: 3 words per thread, as for uvm_join_build.
-extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed, const long long *keys,
-                                          u64 n, u64 *resume, u64 fresh, u64 *out) {
+// Probes n keys (a column, as for uvm_join_build: NULL keys match nothing); adds the matches
+// and the payload sum (lo, hi as above) to out[0..3], and the keys whose chain had no empty
+// slot within mask + 1 steps to out[3] (a corrupted table); sets out[4] when a thread ran out
+// of its walk budget (launch again, fresh = 0: the sums go on adding up). resume: 3 words per
+// thread, as for uvm_join_build.
+extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed, const u8 *keys, u64 key_width,
+                                          const u8 *key_nulls, u64 n, u64 *resume, u64 fresh, u64 *out) {
     u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     u64 stride = (u64)gridDim.x * blockDim.x;
     u64 *state = resume + 3 * tid;
@@ -193,7 +226,8 @@ extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed,
     u64 matches = 0, lo = 0;
     long long hi = 0;
     for (; r < n; r += stride) {
-        long long k = keys[r];
+        if (step == NO_WALK && column_null(key_nulls, r)) continue;
+        long long k = column_value(keys, key_width, r);
         u64 t = mix((u64)k ^ seed) | 1ull;
         if (step == NO_WALK) {
             i = t & mask;

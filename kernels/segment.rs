@@ -37,28 +37,38 @@ kernels! {
         /// Reads `n` 16-byte vectors at `p` (a bandwidth probe); `*out` is practically never
         /// written.
         uvm_read_bw => ReadBw(p: Ptr<ULongLong2>, n: u64, out: MutPtr<u64>);
-        /// Inserts `n` rows (`keys[i]`, `payloads[i]`) into `mask + 1` slots; counts the rows
-        /// left out in `out[0]`, sets `out[1]` when a walk ran out of budget (`resume`: 3
-        /// words per thread of the grid; launch again with `fresh` 0).
+        /// Inserts `n` rows (`keys[i]`, `payloads[i]`: columns of `key_width` and
+        /// `payload_width` bytes with NULL bitmaps or null pointers; `payload_width` 0: no
+        /// payloads) into `mask + 1` slots; counts the rows left out for want of a slot in
+        /// `out[0]`, NULL payloads in `out[2]` and NULL keys (left out) in `out[3]`, sets
+        /// `out[1]` when a walk ran out of budget (`resume`: 3 words per thread of the grid;
+        /// launch again with `fresh` 0).
         uvm_join_build => JoinBuild(
             slots: MutPtr<Slot>,
             mask: u64,
             seed: u64,
-            keys: Ptr<i64>,
-            payloads: Ptr<i64>,
+            keys: Ptr<u8>,
+            key_width: u64,
+            key_nulls: Ptr<u8>,
+            payloads: Ptr<u8>,
+            payload_width: u64,
+            payload_nulls: Ptr<u8>,
             n: u64,
             resume: MutPtr<u64>,
             fresh: u64,
             out: MutPtr<u64>,
         );
-        /// Probes `n` keys against `mask + 1` slots; adds matches, payload lo and hi, and
-        /// corrupted chains to `out[0..4]`; sets `out[4]` when a walk ran out of budget
-        /// (`resume`: 3 words per thread; launch again with `fresh` 0).
+        /// Probes `n` keys (a column of `key_width` bytes with a NULL bitmap or a null
+        /// pointer) against `mask + 1` slots; adds matches, payload lo and hi, and corrupted
+        /// chains to `out[0..4]`; sets `out[4]` when a walk ran out of budget (`resume`: 3
+        /// words per thread; launch again with `fresh` 0).
         uvm_join_probe => JoinProbe(
             slots: Ptr<Slot>,
             mask: u64,
             seed: u64,
-            keys: Ptr<i64>,
+            keys: Ptr<u8>,
+            key_width: u64,
+            key_nulls: Ptr<u8>,
             n: u64,
             resume: MutPtr<u64>,
             fresh: u64,

@@ -746,6 +746,45 @@ fn h_gpujoin_materialize_on_the_gpu() {
     f.drop_tables(&mut c);
 }
 
+// --- h2. chains longer than a launch's walk: more launches, the same exact answer --------------
+
+/// A key repeated 10 000 times makes a chain longer than one thread's walk budget in a launch
+/// (`WALK_BUDGET`, 4096 slots): the build and the probe stop and launch again where they
+/// stopped. The relaunch once set the wrong word of the kernels' results (the first, with a
+/// byte pattern: rows "left out" or matches miscounted); the answers must be PostgreSQL's.
+#[test]
+fn h2_chains_longer_than_a_launch_stay_exact() {
+    const T: &str = "h2_chains_longer_than_a_launch_stay_exact";
+    let mut c = connect();
+    start(&mut c);
+    let seg = unique_name("gjlong");
+    let _guard = SegmentGuard::with(&[&seg]);
+    let inner = "SELECT 7::bigint AS k, i::bigint AS v FROM generate_series(1, 10000) i \
+                 UNION ALL SELECT i::bigint + 100, i::bigint FROM generate_series(1, 10000) i";
+    let built: i64 = c
+        .query_one("SELECT uvm.gpujoin_build($1, $2)", &[&seg, &inner])
+        .map_err(|e| describe(&e))
+        .expect("a build whose chain outgrows a launch's walk")
+        .get(0);
+    assert_eq!(built, 20_000);
+    let q = format!(
+        "SELECT m.matches, m.payload_sum::text FROM (SELECT (uvm.gpujoin_probe({}, k)).* FROM \
+         (VALUES (7::bigint), (7), (150), (99999)) t(k)) m(matches, payload_sum)",
+        quote_literal(&seg)
+    );
+    let r = c.query_one(q.as_str(), &[]).map_err(|e| describe(&e)).expect("probe along the long chain");
+    let (matches, sum): (i64, String) = (r.get(0), r.get(1));
+    let want = c
+        .query_one(
+            format!("SELECT count(*), sum(d.v)::text FROM (VALUES (7::bigint), (7), (150), (99999)) t(k) JOIN ({inner}) d ON d.k = t.k")
+                .as_str(),
+            &[],
+        )
+        .unwrap();
+    assert_eq!((matches, sum.clone()), (want.get::<_, i64>(0), want.get::<_, String>(1)));
+    note(T, &format!("a chain of 10 000 equal keys: built and probed over several launches, {matches} matches, sum {sum}, as PostgreSQL's join"));
+}
+
 // --- i. corrupted GpuJoin tables on the GPU -----------------------------------------------------
 
 #[test]

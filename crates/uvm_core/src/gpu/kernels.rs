@@ -327,6 +327,6 @@ mod tests {
         assert_eq!(k[1].1, own(&[("s", "Slot *")]));
         let probe = Segment::signatures().into_iter().find(|(n, _)| *n == "uvm_join_probe").unwrap().1;
         assert_eq!(probe[0], ("slots", "const Slot *".to_string()));
-        assert_eq!(probe[3], ("keys", "const long long *".to_string()));
+        assert_eq!(probe[3], ("keys", "const u8 *".to_string()));
     }
 }

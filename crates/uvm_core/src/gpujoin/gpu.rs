@@ -50,6 +50,34 @@ fn payload_sum(matches: u64, lo: u64, hi: u64) -> Result<i128> {
     Ok(((hi as i64 as i128) << 32) + lo as i128)
 }
 
+/// A column the join kernels read in place: `n` values of `width` bytes (2, 4 or 8, signed
+/// integers) at the device address `values`, and a NULL bitmap at `nulls` (bit `r % 8` of byte
+/// `r / 8` set where row `r` is NULL; 0: no NULLs). A block of a column cache is one
+/// (`crate::cache`'s layout), and so are staged keys (8-byte words, no bitmap).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceColumn {
+    pub values: u64,
+    pub width: u64,
+    pub nulls: u64,
+    pub n: u64,
+}
+
+impl DeviceColumn {
+    /// `n` 8-byte words at `values`, without NULLs (staged keys or payloads).
+    pub fn words(values: u64, n: u64) -> DeviceColumn {
+        DeviceColumn { values, width: 8, nulls: 0, n }
+    }
+}
+
+/// What a build from columns left out or stored as 0: rows without an empty slot (a table
+/// overwritten during the build), NULL payloads (stored as 0), NULL keys (left out).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BuildCounts {
+    pub left_out: u64,
+    pub null_payloads: u64,
+    pub null_keys: u64,
+}
+
 /// The GpuJoin launches, as methods of the process's [`Kernels`].
 pub trait JoinKernels {
     /// Inserts rows with non-NULL keys into a GpuJoin table's slots at `slots` (`mask + 1`
@@ -63,6 +91,34 @@ pub trait JoinKernels {
     /// device-accessible memory, 8-byte aligned, kept mapped for the call (a pinned segment's
     /// range, bounds-checked by `Pin::addr`).
     unsafe fn join_build(&self, slots: u64, mask: u64, seed: u64, keys: &[i64], payloads: &[i64]) -> Result<u64>;
+
+    /// Inserts the rows of two columns read in place (`keys`, and `payloads` of as many rows,
+    /// or none: payloads 0) into the table's slots, in one launch (more where a walk runs out
+    /// of its budget, with an interrupt check between). Rows with a NULL key are left out,
+    /// NULL payloads stored as 0; the counts say how many of each, and of rows left out for
+    /// want of an empty slot.
+    ///
+    /// # Safety
+    /// As for [`JoinKernels::join_build`]; and each column's `n` values (and its bitmap's
+    /// `n / 8` bytes rounded up, where it has one) lie in device-accessible memory kept mapped
+    /// for the call.
+    unsafe fn join_build_columns(
+        &self,
+        slots: u64,
+        mask: u64,
+        seed: u64,
+        keys: DeviceColumn,
+        payloads: Option<DeviceColumn>,
+    ) -> Result<BuildCounts>;
+
+    /// Probes the non-NULL keys of a column read in place against the table of `inner`, as
+    /// [`JoinKernels::join_probe`] probes staged keys; also returns the milliseconds its
+    /// launches took.
+    ///
+    /// # Safety
+    /// The column's `n` values (and its bitmap's bytes) lie in device-accessible memory kept
+    /// mapped for the call.
+    unsafe fn join_probe_column(&self, inner: &Inner<'_>, keys: DeviceColumn) -> Result<(u64, i128, f64)>;
 
     /// Probes non-NULL `keys` against the table of `inner`; returns (matches, payload sum),
     /// exact up to 2^32 matches per launch. A chain without an empty slot is an ERROR (22023):
@@ -85,38 +141,66 @@ impl JoinKernels for Kernels {
             let buf = self.staging(ks.len() * 16)?;
             self.stage(0, ks)?;
             self.stage(ks.len() * 8, ps)?;
-            let resume = self.per_thread_state(STATE_BYTES_PER_THREAD)?;
-            self.result().set_bytes(0, 16)?;
-            let mut params = JoinBuild {
-                slots: MutPtr::new(slots),
-                mask,
-                seed,
-                keys: Ptr::new(buf),
-                payloads: Ptr::new(buf + ks.len() as u64 * 8),
-                n: ks.len() as u64,
-                resume: MutPtr::new(resume),
-                fresh: 1,
-                out: self.result_ptr(),
-            };
-            loop {
-                // SAFETY: the kernel writes inside `mask + 1` slots at `slots` (the caller's
-                // promise; every walk is bounded by mask + 1 steps), reads n keys and n
-                // payloads from our staging buffer, which holds 16 * n bytes, 24 bytes per
-                // thread of our per-thread state, and the first 2 words of our result buffer.
-                unsafe { self.launch(self.segment().uvm_join_build(), params) }?;
-                let mut b = [0u64; 2];
-                self.result().read(&mut b)?;
-                if b[1] == 0 {
-                    left_out += b[0];
-                    break;
-                }
-                // A walk ran out of budget: go on where it stopped.
-                crate::interrupt::check()?;
-                self.result().set_bytes(8, 8)?;
-                params.fresh = 0;
-            }
+            let n = ks.len() as u64;
+            let cols = (DeviceColumn::words(buf, n), DeviceColumn::words(buf + n * 8, n));
+            // SAFETY: the caller's promise for the slots; both columns are our staging buffer's
+            // 16 * n bytes.
+            left_out += unsafe { self.join_build_columns(slots, mask, seed, cols.0, Some(cols.1)) }?.left_out;
         }
         Ok(left_out)
+    }
+
+    unsafe fn join_build_columns(
+        &self,
+        slots: u64,
+        mask: u64,
+        seed: u64,
+        keys: DeviceColumn,
+        payloads: Option<DeviceColumn>,
+    ) -> Result<BuildCounts> {
+        let p = payloads.unwrap_or(DeviceColumn { values: 0, width: 0, nulls: 0, n: keys.n });
+        if p.n != keys.n {
+            return Err(UvmError::new(Code::SystemError, "a GpuJoin build's key and payload columns differ in length"));
+        }
+        let resume = self.per_thread_state(STATE_BYTES_PER_THREAD)?;
+        self.result().set_bytes(0, 32)?;
+        let mut params = JoinBuild {
+            slots: MutPtr::new(slots),
+            mask,
+            seed,
+            keys: Ptr::new(keys.values),
+            key_width: keys.width,
+            key_nulls: Ptr::new(keys.nulls),
+            payloads: Ptr::new(p.values),
+            payload_width: p.width,
+            payload_nulls: Ptr::new(p.nulls),
+            n: keys.n,
+            resume: MutPtr::new(resume),
+            fresh: 1,
+            out: self.result_ptr(),
+        };
+        loop {
+            // SAFETY: the kernel writes inside `mask + 1` slots at `slots` (the caller's
+            // promise; every walk is bounded by mask + 1 steps), reads n values (and bitmap
+            // bits) of each column (the caller's promise), 24 bytes per thread of our
+            // per-thread state, and the first 4 words of our result buffer.
+            unsafe { self.launch(self.segment().uvm_join_build(), params) }?;
+            let mut b = [0u64; 4];
+            self.result().read(&mut b)?;
+            if b[1] == 0 {
+                return Ok(BuildCounts { left_out: b[0], null_payloads: b[2], null_keys: b[3] });
+            }
+            // A walk ran out of budget: go on where it stopped (the counts keep adding up;
+            // the flag, word 1, is cleared).
+            crate::interrupt::check()?;
+            self.result().write(8, &[0])?;
+            params.fresh = 0;
+        }
+    }
+
+    unsafe fn join_probe_column(&self, inner: &Inner<'_>, keys: DeviceColumn) -> Result<(u64, i128, f64)> {
+        let (r, ms) = probe_batch(self, inner, keys, 1)?;
+        Ok((r[0], payload_sum(r[0], r[1], r[2])?, ms))
     }
 
     fn join_probe(&self, inner: &Inner<'_>, keys: &[i64]) -> Result<(u64, i128)> {
@@ -124,7 +208,7 @@ impl JoinKernels for Kernels {
             crate::interrupt::check()?;
             let buf = self.staging(part.len() * 8)?;
             self.stage(0, part)?;
-            let (r, _) = probe_batch(self, inner, buf, part.len() as u64, 1)?;
+            let (r, _) = probe_batch(self, inner, DeviceColumn::words(buf, part.len() as u64), 1)?;
             Ok((m + r[0], sum + payload_sum(r[0], r[1], r[2])?))
         })
     }
@@ -144,23 +228,25 @@ impl JoinKernels for Kernels {
             host.extend((start..(start + MAX_LAUNCH_KEYS as u64).min(n)).map(&key));
             self.stage(start as usize * 8, &host)?;
         }
-        probe_batch(self, inner, buf, n, 2).map(|(_, ms)| ms)
+        probe_batch(self, inner, DeviceColumn::words(buf, n), 2).map(|(_, ms)| ms)
     }
 }
 
-/// Probes the `n` keys staged at `keys` (our staging buffer, holding at least `n` keys) `runs`
+/// Probes the keys of `keys` (our staging buffer, or a column a caller vouches for) `runs`
 /// times, each run as many launches as its walks' budgets need (one for a healthy table), with
 /// an interrupt check between launches. Returns the last run's (matches, payload lo, payload
 /// hi) and the milliseconds of its launches; a corrupted table is an ERROR (22023).
-fn probe_batch(k: &Kernels, inner: &Inner<'_>, keys: CUdeviceptr, n: u64, runs: u32) -> Result<([u64; 3], f64)> {
+fn probe_batch(k: &Kernels, inner: &Inner<'_>, keys: DeviceColumn, runs: u32) -> Result<([u64; 3], f64)> {
     let h = inner.header();
     let resume = k.per_thread_state(STATE_BYTES_PER_THREAD)?;
     let mut params = JoinProbe {
         slots: Ptr::new(inner.slots()),
         mask: h.slot_count - 1,
         seed: h.seed,
-        keys: Ptr::new(keys),
-        n,
+        keys: Ptr::new(keys.values),
+        key_width: keys.width,
+        key_nulls: Ptr::new(keys.nulls),
+        n: keys.n,
         resume: MutPtr::new(resume),
         fresh: 1,
         out: k.result_ptr(),
@@ -174,9 +260,9 @@ fn probe_batch(k: &Kernels, inner: &Inner<'_>, keys: CUdeviceptr, n: u64, runs: 
             let t = Instant::now();
             // SAFETY: Inner::of validated the header and bounded the `slot_count` slots inside
             // the pinned segment, which the pin behind `inner` keeps mapped; the kernel reads
-            // only those (every walk is bounded by slot_count steps), n keys from our staging
-            // buffer (the caller staged them), 24 bytes per thread of our per-thread state, and
-            // the first 5 words of our result buffer.
+            // only those (every walk is bounded by slot_count steps), n keys (and bitmap bits)
+            // of the column (staged by the caller, or vouched for by its caller), 24 bytes per
+            // thread of our per-thread state, and the first 5 words of our result buffer.
             unsafe { k.launch(k.segment().uvm_join_probe(), params) }?;
             ms += t.elapsed().as_secs_f64() * 1e3;
             let mut r = [0u64; 5];
@@ -187,9 +273,10 @@ fn probe_batch(k: &Kernels, inner: &Inner<'_>, keys: CUdeviceptr, n: u64, runs: 
             if r[4] == 0 {
                 break r;
             }
-            // A walk ran out of budget: go on where it stopped (the sums keep adding up).
+            // A walk ran out of budget: go on where it stopped (the sums keep adding up; the
+            // flag, word 4, is cleared).
             crate::interrupt::check()?;
-            k.result().set_bytes(32, 8)?;
+            k.result().write(32, &[0])?;
             params.fresh = 0;
         };
         last = ([r[0], r[1], r[2]], ms);
