@@ -97,6 +97,20 @@ pub enum Work {
         key_type: KeyType,
         engine: Engine,
     },
+    /// A table built from a column cache's columns (`super::cached`).
+    CacheBuild {
+        target: super::cached::BuildTarget,
+        source: super::cached::CacheSource,
+        key_col: u32,
+        payload_col: u32,
+    },
+    /// A column cache's keys probed against a table (`super::cached`).
+    CacheProbe {
+        inner: RawInner,
+        key_type: KeyType,
+        source: super::cached::CacheSource,
+        key_col: u32,
+    },
     BenchSegmentRead {
         addr: u64,
         len: u64,
@@ -249,6 +263,27 @@ pub fn prepare<E: Env>(segs: &mut Segments<E>, call: &Call, io: &Io<'_>) -> Resu
             let name = pin.info().name.clone();
             pins.push(pin);
             Work::BuildInsert { name, table: addr, table_len: len as usize, slot_count, key_type, engine }
+        }
+        Call::CacheBuild(ops::CacheBuild { table, cache, key_type, key_col, payload_col, slot_count, .. }) => {
+            let key_type = key_type_of(key_type)?;
+            let (pin, addr, len) = table_for_build(segs, &table, slot_count, engine)?;
+            let name = pin.info().name.clone();
+            pins.push(pin);
+            let cache_pin = pin_ref(segs, &cache)?;
+            let source = super::cached::CacheSource::of(&cache_pin, engine)?;
+            pins.push(cache_pin);
+            let target = super::cached::BuildTarget { name, addr, len: len as usize, slot_count, key_type };
+            Work::CacheBuild { target, source, key_col, payload_col }
+        }
+        Call::CacheProbe(ops::CacheProbe { inner, cache, key_type, key_col }) => {
+            let key_type = key_type_of(key_type)?;
+            let pin = pin_ref(segs, &inner)?;
+            let inner = Inner::of(&pin, key_type, engine == Engine::Cpu)?.raw();
+            pins.push(pin);
+            let cache_pin = pin_ref(segs, &cache)?;
+            let source = super::cached::CacheSource::of(&cache_pin, engine)?;
+            pins.push(cache_pin);
+            Work::CacheProbe { inner, key_type, source, key_col }
         }
         Call::BenchSegmentRead(ops::BenchSegmentRead { seg, iterations, .. }) => {
             cuda_only(engine)?;
@@ -500,6 +535,14 @@ impl Work {
                     }
                 }
                 done(&ops::Inserted {})
+            }
+            Work::CacheBuild { target, source, key_col, payload_col } => {
+                // SAFETY: the job's pins (contract) hold the table and the cache.
+                done(&unsafe { super::cached::build(target, source, *key_col, *payload_col) }?)
+            }
+            Work::CacheProbe { inner, key_type, source, key_col } => {
+                // SAFETY: as above.
+                done(&unsafe { super::cached::probe(inner, *key_type, source, *key_col) }?)
             }
             &Work::BenchSegmentRead { addr, len, iterations } => {
                 // SAFETY: the whole pinned segment (contract).

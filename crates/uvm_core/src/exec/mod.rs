@@ -30,6 +30,7 @@
 //! This module and [`local`] do not call PostgreSQL; the segment manager reaches the registry
 //! through its `Env`.
 
+pub mod cached;
 pub mod kernel;
 pub mod local;
 pub mod request;
@@ -454,6 +455,37 @@ pub fn build_insert(ex: &mut dyn Executor, seg: &SegRef, kt: KeyType, slot_count
 pub fn build_finish(ex: &mut dyn Executor, seg: &SegRef, kt: KeyType, slot_count: u64, rows: u64, nulls: u64) -> Result<()> {
     let header = table::Header { slot_count, ..table::header_for(kt, rows, nulls, 0) };
     write(ex, seg, 0, &header.as_bytes())
+}
+
+/// Inserts the rows of the column cache `cache` into the table `seg` of `slot_count` slots
+/// (begun by [`build_begin`]): keys from its column `key_col`, payloads from `payload_col`
+/// (`None`: 0), read in place (`cached`). Finish it with [`build_finish`] and the reply's
+/// counts.
+pub fn cache_build(
+    ex: &mut dyn Executor,
+    seg: &SegRef,
+    kt: KeyType,
+    slot_count: u64,
+    cache: &SegRef,
+    key_col: u32,
+    payload_col: Option<u32>,
+) -> Result<ops::CacheBuilt> {
+    let payload_col = payload_col.unwrap_or(cached::NO_COLUMN);
+    reply(ex, ops::CacheBuild { table: *seg, cache: *cache, key_type: key_code(kt), key_col, payload_col, _pad: 0, slot_count })
+}
+
+/// Probes the non-NULL keys of column `key_col` of the column cache `cache` against the table
+/// `inner`, read in place (`cached`): the matches and payload sum, the cache's rows read, and
+/// the time the probing itself took (kernels or CPU loop).
+pub fn cache_probe(
+    ex: &mut dyn Executor,
+    inner: &SegRef,
+    kt: KeyType,
+    cache: &SegRef,
+    key_col: u32,
+) -> Result<(ProbeSum, u64, std::time::Duration)> {
+    let r = reply(ex, ops::CacheProbe { inner: *inner, cache: *cache, key_type: key_code(kt), key_col })?;
+    Ok((ProbeSum { matches: r.matches, sum: r.sum.get() }, r.rows, std::time::Duration::from_nanos(r.probe_ns)))
 }
 
 /// Makes `seg` an empty result buffer (a fresh header: no pair reserved or written).

@@ -295,6 +295,19 @@ operations! {
     MaterializeWithin = 23, In, Pool: MaterializeWithin [inner, result] {
         key_type: u32, indexed: u32, index_base: u64, fresh: u32, _pad: u32,
     } -> MaterializedWithin { matches: u64, sum: Sum128, need: u64, next: u64, written: u64 };
+    /// Inserts the rows of the column cache `cache` into the GpuJoin table `table` of
+    /// `slot_count` slots (zeroed by `BuildBegin`), its columns read in place: keys from column
+    /// `key_col`, payloads from `payload_col` (`NO_COLUMN`: payloads 0). Rows with a NULL key are
+    /// left out, NULL payloads stored as 0; the reply counts each (`exec::cached`).
+    CacheBuild = 24, None, Pool: CacheBuild [table, cache] {
+        key_type: u32, key_col: u32, payload_col: u32, _pad: u32, slot_count: u64,
+    } -> CacheBuilt { inserted: u64, null_keys: u64, null_payloads: u64 };
+    /// Probes the non-NULL keys of column `key_col` of the column cache `cache`, read in place,
+    /// against the GpuJoin table `inner`: matches and payload sum, as `Probe`, the cache's rows
+    /// read, and the nanoseconds the probing itself took (the kernels' launches, or the CPU's
+    /// loop).
+    CacheProbe = 25, None, Pool: CacheProbe [inner, cache] { key_type: u32, key_col: u32 }
+        -> CacheProbed { matches: u64, sum: Sum128, rows: u64, probe_ns: u64 };
 }
 
 /// A request as it lies in a slot: the operation's number, its input bytes in staging, and its
@@ -466,10 +479,10 @@ mod tests {
         for &m in Mode::ALL {
             assert_eq!(Mode::from_u32(m as u32), m);
         }
-        assert_eq!(Op::ALL.len(), 23);
+        assert_eq!(Op::ALL.len(), 25);
         assert_eq!(Mode::from_u32(77), Mode::Undecided);
         // The numbers are what a slot carries: fixed forever.
-        assert_eq!((Op::Ping as u32, Op::Materialize as u32, Op::Launch as u32), (1, 12, 22));
+        assert_eq!((Op::Ping as u32, Op::Materialize as u32, Op::Launch as u32, Op::CacheProbe as u32), (1, 12, 22, 25));
     }
 
     #[test]

@@ -274,3 +274,99 @@ fn a_service_client_maps_the_host_tier_and_never_the_device() {
     std::mem::drop((service, client, cuda_client));
     assert_eq!(world.finish(), 0);
 }
+
+/// A cache of `rows` (key, payload, text) rows in blocks of `MIN_BLOCK_ROWS` (the last one
+/// partly full), written into a new segment `name` of the host tier.
+fn cache_segment(ex: &mut dyn Executor, name: &str, key: crate::cache::Encoding, rows: &[(Option<i64>, Option<i64>)]) -> SegRef {
+    use crate::cache::{BlockBuilder, ColumnSpec, Encoding, Layout, MIN_BLOCK_ROWS};
+    let specs = [
+        ColumnSpec { encoding: key, attnum: 1, scale: 0 },
+        ColumnSpec { encoding: Encoding::Int4, attnum: 2, scale: 0 },
+        ColumnSpec { encoding: Encoding::Float8, attnum: 3, scale: 0 },
+    ];
+    let mut layout = Layout::plan(7, &specs, MIN_BLOCK_ROWS).unwrap();
+    let blocks = (rows.len() as u64).div_ceil(MIN_BLOCK_ROWS);
+    layout.set_extent(blocks, rows.len() as u64).unwrap();
+    let bytes = layout.bytes_for(blocks.max(1)) as i64;
+    create(ex, name, bytes, None, TierPref::Host, 10, 0).unwrap();
+    let seg = SegRef::new(name, 0).unwrap();
+    write(ex, &seg, 0, &layout.prefix()).unwrap();
+    for (b, part) in rows.chunks(MIN_BLOCK_ROWS as usize).enumerate() {
+        let mut block = BlockBuilder::new(&layout);
+        for &(k, p) in part {
+            block.push(&[k.map(|k| k as u64), p.map(|p| p as i32 as i64 as u64), Some(1.5f64.to_bits())]).unwrap();
+        }
+        write(ex, &seg, layout.block_at(b as u64).unwrap().0 as i64, &block.finish()).unwrap();
+    }
+    seg
+}
+
+#[test]
+fn gpujoin_over_column_caches_reads_them_in_place() {
+    use crate::cache::Encoding;
+    let world = World::new("exec-cached", Arena::default());
+    let mut segs = process(&world, 1);
+    let mut ex = Local { segs: &mut segs };
+    // the inner side: repeated keys, NULL keys and NULL payloads; the outer: NULL keys
+    let inner: Vec<(Option<i64>, Option<i64>)> =
+        (0..3000i64).map(|i| ((i % 17 != 0).then_some(i % 2500 - 40), (i % 13 != 0).then_some(i * 3 - 700))).collect();
+    let outer: Vec<(Option<i64>, Option<i64>)> = (0..5000i64).map(|i| ((i % 11 != 0).then_some(i % 2700 - 90), None)).collect();
+    let ci = cache_segment(&mut ex, "ci", Encoding::Int8, &inner);
+    let co = cache_segment(&mut ex, "co", Encoding::Int4, &outer);
+    let stored = inner.len() as u64;
+    let bytes = table::table_bytes(stored) as i64;
+    create(&mut ex, "t", bytes, Some(bytes), TierPref::Host, 10, 0).unwrap();
+    let t = seg_ref(ex.segs, "t");
+    let n = table::slot_count(stored);
+    build_begin(&mut ex, &t, n).unwrap();
+    let built = cache_build(&mut ex, &t, KeyType::Int8, n, &ci, 0, Some(1)).unwrap();
+    let with_key: Vec<&(Option<i64>, Option<i64>)> = inner.iter().filter(|r| r.0.is_some()).collect();
+    assert_eq!(built.inserted, with_key.len() as u64);
+    assert_eq!(built.null_keys, (inner.len() - with_key.len()) as u64);
+    assert_eq!(built.null_payloads, with_key.iter().filter(|r| r.1.is_none()).count() as u64);
+    build_finish(&mut ex, &t, KeyType::Int8, n, built.inserted, built.null_keys).unwrap();
+    let (p, rows, _) = cache_probe(&mut ex, &t, KeyType::Int8, &co, 0).unwrap();
+    assert_eq!(rows, outer.len() as u64);
+    let (mut matches, mut sum) = (0u64, 0i128);
+    for k in outer.iter().filter_map(|r| r.0) {
+        for r in with_key.iter().filter(|r| r.0 == Some(k)) {
+            matches += 1;
+            sum += r.1.unwrap_or(0) as i128;
+        }
+    }
+    assert_eq!((p.matches, p.sum), (matches, sum));
+    // the same keys staged give the same
+    let staged: Vec<i64> = outer.iter().filter_map(|r| r.0).collect();
+    assert_eq!(probe(&mut ex, &t, KeyType::Int8, &staged).unwrap(), p);
+    // columns the join cannot read: a float, one past the columns; another key type than the
+    // table's
+    for col in [2, 9] {
+        let e = cache_probe(&mut ex, &t, KeyType::Int8, &ci, col).unwrap_err();
+        assert_eq!(e.code, Code::InvalidParameterValue, "{e}");
+    }
+    assert_eq!(cache_probe(&mut ex, &t, KeyType::Int4, &ci, 0).unwrap_err().code, Code::DatatypeMismatch);
+    // int8 keys into an int4 table: refused before any is read
+    create(&mut ex, "t4", bytes, Some(bytes), TierPref::Host, 10, 0).unwrap();
+    let t4 = seg_ref(ex.segs, "t4");
+    build_begin(&mut ex, &t4, n).unwrap();
+    assert_eq!(cache_build(&mut ex, &t4, KeyType::Int4, n, &ci, 0, None).unwrap_err().code, Code::InvalidParameterValue);
+    let b4 = cache_build(&mut ex, &t4, KeyType::Int4, n, &co, 0, None).unwrap();
+    assert_eq!(b4.inserted, outer.iter().filter(|r| r.0.is_some()).count() as u64);
+    // an overwritten block count is refused, not followed
+    let prefix = read_prefix(&mut ex, &co);
+    let second = crate::cache::Layout::parse("co", &prefix, 1 << 30).unwrap().block_at(1).unwrap().0;
+    write(&mut ex, &co, second as i64, &u64::MAX.to_le_bytes()).unwrap();
+    let e = cache_probe(&mut ex, &t, KeyType::Int8, &co, 0).unwrap_err();
+    assert_eq!(e.code, Code::InvalidParameterValue, "{e}");
+    // not a cache at all: the table's own segment
+    assert_eq!(cache_probe(&mut ex, &t, KeyType::Int8, &t, 0).unwrap_err().code, Code::InvalidParameterValue);
+}
+
+/// A cache segment's header and column directory.
+fn read_prefix(ex: &mut dyn Executor, seg: &SegRef) -> Vec<u8> {
+    let mut head = vec![0u8; crate::cache::HEADER_BYTES as usize];
+    read(ex, seg, 0, &mut head).unwrap();
+    let mut p = vec![0u8; crate::cache::Layout::prefix_len(seg.name(), &head).unwrap() as usize];
+    read(ex, seg, 0, &mut p).unwrap();
+    p
+}
