@@ -89,7 +89,7 @@ mod refresh;
 
 pub use builder::build;
 pub use marks::init_hooks;
-pub use reader::{fold, usable_for, Folded, Usable};
+pub use reader::{fold, ready_columns, usable_for, usable_in_query, Folded, Usable};
 
 /// PostgreSQL's bootstrap superuser: the owner of every cache segment (no role a user can drop).
 const BOOTSTRAP_SUPERUSER: u32 = 10;

@@ -54,6 +54,29 @@ pub fn usable_for(relid: pg_sys::Oid, snapshot: pg_sys::Snapshot) -> Result<Opti
     Ok(usable_under(relid, snapshot)?.map(|(entry, seg, layout)| Usable { entry, seg, layout }))
 }
 
+/// [`usable_for`] without its privilege check: for a plan node, whose query's privileges the
+/// executor checked when it started (column privileges included, which a table-wide check would
+/// refuse).
+pub fn usable_in_query(relid: pg_sys::Oid, snapshot: pg_sys::Snapshot) -> Result<Option<Usable>> {
+    Ok(usable_under(relid, snapshot)?.map(|(entry, seg, layout)| Usable { entry, seg, layout }))
+}
+
+/// The columns (attribute number, encoding) of the cache of `relid` if it is ready now, for the
+/// planner's costs: no snapshot is checked (the plan's executor applies the reader's rule when it
+/// runs, and reads the heap where it fails). `None` without a ready cache or with caches off.
+pub fn ready_columns(relid: pg_sys::Oid) -> Option<Vec<(i16, Encoding)>> {
+    if !crate::guc::ENABLE_CACHE.get() {
+        return None;
+    }
+    let d = directory().ok()?;
+    let e = d.find(database(), u32::from(relid)).filter(|e| e.state == State::Ready)?;
+    let name = segment_name(e.database, e.relation, e.generation);
+    let (seg, info) = lookup_own(&name).ok()?;
+    let layout = read_layout(&seg, &name, info.size).ok()?;
+    let cols = layout.columns().iter().enumerate().filter_map(|(i, c)| Some((c.attnum, layout.encoding(i)?))).collect();
+    Some(cols)
+}
+
 /// [`usable`] under `snap` (NULL: no snapshot, no cache).
 fn usable_under(relid: pg_sys::Oid, snap: pg_sys::Snapshot) -> Result<Option<(Entry, SegRef, Layout)>> {
     if !crate::guc::ENABLE_CACHE.get() {

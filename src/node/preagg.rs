@@ -24,7 +24,7 @@
 //! - **Planner** (`create_upper_paths_hook`, at `UPPERREL_GROUP_AGG`): for a query level with
 //!   no GROUP BY, grouping sets, HAVING or set-returning functions in its target, whose
 //!   input is a join relation for which the join hook offered GpuJoin paths with no clause
-//!   but the join's (`super::gpujoin::candidates`), and whose grouping target holds only
+//!   but the join's (`super::gpujoin::candidates`: every serial one, the cheapest partial one), and whose grouping target holds only
 //!   aggregates the node computes ([`supported_aggrefs`]: plain, without DISTINCT, ORDER BY or
 //!   FILTER, over a plain column of the join) inside any expressions, it adds a path
 //!   "GpuJoinAgg" over a copy of the GpuJoin path that computes those aggregates
@@ -165,8 +165,8 @@ unsafe fn add_paths(root: *mut pg_sys::PlannerInfo, input_rel: *mut pg_sys::RelO
         {
             return;
         }
-        let (serial, partial) = candidates::of(root, input_rel);
-        if serial.is_null() && partial.is_null() {
+        let (serials, partial) = candidates::of(root, input_rel);
+        if serials.is_empty() && partial.is_null() {
             return;
         }
         let Some(aggrefs) = supported_aggrefs((*(*output_rel).reltarget).exprs) else { return };
@@ -181,8 +181,14 @@ unsafe fn add_paths(root: *mut pg_sys::PlannerInfo, input_rel: *mut pg_sys::RelO
             let g = pg_sys::create_gather_path(root, input_rel, p as *mut pg_sys::Path, target, std::ptr::null_mut(), &mut rows);
             pg_sys::add_path(output_rel, final_path(output_rel, g as *mut pg_sys::Path, aggrefs.len()) as *mut pg_sys::Path);
         }
-        if !serial.is_null() && gpujoin::can_aggregate(serial) {
+        // Every serial path (add_path keeps the cheapest): one whose sides are plain scans of
+        // tables with column caches is priced at the caches' cost (`gpujoin::cached`).
+        for serial in serials.into_iter().filter(|&s| gpujoin::can_aggregate(s)) {
             let p = gpujoin::with_aggregates(serial, target);
+            if let Some(cost) = gpujoin::cached_cost(root, serial, &aggrefs) {
+                (*p).path.startup_cost = cost;
+                (*p).path.total_cost = cost;
+            }
             pg_sys::add_path(output_rel, final_path(output_rel, p as *mut pg_sys::Path, aggrefs.len()) as *mut pg_sys::Path);
         }
     }

@@ -48,6 +48,12 @@ impl GpuJoinScan {
         drop(progress);
         self.stats.table_build = t.elapsed();
         super::count(|c| c.built(stored));
+        let tier = self.note_table(seg, bytes);
+        (bytes, tier)
+    }
+
+    /// Notes the table's bytes and tier in the statistics; returns the tier's code (`TIERS`).
+    pub(super) fn note_table(&mut self, seg: &SegRef, bytes: u64) -> u32 {
         // The node's own segment, in the reserved namespace: looked up, not resolved (which
         // is for names users give).
         let info = crate::registry::shmem::shared().ok().and_then(|reg| reg.lookup(seg.name()).ok().map(|slot| reg.info(slot)));
@@ -59,7 +65,7 @@ impl GpuJoinScan {
         };
         self.stats.table_bytes = bytes;
         self.stats.tier = TIERS[tier as usize].into();
-        (bytes, tier)
+        tier
     }
 
     /// Creates a temporary segment of `bytes` that this process drops (End, or abort).
@@ -96,7 +102,10 @@ impl GpuJoinScan {
             let progress = start_progress(ProgressPhase::ReadingInner, table, estimate);
             let payload = match (self.probe, self.row_payload) {
                 (Some(p), _) => p.map(|c| {
-                    let arg = self.aggs.iter().find(|a| a.col == Some(c)).map_or(Arg::Any, |a| a.acc.arg);
+                    // The column's type as a sum reads it (a count before it, `count(x), sum(x)`,
+                    // takes any type: its payloads would all be 0).
+                    let arg =
+                        self.aggs.iter().find(|a| a.col == Some(c) && a.acc.kind == Kind::Sum).map_or(Arg::Any, |a| a.acc.arg);
                     (self.col_index[c], Some(arg))
                 }),
                 (None, Some(p)) => p.map(|i| (i, None)),

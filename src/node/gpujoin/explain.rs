@@ -48,6 +48,7 @@ pub(super) unsafe fn explain(
                 .collect();
             prop(c"Aggregates", &names.join(", "));
         }
+        scan.explain_caches(es);
         if (*es).analyze {
             let int = |label: &CStr, unit: Option<&CStr>, v: u64| {
                 pg_sys::ExplainPropertyInteger(label.as_ptr(), unit.map_or(std::ptr::null(), |u| u.as_ptr()), v as i64, es)
@@ -84,6 +85,11 @@ pub(super) unsafe fn explain(
                 pg_sys::ExplainPropertyFloat(c"Inner Ready".as_ptr(), c"ms".as_ptr(), build, 3, es);
                 let table = scan.stats.table_build.as_secs_f64() * 1e3;
                 pg_sys::ExplainPropertyFloat(c"Inner Table Build".as_ptr(), c"ms".as_ptr(), table, 3, es);
+                if let Some(p) = scan.stats.cache_probe.filter(|_| scan.read_from == Some(ReadFrom::Caches)) {
+                    pg_sys::ExplainPropertyFloat(c"Cache Probe".as_ptr(), c"ms".as_ptr(), p.as_secs_f64() * 1e3, 3, es);
+                    let k = scan.stats.cache_kernels.unwrap_or_default().as_secs_f64() * 1e3;
+                    pg_sys::ExplainPropertyFloat(c"Probe Kernels".as_ptr(), c"ms".as_ptr(), k, 3, es);
+                }
                 // How many batches were read ahead depends on timing: shown with the timings.
                 let by_value = scan.outer_cols.iter().all(|c| c.byval);
                 if scan.parallel_aware && (scan.probe.is_some() || scan.aggs.is_empty() && by_value) {

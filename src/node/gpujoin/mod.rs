@@ -100,6 +100,7 @@
 //! [`value_of_datum`].
 
 mod build;
+mod cached;
 mod explain;
 mod fetch;
 mod plan;
@@ -133,12 +134,14 @@ use crate::vocab::Tier;
 
 use super::joinkey::Composer;
 
+use cached::*;
 use fetch::*;
 use plan::*;
 use private::*;
 use results::*;
 use scan::*;
 
+pub use cached::cached_cost;
 pub use plan::{as_var, can_aggregate, candidates, with_aggregates};
 pub use private::int_node;
 pub use results::{emit_results, value_of_datum};

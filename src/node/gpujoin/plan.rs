@@ -510,6 +510,14 @@ pub(super) unsafe fn add_path(
             super::count(|c| c.offered());
             if kind == JoinKind::Inner {
                 candidates::remember(root, joinrel, make_path(joinrel, outer_path, inner_path, ordered(), None, cost));
+                // Over plain scans of both tables too, where a cheaper path (a Gather) won
+                // either side: the aggregate push-down may read those tables' column caches
+                // instead (`super::cached`), which only a scan of a table leaves it.
+                if let (Some(o), Some(i)) = (cached_scan_path(root, outerrel), cached_scan_path(root, innerrel)) {
+                    if o != outer_path || i != inner_path {
+                        candidates::remember(root, joinrel, make_path(joinrel, o, i, ordered(), None, cost));
+                    }
+                }
             }
         }
         // In parallel: the outer side's cheapest partial path, split among the participants; the
@@ -547,6 +555,28 @@ pub(super) unsafe fn add_path(
     }
 }
 
+/// The plain sequential scan path of a base relation that is a table with a ready column
+/// cache: the one in its path list, or a new one where a cheaper path (a Gather) pushed it out.
+///
+/// # Safety
+/// Planner structures.
+unsafe fn cached_scan_path(root: *mut pg_sys::PlannerInfo, rel: *mut pg_sys::RelOptInfo) -> Option<*mut pg_sys::Path> {
+    // SAFETY: forwarded contract; a new path is allocated in the planner's memory context.
+    unsafe {
+        if (*rel).reloptkind != pg_sys::RelOptKind::RELOPT_BASEREL {
+            return None;
+        }
+        let rte = *(*root).simple_rte_array.add((*rel).relid as usize);
+        if (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION || crate::caches::ready_columns((*rte).relid).is_none() {
+            return None;
+        }
+        let found = PgList::<pg_sys::Path>::from_pg((*rel).pathlist)
+            .iter_ptr()
+            .find(|&p| (*p).pathtype == pg_sys::NodeTag::T_SeqScan && (*p).param_info.is_null() && !(*p).parallel_aware);
+        Some(found.unwrap_or_else(|| pg_sys::create_seqscan_path(root, rel, std::ptr::null_mut(), 0)))
+    }
+}
+
 /// The GpuJoin paths the planner was offered for each join relation, kept aside for the
 /// aggregate push-down (`super::preagg`), which runs later, at the grouping stage.
 ///
@@ -556,7 +586,8 @@ pub(super) unsafe fn add_path(
 /// and this keeps the cheapest copy of each kind (serial, partial) per join relation. The
 /// copies live in the planner's memory context; a reset callback on that context forgets them
 /// when it goes (end of planning, an ERROR, GEQO's per-plan contexts), so no entry outlives
-/// what it points to.
+/// what it points to. Every serial path is kept, not only the cheapest: the push-down prices
+/// the ones that may read column caches at their caches' cost (`super::cached`).
 pub mod candidates {
     use std::cell::RefCell;
 
@@ -566,7 +597,7 @@ pub mod candidates {
         ctx: pg_sys::MemoryContext,
         root: *mut pg_sys::PlannerInfo,
         joinrel: *mut pg_sys::RelOptInfo,
-        serial: *mut pg_sys::CustomPath,
+        serial: Vec<*mut pg_sys::CustomPath>,
         partial: *mut pg_sys::CustomPath,
     }
 
@@ -574,8 +605,8 @@ pub mod candidates {
         static ENTRIES: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
     }
 
-    /// Keeps `path` (a GpuJoin path of `joinrel` that no path list holds) if it is the cheapest
-    /// of its kind so far.
+    /// Keeps `path` (a GpuJoin path of `joinrel` that no path list holds): every serial one,
+    /// the cheapest partial one.
     ///
     /// # Safety
     /// Planner structures, allocated in the current memory context.
@@ -596,30 +627,31 @@ pub mod candidates {
                     Some(at) => at,
                     None => {
                         let null = std::ptr::null_mut();
-                        entries.push(Entry { ctx, root, joinrel, serial: null, partial: null });
+                        entries.push(Entry { ctx, root, joinrel, serial: Vec::new(), partial: null });
                         entries.len() - 1
                     }
                 };
                 let e = &mut entries[at];
-                let slot = if (*path).path.parallel_aware { &mut e.partial } else { &mut e.serial };
-                if slot.is_null() || (*path).path.total_cost < (**slot).path.total_cost {
-                    *slot = path;
+                if !(*path).path.parallel_aware {
+                    e.serial.push(path);
+                } else if e.partial.is_null() || (*path).path.total_cost < (*e.partial).path.total_cost {
+                    e.partial = path;
                 }
             });
         }
     }
 
-    /// The cheapest serial and partial GpuJoin paths offered for `joinrel` of `root` (null
-    /// where none).
+    /// The serial GpuJoin paths and the cheapest partial one offered for `joinrel` of `root`
+    /// (null where none).
     pub fn of(
         root: *mut pg_sys::PlannerInfo,
         joinrel: *mut pg_sys::RelOptInfo,
-    ) -> (*mut pg_sys::CustomPath, *mut pg_sys::CustomPath) {
+    ) -> (Vec<*mut pg_sys::CustomPath>, *mut pg_sys::CustomPath) {
         ENTRIES.with_borrow(|entries| {
             entries
                 .iter()
                 .find(|x| x.root == root && x.joinrel == joinrel)
-                .map_or((std::ptr::null_mut(), std::ptr::null_mut()), |e| (e.serial, e.partial))
+                .map_or((Vec::new(), std::ptr::null_mut()), |e| (e.serial.clone(), e.partial))
         })
     }
 

@@ -27,6 +27,10 @@ pub(super) struct Stats {
     pub(super) held: u64,
     pub(super) memory_limit: u64,
     pub(super) spilled: u64,
+    /// The probe of the outer table's cached keys, where the node read column caches.
+    pub(super) cache_probe: Option<Duration>,
+    /// Of which the probing itself (the kernels' launches, or the CPU's loop).
+    pub(super) cache_kernels: Option<Duration>,
 }
 
 /// The GpuJoin custom scan.
@@ -129,6 +133,10 @@ pub struct GpuJoinScan {
     /// pairs are done.
     pub(super) matched: Vec<bool>,
     pub(super) unmatched_at: usize,
+    /// The column caches this plan may read instead of its children (`super::cached`), and
+    /// what the last execution read.
+    pub(super) cached: Option<CachePlan>,
+    pub(super) read_from: Option<ReadFrom>,
 }
 
 /// A batch read ahead (`GpuJoinScan::read_ahead`): the request forming its pairs, none where
@@ -228,6 +236,8 @@ impl JoinScan for GpuJoinScan {
             chunk: Chunk { keep_null_keys: p_join.keeps_unmatched(), ..Chunk::default() },
             matched: Vec::new(),
             unmatched_at: 0,
+            cached: None,
+            read_from: None,
         }
     }
 
@@ -282,6 +292,7 @@ impl JoinScan for GpuJoinScan {
             }
             self.row_payload = self.inner_payload();
             self.direct = direct_projection(node, self.p.map.len());
+            self.cached = self.cache_plan();
         }
     }
 
@@ -292,7 +303,9 @@ impl JoinScan for GpuJoinScan {
             if !self.ready {
                 let t = Instant::now();
                 if self.shared.is_null() {
-                    self.build_local();
+                    if !self.join_cached() {
+                        self.build_local();
+                    }
                 } else if (!self.aggs.is_empty() && self.probe.is_some()) || self.reads_rows_ahead() {
                     // exec_aggregates reads outer keys until the table is built, the join mode
                     // whole batches of outer tuples (`gather_rows_while_building`).
@@ -385,8 +398,10 @@ impl JoinScan for GpuJoinScan {
                 self.awaiting = None;
                 self.pending.clear();
                 self.pending_rows.clear();
-            } else if !(*self.inner).chgParam.is_null() {
-                // New parameters for the inner side: build again (ExecProcNode rescans it).
+            } else if !(*self.inner).chgParam.is_null() || self.read_from == Some(ReadFrom::Caches) {
+                // New parameters for the inner side: build again (ExecProcNode rescans it). A
+                // table built from the caches is built again too: the caches are checked
+                // against the snapshot again, and the outer keys were probed from them.
                 self.drop_table();
                 self.ready = false;
             }
