@@ -129,11 +129,46 @@ fn keeps_rows(tag: pg_sys::NodeTag) -> bool {
             | T_CreatedbStmt
             | T_CreateStatsStmt
             | T_AlterStatsStmt
+            | T_AlterSystemStmt
     )
 }
 
+/// The tables a `DROP TABLE ... RESTRICT` names (those that exist): the only rows it removes
+/// are theirs (with `CASCADE` it may drop other tables' columns of their row types, and other
+/// drops are not looked into: `None`).
+///
+/// # Safety
+/// `stmt` is a valid DropStmt.
+unsafe fn dropped_tables(stmt: *const pg_sys::DropStmt) -> Option<Vec<u32>> {
+    // SAFETY: forwarded contract: `objects` is a List of name Lists for a table drop; name
+    // lookups without a lock, missing names skipped (DROP reports them itself).
+    unsafe {
+        if (*stmt).removeType != pg_sys::ObjectType::OBJECT_TABLE || (*stmt).behavior != pg_sys::DropBehavior::DROP_RESTRICT {
+            return None;
+        }
+        let objects = pgrx::PgList::<pg_sys::List>::from_pg((*stmt).objects);
+        Some(
+            objects
+                .iter_ptr()
+                .map(|names| {
+                    let rv = pg_sys::makeRangeVarFromNameList(names);
+                    u32::from(pg_sys::RangeVarGetRelidExtended(
+                        rv,
+                        pg_sys::NoLock as i32,
+                        pg_sys::RVROption::RVR_MISSING_OK,
+                        None,
+                        std::ptr::null_mut(),
+                    ))
+                })
+                .filter(|&r| r != 0)
+                .collect(),
+        )
+    }
+}
+
 /// Before `ProcessUtility` (src/caches/hooks.c): `COPY ... FROM` marks its table's cache
-/// stale; any statement not known to keep every table's rows marks every cache of the database.
+/// stale, `DROP TABLE ... RESTRICT` its tables' caches; any statement not known to keep every
+/// table's rows marks every cache of the database.
 ///
 /// # Safety
 /// PostgreSQL's planned utility statement, valid for the call.
@@ -163,6 +198,11 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_utility(pstmt: *mut pg_sys::Pl
                 };
                 // an unknown table marks every cache: COPY fails on it anyway
                 mark(rel);
+            }
+        } else if tag == pg_sys::NodeTag::T_DropStmt {
+            match dropped_tables(stmt as *const pg_sys::DropStmt) {
+                Some(tables) => tables.into_iter().for_each(mark),
+                None => mark(0),
             }
         } else if !keeps_rows(tag) {
             mark(0);
