@@ -606,6 +606,7 @@ fn measure(mode: Mode, results: String, keep_tables: bool) -> i32 {
         ("host tier", Box::new(|b: &mut Bench, admin: &mut Client| bench_host_tier(b, admin, pid))),
         ("column cache", Box::new(|b: &mut Bench, admin: &mut Client| bench_cache(b, admin, pid))),
         ("cache inserts", Box::new(|b: &mut Bench, admin: &mut Client| bench_cache_inserts(b, admin, pid))),
+        ("cached join", Box::new(|b: &mut Bench, admin: &mut Client| bench_cache_join(b, admin))),
     ];
     // GPU_SUITE_BENCH_STEPS="GpuJoin,migration" runs only the steps whose names contain one of
     // the words (a run spent on one figure), "=GpuJoin" the step of that name alone; the others
