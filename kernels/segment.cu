@@ -107,45 +107,70 @@ __device__ __forceinline__ bool gave_up(const u64 *bad, u64 step) {
     return (step & (BAD_POLL - 1)) == 0 && step != 0 && *(volatile const u64 *)bad != 0ull;
 }
 
-// A column of n values: `width` bytes each (2, 4 or 8: a signed integer, sign-extended; the
-// staged keys and payloads of the callers are 8-byte ones), and a NULL bitmap (bit r % 8 of
-// byte r / 8 set where row r is NULL) or none (a null pointer). The keys and payloads of the
-// build and the probe are such columns: staged words, or a block of a column cache read in
-// place (crates/uvm_core/src/cache has its layout).
+// A column of `blocks` blocks of up to n rows each, `stride` bytes apart: row g is row g % n of
+// block g / n, a value of `width` bytes (2, 4 or 8: a signed integer, sign-extended) at
+// values + block * stride + row * width, NULL where bit row % 8 of byte row / 8 of its bitmap
+// (nulls + block * stride) is set (nulls null: no NULLs). Staged keys and payloads are one block
+// of 8-byte words without a bitmap; a column cache's blocks are read in place (its layout:
+// crates/uvm_core/src/cache), each block starting with its row count at headers + block *
+// stride (headers null: every block holds n rows). That count is untrusted: one above n makes
+// the block's rows no rows and sets *bad (the host raises an ERROR); rows past it are no rows.
 __device__ __forceinline__ long long column_value(const u8 *v, u64 width, u64 r) {
     if (width == 8ull) return ((const long long *)v)[r];
     if (width == 4ull) return (long long)((const int *)v)[r];
     return (long long)((const short *)v)[r];
 }
 
-__device__ __forceinline__ bool column_null(const u8 *nulls, u64 r) {
-    return nulls != 0 && ((nulls[r >> 3] >> (r & 7ull)) & 1u) != 0;
+__device__ __forceinline__ bool column_null(const u8 *nulls, u64 off, u64 r) {
+    return nulls != 0 && ((nulls[off + (r >> 3)] >> (r & 7ull)) & 1u) != 0;
 }
 
-// Inserts n rows (keys[i], payloads[i]) into the table. Rows whose key is NULL are left out and
-// counted in out[3]; a NULL payload is stored as 0 and counted in out[2] (payload_width 0: no
-// payload column, every payload 0). A row that finds no empty slot within mask + 1 steps is
-// left out and counted in out[0]; out[1] is set when a thread ran out of its walk budget
-// (launch again, fresh = 0). resume: 3 words per thread: next row index, slot index and steps
-// of the walk in progress (NO_WALK: none).
+// Where row g lies: the block's byte offset and the row in it; false where it is no row.
+__device__ __forceinline__ bool locate(u64 g, u64 n, u64 stride, const u8 *headers, u64 *bad, u64 *off, u64 *r) {
+    u64 b = g / n;
+    *r = g - b * n;
+    *off = b * stride;
+    if (headers == 0) return true;
+    u64 count = *(const u64 *)(headers + *off);
+    if (count > n) {
+        if (*(volatile u64 *)bad == 0ull) atomicExch(bad, 1ull);
+        return false;
+    }
+    return *r < count;
+}
+
+// Inserts the rows of a column of keys and one of payloads (the same blocks: see above;
+// payload_width 0: no payloads, every payload 0) into the table. Rows whose key is NULL are
+// left out and counted in out[3]; a NULL payload is stored as 0 and counted in out[2]; rows
+// placed are counted in out[5]. A row that finds no empty slot within mask + 1 steps is left
+// out and counted in out[0]; out[1] is set when a thread ran out of its walk budget (launch
+// again, fresh = 0); out[4] when a block's count was above n. resume: 3 words per thread: next
+// row index, slot index and steps of the walk in progress (NO_WALK: none).
 extern "C" __global__ void uvm_join_build(Slot *slots, u64 mask, u64 seed, const u8 *keys, u64 key_width,
                                           const u8 *key_nulls, const u8 *payloads, u64 payload_width,
-                                          const u8 *payload_nulls, u64 n, u64 *resume, u64 fresh, u64 *out) {
+                                          const u8 *payload_nulls, u64 n, u64 blocks, u64 block_stride,
+                                          const u8 *headers, u64 *resume, u64 fresh, u64 *out) {
     u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 total = n * blocks;
     u64 *state = resume + 3 * tid;
-    u64 r = fresh ? tid : state[0];
+    u64 g = fresh ? tid : state[0];
     u64 i = fresh ? 0ull : state[1];
     u64 step = fresh ? NO_WALK : state[2];
     u64 budget = WALK_BUDGET;
     bool more = false;
-    u64 null_keys = 0, null_payloads = 0;
-    for (; r < n; r += stride) {
-        if (step == NO_WALK && column_null(key_nulls, r)) {
+    u64 null_keys = 0, null_payloads = 0, placed_rows = 0;
+    for (; g < total; g += stride) {
+        u64 off, r;
+        if (!locate(g, n, block_stride, headers, &out[4], &off, &r)) {
+            step = NO_WALK; // (no walk is ever in progress here, unless the count changed)
+            continue;
+        }
+        if (step == NO_WALK && column_null(key_nulls, off, r)) {
             null_keys++;
             continue;
         }
-        long long k = column_value(keys, key_width, r);
+        long long k = column_value(keys + off, key_width, r);
         u64 t = mix((u64)k ^ seed) | 1ull;
         if (step == NO_WALK) {
             i = t & mask;
@@ -174,21 +199,23 @@ extern "C" __global__ void uvm_join_build(Slot *slots, u64 mask, u64 seed, const
         }
         long long p = 0;
         if (payload_width != 0ull) {
-            if (column_null(payload_nulls, r)) {
+            if (column_null(payload_nulls, off, r)) {
                 null_payloads++;
             } else {
-                p = column_value(payloads, payload_width, r);
+                p = column_value(payloads + off, payload_width, r);
             }
         }
         slots[i].key = k;
         slots[i].payload = p;
+        placed_rows++;
     }
-    state[0] = r;
+    state[0] = g;
     state[1] = i;
     state[2] = step;
     if (more) atomicExch(&out[1], 1ull);
     if (null_payloads != 0ull) atomicAdd(&out[2], null_payloads);
     if (null_keys != 0ull) atomicAdd(&out[3], null_keys);
+    if (placed_rows != 0ull) atomicAdd(&out[5], placed_rows);
 }
 
 // Exact payload sums: each payload is split into its signed high and unsigned low 32 bits,
@@ -208,26 +235,33 @@ __device__ __forceinline__ void warp_add(u64 *out, u64 v) {
     }
 }
 
-// Probes n keys (a column, as for uvm_join_build: NULL keys match nothing); adds the matches
+// Probes the keys of a column (as for uvm_join_build: NULL keys match nothing); adds the matches
 // and the payload sum (lo, hi as above) to out[0..3], and the keys whose chain had no empty
 // slot within mask + 1 steps to out[3] (a corrupted table); sets out[4] when a thread ran out
-// of its walk budget (launch again, fresh = 0: the sums go on adding up). resume: 3 words per
-// thread, as for uvm_join_build.
+// of its walk budget (launch again, fresh = 0: the sums go on adding up), out[5] when a
+// block's count was above n. resume: 3 words per thread, as for uvm_join_build.
 extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed, const u8 *keys, u64 key_width,
-                                          const u8 *key_nulls, u64 n, u64 *resume, u64 fresh, u64 *out) {
+                                          const u8 *key_nulls, u64 n, u64 blocks, u64 block_stride,
+                                          const u8 *headers, u64 *resume, u64 fresh, u64 *out) {
     u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 total = n * blocks;
     u64 *state = resume + 3 * tid;
-    u64 r = fresh ? tid : state[0];
+    u64 g = fresh ? tid : state[0];
     u64 i = fresh ? 0ull : state[1];
     u64 step = fresh ? NO_WALK : state[2];
     u64 budget = WALK_BUDGET;
     bool more = false;
     u64 matches = 0, lo = 0;
     long long hi = 0;
-    for (; r < n; r += stride) {
-        if (step == NO_WALK && column_null(key_nulls, r)) continue;
-        long long k = column_value(keys, key_width, r);
+    for (; g < total; g += stride) {
+        u64 off, r;
+        if (!locate(g, n, block_stride, headers, &out[5], &off, &r)) {
+            step = NO_WALK; // (no walk is ever in progress here, unless the count changed)
+            continue;
+        }
+        if (step == NO_WALK && column_null(key_nulls, off, r)) continue;
+        long long k = column_value(keys + off, key_width, r);
         u64 t = mix((u64)k ^ seed) | 1ull;
         if (step == NO_WALK) {
             i = t & mask;
@@ -259,7 +293,7 @@ extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed,
             break; // the host raises an ERROR: no need to probe this thread's other keys
         }
     }
-    state[0] = r;
+    state[0] = g;
     state[1] = i;
     state[2] = step;
     if (more) atomicExch(&out[4], 1ull);

@@ -37,12 +37,14 @@ kernels! {
         /// Reads `n` 16-byte vectors at `p` (a bandwidth probe); `*out` is practically never
         /// written.
         uvm_read_bw => ReadBw(p: Ptr<ULongLong2>, n: u64, out: MutPtr<u64>);
-        /// Inserts `n` rows (`keys[i]`, `payloads[i]`: columns of `key_width` and
-        /// `payload_width` bytes with NULL bitmaps or null pointers; `payload_width` 0: no
-        /// payloads) into `mask + 1` slots; counts the rows left out for want of a slot in
-        /// `out[0]`, NULL payloads in `out[2]` and NULL keys (left out) in `out[3]`, sets
-        /// `out[1]` when a walk ran out of budget (`resume`: 3 words per thread of the grid;
-        /// launch again with `fresh` 0).
+        /// Inserts the rows of a column of keys and one of payloads (`blocks` blocks of up to
+        /// `n` rows, `block_stride` bytes apart, each value of `key_width` or `payload_width`
+        /// bytes with a NULL bitmap or a null pointer; `payload_width` 0: no payloads; each
+        /// block's row count at `headers` where not null) into `mask + 1` slots; counts the
+        /// rows left out for want of a slot in `out[0]`, NULL payloads in `out[2]`, NULL keys
+        /// (left out) in `out[3]` and rows placed in `out[5]`, sets `out[1]` when a walk ran
+        /// out of budget (`resume`: 3 words per thread of the grid; launch again with `fresh`
+        /// 0) and `out[4]` when a block's count exceeded `n`.
         uvm_join_build => JoinBuild(
             slots: MutPtr<Slot>,
             mask: u64,
@@ -54,14 +56,17 @@ kernels! {
             payload_width: u64,
             payload_nulls: Ptr<u8>,
             n: u64,
+            blocks: u64,
+            block_stride: u64,
+            headers: Ptr<u8>,
             resume: MutPtr<u64>,
             fresh: u64,
             out: MutPtr<u64>,
         );
-        /// Probes `n` keys (a column of `key_width` bytes with a NULL bitmap or a null
-        /// pointer) against `mask + 1` slots; adds matches, payload lo and hi, and corrupted
-        /// chains to `out[0..4]`; sets `out[4]` when a walk ran out of budget (`resume`: 3
-        /// words per thread; launch again with `fresh` 0).
+        /// Probes the keys of a column (as for `uvm_join_build`) against `mask + 1` slots;
+        /// adds matches, payload lo and hi, and corrupted chains to `out[0..4]`; sets `out[4]`
+        /// when a walk ran out of budget (`resume`: 3 words per thread; launch again with
+        /// `fresh` 0) and `out[5]` when a block's count exceeded `n`.
         uvm_join_probe => JoinProbe(
             slots: Ptr<Slot>,
             mask: u64,
@@ -70,6 +75,9 @@ kernels! {
             key_width: u64,
             key_nulls: Ptr<u8>,
             n: u64,
+            blocks: u64,
+            block_stride: u64,
+            headers: Ptr<u8>,
             resume: MutPtr<u64>,
             fresh: u64,
             out: MutPtr<u64>,

@@ -109,10 +109,7 @@ impl GpuJoinScan {
     /// # Safety
     /// After begin initialized the children.
     pub(super) unsafe fn cache_plan(&self) -> Option<CachePlan> {
-        let payload = match self.probe {
-            Some(p) => p,
-            None => return None,
-        };
+        let payload = self.probe?;
         if self.parallel_aware || self.p.join != JoinKind::Inner || self.p.keys.len() != 1 {
             return None;
         }
@@ -143,7 +140,7 @@ impl GpuJoinScan {
         let snap = unsafe { (*self.estate).es_snapshot };
         let found = |side: &CachedSide| caches::usable_in_query(side.relid, snap).unwrap_or_else(|e| report(e));
         let (Some(outer), Some(inner)) = (found(&plan.outer), found(&plan.inner)) else {
-            self.read_from = Some(ReadFrom::Children("a cache is not current for the query's snapshot"));
+            self.read_from = Some(ReadFrom::Children("a table has no cache current for the query's snapshot"));
             return false;
         };
         let kt = self.key;

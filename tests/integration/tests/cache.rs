@@ -2,8 +2,10 @@
 //! a cache equals the heap's under the same snapshot, at READ COMMITTED and REPEATABLE READ,
 //! while writers insert, update and delete (a quarter of their transactions and some of their
 //! subtransactions abort) and a rebuilder keeps building the cache again, by turns serially
-//! (with a `numeric` column) and by the parallel scan with workers; and a parallel build whose
-//! worker is terminated leaves nothing behind.
+//! (with a `numeric` column) and by the parallel scan with workers; the GpuJoin node's join of
+//! the table with a cached dimension (reading both caches where they are current) equals
+//! PostgreSQL's join under the same snapshot; and a parallel build whose worker is terminated
+//! leaves nothing behind.
 
 use pg_uvm_share_tests::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,6 +21,30 @@ struct Counts {
     cache: AtomicU64,
     heap: AtomicU64,
     rr_cache: AtomicU64,
+}
+
+/// The GpuJoin node's join of the table with its dimension (both cached: the node reads the
+/// caches where they are current) and PostgreSQL's own join (`{table}_pg`, STABLE: the
+/// caller's snapshot), in one statement.
+fn join_compare(table: &str) -> String {
+    format!(
+        "SELECT count(*)::text || '/' || coalesce(sum(d.v)::text, '-'), {table}_pg() \
+         FROM {table} f JOIN {table}_d d ON f.a = d.k"
+    )
+}
+
+/// Compares the join (the node, over the caches where current) with PostgreSQL's join under one
+/// snapshot; in a REPEATABLE READ transaction also says whether the node read the caches (an
+/// EXPLAIN ANALYZE under the transaction's one snapshot).
+fn compare_join(c: &mut postgres::Client, table: &str, rr: bool) -> bool {
+    let row = c.query_one(join_compare(table).as_str(), &[]).unwrap_or_else(|e| panic!("join reader: {}", describe(&e)));
+    let (mine, pg): (String, String) = (row.get(0), row.get(1));
+    assert_eq!(mine, pg, "the GpuJoin node's answer differs from PostgreSQL's join under one snapshot (repeatable read: {rr})");
+    rr && c
+        .query(format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {}", join_compare(table)).as_str(), &[])
+        .unwrap()
+        .iter()
+        .any(|r| r.get::<_, String>(0).contains("Read From: column caches"))
 }
 
 fn compare(c: &mut postgres::Client, table: &str, counts: &Counts, rr: bool) {
@@ -50,6 +76,18 @@ fn cached_answers_equal_the_heap_under_concurrent_writers() {
         .unwrap();
     let built: i64 = admin.query_one("SELECT uvm.cache_table($1::text::regclass, ARRAY['a', 'n'])", &[&table]).unwrap().get(0);
     assert_eq!(built, 20000);
+    // A dimension for the GpuJoin node's readers (issue 26, point 3): cached, never written.
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {table}_d AS SELECT g::int4 AS k, (g * 3)::int8 AS v FROM generate_series(-200, 700) g;
+             CREATE FUNCTION {table}_pg() RETURNS text LANGUAGE sql STABLE
+               SET pg_uvm_share.enable_gpujoin = off SET pg_uvm_share.enable_cache = off
+               AS $$ SELECT count(*)::text || '/' || coalesce(sum(d.v)::text, '-') FROM {table} f JOIN {table}_d d ON f.a = d.k $$;"
+        ))
+        .unwrap();
+    admin.query_one("SELECT uvm.cache_table($1::text::regclass)", &[&format!("{table}_d")]).unwrap();
+    let join_cache = AtomicU64::new(0);
+    let join_reads = AtomicU64::new(0);
 
     let stop = AtomicBool::new(false);
     let counts = Counts { cache: AtomicU64::new(0), heap: AtomicU64::new(0), rr_cache: AtomicU64::new(0) };
@@ -139,11 +177,38 @@ fn cached_answers_equal_the_heap_under_concurrent_writers() {
                 }
             });
         }
+        // The GpuJoin node's readers: one at READ COMMITTED, one in REPEATABLE READ
+        // transactions (which also count the node's reads of the caches).
+        for rr in [false, true] {
+            let (stop, table, join_cache, join_reads) = (&stop, &table, &join_cache, &join_reads);
+            s.spawn(move || {
+                let mut c = connect();
+                c.batch_execute("SET pg_uvm_share.enable_gpujoin = on").unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    if rr {
+                        c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ").unwrap();
+                    }
+                    let cached = compare_join(&mut c, table, rr);
+                    if rr {
+                        std::thread::sleep(Duration::from_millis(30));
+                        compare_join(&mut c, table, rr);
+                        c.batch_execute("COMMIT").unwrap();
+                    }
+                    join_reads.fetch_add(1, Ordering::Relaxed);
+                    if cached {
+                        join_cache.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
         while t0.elapsed() < run_for {
             std::thread::sleep(Duration::from_millis(50));
         }
         stop.store(true, Ordering::Relaxed);
     });
+    let (jc, jr) = (join_cache.load(Ordering::Relaxed), join_reads.load(Ordering::Relaxed));
+    eprintln!("cache: {jr} GpuJoin comparisons with PostgreSQL's join, {jc} repeatable read ones over the caches");
+    assert!(jc > 0, "the GpuJoin node never read the caches");
     let (cache, heap, rr) =
         (counts.cache.load(Ordering::Relaxed), counts.heap.load(Ordering::Relaxed), counts.rr_cache.load(Ordering::Relaxed));
     eprintln!(
@@ -156,7 +221,11 @@ fn cached_answers_equal_the_heap_under_concurrent_writers() {
     assert!(rr > 0, "no REPEATABLE READ answer came from the cache");
     assert!(heap > 0, "no answer came from the heap: the writers never made the cache stale");
     assert!(writes.load(Ordering::Relaxed) > 20 && builds.load(Ordering::Relaxed) > 2);
-    admin.batch_execute(&format!("DROP TABLE {table}; DROP FUNCTION heap_fold(regclass, text);")).unwrap();
+    admin
+        .batch_execute(&format!(
+            "DROP TABLE {table}, {table}_d; DROP FUNCTION heap_fold(regclass, text); DROP FUNCTION {table}_pg();"
+        ))
+        .unwrap();
     let left: i64 = admin.query_one("SELECT count(*) FROM uvm.caches", &[]).unwrap().get(0);
     assert_eq!(left, 0, "the dropped table's cache is reclaimed");
 }

@@ -5,14 +5,19 @@
 //! # Design
 //!
 //! A cache (`crate::cache`: blocks of rows, each column an aligned array with a NULL bitmap)
-//! is laid out for exactly this: a block of one column is the array a kernel reads, so the
-//! build and the probe launch the join kernels once per block with the block's addresses
-//! (`gpujoin::gpu::DeviceColumn`), where the staged paths launch them over keys copied in. The
-//! CPU engine (host provider) walks the same arrays with the table's CPU code.
+//! is laid out for exactly this: a block of one column is an array, and the blocks lie a fixed
+//! stride apart, so one launch of the join kernels reads a column across many blocks in place
+//! (`gpujoin::gpu::DeviceColumn`: base, width, bitmap, stride, each block's count from its
+//! header), where the staged paths launch them over keys copied in. Launches are bounded to
+//! [`LAUNCH_ROWS`] rows, with an interrupt check between them (one launch per block cost 50 µs
+//! of synchronisation each: 38 ms for the 763 blocks of 50 M rows on the H200, against a few
+//! for the probing itself). The CPU engine (host provider) walks the same arrays a block at a
+//! time with the table's CPU code.
 //!
 //! The cache's bytes are untrusted, as every segment's: the layout is parsed from the pinned
 //! segment here ([`Layout::parse`], which bounds every block inside it), a block's row count is
-//! refused above the block's rows, and a column must be a signed integer of 2, 4 or 8 bytes
+//! refused above the block's rows (by the CPU here, by the kernels as they read it: an ERROR
+//! either way), and a column must be a signed integer of 2, 4 or 8 bytes
 //! (and not wider than the table's key type). The blocks read are those the header counted
 //! when the request began: rows appended later belong to snapshots that do not read this one.
 //! Every block ends with an interrupt check; the kernels bound their own walks.
@@ -118,13 +123,33 @@ impl CacheSource {
         Ok((rows, at))
     }
 
-    /// Column `col` of block `block` at `at` with `rows` rows, as the kernels read it.
+    /// Column `c` of the block at `at` with `rows` rows (its count read and checked), as the
+    /// CPU reads it.
     fn column(&self, c: &ColumnDesc, at: u64, rows: u64) -> DeviceColumn {
         DeviceColumn {
             values: self.addr + at + c.values_at,
             width: u64::from(c.width),
             nulls: self.addr + at + c.nulls_at,
             n: rows,
+            blocks: 1,
+            stride: 0,
+            headers: 0,
+        }
+    }
+
+    /// Column `c` of `count` blocks from block `first`, as one launch of the kernels reads it:
+    /// each block's count from its header (checked by the kernel against `block_rows`).
+    fn blocks(&self, c: &ColumnDesc, layout: &Layout, first: u64, count: u64) -> DeviceColumn {
+        let h = layout.header();
+        let at = self.addr + h.data_offset + first * h.block_bytes;
+        DeviceColumn {
+            values: at + c.values_at,
+            width: u64::from(c.width),
+            nulls: at + c.nulls_at,
+            n: h.block_rows,
+            blocks: count,
+            stride: h.block_bytes,
+            headers: at,
         }
     }
 }
@@ -195,24 +220,17 @@ pub unsafe fn build(t: &BuildTarget, src: &CacheSource, key_col: u32, payload_co
     let key = int_column(src, &layout, key_col, Some(t.key_type))?;
     let payload = if payload_col == NO_COLUMN { None } else { Some(int_column(src, &layout, payload_col, None)?) };
     let mut counts = BuildCounts::default();
-    let mut rows = 0u64;
-    let mut cpu = match src.engine {
+    match src.engine {
         Engine::Cpu => {
             // SAFETY: the pinned table, CPU-addressable (prepare checked), mapped (contract).
             let b = unsafe { std::slice::from_raw_parts_mut(t.addr as *mut u8, t.len) };
-            Some(table::Builder::resume(&t.name, b, t.key_type, t.slot_count, 0)?)
-        }
-        Engine::Cuda => None,
-    };
-    for block in 0..layout.header().blocks {
-        crate::interrupt::check()?;
-        // SAFETY: forwarded contract.
-        let (n, at) = unsafe { src.block(&layout, block) }?;
-        rows += n;
-        let keys = src.column(key, at, n);
-        let payloads = payload.map(|p| src.column(p, at, n));
-        match cpu.as_mut() {
-            Some(builder) => {
+            let mut builder = table::Builder::resume(&t.name, b, t.key_type, t.slot_count, 0)?;
+            for block in 0..layout.header().blocks {
+                crate::interrupt::check()?;
+                // SAFETY: forwarded contract.
+                let (n, at) = unsafe { src.block(&layout, block) }?;
+                let keys = src.column(key, at, n);
+                let payloads = payload.map(|p| src.column(p, at, n));
                 for r in 0..n {
                     // SAFETY: both columns lie in the parsed block of the pinned,
                     // CPU-addressable segment (`Layout::parse` bounded it), r < n ≤ block_rows.
@@ -230,23 +248,43 @@ pub unsafe fn build(t: &BuildTarget, src: &CacheSource, key_col: u32, payload_co
                         None => 0,
                     };
                     builder.insert(Some(k), p)?;
+                    counts.placed += 1;
                 }
             }
-            None => {
-                let slots = t.addr + table::HEADER_BYTES;
+        }
+        Engine::Cuda => {
+            let slots = t.addr + table::HEADER_BYTES;
+            for (first, count) in launches(&layout) {
+                crate::interrupt::check()?;
+                let keys = src.blocks(key, &layout, first, count);
+                let payloads = payload.map(|p| src.blocks(p, &layout, first, count));
                 // SAFETY: the pinned table's slots (prepare bounded them), slot_count a power of
-                // two; both columns lie in the parsed block of the pinned segment.
+                // two; both columns' blocks lie in the parsed layout of the pinned segment.
                 let c = crate::gpu::gpu()?
                     .with_kernels(|k| unsafe { k.join_build_columns(slots, t.slot_count - 1, 0, keys, payloads) })?;
                 if c.left_out > 0 {
                     return Err(table::corrupted(&t.name, &format!("a build found no empty slot in {} slots", t.slot_count)));
                 }
+                counts.placed += c.placed;
                 counts.null_keys += c.null_keys;
                 counts.null_payloads += c.null_payloads;
             }
         }
     }
-    Ok(ops::CacheBuilt { inserted: rows - counts.null_keys, null_keys: counts.null_keys, null_payloads: counts.null_payloads })
+    Ok(ops::CacheBuilt { inserted: counts.placed, null_keys: counts.null_keys, null_payloads: counts.null_payloads })
+}
+
+/// Rows one kernel launch reads at most (a bounded launch: the host checks for interrupts
+/// between launches).
+const LAUNCH_ROWS: u64 = 1 << 26;
+
+/// The launches over `layout`'s blocks: (first block, blocks), each of at most
+/// [`LAUNCH_ROWS`] rows (one block at least).
+fn launches(layout: &Layout) -> impl Iterator<Item = (u64, u64)> {
+    let h = layout.header();
+    let per = (LAUNCH_ROWS / h.block_rows.max(1)).max(1);
+    let blocks = h.blocks;
+    (0..blocks).step_by(per as usize).map(move |first| (first, per.min(blocks - first)))
 }
 
 /// Probes the keys of `src`'s column `key_col` against `inner` (see `ops::CacheProbe`).
@@ -260,32 +298,38 @@ pub unsafe fn probe(inner: &RawInner, key_type: KeyType, src: &CacheSource, key_
     // SAFETY: the pin behind `inner` is held (contract).
     let view = unsafe { inner.inner() }?;
     let (mut matches, mut sum, mut rows, mut ns) = (0u64, 0i128, 0u64, 0f64);
-    let mut keys = Vec::new();
-    for block in 0..layout.header().blocks {
-        crate::interrupt::check()?;
-        // SAFETY: forwarded contract.
-        let (n, at) = unsafe { src.block(&layout, block) }?;
-        let col = src.column(key, at, n);
-        rows += n;
-        let (m, s) = match (src.engine, view.table()) {
-            (Engine::Cpu, Some(t)) => {
+    match (src.engine, view.table()) {
+        (Engine::Cpu, Some(t)) => {
+            let mut keys = Vec::new();
+            for block in 0..layout.header().blocks {
+                crate::interrupt::check()?;
+                // SAFETY: forwarded contract.
+                let (n, at) = unsafe { src.block(&layout, block) }?;
+                let col = src.column(key, at, n);
+                rows += n;
                 let t0 = std::time::Instant::now();
                 keys.clear();
                 // SAFETY: as in `build`.
                 keys.extend((0..n).filter_map(|r| unsafe { cpu_value(&col, r) }));
-                let r = t.probe(&keys)?;
+                let (m, s) = t.probe(&keys)?;
                 ns += t0.elapsed().as_nanos() as f64;
-                r
+                matches += m;
+                sum += s;
             }
-            _ => {
-                // SAFETY: the column lies in the parsed block of the pinned segment.
+        }
+        _ => {
+            // (the rows the header counts: the kernels read each block's own count)
+            rows = layout.header().rows;
+            for (first, count) in launches(&layout) {
+                crate::interrupt::check()?;
+                let col = src.blocks(key, &layout, first, count);
+                // SAFETY: the column's blocks lie in the parsed layout of the pinned segment.
                 let (m, s, ms) = crate::gpu::gpu()?.with_kernels(|k| unsafe { k.join_probe_column(&view, col) })?;
                 ns += ms * 1e6;
-                (m, s)
+                matches += m;
+                sum += s;
             }
-        };
-        matches += m;
-        sum += s;
+        }
     }
     Ok(ops::CacheProbed { matches, sum: ops::Sum128::from(sum), rows, probe_ns: ns as u64 })
 }

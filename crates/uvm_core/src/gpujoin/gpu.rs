@@ -50,29 +50,43 @@ fn payload_sum(matches: u64, lo: u64, hi: u64) -> Result<i128> {
     Ok(((hi as i64 as i128) << 32) + lo as i128)
 }
 
-/// A column the join kernels read in place: `n` values of `width` bytes (2, 4 or 8, signed
-/// integers) at the device address `values`, and a NULL bitmap at `nulls` (bit `r % 8` of byte
-/// `r / 8` set where row `r` is NULL; 0: no NULLs). A block of a column cache is one
-/// (`crate::cache`'s layout), and so are staged keys (8-byte words, no bitmap).
+/// A column the join kernels read in place: `blocks` blocks of up to `n` rows, `stride` bytes
+/// apart; in block `b`, row `r`'s value of `width` bytes (2, 4 or 8, signed integers) at device
+/// address `values + b × stride + r × width` and its NULL bit at bit `r % 8` of byte
+/// `nulls + b × stride + r / 8` (`nulls` 0: no NULLs); where `headers` is not 0, block `b` holds
+/// the rows its count at `headers + b × stride` says (a column cache's block header: untrusted,
+/// a count above `n` is an ERROR). Consecutive blocks of a column cache are one
+/// (`crate::cache`'s layout), and staged keys are one block of 8-byte words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceColumn {
     pub values: u64,
     pub width: u64,
     pub nulls: u64,
     pub n: u64,
+    pub blocks: u64,
+    pub stride: u64,
+    pub headers: u64,
 }
 
 impl DeviceColumn {
     /// `n` 8-byte words at `values`, without NULLs (staged keys or payloads).
     pub fn words(values: u64, n: u64) -> DeviceColumn {
-        DeviceColumn { values, width: 8, nulls: 0, n }
+        DeviceColumn { values, width: 8, nulls: 0, n, blocks: 1, stride: 0, headers: 0 }
     }
 }
 
-/// What a build from columns left out or stored as 0: rows without an empty slot (a table
-/// overwritten during the build), NULL payloads (stored as 0), NULL keys (left out).
+/// The ERROR of a kernel that found a block counting more rows than a block holds.
+fn overcounted_block() -> UvmError {
+    UvmError::new(Code::InvalidParameterValue, "a block of a column cache says it holds more rows than its blocks hold")
+        .hint("The segment was overwritten; drop the cache and build it again.")
+}
+
+/// What a build from columns placed, left out or stored as 0: rows placed, rows without an
+/// empty slot (a table overwritten during the build), NULL payloads (stored as 0), NULL keys
+/// (left out).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BuildCounts {
+    pub placed: u64,
     pub left_out: u64,
     pub null_payloads: u64,
     pub null_keys: u64,
@@ -92,11 +106,11 @@ pub trait JoinKernels {
     /// range, bounds-checked by `Pin::addr`).
     unsafe fn join_build(&self, slots: u64, mask: u64, seed: u64, keys: &[i64], payloads: &[i64]) -> Result<u64>;
 
-    /// Inserts the rows of two columns read in place (`keys`, and `payloads` of as many rows,
-    /// or none: payloads 0) into the table's slots, in one launch (more where a walk runs out
-    /// of its budget, with an interrupt check between). Rows with a NULL key are left out,
-    /// NULL payloads stored as 0; the counts say how many of each, and of rows left out for
-    /// want of an empty slot.
+    /// Inserts the rows of two columns read in place (`keys`, and `payloads` of the same
+    /// blocks, or none: payloads 0) into the table's slots, in one launch (more where a walk
+    /// runs out of its budget, with an interrupt check between). Rows with a NULL key are left
+    /// out, NULL payloads stored as 0; the counts say how many of each, of rows placed, and of
+    /// rows left out for want of an empty slot.
     ///
     /// # Safety
     /// As for [`JoinKernels::join_build`]; and each column's `n` values (and its bitmap's
@@ -158,12 +172,12 @@ impl JoinKernels for Kernels {
         keys: DeviceColumn,
         payloads: Option<DeviceColumn>,
     ) -> Result<BuildCounts> {
-        let p = payloads.unwrap_or(DeviceColumn { values: 0, width: 0, nulls: 0, n: keys.n });
-        if p.n != keys.n {
-            return Err(UvmError::new(Code::SystemError, "a GpuJoin build's key and payload columns differ in length"));
+        let p = payloads.unwrap_or(DeviceColumn { values: 0, width: 0, nulls: 0, ..keys });
+        if (p.n, p.blocks, p.stride, p.headers) != (keys.n, keys.blocks, keys.stride, keys.headers) {
+            return Err(UvmError::new(Code::SystemError, "a GpuJoin build's key and payload columns differ in their blocks"));
         }
         let resume = self.per_thread_state(STATE_BYTES_PER_THREAD)?;
-        self.result().set_bytes(0, 32)?;
+        self.result().set_bytes(0, 48)?;
         let mut params = JoinBuild {
             slots: MutPtr::new(slots),
             mask,
@@ -175,20 +189,26 @@ impl JoinKernels for Kernels {
             payload_width: p.width,
             payload_nulls: Ptr::new(p.nulls),
             n: keys.n,
+            blocks: keys.blocks,
+            block_stride: keys.stride,
+            headers: Ptr::new(keys.headers),
             resume: MutPtr::new(resume),
             fresh: 1,
             out: self.result_ptr(),
         };
         loop {
             // SAFETY: the kernel writes inside `mask + 1` slots at `slots` (the caller's
-            // promise; every walk is bounded by mask + 1 steps), reads n values (and bitmap
-            // bits) of each column (the caller's promise), 24 bytes per thread of our
-            // per-thread state, and the first 4 words of our result buffer.
+            // promise; every walk is bounded by mask + 1 steps), reads the rows (values, bitmap
+            // bits, block counts) of each column's blocks (the caller's promise), 24 bytes per
+            // thread of our per-thread state, and the first 6 words of our result buffer.
             unsafe { self.launch(self.segment().uvm_join_build(), params) }?;
-            let mut b = [0u64; 4];
+            let mut b = [0u64; 6];
             self.result().read(&mut b)?;
+            if b[4] != 0 {
+                return Err(overcounted_block());
+            }
             if b[1] == 0 {
-                return Ok(BuildCounts { left_out: b[0], null_payloads: b[2], null_keys: b[3] });
+                return Ok(BuildCounts { placed: b[5], left_out: b[0], null_payloads: b[2], null_keys: b[3] });
             }
             // A walk ran out of budget: go on where it stopped (the counts keep adding up;
             // the flag, word 1, is cleared).
@@ -247,26 +267,33 @@ fn probe_batch(k: &Kernels, inner: &Inner<'_>, keys: DeviceColumn, runs: u32) ->
         key_width: keys.width,
         key_nulls: Ptr::new(keys.nulls),
         n: keys.n,
+        blocks: keys.blocks,
+        block_stride: keys.stride,
+        headers: Ptr::new(keys.headers),
         resume: MutPtr::new(resume),
         fresh: 1,
         out: k.result_ptr(),
     };
     let mut last = ([0u64; 3], 0.0);
     for _ in 0..runs.max(1) {
-        k.result().set_bytes(0, 40)?;
+        k.result().set_bytes(0, 48)?;
         params.fresh = 1;
         let mut ms = 0.0;
         let r = loop {
             let t = Instant::now();
             // SAFETY: Inner::of validated the header and bounded the `slot_count` slots inside
             // the pinned segment, which the pin behind `inner` keeps mapped; the kernel reads
-            // only those (every walk is bounded by slot_count steps), n keys (and bitmap bits)
-            // of the column (staged by the caller, or vouched for by its caller), 24 bytes per
-            // thread of our per-thread state, and the first 5 words of our result buffer.
+            // only those (every walk is bounded by slot_count steps), the column's rows (values,
+            // bitmap bits, block counts: staged by the caller, or vouched for by its caller), 24
+            // bytes per thread of our per-thread state, and the first 6 words of our result
+            // buffer.
             unsafe { k.launch(k.segment().uvm_join_probe(), params) }?;
             ms += t.elapsed().as_secs_f64() * 1e3;
-            let mut r = [0u64; 5];
+            let mut r = [0u64; 6];
             k.result().read(&mut r)?;
+            if r[5] != 0 {
+                return Err(overcounted_block());
+            }
             if r[3] != 0 {
                 return Err(table::corrupted(inner.name(), &format!("a probe found no empty slot in {} slots", h.slot_count)));
             }
