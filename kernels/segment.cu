@@ -235,18 +235,11 @@ __device__ __forceinline__ void warp_add(u64 *out, u64 v) {
     }
 }
 
-// Keys one thread of the probe loads before it walks their chains: loads of several keys in flight
-// at once, where one at a time left the host link mostly idle (a column cache's blocks in the
-// host tier read at 7.5 GB/s of the link's 55).
-#define PROBE_GROUP 8
-
 // Probes the keys of a column (as for uvm_join_build: NULL keys match nothing); adds the matches
 // and the payload sum (lo, hi as above) to out[0..3], and the keys whose chain had no empty
 // slot within mask + 1 steps to out[3] (a corrupted table); sets out[4] when a thread ran out
 // of its walk budget (launch again, fresh = 0: the sums go on adding up), out[5] when a
-// block's count was above n. A thread takes its keys PROBE_GROUP at a time: it loads them,
-// then walks each one's chain; a walk out of budget saves that key's index (the keys after it
-// are loaded again on the next launch). resume: 3 words per thread, as for uvm_join_build.
+// block's count was above n. resume: 3 words per thread, as for uvm_join_build.
 extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed, const u8 *keys, u64 key_width,
                                           const u8 *key_nulls, u64 n, u64 blocks, u64 block_stride,
                                           const u8 *headers, u64 *resume, u64 fresh, u64 *out) {
@@ -258,63 +251,47 @@ extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed,
     u64 i = fresh ? 0ull : state[1];
     u64 step = fresh ? NO_WALK : state[2];
     u64 budget = WALK_BUDGET;
-    bool more = false, corrupted = false;
+    bool more = false;
     u64 matches = 0, lo = 0;
     long long hi = 0;
-    while (g < total) {
-        long long ks[PROBE_GROUP];
-        bool has[PROBE_GROUP];
-        int cnt = 0;
-        for (; cnt < PROBE_GROUP && g + (u64)cnt * stride < total; cnt++) {
-            u64 off, r;
-            has[cnt] = locate(g + (u64)cnt * stride, n, block_stride, headers, &out[5], &off, &r) &&
-                       !column_null(key_nulls, off, r);
-            ks[cnt] = has[cnt] ? column_value(keys + off, key_width, r) : 0;
+    for (; g < total; g += stride) {
+        u64 off, r;
+        if (!locate(g, n, block_stride, headers, &out[5], &off, &r)) {
+            step = NO_WALK; // (no walk is ever in progress here, unless the count changed)
+            continue;
         }
-        int j = 0;
-        for (; j < cnt; j++) {
-            if (!has[j]) {
-                step = NO_WALK; // (no walk is ever in progress here, unless the column changed)
-                continue;
-            }
-            long long k = ks[j];
-            u64 t = mix((u64)k ^ seed) | 1ull;
-            if (step == NO_WALK) {
-                i = t & mask;
-                step = 0;
-            }
-            bool ended = false;
-            for (; step <= mask; step++) {
-                if (budget == 0ull) {
-                    more = true;
-                    break;
-                }
-                budget--;
-                if (gave_up(&out[3], step)) break;
-                u64 st = slots[i].tag;
-                if (st == 0ull) {
-                    ended = true;
-                    break;
-                }
-                if (st == t && slots[i].key == k) {
-                    matches++;
-                    add_payload(lo, hi, slots[i].payload);
-                }
-                i = (i + 1) & mask;
-            }
-            if (more) break;
-            step = NO_WALK;
-            if (!ended) {
-                atomicAdd(&out[3], 1ull);
-                corrupted = true; // the host raises an ERROR: no need to probe this thread's other keys
+        if (step == NO_WALK && column_null(key_nulls, off, r)) continue;
+        long long k = column_value(keys + off, key_width, r);
+        u64 t = mix((u64)k ^ seed) | 1ull;
+        if (step == NO_WALK) {
+            i = t & mask;
+            step = 0;
+        }
+        bool ended = false;
+        for (; step <= mask; step++) {
+            if (budget == 0ull) {
+                more = true;
                 break;
             }
+            budget--;
+            if (gave_up(&out[3], step)) break;
+            u64 st = slots[i].tag;
+            if (st == 0ull) {
+                ended = true;
+                break;
+            }
+            if (st == t && slots[i].key == k) {
+                matches++;
+                add_payload(lo, hi, slots[i].payload);
+            }
+            i = (i + 1) & mask;
         }
-        if (more || corrupted) {
-            g += (u64)j * stride;
-            break;
+        if (more) break;
+        step = NO_WALK;
+        if (!ended) {
+            atomicAdd(&out[3], 1ull);
+            break; // the host raises an ERROR: no need to probe this thread's other keys
         }
-        g += (u64)cnt * stride;
     }
     state[0] = g;
     state[1] = i;
