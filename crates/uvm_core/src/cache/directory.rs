@@ -48,6 +48,9 @@ use crate::error::{Code, Result, UvmError};
 pub const MAX_CACHES: usize = 64;
 /// Databases whose stale caches a background refresher rebuilds at once, at most.
 pub const MAX_REFRESHERS: usize = 16;
+/// Transactions that may have appended to one cache's tail and not yet settled, at most (one
+/// more appender marks the cache stale instead).
+pub const MAX_PENDING: usize = 32;
 
 crate::wire_enum! {
     /// A slot's state (the module's diagram).
@@ -100,6 +103,12 @@ pub struct Slot {
     /// When it went stale (a refresher rebuilds it `cache_refresh_delay` later), or when a
     /// refresher should try again.
     stale_since: AtomicI64,
+    /// Rows the cache's append tail holds at most (0: it has none, so inserts mark it stale).
+    tail_capacity: AtomicU64,
+    /// Rows of the tail handed out to appenders ([`Directory::reserve_tail`]).
+    tail_rows: AtomicU64,
+    /// The top transaction ids that appended and have not settled (0: a free entry).
+    pending: [AtomicU32; MAX_PENDING],
 }
 
 /// The directory's header and slots, in shared memory.
@@ -140,6 +149,8 @@ pub struct Entry {
     pub builder: u32,
     pub workers: u32,
     pub stale_since: i64,
+    pub tail_capacity: u64,
+    pub tail_rows: u64,
 }
 
 /// What a builder publishes.
@@ -153,6 +164,8 @@ pub struct Built {
     pub bytes: u64,
     /// The parallel workers that filled blocks beside the builder.
     pub workers: u32,
+    /// Rows its append tail holds (0: no tail).
+    pub tail_capacity: u64,
 }
 
 impl Directory {
@@ -175,6 +188,7 @@ impl Directory {
             s.built_at.store(0, SeqCst);
             s.last_used.store(0, SeqCst);
             s.stale_since.store(0, SeqCst);
+            s.clear_tail();
         }
         for r in &self.refreshers {
             r.database.store(0, SeqCst);
@@ -212,6 +226,8 @@ impl Directory {
             builder: s.builder.load(SeqCst),
             workers: s.workers.load(SeqCst),
             stale_since: s.stale_since.load(SeqCst),
+            tail_capacity: s.tail_capacity.load(SeqCst),
+            tail_rows: s.tail_rows.load(SeqCst),
         }
     }
 
@@ -257,6 +273,7 @@ impl Directory {
             s.stale_since.store(0, SeqCst);
             s.built_at.store(0, SeqCst);
             s.last_used.store(0, SeqCst);
+            s.clear_tail();
             s.builder.store(builder, SeqCst);
             s.state.store(State::Building as u32, SeqCst);
             return Ok(self.entry(i));
@@ -280,6 +297,8 @@ impl Directory {
         s.rows.store(b.rows, SeqCst);
         s.bytes.store(b.bytes, SeqCst);
         s.workers.store(b.workers, SeqCst);
+        s.tail_rows.store(0, SeqCst);
+        s.tail_capacity.store(b.tail_capacity, SeqCst);
         s.state.compare_exchange(State::Building as u32, State::Ready as u32, SeqCst, SeqCst).is_ok()
     }
 
@@ -418,6 +437,62 @@ impl Directory {
         }
     }
 
+    /// Hands `n` rows of the append tail of the `Ready` cache in `slot` at `generation` to an
+    /// appender: the first row's index, or `None` where the tail has no room (the appender then
+    /// marks the cache stale) or the slot is no longer that cache, ready.
+    pub fn reserve_tail(&self, slot: usize, generation: u64, n: u64) -> Option<u64> {
+        let s = self.slots.get(slot)?;
+        if s.generation.load(SeqCst) != generation || s.state.load(SeqCst) != State::Ready as u32 {
+            return None;
+        }
+        let cap = s.tail_capacity.load(SeqCst);
+        let mut cur = s.tail_rows.load(SeqCst);
+        loop {
+            let end = cur.checked_add(n).filter(|&e| e <= cap)?;
+            match s.tail_rows.compare_exchange(cur, end, SeqCst, SeqCst) {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
+        // (a claim may have reset the slot between the checks and the exchange)
+        (s.generation.load(SeqCst) == generation).then_some(cur)
+    }
+
+    /// Rows of the tail handed out so far, if the slot still holds `generation` (never above
+    /// its capacity).
+    pub fn tail_rows(&self, slot: usize, generation: u64) -> Option<u64> {
+        let s = self.slots.get(slot)?;
+        let n = s.tail_rows.load(SeqCst).min(s.tail_capacity.load(SeqCst));
+        (s.generation.load(SeqCst) == generation).then_some(n)
+    }
+
+    /// Records that top transaction `xid` (non-zero) appends to the cache in `slot` and has not
+    /// settled; false where every entry is taken (or the slot is another cache now).
+    pub fn add_pending(&self, slot: usize, generation: u64, xid: u32) -> bool {
+        let Some(s) = self.slots.get(slot) else { return false };
+        if xid == 0 || s.generation.load(SeqCst) != generation {
+            return false;
+        }
+        if s.pending.iter().any(|p| p.load(SeqCst) == xid) {
+            return true;
+        }
+        s.pending.iter().any(|p| p.compare_exchange(0, xid, SeqCst, SeqCst).is_ok())
+    }
+
+    /// `xid` settled (committed, or aborted after marking the cache stale).
+    pub fn remove_pending(&self, slot: usize, xid: u32) {
+        if let Some(s) = self.slots.get(slot) {
+            for p in &s.pending {
+                let _ = p.compare_exchange(xid, 0, SeqCst, SeqCst);
+            }
+        }
+    }
+
+    /// Whether `xid` appended to the cache in `slot` and has not settled.
+    pub fn is_pending(&self, slot: usize, xid: u32) -> bool {
+        xid != 0 && self.slots.get(slot).is_some_and(|s| s.pending.iter().any(|p| p.load(SeqCst) == xid))
+    }
+
     /// Moves the slot of generation `generation` to `Dropping` from any live state; true if
     /// this call did (the caller then drops the segment and calls [`Directory::free`]).
     pub fn retire(&self, slot: usize, generation: u64) -> bool {
@@ -446,6 +521,16 @@ impl Directory {
     }
 }
 
+impl Slot {
+    fn clear_tail(&self) {
+        self.tail_capacity.store(0, SeqCst);
+        self.tail_rows.store(0, SeqCst);
+        for p in &self.pending {
+            p.store(0, SeqCst);
+        }
+    }
+}
+
 /// The name of the segment holding generation `generation` of the cache of (database,
 /// relation): in the plan nodes' reserved namespace, so no user names it by accident.
 pub fn segment_name(database: u32, relation: u32, generation: u64) -> String {
@@ -461,7 +546,7 @@ mod tests {
     }
 
     fn built(xmax: u64) -> Built {
-        Built { columns: 2, built_xmax: xmax, builder_xid: 0, built_at: 7, rows: 10, bytes: 4096, workers: 0 }
+        Built { columns: 2, built_xmax: xmax, builder_xid: 0, built_at: 7, rows: 10, bytes: 4096, workers: 0, tail_capacity: 100 }
     }
 
     #[test]
@@ -609,6 +694,59 @@ mod tests {
         gens.sort();
         gens.dedup();
         assert_eq!(gens.len(), 64);
+    }
+
+    #[test]
+    fn the_tail_hands_out_rows_up_to_its_capacity() {
+        let d = dir();
+        let e = d.claim(1, 2, 10).unwrap();
+        assert_eq!(d.reserve_tail(e.slot, e.generation, 1), None, "not ready yet");
+        assert!(d.publish(&e, &built(1)));
+        assert_eq!(d.reserve_tail(e.slot, e.generation, 60), Some(0));
+        assert_eq!(d.reserve_tail(e.slot, e.generation, 41), None, "past the capacity of 100");
+        assert_eq!(d.reserve_tail(e.slot, e.generation, 40), Some(60));
+        assert_eq!(d.tail_rows(e.slot, e.generation), Some(100));
+        assert_eq!(d.reserve_tail(e.slot, e.generation + 1, 0), None, "another generation");
+        d.mark_stale(1, 2, 5);
+        assert_eq!(d.reserve_tail(e.slot, e.generation, 0), None, "stale");
+        // concurrent appenders never share a row
+        let f = d.claim(1, 3, 10).unwrap();
+        assert!(d.publish(&f, &Built { tail_capacity: 1000, ..built(1) }));
+        let mut got: Vec<u64> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| (0..300).filter_map(|_| d.reserve_tail(f.slot, f.generation, 1)).collect::<Vec<_>>()))
+                .collect();
+            hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        });
+        got.sort();
+        assert_eq!(got, (0..1000).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn pending_appenders_are_listed_until_they_settle() {
+        let d = dir();
+        let e = d.claim(1, 2, 10).unwrap();
+        assert!(d.publish(&e, &built(1)));
+        assert!(!d.add_pending(e.slot, e.generation, 0), "no xid");
+        assert!(d.add_pending(e.slot, e.generation, 77));
+        assert!(d.add_pending(e.slot, e.generation, 77), "twice: one entry");
+        assert!(d.is_pending(e.slot, 77) && !d.is_pending(e.slot, 78));
+        for x in 1..MAX_PENDING as u32 {
+            assert!(d.add_pending(e.slot, e.generation, 1000 + x));
+        }
+        assert!(!d.add_pending(e.slot, e.generation, 5000), "full");
+        d.remove_pending(e.slot, 77);
+        assert!(!d.is_pending(e.slot, 77));
+        assert!(d.add_pending(e.slot, e.generation, 5000));
+        assert!(!d.add_pending(e.slot, e.generation + 1, 6000), "another generation");
+        // a new claim of the slot starts with an empty list and tail
+        d.mark_stale(1, 2, 5);
+        assert!(d.retire(e.slot, e.generation));
+        d.free(e.slot, e.generation);
+        let g = d.claim(1, 2, 10).unwrap();
+        assert_eq!(g.slot, e.slot);
+        assert!(!d.is_pending(g.slot, 5000));
+        assert_eq!((g.tail_capacity, g.tail_rows), (0, 0));
     }
 
     #[test]

@@ -66,6 +66,7 @@
 
 pub mod dict;
 pub mod directory;
+pub mod tail;
 #[cfg(test)]
 mod tests;
 
