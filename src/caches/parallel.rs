@@ -22,9 +22,9 @@
 //!   parallel messages). On any error the leader's guard here destroys the parallel context,
 //!   which terminates and waits for the workers, before the build's guard drops the segment:
 //!   no worker still writes a segment being dropped.
-//! - **Numeric columns** are scaled as the serial build's SQL scales them: PostgreSQL's own
-//!   `numeric_mul` by 10^scale and `numeric_int8` (so NaN and infinity are the same ERROR), in a
-//!   memory context reset every 4096 rows.
+//! - **Numeric columns** are scaled as the serial build's SQL scales them (`decode.rs`):
+//!   PostgreSQL's own `numeric_mul` by 10^scale and `numeric_int8`, so NaN and infinity are
+//!   the same ERROR.
 //! - **What stays serial.** Dictionary-coded text (one dictionary, codes in first-seen order)
 //!   goes through the serial build; so does a build inside parallel mode.
 
@@ -226,62 +226,22 @@ fn scan_part(shared: &Shared, rel: pg_sys::Relation, pscan: pg_sys::ParallelTabl
         let bytes = b.finish();
         try_executor(|ex| exec::write(ex, &seg, at as i64, &bytes))
     };
-    let encodings: Vec<Encoding> = columns.iter().map(|c| c.encoding).collect();
-    let attnums: Vec<usize> = columns.iter().map(|c| c.attnum as usize).collect();
-    let natts = attnums.iter().copied().max().unwrap_or(1) as i32;
     // SAFETY: the relation is open; the scan and slot are ended by `Scan`'s drop.
     let scan = unsafe {
         Scan { scan: pg_sys::table_beginscan_parallel(rel, pscan), slot: pg_sys::table_slot_create(rel, std::ptr::null_mut()) }
     };
-    // 10^scale of each numeric column (as a numeric datum, for numeric_mul), in this call's
-    // memory context; the products go into `scratch`, reset every 4096 rows.
-    let pow10: Vec<pg_sys::Datum> = columns
-        .iter()
-        .map(|c| match c.encoding {
-            // SAFETY: int64_to_numeric pallocs the numeric of a value that fits (scale <= 18).
-            Encoding::Numeric => unsafe { pg_sys::Datum::from(pg_sys::int64_to_numeric(10i64.pow(c.scale.clamp(0, 18) as u32))) },
-            _ => pg_sys::Datum::from(0),
-        })
-        .collect();
-    let mut scratch = pgrx::PgMemoryContexts::new("pg_uvm_share cache build numerics");
+    let mut decoder = super::decode::Decoder::new(&columns);
     let mut block = BlockBuilder::new(&layout);
     let mut row: Vec<Option<u64>> = vec![None; columns.len()];
     let mut rows = 0u64;
     // SAFETY: the scan and slot are live (ended by `Scan`'s drop only).
     while unsafe { pg_sys::table_scan_getnextslot(scan.scan, pg_sys::ScanDirection::ForwardScanDirection, scan.slot) } {
-        // SAFETY: the slot holds a tuple; after slot_getsomeattrs its first `natts` values and
-        // NULL flags are valid; every chosen attnum is 1..=natts; a type other than numeric is
-        // by-value (`suits`), so its datum is the value's bits; a numeric datum is a varlena
-        // that numeric_mul reads (detoasting as needed) in `scratch`.
-        unsafe {
-            pg_sys::slot_getsomeattrs(scan.slot, natts);
-            let (values, nulls) = ((*scan.slot).tts_values, (*scan.slot).tts_isnull);
-            for (c, w) in row.iter_mut().enumerate() {
-                let a = attnums[c] - 1;
-                let v = *values.add(a);
-                *w = if *nulls.add(a) {
-                    None
-                } else if encodings[c] == Encoding::Numeric {
-                    let scaled = scratch.switch_to(|_| {
-                        let product = pgrx::direct_function_call_as_datum(pg_sys::numeric_mul, &[Some(v), Some(pow10[c])]);
-                        pgrx::direct_function_call::<i64>(pg_sys::numeric_int8, &[product])
-                    });
-                    scaled.map(|i| encodings[c].word_of_raw(i as u64))
-                } else {
-                    Some(encodings[c].word_of_raw(v.value() as u64))
-                };
-            }
-        }
+        // SAFETY: the slot holds a tuple of the table; `suits` kept text columns out.
+        unsafe { decoder.decode(scan.slot, &mut row, true) };
         block.push(&row)?;
         rows += 1;
         if block.is_full() {
             flush(std::mem::replace(&mut block, BlockBuilder::new(&layout)))?;
-        }
-        if rows.is_multiple_of(4096) {
-            // SAFETY: nothing made in `scratch` outlives its row (the products are copied out as
-            // integers at once).
-            unsafe { scratch.reset() };
-            pg_sys::check_for_interrupts!();
         }
     }
     if block.rows() > 0 {
