@@ -70,6 +70,7 @@ pub static PIN_WAIT_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000)
 pub static MAP_HOST_TIER: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static ENABLE_CACHE: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static CACHE_REFRESH_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(-1);
+pub static CACHE_APPEND_ROWS: GucSetting<i32> = GucSetting::<i32>::new(1 << 20);
 pub static TEST_ALLOC_LIMIT_KB: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static PROVIDER: GucSetting<ProviderChoice> = GucSetting::<ProviderChoice>::new(ProviderChoice::Auto);
 
@@ -211,6 +212,16 @@ pub fn define() {
         i32::MAX,
         GucContext::Sighup,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_uvm_share.cache_append_rows",
+        c"Rows that INSERT and COPY may append to a column cache before it goes stale (0: every insert makes it stale).",
+        c"Read when a cache is built: its append tail, in the host tier, holds this many rows (8 bytes per column and 12 more each); an insert that does not fit makes the cache stale until it is rebuilt.",
+        &CACHE_APPEND_ROWS,
+        0,
+        1 << 26,
+        GucContext::Userset,
+        GucFlags::empty(),
     );
     GucRegistry::define_bool_guc(
         c"pg_uvm_share.map_host_tier",

@@ -1,6 +1,7 @@
 //! Building a cache (`uvm.cache_table`; the module essay, "Building").
 
 use super::*;
+use crate::cache::tail::Tail;
 
 /// Rows per block of a cache this module builds: 64 Ki, 256 KiB of an `int4` column, so that a
 /// reader fetches a block in one request and a small table does not take a 1 Mi-row block.
@@ -192,6 +193,15 @@ fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Res
         )
         .detail("Logical replication's apply worker writes without the hooks that keep a cache current."));
     }
+    let specs: Vec<ColumnSpec> = t.columns.iter().map(|c| c.spec).collect();
+    // Inserts append to a cache whose table has the append trigger (`append.rs`); a cache that
+    // cannot take appends leaves its table without one.
+    let appends = super::append::appendable(&specs) && super::append::capacity() > 0;
+    if appends {
+        super::append::ensure_trigger(relid, &t.qualified)?;
+    } else {
+        super::append::drop_trigger(relid, &t.qualified)?;
+    }
     let d = directory()?;
     let db = database();
     reclaim(d);
@@ -201,7 +211,6 @@ fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Res
     // SAFETY: GetUserId reads this backend's current user.
     let entry = d.claim(db, u32::from(relid), u32::from(unsafe { pg_sys::GetUserId() }))?;
     let mut building = Building { entry, seg: None, dicts: Vec::new() };
-    let specs: Vec<ColumnSpec> = t.columns.iter().map(|c| c.spec).collect();
     let mut layout = Layout::plan(u32::from(relid), &specs, BLOCK_ROWS)?;
     let name = segment_name(db, u32::from(relid), entry.generation);
     let parallel = super::parallel::suits(&specs, &name);
@@ -214,6 +223,7 @@ fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Res
     try_executor(|ex| exec::create(ex, &name, first, None, TierPref::Auto, BOOTSTRAP_SUPERUSER, now()))?;
     let (seg, _) = lookup_own(&name)?;
     building.seg = Some(seg);
+    let tail = if appends { Some(create_tail(&mut building, &name, specs.len() as u32, u32::from(relid))?) } else { None };
 
     // The build's snapshot: the latest, taken under the lock, so every writer has ended.
     // SAFETY: GetLatestSnapshot returns a static snapshot that PushActiveSnapshot copies; it is
@@ -253,8 +263,16 @@ fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Res
     try_executor(|ex| exec::write(ex, &seg, 0, &layout.prefix()))?;
     let dict_bytes: u64 = building.dicts.iter().filter_map(|d| lookup_own(d.name()).ok()).map(|(_, i)| i.committed).sum();
     let bytes = lookup_own(&name).map(|(_, i)| i.committed).unwrap_or(0) + dict_bytes;
-    let built =
-        Built { columns: t.columns.len() as u32, built_xmax: xmax, builder_xid, built_at: now(), rows, bytes, workers: launched };
+    let built = Built {
+        columns: t.columns.len() as u32,
+        built_xmax: xmax,
+        builder_xid,
+        built_at: now(),
+        rows,
+        bytes,
+        workers: launched,
+        tail_capacity: tail.map_or(0, |t| t.capacity()),
+    };
     d.publish(&entry, &built);
     building.done();
     if builder_xid != 0 {
@@ -274,6 +292,27 @@ fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Res
         });
     }
     Ok(Some(rows as i64))
+}
+
+/// Creates the append tail of the cache in segment `name` (generation `building.entry`'s), in
+/// the host tier (backends decode it on the CPU), with its header and every stamp zero.
+fn create_tail(building: &mut Building, name: &str, columns: u32, relid: u32) -> Result<Tail> {
+    let tail = Tail::new(columns, super::append::capacity())?;
+    let tname = super::append::tail_name(name);
+    try_executor(|ex| exec::create(ex, &tname, tail.bytes() as i64, None, TierPref::Host, BOOTSTRAP_SUPERUSER, now()))?;
+    let (tseg, _) = lookup_own(&tname)?;
+    building.dicts.push(tseg);
+    // (a segment's pieces may come from a pool, not zeroed)
+    let zeros = vec![0u8; 1 << 20];
+    let mut at = tail.stamp_at(0);
+    while at < tail.record_at(0) {
+        let n = (tail.record_at(0) - at).min(zeros.len() as u64) as usize;
+        try_executor(|ex| exec::write(ex, &tseg, at as i64, &zeros[..n]))?;
+        at += n as u64;
+    }
+    let header = tail.header_bytes(relid, building.entry.generation);
+    try_executor(|ex| exec::write(ex, &tseg, 0, &header))?;
+    Ok(tail)
 }
 
 /// Reads `query` through a cursor into blocks of `seg`; returns (blocks, rows).

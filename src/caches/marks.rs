@@ -27,12 +27,31 @@ fn mark(relation: u32) {
     }
 }
 
+thread_local! {
+    /// Set while the extension runs DDL of its own that changes no rows (`quietly`).
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with the marks off: for the extension's own DDL (its append trigger), which changes
+/// no table's rows and must not make every cache of the database stale.
+pub(super) fn quietly<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            QUIET.with(|q| q.set(self.0));
+        }
+    }
+    let _restore = Restore(QUIET.with(|q| q.replace(true)));
+    f()
+}
+
 /// Whether a statement of this database may have a cache to mark, or a stale one to refresh.
 fn worth_marking() -> bool {
-    directory().is_ok_and(|d| {
-        let db = database();
-        d.any_live(db) || super::refresh::wanted(d, db)
-    })
+    !QUIET.with(|q| q.get())
+        && directory().is_ok_and(|d| {
+            let db = database();
+            d.any_live(db) || super::refresh::wanted(d, db)
+        })
 }
 
 /// The OIDs of `pstmt`'s result relations.
@@ -62,6 +81,27 @@ unsafe fn result_relations(pstmt: *const pg_sys::PlannedStmt) -> Vec<u32> {
     out
 }
 
+/// Whether `pstmt` only inserts, into one table, so that the append trigger sees every row it
+/// adds: an `INSERT` without `ON CONFLICT DO UPDATE` and without data-modifying CTEs.
+///
+/// # Safety
+/// `pstmt` is a valid planned statement.
+unsafe fn plain_insert(pstmt: *const pg_sys::PlannedStmt) -> bool {
+    // SAFETY: forwarded contract; the top plan node is read by its tag.
+    unsafe {
+        let top = (*pstmt).planTree;
+        if (*pstmt).commandType != pg_sys::CmdType::CMD_INSERT
+            || (*pstmt).hasModifyingCTE
+            || top.is_null()
+            || (*top).type_ != pg_sys::NodeTag::T_ModifyTable
+        {
+            return false;
+        }
+        let mt = top as *const pg_sys::ModifyTable;
+        (*mt).operation == pg_sys::CmdType::CMD_INSERT && (*mt).onConflictAction != pg_sys::OnConflictAction::ONCONFLICT_UPDATE
+    }
+}
+
 /// Before `ExecutorStart` (src/caches/hooks.c): marks the caches of the plan's result
 /// relations stale, unless the plan is only explained.
 ///
@@ -77,8 +117,12 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_executor_start(query_desc: *mu
         }
         let pstmt = (*query_desc).plannedstmt;
         if !pstmt.is_null() && worth_marking() {
+            let appends = plain_insert(pstmt);
             for rel in result_relations(pstmt) {
-                mark(rel);
+                // (the plan's locks are held: the trigger stays as it is checked)
+                if !(appends && super::append::insert_appends(rel)) {
+                    mark(rel);
+                }
             }
         }
     }
@@ -130,6 +174,7 @@ fn keeps_rows(tag: pg_sys::NodeTag) -> bool {
             | T_CreateStatsStmt
             | T_AlterStatsStmt
             | T_AlterSystemStmt
+            | T_CreateTrigStmt
     )
 }
 
@@ -166,6 +211,24 @@ unsafe fn dropped_tables(stmt: *const pg_sys::DropStmt) -> Option<Vec<u32>> {
     }
 }
 
+/// Whether a `COPY FROM` into `relid` appends to its cache (the trigger fires for it). The
+/// table is locked as COPY will lock it (`RowExclusiveLock`) before the trigger is looked at, so
+/// that nothing disables it in between; only for a caller who may insert into it (COPY checks
+/// that itself, later).
+fn copy_appends(relid: u32) -> bool {
+    let oid = pg_sys::Oid::from(relid);
+    // SAFETY: an ACL check of the current user, then a lock held to the end of the transaction.
+    unsafe {
+        let may = pg_sys::pg_class_aclcheck(oid, pg_sys::GetUserId(), pg_sys::ACL_INSERT as pg_sys::AclMode)
+            == pg_sys::AclResult::ACLCHECK_OK;
+        if !may || !super::append::has_tail(relid) {
+            return false;
+        }
+        pg_sys::LockRelationOid(oid, pg_sys::RowExclusiveLock as i32);
+    }
+    super::append::insert_appends(relid)
+}
+
 /// Before `ProcessUtility` (src/caches/hooks.c): `COPY ... FROM` marks its table's cache
 /// stale, `DROP TABLE ... RESTRICT` its tables' caches; any statement not known to keep every
 /// table's rows marks every cache of the database.
@@ -197,7 +260,9 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_utility(pstmt: *mut pg_sys::Pl
                     ))
                 };
                 // an unknown table marks every cache: COPY fails on it anyway
-                mark(rel);
+                if !(rel != 0 && copy_appends(rel)) {
+                    mark(rel);
+                }
             }
         } else if tag == pg_sys::NodeTag::T_DropStmt {
             match dropped_tables(stmt as *const pg_sys::DropStmt) {

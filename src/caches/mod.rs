@@ -39,6 +39,12 @@
 //! statement itself passes through them as PostgreSQL raised it (a Rust hook would convert it
 //! through pgrx's FFI guard and lose its position, context and object names).
 //!
+//! Inserts are the exception (`append.rs`): `cache_table` gives the table a statement-level
+//! `AFTER INSERT` trigger with a transition table, and an `INSERT` (without `ON CONFLICT DO
+//! UPDATE` or data-modifying CTEs) or `COPY FROM` whose trigger will fire marks nothing: the
+//! trigger appends the statement's rows to the cache's tail, each stamped with its transaction,
+//! and readers take the tail rows their snapshot sees.
+//!
 //! The mark is an atomic store, not transactional: an aborted writer leaves the cache stale.
 //! A reader may use a cache only when, with its snapshot already taken, the slot is `Ready`,
 //! the snapshot's `xmin` follows or equals the build's `xmax`, and the builder's transaction,
@@ -64,8 +70,8 @@
 //! # Files
 //!
 //! `marks.rs` the writers' marks (with `hooks.c`, their C trampolines), `builder.rs` building
-//! (`parallel.rs` its parallel scan), `refresh.rs` the background refresher of stale caches,
-//! `reader.rs` reading; this file the directory's shared memory, the checks every surface
+//! (`parallel.rs` its parallel scan, `decode.rs` tuples into words), `append.rs` inserts kept
+//! in the tail, `refresh.rs` the background refresher of stale caches, `reader.rs` reading; this file the directory's shared memory, the checks every surface
 //! makes (privilege, types, subscriptions), dropping, reclaiming and listing.
 
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -81,12 +87,15 @@ use crate::registry::shmem::Block;
 use crate::registry::TierPref;
 use crate::runtime::{lookup_own, now, try_executor};
 
+mod append;
 mod builder;
+mod decode;
 mod marks;
 mod parallel;
 mod reader;
 mod refresh;
 
+pub use append::visible as visible_tail;
 pub use builder::build;
 pub use marks::init_hooks;
 pub use reader::{fold, ready_columns, usable_for, usable_in_query, Folded, Usable};
@@ -224,7 +233,7 @@ fn drop_entry(d: &Directory, e: &Entry) -> Result<bool> {
         .segments()
         .into_iter()
         .map(|i| i.name)
-        .filter(|n| n.strip_prefix(name.as_str()).is_some_and(|rest| rest.starts_with("_d")))
+        .filter(|n| n.strip_prefix(name.as_str()).is_some_and(|rest| rest.starts_with("_d") || rest == "_tail"))
         .collect();
     for n in dicts.iter().chain(std::iter::once(&name)) {
         match lookup_own(n) {
@@ -282,10 +291,13 @@ pub fn drop_cache(relid: pg_sys::Oid) -> Result<bool> {
     check_select(relid)?;
     let d = directory()?;
     reclaim(d);
-    match d.find(database(), u32::from(relid)) {
-        Some(e) => drop_entry(d, &e),
-        None => Ok(false),
-    }
+    let dropped = match d.find(database(), u32::from(relid)) {
+        Some(e) => drop_entry(d, &e)?,
+        None => false,
+    };
+    // The append trigger goes with the cache (it would keep copying every insert's rows).
+    append::drop_trigger(relid, &reader::qualified(relid))?;
+    Ok(dropped)
 }
 
 /// One row of `uvm.caches`.

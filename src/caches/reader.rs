@@ -51,7 +51,11 @@ impl Usable {
 /// without `SELECT` on the table.
 pub fn usable_for(relid: pg_sys::Oid, snapshot: pg_sys::Snapshot) -> Result<Option<Usable>> {
     check_select(relid)?;
-    Ok(usable_under(relid, snapshot)?.map(|(entry, seg, layout)| Usable { entry, seg, layout }))
+    let found = usable_under(relid, snapshot)?.map(|(entry, seg, layout)| Usable { entry, seg, layout });
+    // The C API hands out the blocks alone: a cache with appended rows (which only a snapshot
+    // test tells apart) is not handed out until a rebuild folds them in.
+    let d = directory()?;
+    Ok(found.filter(|u| d.tail_rows(u.entry.slot, u.entry.generation) == Some(0)))
 }
 
 /// [`usable_for`] without its privilege check: for a plan node, whose query's privileges the
@@ -131,13 +135,15 @@ fn usable_under(relid: pg_sys::Oid, snap: pg_sys::Snapshot) -> Result<Option<(En
 pub fn fold(relid: pg_sys::Oid, column: &str) -> Result<Folded> {
     check_select(relid)?;
     let t = target_column(relid, column)?;
-    if let Some((_, seg, layout)) = usable(relid)? {
+    if let Some((entry, seg, layout)) = usable(relid)? {
         if let Some(col) = layout.columns().iter().position(|c| c.attnum == t.0) {
             // A rebuild or cache_drop may drop the segment while its blocks are read; the
             // heap, under the same snapshot, answers then.
-            match fold_cache(&seg, &layout, col, t.1) {
+            let u = Usable { entry, seg, layout };
+            match fold_cache(&u, col, t.1) {
                 Err(e) if e.code == Code::UndefinedObject => {}
-                r => return r,
+                Ok(None) => {}
+                r => return r.map(|f| f.expect("matched")),
             }
         }
     }
@@ -172,7 +178,7 @@ fn heap_fold(query: &str) -> Result<Folded> {
     })
 }
 
-fn qualified(relid: pg_sys::Oid) -> String {
+pub(super) fn qualified(relid: pg_sys::Oid) -> String {
     // SAFETY: catalog lookups of an existing relation (the caller's regclass).
     unsafe {
         let nsp = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid));
@@ -210,7 +216,14 @@ fn target_column(relid: pg_sys::Oid, column: &str) -> Result<(i16, Option<i16>)>
     Ok((attnum, scale))
 }
 
-fn fold_cache(seg: &SegRef, layout: &Layout, col: usize, scale: Option<i16>) -> Result<Folded> {
+/// The fold from the cache's blocks and the tail rows this snapshot sees; `None` where the
+/// tail says the heap must answer.
+fn fold_cache(u: &Usable, col: usize, scale: Option<i16>) -> Result<Option<Folded>> {
+    let (seg, layout) = (&u.seg, &u.layout);
+    // SAFETY: reads whether this backend has an active snapshot (usable found one), then it.
+    let snap = unsafe { pg_sys::GetActiveSnapshot() };
+    // SAFETY: the active snapshot, live while this function reads.
+    let Some(tail) = (unsafe { super::append::visible(u, snap)? }) else { return Ok(None) };
     let h = *layout.header();
     let one = layout.one_block();
     let enc = layout.encoding(col).expect("a parsed column");
@@ -230,9 +243,21 @@ fn fold_cache(seg: &SegRef, layout: &Layout, col: usize, scale: Option<i16>) -> 
         sum += s;
         crate::interrupt::check()?;
     }
+    let enc_signed = !matches!(enc, Encoding::Float4 | Encoding::Float8 | Encoding::DictCode | Encoding::Bool);
+    for r in &tail {
+        rows += 1;
+        if let Some(w) = r.words.get(col).copied().flatten() {
+            non_null += 1;
+            if enc_signed {
+                sum += i128::from(w as i64);
+            } else if enc == Encoding::Bool {
+                sum += i128::from(w);
+            }
+        }
+    }
     let sum = scale.map(|s| decimal(sum, s));
     // (as SQL's sum: NULL over no value)
-    Ok(Folded { source: "cache", rows: rows as i64, non_null: non_null as i64, sum: sum.filter(|_| non_null > 0) })
+    Ok(Some(Folded { source: "cache", rows: rows as i64, non_null: non_null as i64, sum: sum.filter(|_| non_null > 0) }))
 }
 
 fn count_non_null(one: &Layout, block: &[u8], col: usize, rows: u64) -> Result<u64> {

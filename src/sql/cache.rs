@@ -101,3 +101,15 @@ GRANT SELECT ON caches TO PUBLIC;
     name = "cache_views",
     requires = [caches_internal]
 );
+
+// The trigger function of the append trigger `cache_table` gives a cached table
+// (`crate::caches::append`): a V1 C function of its own (`uvm_cache_append`), since it reads
+// the trigger's transition table.
+pgrx::extension_sql!(
+    r#"
+CREATE FUNCTION cache_append() RETURNS trigger
+VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', 'uvm_cache_append';
+COMMENT ON FUNCTION cache_append() IS 'The function of the statement-level AFTER INSERT trigger pg_uvm_share_cache_append that uvm.cache_table gives a cached table: appends each statement''s new rows to the table''s column cache, so that INSERT and COPY keep it current.';
+"#,
+    name = "cache_append"
+);

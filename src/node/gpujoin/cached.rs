@@ -162,7 +162,37 @@ impl GpuJoinScan {
             },
             None => None,
         };
-        let rows = inner.layout.header().rows;
+        // The rows inserts appended since the builds, as far as this snapshot sees them: staged
+        // beside the blocks (the inner ones inserted after the cache's, the outer keys probed
+        // after the cache's).
+        // SAFETY: the query's snapshot, live while it runs.
+        let tail = |u: &caches::Usable| unsafe { caches::visible_tail(u, snap) }.unwrap_or_else(|e| report(e));
+        let (Some(otail), Some(itail)) = (tail(&outer), tail(&inner)) else {
+            self.read_from = Some(ReadFrom::Children("a cache holds appended rows this snapshot cannot place"));
+            return false;
+        };
+        let (ik, ok) = (ik as usize, ok as usize);
+        let mut tail_pairs: Vec<[i64; 2]> = Vec::with_capacity(itail.len());
+        let mut tail_null_keys = 0u64;
+        for r in &itail {
+            let payload = match ip {
+                Some(p) => match r.words.get(p as usize).copied().flatten() {
+                    Some(v) => v as i64,
+                    None => {
+                        self.read_from = Some(ReadFrom::Children("the aggregated column holds a NULL"));
+                        return false;
+                    }
+                },
+                None => 0,
+            };
+            match r.words.get(ik).copied().flatten() {
+                Some(k) => tail_pairs.push([k as i64, payload]),
+                None => tail_null_keys += 1,
+            }
+        }
+        let tail_keys: Vec<i64> = otail.iter().filter_map(|r| r.words.get(ok).copied().flatten()).map(|k| k as i64).collect();
+        let (ik, ok) = (ik as u32, ok as u32);
+        let rows = inner.layout.header().rows + tail_pairs.len() as u64;
         let t = Instant::now();
         let seg = if rows > 0 {
             let bytes = table::table_bytes(rows);
@@ -181,10 +211,13 @@ impl GpuJoinScan {
             Some(seg) => crate::runtime::try_executor(|ex| {
                 let n = table::slot_count(rows);
                 exec::build_begin(ex, seg, n)?;
-                let b = exec::cache_build(ex, seg, kt, n, &inner.seg, ik, ip)?;
+                let mut b = exec::cache_build(ex, seg, kt, n, &inner.seg, ik, ip)?;
                 if b.null_payloads > 0 {
                     return Ok(None);
                 }
+                exec::build_insert(ex, seg, kt, n, &tail_pairs)?;
+                b.inserted += tail_pairs.len() as u64;
+                b.null_keys += tail_null_keys;
                 exec::build_finish(ex, seg, kt, n, b.inserted, b.null_keys)?;
                 Ok(Some(b))
             }),
@@ -192,9 +225,16 @@ impl GpuJoinScan {
         self.stats.table_build = t.elapsed();
         let p = Instant::now();
         let probed = match (&seg, built) {
-            (Some(seg), Ok(Some(b))) if b.inserted > 0 => {
-                crate::runtime::try_executor(|ex| exec::cache_probe(ex, seg, kt, &outer.seg, ok)).map(|r| (Ok(Some(b)), Some(r)))
-            }
+            (Some(seg), Ok(Some(b))) if b.inserted > 0 => crate::runtime::try_executor(|ex| {
+                let (p, rows, kernels) = exec::cache_probe(ex, seg, kt, &outer.seg, ok)?;
+                let appended = if tail_keys.is_empty() {
+                    exec::ProbeSum { matches: 0, sum: 0 }
+                } else {
+                    exec::probe(ex, seg, kt, &tail_keys)?
+                };
+                Ok((p + appended, rows, kernels))
+            })
+            .map(|r| (Ok(Some(b)), Some(r))),
             (_, built) => Ok((built, None)),
         };
         self.stats.cache_probe = Some(p.elapsed());

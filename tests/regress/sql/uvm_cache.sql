@@ -73,7 +73,7 @@ SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
 WITH d AS (DELETE FROM ct WHERE id = 8 RETURNING id) SELECT count(*) FROM d;
 SELECT state FROM uvm.caches;
 SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
--- COPY FROM
+-- COPY FROM appends its rows instead (the uvm_cache_append suite): the cache stays ready
 COPY ct (id, a) FROM stdin;
 -2	7
 \.

@@ -98,7 +98,8 @@ EXPLAIN (COSTS OFF) SELECT count(*), sum(d.v) FROM cj_fact f JOIN cj_dim d ON f.
 RESET pg_uvm_share.enable_cache;
 SET max_parallel_workers_per_gather = 0;
 
--- A write makes the cache stale: the plan reads the heap, which has the new rows
+-- An insert appends its rows to the cache (the uvm_cache_append suite): the plan reads the
+-- caches and the appended rows
 INSERT INTO cj_fact VALUES (1, 1, 0), (2, 2, 0);
 SELECT * FROM cj_check('SELECT count(*), sum(d.v) FROM cj_fact f JOIN cj_dim d ON f.k = d.k');
 SELECT uvm.cache_table('cj_fact', ARRAY['k', 'k4']) AS rows;

@@ -211,6 +211,26 @@ SELECT * FROM upgraded5 EXCEPT SELECT * FROM fresh ORDER BY 1, 2, 3;
 -- only in a fresh install (expected: none)
 SELECT * FROM fresh EXCEPT SELECT * FROM upgraded5 ORDER BY 1, 2, 3;
 
+DROP EXTENSION pg_uvm_share;
+
+-- 0.6.0 -> current
+CREATE EXTENSION pg_uvm_share VERSION '0.6.0';
+SELECT extversion FROM pg_extension WHERE extname = 'pg_uvm_share';
+-- what the update path will run
+SELECT path FROM pg_extension_update_paths('pg_uvm_share') WHERE source = '0.6.0'
+   AND target = (SELECT default_version FROM pg_available_extensions WHERE name = 'pg_uvm_share');
+-- the old catalog is different (else this test would prove nothing)
+SELECT count(*) > 0 AS old_catalog_differs
+  FROM ((SELECT * FROM ext_snapshot EXCEPT SELECT * FROM fresh) UNION ALL (SELECT * FROM fresh EXCEPT SELECT * FROM ext_snapshot)) d;
+ALTER EXTENSION pg_uvm_share UPDATE;
+SELECT extversion = (SELECT default_version FROM pg_available_extensions WHERE name = 'pg_uvm_share') AS is_default
+  FROM pg_extension WHERE extname = 'pg_uvm_share';
+CREATE TEMP TABLE upgraded6 AS SELECT * FROM ext_snapshot;
+-- only in the upgraded catalog (expected: none)
+SELECT * FROM upgraded6 EXCEPT SELECT * FROM fresh ORDER BY 1, 2, 3;
+-- only in a fresh install (expected: none)
+SELECT * FROM fresh EXCEPT SELECT * FROM upgraded6 ORDER BY 1, 2, 3;
+
 -- The upgraded extension works, aggregates included (an empty probe needs no table).
 SELECT uvm.create_segment('upgrade_s', 4096) > 0 AS created;
 SELECT uvm.fill_segment('upgrade_s', 0, 4096, 3), uvm.checksum_segment('upgrade_s', 0, 4096) <> 0 AS checksum_nonzero;
@@ -220,6 +240,9 @@ CREATE TABLE upgrade_t AS SELECT g AS a FROM generate_series(1, 10) g;
 SELECT uvm.cache_table('upgrade_t') AS cached;
 SELECT * FROM uvm.cache_fold('upgrade_t', 'a');
 SELECT relation, state, columns FROM uvm.caches;
+-- (inserts append: the cache stays ready)
+INSERT INTO upgrade_t VALUES (11);
+SELECT * FROM uvm.cache_fold('upgrade_t', 'a');
 DROP TABLE upgrade_t;
 
 \c postgres

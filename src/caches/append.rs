@@ -1,0 +1,503 @@
+//! Appends: `INSERT` and `COPY` keep a cached table's cache current (the module essay, "Staying
+//! correct"; the tail's format is `uvm_core::cache::tail`).
+//!
+//! - **Capture.** `cache_table` gives the table a statement-level `AFTER INSERT` trigger with a
+//!   transition table ([`TRIGGER`], created as the table's owner; `COPY FROM` fires it too), so
+//!   the rows of a statement arrive at once, after the statement inserted them and before its
+//!   transaction can commit. The writers' marker (`marks.rs`) leaves such an insert's cache
+//!   alone where the trigger will fire (present, enabled for this session's
+//!   `session_replication_role`, the cache has a tail); any other write marks it stale as before.
+//! - **Append.** The trigger decodes the transition table's rows (`decode.rs`), registers the
+//!   top transaction id in the slot's pending list, takes a range of tail rows from the
+//!   directory, and writes the records, then the stamps. A tail too small, a full pending list,
+//!   a numeric NaN, or any error of the cache's own machinery marks the cache stale instead: the
+//!   insert itself never fails for the cache's sake (a cancel still cancels it).
+//! - **Settle.** At its end the transaction settles: a commit takes its id off the pending
+//!   list; an abort, a rollback to a savepoint that appended, or a `PREPARE TRANSACTION` marks
+//!   the cache stale first (its rows stay in the tail, unreachable). So a reader never asks the
+//!   commit log about a tail row.
+//! - **Read** ([`visible`]): a reader takes a tail row when its transaction is not running for
+//!   the reader's snapshot (`XidInMVCCSnapshot`) and is not pending; it declines the cache (the
+//!   heap answers) when the tail holds its own transaction's rows (their command ids are not
+//!   kept), or a row of a transaction that ended but has not settled yet (microseconds), or when
+//!   the transaction ids have aged past a billion (wraparound would make them look running).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use super::*;
+use crate::cache::tail::{Tail, TailRow, MAX_TAIL_COLUMNS, TAIL_HEADER_BYTES};
+
+/// The trigger `cache_table` creates (our prefix, so no user's trigger is taken for it).
+pub(super) const TRIGGER: &str = "pg_uvm_share_cache_append";
+/// Its function, in the extension's schema.
+const FUNCTION: &str = "cache_append";
+/// Transaction ids this old (from the next one) make a tail unreadable: a rebuild is due.
+const MAX_XID_AGE: u32 = 1 << 30;
+
+/// The tail segment of the cache in segment `cache`.
+pub(super) fn tail_name(cache: &str) -> String {
+    format!("{cache}_tail")
+}
+
+/// Rows the tail of a cache built now holds (`pg_uvm_share.cache_append_rows`).
+pub(super) fn capacity() -> u64 {
+    crate::guc::CACHE_APPEND_ROWS.get().max(0) as u64
+}
+
+/// Whether a cache of `specs` can take appends: no dictionary column (a string first seen in an
+/// insert would need the dictionary to grow under readers), at most the tail's columns.
+pub(super) fn appendable(specs: &[ColumnSpec]) -> bool {
+    specs.len() <= MAX_TAIL_COLUMNS as usize && specs.iter().all(|c| c.encoding != Encoding::DictCode)
+}
+
+// --- the trigger in the catalog --------------------------------------------------------------
+
+/// Runs `f` as the owner of `relid` (our trigger is the table's, made and dropped with the
+/// owner's rights whoever builds the cache), with the writers' marks off: the DDL changes no
+/// rows.
+fn as_owner<T>(relid: pg_sys::Oid, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    // SAFETY: a syscache lookup of an existing, locked relation; the security context is saved
+    // and restored (an ERROR in between aborts the transaction, which restores it).
+    unsafe {
+        let rel = pg_sys::relation_open(relid, pg_sys::NoLock as i32);
+        let owner = (*(*rel).rd_rel).relowner;
+        pg_sys::relation_close(rel, pg_sys::NoLock as i32);
+        let (mut user, mut context) = (pg_sys::InvalidOid, 0);
+        pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
+        pg_sys::SetUserIdAndSecContext(owner, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
+        let r = super::marks::quietly(f);
+        pg_sys::SetUserIdAndSecContext(user, context);
+        r
+    }
+}
+
+fn has_trigger(relid: pg_sys::Oid) -> Result<bool> {
+    let q = format!(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = {} AND tgname = '{TRIGGER}')",
+        u32::from(relid)
+    );
+    pgrx::spi::Spi::get_one::<bool>(&q)
+        .map(|b| b.unwrap_or(false))
+        .map_err(|e| UvmError::new(Code::SystemError, format!("looking up the cache's trigger: {e}")))
+}
+
+fn run_ddl(sql: &str) -> Result<()> {
+    pgrx::spi::Spi::run(sql).map_err(|e| UvmError::new(Code::SystemError, format!("{sql}: {e}")))
+}
+
+/// Gives `relid` (locked by the build) the append trigger, unless it has one.
+pub(super) fn ensure_trigger(relid: pg_sys::Oid, qualified: &str) -> Result<()> {
+    if has_trigger(relid)? {
+        return Ok(());
+    }
+    as_owner(relid, || {
+        run_ddl(&format!(
+            "CREATE TRIGGER {TRIGGER} AFTER INSERT ON {qualified} REFERENCING NEW TABLE AS pg_uvm_share_new \
+             FOR EACH STATEMENT EXECUTE FUNCTION {}.{FUNCTION}()",
+            quote_ident(&extension_schema())
+        ))
+    })
+}
+
+/// Drops the append trigger of `relid`, if it has one (taking `DROP TRIGGER`'s
+/// `AccessExclusiveLock` on the table only then).
+pub(super) fn drop_trigger(relid: pg_sys::Oid, qualified: &str) -> Result<()> {
+    if !has_trigger(relid)? {
+        return Ok(());
+    }
+    // SAFETY: takes a heavyweight lock held to the end of the transaction.
+    unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessExclusiveLock as i32) };
+    as_owner(relid, || run_ddl(&format!("DROP TRIGGER IF EXISTS {TRIGGER} ON {qualified}")))
+}
+
+/// The extension's schema (fixed by its control file: it is not relocatable).
+const SCHEMA: &std::ffi::CStr = c"uvm";
+
+fn extension_schema() -> String {
+    SCHEMA.to_string_lossy().into_owned()
+}
+
+/// Whether the append trigger of `rel` (open, locked by the writer) fires in this session.
+///
+/// # Safety
+/// `rel` is an open relation.
+unsafe fn trigger_fires(rel: pg_sys::Relation) -> bool {
+    // SAFETY: forwarded contract: the relation's trigger descriptor, read within its count;
+    // catalog lookups of a trigger's function.
+    unsafe {
+        let td = (*rel).trigdesc;
+        if td.is_null() {
+            return false;
+        }
+        let role = pg_sys::SessionReplicationRole;
+        let replica = role == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32;
+        (0..(*td).numtriggers as usize).map(|i| &*(*td).triggers.add(i)).any(|t| {
+            let name = std::ffi::CStr::from_ptr(t.tgname);
+            let enabled = match t.tgenabled as u8 {
+                b'O' => !replica,
+                b'A' => true,
+                b'R' => replica,
+                _ => false,
+            };
+            let ty = t.tgtype as u32;
+            let shape = ty & pg_sys::TRIGGER_TYPE_ROW == 0
+                && ty & pg_sys::TRIGGER_TYPE_TIMING_MASK == 0 // AFTER
+                && ty & pg_sys::TRIGGER_TYPE_INSERT != 0
+                && !t.tgnewtable.is_null()
+                && t.tgqual.is_null();
+            enabled && shape && name.to_bytes() == TRIGGER.as_bytes() && is_our_function(t.tgfoid)
+        })
+    }
+}
+
+fn is_our_function(f: pg_sys::Oid) -> bool {
+    // SAFETY: catalog lookups (NULL for a missing function).
+    unsafe {
+        let name = pg_sys::get_func_name(f);
+        if name.is_null() || std::ffi::CStr::from_ptr(name).to_bytes() != FUNCTION.as_bytes() {
+            return false;
+        }
+        let nsp = pg_sys::get_namespace_oid(SCHEMA.as_ptr(), true);
+        nsp != pg_sys::InvalidOid && pg_sys::get_func_namespace(f) == nsp
+    }
+}
+
+/// Whether `relid` has a ready cache with a tail (the directory alone: no lock needed).
+pub(super) fn has_tail(relid: u32) -> bool {
+    directory().is_ok_and(|d| d.find(database(), relid).is_some_and(|e| e.state == State::Ready && e.tail_capacity > 0))
+}
+
+/// Whether an insert into `relid` by this session appends to its cache instead of making it
+/// stale: the cache is ready with a tail and the trigger fires. The caller holds a lock on the
+/// table that keeps the trigger as it is (`RowExclusiveLock`: `ALTER TABLE` and `DROP TRIGGER`
+/// conflict with it).
+pub(super) fn insert_appends(relid: u32) -> bool {
+    if !has_tail(relid) {
+        return false;
+    }
+    // SAFETY: the caller holds a lock on the table (contract); the relcache entry is released.
+    unsafe {
+        let rel = pg_sys::RelationIdGetRelation(pg_sys::Oid::from(relid));
+        if rel.is_null() {
+            return false;
+        }
+        let fires = trigger_fires(rel);
+        pg_sys::RelationClose(rel);
+        fires
+    }
+}
+
+// --- appending -------------------------------------------------------------------------------
+
+/// A cache this transaction appended to, and the deepest subtransaction level it appended at
+/// that has not committed into its parent.
+#[derive(Clone, Copy)]
+struct Appended {
+    slot: usize,
+    generation: u64,
+    relation: u32,
+    xid: u32,
+    level: i32,
+}
+
+thread_local! {
+    static APPENDED: RefCell<Vec<Appended>> = const { RefCell::new(Vec::new()) };
+    static CALLBACKS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn stale(relation: u32) {
+    if let Ok(d) = directory() {
+        d.mark_stale(database(), relation, now());
+        super::refresh::launch_if_due(d, database());
+    }
+}
+
+/// The trigger's work: appends the transition table's rows to the cache of `rel`.
+///
+/// # Safety
+/// `rel` is the trigger's open relation and `rows` its transition table of new rows.
+unsafe fn append(rel: pg_sys::Relation, rows: *mut pg_sys::Tuplestorestate) -> Result<()> {
+    // SAFETY: forwarded contract.
+    let relid = u32::from(unsafe { (*rel).rd_id });
+    let d = directory()?;
+    let Some(e) = d.find(database(), relid).filter(|e| e.state == State::Ready) else { return Ok(()) };
+    if e.tail_capacity == 0 {
+        stale(relid);
+        return Ok(());
+    }
+    let name = segment_name(e.database, e.relation, e.generation);
+    let (seg, info) = lookup_own(&name)?;
+    let layout = read_layout(&seg, &name, info.size)?;
+    let specs: Vec<ColumnSpec> = layout
+        .columns()
+        .iter()
+        .enumerate()
+        .map(|(i, c)| ColumnSpec { encoding: layout.encoding(i).expect("parsed"), attnum: c.attnum, scale: c.scale })
+        .collect();
+    if !appendable(&specs) || specs.iter().any(|c| c.attnum <= 0) {
+        stale(relid);
+        return Ok(());
+    }
+    let tname = tail_name(&name);
+    let (tseg, tinfo) = lookup_own(&tname)?;
+    let mut head = [0u8; TAIL_HEADER_BYTES as usize];
+    try_executor(|ex| exec::read(ex, &tseg, 0, &mut head))?;
+    let tail = Tail::parse(&tname, &head, tinfo.size, relid, e.generation, specs.len() as u32, e.tail_capacity)?;
+    // SAFETY: forwarded contract.
+    let Some(new) = (unsafe { read_rows(rel, rows, &specs, e.tail_capacity)? }) else {
+        stale(relid);
+        return Ok(());
+    };
+    if new.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: assigns (or returns) this transaction's top id; the insert already has one.
+    let xid = unsafe { pg_sys::GetTopTransactionId() }.into_inner();
+    if !remember(d, &e, xid) {
+        stale(relid);
+        return Ok(());
+    }
+    let Some(start) = d.reserve_tail(e.slot, e.generation, new.len() as u64) else {
+        stale(relid);
+        return Ok(());
+    };
+    // The records, then the stamps that make them rows (the format's order).
+    let records = tail.encode(&new)?;
+    try_executor(|ex| exec::write(ex, &tseg, tail.record_at(start) as i64, &records))?;
+    try_executor(|ex| exec::write(ex, &tseg, tail.stamp_at(start) as i64, &Tail::stamps(xid, new.len())))?;
+    Ok(())
+}
+
+/// The transition table's rows as words; `None` where one cannot be cached (a numeric NaN or
+/// infinity) or there are more than `limit`.
+///
+/// # Safety
+/// As [`append`].
+unsafe fn read_rows(
+    rel: pg_sys::Relation,
+    store: *mut pg_sys::Tuplestorestate,
+    specs: &[ColumnSpec],
+    limit: u64,
+) -> Result<Option<Vec<Vec<Option<u64>>>>> {
+    let mut decoder = super::decode::Decoder::new(specs);
+    let mut out = Vec::new();
+    let mut row = vec![None; specs.len()];
+    // SAFETY: forwarded contract: a read pointer of our own over the transition table (others'
+    // readers select theirs before they read), a slot of the table's row type dropped below.
+    unsafe {
+        let slot = pg_sys::MakeSingleTupleTableSlot((*rel).rd_att, &pg_sys::TTSOpsMinimalTuple);
+        let ptr = pg_sys::tuplestore_alloc_read_pointer(store, 0);
+        pg_sys::tuplestore_select_read_pointer(store, ptr);
+        pg_sys::tuplestore_rescan(store);
+        let mut representable = true;
+        while pg_sys::tuplestore_gettupleslot(store, true, false, slot) {
+            if out.len() as u64 >= limit {
+                representable = false;
+                break;
+            }
+            if decoder.decode(slot, &mut row, false) == super::decode::Decoded::Unrepresentable {
+                representable = false;
+                break;
+            }
+            out.push(row.clone());
+        }
+        pg_sys::ExecDropSingleTupleTableSlot(slot);
+        Ok(representable.then_some(out))
+    }
+}
+
+/// Puts `xid` on the slot's pending list once per transaction and cache, with the callbacks
+/// that settle it, and notes the subtransaction level; false where the list is full.
+fn remember(d: &Directory, e: &Entry, xid: u32) -> bool {
+    // SAFETY: reads this backend's subtransaction depth.
+    let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
+    // (the deepest level an append is still open at: a rollback to any savepoint at or above
+    // it undoes rows of the tail)
+    let known = APPENDED.with(|a| {
+        let mut a = a.borrow_mut();
+        let found = a.iter_mut().find(|x| x.slot == e.slot && x.generation == e.generation);
+        found.map(|x| x.level = x.level.max(level)).is_some()
+    });
+    if known {
+        return true;
+    }
+    if !d.add_pending(e.slot, e.generation, xid) {
+        return false;
+    }
+    APPENDED.with(|a| a.borrow_mut().push(Appended { slot: e.slot, generation: e.generation, relation: e.relation, xid, level }));
+    if !CALLBACKS.with(|c| c.replace(true)) {
+        // SAFETY: registered once per backend; the callbacks only touch this module's list
+        // and the directory's atomics.
+        unsafe {
+            pg_sys::RegisterXactCallback(Some(on_xact), std::ptr::null_mut());
+            pg_sys::RegisterSubXactCallback(Some(on_subxact), std::ptr::null_mut());
+        }
+    }
+    true
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+    use pg_sys::XactEvent::*;
+    let abort = match event {
+        XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT => false,
+        // (a prepared transaction's rows would wait for a COMMIT PREPARED nobody here sees)
+        XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PRE_PREPARE => true,
+        _ => return,
+    };
+    let all = APPENDED.with(|a| std::mem::take(&mut *a.borrow_mut()));
+    let Ok(d) = directory() else { return };
+    for x in all {
+        if abort {
+            d.mark_stale(database(), x.relation, now());
+        }
+        d.remove_pending(x.slot, x.xid);
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn on_subxact(
+    event: pg_sys::SubXactEvent::Type,
+    _my: pg_sys::SubTransactionId,
+    _parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    // SAFETY: reads this backend's subtransaction depth (the ending subtransaction's).
+    let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
+    match event {
+        pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB => {
+            let Ok(d) = directory() else { return };
+            APPENDED.with(|a| {
+                for x in a.borrow().iter().filter(|x| x.level >= level) {
+                    d.mark_stale(database(), x.relation, now());
+                }
+            });
+        }
+        pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB => APPENDED.with(|a| {
+            for x in a.borrow_mut().iter_mut().filter(|x| x.level >= level) {
+                x.level = level - 1;
+            }
+        }),
+        _ => {}
+    }
+}
+
+/// The trigger function `uvm.cache_append()` (V1 calling convention).
+///
+/// # Safety
+/// Called by PostgreSQL's trigger manager as declared in `src/sql/cache.rs`.
+#[pgrx::pg_guard]
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn uvm_cache_append(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: PostgreSQL hands a valid call; a trigger's context is its TriggerData.
+    unsafe {
+        let cx = (*fcinfo).context;
+        if cx.is_null() || (*cx).type_ != pg_sys::NodeTag::T_TriggerData {
+            crate::runtime::report(UvmError::new(
+                Code::FeatureNotSupported,
+                "uvm.cache_append() is a trigger function: pg_uvm_share creates the trigger that calls it",
+            ));
+        }
+        let td = cx as *mut pg_sys::TriggerData;
+        let ev = (*td).tg_event;
+        let statement_insert = ev & pg_sys::TRIGGER_EVENT_OPMASK == pg_sys::TRIGGER_EVENT_INSERT
+            && ev & pg_sys::TRIGGER_EVENT_ROW == 0
+            && ev & pg_sys::TRIGGER_EVENT_TIMINGMASK == pg_sys::TRIGGER_EVENT_AFTER
+            && !(*td).tg_newtable.is_null();
+        let rel = (*td).tg_relation;
+        if !statement_insert {
+            // Not the trigger we create: the marker did not count on it, nothing to keep.
+            return pg_sys::Datum::from(0);
+        }
+        if let Err(e) = append(rel, (*td).tg_newtable) {
+            if e.code == Code::QueryCanceled {
+                crate::runtime::report(e);
+            }
+            // The cache's trouble is not the insert's: the cache goes stale, the rows go in.
+            pgrx::debug1!("pg_uvm_share: an insert made the cache of table {} stale: {}", u32::from((*rel).rd_id), e.message);
+            stale(u32::from((*rel).rd_id));
+        }
+        pg_sys::Datum::from(0)
+    }
+}
+
+#[unsafe(no_mangle)]
+#[doc(hidden)]
+pub extern "C" fn pg_finfo_uvm_cache_append() -> &'static pg_sys::Pg_finfo_record {
+    const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1
+}
+
+// --- reading -----------------------------------------------------------------------------------
+
+/// The tail rows of the cache `u` that `snap` sees (`Some(vec![])` for an empty tail), or
+/// `None` where the reader must use the heap instead (the module comment, "Read").
+///
+/// # Safety
+/// `snap` is a live MVCC snapshot (the one `u` was found usable for), valid for the call.
+pub unsafe fn visible(u: &Usable, snap: pg_sys::Snapshot) -> Result<Option<Vec<TailRow>>> {
+    let d = directory()?;
+    let e = &u.entry;
+    let Some(n) = d.tail_rows(e.slot, e.generation) else { return Ok(None) };
+    if n == 0 || e.tail_capacity == 0 {
+        return Ok(Some(Vec::new()));
+    }
+    let ncols = u.layout.columns().len() as u32;
+    let tname = tail_name(u.seg.name());
+    let (tseg, tinfo) = match lookup_own(&tname) {
+        Ok(x) => x,
+        Err(err) if err.code == Code::UndefinedObject => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    let mut head = [0u8; TAIL_HEADER_BYTES as usize];
+    try_executor(|ex| exec::read(ex, &tseg, 0, &mut head))?;
+    let tail = Tail::parse(&tname, &head, tinfo.size, e.relation, e.generation, ncols, e.tail_capacity)?;
+    // The stamps first, the records after (the format's order).
+    let mut stamps = vec![0u8; 4 * n as usize];
+    try_executor(|ex| exec::read(ex, &tseg, tail.stamp_at(0) as i64, &mut stamps))?;
+    let mut records = vec![0u8; (tail.record_bytes() * n) as usize];
+    try_executor(|ex| exec::read(ex, &tseg, tail.record_at(0) as i64, &mut records))?;
+    let rows = tail.decode(&stamps, &records);
+    // SAFETY: reads the next transaction id (a shared counter, under its own lock).
+    let next = unsafe { pg_sys::ReadNextFullTransactionId() }.value as u32;
+    let mut seen: HashMap<u32, bool> = HashMap::new();
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let take = match seen.get(&r.xid) {
+            Some(&t) => t,
+            None => {
+                let x = pg_sys::TransactionId::from_inner(r.xid);
+                if next.wrapping_sub(r.xid) > MAX_XID_AGE {
+                    return Ok(None);
+                }
+                // SAFETY: transaction id tests against this backend's state and the reader's
+                // live MVCC snapshot (the contract).
+                let (mine, running) =
+                    unsafe { (pg_sys::TransactionIdIsCurrentTransactionId(x), pg_sys::XidInMVCCSnapshot(x, snap)) };
+                if mine {
+                    return Ok(None);
+                }
+                let t = if running {
+                    false
+                } else if d.is_pending(e.slot, r.xid) {
+                    // ended, not settled: committed or aborted a moment ago
+                    return Ok(None);
+                } else {
+                    true
+                };
+                seen.insert(r.xid, t);
+                t
+            }
+        };
+        if take {
+            out.push(r);
+        }
+        crate::interrupt::check()?;
+    }
+    // An abort marks the cache stale before it leaves the pending list.
+    if d.state_of(e.slot, e.generation) != Some(State::Ready) {
+        return Ok(None);
+    }
+    Ok(Some(out))
+}
