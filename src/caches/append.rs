@@ -26,7 +26,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use super::*;
-use crate::cache::tail::{Tail, TailRow, MAX_TAIL_COLUMNS, TAIL_HEADER_BYTES};
+use crate::cache::tail::{Tail, TailRows, MAX_TAIL_COLUMNS, TAIL_HEADER_BYTES};
 
 /// The trigger `cache_table` creates (our prefix, so no user's trigger is taken for it).
 pub(super) const TRIGGER: &str = "pg_uvm_share_cache_append";
@@ -151,16 +151,29 @@ unsafe fn trigger_fires(rel: pg_sys::Relation) -> bool {
     }
 }
 
+thread_local! {
+    /// The OID `is_our_function` last said yes to (every insert asks; the answer is two catalog
+    /// lookups).
+    static OUR_FUNCTION: std::cell::Cell<pg_sys::Oid> = const { std::cell::Cell::new(pg_sys::InvalidOid) };
+}
+
 fn is_our_function(f: pg_sys::Oid) -> bool {
+    if f != pg_sys::InvalidOid && OUR_FUNCTION.with(|o| o.get()) == f {
+        return true;
+    }
     // SAFETY: catalog lookups (NULL for a missing function).
-    unsafe {
+    let ours = unsafe {
         let name = pg_sys::get_func_name(f);
         if name.is_null() || std::ffi::CStr::from_ptr(name).to_bytes() != FUNCTION.as_bytes() {
             return false;
         }
         let nsp = pg_sys::get_namespace_oid(SCHEMA.as_ptr(), true);
         nsp != pg_sys::InvalidOid && pg_sys::get_func_namespace(f) == nsp
+    };
+    if ours {
+        OUR_FUNCTION.with(|o| o.set(f));
     }
+    ours
 }
 
 /// Whether `relid` has a ready cache with a tail (the directory alone: no lock needed).
@@ -226,26 +239,13 @@ unsafe fn append(rel: pg_sys::Relation, rows: *mut pg_sys::Tuplestorestate) -> R
         stale(relid);
         return Ok(());
     }
-    let name = segment_name(e.database, e.relation, e.generation);
-    let (seg, info) = lookup_own(&name)?;
-    let layout = read_layout(&seg, &name, info.size)?;
-    let specs: Vec<ColumnSpec> = layout
-        .columns()
-        .iter()
-        .enumerate()
-        .map(|(i, c)| ColumnSpec { encoding: layout.encoding(i).expect("parsed"), attnum: c.attnum, scale: c.scale })
-        .collect();
-    if !appendable(&specs) || specs.iter().any(|c| c.attnum <= 0) {
+    let Some(t) = target(&e)? else {
         stale(relid);
         return Ok(());
-    }
-    let tname = tail_name(&name);
-    let (tseg, tinfo) = lookup_own(&tname)?;
-    let mut head = [0u8; TAIL_HEADER_BYTES as usize];
-    try_executor(|ex| exec::read(ex, &tseg, 0, &mut head))?;
-    let tail = Tail::parse(&tname, &head, tinfo.size, relid, e.generation, specs.len() as u32, e.tail_capacity)?;
+    };
+    let (specs, tail, tseg) = (&t.specs, t.tail, &t.tseg);
     // SAFETY: forwarded contract.
-    let Some(new) = (unsafe { read_rows(rel, rows, &specs, e.tail_capacity)? }) else {
+    let Some(new) = (unsafe { read_rows(rel, rows, specs, e.tail_capacity)? }) else {
         stale(relid);
         return Ok(());
     };
@@ -264,9 +264,55 @@ unsafe fn append(rel: pg_sys::Relation, rows: *mut pg_sys::Tuplestorestate) -> R
     };
     // The records, then the stamps that make them rows (the format's order).
     let records = tail.encode(&new)?;
-    try_executor(|ex| exec::write(ex, &tseg, tail.record_at(start) as i64, &records))?;
-    try_executor(|ex| exec::write(ex, &tseg, tail.stamp_at(start) as i64, &Tail::stamps(xid, new.len())))?;
+    try_executor(|ex| exec::write(ex, tseg, tail.record_at(start) as i64, &records))?;
+    try_executor(|ex| exec::write(ex, tseg, tail.stamp_at(start) as i64, &Tail::stamps(xid, new.len())))?;
     Ok(())
+}
+
+/// What an appender needs of a cache: its columns, its tail's geometry and segment.
+struct Target {
+    specs: Vec<ColumnSpec>,
+    tail: Tail,
+    tseg: SegRef,
+}
+
+thread_local! {
+    /// The targets this backend appended to, by (slot, generation): a generation names one
+    /// build, whose layout and tail never change, so each is read from its segments once.
+    static TARGETS: RefCell<HashMap<(usize, u64), std::rc::Rc<Target>>> = RefCell::new(HashMap::new());
+}
+
+/// The append target of the cache `e` (`None`: it cannot take appends).
+fn target(e: &Entry) -> Result<Option<std::rc::Rc<Target>>> {
+    if let Some(t) = TARGETS.with(|m| m.borrow().get(&(e.slot, e.generation)).cloned()) {
+        return Ok(Some(t));
+    }
+    let name = segment_name(e.database, e.relation, e.generation);
+    let (seg, info) = lookup_own(&name)?;
+    let layout = read_layout(&seg, &name, info.size)?;
+    let specs: Vec<ColumnSpec> = layout
+        .columns()
+        .iter()
+        .enumerate()
+        .map(|(i, c)| ColumnSpec { encoding: layout.encoding(i).expect("parsed"), attnum: c.attnum, scale: c.scale })
+        .collect();
+    if !appendable(&specs) || specs.iter().any(|c| c.attnum <= 0) {
+        return Ok(None);
+    }
+    let tname = tail_name(&name);
+    let (tseg, tinfo) = lookup_own(&tname)?;
+    let mut head = [0u8; TAIL_HEADER_BYTES as usize];
+    try_executor(|ex| exec::read(ex, &tseg, 0, &mut head))?;
+    let tail = Tail::parse(&tname, &head, tinfo.size, e.relation, e.generation, specs.len() as u32, e.tail_capacity)?;
+    let t = std::rc::Rc::new(Target { specs, tail, tseg });
+    TARGETS.with(|m| {
+        let mut m = m.borrow_mut();
+        if m.len() >= 64 {
+            m.clear();
+        }
+        m.insert((e.slot, e.generation), t.clone());
+    });
+    Ok(Some(t))
 }
 
 /// The transition table's rows as words; `None` where one cannot be cached (a numeric NaN or
@@ -436,12 +482,12 @@ pub extern "C" fn pg_finfo_uvm_cache_append() -> &'static pg_sys::Pg_finfo_recor
 ///
 /// # Safety
 /// `snap` is a live MVCC snapshot (the one `u` was found usable for), valid for the call.
-pub unsafe fn visible(u: &Usable, snap: pg_sys::Snapshot) -> Result<Option<Vec<TailRow>>> {
+pub unsafe fn visible(u: &Usable, snap: pg_sys::Snapshot) -> Result<Option<TailRows>> {
     let d = directory()?;
     let e = &u.entry;
     let Some(n) = d.tail_rows(e.slot, e.generation) else { return Ok(None) };
     if n == 0 || e.tail_capacity == 0 {
-        return Ok(Some(Vec::new()));
+        return Ok(Some(TailRows::none()));
     }
     let ncols = u.layout.columns().len() as u32;
     let tname = tail_name(u.seg.name());
@@ -458,46 +504,57 @@ pub unsafe fn visible(u: &Usable, snap: pg_sys::Snapshot) -> Result<Option<Vec<T
     try_executor(|ex| exec::read(ex, &tseg, tail.stamp_at(0) as i64, &mut stamps))?;
     let mut records = vec![0u8; (tail.record_bytes() * n) as usize];
     try_executor(|ex| exec::read(ex, &tseg, tail.record_at(0) as i64, &mut records))?;
-    let rows = tail.decode(&stamps, &records);
+    let mut rows = tail.rows(stamps, records);
+    crate::interrupt::check()?;
     // SAFETY: reads the next transaction id (a shared counter, under its own lock).
     let next = unsafe { pg_sys::ReadNextFullTransactionId() }.value as u32;
+    // Each transaction's verdict once (its rows lie together, so the last one answers most).
     let mut seen: HashMap<u32, bool> = HashMap::new();
-    let mut out = Vec::with_capacity(rows.len());
-    for r in rows {
-        let take = match seen.get(&r.xid) {
+    let mut last: Option<(u32, bool)> = None;
+    let (mut decline, mut counted) = (false, 0u32);
+    rows.retain(|xid| {
+        counted = counted.wrapping_add(1);
+        if counted.is_multiple_of(1 << 16) {
+            pg_sys::check_for_interrupts!();
+        }
+        if decline {
+            return false;
+        }
+        if let Some((_, t)) = last.filter(|l| l.0 == xid) {
+            return t;
+        }
+        let t = match seen.get(&xid) {
             Some(&t) => t,
             None => {
-                let x = pg_sys::TransactionId::from_inner(r.xid);
-                if next.wrapping_sub(r.xid) > MAX_XID_AGE {
-                    return Ok(None);
-                }
+                let x = pg_sys::TransactionId::from_inner(xid);
                 // SAFETY: transaction id tests against this backend's state and the reader's
                 // live MVCC snapshot (the contract).
                 let (mine, running) =
                     unsafe { (pg_sys::TransactionIdIsCurrentTransactionId(x), pg_sys::XidInMVCCSnapshot(x, snap)) };
-                if mine {
-                    return Ok(None);
+                if next.wrapping_sub(xid) > MAX_XID_AGE || mine {
+                    // too old to compare, or this transaction's own rows (no command ids kept)
+                    decline = true;
+                    return false;
                 }
                 let t = if running {
                     false
-                } else if d.is_pending(e.slot, r.xid) {
+                } else if d.is_pending(e.slot, xid) {
                     // ended, not settled: committed or aborted a moment ago
-                    return Ok(None);
+                    decline = true;
+                    return false;
                 } else {
                     true
                 };
-                seen.insert(r.xid, t);
+                seen.insert(xid, t);
                 t
             }
         };
-        if take {
-            out.push(r);
-        }
-        crate::interrupt::check()?;
-    }
+        last = Some((xid, t));
+        t
+    });
     // An abort marks the cache stale before it leaves the pending list.
-    if d.state_of(e.slot, e.generation) != Some(State::Ready) {
+    if decline || d.state_of(e.slot, e.generation) != Some(State::Ready) {
         return Ok(None);
     }
-    Ok(Some(out))
+    Ok(Some(rows))
 }

@@ -18,7 +18,9 @@ pub(super) struct Decoder {
     natts: i32,
     /// 10^scale of each numeric column, as a numeric datum (for numeric_mul).
     pow10: Vec<pg_sys::Datum>,
-    scratch: pgrx::PgMemoryContexts,
+    /// Where numeric products are made (none without a numeric column: an insert of one row
+    /// should not create a memory context).
+    scratch: Option<pgrx::PgMemoryContexts>,
     rows: u64,
 }
 
@@ -51,7 +53,10 @@ impl Decoder {
             natts: attnums.iter().copied().max().unwrap_or(1) as i32,
             attnums,
             pow10,
-            scratch: pgrx::PgMemoryContexts::new("pg_uvm_share cache numerics"),
+            scratch: columns
+                .iter()
+                .any(|c| c.encoding == Encoding::Numeric)
+                .then(|| pgrx::PgMemoryContexts::new("pg_uvm_share cache numerics")),
             rows: 0,
         }
     }
@@ -78,7 +83,8 @@ impl Decoder {
                     None
                 } else if self.encodings[c] == Encoding::Numeric {
                     let pow = self.pow10[c];
-                    let scaled = self.scratch.switch_to(|_| {
+                    let scratch = self.scratch.as_mut().expect("made for a numeric column");
+                    let scaled = scratch.switch_to(|_| {
                         if !strict {
                             let n = pg_sys::pg_detoast_datum(v.cast_mut_ptr()) as pg_sys::Numeric;
                             if pg_sys::numeric_is_nan(n) || pg_sys::numeric_is_inf(n) {
@@ -99,9 +105,11 @@ impl Decoder {
         }
         self.rows += 1;
         if self.rows.is_multiple_of(RESET_ROWS) {
-            // SAFETY: nothing made in `scratch` outlives its row (products are copied out as
-            // integers at once).
-            unsafe { self.scratch.reset() };
+            if let Some(s) = self.scratch.as_mut() {
+                // SAFETY: nothing made in `scratch` outlives its row (products are copied out as
+                // integers at once).
+                unsafe { s.reset() };
+            }
             pg_sys::check_for_interrupts!();
         }
         out

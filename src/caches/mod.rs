@@ -306,6 +306,10 @@ pub struct Listed {
     pub state: &'static str,
     pub columns: Option<Vec<String>>,
     pub rows: i64,
+    /// Rows inserts appended to its tail since the build (those of aborted transactions too),
+    /// and the rows the tail holds at most.
+    pub appended_rows: i64,
+    pub append_capacity: i64,
     pub device_bytes: i64,
     pub host_bytes: i64,
     /// Parallel workers that built it beside the builder.
@@ -333,11 +337,18 @@ pub fn list() -> Result<Vec<Listed>> {
                     .map(|l| l.columns().iter().map(|c| attname(e.relation, c.attnum)).collect::<Vec<_>>());
             }
         }
+        // (the append tail's bytes count as the cache's)
+        if let Ok((_, info)) = lookup_own(&append::tail_name(&name)) {
+            device += info.bytes_in(crate::registry::Tier::Device) as i64;
+            host += info.bytes_in(crate::registry::Tier::Host) as i64;
+        }
         out.push(Listed {
             relation: e.relation,
             state: e.state.name(),
             columns,
             rows: e.rows as i64,
+            appended_rows: e.tail_rows.min(e.tail_capacity) as i64,
+            append_capacity: e.tail_capacity as i64,
             device_bytes: device,
             host_bytes: host,
             built_at: (e.built_at != 0).then_some(e.built_at),

@@ -244,9 +244,9 @@ fn fold_cache(u: &Usable, col: usize, scale: Option<i16>) -> Result<Option<Folde
         crate::interrupt::check()?;
     }
     let enc_signed = !matches!(enc, Encoding::Float4 | Encoding::Float8 | Encoding::DictCode | Encoding::Bool);
-    for r in &tail {
+    for i in 0..tail.len() {
         rows += 1;
-        if let Some(w) = r.words.get(col).copied().flatten() {
+        if let Some(w) = tail.word(i, col) {
             non_null += 1;
             if enc_signed {
                 sum += i128::from(w as i64);

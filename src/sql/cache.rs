@@ -59,6 +59,8 @@ fn caches_internal() -> TableIterator<
         name!(state, String),
         name!(columns, Option<Vec<String>>),
         name!(rows, i64),
+        name!(appended_rows, i64),
+        name!(append_capacity, i64),
         name!(device_bytes, i64),
         name!(host_bytes, i64),
         name!(build_workers, i32),
@@ -77,6 +79,8 @@ fn caches_internal() -> TableIterator<
                 c.state.to_string(),
                 c.columns,
                 c.rows,
+                c.appended_rows,
+                c.append_capacity,
                 c.device_bytes,
                 c.host_bytes,
                 c.build_workers,
@@ -92,10 +96,10 @@ fn caches_internal() -> TableIterator<
 pgrx::extension_sql!(
     r#"
 CREATE VIEW caches AS
-SELECT c.relation::regclass AS relation, c.state, c.columns, c.rows, c.device_bytes, c.host_bytes,
-       c.build_workers, c.built_at, c.last_used, c.segment
+SELECT c.relation::regclass AS relation, c.state, c.columns, c.rows, c.appended_rows, c.append_capacity,
+       c.device_bytes, c.host_bytes, c.build_workers, c.built_at, c.last_used, c.segment
   FROM caches_internal() c;
-COMMENT ON VIEW caches IS 'The column caches of this database (uvm.cache_table): table, cached columns, rows, bytes per tier, parallel workers that built it beside the builder, state (ready: read where current; stale: a write changed the table since the build, readers use the heap until uvm.cache_table rebuilds it; building; dropping), when built and last read, its segment.';
+COMMENT ON VIEW caches IS 'The column caches of this database (uvm.cache_table): table, cached columns, rows built, rows inserts appended since (of the append tail''s capacity), bytes per tier, parallel workers that built it beside the builder, state (ready: read where current; stale: a write changed the table since the build, readers use the heap until uvm.cache_table rebuilds it; building; dropping), when built and last read, its segment.';
 GRANT SELECT ON caches TO PUBLIC;
 "#,
     name = "cache_views",

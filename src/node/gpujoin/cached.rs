@@ -174,9 +174,9 @@ impl GpuJoinScan {
         let (ik, ok) = (ik as usize, ok as usize);
         let mut tail_pairs: Vec<[i64; 2]> = Vec::with_capacity(itail.len());
         let mut tail_null_keys = 0u64;
-        for r in &itail {
+        for i in 0..itail.len() {
             let payload = match ip {
-                Some(p) => match r.words.get(p as usize).copied().flatten() {
+                Some(p) => match itail.word(i, p as usize) {
                     Some(v) => v as i64,
                     None => {
                         self.read_from = Some(ReadFrom::Children("the aggregated column holds a NULL"));
@@ -185,12 +185,12 @@ impl GpuJoinScan {
                 },
                 None => 0,
             };
-            match r.words.get(ik).copied().flatten() {
+            match itail.word(i, ik) {
                 Some(k) => tail_pairs.push([k as i64, payload]),
                 None => tail_null_keys += 1,
             }
         }
-        let tail_keys: Vec<i64> = otail.iter().filter_map(|r| r.words.get(ok).copied().flatten()).map(|k| k as i64).collect();
+        let tail_keys: Vec<i64> = (0..otail.len()).filter_map(|i| otail.word(i, ok)).map(|k| k as i64).collect();
         let (ik, ok) = (ik as u32, ok as u32);
         let rows = inner.layout.header().rows + tail_pairs.len() as u64;
         let t = Instant::now();

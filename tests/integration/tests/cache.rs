@@ -308,7 +308,7 @@ fn appended_rows_are_read_per_snapshot_beside_writers() {
             s.spawn(move || {
                 let mut c = connect();
                 c.batch_execute("SET pg_uvm_share.enable_gpujoin = on").unwrap();
-                let mut read = |c: &mut postgres::Client| -> (i64, bool) {
+                let read = |c: &mut postgres::Client| -> (i64, bool) {
                     let r = c.query_one(fold, &[table]).unwrap_or_else(|e| panic!("reader: {}", describe(&e)));
                     let source: String = r.get(0);
                     let mine: (i64, i64, Option<String>) = (r.get(1), r.get(2), r.get(3));

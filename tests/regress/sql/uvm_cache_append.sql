@@ -54,6 +54,7 @@ SELECT * FROM ap_join();
 INSERT INTO ap VALUES (50001, 5, 7, 1.25, 0.5, true), (50002, NULL, NULL, NULL, NULL, NULL);
 INSERT INTO ap SELECT g, g % 1000, -g, -1.5, 1.0, false FROM generate_series(50003, 52000) g;
 SELECT ap_state();
+SELECT rows, appended_rows, append_capacity FROM uvm.caches WHERE relation = 'ap'::regclass;
 SELECT f.* FROM unnest(ARRAY['id', 'k', 'v', 'n', 'b']) c, ap_fold(c) f;
 SELECT * FROM ap_join();
 -- into the inner side too: its appended keys and payloads join
@@ -163,7 +164,7 @@ SET pg_uvm_share.cache_append_rows = 10;
 SELECT uvm.cache_table('ap', ARRAY['id', 'k', 'v', 'n', 'f', 'b']) AS rows;
 RESET pg_uvm_share.cache_append_rows;
 INSERT INTO ap SELECT g, 1, 1, 1, 1, true FROM generate_series(80001, 80006) g;
-SELECT ap_state();
+SELECT state, appended_rows, append_capacity FROM uvm.caches WHERE relation = 'ap'::regclass;
 INSERT INTO ap SELECT g, 1, 1, 1, 1, true FROM generate_series(80007, 80012) g;
 SELECT ap_state();
 SELECT * FROM ap_fold('id');

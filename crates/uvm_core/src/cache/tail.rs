@@ -65,13 +65,6 @@ pub struct TailHeader {
 
 const _: () = assert!(std::mem::size_of::<TailHeader>() as u64 == TAIL_HEADER_BYTES);
 
-/// A row read from a tail: its inserting transaction and its columns' words (`None`: NULL).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TailRow {
-    pub xid: u32,
-    pub words: Vec<Option<u64>>,
-}
-
 /// A tail's geometry (only [`Tail::new`] and [`Tail::parse`] make one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tail {
@@ -186,24 +179,68 @@ impl Tail {
         xid.to_le_bytes().repeat(n)
     }
 
-    /// The rows of `stamps` (the stamps of rows 0 to n - 1) and `records` (their records) whose
-    /// stamp is set, in row order; bounded by the shorter of the two.
-    pub fn decode(&self, stamps: &[u8], records: &[u8]) -> Vec<TailRow> {
-        let rb = self.record_bytes() as usize;
-        let n = (stamps.len() / 4).min(records.len() / rb);
-        let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
-        let mut out = Vec::new();
-        for i in 0..n {
-            let xid = u32::from_le_bytes(stamps[4 * i..4 * i + 4].try_into().expect("4 bytes"));
-            if xid == 0 {
-                continue;
-            }
-            let rec = &records[i * rb..(i + 1) * rb];
-            let mask = word(rec, 0);
-            let words = (0..self.columns as usize).map(|c| (mask & 1 << c == 0).then(|| word(rec, 8 + 8 * c))).collect();
-            out.push(TailRow { xid, words });
+    /// The rows of `stamps` (the stamps of rows 0 to n - 1, as read) and `records` (their
+    /// records) whose stamp is set, in row order; bounded by the shorter of the two.
+    pub fn rows(&self, stamps: Vec<u8>, records: Vec<u8>) -> TailRows {
+        let n = (stamps.len() / 4).min(records.len() / self.record_bytes() as usize);
+        let taken = (0..n as u32).filter(|&i| stamp(&stamps, i as usize) != 0).collect();
+        TailRows { tail: *self, stamps, records, taken }
+    }
+}
+
+fn stamp(stamps: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes(stamps[4 * i..4 * i + 4].try_into().expect("4 bytes"))
+}
+
+/// Rows read from a tail, kept as read (no copy per row), and which of them a reader takes.
+#[derive(Clone, Debug)]
+pub struct TailRows {
+    tail: Tail,
+    stamps: Vec<u8>,
+    records: Vec<u8>,
+    /// The rows taken, by their index in the tail (each below the bytes read).
+    taken: Vec<u32>,
+}
+
+impl TailRows {
+    /// No rows.
+    pub fn none() -> TailRows {
+        TailRows { tail: Tail { columns: 1, capacity: 1 }, stamps: Vec::new(), records: Vec::new(), taken: Vec::new() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.taken.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.taken.is_empty()
+    }
+
+    /// The inserting transaction of the `i`-th row taken.
+    pub fn xid(&self, i: usize) -> u32 {
+        stamp(&self.stamps, self.taken[i] as usize)
+    }
+
+    /// Column `col` of the `i`-th row taken: its word, or `None` for NULL (and for a column the
+    /// tail does not have).
+    pub fn word(&self, i: usize, col: usize) -> Option<u64> {
+        if col >= self.tail.columns as usize {
+            return None;
         }
-        out
+        let at = self.taken[i] as usize * self.tail.record_bytes() as usize;
+        let w = |o: usize| u64::from_le_bytes(self.records[at + o..at + o + 8].try_into().expect("8 bytes"));
+        (w(0) & 1 << col == 0).then(|| w(8 + 8 * col))
+    }
+
+    /// Keeps the rows whose transaction `keep` says yes to (called once per row, in order).
+    pub fn retain(&mut self, mut keep: impl FnMut(u32) -> bool) {
+        let stamps = &self.stamps;
+        self.taken.retain(|&i| keep(stamp(stamps, i as usize)));
+    }
+
+    /// The taken rows' words of column `col` (for tests and small readers).
+    pub fn column(&self, col: usize) -> Vec<Option<u64>> {
+        (0..self.len()).map(|i| self.word(i, col)).collect()
     }
 }
 
@@ -221,10 +258,22 @@ mod tests {
         let rec = t.encode(&rows).unwrap();
         let mut stamps = Tail::stamps(42, 2);
         stamps.extend_from_slice(&0u32.to_le_bytes());
-        let got = t.decode(&stamps, &rec);
-        assert_eq!(got, vec![TailRow { xid: 42, words: rows[0].clone() }, TailRow { xid: 42, words: rows[1].clone() }]);
+        let got = t.rows(stamps.clone(), rec.clone());
+        assert_eq!(got.len(), 2, "the third row has no stamp");
+        assert_eq!((got.xid(0), got.xid(1)), (42, 42));
+        assert_eq!(
+            (0..3).map(|c| got.column(c)).collect::<Vec<_>>(),
+            vec![vec![Some(1), None], vec![None, None], vec![Some(u64::MAX), None]]
+        );
+        assert_eq!(got.word(0, 3), None, "a column the tail does not have");
         assert!(t.encode(&[vec![Some(1)]]).is_err(), "a row of the wrong width");
-        assert!(t.decode(&stamps, &rec[..40]).len() == 1, "bounded by the records read");
+        assert_eq!(t.rows(stamps.clone(), rec[..40].to_vec()).len(), 1, "bounded by the records read");
+        let mut two = Tail::stamps(7, 1);
+        two.extend_from_slice(&Tail::stamps(8, 1));
+        let mut r = t.rows(two, rec[..64].to_vec());
+        r.retain(|x| x == 8);
+        assert_eq!((r.len(), r.xid(0), r.word(0, 0)), (1, 8, None));
+        assert!(TailRows::none().is_empty());
     }
 
     #[test]
