@@ -333,7 +333,8 @@ unsafe fn read_rows(
     // readers select theirs before they read), a slot of the table's row type dropped below.
     unsafe {
         let slot = pg_sys::MakeSingleTupleTableSlot((*rel).rd_att, &pg_sys::TTSOpsMinimalTuple);
-        let ptr = pg_sys::tuplestore_alloc_read_pointer(store, 0);
+        // (REWIND: the new pointer starts where pointer 0 is, and is rewound to the start)
+        let ptr = pg_sys::tuplestore_alloc_read_pointer(store, pg_sys::EXEC_FLAG_REWIND as i32);
         pg_sys::tuplestore_select_read_pointer(store, ptr);
         pg_sys::tuplestore_rescan(store);
         let mut representable = true;

@@ -71,8 +71,9 @@
 //!
 //! `marks.rs` the writers' marks (with `hooks.c`, their C trampolines), `builder.rs` building
 //! (`parallel.rs` its parallel scan, `decode.rs` tuples into words), `append.rs` inserts kept
-//! in the tail, `refresh.rs` the background refresher of stale caches, `reader.rs` reading; this file the directory's shared memory, the checks every surface
-//! makes (privilege, types, subscriptions), dropping, reclaiming and listing.
+//! in the tail, `refresh.rs` the background refresher of stale caches, `reader.rs` reading;
+//! this file the directory's shared memory, the checks every surface makes (privilege, types,
+//! subscriptions), dropping, reclaiming and listing.
 
 use std::sync::atomic::{AtomicPtr, Ordering};
 

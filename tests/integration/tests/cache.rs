@@ -60,10 +60,11 @@ fn compare(c: &mut postgres::Client, table: &str, counts: &Counts, rr: bool) {
     };
 }
 
-#[test]
-fn cached_answers_equal_the_heap_under_concurrent_writers() {
-    let table = unique_name("cache_conc");
-    let mut admin = connect();
+/// The concurrency tests' tables: `table` (id, a, n) of 20000 rows, cached (a, n), and its
+/// dimension `{table}_d` (k, v), cached and never written, for the GpuJoin node's readers
+/// (issue 26, point 3); `heap_fold` (the fold with caches off, STABLE: the caller's snapshot)
+/// and `{table}_pg()` (PostgreSQL's own join, likewise). Returns the rows the first build cached.
+fn cached_table_and_dim(admin: &mut postgres::Client, table: &str) -> i64 {
     admin
         .batch_execute(&format!(
             "CREATE TABLE {table} (id int8, a int4, n numeric(10, 2));
@@ -71,21 +72,24 @@ fn cached_answers_equal_the_heap_under_concurrent_writers() {
              CREATE OR REPLACE FUNCTION heap_fold(rel regclass, col text)
                RETURNS TABLE (source text, rows bigint, non_null bigint, sum numeric)
                LANGUAGE sql STABLE SET pg_uvm_share.enable_cache = off
-               AS $$ SELECT * FROM uvm.cache_fold(rel, col) $$;"
-        ))
-        .unwrap();
-    let built: i64 = admin.query_one("SELECT uvm.cache_table($1::text::regclass, ARRAY['a', 'n'])", &[&table]).unwrap().get(0);
-    assert_eq!(built, 20000);
-    // A dimension for the GpuJoin node's readers (issue 26, point 3): cached, never written.
-    admin
-        .batch_execute(&format!(
-            "CREATE TABLE {table}_d AS SELECT g::int4 AS k, (g * 3)::int8 AS v FROM generate_series(-200, 700) g;
+               AS $$ SELECT * FROM uvm.cache_fold(rel, col) $$;
+             CREATE TABLE {table}_d AS SELECT g::int4 AS k, (g * 3)::int8 AS v FROM generate_series(-200, 700) g;
              CREATE FUNCTION {table}_pg() RETURNS text LANGUAGE sql STABLE
                SET pg_uvm_share.enable_gpujoin = off SET pg_uvm_share.enable_cache = off
                AS $$ SELECT count(*)::text || '/' || coalesce(sum(d.v)::text, '-') FROM {table} f JOIN {table}_d d ON f.a = d.k $$;"
         ))
         .unwrap();
+    let built: i64 = admin.query_one("SELECT uvm.cache_table($1::text::regclass, ARRAY['a', 'n'])", &[&table]).unwrap().get(0);
     admin.query_one("SELECT uvm.cache_table($1::text::regclass)", &[&format!("{table}_d")]).unwrap();
+    built
+}
+
+#[test]
+fn cached_answers_equal_the_heap_under_concurrent_writers() {
+    let table = unique_name("cache_conc");
+    let mut admin = connect();
+    let built = cached_table_and_dim(&mut admin, &table);
+    assert_eq!(built, 20000);
     let join_cache = AtomicU64::new(0);
     let join_reads = AtomicU64::new(0);
 
@@ -241,22 +245,7 @@ fn cached_answers_equal_the_heap_under_concurrent_writers() {
 fn appended_rows_are_read_per_snapshot_beside_writers() {
     let table = unique_name("cache_app");
     let mut admin = connect();
-    admin
-        .batch_execute(&format!(
-            "CREATE TABLE {table} (id int8, a int4, n numeric(10, 2));
-             INSERT INTO {table} SELECT g, g % 1000, g / 100.0 FROM generate_series(1, 20000) g;
-             CREATE OR REPLACE FUNCTION heap_fold(rel regclass, col text)
-               RETURNS TABLE (source text, rows bigint, non_null bigint, sum numeric)
-               LANGUAGE sql STABLE SET pg_uvm_share.enable_cache = off
-               AS $$ SELECT * FROM uvm.cache_fold(rel, col) $$;
-             CREATE TABLE {table}_d AS SELECT g::int4 AS k, (g * 3)::int8 AS v FROM generate_series(-200, 700) g;
-             CREATE FUNCTION {table}_pg() RETURNS text LANGUAGE sql STABLE
-               SET pg_uvm_share.enable_gpujoin = off SET pg_uvm_share.enable_cache = off
-               AS $$ SELECT count(*)::text || '/' || coalesce(sum(d.v)::text, '-') FROM {table} f JOIN {table}_d d ON f.a = d.k $$;"
-        ))
-        .unwrap();
-    admin.query_one("SELECT uvm.cache_table($1::text::regclass, ARRAY['a', 'n'])", &[&table]).unwrap();
-    admin.query_one("SELECT uvm.cache_table($1::text::regclass)", &[&format!("{table}_d")]).unwrap();
+    cached_table_and_dim(&mut admin, &table);
     // The cache's fold, the heap's, and the rows the cache's blocks hold, under one snapshot.
     let fold = "SELECT c.source, c.rows, c.non_null, c.sum::text, h.rows, h.non_null, h.sum::text, \
                 (SELECT rows FROM uvm.caches WHERE relation = $1::text::regclass) \
