@@ -111,6 +111,21 @@ pub enum Work {
         source: super::cached::CacheSource,
         key_col: u32,
     },
+    /// A scan program over a cache, folding into a group table (`super::scan`; the CPU's).
+    ScanGroups {
+        cache: Whole,
+        groups: Whole,
+        /// Each dimension table named by the program, in its order.
+        dims: Vec<Whole>,
+        spec: super::scan::Spec,
+        start: (u64, u64),
+    },
+    /// A group table's groups moved into a bigger one (the CPU's).
+    GroupsGrow {
+        from: Whole,
+        to: Whole,
+        slot_count: u64,
+    },
     BenchSegmentRead {
         addr: u64,
         len: u64,
@@ -143,6 +158,49 @@ pub enum Work {
         shape: crate::gpu::user::Shape,
         params: Vec<u64>,
     },
+}
+
+/// A whole pinned segment, CPU-addressable: its name, address and size. Valid while the pin it
+/// came from is held.
+#[derive(Debug)]
+pub struct Whole {
+    name: String,
+    addr: u64,
+    len: usize,
+}
+
+impl Whole {
+    fn of<E: Env>(pin: &Pin<E>) -> Result<Whole> {
+        let size = pin.info().size;
+        let len = i64::try_from(size).map_err(|_| uvm_err!(Code::ProgramLimitExceeded, "a segment too large"))?;
+        let addr = pin.bytes(0, len)?.as_ptr() as u64;
+        Ok(Whole { name: pin.info().name.clone(), addr, len: size as usize })
+    }
+
+    /// # Safety
+    /// The pin this came from is held.
+    unsafe fn bytes(&self) -> &[u8] {
+        // SAFETY: [addr, addr + len) is the whole pinned, CPU-addressable segment (contract).
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
+    }
+
+    /// # Safety
+    /// As `bytes`, and no other view of the segment lives while this one does.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn bytes_mut(&self) -> &mut [u8] {
+        // SAFETY: as `bytes`; the caller keeps this view the only one (contract).
+        unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len) }
+    }
+}
+
+/// Refuses the CUDA engine for work that only the CPU does so far.
+fn cpu_only(engine: Engine, what: &str) -> Result<()> {
+    match engine {
+        Engine::Cpu => Ok(()),
+        Engine::Cuda => {
+            Err(uvm_err!(Code::FeatureNotSupported, "{what} run on the CPU engine only so far (their kernels are not built yet)"))
+        }
+    }
 }
 
 /// A prepared request: its pins (released when the job drops) and its work.
@@ -284,6 +342,46 @@ pub fn prepare<E: Env>(segs: &mut Segments<E>, call: &Call, io: &Io<'_>) -> Resu
             let source = super::cached::CacheSource::of(&cache_pin, engine)?;
             pins.push(cache_pin);
             Work::CacheProbe { inner, key_type, source, key_col }
+        }
+        Call::ScanGroups(ops::ScanGroups { cache, groups, start_block, start_row }) => {
+            cpu_only(engine, "scan programs")?;
+            let spec = super::scan::Spec::decode(io.input())?;
+            let groups_pin = pin_ref(segs, &groups)?;
+            let written = groups_pin.info().id;
+            let mut read = |seg: &SegRef, pins: &mut Vec<Pin<E>>| -> Result<Whole> {
+                let pin = pin_ref(segs, seg)?;
+                // The group table is written through the one mutable view of it: no segment
+                // the program reads may be it.
+                if pin.info().id == written {
+                    return Err(uvm_err!(
+                        Code::InvalidParameterValue,
+                        "the group table \"{}\" is also read by the scan",
+                        seg.name()
+                    ));
+                }
+                let w = Whole::of(&pin)?;
+                pin.count_read(w.len as u64);
+                pins.push(pin);
+                Ok(w)
+            };
+            let cache = read(&cache, &mut pins)?;
+            let dims = spec.dims.iter().map(|d| read(d, &mut pins)).collect::<Result<Vec<_>>>()?;
+            let groups = Whole::of(&groups_pin)?;
+            groups_pin.count_written(groups.len as u64);
+            pins.push(groups_pin);
+            Work::ScanGroups { cache, groups, dims, spec, start: (start_block, start_row) }
+        }
+        Call::GroupsGrow(ops::GroupsGrow { from, to, slot_count }) => {
+            cpu_only(engine, "group tables")?;
+            let (from_pin, to_pin) = (pin_ref(segs, &from)?, pin_ref(segs, &to)?);
+            if from_pin.info().id == to_pin.info().id {
+                return Err(uvm_err!(Code::InvalidParameterValue, "a group table cannot grow into itself"));
+            }
+            let (from, to) = (Whole::of(&from_pin)?, Whole::of(&to_pin)?);
+            to_pin.count_written(to.len as u64);
+            pins.push(from_pin);
+            pins.push(to_pin);
+            Work::GroupsGrow { from, to, slot_count }
         }
         Call::BenchSegmentRead(ops::BenchSegmentRead { seg, iterations, .. }) => {
             cuda_only(engine)?;
@@ -543,6 +641,45 @@ impl Work {
             Work::CacheProbe { inner, key_type, source, key_col } => {
                 // SAFETY: as above.
                 done(&unsafe { super::cached::probe(inner, *key_type, source, *key_col) }?)
+            }
+            Work::ScanGroups { cache, groups, dims, spec, start } => {
+                // SAFETY: the job's pins hold every segment (contract); the group table is none
+                // of the segments read (prepare), so its mutable view is the only one.
+                let (cache_bytes, groups_bytes) = unsafe { (cache.bytes(), groups.bytes_mut()) };
+                let head = cache_bytes.get(..crate::cache::HEADER_BYTES as usize).unwrap_or(cache_bytes);
+                let prefix = crate::cache::Layout::prefix_len(&cache.name, head)?.min(cache.len as u64) as usize;
+                let layout = crate::cache::Layout::parse(&cache.name, &cache_bytes[..prefix], cache.len as u64)?;
+                let joins = spec
+                    .joins
+                    .iter()
+                    .map(|&(col, d)| {
+                        let dim = &dims[d];
+                        // SAFETY: as above.
+                        let table = table::Table::view(&dim.name, unsafe { dim.bytes() })?;
+                        Ok(crate::scan::Join { col, table })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let program = crate::scan::Program {
+                    filters: spec.filters.clone(),
+                    joins,
+                    keys: spec.keys.clone(),
+                    aggs: spec.aggs.clone(),
+                };
+                let mut g = crate::groups::Table::parse(&groups.name, groups_bytes)?;
+                let reply = match crate::scan::run(&program, &layout, cache_bytes, &mut g, *start)? {
+                    crate::scan::Progress::Done => ops::ScannedGroups { full: 0, _pad: 0, block: 0, row: 0, slots: 0 },
+                    crate::scan::Progress::Full { block, row, slots } => {
+                        ops::ScannedGroups { full: 1, _pad: 0, block, row, slots }
+                    }
+                };
+                done(&reply)
+            }
+            Work::GroupsGrow { from, to, slot_count } => {
+                // SAFETY: the job's pins hold both (contract), two different segments (prepare).
+                let (f, t) = unsafe { (from.bytes_mut(), to.bytes_mut()) };
+                let mut from_table = crate::groups::Table::parse(&from.name, f)?;
+                crate::groups::grow(&mut from_table, t, *slot_count)?;
+                done(&ops::GroupsGrown { groups: from_table.header().groups })
             }
             &Work::BenchSegmentRead { addr, len, iterations } => {
                 // SAFETY: the whole pinned segment (contract).

@@ -4,7 +4,8 @@
 //! # Design
 //!
 //! Every operation the SQL layer performs on a segment's memory (create, grow, drop, migrate,
-//! read, write, checksum, fill, the GpuJoin build, probe and materialize, the benchmarks) is a
+//! read, write, checksum, fill, the GpuJoin build, probe and materialize, the joins and scan
+//! programs over column caches ([`cached`], [`scan`]), the benchmarks) is a
 //! typed request ([`request`]: a struct of named fields, among them references to segments
 //! (name and id, resolved and authorized by the caller), with a typed reply), with bulk input
 //! or output in a byte buffer ([`Io`]). An [`Executor`] runs requests in their slot form
@@ -34,6 +35,7 @@ pub mod cached;
 pub mod kernel;
 pub mod local;
 pub mod request;
+pub mod scan;
 
 use std::marker::PhantomData;
 
@@ -486,6 +488,39 @@ pub fn cache_probe(
 ) -> Result<(ProbeSum, u64, std::time::Duration)> {
     let r = reply(ex, ops::CacheProbe { inner: *inner, cache: *cache, key_type: key_code(kt), key_col })?;
     Ok((ProbeSum { matches: r.matches, sum: r.sum.get() }, r.rows, std::time::Duration::from_nanos(r.probe_ns)))
+}
+
+/// Runs the scan program `spec` over the column cache `cache`, folding into the group table
+/// `groups` (formatted by `groups::init`, or grown by [`groups_grow`]) from row `start.1` of
+/// block `start.0` (see `ops::ScanGroups`): where the table is full, the row to resume at and
+/// the slots it needs.
+pub fn scan_groups(
+    ex: &mut dyn Executor,
+    cache: &SegRef,
+    groups: &SegRef,
+    spec: &scan::Spec,
+    start: (u64, u64),
+) -> Result<crate::scan::Progress> {
+    let bytes = spec.encode()?;
+    if bytes.len() > ex.max_io() {
+        return Err(UvmError::new(
+            Code::ProgramLimitExceeded,
+            format!("a scan program of {} bytes does not fit a request's {} bytes of staging", bytes.len(), ex.max_io()),
+        ));
+    }
+    let o = ops::ScanGroups { cache: *cache, groups: *groups, start_block: start.0, start_row: start.1 };
+    let (r, _) = call(ex, &o, Io::In(&bytes))?;
+    Ok(if r.full == 0 {
+        crate::scan::Progress::Done
+    } else {
+        crate::scan::Progress::Full { block: r.block, row: r.row, slots: r.slots }
+    })
+}
+
+/// Moves the groups of the group table `from` into `to` (a segment of at least the bytes of a
+/// table of `slot_count` slots), made a table of that many slots; returns the groups moved.
+pub fn groups_grow(ex: &mut dyn Executor, from: &SegRef, to: &SegRef, slot_count: u64) -> Result<u64> {
+    reply(ex, ops::GroupsGrow { from: *from, to: *to, slot_count }).map(|r| r.groups)
 }
 
 /// Makes `seg` an empty result buffer (a fresh header: no pair reserved or written).

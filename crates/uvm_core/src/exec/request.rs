@@ -308,6 +308,15 @@ operations! {
     /// loop).
     CacheProbe = 25, None, Pool: CacheProbe [inner, cache] { key_type: u32, key_col: u32 }
         -> CacheProbed { matches: u64, sum: Sum128, rows: u64, probe_ns: u64 };
+    /// Runs a scan program (`exec::scan`, in staging with its dimension tables) over the column
+    /// cache `cache`, folding into the group table `groups` from row `start_row` of block
+    /// `start_block`: `full` 0 once every row is folded, else 1 with the row to resume at and
+    /// the slots the table needs (`GroupsGrow`).
+    ScanGroups = 26, In, Pool: ScanGroups [cache, groups] { start_block: u64, start_row: u64 }
+        -> ScannedGroups { full: u32, _pad: u32, block: u64, row: u64, slots: u64 };
+    /// Moves the groups of the group table `from` into `to`, made a table of `slot_count` slots
+    /// with the same keys and aggregates (`groups::grow`).
+    GroupsGrow = 27, None, Pool: GroupsGrow [from, to] { slot_count: u64 } -> GroupsGrown { groups: u64 };
 }
 
 /// A request as it lies in a slot: the operation's number, its input bytes in staging, and its
@@ -479,10 +488,11 @@ mod tests {
         for &m in Mode::ALL {
             assert_eq!(Mode::from_u32(m as u32), m);
         }
-        assert_eq!(Op::ALL.len(), 25);
+        assert_eq!(Op::ALL.len(), 27);
         assert_eq!(Mode::from_u32(77), Mode::Undecided);
         // The numbers are what a slot carries: fixed forever.
         assert_eq!((Op::Ping as u32, Op::Materialize as u32, Op::Launch as u32, Op::CacheProbe as u32), (1, 12, 22, 25));
+        assert_eq!((Op::ScanGroups as u32, Op::GroupsGrow as u32), (26, 27));
     }
 
     #[test]

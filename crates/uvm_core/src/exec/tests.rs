@@ -370,3 +370,97 @@ fn read_prefix(ex: &mut dyn Executor, seg: &SegRef) -> Vec<u8> {
     read(ex, seg, 0, &mut p).unwrap();
     p
 }
+
+/// A scan program as a request (`ScanGroups`): a filter, a join with a dimension table and a
+/// grouped aggregate over a cache, run where the segments are, the group table grown through
+/// `GroupsGrow` whenever the scan stops for room; the answer is nested loops'. What the request
+/// refuses: the group table among the segments read, and bytes that are not a program.
+#[test]
+fn scan_programs_run_as_requests_and_grow_their_group_table() {
+    use crate::cache::Encoding;
+    use crate::groups::{self, AggKind, Shape};
+    use crate::scan::{Filter, Input, Progress, Source, Test};
+    use std::collections::BTreeMap;
+    let world = World::new("exec-scan", Arena::default());
+    let mut segs = process(&world, 1);
+    let mut ex = Local { segs: &mut segs };
+    // the fact: (key, value) with NULLs in both; the dimension: keys 0 to 199, payload key / 10
+    let fact: Vec<(Option<i64>, Option<i64>)> =
+        (0..5000i64).map(|i| ((i % 13 != 0).then_some(i % 300), (i % 7 != 0).then_some(i % 50 - 10))).collect();
+    let cache = cache_segment(&mut ex, "fact", Encoding::Int8, &fact);
+    let dim: Vec<[i64; 2]> = (0..200).map(|k| [k, k / 10]).collect();
+    let dbytes = table::table_bytes(dim.len() as u64) as i64;
+    create(&mut ex, "dim", dbytes, Some(dbytes), TierPref::Host, 10, 0).unwrap();
+    let d = seg_ref(ex.segs, "dim");
+    let n = table::slot_count(dim.len() as u64);
+    build_begin(&mut ex, &d, n).unwrap();
+    build_insert(&mut ex, &d, KeyType::Int8, n, &dim).unwrap();
+    build_finish(&mut ex, &d, KeyType::Int8, n, dim.len() as u64, 0).unwrap();
+    // value between -5 and 30, joined on the key, grouped by the dimension's payload:
+    // count(*), sum(value), max(value)
+    let aggs = vec![(AggKind::CountStar, Input::Star), (AggKind::SumInt, Input::Col(1)), (AggKind::MaxInt, Input::Col(1))];
+    let spec = scan::Spec {
+        dims: vec![d],
+        filters: vec![Filter { col: 1, test: Test::Range { lo: -5, hi: 30 } }],
+        joins: vec![(0, 0)],
+        keys: vec![Source::Payload(0)],
+        aggs: aggs.clone(),
+    };
+    let shape = Shape { key_words: 2, aggs: aggs.iter().map(|a| a.0).collect(), slot_count: 16 };
+    let table_of = |ex: &mut Local<'_, TestEnv>, name: &str, slots: u64| -> SegRef {
+        let b = shape.with_slots(slots).bytes() as i64;
+        create(ex, name, b, Some(b), TierPref::Host, 10, 0).unwrap();
+        seg_ref(ex.segs, name)
+    };
+    let mut cur = table_of(&mut ex, "g0", 16);
+    let mut init = vec![0u8; shape.bytes() as usize];
+    groups::init(&mut init, &shape, 9).unwrap();
+    write(&mut ex, &cur, 0, &init).unwrap();
+    let (mut start, mut grown, mut slot_count) = ((0, 0), 0, 16);
+    loop {
+        match scan_groups(&mut ex, &cache, &cur, &spec, start).unwrap() {
+            Progress::Done => break,
+            Progress::Full { block, row, slots } => {
+                grown += 1;
+                let next = table_of(&mut ex, &format!("g{grown}"), slots);
+                assert!(groups_grow(&mut ex, &cur, &next, slots).unwrap() > 0);
+                (cur, start, slot_count) = (next, (block, row), slots);
+            }
+        }
+    }
+    assert!(grown > 0, "16 slots hold 8 of the 20 groups: the table must have grown");
+    let mut out = vec![0u8; shape.with_slots(slot_count).bytes() as usize];
+    read(&mut ex, &cur, 0, &mut out).unwrap();
+    let got: BTreeMap<u64, (u64, i128, i64)> = groups::Table::parse("g", &mut out)
+        .unwrap()
+        .groups()
+        .unwrap()
+        .into_iter()
+        .map(|(k, s)| (k[0], (s[0].0, groups::sum_int(s[1]), s[2].0 as i64)))
+        .collect();
+    let mut want: BTreeMap<u64, (u64, i128, i64)> = BTreeMap::new();
+    for &(k, v) in &fact {
+        let (Some(k), Some(v)) = (k, v) else { continue };
+        if !(-5..=30).contains(&v) || !(0..200).contains(&k) {
+            continue;
+        }
+        let e = want.entry((k / 10) as u64).or_insert((0, 0, i64::MIN));
+        e.0 += 1;
+        e.1 += i128::from(v);
+        e.2 = e.2.max(v);
+    }
+    assert_eq!(got, want);
+    // the group table among the segments read: refused before anything is written
+    let e = scan_groups(&mut ex, &cur, &cur, &spec, (0, 0)).unwrap_err();
+    assert_eq!(e.code, Code::InvalidParameterValue, "{e}");
+    let e = scan_groups(&mut ex, &cache, &cur, &scan::Spec { dims: vec![cur], ..spec.clone() }, (0, 0)).unwrap_err();
+    assert_eq!(e.code, Code::InvalidParameterValue, "{e}");
+    assert_eq!(groups_grow(&mut ex, &cur, &cur, 64).unwrap_err().code, Code::InvalidParameterValue);
+    // bytes that are not a program
+    let o = ops::ScanGroups { cache, groups: cur, start_block: 0, start_row: 0 };
+    let e = call(&mut ex, &o, Io::In(&[7u8; 40])).unwrap_err();
+    assert_eq!(e.code, Code::ProtocolViolation, "{e}");
+    // a dimension table that is not a table (the cache)
+    let e = scan_groups(&mut ex, &cache, &cur, &scan::Spec { dims: vec![cache], ..spec.clone() }, (0, 0)).unwrap_err();
+    assert_eq!(e.code, Code::InvalidParameterValue, "{e}");
+}

@@ -1,0 +1,331 @@
+//! Scan programs as requests (issue 27): a star query's program (`crate::scan`) over a column
+//! cache, folding into a group table in a segment, run where the segments are (the GPU service,
+//! or a backend in process mode), so that no fact row crosses to the client.
+//!
+//! # The request
+//!
+//! `ScanGroups` names the fact cache and the group table; the program rides in the request's
+//! bulk bytes (a program names more segments than a request's two references: one dimension
+//! table per join), encoded here as plain little-endian data, decoded totally (bytes that are
+//! not a program are a 22023 or 08P01 error, never a panic: staging is shared memory):
+//!
+//! | bytes | what |
+//! | --- | --- |
+//! | 32 | header: magic, version, and the counts of segments, filters, joins, keys, aggregates, bitmap bytes (`u32` each) |
+//! | 80 × segments | the dimension tables (`SegRef`, as requests carry them) |
+//! | 24 × filters | column, kind (1: range, 2: codes), then `lo`, `hi` (a range) or the offset and length of its bitmap in the bitmap bytes |
+//! | 8 × joins | fact column, dimension table (an index into the segments) |
+//! | 8 × keys | kind (1: a fact column, 2: a join's payload), index |
+//! | 12 × aggregates | aggregate kind, input kind (0: none, 1: a column, 2: a difference, 3: a product), two columns |
+//! | bitmap bytes | the code bitmaps of the filters on dictionary columns |
+//!
+//! The answer is the program's `Progress`: every row folded, or the row to resume at and the
+//! slots the group table needs; the client grows the table (`GroupsGrow`: a bigger segment,
+//! the groups moved over) and asks again from that row. The client builds the dimension tables
+//! (GpuJoin tables: `BuildBegin`, `BuildInsert`, `BuildFinish`) and reads the groups out of the
+//! table's segment when done.
+//!
+//! # Where it runs
+//!
+//! The CPU engine runs `scan::run` over the pinned segments' bytes. The kernels are the next
+//! step; under the CUDA engine the request is refused (0A000) until they exist.
+
+use zerocopy::{FromBytes, IntoBytes};
+
+use super::SegRef;
+use crate::error::{Code, Result, UvmError};
+use crate::groups::AggKind;
+use crate::scan::{Filter, Input, Source, Test};
+
+const MAGIC: u32 = 0x5053_5655; // "UVSP"
+const VERSION: u32 = 1;
+const HEADER_BYTES: usize = 32;
+const SEG_BYTES: usize = std::mem::size_of::<SegRef>();
+const FILTER_BYTES: usize = 24;
+const JOIN_BYTES: usize = 8;
+const KEY_BYTES: usize = 8;
+const AGG_BYTES: usize = 12;
+/// Limits of a program (a star query stays far below each).
+pub const MAX_FILTERS: usize = 64;
+pub const MAX_JOINS: usize = 8;
+pub const MAX_KEYS: usize = 31;
+pub const MAX_AGGS: usize = 64;
+/// Bytes of code bitmaps: 32 Mi codes.
+pub const MAX_BITMAP_BYTES: usize = 1 << 22;
+
+/// A program as the client describes it and the executor receives it: the program's parts
+/// with each join's dimension table named by its index in `dims`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Spec {
+    pub dims: Vec<SegRef>,
+    pub filters: Vec<Filter>,
+    /// (fact column, index into `dims`) per join.
+    pub joins: Vec<(usize, usize)>,
+    pub keys: Vec<Source>,
+    pub aggs: Vec<(AggKind, Input)>,
+}
+
+fn invalid(what: impl Into<String>) -> UvmError {
+    UvmError::new(Code::InvalidParameterValue, what)
+}
+
+fn u32_of(n: usize, what: &str) -> Result<u32> {
+    u32::try_from(n).map_err(|_| invalid(format!("{what} out of range: {n}")))
+}
+
+impl Spec {
+    /// Checks what a caller can get wrong (22023), before anything is encoded or run.
+    pub fn validate(&self) -> Result<()> {
+        let over = |n: usize, max: usize, what: &str| -> Result<()> {
+            if n > max {
+                return Err(invalid(format!("a scan program has at most {max} {what}, not {n}")));
+            }
+            Ok(())
+        };
+        over(self.filters.len(), MAX_FILTERS, "filters")?;
+        over(self.joins.len(), MAX_JOINS, "joins")?;
+        over(self.dims.len(), MAX_JOINS, "dimension tables")?;
+        over(self.keys.len(), MAX_KEYS, "group keys")?;
+        over(self.aggs.len(), MAX_AGGS, "aggregates")?;
+        let bitmaps: usize = self.filters.iter().map(|f| if let Test::Codes(b) = &f.test { b.len() } else { 0 }).sum();
+        over(bitmaps, MAX_BITMAP_BYTES, "bytes of code bitmaps")?;
+        if let Some(&(_, d)) = self.joins.iter().find(|j| j.1 >= self.dims.len()) {
+            return Err(invalid(format!("a join on dimension table {d} of {}", self.dims.len())));
+        }
+        if let Some(Source::Payload(j)) = self.keys.iter().find(|k| matches!(k, Source::Payload(j) if *j >= self.joins.len())) {
+            return Err(invalid(format!("a group key from join {j} of {}", self.joins.len())));
+        }
+        if let Some(f) = self.filters.iter().find(|f| matches!(f.test, Test::Range { lo, hi } if lo > hi)) {
+            return Err(invalid(format!("an empty range on column {}", f.col)));
+        }
+        Ok(())
+    }
+
+    /// The request's bulk bytes.
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        self.validate()?;
+        let mut bitmaps = Vec::new();
+        let mut out = Vec::new();
+        let header = [
+            MAGIC,
+            VERSION,
+            u32_of(self.dims.len(), "dimension tables")?,
+            u32_of(self.filters.len(), "filters")?,
+            u32_of(self.joins.len(), "joins")?,
+            u32_of(self.keys.len(), "keys")?,
+            u32_of(self.aggs.len(), "aggregates")?,
+            0, // bitmap bytes, set below
+        ];
+        out.extend_from_slice(header.as_bytes());
+        for d in &self.dims {
+            out.extend_from_slice(d.as_bytes());
+        }
+        for f in &self.filters {
+            out.extend_from_slice(&u32_of(f.col, "a filter's column")?.to_le_bytes());
+            match &f.test {
+                Test::Range { lo, hi } => {
+                    out.extend_from_slice(&1u32.to_le_bytes());
+                    out.extend_from_slice(&lo.to_le_bytes());
+                    out.extend_from_slice(&hi.to_le_bytes());
+                }
+                Test::Codes(b) => {
+                    out.extend_from_slice(&2u32.to_le_bytes());
+                    out.extend_from_slice(&(bitmaps.len() as u64).to_le_bytes());
+                    out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+                    bitmaps.extend_from_slice(b);
+                }
+            }
+        }
+        for &(col, dim) in &self.joins {
+            out.extend_from_slice(&u32_of(col, "a join's column")?.to_le_bytes());
+            out.extend_from_slice(&u32_of(dim, "a join's table")?.to_le_bytes());
+        }
+        for k in &self.keys {
+            let (kind, i) = match *k {
+                Source::Col(c) => (1u32, c),
+                Source::Payload(j) => (2u32, j),
+            };
+            out.extend_from_slice(&kind.to_le_bytes());
+            out.extend_from_slice(&u32_of(i, "a key's source")?.to_le_bytes());
+        }
+        for &(kind, input) in &self.aggs {
+            let (ik, a, b) = match input {
+                Input::Star => (0u16, 0, 0),
+                Input::Col(c) => (1, c, 0),
+                Input::Sub(a, b) => (2, a, b),
+                Input::Mul(a, b) => (3, a, b),
+            };
+            out.extend_from_slice(&(kind as u16).to_le_bytes());
+            out.extend_from_slice(&ik.to_le_bytes());
+            out.extend_from_slice(&u32_of(a, "an aggregate's column")?.to_le_bytes());
+            out.extend_from_slice(&u32_of(b, "an aggregate's column")?.to_le_bytes());
+        }
+        let n = u32_of(bitmaps.len(), "bitmap bytes")?;
+        out[28..32].copy_from_slice(&n.to_le_bytes());
+        out.extend_from_slice(&bitmaps);
+        Ok(out)
+    }
+
+    /// The program in `bytes` (a request's bulk bytes), checked as [`Spec::validate`] checks.
+    pub fn decode(bytes: &[u8]) -> Result<Spec> {
+        let short = || invalid("a scan program's bytes end early");
+        let head = <[u32; 8]>::read_from_prefix(bytes).map_err(|_| short())?.0;
+        let [magic, version, ndims, nfilters, njoins, nkeys, naggs, nbitmap] = head;
+        if magic != MAGIC || version != VERSION {
+            return Err(UvmError::new(Code::ProtocolViolation, "the request's bytes are not a scan program"));
+        }
+        let (ndims, nfilters, njoins, nkeys, naggs, nbitmap) =
+            (ndims as usize, nfilters as usize, njoins as usize, nkeys as usize, naggs as usize, nbitmap as usize);
+        if ndims > MAX_JOINS || nfilters > MAX_FILTERS || njoins > MAX_JOINS || nkeys > MAX_KEYS || naggs > MAX_AGGS {
+            return Err(invalid("a scan program's counts are out of range"));
+        }
+        if nbitmap > MAX_BITMAP_BYTES {
+            return Err(invalid("a scan program's bitmaps are too large"));
+        }
+        // Bounded: every count is small (checked above).
+        let need = HEADER_BYTES
+            + SEG_BYTES * ndims
+            + FILTER_BYTES * nfilters
+            + JOIN_BYTES * njoins
+            + KEY_BYTES * nkeys
+            + AGG_BYTES * naggs
+            + nbitmap;
+        if bytes.len() != need {
+            return Err(invalid(format!("a scan program of {} bytes, not the {need} its counts say", bytes.len())));
+        }
+        let mut at = HEADER_BYTES;
+        let mut take = |n: usize| -> &[u8] {
+            let s = &bytes[at..at + n];
+            at += n;
+            s
+        };
+        let u32_at = |b: &[u8], i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |b: &[u8], i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let dims =
+            (0..ndims).map(|_| SegRef::read_from_bytes(take(SEG_BYTES)).map_err(|_| short())).collect::<Result<Vec<_>>>()?;
+        let raw_filters: Vec<&[u8]> = (0..nfilters).map(|_| take(FILTER_BYTES)).collect();
+        let joins: Vec<(usize, usize)> = (0..njoins)
+            .map(|_| {
+                let b = take(JOIN_BYTES);
+                (u32_at(b, 0) as usize, u32_at(b, 4) as usize)
+            })
+            .collect();
+        let keys = (0..nkeys)
+            .map(|_| {
+                let b = take(KEY_BYTES);
+                match u32_at(b, 0) {
+                    1 => Ok(Source::Col(u32_at(b, 4) as usize)),
+                    2 => Ok(Source::Payload(u32_at(b, 4) as usize)),
+                    k => Err(invalid(format!("a group key of kind {k}"))),
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let aggs = (0..naggs)
+            .map(|_| {
+                let b = take(AGG_BYTES);
+                let kind = u16::from_le_bytes([b[0], b[1]]);
+                let kind = AggKind::from_repr(kind).ok_or_else(|| invalid(format!("an aggregate of kind {kind}")))?;
+                let (a, c) = (u32_at(b, 4) as usize, u32_at(b, 8) as usize);
+                let input = match u16::from_le_bytes([b[2], b[3]]) {
+                    0 => Input::Star,
+                    1 => Input::Col(a),
+                    2 => Input::Sub(a, c),
+                    3 => Input::Mul(a, c),
+                    k => return Err(invalid(format!("an aggregate input of kind {k}"))),
+                };
+                Ok((kind, input))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let bitmaps = take(nbitmap);
+        let filters = raw_filters
+            .iter()
+            .map(|b| {
+                let col = u32_at(b, 0) as usize;
+                let test = match u32_at(b, 4) {
+                    1 => Test::Range { lo: u64_at(b, 8) as i64, hi: u64_at(b, 16) as i64 },
+                    2 => {
+                        let (off, len) = (u64_at(b, 8), u64_at(b, 16));
+                        let end = off.checked_add(len).filter(|&e| e <= nbitmap as u64).ok_or_else(|| {
+                            invalid(format!("a filter's bitmap at {off} of {len} bytes past the {nbitmap} bytes of bitmaps"))
+                        })?;
+                        Test::Codes(bitmaps[off as usize..end as usize].to_vec())
+                    }
+                    k => return Err(invalid(format!("a filter of kind {k}"))),
+                };
+                Ok(Filter { col, test })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let spec = Spec { dims, filters, joins, keys, aggs };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(name: &str, id: u64) -> SegRef {
+        SegRef::new(name, id).unwrap()
+    }
+
+    fn spec() -> Spec {
+        Spec {
+            dims: vec![seg("d0", 5), seg("d1", 6)],
+            filters: vec![
+                Filter { col: 2, test: Test::Range { lo: -3, hi: 25 } },
+                Filter { col: 4, test: Test::Codes(vec![0b1010, 0, 1]) },
+                Filter { col: 1, test: Test::Codes(vec![0xff]) },
+            ],
+            joins: vec![(0, 0), (1, 1), (3, 0)],
+            keys: vec![Source::Payload(2), Source::Col(4)],
+            aggs: vec![
+                (AggKind::CountStar, Input::Star),
+                (AggKind::SumInt, Input::Mul(3, 2)),
+                (AggKind::MinInt, Input::Sub(3, 2)),
+                (AggKind::Count, Input::Col(3)),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_program_goes_through_its_bytes_and_back() {
+        let s = spec();
+        let b = s.encode().unwrap();
+        assert_eq!(Spec::decode(&b).unwrap(), s);
+        let empty = Spec { dims: vec![], filters: vec![], joins: vec![], keys: vec![], aggs: vec![] };
+        assert_eq!(Spec::decode(&empty.encode().unwrap()).unwrap(), empty);
+    }
+
+    #[test]
+    fn what_is_not_a_program_is_refused() {
+        let b = spec().encode().unwrap();
+        // every prefix, every byte changed: an error or a valid program, never a panic
+        for n in 0..b.len() {
+            assert!(Spec::decode(&b[..n]).is_err(), "a prefix of {n} bytes");
+        }
+        for i in 0..b.len() {
+            for v in [0u8, 1, 0x7f, 0xff] {
+                let mut c = b.clone();
+                c[i] = v;
+                if let Ok(s) = Spec::decode(&c) {
+                    s.validate().unwrap();
+                }
+            }
+        }
+        let mut extra = b.clone();
+        extra.push(0);
+        assert!(Spec::decode(&extra).is_err(), "a byte past the end");
+        assert_eq!(Spec::decode(&[0u8; 32]).unwrap_err().code, Code::ProtocolViolation);
+        // what a caller can get wrong
+        let bad = [
+            Spec { joins: vec![(0, 2)], ..spec() },
+            Spec { keys: vec![Source::Payload(3)], ..spec() },
+            Spec { filters: vec![Filter { col: 0, test: Test::Range { lo: 2, hi: 1 } }], ..spec() },
+            Spec { aggs: vec![(AggKind::CountStar, Input::Star); MAX_AGGS + 1], ..spec() },
+        ];
+        for s in bad {
+            assert_eq!(s.encode().unwrap_err().code, Code::InvalidParameterValue, "{s:?}");
+        }
+    }
+}
