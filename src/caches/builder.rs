@@ -206,7 +206,13 @@ fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Res
     let db = database();
     reclaim(d);
     if let Some(old) = d.find(db, u32::from(relid)) {
-        drop_entry(d, &old)?;
+        match drop_entry(d, &old) {
+            Ok(_) => {}
+            // A reader still reads the old cache's segments: its slot stays `Dropping` and the
+            // next reclaim drops them once free; the new build goes on beside them.
+            Err(e) if e.code == Code::ObjectInUse => {}
+            Err(e) => return Err(e),
+        }
     }
     // SAFETY: GetUserId reads this backend's current user.
     let entry = d.claim(db, u32::from(relid), u32::from(unsafe { pg_sys::GetUserId() }))?;
