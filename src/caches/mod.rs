@@ -257,8 +257,8 @@ fn dictionary_name(cache: &str, attnum: i16) -> String {
 // --- dropping and listing ------------------------------------------------------------------
 
 /// Drops this database's caches whose table no longer exists (a `DROP TABLE` marked them
-/// stale; nothing could drop their segments inside the dropping transaction, which might
-/// abort), and finishes drops that an error or a reader's pin interrupted (`Dropping`). Best
+/// stale, or a build published after its mark; nothing could drop their segments inside the
+/// dropping transaction, which might abort), and finishes drops that an error or a reader's pin interrupted (`Dropping`). Best
 /// effort: a cache still in use stays for the next call.
 fn reclaim(d: &Directory) {
     let db = database();
@@ -270,7 +270,10 @@ fn reclaim(d: &Directory) {
             let _ = drop_entry(d, &e);
             continue;
         }
-        if e.state != State::Stale {
+        // (a `Ready` one too: `DROP TABLE` marks before it waits for the table's lock, so a build
+        // that held the lock publishes after the mark; one whose builder has not settled may be
+        // of a table created in a transaction still open, which we cannot see)
+        if !(e.state == State::Stale || e.state == State::Ready && e.builder_xid == 0) {
             continue;
         }
         // SAFETY: a syscache probe.
