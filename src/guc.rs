@@ -69,6 +69,7 @@ pub static DEVICE_MEMORY_LIMIT_MB: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static PIN_WAIT_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static MAP_HOST_TIER: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static ENABLE_CACHE: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static ENABLE_GPUGROUPAGG: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static CACHE_REFRESH_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static CACHE_APPEND_ROWS: GucSetting<i32> = GucSetting::<i32>::new(1 << 20);
 pub static TEST_ALLOC_LIMIT_KB: GucSetting<i32> = GucSetting::<i32>::new(-1);
@@ -200,6 +201,14 @@ pub fn define() {
         c"Whether queries read a table's column cache (uvm.cache_table) where it is current.",
         c"on (the default): a reader whose snapshot the cache answers exactly reads it; off: every reader reads the heap.",
         &ENABLE_CACHE,
+        GucContext::Userset,
+        GucFlags::empty(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_uvm_share.enable_gpugroupagg",
+        c"Whether the planner may compute GROUP BY and aggregates of a table from its column cache (the UvmGpuGroupAgg node).",
+        c"on (the default): offered where a ready cache holds every column the query level reads and the query is one the node computes; off: never.",
+        &ENABLE_GPUGROUPAGG,
         GucContext::Userset,
         GucFlags::empty(),
     );

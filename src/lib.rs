@@ -49,7 +49,9 @@ pub mod sql;
 
 // The plain-Rust layers, from the pgrx-free core crate (`crates/uvm_core`), under their
 // names here, so that `crate::error`, `crate::segment` and the others read as before.
-pub use uvm_core::{cache, checksum, error, exec, gpu, gpujoin, interrupt, placement, provider, segment, stats, uvm_err, vocab};
+pub use uvm_core::{
+    cache, checksum, error, exec, gpu, gpujoin, groups, interrupt, placement, provider, scan, segment, stats, uvm_err, vocab,
+};
 
 ::pgrx::pg_module_magic!();
 

@@ -7,6 +7,8 @@
 //! - [`agg`]: the aggregates it can compute itself, plain Rust.
 //! - [`preagg`]: the aggregate push-down (planner hook, the GpuJoinAgg node that merges the
 //!   participants' partial results).
+//! - [`groupagg`]: GpuGroupAgg, `GROUP BY` and aggregates of one table from its column cache
+//!   (planner hook, the node).
 //! - [`shared`]: what the participants of a parallel GpuJoin share (one inner side per query).
 //! - [`spill`]: its memory, bounded by PostgreSQL's hash memory; past it, the host tier.
 //! - [`cleanup`]: the temporary segments of plan nodes, dropped however the query ends.
@@ -15,6 +17,7 @@ pub mod agg;
 pub mod cleanup;
 pub mod fallible;
 pub mod gpujoin;
+pub mod groupagg;
 pub mod joinkey;
 pub mod matching;
 pub mod preagg;
@@ -25,5 +28,6 @@ pub mod spill;
 pub fn init() {
     gpujoin::install();
     preagg::install();
+    groupagg::install();
     cleanup::install();
 }

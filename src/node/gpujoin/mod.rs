@@ -144,6 +144,7 @@ use scan::*;
 pub use cached::cached_cost;
 pub use plan::{as_var, can_aggregate, candidates, with_aggregates};
 pub use private::int_node;
+pub use results::datum_of_value;
 pub use results::{emit_results, value_of_datum};
 
 /// Outer tuples with a non-NULL key per batch.

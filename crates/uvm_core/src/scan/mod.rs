@@ -169,6 +169,123 @@ fn overflow(what: &str) -> UvmError {
     UvmError::new(Code::NumericValueOutOfRange, format!("bigint out of range ({what})"))
 }
 
+/// One row of [`fold_row`]: dropped (a filter or a join), folded, or not folded because the
+/// group table needs this many slots first (nothing changed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Row {
+    Dropped,
+    Folded,
+    Full(u64),
+}
+
+/// Buffers [`fold_row`] reuses from row to row.
+#[derive(Default)]
+pub struct Scratch {
+    payloads: Vec<Vec<i64>>,
+    key: Vec<u64>,
+    inputs: Vec<Option<u64>>,
+    at: Vec<usize>,
+}
+
+/// Folds one row, whose column words `col` answers (`None`: NULL), into `groups` by
+/// `program`: the filters, the joins' matches, then every combination of them into the group
+/// table, after making sure the table has room for them all. The step [`run`] takes per row of
+/// the cache, and what a caller takes for a row kept elsewhere (an appended row of the tail).
+pub fn fold_row(
+    program: &Program<'_>,
+    groups: &mut groups::Table<'_>,
+    scratch: &mut Scratch,
+    mut col: impl FnMut(usize) -> Result<Option<u64>>,
+) -> Result<Row> {
+    let Scratch { payloads, key, inputs, at } = scratch;
+    payloads.resize_with(program.joins.len(), Vec::new);
+    key.resize(program.keys.len() + 1, 0);
+    inputs.resize(program.aggs.len(), None);
+    for f in &program.filters {
+        if !passes(&f.test, col(f.col)?) {
+            return Ok(Row::Dropped);
+        }
+    }
+    // Each join's matches (none: the row is dropped).
+    let mut combos = 1u64;
+    for (j, join) in program.joins.iter().enumerate() {
+        payloads[j].clear();
+        let Some(k) = col(join.col)? else { return Ok(Row::Dropped) };
+        let p = &mut payloads[j];
+        join.table.for_each_match(k as i64, |v| p.push(v))?;
+        if p.is_empty() {
+            return Ok(Row::Dropped);
+        }
+        combos = combos.saturating_mul(p.len() as u64);
+    }
+    // Room for every group the row could add, before it touches the table.
+    let h = groups.header();
+    if h.groups.saturating_add(combos) > h.slot_count / 2 {
+        return Ok(Row::Full(groups::Shape::slots_for(h.groups.saturating_add(combos))));
+    }
+    for (a, (_, input)) in program.aggs.iter().enumerate() {
+        inputs[a] = match *input {
+            Input::Star => None,
+            Input::Col(c) => col(c)?,
+            Input::Sub(x, y) => match (col(x)?, col(y)?) {
+                (Some(x), Some(y)) => Some((x as i64).checked_sub(y as i64).ok_or_else(|| overflow("a difference"))? as u64),
+                _ => None,
+            },
+            Input::Mul(x, y) => match (col(x)?, col(y)?) {
+                (Some(x), Some(y)) => Some((x as i64).checked_mul(y as i64).ok_or_else(|| overflow("a product"))? as u64),
+                _ => None,
+            },
+        };
+    }
+    // Every combination of the joins' matches (an odometer over their payloads).
+    at.clear();
+    at.resize(program.joins.len(), 0);
+    loop {
+        let mut nulls = 0u64;
+        for (i, s) in program.keys.iter().enumerate() {
+            key[i] = match *s {
+                Source::Payload(j) => payloads[j][at[j]] as u64,
+                Source::Col(c) => match col(c)? {
+                    Some(w) => w,
+                    None => {
+                        nulls |= 1 << i;
+                        0
+                    }
+                },
+            };
+        }
+        key[program.keys.len()] = nulls;
+        if let Update::Full(_) = groups.update(key, inputs)? {
+            return Err(bad("the group table filled up after its room was checked".into()));
+        }
+        // next combination
+        let mut j = 0;
+        loop {
+            if j == at.len() {
+                break;
+            }
+            at[j] += 1;
+            if at[j] < payloads[j].len() {
+                break;
+            }
+            at[j] = 0;
+            j += 1;
+        }
+        if j == at.len() {
+            return Ok(Row::Folded);
+        }
+    }
+}
+
+/// Checks that `groups` has `program`'s keys and aggregates (22023 otherwise).
+pub fn check_table(program: &Program<'_>, groups: &groups::Table<'_>) -> Result<()> {
+    let shape = groups.shape();
+    if shape.key_words != program.key_words() || shape.aggs != program.aggs.iter().map(|a| a.0).collect::<Vec<_>>() {
+        return Err(bad("the group table does not have the program's keys and aggregates".into()));
+    }
+    Ok(())
+}
+
 /// Runs `program` over the cache `layout` in `seg` (the segment's bytes from offset 0), from
 /// row `start.1` of block `start.0` on, folding into `groups` (a table of
 /// [`Program::key_words`] key words and the program's aggregates, in that order).
@@ -180,95 +297,17 @@ pub fn run(
     start: (u64, u64),
 ) -> Result<Progress> {
     program.check(layout)?;
-    let shape = groups.shape();
-    if shape.key_words != program.key_words() || shape.aggs != program.aggs.iter().map(|a| a.0).collect::<Vec<_>>() {
-        return Err(bad("the group table does not have the program's keys and aggregates".into()));
-    }
+    check_table(program, groups)?;
     let mut seen = 0u64;
-    let mut payloads: Vec<Vec<i64>> = vec![Vec::new(); program.joins.len()];
-    let mut key = vec![0u64; program.keys.len() + 1];
-    let mut inputs: Vec<Option<u64>> = vec![None; program.aggs.len()];
+    let mut scratch = Scratch::default();
     for block in start.0..layout.header().blocks {
         let rows = layout.block_rows(seg, block)?;
         let first = if block == start.0 { start.1 } else { 0 };
-        'row: for r in first..rows {
+        for r in first..rows {
             interrupt::check_every(seen)?;
             seen += 1;
-            for f in &program.filters {
-                if !passes(&f.test, value(layout, seg, f.col, block, rows, r)?) {
-                    continue 'row;
-                }
-            }
-            // Each join's matches (none: the row is dropped).
-            let mut combos = 1u64;
-            for (j, join) in program.joins.iter().enumerate() {
-                payloads[j].clear();
-                let Some(k) = value(layout, seg, join.col, block, rows, r)? else { continue 'row };
-                let p = &mut payloads[j];
-                join.table.for_each_match(k as i64, |v| p.push(v))?;
-                if p.is_empty() {
-                    continue 'row;
-                }
-                combos = combos.saturating_mul(p.len() as u64);
-            }
-            // Room for every group the row could add, before it touches the table.
-            let h = groups.header();
-            if h.groups.saturating_add(combos) > h.slot_count / 2 {
-                return Ok(Progress::Full { block, row: r, slots: groups::Shape::slots_for(h.groups.saturating_add(combos)) });
-            }
-            for (a, (_, input)) in program.aggs.iter().enumerate() {
-                let col = |c| value(layout, seg, c, block, rows, r);
-                inputs[a] = match *input {
-                    Input::Star => None,
-                    Input::Col(c) => col(c)?,
-                    Input::Sub(x, y) => match (col(x)?, col(y)?) {
-                        (Some(x), Some(y)) => {
-                            Some((x as i64).checked_sub(y as i64).ok_or_else(|| overflow("a difference"))? as u64)
-                        }
-                        _ => None,
-                    },
-                    Input::Mul(x, y) => match (col(x)?, col(y)?) {
-                        (Some(x), Some(y)) => Some((x as i64).checked_mul(y as i64).ok_or_else(|| overflow("a product"))? as u64),
-                        _ => None,
-                    },
-                };
-            }
-            // Every combination of the joins' matches (an odometer over their payloads).
-            let mut at = vec![0usize; program.joins.len()];
-            loop {
-                let mut nulls = 0u64;
-                for (i, s) in program.keys.iter().enumerate() {
-                    key[i] = match *s {
-                        Source::Payload(j) => payloads[j][at[j]] as u64,
-                        Source::Col(c) => match value(layout, seg, c, block, rows, r)? {
-                            Some(w) => w,
-                            None => {
-                                nulls |= 1 << i;
-                                0
-                            }
-                        },
-                    };
-                }
-                key[program.keys.len()] = nulls;
-                if let Update::Full(_) = groups.update(&key, &inputs)? {
-                    return Err(bad("the group table filled up after its room was checked".into()));
-                }
-                // next combination
-                let mut j = 0;
-                loop {
-                    if j == at.len() {
-                        break;
-                    }
-                    at[j] += 1;
-                    if at[j] < payloads[j].len() {
-                        break;
-                    }
-                    at[j] = 0;
-                    j += 1;
-                }
-                if j == at.len() {
-                    break;
-                }
+            if let Row::Full(slots) = fold_row(program, groups, &mut scratch, |c| value(layout, seg, c, block, rows, r))? {
+                return Ok(Progress::Full { block, row: r, slots });
             }
         }
     }

@@ -76,9 +76,19 @@ fn reference(rows: &[Row], a: &[(i64, i64)], b: &[(i64, i64)], (lo, hi): (i64, i
     m
 }
 
-/// Runs the program over `rows`, from a group table of 16 slots grown whenever it is full.
-fn scanned(rows: &[Row], a: &[(i64, i64)], b: &[(i64, i64)], (lo, hi): (i64, i64), codes: &[u64]) -> Result<Answers> {
-    let (layout, seg) = cache(rows);
+/// Runs the program over `rows`, from a group table of 16 slots grown whenever it is full: the
+/// first `split` rows cached and scanned by [`run`], the others folded one by one by
+/// [`fold_row`] (as the extension folds the rows appended to a cache).
+fn scanned(
+    rows: &[Row],
+    a: &[(i64, i64)],
+    b: &[(i64, i64)],
+    (lo, hi): (i64, i64),
+    codes: &[u64],
+    split: usize,
+) -> Result<Answers> {
+    let (cached, appended) = rows.split_at(split.min(rows.len()));
+    let (layout, seg) = cache(cached);
     let (da, db) = (dim(a), dim(b));
     let mut bits = vec![0u8; 8];
     for &c in codes {
@@ -114,6 +124,22 @@ fn scanned(rows: &[Row], a: &[(i64, i64)], b: &[(i64, i64)], (lo, hi): (i64, i64
             }
         }
     }
+    let mut scratch = Scratch::default();
+    for r in appended {
+        let w = |v: Option<i64>| v.map(|v| v as u64);
+        let words = [w(r.0), w(r.1), w(r.2), w(r.3), r.4];
+        loop {
+            let mut g = Groups::parse("g", &mut bytes).unwrap();
+            match fold_row(&program, &mut g, &mut scratch, |c| Ok(words[c]))? {
+                super::Row::Full(slots) => {
+                    let mut bigger = vec![0u8; g.shape().with_slots(slots).bytes() as usize];
+                    grow(&mut g, &mut bigger, slots).unwrap();
+                    bytes = bigger;
+                }
+                super::Row::Folded | super::Row::Dropped => break,
+            }
+        }
+    }
     let mut g = Groups::parse("g", &mut bytes).unwrap();
     Ok(g.groups()?
         .into_iter()
@@ -138,14 +164,18 @@ fn a_star_join_with_filters_and_groups_is_the_nested_loops_answer() {
     let b = vec![(0, 0), (1, 0), (1, 0), (2, 0), (3, 0), (5, 0)];
     let want = reference(&rows, &a, &b, (5, 30), &[0, 2, 3]);
     assert!(want.len() > 8, "groups enough to grow the table from 16 slots: {}", want.len());
-    assert_eq!(scanned(&rows, &a, &b, (5, 30), &[0, 2, 3]).unwrap(), want);
+    assert_eq!(scanned(&rows, &a, &b, (5, 30), &[0, 2, 3], rows.len()).unwrap(), want);
+    // the last 1,200 rows appended: folded one by one into the scanned rows' table
+    assert_eq!(scanned(&rows, &a, &b, (5, 30), &[0, 2, 3], rows.len() - 1200).unwrap(), want);
 }
 
 #[test]
 fn an_overflowing_product_is_an_error() {
     let rows: Vec<Row> = vec![(Some(1), Some(1), Some(3), Some(i64::MAX / 2), Some(0))];
-    let e = scanned(&rows, &[(1, 1)], &[(1, 0)], (0, 10), &[0]).unwrap_err();
-    assert_eq!(e.code, Code::NumericValueOutOfRange);
+    for split in [0, 1] {
+        let e = scanned(&rows, &[(1, 1)], &[(1, 0)], (0, 10), &[0], split).unwrap_err();
+        assert_eq!(e.code, Code::NumericValueOutOfRange);
+    }
 }
 
 #[test]
@@ -171,7 +201,8 @@ fn a_program_that_names_what_is_not_there_is_refused() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(proptest_cases(64)))]
 
-    /// Any data and filter: the program's groups are the nested loops' answer.
+    /// Any data and filter, any part of it appended: the program's groups are the nested
+    /// loops' answer.
     #[test]
     fn scans_are_the_reference(
         rows in proptest::collection::vec(
@@ -183,8 +214,9 @@ proptest! {
         lo in -5i64..20,
         width in 0i64..30,
         codes in proptest::collection::vec(0u64..6, 0..6),
+        split in 0usize..2600,
     ) {
         let want = reference(&rows, &a, &b, (lo, lo + width), &codes);
-        prop_assert_eq!(scanned(&rows, &a, &b, (lo, lo + width), &codes).unwrap(), want);
+        prop_assert_eq!(scanned(&rows, &a, &b, (lo, lo + width), &codes, split).unwrap(), want);
     }
 }

@@ -1,0 +1,152 @@
+-- GpuGroupAgg (issue 27, steps 2 and 3 for one table): GROUP BY and aggregates of a table
+-- computed from its column cache by a scan program, with PostgreSQL's grouping plan below it
+-- for executions where the cache is not current. Every answer is compared with PostgreSQL's
+-- (the node off); each query also says whether the planner used the node. Both modes.
+CREATE EXTENSION IF NOT EXISTS pg_uvm_share;
+SET max_parallel_workers_per_gather = 0;
+CREATE TABLE ga (id int8, a int4, b int2, d date, ts timestamp, ok bool, v int8, w int4, f float8, t text);
+INSERT INTO ga SELECT i, i % 7, (i % 5)::int2, date '2020-01-01' + (i % 11),
+       timestamp '2020-01-01 00:00' + (i % 3) * interval '1 hour', i % 4 = 0, i * 3,
+       CASE WHEN i % 13 = 0 THEN NULL ELSE i % 100 END, i / 3.0, 'x' || (i % 9)
+  FROM generate_series(1, 30000) i;
+INSERT INTO ga VALUES (0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+ANALYZE ga;
+SELECT uvm.cache_table('ga');
+
+CREATE FUNCTION pg_temp.explain_lines(q text) RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE line text;
+BEGIN
+  FOR line IN EXECUTE 'EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) ' || q LOOP
+    RETURN NEXT line;
+  END LOOP;
+END $$;
+-- q with the node allowed and with it off: whether the plan has the node, where an execution
+-- of it read from, and whether both answers are the same multiset of rows.
+CREATE FUNCTION pg_temp.ga(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+  node boolean := false;
+  read_from text := '';
+  line text;
+  a text[];
+  b text[];
+BEGIN
+  FOR line IN SELECT * FROM pg_temp.explain_lines(q) LOOP
+    node := node OR line LIKE '%UvmGpuGroupAgg%';
+    IF line LIKE '%Read From:%' THEN
+      read_from := ', ' || trim(split_part(line, 'Read From:', 2));
+    END IF;
+  END LOOP;
+  EXECUTE format('SELECT coalesce(array_agg(r::text ORDER BY r::text), ''{}'') FROM (%s) r', q) INTO a;
+  PERFORM set_config('pg_uvm_share.enable_gpugroupagg', 'off', true);
+  EXECUTE format('SELECT coalesce(array_agg(r::text ORDER BY r::text), ''{}'') FROM (%s) r', q) INTO b;
+  PERFORM set_config('pg_uvm_share.enable_gpugroupagg', 'on', true);
+  RETURN CASE WHEN node THEN 'node' ELSE 'postgres' END || read_from || ', ' || cardinality(a) || ' rows, '
+         || CASE WHEN a = b THEN 'same' ELSE 'DIFFERENT: ' || a::text || ' vs ' || b::text END;
+END $$;
+
+EXPLAIN (COSTS OFF)
+SELECT a, count(*), sum(v), min(w), max(b) FROM ga WHERE d >= '2020-01-03' AND w BETWEEN 10 AND 50 GROUP BY a ORDER BY a;
+SELECT a, count(*), sum(v), min(w), max(b) FROM ga WHERE d >= '2020-01-03' AND w BETWEEN 10 AND 50 GROUP BY a ORDER BY a;
+
+-- what the node computes: every key type, NULL groups, the aggregates with NULLs, ranges of
+-- every comparison, constants on either side, expressions over the groups
+SELECT pg_temp.ga('SELECT a, count(*), count(w), sum(w), sum(v), sum(b), min(w), max(w), min(v), max(b) FROM ga GROUP BY a');
+SELECT pg_temp.ga('SELECT b, d, count(*) FROM ga GROUP BY b, d');
+SELECT pg_temp.ga('SELECT ts, ok, count(*), sum(w) FROM ga GROUP BY ts, ok');
+SELECT pg_temp.ga('SELECT d FROM ga GROUP BY d');
+SELECT pg_temp.ga('SELECT count(*), sum(v), min(w), max(w) FROM ga');
+SELECT pg_temp.ga('SELECT count(*), sum(v), min(w), max(w), count(w) FROM ga WHERE a = 100');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a = 100 GROUP BY a');
+SELECT pg_temp.ga('SELECT a, sum(w) FROM ga WHERE 10 < w AND 40 >= w AND b <> 0 GROUP BY a');
+SELECT pg_temp.ga('SELECT a, sum(w) FROM ga WHERE 10 < w AND 40 >= w GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE w IS NOT NULL AND id > 100 AND id <= 20000 AND b < 3 GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE v >= 300::int2 AND b = 2::int8 GROUP BY a');
+SELECT pg_temp.ga('SELECT ts, count(*) FROM ga WHERE ts > ''2020-01-01 00:30'' AND d < ''2020-01-05'' GROUP BY ts');
+SELECT pg_temp.ga('SELECT a + 1, sum(w) * 2 + count(*), max(w) - min(w) FROM ga GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga GROUP BY a ORDER BY count(*) DESC, a LIMIT 3');
+SELECT pg_temp.ga('SELECT count(*) FROM ga GROUP BY a, b, d, ts, ok');
+SELECT pg_temp.ga('SELECT id, count(*) FROM ga WHERE id < 5000 GROUP BY id');
+SELECT pg_temp.ga('SELECT id, count(*) FROM ga WHERE id < 5 GROUP BY id, a');
+-- sum(int8) is numeric past bigint; sum(int4) bigint
+CREATE TABLE gb (k int4, v int8, w int4);
+INSERT INTO gb SELECT i % 3, 9000000000000000000, 2147483647 FROM generate_series(1, 30000) i;
+ANALYZE gb;
+SELECT uvm.cache_table('gb');
+SELECT pg_temp.ga('SELECT k, sum(v), sum(w), min(v), max(v) FROM gb GROUP BY k');
+SELECT k, sum(v), sum(w) FROM gb GROUP BY k ORDER BY k;
+
+-- what it declines: PostgreSQL plans these
+SELECT pg_temp.ga('SELECT a + 1, count(*) FROM ga GROUP BY a + 1');
+SELECT pg_temp.ga('SELECT f, count(*) FROM ga WHERE id < 10 GROUP BY f');
+SELECT pg_temp.ga('SELECT t, count(*) FROM ga GROUP BY t');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga GROUP BY a HAVING count(*) > 4285');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a = 1 OR a = 2 GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a IN (1, 2) GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t = ''x1'' GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE ok GROUP BY a');
+SELECT pg_temp.ga('SELECT a, avg(w) FROM ga GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(DISTINCT w) FROM ga GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FILTER (WHERE w > 5) FROM ga GROUP BY a');
+SELECT pg_temp.ga('SELECT a, sum(w + 1) FROM ga GROUP BY a');
+SELECT pg_temp.ga('SELECT a, sum(f) FROM ga GROUP BY a');
+SELECT pg_temp.ga('SELECT g.a, count(*) FROM ga g JOIN (VALUES (1), (2)) k(k) ON g.a = k.k GROUP BY g.a');
+SELECT pg_temp.ga('SELECT a, b, count(*) FROM ga GROUP BY GROUPING SETS ((a), (b))');
+-- a cache without a column the query reads
+CREATE TABLE gc AS SELECT a, b FROM ga;
+SELECT uvm.cache_table('gc', ARRAY['a']);
+SELECT pg_temp.ga('SELECT a, count(*) FROM gc GROUP BY a');
+SELECT pg_temp.ga('SELECT a, max(b) FROM gc GROUP BY a');
+SET pg_uvm_share.enable_cache = off;
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga GROUP BY a');
+RESET pg_uvm_share.enable_cache;
+-- a generic plan's parameter is no constant
+PREPARE gp(int) AS SELECT count(*) FROM ga WHERE a = $1;
+SET plan_cache_mode = force_generic_plan;
+EXPLAIN (COSTS OFF) EXECUTE gp(3);
+EXECUTE gp(3);
+RESET plan_cache_mode;
+EXPLAIN (COSTS OFF) EXECUTE gp(3);
+EXECUTE gp(3);
+DEALLOCATE gp;
+
+-- the cache's currency at execution: appended rows folded in (new groups growing the table);
+-- the inserting transaction and a stale cache read the child (a prepared statement keeps its
+-- plan); without a cache, or for a small table, PostgreSQL plans
+-- (the statistics say 10 groups, so the group table starts small; autovacuum kept off them)
+CREATE TABLE gd (k int8, v int4) WITH (autovacuum_enabled = off);
+INSERT INTO gd SELECT i % 10, i FROM generate_series(1, 20000) i;
+ANALYZE gd;
+SELECT uvm.cache_table('gd');
+INSERT INTO gd SELECT i, i FROM generate_series(101, 3100) i;
+SELECT pg_temp.ga('SELECT k, count(*), sum(v) FROM gd GROUP BY k');
+PREPARE gq AS SELECT k, count(*), sum(v) FROM gd GROUP BY k ORDER BY k LIMIT 3;
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE gq;
+EXECUTE gq;
+BEGIN;
+INSERT INTO gd VALUES (5, 5), (NULL, 1);
+SELECT pg_temp.ga('SELECT k, count(*), sum(v) FROM gd GROUP BY k');
+COMMIT;
+SELECT pg_temp.ga('SELECT k, count(*), sum(v) FROM gd GROUP BY k');
+-- a rebuild whose estimate is low: the program's table grows
+SELECT uvm.cache_table('gd');
+SELECT pg_temp.ga('SELECT k, count(*), sum(v) FROM gd GROUP BY k');
+SELECT line FROM (SELECT trim(l) AS line FROM pg_temp.explain_lines('EXECUTE gq') l) x
+ WHERE line LIKE 'Group Table Grown:%' OR line LIKE 'Read From:%' OR line LIKE 'Appended Rows:%';
+UPDATE gd SET v = v + 1 WHERE k = 1;
+SELECT line FROM (SELECT trim(l) AS line FROM pg_temp.explain_lines('EXECUTE gq') l) x
+ WHERE line LIKE 'Read From:%';
+EXECUTE gq;
+SELECT pg_temp.ga('SELECT k, count(*), sum(v) FROM gd GROUP BY k');
+SELECT uvm.cache_table('gd');
+SELECT pg_temp.ga('SELECT k, count(*), sum(v) FROM gd GROUP BY k');
+DEALLOCATE gq;
+SELECT uvm.cache_drop('gd');
+SELECT pg_temp.ga('SELECT k, count(*), sum(v) FROM gd GROUP BY k');
+CREATE TABLE ge AS SELECT i AS k FROM generate_series(1, 50) i;
+SELECT uvm.cache_table('ge');
+SELECT pg_temp.ga('SELECT k, count(*) FROM ge GROUP BY k');
+
+-- nothing is left behind: the group tables are temporary segments
+SELECT count(*) AS temporary_segments_left FROM uvm.segments WHERE name LIKE 'pg_temp_gpujoin_%';
+SELECT uvm.cache_drop('ga'), uvm.cache_drop('gb'), uvm.cache_drop('gc'), uvm.cache_drop('ge');
+DROP TABLE ga, gb, gc, gd, ge;
