@@ -1,0 +1,322 @@
+//! GpuGroupAgg: `GROUP BY` and aggregates of one table computed from its column cache (issue
+//! 27, steps 2 and 3 for a single table; star joins over dimension tables come next).
+//!
+//! # Why
+//!
+//! PostgreSQL aggregates a table row by row from the heap: every page read, every tuple
+//! deformed, a transition call per aggregate. Where a table has a current column cache
+//! (`crate::caches`), the rows' words are already laid out column by column in segments, and a
+//! scan program (`crate::scan`, run as `ScanGroups` requests where the segments are: the GPU
+//! service, or the backend in process mode) filters them and folds them into a group table in
+//! a segment, which grows when the groups outnumber its room. No tuple is formed below the
+//! groups.
+//!
+//! # Plan
+//!
+//! ```text
+//! Custom Scan (UvmGpuGroupAgg)
+//!   Column Cache: t
+//!   Cached Columns: a, b, v
+//!   Group Keys: a
+//!   Cache Filters: b >= 10
+//!   ->  HashAggregate                 (run where the cache is not current)
+//!         Group Key: a
+//!         ->  Seq Scan on t
+//!               Filter: (b >= 10)
+//! ```
+//!
+//! - **Planner** (`create_upper_paths_hook` at `UPPERREL_GROUP_AGG`, after PostgreSQL added
+//!   its own grouping paths): for a query level over one plain table (no inheritance children,
+//!   no sample) with a ready cache holding every column the level reads of it, no grouping
+//!   sets, `HAVING` or set-returning functions, where ([`Shape::of`])
+//!   - each `WHERE` conjunct is a column compared with a constant (`=`, `<`, `<=`, `>`, `>=`,
+//!     so `BETWEEN` too: integer types across widths, `date`, `timestamp[tz]` with their own
+//!     type) or `IS NOT NULL`: a range of the column's words;
+//!   - each `GROUP BY` item is a column of an integer-like type (`int2`, `int4`, `int8`,
+//!     `bool`, `date`, `timestamp[tz]`), whose equality is the equality of its words, and
+//!     every column the target uses outside an aggregate is one of them;
+//!   - each aggregate is `count(*)`, `count(x)`, or `sum`, `min`, `max` of an `int2`, `int4`
+//!     or `int8` column, plain (no DISTINCT, ORDER BY or FILTER);
+//!
+//!   it adds a path priced at the cache's scan ([`cost`]) whose one child is an aggregation by
+//!   PostgreSQL (hashed, or plain without GROUP BY) over the input's cheapest path. Anything
+//!   else: no path.
+//! - **Executor**: at the first call the node checks the cache against the query's snapshot
+//!   (`caches::usable_in_query`, the reader's rule) and that it still holds the planned columns
+//!   with the planned encodings; then it runs the program (`exec::scan_groups`) into a
+//!   temporary group table segment (`super::cleanup`: dropped however the query ends), growing
+//!   it into a segment of twice the slots whenever the program stops full (`exec::groups_grow`),
+//!   reads the table, folds the rows that inserts appended to the cache and the snapshot sees
+//!   (`caches::visible_tail`, with the same program's [`crate::scan::fold_row`]), and returns
+//!   one row per group: the scan tuple is the group keys then the aggregates, and the node's
+//!   target list (the query's expressions over them) is projected from it. Where the cache is
+//!   not current, or is dropped before the program pins it, or the engine runs no scan
+//!   programs (the CUDA engine until its kernels exist: 0A000), the node returns its child's
+//!   rows instead: nothing was returned yet, so the fallback is whole.
+//!
+//! Results are PostgreSQL's: counts `int8`, `sum(int2/int4)` `int8` (past its range an ERROR
+//! 22003, as `int4_sum`'s), `sum(int8)` `numeric` (128-bit sums), `min`/`max` of the
+//! argument's type, NULL over no rows; an ungrouped query over no rows returns one row.
+//! `pg_uvm_share.enable_cache = off` (no cache read) or `pg_uvm_share.enable_gpugroupagg = off`
+//! keep the planner from offering the node.
+//!
+//! # Limits (the next steps of issue 27)
+//!
+//! - One table: star joins (dimension tables built from their filtered rows, their payloads
+//!   grouping values) are the program's and the executor's already, not yet the planner's.
+//! - Dictionary-encoded text (`=`/`IN` as code bitmaps, text group keys decoded), `IN` lists,
+//!   `OR`, `avg`, float and numeric columns, sums of products: declined for now.
+//! - The group table is read into the backend's memory (its bytes, then an entry per group),
+//!   not bounded by `work_mem` yet; the table in the segment grows without limit but memory.
+//! - The CUDA engine answers `ScanGroups` with 0A000 until its kernels exist, so on a GPU the
+//!   node runs its child.
+//!
+//! # Cost
+//!
+//! [`SETUP_COST`], and per row of the table [`ROW_FACTOR`] x `cpu_operator_cost` for each
+//! column the program reads, plus `cpu_tuple_cost` per group: a column's word costs a fraction
+//! of what a heap tuple costs PostgreSQL. Provisional: issue 27's sweep (`auto` within 1.25x
+//! of the faster plan) will calibrate them on the H200 with the kernels.
+
+mod plan;
+mod run;
+
+use std::ffi::CStr;
+
+use pgrx::pg_sys;
+use pgrx::PgList;
+
+use super::agg::{self, Arg, Kind, Out, Value};
+use super::cleanup;
+use super::gpujoin;
+use crate::cache::Encoding;
+use crate::caches;
+use crate::customscan::{self, JoinScan, Methods};
+use crate::error::{Code, Result, UvmError};
+use crate::exec::{self, scan::Spec, SegRef};
+use crate::groups::{self, AggKind};
+use crate::registry::TierPref;
+use crate::runtime::{current_user, now, report, try_executor};
+use crate::scan::{Filter, Input, Program, Progress, Row, Source, Test};
+
+/// Setting up a program: the requests, a group table.
+pub const SETUP_COST: f64 = 100.0;
+/// Per row and column read, in `cpu_operator_cost`.
+pub const ROW_FACTOR: f64 = 0.25;
+/// The group table's first size, in groups, at least (it grows as needed).
+const MIN_GROUPS: u64 = 64;
+
+use plan::add_path;
+pub use run::GpuGroupAggScan;
+
+static METHODS: Methods = customscan::methods::<GpuGroupAggScan>();
+
+static mut PREV_HOOK: pg_sys::create_upper_paths_hook_type = None;
+
+/// Installs the planner hook (chaining the previous one) and registers the scan methods.
+pub fn install() {
+    // SAFETY: _PG_init runs once per process, before any planning; the hook chain is
+    // process-local.
+    unsafe {
+        PREV_HOOK = pg_sys::create_upper_paths_hook;
+        pg_sys::create_upper_paths_hook = Some(upper_paths_hook);
+    }
+    customscan::register::<GpuGroupAggScan>();
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn upper_paths_hook(
+    root: *mut pg_sys::PlannerInfo,
+    stage: pg_sys::UpperRelationKind::Type,
+    input_rel: *mut pg_sys::RelOptInfo,
+    output_rel: *mut pg_sys::RelOptInfo,
+    extra: *mut std::ffi::c_void,
+) {
+    // SAFETY: PostgreSQL's planner calls the hook with valid structures; the previous hook is
+    // called with the same arguments.
+    unsafe {
+        if let Some(prev) = PREV_HOOK {
+            prev(root, stage, input_rel, output_rel, extra);
+        }
+        if stage == pg_sys::UpperRelationKind::UPPERREL_GROUP_AGG && crate::guc::ENABLE_GPUGROUPAGG.get() {
+            add_path(root, input_rel, output_rel, extra as *mut pg_sys::GroupPathExtraData);
+        }
+    }
+}
+
+/// A grouping column: its attribute number and the encoding the plan expects of its cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Col {
+    attnum: i16,
+    encoding: Encoding,
+}
+
+/// A `WHERE` conjunct as a range of a column's words (inclusive; `IS NOT NULL` is the whole
+/// range).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Range {
+    col: Col,
+    lo: i64,
+    hi: i64,
+}
+
+/// An aggregate: what it computes, over which column (`None`: `count(*)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct AggOf {
+    kind: Kind,
+    arg: Arg,
+    col: Option<Col>,
+}
+
+/// What the node computes: the plan's private data.
+#[derive(Clone, Debug, PartialEq)]
+struct Shape {
+    relid: pg_sys::Oid,
+    /// The table's range table index in the query.
+    varno: u32,
+    keys: Vec<Col>,
+    filters: Vec<Range>,
+    aggs: Vec<AggOf>,
+    /// The planner's estimate of the groups (the group table's first size).
+    groups: u64,
+}
+
+/// The encodings a grouping column or a range may have: words whose equality and order are the
+/// values'.
+fn keyable(e: Encoding) -> bool {
+    matches!(
+        e,
+        Encoding::Bool
+            | Encoding::Int2
+            | Encoding::Int4
+            | Encoding::Int8
+            | Encoding::Date
+            | Encoding::Timestamp
+            | Encoding::TimestampTz
+    )
+}
+
+/// The encoding a column of type `typid` has in a cache, for the types the node reads.
+fn encoding_of_type(typid: pg_sys::Oid) -> Option<Encoding> {
+    Some(match typid {
+        pg_sys::BOOLOID => Encoding::Bool,
+        pg_sys::INT2OID => Encoding::Int2,
+        pg_sys::INT4OID => Encoding::Int4,
+        pg_sys::INT8OID => Encoding::Int8,
+        pg_sys::DATEOID => Encoding::Date,
+        pg_sys::TIMESTAMPOID => Encoding::Timestamp,
+        pg_sys::TIMESTAMPTZOID => Encoding::TimestampTz,
+        _ => return None,
+    })
+}
+
+/// A word of `encoding` as a datum (by value).
+fn datum_of_word(w: u64, encoding: Encoding) -> pg_sys::Datum {
+    match encoding {
+        Encoding::Bool => pg_sys::Datum::from(w != 0),
+        Encoding::Int2 => pg_sys::Datum::from(w as i64 as i16),
+        Encoding::Int4 | Encoding::Date => pg_sys::Datum::from(w as i64 as i32),
+        _ => pg_sys::Datum::from(w as i64),
+    }
+}
+
+impl Shape {
+    /// The columns the program reads (each once).
+    fn columns(&self) -> Vec<Col> {
+        let mut out: Vec<Col> = Vec::new();
+        let all =
+            self.keys.iter().chain(self.filters.iter().map(|f| &f.col)).chain(self.aggs.iter().filter_map(|a| a.col.as_ref()));
+        for c in all {
+            if !out.contains(c) {
+                out.push(*c);
+            }
+        }
+        out
+    }
+
+    /// The plan's private list: int8 constants.
+    fn to_private(&self) -> *mut pg_sys::List {
+        let mut v: Vec<i64> = vec![u32::from(self.relid) as i64, i64::from(self.varno), self.groups as i64];
+        let col = |v: &mut Vec<i64>, c: &Col| {
+            v.push(c.attnum as i64);
+            v.push(c.encoding as u16 as i64);
+        };
+        v.push(self.keys.len() as i64);
+        for k in &self.keys {
+            col(&mut v, k);
+        }
+        v.push(self.filters.len() as i64);
+        for f in &self.filters {
+            col(&mut v, &f.col);
+            v.push(f.lo);
+            v.push(f.hi);
+        }
+        v.push(self.aggs.len() as i64);
+        for a in &self.aggs {
+            v.push(kind_code(a.kind, a.arg));
+            match &a.col {
+                Some(c) => col(&mut v, c),
+                None => v.extend([0, 0]),
+            }
+        }
+        let mut l = PgList::<pg_sys::Node>::new();
+        for x in v {
+            l.push(gpujoin::int_node(x));
+        }
+        l.into_pg()
+    }
+
+    /// The plan's private list read back (`None`: not a list this module wrote).
+    ///
+    /// # Safety
+    /// `list` is a List of int8 Consts.
+    unsafe fn from_private(list: *mut pg_sys::List) -> Option<Shape> {
+        // SAFETY: forwarded contract.
+        let v: Vec<i64> = unsafe {
+            PgList::<pg_sys::Node>::from_pg(list)
+                .iter_ptr()
+                .map(|n| (*(n as *mut pg_sys::Const)).constvalue.value() as i64)
+                .collect()
+        };
+        let mut it = v.into_iter();
+        let mut next = || it.next();
+        let col = |next: &mut dyn FnMut() -> Option<i64>| -> Option<Col> {
+            let attnum = i16::try_from(next()?).ok()?;
+            let encoding = Encoding::from_repr(u16::try_from(next()?).ok()?)?;
+            Some(Col { attnum, encoding })
+        };
+        let relid = pg_sys::Oid::from(u32::try_from(next()?).ok()?);
+        let varno = u32::try_from(next()?).ok()?;
+        let groups = u64::try_from(next()?).ok()?;
+        let mut keys = Vec::new();
+        for _ in 0..next()? {
+            keys.push(col(&mut next)?);
+        }
+        let mut filters = Vec::new();
+        for _ in 0..next()? {
+            let c = col(&mut next)?;
+            filters.push(Range { col: c, lo: next()?, hi: next()? });
+        }
+        let mut aggs = Vec::new();
+        for _ in 0..next()? {
+            let (kind, arg) = kind_of(next()?)?;
+            let c = col(&mut next);
+            aggs.push(AggOf { kind, arg, col: if kind == Kind::CountStar { None } else { Some(c?) } });
+        }
+        Some(Shape { relid, varno, keys, filters, aggs, groups })
+    }
+}
+
+const KINDS: [Kind; 5] = [Kind::CountStar, Kind::Count, Kind::Sum, Kind::Min, Kind::Max];
+const ARGS: [Arg; 4] = [Arg::Any, Arg::Int2, Arg::Int4, Arg::Int8];
+
+fn kind_code(kind: Kind, arg: Arg) -> i64 {
+    let k = KINDS.iter().position(|&x| x == kind).unwrap_or(0);
+    let a = ARGS.iter().position(|&x| x == arg).unwrap_or(0);
+    (k * 8 + a) as i64
+}
+
+fn kind_of(code: i64) -> Option<(Kind, Arg)> {
+    let code = usize::try_from(code).ok()?;
+    Some((*KINDS.get(code / 8)?, *ARGS.get(code % 8)?))
+}

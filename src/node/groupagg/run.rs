@@ -1,0 +1,531 @@
+//! The executor's side of GpuGroupAgg: the program run over the cache, the groups returned
+//! (see the module essay).
+
+use super::*;
+
+/// Where an execution's rows came from (EXPLAIN ANALYZE's `Read From`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadFrom {
+    Cache,
+    Child(&'static str),
+}
+
+/// The groups of one execution, as the table gave them, and the next to return.
+struct Groups {
+    rows: Vec<groups::Group>,
+    next: usize,
+}
+
+/// What the execution does: not started, returning groups, or returning the child's rows.
+enum Mode {
+    Start,
+    Groups(Groups),
+    Child,
+}
+
+/// Figures of the last execution (EXPLAIN ANALYZE).
+#[derive(Default)]
+struct Stats {
+    groups: u64,
+    grown: u32,
+    appended: u64,
+}
+
+/// The GpuGroupAgg custom scan.
+pub struct GpuGroupAggScan {
+    shape: Shape,
+    child: *mut pg_sys::PlanState,
+    estate: *mut pg_sys::EState,
+    mode: Mode,
+    read_from: Option<ReadFrom>,
+    stats: Stats,
+    /// The attribute names of the table's columns the plan reads (EXPLAIN).
+    names: Vec<(i16, String)>,
+    relname: String,
+}
+
+/// The group table's aggregates for `aggs`: one state each, then a count beside each sum.
+fn table_aggs(aggs: &[AggOf], cols: &dyn Fn(&Col) -> usize) -> Vec<(AggKind, Input)> {
+    let mut out: Vec<(AggKind, Input)> = aggs
+        .iter()
+        .map(|a| {
+            let input = a.col.as_ref().map_or(Input::Star, |c| Input::Col(cols(c)));
+            let kind = match a.kind {
+                Kind::CountStar => AggKind::CountStar,
+                Kind::Count => AggKind::Count,
+                Kind::Sum => AggKind::SumInt,
+                Kind::Min => AggKind::MinInt,
+                Kind::Max => AggKind::MaxInt,
+            };
+            (kind, input)
+        })
+        .collect();
+    for a in aggs.iter().filter(|a| a.kind == Kind::Sum) {
+        let c = a.col.as_ref().expect("a sum has a column");
+        out.push((AggKind::Count, Input::Col(cols(c))));
+    }
+    out
+}
+
+/// Aggregate `i`'s value from its group's states (`states[i]`, and for a sum the count the
+/// table keeps beside it).
+fn value_of(aggs: &[AggOf], i: usize, states: &[(u64, u64)]) -> Result<Value> {
+    let a = aggs[i];
+    let s = *states.get(i).ok_or_else(|| UvmError::new(Code::SystemError, "a group without its aggregates"))?;
+    Ok(match a.kind {
+        Kind::CountStar | Kind::Count => Value::Int(s.0 as i64),
+        Kind::Min | Kind::Max => {
+            if s.1 == 0 {
+                Value::Null
+            } else {
+                Value::Int(s.0 as i64)
+            }
+        }
+        Kind::Sum => {
+            let nth = aggs[..i].iter().filter(|a| a.kind == Kind::Sum).count();
+            let count =
+                states.get(aggs.len() + nth).ok_or_else(|| UvmError::new(Code::SystemError, "a sum without its count"))?;
+            if count.0 == 0 {
+                Value::Null
+            } else {
+                let sum = groups::sum_int(s);
+                match agg::out_of(a.kind, a.arg) {
+                    Out::Numeric => Value::Big(sum),
+                    _ => Value::Int(
+                        i64::try_from(sum).map_err(|_| UvmError::new(Code::NumericValueOutOfRange, "bigint out of range"))?,
+                    ),
+                }
+            }
+        }
+    })
+}
+
+impl GpuGroupAggScan {
+    /// Computes the groups from the cache, or says why the child answers instead.
+    fn read_cache(&mut self) -> std::result::Result<Groups, &'static str> {
+        // SAFETY: the executor state is live while the node runs.
+        let snap = unsafe { (*self.estate).es_snapshot };
+        let Some(u) = caches::usable_in_query(self.shape.relid, snap).unwrap_or_else(|e| report(e)) else {
+            return Err("the table has no cache current for the query's snapshot");
+        };
+        // The planned columns, by their index in the cache, with the planned encodings.
+        let mut index: Vec<(Col, usize)> = Vec::new();
+        for c in self.shape.columns() {
+            match u.layout.columns().iter().position(|x| x.attnum == c.attnum) {
+                Some(i) if u.layout.encoding(i) == Some(c.encoding) => index.push((c, i)),
+                _ => return Err("the cache lacks a column the plan reads"),
+            }
+        }
+        let at = |c: &Col| index.iter().find(|x| x.0 == *c).map(|x| x.1).expect("a planned column");
+        // SAFETY: the query's snapshot, live while it runs.
+        let Some(tail) = (unsafe { caches::visible_tail(&u, snap) }).unwrap_or_else(|e| report(e)) else {
+            return Err("the cache holds appended rows this snapshot cannot place");
+        };
+        let aggs = table_aggs(&self.shape.aggs, &at);
+        let spec = Spec {
+            dims: Vec::new(),
+            filters: self
+                .shape
+                .filters
+                .iter()
+                .map(|f| Filter { col: at(&f.col), test: Test::Range { lo: f.lo, hi: f.hi } })
+                .collect(),
+            joins: Vec::new(),
+            keys: self.shape.keys.iter().map(|k| Source::Col(at(k))).collect(),
+            aggs: aggs.clone(),
+        };
+        let mut shape = groups::Shape {
+            key_words: self.shape.keys.len() as u16 + 1,
+            aggs: aggs.iter().map(|a| a.0).collect(),
+            slot_count: groups::Shape::slots_for(self.shape.groups.max(MIN_GROUPS)),
+        };
+        // The program into a group table segment, grown into a new one whenever it is full.
+        let create = |shape: &groups::Shape| -> Result<SegRef> {
+            let bytes = shape.bytes().min(i64::MAX as u64) as i64;
+            cleanup::try_create("groups", |name| {
+                try_executor(|ex| exec::create(ex, name, bytes, Some(bytes), TierPref::Auto, current_user(), now()))
+            })
+        };
+        let run = |shape: &mut groups::Shape, stats: &mut Stats| -> Result<(SegRef, Vec<u8>)> {
+            let mut seg = create(shape)?;
+            let mut init = Vec::new();
+            crate::node::fallible::try_resize(&mut init, shape.bytes() as usize, 0u8, "a group table")?;
+            groups::init(&mut init, shape, 0x5eed)?;
+            try_executor(|ex| exec::write(ex, &seg, 0, &init))?;
+            drop(init);
+            let mut start = (0, 0);
+            loop {
+                match try_executor(|ex| exec::scan_groups(ex, &u.seg, &seg, &spec, start))? {
+                    Progress::Done => break,
+                    Progress::Full { block, row, slots } => {
+                        let next = create(&shape.with_slots(slots))?;
+                        try_executor(|ex| exec::groups_grow(ex, &seg, &next, slots))?;
+                        cleanup::drop_now(&seg);
+                        (seg, start, shape.slot_count) = (next, (block, row), slots);
+                        stats.grown += 1;
+                    }
+                }
+            }
+            let mut out = Vec::new();
+            crate::node::fallible::try_resize(&mut out, shape.bytes() as usize, 0u8, "a group table")?;
+            try_executor(|ex| exec::read(ex, &seg, 0, &mut out))?;
+            Ok((seg, out))
+        };
+        self.stats = Stats::default();
+        let (seg, mut bytes) = match run(&mut shape, &mut self.stats) {
+            Ok(x) => x,
+            // A cache dropped before the program pinned it (a rebuild, cache_drop); an engine
+            // without scan programs. The temporary segments are dropped at the abort of an
+            // error, and here at the statement's end (cleanup's list) otherwise.
+            Err(e) if e.code == Code::UndefinedObject => return Err("the cache was dropped"),
+            Err(e) if e.code == Code::FeatureNotSupported => return Err("the engine runs no scan programs"),
+            Err(e) => report(e),
+        };
+        cleanup::drop_now(&seg);
+        // The appended rows this snapshot sees, folded by the same program on the CPU.
+        let program = Program { filters: spec.filters.clone(), joins: Vec::new(), keys: spec.keys.clone(), aggs: aggs.clone() };
+        let mut scratch = crate::scan::Scratch::default();
+        let mut i = 0;
+        while i < tail.len() {
+            let full = {
+                let mut t = groups::Table::parse("group table", &mut bytes).unwrap_or_else(|e| report(e));
+                match crate::scan::fold_row(&program, &mut t, &mut scratch, |c| Ok(tail.word(i, c))).unwrap_or_else(|e| report(e))
+                {
+                    Row::Full(slots) => Some(slots),
+                    Row::Folded | Row::Dropped => None,
+                }
+            };
+            match full {
+                None => {
+                    i += 1;
+                    self.stats.appended += 1;
+                }
+                Some(slots) => {
+                    let mut to = Vec::new();
+                    crate::node::fallible::try_resize(&mut to, shape.with_slots(slots).bytes() as usize, 0u8, "a group table")
+                        .unwrap_or_else(|e| report(e));
+                    let mut from = groups::Table::parse("group table", &mut bytes).unwrap_or_else(|e| report(e));
+                    groups::grow(&mut from, &mut to, slots).unwrap_or_else(|e| report(e));
+                    (bytes, shape.slot_count) = (to, slots);
+                    self.stats.grown += 1;
+                }
+            }
+            if i.is_multiple_of(crate::interrupt::EVERY as usize) {
+                pg_sys::check_for_interrupts!();
+            }
+        }
+        let mut rows = groups::Table::parse("group table", &mut bytes).and_then(|mut t| t.groups()).unwrap_or_else(|e| report(e));
+        // An ungrouped query returns one row over no rows.
+        if rows.is_empty() && self.shape.keys.is_empty() {
+            rows.push((vec![0], vec![(0, 0); aggs.len()]));
+        }
+        self.stats.groups = rows.len() as u64;
+        Ok(Groups { rows, next: 0 })
+    }
+
+    /// The next group as the node's row (the scan tuple: the keys, then the aggregates,
+    /// projected), or null at the end.
+    ///
+    /// # Safety
+    /// `node` is this node's executor state.
+    unsafe fn emit(&mut self, node: *mut pg_sys::CustomScanState) -> *mut pg_sys::TupleTableSlot {
+        let Mode::Groups(g) = &mut self.mode else { return std::ptr::null_mut() };
+        let Some((key, states)) = g.rows.get(g.next) else { return std::ptr::null_mut() };
+        g.next += 1;
+        let nkeys = self.shape.keys.len();
+        // SAFETY: forwarded contract: the scan slot has one column per key and per aggregate,
+        // of their types; values are made in the per-tuple memory.
+        unsafe {
+            let econtext = (*node).ss.ps.ps_ExprContext;
+            let scan = (*node).ss.ss_ScanTupleSlot;
+            pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
+            pg_sys::ExecClearTuple(scan);
+            let old = pg_sys::MemoryContextSwitchTo((*econtext).ecxt_per_tuple_memory);
+            let nulls = key.get(nkeys).copied().unwrap_or(0);
+            for (i, k) in self.shape.keys.iter().enumerate() {
+                let isnull = nulls & (1 << i) != 0;
+                *(*scan).tts_values.add(i) = datum_of_word(key.get(i).copied().unwrap_or(0), k.encoding);
+                *(*scan).tts_isnull.add(i) = isnull;
+            }
+            for (i, a) in self.shape.aggs.iter().enumerate() {
+                let v = value_of(&self.shape.aggs, i, states).unwrap_or_else(|e| report(e));
+                let (d, isnull) = gpujoin::datum_of_value(v, agg::out_of(a.kind, a.arg));
+                *(*scan).tts_values.add(nkeys + i) = d;
+                *(*scan).tts_isnull.add(nkeys + i) = isnull;
+            }
+            pg_sys::MemoryContextSwitchTo(old);
+            pg_sys::ExecStoreVirtualTuple(scan);
+            (*econtext).ecxt_scantuple = scan;
+            let proj = (*node).ss.ps.ps_ProjInfo;
+            if proj.is_null() {
+                scan
+            } else {
+                pg_sys::ExecProject(proj)
+            }
+        }
+    }
+
+    fn name_of(&self, c: &Col) -> String {
+        self.names.iter().find(|n| n.0 == c.attnum).map_or_else(|| format!("#{}", c.attnum), |n| n.1.clone())
+    }
+}
+
+impl JoinScan for GpuGroupAggScan {
+    const NAME: &'static CStr = c"UvmGpuGroupAgg";
+
+    fn methods() -> &'static Methods {
+        &METHODS
+    }
+
+    unsafe fn plan(
+        _root: *mut pg_sys::PlannerInfo,
+        _rel: *mut pg_sys::RelOptInfo,
+        path: *mut pg_sys::CustomPath,
+        tlist: *mut pg_sys::List,
+        _clauses: *mut pg_sys::List,
+        custom_plans: *mut pg_sys::List,
+    ) -> *mut pg_sys::CustomScan {
+        // SAFETY: PlanCustomPath's arguments; the path is ours. The scan tuple is the grouping
+        // columns' Vars, then the Aggrefs, which setrefs matches in the target list (whose
+        // expressions use only them: `Shape::of`).
+        unsafe {
+            let shape = Shape::from_private((*path).custom_private)
+                .unwrap_or_else(|| report(UvmError::new(Code::SystemError, "GpuGroupAgg: a path without its program")));
+            let mut scan_tlist = PgList::<pg_sys::TargetEntry>::new();
+            let mut resno = 1i16;
+            let exprs = PgList::<pg_sys::Node>::from_pg((*(*path).path.pathtarget).exprs);
+            let flags = pg_sys::PVC_INCLUDE_AGGREGATES | pg_sys::PVC_INCLUDE_WINDOWFUNCS | pg_sys::PVC_INCLUDE_PLACEHOLDERS;
+            let found =
+                PgList::<pg_sys::Node>::from_pg(pg_sys::pull_var_clause(exprs.as_ptr() as *mut pg_sys::Node, flags as i32));
+            // the keys in the shape's order: the first Var of each grouping column found in
+            // the target, or a Var made for it
+            let mut key_vars: Vec<*mut pg_sys::Node> = vec![std::ptr::null_mut(); shape.keys.len()];
+            let mut aggrefs: Vec<*mut pg_sys::Node> = vec![std::ptr::null_mut(); shape.aggs.len()];
+            for n in found.iter_ptr() {
+                if (*n).type_ == pg_sys::NodeTag::T_Var {
+                    let v = n as *mut pg_sys::Var;
+                    if let Some(i) = shape.keys.iter().position(|k| k.attnum == (*v).varattno) {
+                        if key_vars[i].is_null() {
+                            key_vars[i] = n;
+                        }
+                    }
+                } else if (*n).type_ == pg_sys::NodeTag::T_Aggref {
+                    let a = n as *mut pg_sys::Aggref;
+                    let args = PgList::<pg_sys::TargetEntry>::from_pg((*a).args);
+                    let Some((kind, arg)) = agg::spec_of(u32::from((*a).aggfnoid)) else { continue };
+                    let col =
+                        args.get_ptr(0).and_then(|te| gpujoin::as_var((*te).expr as *mut pg_sys::Node)).map(|v| (*v).varattno);
+                    if let Some(i) =
+                        shape.aggs.iter().position(|x| x.kind == kind && x.arg == arg && x.col.map(|c| c.attnum) == col)
+                    {
+                        if aggrefs[i].is_null() {
+                            aggrefs[i] = n;
+                        }
+                    }
+                }
+            }
+            for (i, k) in shape.keys.iter().enumerate() {
+                if key_vars[i].is_null() {
+                    // a grouping column the target does not show: a Var of it, for the scan
+                    // tuple's shape
+                    let (typ, typmod) = type_of(k.encoding);
+                    key_vars[i] =
+                        pg_sys::makeVar(shape.varno as _, k.attnum, typ, typmod, pg_sys::InvalidOid, 0) as *mut pg_sys::Node;
+                }
+            }
+            if aggrefs.iter().any(|a| a.is_null()) {
+                report(UvmError::new(Code::SystemError, "GpuGroupAgg: an aggregate of the program is not in the target"));
+            }
+            for n in key_vars.into_iter().chain(aggrefs) {
+                let copy = pg_sys::copyObjectImpl(n as *const std::ffi::c_void) as *mut pg_sys::Expr;
+                scan_tlist.push(pg_sys::makeTargetEntry(copy, resno, std::ptr::null_mut(), false));
+                resno += 1;
+            }
+            let cscan = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
+            (*cscan).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
+            (*cscan).scan.plan.targetlist = tlist;
+            (*cscan).scan.scanrelid = 0;
+            (*cscan).flags = (*path).flags;
+            (*cscan).custom_plans = custom_plans;
+            (*cscan).custom_scan_tlist = scan_tlist.into_pg();
+            (*cscan).custom_private = (*path).custom_private;
+            cscan
+        }
+    }
+
+    unsafe fn create(cscan: *mut pg_sys::CustomScan) -> Self {
+        // SAFETY: our plan: custom_private is what `Shape::to_private` wrote.
+        let shape = unsafe { Shape::from_private((*cscan).custom_private) }
+            .unwrap_or_else(|| report(UvmError::new(Code::SystemError, "GpuGroupAgg: a plan without its program")));
+        GpuGroupAggScan {
+            shape,
+            child: std::ptr::null_mut(),
+            estate: std::ptr::null_mut(),
+            mode: Mode::Start,
+            read_from: None,
+            stats: Stats::default(),
+            names: Vec::new(),
+            relname: String::new(),
+        }
+    }
+
+    unsafe fn begin(&mut self, node: *mut pg_sys::CustomScanState, estate: *mut pg_sys::EState, eflags: i32) {
+        // SAFETY: BeginCustomScan's arguments; the child is listed in custom_ps for EXPLAIN.
+        unsafe {
+            let cscan = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
+            let plan = PgList::<pg_sys::Plan>::from_pg((*cscan).custom_plans).get_ptr(0).expect("child plan");
+            self.child = pg_sys::ExecInitNode(plan, estate, eflags);
+            self.estate = estate;
+            let mut ps = PgList::<pg_sys::PlanState>::new();
+            ps.push(self.child);
+            (*node).custom_ps = ps.into_pg();
+            let rel = pg_sys::get_rel_name(self.shape.relid);
+            if !rel.is_null() {
+                self.relname = CStr::from_ptr(rel).to_string_lossy().into_owned();
+            }
+            for c in self.shape.columns() {
+                let p = pg_sys::get_attname(self.shape.relid, c.attnum, true);
+                if !p.is_null() {
+                    self.names.push((c.attnum, CStr::from_ptr(p).to_string_lossy().into_owned()));
+                }
+            }
+        }
+    }
+
+    unsafe fn exec(&mut self, node: *mut pg_sys::CustomScanState) -> *mut pg_sys::TupleTableSlot {
+        if matches!(self.mode, Mode::Start) {
+            self.mode = match self.read_cache() {
+                Ok(g) => {
+                    self.read_from = Some(ReadFrom::Cache);
+                    Mode::Groups(g)
+                }
+                Err(why) => {
+                    self.read_from = Some(ReadFrom::Child(why));
+                    Mode::Child
+                }
+            };
+        }
+        // SAFETY: ExecCustomScan's argument; the child was initialized in begin and returns
+        // rows of the node's own target list (the same expressions), copied into the node's
+        // result slot.
+        unsafe {
+            match self.mode {
+                Mode::Child => {
+                    let slot = pg_sys::ExecProcNode(self.child);
+                    if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
+                        return std::ptr::null_mut();
+                    }
+                    let out = (*node).ss.ps.ps_ResultTupleSlot;
+                    pg_sys::ExecCopySlot(out, slot)
+                }
+                _ => self.emit(node),
+            }
+        }
+    }
+
+    unsafe fn rescan(&mut self, node: *mut pg_sys::CustomScanState) {
+        // SAFETY: ReScanCustomScan's argument; the child initialized in begin.
+        unsafe {
+            let chg = (*node).ss.ps.chgParam;
+            if !chg.is_null() {
+                pg_sys::UpdateChangedParamSet(self.child, chg);
+            }
+            if (*self.child).chgParam.is_null() {
+                pg_sys::ExecReScan(self.child);
+            }
+        }
+        self.mode = Mode::Start;
+    }
+
+    unsafe fn end(&mut self, _node: *mut pg_sys::CustomScanState) {
+        if !self.child.is_null() {
+            // SAFETY: initialized in begin.
+            unsafe { pg_sys::ExecEndNode(self.child) };
+        }
+    }
+
+    unsafe fn explain(
+        &mut self,
+        _node: *mut pg_sys::CustomScanState,
+        _ancestors: *mut pg_sys::List,
+        es: *mut pg_sys::ExplainState,
+    ) {
+        // SAFETY: ExplainCustomScan's state; the strings are copied by EXPLAIN.
+        unsafe {
+            let prop = |label: &CStr, value: &str| {
+                let v = std::ffi::CString::new(value.replace('\0', "")).expect("no NUL");
+                pg_sys::ExplainPropertyText(label.as_ptr(), v.as_ptr(), es);
+            };
+            prop(c"Column Cache", &self.relname);
+            let cols: Vec<String> = self.shape.columns().iter().map(|c| self.name_of(c)).collect();
+            if !cols.is_empty() {
+                prop(c"Cached Columns", &cols.join(", "));
+            }
+            if !self.shape.keys.is_empty() {
+                let keys: Vec<String> = self.shape.keys.iter().map(|k| self.name_of(k)).collect();
+                prop(c"Group Keys", &keys.join(", "));
+            }
+            if !self.shape.filters.is_empty() {
+                let f: Vec<String> = self.shape.filters.iter().map(|f| describe_range(&self.name_of(&f.col), f)).collect();
+                prop(c"Cache Filters", &f.join(" AND "));
+            }
+            if (*es).analyze {
+                match self.read_from {
+                    Some(ReadFrom::Cache) => {
+                        prop(c"Read From", "cache");
+                        let int =
+                            |label: &CStr, v: u64| pg_sys::ExplainPropertyInteger(label.as_ptr(), std::ptr::null(), v as i64, es);
+                        int(c"Groups", self.stats.groups);
+                        if self.stats.appended > 0 {
+                            int(c"Appended Rows", self.stats.appended);
+                        }
+                        if self.stats.grown > 0 {
+                            int(c"Group Table Grown", u64::from(self.stats.grown));
+                        }
+                    }
+                    Some(ReadFrom::Child(why)) => prop(c"Read From", &format!("child: {why}")),
+                    None => {}
+                }
+            }
+        }
+    }
+}
+
+/// A range as EXPLAIN shows it, its bounds in the column's type.
+fn describe_range(name: &str, f: &Range) -> String {
+    let v = |x: i64| text_of(x as u64, f.col.encoding);
+    match (f.lo, f.hi) {
+        (i64::MIN, i64::MAX) => format!("{name} IS NOT NULL"),
+        (lo, hi) if lo == hi => format!("{name} = {}", v(lo)),
+        (i64::MIN, hi) => format!("{name} <= {}", v(hi)),
+        (lo, i64::MAX) => format!("{name} >= {}", v(lo)),
+        (lo, hi) => format!("{name} BETWEEN {} AND {}", v(lo), v(hi)),
+    }
+}
+
+/// A word of `encoding` as its type's text (its output function).
+fn text_of(w: u64, encoding: Encoding) -> String {
+    let (typ, _) = type_of(encoding);
+    // SAFETY: a catalog lookup and a call of a built-in type's output function on a by-value
+    // datum of that type; the result is a palloc'd C string.
+    unsafe {
+        let (mut func, mut varlena) = (pg_sys::InvalidOid, false);
+        pg_sys::getTypeOutputInfo(typ, &mut func, &mut varlena);
+        let p = pg_sys::OidOutputFunctionCall(func, datum_of_word(w, encoding));
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
+/// The type and typmod of a grouping column's Var made for the scan tuple.
+fn type_of(e: Encoding) -> (pg_sys::Oid, i32) {
+    let t = match e {
+        Encoding::Bool => pg_sys::BOOLOID,
+        Encoding::Int2 => pg_sys::INT2OID,
+        Encoding::Int4 => pg_sys::INT4OID,
+        Encoding::Date => pg_sys::DATEOID,
+        Encoding::Timestamp => pg_sys::TIMESTAMPOID,
+        Encoding::TimestampTz => pg_sys::TIMESTAMPTZOID,
+        _ => pg_sys::INT8OID,
+    };
+    (t, -1)
+}
