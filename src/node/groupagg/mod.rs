@@ -94,6 +94,7 @@ use crate::caches;
 use crate::customscan::{self, JoinScan, Methods};
 use crate::error::{Code, Result, UvmError};
 use crate::exec::{self, scan::Spec, SegRef};
+use crate::gpujoin::table::KeyType;
 use crate::groups::{self, AggKind};
 use crate::registry::TierPref;
 use crate::runtime::{current_user, now, report, try_executor};
@@ -168,17 +169,192 @@ struct AggOf {
     col: Option<Col>,
 }
 
+/// A grouping column: a cached column of the fact table, or grouping column `idx` of
+/// dimension `dim`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Key {
+    Fact(Col),
+    Dim { dim: usize, idx: usize },
+}
+
+/// A column of a dimension the query groups by (its values are taken from the dimension's
+/// rows, not from a cache).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct DimCol {
+    attnum: i16,
+    /// Its place in the rows of the dimension's plan.
+    pos: usize,
+    typid: pg_sys::Oid,
+    typmod: i32,
+    collation: pg_sys::Oid,
+}
+
+/// A dimension: a table joined to the fact by one equality of integer-like columns, whose rows
+/// (those that pass its own conditions, a plan of its own) the executor drains into a join
+/// table: its key, and as payload the index of its distinct grouping values.
+#[derive(Clone, Debug, PartialEq)]
+struct Dim {
+    relid: pg_sys::Oid,
+    varno: u32,
+    /// The fact's column it joins on.
+    fact_col: Col,
+    /// Its key column: attribute number, type, and place in the rows of its plan.
+    key: (i16, pg_sys::Oid),
+    key_pos: usize,
+    groups: Vec<DimCol>,
+}
+
 /// What the node computes: the plan's private data.
 #[derive(Clone, Debug, PartialEq)]
 struct Shape {
+    /// The fact table: its OID and range table index.
     relid: pg_sys::Oid,
-    /// The table's range table index in the query.
     varno: u32,
-    keys: Vec<Col>,
+    keys: Vec<Key>,
     filters: Vec<Range>,
     aggs: Vec<AggOf>,
+    dims: Vec<Dim>,
     /// The planner's estimate of the groups (the group table's first size).
     groups: u64,
+}
+
+impl Shape {
+    /// The (range table index, attribute number) of grouping column `k`.
+    fn key_column(&self, k: &Key) -> (u32, i16) {
+        match *k {
+            Key::Fact(c) => (self.varno, c.attnum),
+            Key::Dim { dim, idx } => (self.dims[dim].varno, self.dims[dim].groups[idx].attnum),
+        }
+    }
+
+    /// The fact's columns the program reads (each once).
+    fn columns(&self) -> Vec<Col> {
+        let mut out: Vec<Col> = Vec::new();
+        let keys = self.keys.iter().filter_map(|k| if let Key::Fact(c) = k { Some(c) } else { None });
+        let all = keys
+            .chain(self.filters.iter().map(|f| &f.col))
+            .chain(self.aggs.iter().filter_map(|a| a.col.as_ref()))
+            .chain(self.dims.iter().map(|d| &d.fact_col));
+        for c in all {
+            if !out.contains(c) {
+                out.push(*c);
+            }
+        }
+        out
+    }
+
+    /// The plan's private list: int8 constants.
+    fn to_private(&self) -> *mut pg_sys::List {
+        let mut v: Vec<i64> = vec![u32::from(self.relid) as i64, i64::from(self.varno), self.groups as i64];
+        let col = |v: &mut Vec<i64>, c: &Col| {
+            v.push(c.attnum as i64);
+            v.push(c.encoding as u16 as i64);
+        };
+        v.push(self.keys.len() as i64);
+        for k in &self.keys {
+            match k {
+                Key::Fact(c) => {
+                    v.push(0);
+                    col(&mut v, c);
+                }
+                Key::Dim { dim, idx } => v.extend([1, *dim as i64, *idx as i64]),
+            }
+        }
+        v.push(self.filters.len() as i64);
+        for f in &self.filters {
+            col(&mut v, &f.col);
+            v.push(f.lo);
+            v.push(f.hi);
+        }
+        v.push(self.aggs.len() as i64);
+        for a in &self.aggs {
+            v.push(kind_code(a.kind, a.arg));
+            match &a.col {
+                Some(c) => col(&mut v, c),
+                None => v.extend([0, 0]),
+            }
+        }
+        v.push(self.dims.len() as i64);
+        for d in &self.dims {
+            v.extend([u32::from(d.relid) as i64, i64::from(d.varno)]);
+            col(&mut v, &d.fact_col);
+            v.extend([d.key.0 as i64, u32::from(d.key.1) as i64, d.key_pos as i64, d.groups.len() as i64]);
+            for g in &d.groups {
+                v.extend([
+                    g.attnum as i64,
+                    g.pos as i64,
+                    u32::from(g.typid) as i64,
+                    g.typmod as i64,
+                    u32::from(g.collation) as i64,
+                ]);
+            }
+        }
+        let mut l = PgList::<pg_sys::Node>::new();
+        for x in v {
+            l.push(gpujoin::int_node(x));
+        }
+        l.into_pg()
+    }
+
+    /// The plan's private list read back (`None`: not a list this module wrote).
+    ///
+    /// # Safety
+    /// `list` is a List of int8 Consts.
+    unsafe fn from_private(list: *mut pg_sys::List) -> Option<Shape> {
+        // SAFETY: forwarded contract.
+        let v: Vec<i64> = unsafe {
+            PgList::<pg_sys::Node>::from_pg(list)
+                .iter_ptr()
+                .map(|n| (*(n as *mut pg_sys::Const)).constvalue.value() as i64)
+                .collect()
+        };
+        let mut it = v.into_iter();
+        let mut next = || it.next();
+        let col = |next: &mut dyn FnMut() -> Option<i64>| -> Option<Col> {
+            let attnum = i16::try_from(next()?).ok()?;
+            let encoding = Encoding::from_repr(u16::try_from(next()?).ok()?)?;
+            Some(Col { attnum, encoding })
+        };
+        let oid = |x: i64| u32::try_from(x).ok().map(pg_sys::Oid::from);
+        let relid = oid(next()?)?;
+        let varno = u32::try_from(next()?).ok()?;
+        let groups = u64::try_from(next()?).ok()?;
+        let mut keys = Vec::new();
+        for _ in 0..next()? {
+            keys.push(match next()? {
+                0 => Key::Fact(col(&mut next)?),
+                _ => Key::Dim { dim: usize::try_from(next()?).ok()?, idx: usize::try_from(next()?).ok()? },
+            });
+        }
+        let mut filters = Vec::new();
+        for _ in 0..next()? {
+            let c = col(&mut next)?;
+            filters.push(Range { col: c, lo: next()?, hi: next()? });
+        }
+        let mut aggs = Vec::new();
+        for _ in 0..next()? {
+            let (kind, arg) = kind_of(next()?)?;
+            let c = col(&mut next);
+            aggs.push(AggOf { kind, arg, col: if kind == Kind::CountStar { None } else { Some(c?) } });
+        }
+        let mut dims = Vec::new();
+        for _ in 0..next()? {
+            let (relid, varno) = (oid(next()?)?, u32::try_from(next()?).ok()?);
+            let fact_col = col(&mut next)?;
+            let key = (i16::try_from(next()?).ok()?, oid(next()?)?);
+            let key_pos = usize::try_from(next()?).ok()?;
+            let mut groups = Vec::new();
+            for _ in 0..next()? {
+                let attnum = i16::try_from(next()?).ok()?;
+                let pos = usize::try_from(next()?).ok()?;
+                let typid = oid(next()?)?;
+                let typmod = i32::try_from(next()?).ok()?;
+                groups.push(DimCol { attnum, pos, typid, typmod, collation: oid(next()?)? });
+            }
+            dims.push(Dim { relid, varno, fact_col, key, key_pos, groups });
+        }
+        Some(Shape { relid, varno, keys, filters, aggs, dims, groups })
+    }
 }
 
 /// The encodings a grouping column or a range may have: words whose equality and order are the
@@ -217,93 +393,6 @@ fn datum_of_word(w: u64, encoding: Encoding) -> pg_sys::Datum {
         Encoding::Int2 => pg_sys::Datum::from(w as i64 as i16),
         Encoding::Int4 | Encoding::Date => pg_sys::Datum::from(w as i64 as i32),
         _ => pg_sys::Datum::from(w as i64),
-    }
-}
-
-impl Shape {
-    /// The columns the program reads (each once).
-    fn columns(&self) -> Vec<Col> {
-        let mut out: Vec<Col> = Vec::new();
-        let all =
-            self.keys.iter().chain(self.filters.iter().map(|f| &f.col)).chain(self.aggs.iter().filter_map(|a| a.col.as_ref()));
-        for c in all {
-            if !out.contains(c) {
-                out.push(*c);
-            }
-        }
-        out
-    }
-
-    /// The plan's private list: int8 constants.
-    fn to_private(&self) -> *mut pg_sys::List {
-        let mut v: Vec<i64> = vec![u32::from(self.relid) as i64, i64::from(self.varno), self.groups as i64];
-        let col = |v: &mut Vec<i64>, c: &Col| {
-            v.push(c.attnum as i64);
-            v.push(c.encoding as u16 as i64);
-        };
-        v.push(self.keys.len() as i64);
-        for k in &self.keys {
-            col(&mut v, k);
-        }
-        v.push(self.filters.len() as i64);
-        for f in &self.filters {
-            col(&mut v, &f.col);
-            v.push(f.lo);
-            v.push(f.hi);
-        }
-        v.push(self.aggs.len() as i64);
-        for a in &self.aggs {
-            v.push(kind_code(a.kind, a.arg));
-            match &a.col {
-                Some(c) => col(&mut v, c),
-                None => v.extend([0, 0]),
-            }
-        }
-        let mut l = PgList::<pg_sys::Node>::new();
-        for x in v {
-            l.push(gpujoin::int_node(x));
-        }
-        l.into_pg()
-    }
-
-    /// The plan's private list read back (`None`: not a list this module wrote).
-    ///
-    /// # Safety
-    /// `list` is a List of int8 Consts.
-    unsafe fn from_private(list: *mut pg_sys::List) -> Option<Shape> {
-        // SAFETY: forwarded contract.
-        let v: Vec<i64> = unsafe {
-            PgList::<pg_sys::Node>::from_pg(list)
-                .iter_ptr()
-                .map(|n| (*(n as *mut pg_sys::Const)).constvalue.value() as i64)
-                .collect()
-        };
-        let mut it = v.into_iter();
-        let mut next = || it.next();
-        let col = |next: &mut dyn FnMut() -> Option<i64>| -> Option<Col> {
-            let attnum = i16::try_from(next()?).ok()?;
-            let encoding = Encoding::from_repr(u16::try_from(next()?).ok()?)?;
-            Some(Col { attnum, encoding })
-        };
-        let relid = pg_sys::Oid::from(u32::try_from(next()?).ok()?);
-        let varno = u32::try_from(next()?).ok()?;
-        let groups = u64::try_from(next()?).ok()?;
-        let mut keys = Vec::new();
-        for _ in 0..next()? {
-            keys.push(col(&mut next)?);
-        }
-        let mut filters = Vec::new();
-        for _ in 0..next()? {
-            let c = col(&mut next)?;
-            filters.push(Range { col: c, lo: next()?, hi: next()? });
-        }
-        let mut aggs = Vec::new();
-        for _ in 0..next()? {
-            let (kind, arg) = kind_of(next()?)?;
-            let c = col(&mut next);
-            aggs.push(AggOf { kind, arg, col: if kind == Kind::CountStar { None } else { Some(c?) } });
-        }
-        Some(Shape { relid, varno, keys, filters, aggs, groups })
     }
 }
 

@@ -156,6 +156,91 @@ unsafe fn agg_of(a: *mut pg_sys::Aggref, varno: u32, cached: &[(i16, Encoding)])
     }
 }
 
+/// A base relation of the level's `FROM`: a plain table without inheritance children or a
+/// sample, none of whose join clauses lies outside the equivalence classes.
+///
+/// # Safety
+/// The planner's structures.
+unsafe fn plain_table(root: *mut pg_sys::PlannerInfo, varno: u32) -> Option<pg_sys::Oid> {
+    // SAFETY: forwarded contract; `varno` is a member of a relation of this level.
+    unsafe {
+        let rte = *(*root).simple_rte_array.add(varno as usize);
+        let rel = *(*root).simple_rel_array.add(varno as usize);
+        let plain = !rte.is_null()
+            && !rel.is_null()
+            && (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION
+            && !(*rte).inh
+            && (*rte).relkind as u8 == pg_sys::RELKIND_RELATION
+            && (*rte).tablesample.is_null()
+            && (*rel).reloptkind == pg_sys::RelOptKind::RELOPT_BASEREL
+            && (*rel).joininfo.is_null()
+            && (*rel).lateral_relids.is_null();
+        plain.then_some((*rte).relid)
+    }
+}
+
+/// The join equalities among `members`: per equivalence class that holds columns of two or
+/// more of them, its members as (range table index, column); `None` where a class joins them by
+/// something else than plain columns, or is volatile.
+///
+/// # Safety
+/// The planner's structures.
+unsafe fn join_classes(root: *mut pg_sys::PlannerInfo, members: &[u32]) -> Option<Vec<Vec<(u32, *mut pg_sys::Var)>>> {
+    // SAFETY: forwarded contract; nodes read by their tags.
+    unsafe {
+        let mut out = Vec::new();
+        for ec in PgList::<pg_sys::EquivalenceClass>::from_pg((*root).eq_classes).iter_ptr() {
+            if !(*ec).ec_merged.is_null() {
+                continue;
+            }
+            let mut found: Vec<(u32, *mut pg_sys::Var)> = Vec::new();
+            for em in PgList::<pg_sys::EquivalenceMember>::from_pg((*ec).ec_members).iter_ptr() {
+                if (*em).em_is_child || (*em).em_is_const {
+                    continue;
+                }
+                let touches = members.iter().any(|&m| pg_sys::bms_is_member(m as i32, (*em).em_relids));
+                if !touches {
+                    continue;
+                }
+                let v = gpujoin::as_var((*em).em_expr as *mut pg_sys::Node)?;
+                found.push(((*v).varno as u32, v));
+            }
+            let mut rels: Vec<u32> = found.iter().map(|f| f.0).collect();
+            rels.sort_unstable();
+            rels.dedup();
+            if rels.len() >= 2 {
+                if (*ec).ec_has_volatile || (*ec).ec_broken {
+                    return None;
+                }
+                out.push(found);
+            }
+        }
+        Some(out)
+    }
+}
+
+/// Whether a dimension's column of type `typid` (collation `coll`) can be grouped by its bytes:
+/// equal values are equal bytes (integer-like types, text with a deterministic collation).
+///
+/// # Safety
+/// A catalog lookup.
+unsafe fn groupable(typid: pg_sys::Oid, coll: pg_sys::Oid) -> bool {
+    match typid {
+        pg_sys::INT2OID
+        | pg_sys::INT4OID
+        | pg_sys::INT8OID
+        | pg_sys::BOOLOID
+        | pg_sys::DATEOID
+        | pg_sys::TIMESTAMPOID
+        | pg_sys::TIMESTAMPTZOID => true,
+        // SAFETY: a lookup of an existing collation (the column's).
+        pg_sys::TEXTOID | pg_sys::VARCHAROID => {
+            coll == pg_sys::InvalidOid || unsafe { pg_sys::get_collation_isdeterministic(coll) }
+        }
+        _ => false,
+    }
+}
+
 impl Shape {
     /// What the node computes for this query level, if it can (the module comment's rules).
     ///
@@ -169,26 +254,59 @@ impl Shape {
         // SAFETY: forwarded contract; every node is read by its tag.
         unsafe {
             let parse = (*root).parse;
-            if !(*parse).groupingSets.is_null()
-                || (*root).hasHavingQual
-                || (*parse).hasTargetSRFs
-                || (*input_rel).reloptkind != pg_sys::RelOptKind::RELOPT_BASEREL
-            {
+            if !(*parse).groupingSets.is_null() || (*root).hasHavingQual || (*parse).hasTargetSRFs {
                 return None;
             }
-            let varno = (*input_rel).relid;
-            let rte = *(*root).simple_rte_array.add(varno as usize);
-            if (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION
-                || (*rte).inh
-                || (*rte).relkind as u8 != pg_sys::RELKIND_RELATION
-                || !(*rte).tablesample.is_null()
-            {
+            let members: Vec<u32> = match (*input_rel).reloptkind {
+                pg_sys::RelOptKind::RELOPT_BASEREL => vec![(*input_rel).relid],
+                // inner joins only: no outer, semi or anti join anywhere in the level
+                pg_sys::RelOptKind::RELOPT_JOINREL if (*root).join_info_list.is_null() => {
+                    let mut m = Vec::new();
+                    let mut x = pg_sys::bms_next_member((*input_rel).relids, -1);
+                    while x >= 0 {
+                        m.push(x as u32);
+                        x = pg_sys::bms_next_member((*input_rel).relids, x);
+                    }
+                    m
+                }
+                _ => return None,
+            };
+            if members.len() > 1 + exec::scan::MAX_JOINS {
                 return None;
             }
-            let relid = (*rte).relid;
+            let mut relids = Vec::new();
+            for &m in &members {
+                relids.push(plain_table(root, m)?);
+            }
+            let classes = if members.len() > 1 { join_classes(root, &members)? } else { Vec::new() };
+            // The fact: the first member whose cache holds what the level reads of it.
+            members.iter().zip(&relids).find_map(|(&fact, &relid)| {
+                let others: Vec<(u32, pg_sys::Oid)> =
+                    members.iter().zip(&relids).filter(|m| *m.0 != fact).map(|(&m, &r)| (m, r)).collect();
+                Self::with_fact(root, output_rel, fact, relid, &others, &classes)
+            })
+        }
+    }
+
+    /// [`Shape::of`] with `fact` as the fact table and `others` as its dimensions.
+    ///
+    /// # Safety
+    /// The hook's arguments.
+    unsafe fn with_fact(
+        root: *mut pg_sys::PlannerInfo,
+        output_rel: *mut pg_sys::RelOptInfo,
+        varno: u32,
+        relid: pg_sys::Oid,
+        others: &[(u32, pg_sys::Oid)],
+        classes: &[Vec<(u32, *mut pg_sys::Var)>],
+    ) -> Option<Shape> {
+        // SAFETY: forwarded contract; every node is read by its tag.
+        unsafe {
+            let parse = (*root).parse;
             let cached = caches::ready_columns(relid)?;
+            let rel = *(*root).simple_rel_array.add(varno as usize);
             let mut filters = Vec::new();
-            for ri in PgList::<pg_sys::RestrictInfo>::from_pg((*input_rel).baserestrictinfo).iter_ptr() {
+            for ri in PgList::<pg_sys::RestrictInfo>::from_pg((*rel).baserestrictinfo).iter_ptr() {
                 if (*ri).pseudoconstant {
                     return None;
                 }
@@ -197,23 +315,50 @@ impl Shape {
             if filters.len() > exec::scan::MAX_FILTERS {
                 return None;
             }
+            // Each class joins the fact's one column with dimensions' columns; each dimension
+            // is in one class, by one column.
+            let mut dims: Vec<Dim> = Vec::new();
+            for class in classes {
+                let facts: Vec<*mut pg_sys::Var> = class.iter().filter(|m| m.0 == varno).map(|m| m.1).collect();
+                let [fv] = facts[..] else { return None };
+                let (fact_col, ftype) = column(fv as *mut pg_sys::Node, varno, &cached)?;
+                for &(m, v) in class.iter().filter(|m| m.0 != varno) {
+                    let (&(_, drelid), vtype) = (others.iter().find(|o| o.0 == m)?, (*v).vartype);
+                    let ints = is_integer(ftype) && is_integer(vtype);
+                    let dates = ftype == pg_sys::DATEOID && vtype == pg_sys::DATEOID;
+                    if !(ints || dates) || (*v).varattno <= 0 || dims.iter().any(|d| d.varno == m) {
+                        return None;
+                    }
+                    dims.push(Dim {
+                        relid: drelid,
+                        varno: m,
+                        fact_col,
+                        key: ((*v).varattno, vtype),
+                        key_pos: 0,
+                        groups: Vec::new(),
+                    });
+                }
+            }
+            if dims.len() != others.len() || dims.len() > exec::scan::MAX_JOINS {
+                return None; // a table joined by no equality with the fact
+            }
             // The grouping columns, as GROUP BY lists them.
             let group_exprs =
                 PgList::<pg_sys::Node>::from_pg(pg_sys::get_sortgrouplist_exprs((*parse).groupClause, (*root).processed_tlist));
-            let mut keys: Vec<(Col, *mut pg_sys::Var)> = Vec::new();
+            let mut keys: Vec<Key> = Vec::new();
             for e in group_exprs.iter_ptr() {
-                let (col, _) = column(e, varno, &cached)?;
-                if !keyable(col.encoding) {
-                    return None;
-                }
-                if !keys.iter().any(|k| k.0 == col) {
-                    keys.push((col, e as *mut pg_sys::Var));
+                let key = Self::key_of(e, varno, &cached, &mut dims)?;
+                if !keys.contains(&key) {
+                    keys.push(key);
                 }
             }
-            if keys.len() > exec::scan::MAX_KEYS {
+            let words =
+                keys.iter().filter(|k| matches!(k, Key::Fact(_))).count() + dims.iter().filter(|d| !d.groups.is_empty()).count();
+            if words > exec::scan::MAX_KEYS {
                 return None;
             }
-            // The target: aggregates, and columns only where they are grouping columns.
+            // The target: aggregates of the fact's columns, and columns only where they are
+            // grouping columns.
             let flags = pg_sys::PVC_INCLUDE_AGGREGATES | pg_sys::PVC_INCLUDE_WINDOWFUNCS | pg_sys::PVC_INCLUDE_PLACEHOLDERS;
             let found = PgList::<pg_sys::Node>::from_pg(pg_sys::pull_var_clause(
                 (*(*output_rel).reltarget).exprs as *mut pg_sys::Node,
@@ -223,8 +368,9 @@ impl Shape {
             for n in found.iter_ptr() {
                 match (*n).type_ {
                     pg_sys::NodeTag::T_Var => {
-                        let (col, _) = column(n, varno, &cached)?;
-                        if !keys.iter().any(|k| k.0 == col) {
+                        let mut probe = dims.clone();
+                        let k = Self::key_of(n, varno, &cached, &mut probe)?;
+                        if !keys.contains(&k) || probe != dims {
                             return None;
                         }
                     }
@@ -241,7 +387,43 @@ impl Shape {
             if aggs.len() * 2 > exec::scan::MAX_AGGS {
                 return None;
             }
-            Some(Shape { relid, varno, keys: keys.into_iter().map(|k| k.0).collect(), filters, aggs, groups: 0 })
+            Some(Shape { relid, varno, keys, filters, aggs, dims, groups: 0 })
+        }
+    }
+
+    /// The grouping column `e` is: a keyable cached column of the fact, or a groupable column
+    /// of a dimension (added to its grouping columns).
+    ///
+    /// # Safety
+    /// `e` is a planner expression.
+    unsafe fn key_of(e: *mut pg_sys::Node, varno: u32, cached: &[(i16, Encoding)], dims: &mut [Dim]) -> Option<Key> {
+        // SAFETY: forwarded contract.
+        unsafe {
+            let v = gpujoin::as_var(e)?;
+            if (*v).varno as u32 == varno {
+                let (col, _) = column(e, varno, cached)?;
+                return keyable(col.encoding).then_some(Key::Fact(col));
+            }
+            let dim = dims.iter().position(|d| d.varno == (*v).varno as u32)?;
+            if (*v).varattno <= 0 || !groupable((*v).vartype, (*v).varcollid) {
+                return None;
+            }
+            let d = &mut dims[dim];
+            let idx = match d.groups.iter().position(|g| g.attnum == (*v).varattno) {
+                Some(i) => i,
+                None => {
+                    let c = DimCol {
+                        attnum: (*v).varattno,
+                        pos: 0,
+                        typid: (*v).vartype,
+                        typmod: (*v).vartypmod,
+                        collation: (*v).varcollid,
+                    };
+                    d.groups.push(c);
+                    d.groups.len() - 1
+                }
+            };
+            Some(Key::Dim { dim, idx })
         }
     }
 }
@@ -309,11 +491,36 @@ pub(super) unsafe fn add_path(
         {
             p.disabled_nodes = 0;
         }
-        let c = cost((*input_rel).tuples, shape.columns().len(), estimate);
-        p.startup_cost = c;
-        p.total_cost = c;
+        // The fact's rows through the program, and each dimension's own plan.
+        let fact = *(*root).simple_rel_array.add(shape.varno as usize);
+        let mut c = cost((*fact).tuples, shape.columns().len() + shape.dims.len(), estimate);
         let mut children = PgList::<pg_sys::Path>::new();
         children.push(child);
+        for d in &mut shape.dims {
+            let rel = *(*root).simple_rel_array.add(d.varno as usize);
+            let dp = (*rel).cheapest_total_path;
+            if dp.is_null() || !(*dp).param_info.is_null() {
+                return;
+            }
+            // Where the key and the grouping columns lie in its rows (its plan's target list
+            // is its path's target, in order).
+            let exprs = PgList::<pg_sys::Node>::from_pg((*(*dp).pathtarget).exprs);
+            let place = |att: i16| {
+                exprs
+                    .iter_ptr()
+                    .position(|e| gpujoin::as_var(e).is_some_and(|v| (*v).varno as u32 == d.varno && (*v).varattno == att))
+            };
+            let Some(k) = place(d.key.0) else { return };
+            d.key_pos = k;
+            for g in &mut d.groups {
+                let Some(p) = place(g.attnum) else { return };
+                g.pos = p;
+            }
+            c += (*dp).total_cost + (*dp).rows * pg_sys::cpu_tuple_cost;
+            children.push(dp);
+        }
+        p.startup_cost = c;
+        p.total_cost = c;
         (*cp).custom_paths = children.into_pg();
         (*cp).custom_private = shape.to_private();
         (*cp).methods = &METHODS.path;

@@ -31,10 +31,23 @@ struct Stats {
     appended: u64,
 }
 
+/// A dimension's rows as the executor drained them: its join table (none where no row has a
+/// key), and the distinct tuples of its grouping columns (a payload is an index among them).
+struct DimRows {
+    table: Option<SegRef>,
+    values: Vec<Vec<(pg_sys::Datum, bool)>>,
+}
+
 /// The GpuGroupAgg custom scan.
 pub struct GpuGroupAggScan {
     shape: Shape,
+    /// PostgreSQL's aggregation, run where the cache is not current.
     child: *mut pg_sys::PlanState,
+    /// Each dimension's plan (its scan with its own conditions).
+    dims: Vec<*mut pg_sys::PlanState>,
+    /// Where the dimensions' distinct grouping values live for an execution.
+    values_cxt: pg_sys::MemoryContext,
+    drained: Vec<DimRows>,
     estate: *mut pg_sys::EState,
     mode: Mode,
     read_from: Option<ReadFrom>,
@@ -42,6 +55,8 @@ pub struct GpuGroupAggScan {
     /// The attribute names of the table's columns the plan reads (EXPLAIN).
     names: Vec<(i16, String)>,
     relname: String,
+    /// Per dimension: its table's name, its key column's, its grouping columns' (EXPLAIN).
+    dim_names: Vec<(String, String, Vec<String>)>,
 }
 
 /// The group table's aggregates for `aggs`: one state each, then a count beside each sum.
@@ -122,20 +137,38 @@ impl GpuGroupAggScan {
             return Err("the cache holds appended rows this snapshot cannot place");
         };
         let aggs = table_aggs(&self.shape.aggs, &at);
+        // The dimensions' tables, from their rows that pass their own conditions.
+        self.drop_dims();
+        self.drained.clear();
+        // SAFETY: the node's context, made in begin.
+        unsafe { pg_sys::MemoryContextReset(self.values_cxt) };
+        for j in 0..self.dims.len() {
+            // SAFETY: the dimension's plan, initialized in begin.
+            let d = unsafe { self.drain(j) }.unwrap_or_else(|e| report(e));
+            self.drained.push(d);
+        }
+        let empty = self.drained.iter().any(|d| d.table.is_none());
+        let dim_tables: Vec<SegRef> = self.drained.iter().filter_map(|d| d.table).collect();
+        let keys: Vec<Source> =
+            self.program_keys().into_iter().map(|k| k.map_or_else(|j| Source::Payload(j), |c| Source::Col(at(&c)))).collect();
         let spec = Spec {
-            dims: Vec::new(),
+            dims: if empty { Vec::new() } else { dim_tables },
             filters: self
                 .shape
                 .filters
                 .iter()
                 .map(|f| Filter { col: at(&f.col), test: Test::Range { lo: f.lo, hi: f.hi } })
                 .collect(),
-            joins: Vec::new(),
-            keys: self.shape.keys.iter().map(|k| Source::Col(at(k))).collect(),
+            joins: if empty {
+                Vec::new()
+            } else {
+                self.shape.dims.iter().enumerate().map(|(j, d)| (at(&d.fact_col), j)).collect()
+            },
+            keys,
             aggs: aggs.clone(),
         };
         let mut shape = groups::Shape {
-            key_words: self.shape.keys.len() as u16 + 1,
+            key_words: spec.keys.len() as u16 + 1,
             aggs: aggs.iter().map(|a| a.0).collect(),
             slot_count: groups::Shape::slots_for(self.shape.groups.max(MIN_GROUPS)),
         };
@@ -152,9 +185,9 @@ impl GpuGroupAggScan {
             crate::node::fallible::try_resize(&mut init, shape.bytes() as usize, 0u8, "a group table")?;
             groups::init(&mut init, shape, 0x5eed)?;
             try_executor(|ex| exec::write(ex, &seg, 0, &init))?;
-            drop(init);
+            // (a dimension without rows: no fact row joins, the table stays empty)
             let mut start = (0, 0);
-            loop {
+            while !empty {
                 match try_executor(|ex| exec::scan_groups(ex, &u.seg, &seg, &spec, start))? {
                     Progress::Done => break,
                     Progress::Full { block, row, slots } => {
@@ -166,6 +199,10 @@ impl GpuGroupAggScan {
                     }
                 }
             }
+            if empty {
+                return Ok((seg, init));
+            }
+            drop(init);
             let mut out = Vec::new();
             crate::node::fallible::try_resize(&mut out, shape.bytes() as usize, 0u8, "a group table")?;
             try_executor(|ex| exec::read(ex, &seg, 0, &mut out))?;
@@ -182,11 +219,23 @@ impl GpuGroupAggScan {
             Err(e) => report(e),
         };
         cleanup::drop_now(&seg);
-        // The appended rows this snapshot sees, folded by the same program on the CPU.
-        let program = Program { filters: spec.filters.clone(), joins: Vec::new(), keys: spec.keys.clone(), aggs: aggs.clone() };
+        // The appended rows this snapshot sees, folded by the same program on the CPU, over
+        // the dimensions' tables read back.
+        let tables: Vec<Vec<u64>> = if tail.len() == 0 || empty {
+            Vec::new()
+        } else {
+            spec.dims.iter().map(|t| read_table(t).unwrap_or_else(|e| report(e))).collect()
+        };
+        let mut joins = Vec::new();
+        for (&(col, _), t) in spec.joins.iter().zip(&tables) {
+            let table = crate::gpujoin::table::Table::view_words("dimension table", t).unwrap_or_else(|e| report(e));
+            joins.push(crate::scan::Join { col, table });
+        }
+        let tail_rows = if empty { 0 } else { tail.len() };
+        let program = Program { filters: spec.filters.clone(), joins, keys: spec.keys.clone(), aggs: aggs.clone() };
         let mut scratch = crate::scan::Scratch::default();
         let mut i = 0;
-        while i < tail.len() {
+        while i < tail_rows {
             let full = {
                 let mut t = groups::Table::parse("group table", &mut bytes).unwrap_or_else(|e| report(e));
                 match crate::scan::fold_row(&program, &mut t, &mut scratch, |c| Ok(tail.word(i, c))).unwrap_or_else(|e| report(e))
@@ -220,7 +269,127 @@ impl GpuGroupAggScan {
             rows.push((vec![0], vec![(0, 0); aggs.len()]));
         }
         self.stats.groups = rows.len() as u64;
+        self.drop_dims();
         Ok(Groups { rows, next: 0 })
+    }
+
+    /// The program's group key sources, in order: the fact's grouping columns (`Ok`), then one
+    /// payload per dimension grouped by (`Err(j)`: join `j`'s).
+    fn program_keys(&self) -> Vec<std::result::Result<Col, usize>> {
+        let mut out: Vec<std::result::Result<Col, usize>> =
+            self.shape.keys.iter().filter_map(|k| if let Key::Fact(c) = k { Some(Ok(*c)) } else { None }).collect();
+        out.extend(self.shape.dims.iter().enumerate().filter(|(_, d)| !d.groups.is_empty()).map(|(j, _)| Err(j)));
+        out
+    }
+
+    /// Drops the dimensions' tables of this execution (their grouping values stay, for the rows).
+    fn drop_dims(&mut self) {
+        for d in &mut self.drained {
+            if let Some(t) = d.table.take() {
+                cleanup::drop_now(&t);
+            }
+        }
+    }
+
+    /// Drains dimension `j`'s plan into a join table of (key, index of its distinct grouping
+    /// values), keeping the values in the node's context.
+    ///
+    /// # Safety
+    /// The dimension's plan was initialized in begin; the node's context is live.
+    unsafe fn drain(&mut self, j: usize) -> Result<DimRows> {
+        let ps = self.dims[j];
+        let dim = &self.shape.dims[j];
+        let mut pairs: Vec<[i64; 2]> = Vec::new();
+        let mut index: std::collections::HashMap<Vec<u8>, usize> = std::collections::HashMap::new();
+        let mut values: Vec<Vec<(pg_sys::Datum, bool)>> = Vec::new();
+        let mut nulls = 0u64;
+        let mut bytes = Vec::new();
+        // SAFETY: forwarded contract; each row's attributes are read where the plan's target
+        // list puts them (begin found them), of the planned types.
+        unsafe {
+            loop {
+                let slot = pg_sys::ExecProcNode(ps);
+                if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
+                    break;
+                }
+                let natts = (*(*slot).tts_tupleDescriptor).natts;
+                if i32::from((*slot).tts_nvalid) < natts {
+                    pg_sys::slot_getsomeattrs_int(slot, natts);
+                }
+                let at = |i: usize| (*(*slot).tts_values.add(i), *(*slot).tts_isnull.add(i));
+                let (k, knull) = at(dim.key_pos);
+                if knull {
+                    nulls += 1;
+                    continue;
+                }
+                let key = match dim.key.1 {
+                    pg_sys::INT2OID => k.value() as i16 as i64,
+                    pg_sys::INT4OID | pg_sys::DATEOID => k.value() as i32 as i64,
+                    _ => k.value() as i64,
+                };
+                let mut payload = 0usize;
+                if !dim.groups.is_empty() {
+                    // the tuple's bytes: per column a NULL flag, then the value's bytes
+                    bytes.clear();
+                    let mut tuple = Vec::with_capacity(dim.groups.len());
+                    for g in &dim.groups {
+                        let (v, isnull) = at(g.pos);
+                        if isnull {
+                            bytes.push(0);
+                            tuple.push((pg_sys::Datum::from(0), true));
+                        } else if matches!(g.typid, pg_sys::TEXTOID | pg_sys::VARCHAROID) {
+                            let p = pg_sys::pg_detoast_datum_packed(v.cast_mut_ptr());
+                            let data = std::slice::from_raw_parts(
+                                pgrx::varlena::vardata_any(p) as *const u8,
+                                pgrx::varlena::varsize_any_exhdr(p),
+                            );
+                            bytes.push(1);
+                            bytes.extend_from_slice(&(data.len() as u64).to_le_bytes());
+                            bytes.extend_from_slice(data);
+                            tuple.push((pg_sys::Datum::from(p), false));
+                        } else {
+                            bytes.push(1);
+                            bytes.extend_from_slice(&(v.value() as u64).to_le_bytes());
+                            tuple.push((v, false));
+                        }
+                    }
+                    payload = match index.get(&bytes) {
+                        Some(&i) => i,
+                        None => {
+                            // a new tuple: its text values copied into the node's context
+                            for (g, (v, isnull)) in dim.groups.iter().zip(tuple.iter_mut()) {
+                                if !*isnull && matches!(g.typid, pg_sys::TEXTOID | pg_sys::VARCHAROID) {
+                                    let p = v.cast_mut_ptr::<pg_sys::varlena>();
+                                    let n = pgrx::varlena::varsize_any(p);
+                                    let c = pg_sys::MemoryContextAlloc(self.values_cxt, n);
+                                    std::ptr::copy_nonoverlapping(p as *const u8, c as *mut u8, n);
+                                    *v = pg_sys::Datum::from(c);
+                                }
+                            }
+                            crate::node::fallible::try_push(&mut values, tuple, "a dimension's grouping values")?;
+                            index.insert(bytes.clone(), values.len() - 1);
+                            values.len() - 1
+                        }
+                    };
+                }
+                crate::node::fallible::try_push(&mut pairs, [key, payload as i64], "a dimension's rows")?;
+            }
+        }
+        if pairs.is_empty() {
+            return Ok(DimRows { table: None, values });
+        }
+        let rows = pairs.len() as u64;
+        let n = crate::gpujoin::table::slot_count(rows);
+        let size = crate::gpujoin::table::table_bytes(rows).min(i64::MAX as u64) as i64;
+        let seg = cleanup::try_create("dim", |name| {
+            try_executor(|ex| exec::create(ex, name, size, Some(size), TierPref::Auto, current_user(), now()))
+        })?;
+        try_executor(|ex| {
+            exec::build_begin(ex, &seg, n)?;
+            exec::build_insert(ex, &seg, KeyType::Int8, n, &pairs)?;
+            exec::build_finish(ex, &seg, KeyType::Int8, n, rows, nulls)
+        })?;
+        Ok(DimRows { table: Some(seg), values })
     }
 
     /// The next group as the node's row (the scan tuple: the keys, then the aggregates,
@@ -229,6 +398,7 @@ impl GpuGroupAggScan {
     /// # Safety
     /// `node` is this node's executor state.
     unsafe fn emit(&mut self, node: *mut pg_sys::CustomScanState) -> *mut pg_sys::TupleTableSlot {
+        let sources = self.program_keys();
         let Mode::Groups(g) = &mut self.mode else { return std::ptr::null_mut() };
         let Some((key, states)) = g.rows.get(g.next) else { return std::ptr::null_mut() };
         g.next += 1;
@@ -241,10 +411,24 @@ impl GpuGroupAggScan {
             pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
             pg_sys::ExecClearTuple(scan);
             let old = pg_sys::MemoryContextSwitchTo((*econtext).ecxt_per_tuple_memory);
-            let nulls = key.get(nkeys).copied().unwrap_or(0);
+            let nulls = key.get(sources.len()).copied().unwrap_or(0);
             for (i, k) in self.shape.keys.iter().enumerate() {
-                let isnull = nulls & (1 << i) != 0;
-                *(*scan).tts_values.add(i) = datum_of_word(key.get(i).copied().unwrap_or(0), k.encoding);
+                let (d, isnull) = match *k {
+                    Key::Fact(c) => {
+                        let w = sources.iter().position(|s| *s == Ok(c)).expect("a fact key");
+                        (datum_of_word(key.get(w).copied().unwrap_or(0), c.encoding), nulls & (1 << w) != 0)
+                    }
+                    Key::Dim { dim, idx } => {
+                        let w = sources.iter().position(|s| *s == Err(dim)).expect("a dimension's key");
+                        let payload = key.get(w).copied().unwrap_or(0) as usize;
+                        let values = self.drained.get(dim).and_then(|d| d.values.get(payload));
+                        let Some(&v) = values.and_then(|t| t.get(idx)) else {
+                            report(UvmError::new(Code::SystemError, "GpuGroupAgg: a group of an unknown dimension row"));
+                        };
+                        v
+                    }
+                };
+                *(*scan).tts_values.add(i) = d;
                 *(*scan).tts_isnull.add(i) = isnull;
             }
             for (i, a) in self.shape.aggs.iter().enumerate() {
@@ -304,7 +488,8 @@ impl JoinScan for GpuGroupAggScan {
             for n in found.iter_ptr() {
                 if (*n).type_ == pg_sys::NodeTag::T_Var {
                     let v = n as *mut pg_sys::Var;
-                    if let Some(i) = shape.keys.iter().position(|k| k.attnum == (*v).varattno) {
+                    let at = ((*v).varno as u32, (*v).varattno);
+                    if let Some(i) = shape.keys.iter().position(|k| shape.key_column(k) == at) {
                         if key_vars[i].is_null() {
                             key_vars[i] = n;
                         }
@@ -328,9 +513,15 @@ impl JoinScan for GpuGroupAggScan {
                 if key_vars[i].is_null() {
                     // a grouping column the target does not show: a Var of it, for the scan
                     // tuple's shape
-                    let (typ, typmod) = type_of(k.encoding);
-                    key_vars[i] =
-                        pg_sys::makeVar(shape.varno as _, k.attnum, typ, typmod, pg_sys::InvalidOid, 0) as *mut pg_sys::Node;
+                    let (varno, attnum) = shape.key_column(k);
+                    let (typ, typmod, coll) = match k {
+                        Key::Fact(c) => (type_of(c.encoding).0, -1, pg_sys::InvalidOid),
+                        Key::Dim { dim, idx } => {
+                            let g = shape.dims[*dim].groups[*idx];
+                            (g.typid, g.typmod, g.collation)
+                        }
+                    };
+                    key_vars[i] = pg_sys::makeVar(varno as _, attnum, typ, typmod, coll, 0) as *mut pg_sys::Node;
                 }
             }
             if aggrefs.iter().any(|a| a.is_null()) {
@@ -360,12 +551,16 @@ impl JoinScan for GpuGroupAggScan {
         GpuGroupAggScan {
             shape,
             child: std::ptr::null_mut(),
+            dims: Vec::new(),
+            values_cxt: std::ptr::null_mut(),
+            drained: Vec::new(),
             estate: std::ptr::null_mut(),
             mode: Mode::Start,
             read_from: None,
             stats: Stats::default(),
             names: Vec::new(),
             relname: String::new(),
+            dim_names: Vec::new(),
         }
     }
 
@@ -373,12 +568,45 @@ impl JoinScan for GpuGroupAggScan {
         // SAFETY: BeginCustomScan's arguments; the child is listed in custom_ps for EXPLAIN.
         unsafe {
             let cscan = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
-            let plan = PgList::<pg_sys::Plan>::from_pg((*cscan).custom_plans).get_ptr(0).expect("child plan");
-            self.child = pg_sys::ExecInitNode(plan, estate, eflags);
-            self.estate = estate;
+            // The fallback first, then each dimension's plan.
+            let plans = PgList::<pg_sys::Plan>::from_pg((*cscan).custom_plans);
             let mut ps = PgList::<pg_sys::PlanState>::new();
-            ps.push(self.child);
+            for (i, plan) in plans.iter_ptr().enumerate() {
+                let state = pg_sys::ExecInitNode(plan, estate, eflags);
+                if i == 0 {
+                    self.child = state;
+                } else {
+                    self.dims.push(state);
+                }
+                ps.push(state);
+            }
+            if self.child.is_null() || self.dims.len() != self.shape.dims.len() {
+                report(UvmError::new(Code::SystemError, "GpuGroupAgg: a plan without its children"));
+            }
             (*node).custom_ps = ps.into_pg();
+            self.estate = estate;
+            // (in the query's context: gone with it)
+            self.values_cxt = pg_sys::AllocSetContextCreateInternal(
+                pg_sys::CurrentMemoryContext,
+                c"UvmGpuGroupAgg values".as_ptr(),
+                0,
+                8 * 1024,
+                8 * 1024 * 1024,
+            );
+            for d in &self.shape.dims {
+                let rel = pg_sys::get_rel_name(d.relid);
+                let rel = if rel.is_null() { String::new() } else { CStr::from_ptr(rel).to_string_lossy().into_owned() };
+                let name = |att: i16| {
+                    let p = pg_sys::get_attname(d.relid, att, true);
+                    if p.is_null() {
+                        format!("#{att}")
+                    } else {
+                        CStr::from_ptr(p).to_string_lossy().into_owned()
+                    }
+                };
+                let groups = d.groups.iter().map(|g| format!("{rel}.{}", name(g.attnum))).collect();
+                self.dim_names.push((rel.clone(), name(d.key.0), groups));
+            }
             let rel = pg_sys::get_rel_name(self.shape.relid);
             if !rel.is_null() {
                 self.relname = CStr::from_ptr(rel).to_string_lossy().into_owned();
@@ -400,6 +628,7 @@ impl JoinScan for GpuGroupAggScan {
                     Mode::Groups(g)
                 }
                 Err(why) => {
+                    self.drop_dims();
                     self.read_from = Some(ReadFrom::Child(why));
                     Mode::Child
                 }
@@ -427,20 +656,29 @@ impl JoinScan for GpuGroupAggScan {
         // SAFETY: ReScanCustomScan's argument; the child initialized in begin.
         unsafe {
             let chg = (*node).ss.ps.chgParam;
-            if !chg.is_null() {
-                pg_sys::UpdateChangedParamSet(self.child, chg);
-            }
-            if (*self.child).chgParam.is_null() {
-                pg_sys::ExecReScan(self.child);
+            for &c in std::iter::once(&self.child).chain(&self.dims) {
+                if !chg.is_null() {
+                    pg_sys::UpdateChangedParamSet(c, chg);
+                }
+                if (*c).chgParam.is_null() {
+                    pg_sys::ExecReScan(c);
+                }
             }
         }
+        self.drop_dims();
+        self.drained.clear();
         self.mode = Mode::Start;
     }
 
     unsafe fn end(&mut self, _node: *mut pg_sys::CustomScanState) {
-        if !self.child.is_null() {
-            // SAFETY: initialized in begin.
-            unsafe { pg_sys::ExecEndNode(self.child) };
+        self.drop_dims();
+        // SAFETY: initialized in begin.
+        unsafe {
+            for &c in std::iter::once(&self.child).chain(&self.dims) {
+                if !c.is_null() {
+                    pg_sys::ExecEndNode(c);
+                }
+            }
         }
     }
 
@@ -461,8 +699,26 @@ impl JoinScan for GpuGroupAggScan {
             if !cols.is_empty() {
                 prop(c"Cached Columns", &cols.join(", "));
             }
+            if !self.shape.dims.is_empty() {
+                let dims: Vec<String> = self
+                    .shape
+                    .dims
+                    .iter()
+                    .zip(&self.dim_names)
+                    .map(|(d, (rel, key, _))| format!("{rel} ON {} = {rel}.{key}", self.name_of(&d.fact_col)))
+                    .collect();
+                prop(c"Dimensions", &dims.join(", "));
+            }
             if !self.shape.keys.is_empty() {
-                let keys: Vec<String> = self.shape.keys.iter().map(|k| self.name_of(k)).collect();
+                let keys: Vec<String> = self
+                    .shape
+                    .keys
+                    .iter()
+                    .map(|k| match *k {
+                        Key::Fact(c) => self.name_of(&c),
+                        Key::Dim { dim, idx } => self.dim_names[dim].2[idx].clone(),
+                    })
+                    .collect();
                 prop(c"Group Keys", &keys.join(", "));
             }
             if !self.shape.filters.is_empty() {
@@ -489,6 +745,22 @@ impl JoinScan for GpuGroupAggScan {
             }
         }
     }
+}
+
+/// A join table's bytes, read back into 8-byte aligned memory (for the appended rows' probes).
+fn read_table(t: &SegRef) -> Result<Vec<u64>> {
+    let (_, info) = crate::runtime::lookup_own(t.name())?;
+    let mut bytes: Vec<u8> = Vec::new();
+    crate::node::fallible::try_resize(&mut bytes, info.size as usize, 0u8, "a dimension's table")?;
+    try_executor(|ex| exec::read(ex, t, 0, &mut bytes))?;
+    let mut words: Vec<u64> = Vec::new();
+    crate::node::fallible::try_reserve(&mut words, bytes.len().div_ceil(8), "a dimension's table")?;
+    words.extend(bytes.chunks(8).map(|c| {
+        let mut w = [0u8; 8];
+        w[..c.len()].copy_from_slice(c);
+        u64::from_ne_bytes(w)
+    }));
+    Ok(words)
 }
 
 /// A range as EXPLAIN shows it, its bounds in the column's type.

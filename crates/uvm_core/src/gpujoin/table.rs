@@ -255,6 +255,12 @@ impl<'a> Table<'a> {
         Ok(Table { header, name, slots: start as *const u64, ticks: Ticks::default(), _bytes: PhantomData })
     }
 
+    /// [`Table::view`] of a table's bytes held in words (aligned, as a copy read out of its
+    /// segment is).
+    pub fn view_words(name: &'a str, words: &'a [u64]) -> Result<Table<'a>> {
+        Table::view(name, zerocopy::IntoBytes::as_bytes(words))
+    }
+
     pub fn header(&self) -> &Header {
         &self.header
     }
