@@ -111,12 +111,21 @@ struct Building {
     entry: Entry,
     seg: Option<SegRef>,
     dicts: Vec<SegRef>,
+    /// Every segment the build creates, named before its creation: an ERROR or a cancel inside
+    /// a creation (after the segment exists, before it returns) must not leave it behind.
+    names: Vec<String>,
 }
 
 impl Building {
+    /// Notes that the build is about to create segment `name`.
+    fn creating(&mut self, name: &str) {
+        self.names.push(name.to_owned());
+    }
+
     fn done(mut self) {
         self.seg = None;
         self.dicts.clear();
+        self.names.clear();
         self.entry.slot = usize::MAX;
     }
 }
@@ -126,15 +135,28 @@ impl Drop for Building {
         if self.entry.slot == usize::MAX {
             return;
         }
-        let (entry, seg, dicts) = (self.entry, self.seg.take(), std::mem::take(&mut self.dicts));
+        let (entry, names) = (self.entry, std::mem::take(&mut self.names));
         crate::runtime::held_off(|| {
             let _ = std::panic::catch_unwind(|| {
                 if let Ok(d) = directory() {
                     if d.retire(entry.slot, entry.generation) {
-                        for seg in seg.iter().chain(&dicts) {
-                            let _ = crate::runtime::try_with_executor(|ex| exec::drop(ex, seg));
+                        // By name: a creation that an ERROR interrupted may or may not have
+                        // made its segment. A segment still pinned (a parallel worker of the
+                        // build, not yet stopped: the abort stops it after this) keeps the slot
+                        // `Dropping`, so that the next reclaim drops what is left.
+                        let mut all = true;
+                        for name in &names {
+                            if let Ok((seg, _)) = lookup_own(name) {
+                                match crate::runtime::try_with_executor(|ex| exec::drop(ex, &seg)) {
+                                    Ok(()) => {}
+                                    Err(e) if e.code == Code::UndefinedObject => {}
+                                    Err(_) => all = false,
+                                }
+                            }
                         }
-                        d.free(entry.slot, entry.generation);
+                        if all {
+                            d.free(entry.slot, entry.generation);
+                        }
                     }
                 }
             });
@@ -216,7 +238,7 @@ fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Res
     }
     // SAFETY: GetUserId reads this backend's current user.
     let entry = d.claim(db, u32::from(relid), u32::from(unsafe { pg_sys::GetUserId() }))?;
-    let mut building = Building { entry, seg: None, dicts: Vec::new() };
+    let mut building = Building { entry, seg: None, dicts: Vec::new(), names: Vec::new() };
     let mut layout = Layout::plan(u32::from(relid), &specs, BLOCK_ROWS)?;
     let name = segment_name(db, u32::from(relid), entry.generation);
     let parallel = super::parallel::suits(&specs, &name);
@@ -226,6 +248,7 @@ fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Res
     // of a parallel build leaves one block partly full.
     let blocks = t.estimated_rows.div_ceil(BLOCK_ROWS).max(1) + workers as u64;
     let first = layout.bytes_for(blocks).min(crate::guc::max_segment_size()).min(i64::MAX as u64) as i64;
+    building.creating(&name);
     try_executor(|ex| exec::create(ex, &name, first, None, TierPref::Auto, BOOTSTRAP_SUPERUSER, now()))?;
     let (seg, _) = lookup_own(&name)?;
     building.seg = Some(seg);
@@ -258,6 +281,7 @@ fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Res
         let attnum = t.columns[col].spec.attnum;
         let dname = dictionary_name(&name, attnum);
         let bytes = dict.to_bytes();
+        building.creating(&dname);
         try_executor(|ex| exec::create(ex, &dname, bytes.len() as i64, None, TierPref::Auto, BOOTSTRAP_SUPERUSER, now()))?;
         let (dseg, _) = lookup_own(&dname)?;
         building.dicts.push(dseg);
@@ -305,6 +329,7 @@ fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Res
 fn create_tail(building: &mut Building, name: &str, columns: u32, relid: u32) -> Result<Tail> {
     let tail = Tail::new(columns, super::append::capacity())?;
     let tname = super::append::tail_name(name);
+    building.creating(&tname);
     try_executor(|ex| exec::create(ex, &tname, tail.bytes() as i64, None, TierPref::Host, BOOTSTRAP_SUPERUSER, now()))?;
     let (tseg, _) = lookup_own(&tname)?;
     building.dicts.push(tseg);
