@@ -1,81 +1,98 @@
-//! GpuGroupAgg: `GROUP BY` and aggregates of one table computed from its column cache (issue
-//! 27, steps 2 and 3 for a single table; star joins over dimension tables come next).
+//! GpuGroupAgg: `GROUP BY`, aggregates and star joins computed from a fact table's column
+//! cache (issue 27, steps 2 and 3).
 //!
 //! # Why
 //!
 //! PostgreSQL aggregates a table row by row from the heap: every page read, every tuple
-//! deformed, a transition call per aggregate. Where a table has a current column cache
-//! (`crate::caches`), the rows' words are already laid out column by column in segments, and a
+//! deformed, a transition call per aggregate, and a star join builds a hash table per
+//! dimension and hands every joined row up. Where the fact table has a current column cache
+//! (`crate::caches`), its rows' words are already laid out column by column in segments, and a
 //! scan program (`crate::scan`, run as `ScanGroups` requests where the segments are: the GPU
-//! service, or the backend in process mode) filters them and folds them into a group table in
-//! a segment, which grows when the groups outnumber its room. No tuple is formed below the
-//! groups.
+//! service, or the backend in process mode) filters them, probes each dimension's join table
+//! and folds what is left into a group table in a segment, which grows when the groups
+//! outnumber its room. No tuple is formed below the groups (Crystal's model).
 //!
 //! # Plan
 //!
 //! ```text
 //! Custom Scan (UvmGpuGroupAgg)
-//!   Column Cache: t
-//!   Cached Columns: a, b, v
-//!   Group Keys: a
-//!   Cache Filters: b >= 10
-//!   ->  HashAggregate                 (run where the cache is not current)
-//!         Group Key: a
-//!         ->  Seq Scan on t
-//!               Filter: (b >= 10)
+//!   Column Cache: lineorder
+//!   Cached Columns: lo_revenue, lo_orderdate, lo_partkey
+//!   Dimensions: date ON lo_orderdate = date.d_datekey, part ON lo_partkey = part.p_partkey
+//!   Group Keys: date.d_year, part.p_brand1
+//!   Cache Filters: lo_quantity <= 24
+//!   ->  HashAggregate                 (PostgreSQL's, run where the cache is not current)
+//!         ->  Hash Join ...
+//!   ->  Seq Scan on date              (each dimension's own plan, its conditions included)
+//!   ->  Seq Scan on part
+//!         Filter: (p_category = 'MFGR#12'::text)
 //! ```
 //!
-//! - **Planner** (`create_upper_paths_hook` at `UPPERREL_GROUP_AGG`, after PostgreSQL added
-//!   its own grouping paths): for a query level over one plain table (no inheritance children,
-//!   no sample) with a ready cache holding every column the level reads of it, no grouping
-//!   sets, `HAVING` or set-returning functions, where ([`Shape::of`])
-//!   - each `WHERE` conjunct is a column compared with a constant (`=`, `<`, `<=`, `>`, `>=`,
-//!     so `BETWEEN` too: integer types across widths, `date`, `timestamp[tz]` with their own
-//!     type) or `IS NOT NULL`: a range of the column's words;
-//!   - each `GROUP BY` item is a column of an integer-like type (`int2`, `int4`, `int8`,
-//!     `bool`, `date`, `timestamp[tz]`), whose equality is the equality of its words, and
-//!     every column the target uses outside an aggregate is one of them;
-//!   - each aggregate is `count(*)`, `count(x)`, or `sum`, `min`, `max` of an `int2`, `int4`
-//!     or `int8` column, plain (no DISTINCT, ORDER BY or FILTER);
+//! - **Planner** (`plan.rs`; `create_upper_paths_hook` at `UPPERREL_GROUP_AGG`, after
+//!   PostgreSQL added its own grouping paths): for a query level with no grouping sets,
+//!   `HAVING` or set-returning functions whose `FROM` is plain tables (no inheritance
+//!   children, no sample) joined by inner joins only, one of them (the fact) with a ready cache
+//!   holding every column the level reads of it, where ([`Shape::of`])
+//!   - every other table (a dimension) is joined to the fact by one equivalence class of
+//!     plain columns (integer types across widths, or `date`), and no join clause lies outside
+//!     the classes (no dimension joined to another);
+//!   - each fact conjunct is a column compared with a constant (`=`, `<`, `<=`, `>`, `>=`, so
+//!     `BETWEEN` too: integer types across widths, `date`, `timestamp[tz]` with their own
+//!     type) or `IS NOT NULL`: a range of the column's words; a dimension's conjuncts are its
+//!     own plan's;
+//!   - each `GROUP BY` item is a column of the fact of an integer-like type (`int2/4/8`,
+//!     `bool`, `date`, `timestamp[tz]`) or a column of a dimension of a type whose equal
+//!     values are equal bytes (those, and `text`/`varchar` with a deterministic collation),
+//!     and every column the target uses outside an aggregate is one of them;
+//!   - each aggregate is `count(*)`, `count(x)`, or `sum`, `min`, `max` of an `int2/4/8`
+//!     column of the fact or of the difference or product of two `int4`/`int8` ones (PostgreSQL's
+//!     `int8` operators), plain (no DISTINCT, ORDER BY or FILTER);
 //!
-//!   it adds a path priced at the cache's scan ([`cost`]) whose one child is an aggregation by
-//!   PostgreSQL (hashed, or plain without GROUP BY) over the input's cheapest path. Anything
-//!   else: no path.
-//! - **Executor**: at the first call the node checks the cache against the query's snapshot
-//!   (`caches::usable_in_query`, the reader's rule) and that it still holds the planned columns
-//!   with the planned encodings; then it runs the program (`exec::scan_groups`) into a
-//!   temporary group table segment (`super::cleanup`: dropped however the query ends), growing
-//!   it into a segment of twice the slots whenever the program stops full (`exec::groups_grow`),
-//!   reads the table, folds the rows that inserts appended to the cache and the snapshot sees
-//!   (`caches::visible_tail`, with the same program's [`crate::scan::fold_row`]), and returns
-//!   one row per group: the scan tuple is the group keys then the aggregates, and the node's
-//!   target list (the query's expressions over them) is projected from it. Where the cache is
-//!   not current, or is dropped before the program pins it, or the engine runs no scan
-//!   programs (the CUDA engine until its kernels exist: 0A000), the node returns its child's
-//!   rows instead: nothing was returned yet, so the fallback is whole.
+//!   it adds a path priced at the cache's scan and the dimensions' plans ([`cost`]) whose first
+//!   child is an aggregation by PostgreSQL (hashed, or plain without GROUP BY) over the input's
+//!   cheapest path, and whose other children are the dimensions' cheapest paths. Anything else:
+//!   no path.
+//! - **Executor** (`run.rs`): at the first call the node checks the cache against the query's
+//!   snapshot (`caches::usable_in_query`, the reader's rule) and that it still holds the
+//!   planned columns with the planned encodings. It drains each dimension's plan into a
+//!   temporary join table of (key, index of the row's distinct grouping values), keeping those
+//!   values (text copied) in a context of its own; runs the program (`exec::scan_groups`)
+//!   into a temporary group table, growing it into a segment of twice the slots whenever the
+//!   program stops full (`exec::groups_grow`); reads the table back, folds the rows that
+//!   inserts appended to the cache and the snapshot sees (`caches::visible_tail`, by the same
+//!   program's [`crate::scan::fold_row`] over the join tables read back); and returns one row
+//!   per group: the scan tuple is the grouping columns (a fact key's word as a datum, a
+//!   dimension's value by its payload) then the aggregates, and the node's target list (the
+//!   query's expressions over them) is projected from it. The temporary segments are dropped
+//!   when read, and however the query ends (`super::cleanup`). Where the cache is not current,
+//!   or is dropped before the program pins it, or the engine runs no scan programs (the CUDA
+//!   engine until its kernels exist: 0A000), the node returns its first child's rows instead:
+//!   nothing was returned yet, so the fallback is whole.
 //!
 //! Results are PostgreSQL's: counts `int8`, `sum(int2/int4)` `int8` (past its range an ERROR
 //! 22003, as `int4_sum`'s), `sum(int8)` `numeric` (128-bit sums), `min`/`max` of the
-//! argument's type, NULL over no rows; an ungrouped query over no rows returns one row.
-//! `pg_uvm_share.enable_cache = off` (no cache read) or `pg_uvm_share.enable_gpugroupagg = off`
-//! keep the planner from offering the node.
+//! argument's type, NULL over no rows; an ungrouped query over no rows returns one row; a
+//! difference or product past `int8` an ERROR 22003. `pg_uvm_share.enable_cache = off` (no
+//! cache read) or `pg_uvm_share.enable_gpugroupagg = off` keep the planner from offering the
+//! node.
 //!
 //! # Limits (the next steps of issue 27)
 //!
-//! - One table: star joins (dimension tables built from their filtered rows, their payloads
-//!   grouping values) are the program's and the executor's already, not yet the planner's.
-//! - Dictionary-encoded text (`=`/`IN` as code bitmaps, text group keys decoded), `IN` lists,
-//!   `OR`, `avg`, float and numeric columns, sums of products: declined for now.
+//! - Dictionary-encoded text on the fact (`=`/`IN` as code bitmaps, text group keys decoded),
+//!   `IN` lists, `OR`, `avg`, float and numeric columns: declined for now.
 //! - The group table is read into the backend's memory (its bytes, then an entry per group),
-//!   not bounded by `work_mem` yet; the table in the segment grows without limit but memory.
-//! - The CUDA engine answers `ScanGroups` with 0A000 until its kernels exist, so on a GPU the
-//!   node runs its child.
+//!   and each dimension's rows into a join table built from the backend; neither is bounded by
+//!   `work_mem` yet; the table in the segment grows without limit but memory.
+//! - The CUDA engine answers `ScanGroups` with 0A000 until its kernels exist: the planner does
+//!   not offer the node where the cluster's provider is CUDA, and a plan made before the
+//!   provider was known runs its child.
 //!
 //! # Cost
 //!
-//! [`SETUP_COST`], and per row of the table [`ROW_FACTOR`] x `cpu_operator_cost` for each
-//! column the program reads, plus `cpu_tuple_cost` per group: a column's word costs a fraction
-//! of what a heap tuple costs PostgreSQL. Provisional: issue 27's sweep (`auto` within 1.25x
+//! [`SETUP_COST`], and per row of the fact [`ROW_FACTOR`] x `cpu_operator_cost` for each
+//! column the program reads and each join, plus `cpu_tuple_cost` per group; each dimension's
+//! plan at its own cost and `cpu_tuple_cost` per row it hands over: a column's word costs a
+//! fraction of what a heap tuple costs PostgreSQL. Provisional: issue 27's sweep (`auto` within 1.25x
 //! of the faster plan) will calibrate them on the H200 with the kernels.
 
 mod plan;
@@ -161,12 +178,33 @@ struct Range {
     hi: i64,
 }
 
-/// An aggregate: what it computes, over which column (`None`: `count(*)`).
+/// What an aggregate reads of a row: nothing (`count(*)`), a column, or the difference or
+/// product of two (`int8` arithmetic, as PostgreSQL's `int8mi`/`int8mul` and their mixed-width
+/// forms, an overflow an ERROR 22003 in both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AggInput {
+    Star,
+    Col(Col),
+    Sub(Col, Col),
+    Mul(Col, Col),
+}
+
+impl AggInput {
+    fn columns(&self) -> Vec<Col> {
+        match *self {
+            AggInput::Star => vec![],
+            AggInput::Col(c) => vec![c],
+            AggInput::Sub(a, b) | AggInput::Mul(a, b) => vec![a, b],
+        }
+    }
+}
+
+/// An aggregate: what it computes, over what.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct AggOf {
     kind: Kind,
     arg: Arg,
-    col: Option<Col>,
+    input: AggInput,
 }
 
 /// A grouping column: a cached column of the fact table, or grouping column `idx` of
@@ -230,14 +268,14 @@ impl Shape {
     /// The fact's columns the program reads (each once).
     fn columns(&self) -> Vec<Col> {
         let mut out: Vec<Col> = Vec::new();
-        let keys = self.keys.iter().filter_map(|k| if let Key::Fact(c) = k { Some(c) } else { None });
+        let keys = self.keys.iter().filter_map(|k| if let Key::Fact(c) = k { Some(*c) } else { None });
         let all = keys
-            .chain(self.filters.iter().map(|f| &f.col))
-            .chain(self.aggs.iter().filter_map(|a| a.col.as_ref()))
-            .chain(self.dims.iter().map(|d| &d.fact_col));
+            .chain(self.filters.iter().map(|f| f.col))
+            .chain(self.aggs.iter().flat_map(|a| a.input.columns()))
+            .chain(self.dims.iter().map(|d| d.fact_col));
         for c in all {
-            if !out.contains(c) {
-                out.push(*c);
+            if !out.contains(&c) {
+                out.push(c);
             }
         }
         out
@@ -269,9 +307,15 @@ impl Shape {
         v.push(self.aggs.len() as i64);
         for a in &self.aggs {
             v.push(kind_code(a.kind, a.arg));
-            match &a.col {
-                Some(c) => col(&mut v, c),
-                None => v.extend([0, 0]),
+            let (which, cols) = match a.input {
+                AggInput::Star => (0, vec![]),
+                AggInput::Col(c) => (1, vec![c]),
+                AggInput::Sub(x, y) => (2, vec![x, y]),
+                AggInput::Mul(x, y) => (3, vec![x, y]),
+            };
+            v.push(which);
+            for c in &cols {
+                col(&mut v, c);
             }
         }
         v.push(self.dims.len() as i64);
@@ -334,8 +378,14 @@ impl Shape {
         let mut aggs = Vec::new();
         for _ in 0..next()? {
             let (kind, arg) = kind_of(next()?)?;
-            let c = col(&mut next);
-            aggs.push(AggOf { kind, arg, col: if kind == Kind::CountStar { None } else { Some(c?) } });
+            let input = match next()? {
+                0 => AggInput::Star,
+                1 => AggInput::Col(col(&mut next)?),
+                2 => AggInput::Sub(col(&mut next)?, col(&mut next)?),
+                3 => AggInput::Mul(col(&mut next)?, col(&mut next)?),
+                _ => return None,
+            };
+            aggs.push(AggOf { kind, arg, input });
         }
         let mut dims = Vec::new();
         for _ in 0..next()? {

@@ -113,7 +113,7 @@ unsafe fn range_of(clause: *mut pg_sys::Node, varno: u32, cached: &[(i16, Encodi
 ///
 /// # Safety
 /// `a` is an Aggref.
-unsafe fn agg_of(a: *mut pg_sys::Aggref, varno: u32, cached: &[(i16, Encoding)]) -> Option<AggOf> {
+pub(super) unsafe fn agg_of(a: *mut pg_sys::Aggref, varno: u32, cached: &[(i16, Encoding)]) -> Option<AggOf> {
     // SAFETY: forwarded contract.
     unsafe {
         let (kind, arg) = agg::spec_of(u32::from((*a).aggfnoid))?;
@@ -129,30 +129,45 @@ unsafe fn agg_of(a: *mut pg_sys::Aggref, varno: u32, cached: &[(i16, Encoding)])
         }
         let args = PgList::<pg_sys::TargetEntry>::from_pg((*a).args);
         if kind == Kind::CountStar {
-            return args.is_empty().then_some(AggOf { kind, arg, col: None });
+            return args.is_empty().then_some(AggOf { kind, arg, input: AggInput::Star });
         }
         let te = args.get_ptr(0).filter(|_| args.len() == 1)?;
         let n = (*te).expr as *mut pg_sys::Node;
-        let col = if kind == Kind::Count {
+        if kind == Kind::Count {
             // count(x) looks at NULLs alone: any cached column of the relation
             let v = gpujoin::as_var(n)?;
             if (*v).varno as u32 != varno || (*v).varattno <= 0 {
                 return None;
             }
             let &(attnum, encoding) = cached.iter().find(|c| c.0 == (*v).varattno)?;
-            Col { attnum, encoding }
-        } else {
-            let (col, _) = column(n, varno, cached)?;
-            let fits = matches!(
-                (arg, col.encoding),
-                (Arg::Int2, Encoding::Int2) | (Arg::Int4, Encoding::Int4) | (Arg::Int8, Encoding::Int8)
-            );
-            if !fits {
+            return Some(AggOf { kind, arg, input: AggInput::Col(Col { attnum, encoding }) });
+        }
+        if (*n).type_ == pg_sys::NodeTag::T_OpExpr {
+            // a difference or a product of two integer columns, as int8 arithmetic
+            let op = n as *mut pg_sys::OpExpr;
+            let opargs = PgList::<pg_sys::Node>::from_pg((*op).args);
+            if arg != Arg::Int8 || opargs.len() != 2 || (*op).opresulttype != pg_sys::INT8OID {
                 return None;
             }
-            col
-        };
-        Some(AggOf { kind, arg, col: Some(col) })
+            let (x, _) = column(opargs.get_ptr(0)?, varno, cached)?;
+            let (y, _) = column(opargs.get_ptr(1)?, varno, cached)?;
+            let wide = |c: Col| matches!(c.encoding, Encoding::Int4 | Encoding::Int8);
+            if !wide(x) || !wide(y) {
+                return None;
+            }
+            let input = match u32::from(pg_sys::get_opcode((*op).opno)) {
+                pg_sys::F_INT8MI | pg_sys::F_INT84MI | pg_sys::F_INT48MI => AggInput::Sub(x, y),
+                pg_sys::F_INT8MUL | pg_sys::F_INT84MUL | pg_sys::F_INT48MUL => AggInput::Mul(x, y),
+                _ => return None,
+            };
+            return Some(AggOf { kind, arg, input });
+        }
+        let (col, _) = column(n, varno, cached)?;
+        let fits = matches!(
+            (arg, col.encoding),
+            (Arg::Int2, Encoding::Int2) | (Arg::Int4, Encoding::Int4) | (Arg::Int8, Encoding::Int8)
+        );
+        fits.then_some(AggOf { kind, arg, input: AggInput::Col(col) })
     }
 }
 
@@ -179,8 +194,8 @@ unsafe fn plain_table(root: *mut pg_sys::PlannerInfo, varno: u32) -> Option<pg_s
     }
 }
 
-/// The join equalities among `members`: per equivalence class that holds columns of two or
-/// more of them, its members as (range table index, column); `None` where a class joins them by
+/// The join equalities among `members`: per equivalence class without a constant that holds
+/// columns of two or more of them, its members as (range table index, column); `None` where a class joins them by
 /// something else than plain columns, or is volatile.
 ///
 /// # Safety
@@ -190,26 +205,31 @@ unsafe fn join_classes(root: *mut pg_sys::PlannerInfo, members: &[u32]) -> Optio
     unsafe {
         let mut out = Vec::new();
         for ec in PgList::<pg_sys::EquivalenceClass>::from_pg((*root).eq_classes).iter_ptr() {
-            if !(*ec).ec_merged.is_null() {
+            // (a class with a constant holds by each member's own restriction, `x = const`,
+            // which the relations' conditions carry: no join to run)
+            if !(*ec).ec_merged.is_null() || (*ec).ec_has_const {
                 continue;
             }
+            // (a class of one relation's expressions, a sort key such as an aggregate, joins
+            // nothing)
             let mut found: Vec<(u32, *mut pg_sys::Var)> = Vec::new();
+            let (mut rels, mut opaque) = (Vec::new(), false);
             for em in PgList::<pg_sys::EquivalenceMember>::from_pg((*ec).ec_members).iter_ptr() {
                 if (*em).em_is_child || (*em).em_is_const {
                     continue;
                 }
-                let touches = members.iter().any(|&m| pg_sys::bms_is_member(m as i32, (*em).em_relids));
-                if !touches {
-                    continue;
+                for &m in members.iter().filter(|&&m| pg_sys::bms_is_member(m as i32, (*em).em_relids)) {
+                    if !rels.contains(&m) {
+                        rels.push(m);
+                    }
                 }
-                let v = gpujoin::as_var((*em).em_expr as *mut pg_sys::Node)?;
-                found.push(((*v).varno as u32, v));
+                match gpujoin::as_var((*em).em_expr as *mut pg_sys::Node) {
+                    Some(v) if members.contains(&((*v).varno as u32)) => found.push(((*v).varno as u32, v)),
+                    _ => opaque = true,
+                }
             }
-            let mut rels: Vec<u32> = found.iter().map(|f| f.0).collect();
-            rels.sort_unstable();
-            rels.dedup();
             if rels.len() >= 2 {
-                if (*ec).ec_has_volatile || (*ec).ec_broken {
+                if opaque || (*ec).ec_has_volatile || (*ec).ec_broken {
                     return None;
                 }
                 out.push(found);
@@ -233,8 +253,8 @@ unsafe fn groupable(typid: pg_sys::Oid, coll: pg_sys::Oid) -> bool {
         | pg_sys::DATEOID
         | pg_sys::TIMESTAMPOID
         | pg_sys::TIMESTAMPTZOID => true,
-        // SAFETY: a lookup of an existing collation (the column's).
         pg_sys::TEXTOID | pg_sys::VARCHAROID => {
+            // SAFETY: a lookup of an existing collation (the column's).
             coll == pg_sys::InvalidOid || unsafe { pg_sys::get_collation_isdeterministic(coll) }
         }
         _ => false,
@@ -451,6 +471,11 @@ pub(super) unsafe fn add_path(
 ) {
     // SAFETY: forwarded contract; every node is allocated in the planner's memory context.
     unsafe {
+        // The CUDA engine has no scan kernels yet (it answers 0A000): on a GPU cluster the node
+        // would always run its child, slower than PostgreSQL's own (maybe parallel) plan.
+        if crate::runtime::gpu_does_the_work() {
+            return;
+        }
         let subpath = (*input_rel).cheapest_total_path;
         if subpath.is_null() || extra.is_null() {
             return;

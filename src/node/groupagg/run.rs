@@ -1,6 +1,7 @@
 //! The executor's side of GpuGroupAgg: the program run over the cache, the groups returned
 //! (see the module essay).
 
+use super::plan::agg_of;
 use super::*;
 
 /// Where an execution's rows came from (EXPLAIN ANALYZE's `Read From`).
@@ -64,7 +65,7 @@ fn table_aggs(aggs: &[AggOf], cols: &dyn Fn(&Col) -> usize) -> Vec<(AggKind, Inp
     let mut out: Vec<(AggKind, Input)> = aggs
         .iter()
         .map(|a| {
-            let input = a.col.as_ref().map_or(Input::Star, |c| Input::Col(cols(c)));
+            let input = input_of(&a.input, cols);
             let kind = match a.kind {
                 Kind::CountStar => AggKind::CountStar,
                 Kind::Count => AggKind::Count,
@@ -76,10 +77,19 @@ fn table_aggs(aggs: &[AggOf], cols: &dyn Fn(&Col) -> usize) -> Vec<(AggKind, Inp
         })
         .collect();
     for a in aggs.iter().filter(|a| a.kind == Kind::Sum) {
-        let c = a.col.as_ref().expect("a sum has a column");
-        out.push((AggKind::Count, Input::Col(cols(c))));
+        out.push((AggKind::Count, input_of(&a.input, cols)));
     }
     out
+}
+
+/// The program's input for an aggregate's, its columns by their index in the cache.
+fn input_of(i: &AggInput, cols: &dyn Fn(&Col) -> usize) -> Input {
+    match i {
+        AggInput::Star => Input::Star,
+        AggInput::Col(c) => Input::Col(cols(c)),
+        AggInput::Sub(x, y) => Input::Sub(cols(x), cols(y)),
+        AggInput::Mul(x, y) => Input::Mul(cols(x), cols(y)),
+    }
 }
 
 /// Aggregate `i`'s value from its group's states (`states[i]`, and for a sum the count the
@@ -150,7 +160,7 @@ impl GpuGroupAggScan {
         let empty = self.drained.iter().any(|d| d.table.is_none());
         let dim_tables: Vec<SegRef> = self.drained.iter().filter_map(|d| d.table).collect();
         let keys: Vec<Source> =
-            self.program_keys().into_iter().map(|k| k.map_or_else(|j| Source::Payload(j), |c| Source::Col(at(&c)))).collect();
+            self.program_keys().into_iter().map(|k| k.map_or_else(Source::Payload, |c| Source::Col(at(&c)))).collect();
         let spec = Spec {
             dims: if empty { Vec::new() } else { dim_tables },
             filters: self
@@ -186,8 +196,12 @@ impl GpuGroupAggScan {
             groups::init(&mut init, shape, 0x5eed)?;
             try_executor(|ex| exec::write(ex, &seg, 0, &init))?;
             // (a dimension without rows: no fact row joins, the table stays empty)
+            if empty {
+                return Ok((seg, init));
+            }
+            drop(init);
             let mut start = (0, 0);
-            while !empty {
+            loop {
                 match try_executor(|ex| exec::scan_groups(ex, &u.seg, &seg, &spec, start))? {
                     Progress::Done => break,
                     Progress::Full { block, row, slots } => {
@@ -199,10 +213,6 @@ impl GpuGroupAggScan {
                     }
                 }
             }
-            if empty {
-                return Ok((seg, init));
-            }
-            drop(init);
             let mut out = Vec::new();
             crate::node::fallible::try_resize(&mut out, shape.bytes() as usize, 0u8, "a group table")?;
             try_executor(|ex| exec::read(ex, &seg, 0, &mut out))?;
@@ -221,7 +231,7 @@ impl GpuGroupAggScan {
         cleanup::drop_now(&seg);
         // The appended rows this snapshot sees, folded by the same program on the CPU, over
         // the dimensions' tables read back.
-        let tables: Vec<Vec<u64>> = if tail.len() == 0 || empty {
+        let tables: Vec<Vec<u64>> = if tail.is_empty() || empty {
             Vec::new()
         } else {
             spec.dims.iter().map(|t| read_table(t).unwrap_or_else(|e| report(e))).collect()
@@ -495,14 +505,11 @@ impl JoinScan for GpuGroupAggScan {
                         }
                     }
                 } else if (*n).type_ == pg_sys::NodeTag::T_Aggref {
-                    let a = n as *mut pg_sys::Aggref;
-                    let args = PgList::<pg_sys::TargetEntry>::from_pg((*a).args);
-                    let Some((kind, arg)) = agg::spec_of(u32::from((*a).aggfnoid)) else { continue };
-                    let col =
-                        args.get_ptr(0).and_then(|te| gpujoin::as_var((*te).expr as *mut pg_sys::Node)).map(|v| (*v).varattno);
-                    if let Some(i) =
-                        shape.aggs.iter().position(|x| x.kind == kind && x.arg == arg && x.col.map(|c| c.attnum) == col)
-                    {
+                    // the aggregate as the planner read it (its columns are the program's)
+                    let cols = shape.columns();
+                    let cached: Vec<(i16, Encoding)> = cols.iter().map(|c| (c.attnum, c.encoding)).collect();
+                    let Some(a) = agg_of(n as *mut pg_sys::Aggref, shape.varno, &cached) else { continue };
+                    if let Some(i) = shape.aggs.iter().position(|x| *x == a) {
                         if aggrefs[i].is_null() {
                             aggrefs[i] = n;
                         }

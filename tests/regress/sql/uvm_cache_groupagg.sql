@@ -109,6 +109,44 @@ EXPLAIN (COSTS OFF) EXECUTE gp(3);
 EXECUTE gp(3);
 DEALLOCATE gp;
 
+-- star joins: dimension tables joined to the cached fact by one equality each, their rows
+-- (those their own conditions pass) drained from their own plans; groups from the fact and
+-- the dimensions (text included), NULL keys and values, duplicate and missing dimension keys,
+-- differences and products of fact columns
+CREATE TABLE gk (k int4, name text, grp int2, day date);
+INSERT INTO gk SELECT i, CASE WHEN i % 5 = 0 THEN NULL ELSE 'n' || (i % 4) END, (i % 3)::int2, date '2021-01-01' + i
+  FROM generate_series(-2, 5) i;
+INSERT INTO gk VALUES (3, 'dup', 9, NULL), (NULL, 'nokey', 1, NULL);
+CREATE TABLE gl (k int8, region text);
+INSERT INTO gl SELECT i, CASE WHEN i % 2 = 0 THEN 'east' ELSE 'west' END FROM generate_series(0, 99) i;
+ANALYZE gk, gl;
+SELECT pg_temp.ga('SELECT gk.name, count(*), sum(ga.v), min(ga.w) FROM ga, gk WHERE ga.a = gk.k GROUP BY gk.name');
+SELECT pg_temp.ga('SELECT gk.name, ga.b, count(*) FROM ga JOIN gk ON ga.a = gk.k GROUP BY gk.name, ga.b');
+SELECT pg_temp.ga('SELECT gk.grp, gk.day, gl.region, sum(ga.w) FROM ga, gk, gl WHERE ga.a = gk.k AND ga.w = gl.k AND ga.b < 3 GROUP BY gk.grp, gk.day, gl.region');
+SELECT pg_temp.ga('SELECT gl.region, count(*) FROM ga, gk, gl WHERE ga.a = gk.k AND ga.w = gl.k AND gk.name LIKE ''n%'' GROUP BY gl.region');
+SELECT pg_temp.ga('SELECT count(*), sum(ga.v) FROM ga, gk WHERE ga.a = gk.k AND gk.grp = 1');
+SELECT pg_temp.ga('SELECT count(*), sum(ga.v) FROM ga, gk WHERE ga.a = gk.k AND gk.grp = 7');
+SELECT pg_temp.ga('SELECT gk.k, count(*) FROM ga, gk WHERE ga.a = gk.k GROUP BY gk.k');
+SELECT pg_temp.ga('SELECT ga.a, sum(ga.v * ga.w), sum(ga.v - ga.w), max(ga.id * ga.a), min(ga.w - ga.v) FROM ga GROUP BY ga.a');
+SELECT pg_temp.ga('SELECT gl.region, sum(ga.v * ga.b) FROM ga, gl WHERE ga.w = gl.k GROUP BY gl.region');
+SELECT pg_temp.ga('SELECT gl.region, sum(ga.w * ga.a) FROM ga, gl WHERE ga.w = gl.k GROUP BY gl.region');
+CREATE TABLE gm (k int4, v int8, two int4, four int8);
+INSERT INTO gm SELECT i % 3, 3000000000000000000, 2, 4 FROM generate_series(1, 30000) i;
+ANALYZE gm;
+SELECT uvm.cache_table('gm');
+EXPLAIN (COSTS OFF) SELECT k, sum(v * two) FROM gm GROUP BY k;
+SELECT k, sum(v * two) FROM gm GROUP BY k ORDER BY k;
+SELECT k, sum(v * four) FROM gm GROUP BY k;
+SELECT pg_temp.ga('SELECT k, sum(v - k), max(k * v) FROM gm GROUP BY k');
+-- what star joins decline: a dimension joined by no equality with the fact, or by two, or to
+-- another dimension; an outer join; an aggregate of a dimension's column; a float group
+SELECT pg_temp.ga('SELECT gk.name, count(*) FROM ga, gk WHERE ga.a < gk.k GROUP BY gk.name');
+SELECT pg_temp.ga('SELECT gk.name, count(*) FROM ga, gk WHERE ga.a = gk.k AND ga.b = gk.grp GROUP BY gk.name');
+SELECT pg_temp.ga('SELECT gl.region, count(*) FROM ga, gk, gl WHERE ga.a = gk.k AND gk.grp = gl.k GROUP BY gl.region');
+SELECT pg_temp.ga('SELECT gk.name, count(*) FROM ga LEFT JOIN gk ON ga.a = gk.k GROUP BY gk.name');
+SELECT pg_temp.ga('SELECT gk.name, sum(gk.grp) FROM ga, gk WHERE ga.a = gk.k GROUP BY gk.name');
+SELECT pg_temp.ga('SELECT gk.name, count(*) FROM ga, gk WHERE ga.a = gk.k OR ga.b = 1 GROUP BY gk.name');
+
 -- the cache's currency at execution: appended rows folded in (new groups growing the table);
 -- the inserting transaction and a stale cache read the child (a prepared statement keeps its
 -- plan); without a cache, or for a small table, PostgreSQL plans
@@ -119,6 +157,7 @@ ANALYZE gd;
 SELECT uvm.cache_table('gd');
 INSERT INTO gd SELECT i, i FROM generate_series(101, 3100) i;
 SELECT pg_temp.ga('SELECT k, count(*), sum(v) FROM gd GROUP BY k');
+SELECT pg_temp.ga('SELECT gl.region, count(*), sum(gd.v) FROM gd, gl WHERE gd.k = gl.k GROUP BY gl.region');
 PREPARE gq AS SELECT k, count(*), sum(v) FROM gd GROUP BY k ORDER BY k LIMIT 3;
 EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE gq;
 EXECUTE gq;
@@ -148,5 +187,5 @@ SELECT pg_temp.ga('SELECT k, count(*) FROM ge GROUP BY k');
 
 -- nothing is left behind: the group tables are temporary segments
 SELECT count(*) AS temporary_segments_left FROM uvm.segments WHERE name LIKE 'pg_temp_gpujoin_%';
-SELECT uvm.cache_drop('ga'), uvm.cache_drop('gb'), uvm.cache_drop('gc'), uvm.cache_drop('ge');
-DROP TABLE ga, gb, gc, gd, ge;
+SELECT uvm.cache_drop('ga'), uvm.cache_drop('gb'), uvm.cache_drop('gc'), uvm.cache_drop('ge'), uvm.cache_drop('gm');
+DROP TABLE ga, gb, gc, gd, ge, gk, gl, gm;

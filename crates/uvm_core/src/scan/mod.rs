@@ -166,7 +166,7 @@ fn passes(test: &Test, v: Option<u64>) -> bool {
 }
 
 fn overflow(what: &str) -> UvmError {
-    UvmError::new(Code::NumericValueOutOfRange, format!("bigint out of range ({what})"))
+    UvmError::new(Code::NumericValueOutOfRange, "bigint out of range").detail(format!("In {what} of two cached columns."))
 }
 
 /// One row of [`fold_row`]: dropped (a filter or a join), folded, or not folded because the
