@@ -1,4 +1,5 @@
-//! The aggregates a GpuJoin computes itself, in plain Rust (no PostgreSQL types).
+//! The aggregates a GpuJoin computes itself, in plain Rust (no PostgreSQL types but the
+//! planner's test of a plain call, [`plain`]).
 //!
 //! # Why
 //!
@@ -66,6 +67,25 @@ pub fn spec_of(aggfnoid: u32) -> Option<(Kind, Arg)> {
         2133 => (Kind::Min, Arg::Int2),
         _ => return None,
     })
+}
+
+/// Whether `a` is a plain call: no DISTINCT, ORDER BY, FILTER, variadic or split form, of this
+/// query level (what the nodes compute, given [`spec_of`]'s function).
+///
+/// # Safety
+/// `a` is an Aggref.
+pub unsafe fn plain(a: *const pgrx::pg_sys::Aggref) -> bool {
+    use pgrx::pg_sys;
+    // SAFETY: forwarded contract.
+    unsafe {
+        (*a).agglevelsup == 0
+            && (*a).aggfilter.is_null()
+            && (*a).aggdistinct.is_null()
+            && (*a).aggorder.is_null()
+            && (*a).aggkind as u8 == b'n' // AGGKIND_NORMAL
+            && !(*a).aggvariadic
+            && (*a).aggsplit == pg_sys::AggSplit::AGGSPLIT_SIMPLE
+    }
 }
 
 /// The type of an aggregate's result (and of its partial result).

@@ -62,37 +62,10 @@ const MERGE_FACTOR: f64 = 1.0;
 
 static METHODS: Methods = customscan::methods::<GpuJoinAggScan>();
 
-static mut PREV_HOOK: pg_sys::create_upper_paths_hook_type = None;
-
-/// Installs the planner hook (chaining the previous one) and registers the scan methods.
+/// Registers the scan methods (the planner reaches [`add_paths`] through `super`'s
+/// upper-paths hook).
 pub fn install() {
-    // SAFETY: _PG_init runs once per process, before any planning; the hook chain is
-    // process-local.
-    unsafe {
-        PREV_HOOK = pg_sys::create_upper_paths_hook;
-        pg_sys::create_upper_paths_hook = Some(upper_paths_hook);
-    }
     customscan::register::<GpuJoinAggScan>();
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn upper_paths_hook(
-    root: *mut pg_sys::PlannerInfo,
-    stage: pg_sys::UpperRelationKind::Type,
-    input_rel: *mut pg_sys::RelOptInfo,
-    output_rel: *mut pg_sys::RelOptInfo,
-    extra: *mut std::ffi::c_void,
-) {
-    // SAFETY: PostgreSQL's planner calls the hook with valid structures; the previous hook is
-    // called with the same arguments.
-    unsafe {
-        if let Some(prev) = PREV_HOOK {
-            prev(root, stage, input_rel, output_rel, extra);
-        }
-        if stage == pg_sys::UpperRelationKind::UPPERREL_GROUP_AGG && gpujoin::enabled() {
-            add_paths(root, input_rel, output_rel);
-        }
-    }
 }
 
 /// The distinct aggregates of `exprs` (a grouping target's expressions), if every one is one the
@@ -112,14 +85,7 @@ pub unsafe fn supported_aggrefs(exprs: *mut pg_sys::List) -> Option<Vec<*mut pg_
             }
             let a = n as *mut pg_sys::Aggref;
             let (kind, arg) = agg::spec_of(u32::from((*a).aggfnoid))?;
-            let plain = (*a).agglevelsup == 0
-                && (*a).aggfilter.is_null()
-                && (*a).aggdistinct.is_null()
-                && (*a).aggorder.is_null()
-                && (*a).aggkind as u8 == b'n' // AGGKIND_NORMAL
-                && !(*a).aggvariadic
-                && (*a).aggsplit == pg_sys::AggSplit::AGGSPLIT_SIMPLE;
-            if !plain {
+            if !agg::plain(a) {
                 return None;
             }
             let args = PgList::<pg_sys::TargetEntry>::from_pg((*a).args);
@@ -153,7 +119,11 @@ pub unsafe fn supported_aggrefs(exprs: *mut pg_sys::List) -> Option<Vec<*mut pg_
 ///
 /// # Safety
 /// The hook's arguments.
-unsafe fn add_paths(root: *mut pg_sys::PlannerInfo, input_rel: *mut pg_sys::RelOptInfo, output_rel: *mut pg_sys::RelOptInfo) {
+pub(super) unsafe fn add_paths(
+    root: *mut pg_sys::PlannerInfo,
+    input_rel: *mut pg_sys::RelOptInfo,
+    output_rel: *mut pg_sys::RelOptInfo,
+) {
     // SAFETY: forwarded contract; every node is allocated in the planner's memory context.
     unsafe {
         let parse = (*root).parse;

@@ -121,45 +121,20 @@ use crate::scan::{Filter, Input, Program, Progress, Row, Source, Test};
 pub const SETUP_COST: f64 = 100.0;
 /// Per row and column read, in `cpu_operator_cost`.
 pub const ROW_FACTOR: f64 = 0.25;
-/// The group table's first size, in groups, at least (it grows as needed).
+/// The group table's first size, in groups: the planner's estimate within these bounds (it
+/// grows as needed; an estimate far too high must not allocate a huge table at once).
 const MIN_GROUPS: u64 = 64;
+const MAX_FIRST_GROUPS: u64 = 1 << 20;
 
-use plan::add_path;
+pub(super) use plan::add_path;
 pub use run::GpuGroupAggScan;
 
 static METHODS: Methods = customscan::methods::<GpuGroupAggScan>();
 
-static mut PREV_HOOK: pg_sys::create_upper_paths_hook_type = None;
-
-/// Installs the planner hook (chaining the previous one) and registers the scan methods.
+/// Registers the scan methods (the planner reaches [`add_path`] through `super`'s upper-paths
+/// hook).
 pub fn install() {
-    // SAFETY: _PG_init runs once per process, before any planning; the hook chain is
-    // process-local.
-    unsafe {
-        PREV_HOOK = pg_sys::create_upper_paths_hook;
-        pg_sys::create_upper_paths_hook = Some(upper_paths_hook);
-    }
     customscan::register::<GpuGroupAggScan>();
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn upper_paths_hook(
-    root: *mut pg_sys::PlannerInfo,
-    stage: pg_sys::UpperRelationKind::Type,
-    input_rel: *mut pg_sys::RelOptInfo,
-    output_rel: *mut pg_sys::RelOptInfo,
-    extra: *mut std::ffi::c_void,
-) {
-    // SAFETY: PostgreSQL's planner calls the hook with valid structures; the previous hook is
-    // called with the same arguments.
-    unsafe {
-        if let Some(prev) = PREV_HOOK {
-            prev(root, stage, input_rel, output_rel, extra);
-        }
-        if stage == pg_sys::UpperRelationKind::UPPERREL_GROUP_AGG && crate::guc::ENABLE_GPUGROUPAGG.get() {
-            add_path(root, input_rel, output_rel, extra as *mut pg_sys::GroupPathExtraData);
-        }
-    }
 }
 
 /// A grouping column: its attribute number and the encoding the plan expects of its cache.

@@ -117,14 +117,7 @@ pub(super) unsafe fn agg_of(a: *mut pg_sys::Aggref, varno: u32, cached: &[(i16, 
     // SAFETY: forwarded contract.
     unsafe {
         let (kind, arg) = agg::spec_of(u32::from((*a).aggfnoid))?;
-        let plain = (*a).agglevelsup == 0
-            && (*a).aggfilter.is_null()
-            && (*a).aggdistinct.is_null()
-            && (*a).aggorder.is_null()
-            && (*a).aggkind as u8 == b'n' // AGGKIND_NORMAL
-            && !(*a).aggvariadic
-            && (*a).aggsplit == pg_sys::AggSplit::AGGSPLIT_SIMPLE;
-        if !plain {
+        if !agg::plain(a) {
             return None;
         }
         let args = PgList::<pg_sys::TargetEntry>::from_pg((*a).args);
@@ -463,7 +456,7 @@ fn cost(rows: f64, columns: usize, groups: f64) -> f64 {
 ///
 /// # Safety
 /// The hook's arguments (`extra`: the grouping's `GroupPathExtraData`).
-pub(super) unsafe fn add_path(
+pub(in crate::node) unsafe fn add_path(
     root: *mut pg_sys::PlannerInfo,
     input_rel: *mut pg_sys::RelOptInfo,
     output_rel: *mut pg_sys::RelOptInfo,

@@ -180,7 +180,7 @@ impl GpuGroupAggScan {
         let mut shape = groups::Shape {
             key_words: spec.keys.len() as u16 + 1,
             aggs: aggs.iter().map(|a| a.0).collect(),
-            slot_count: groups::Shape::slots_for(self.shape.groups.max(MIN_GROUPS)),
+            slot_count: groups::Shape::slots_for(self.shape.groups.clamp(MIN_GROUPS, MAX_FIRST_GROUPS)),
         };
         // The program into a group table segment, grown into a new one whenever it is full.
         let create = |shape: &groups::Shape| -> Result<SegRef> {

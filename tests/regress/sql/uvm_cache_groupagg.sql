@@ -185,6 +185,19 @@ CREATE TABLE ge AS SELECT i AS k FROM generate_series(1, 50) i;
 SELECT uvm.cache_table('ge');
 SELECT pg_temp.ga('SELECT k, count(*) FROM ge GROUP BY k');
 
+-- a statement cancelled (statement_timeout) while the node runs leaves nothing behind
+CREATE TABLE gt AS SELECT i::int8 AS k, (i % 5000)::int4 AS g FROM generate_series(1, 2000000) i;
+ANALYZE gt;
+SELECT uvm.cache_table('gt');
+SET statement_timeout = '2ms';
+\set VERBOSITY terse
+SELECT count(*) FROM (SELECT g, count(*), sum(k) FROM gt GROUP BY g) x;
+\set VERBOSITY default
+RESET statement_timeout;
+SELECT pg_temp.ga('SELECT g, count(*), sum(k) FROM gt GROUP BY g');
+SELECT uvm.cache_drop('gt');
+DROP TABLE gt;
+
 -- nothing is left behind: the group tables are temporary segments
 SELECT count(*) AS temporary_segments_left FROM uvm.segments WHERE name LIKE 'pg_temp_gpujoin_%';
 SELECT uvm.cache_drop('ga'), uvm.cache_drop('gb'), uvm.cache_drop('gc'), uvm.cache_drop('ge'), uvm.cache_drop('gm');
