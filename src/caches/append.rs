@@ -77,7 +77,7 @@ fn has_trigger(relid: pg_sys::Oid) -> Result<bool> {
         "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = {} AND tgname = '{TRIGGER}')",
         u32::from(relid)
     );
-    pgrx::spi::Spi::get_one::<bool>(&q)
+    read_only_bool(&q)
         .map(|b| b.unwrap_or(false))
         .map_err(|e| UvmError::new(Code::SystemError, format!("looking up the cache's trigger: {e}")))
 }

@@ -216,10 +216,18 @@ fn rel_name(relid: pg_sys::Oid) -> String {
 }
 
 /// Whether a subscription writes `relid` (logical replication's apply worker writes without
-/// the executor's hooks, so such a table is never built or read from a cache).
+/// the executor's hooks, so such a table is never built or read from a cache); a lookup that
+/// fails says yes.
 fn subscribed(relid: pg_sys::Oid) -> bool {
     let q = format!("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_subscription_rel WHERE srrelid = {})", u32::from(relid));
-    pgrx::spi::Spi::get_one::<bool>(&q).ok().flatten().unwrap_or(true)
+    read_only_bool(&q).ok().flatten().unwrap_or(true)
+}
+
+/// The one boolean `query` (a catalog lookup) returns, through a read-only SPI query: a plan
+/// node may ask inside a parallel query, where a read-write one (pgrx's `Spi::get_one`) fails
+/// ("cannot assign XIDs during a parallel operation").
+fn read_only_bool(query: &str) -> pgrx::spi::SpiResult<Option<bool>> {
+    pgrx::spi::Spi::connect(|client| client.select(query, Some(1), &[])?.first().get_one::<bool>())
 }
 
 /// Drops the cache of `entry` (its segment, then its slot); false if another process retired

@@ -147,6 +147,20 @@ SELECT pg_temp.ga('SELECT gk.name, count(*) FROM ga LEFT JOIN gk ON ga.a = gk.k 
 SELECT pg_temp.ga('SELECT gk.name, sum(gk.grp) FROM ga, gk WHERE ga.a = gk.k GROUP BY gk.name');
 SELECT pg_temp.ga('SELECT gk.name, count(*) FROM ga, gk WHERE ga.a = gk.k OR ga.b = 1 GROUP BY gk.name');
 
+-- in a parallel query (Gathers among the node's children: the executor runs in parallel mode,
+-- where the node's checks must not write)
+SET parallel_setup_cost = 0;
+SET parallel_tuple_cost = 0;
+SET min_parallel_table_scan_size = 0;
+SET max_parallel_workers_per_gather = 2;
+SELECT pg_temp.ga('SELECT gk.name, count(*), sum(ga.v) FROM ga, gk WHERE ga.a = gk.k GROUP BY gk.name');
+SELECT pg_temp.ga('SELECT gl.region, gk.grp, count(*) FROM ga, gk, gl WHERE ga.a = gk.k AND ga.w = gl.k GROUP BY gl.region, gk.grp');
+SELECT pg_temp.ga('SELECT a, count(*), max(w) FROM ga WHERE b > 1 GROUP BY a');
+RESET parallel_setup_cost;
+RESET parallel_tuple_cost;
+RESET min_parallel_table_scan_size;
+SET max_parallel_workers_per_gather = 0;
+
 -- the cache's currency at execution: appended rows folded in (new groups growing the table);
 -- the inserting transaction and a stale cache read the child (a prepared statement keeps its
 -- plan); without a cache, or for a small table, PostgreSQL plans
