@@ -173,7 +173,9 @@ INSERT INTO gd SELECT i, i FROM generate_series(101, 3100) i;
 SELECT pg_temp.ga('SELECT k, count(*), sum(v) FROM gd GROUP BY k');
 SELECT pg_temp.ga('SELECT gl.region, count(*), sum(gd.v) FROM gd, gl WHERE gd.k = gl.k GROUP BY gl.region');
 PREPARE gq AS SELECT k, count(*), sum(v) FROM gd GROUP BY k ORDER BY k LIMIT 3;
-EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE gq;
+-- (the node's own EXPLAIN ANALYZE lines: the rest of the plan's differ between majors)
+SELECT line FROM (SELECT trim(l) AS line FROM pg_temp.explain_lines('EXECUTE gq') l) x
+ WHERE line LIKE 'Read From:%' OR line LIKE 'Groups:%' OR line LIKE 'Appended Rows:%' OR line LIKE 'Group Table Grown:%';
 EXECUTE gq;
 BEGIN;
 INSERT INTO gd VALUES (5, 5), (NULL, 1);
