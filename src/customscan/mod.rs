@@ -187,6 +187,81 @@ pub fn register<T: JoinScan>() {
     unsafe { pg_sys::RegisterCustomScanMethods(&T::methods().scan) };
 }
 
+/// A serial, parallel-unsafe custom path of the upper relation `rel` (its target), over the
+/// paths `children`, of `rows` rows at `cost` (startup and total), with `methods`: the shape of
+/// the nodes above a grouping (GpuJoinAgg, GpuGroupAgg). `disabled_nodes` counts only on
+/// PostgreSQL 18.
+///
+/// # Safety
+/// Planner structures, allocated in the planner's memory context.
+pub unsafe fn upper_path(
+    rel: *mut pg_sys::RelOptInfo,
+    children: &[*mut pg_sys::Path],
+    rows: f64,
+    cost: f64,
+    disabled_nodes: i32,
+    methods: &'static pg_sys::CustomPathMethods,
+) -> *mut pg_sys::CustomPath {
+    // SAFETY: forwarded contract; a zeroed CustomPath filled as PostgreSQL's own are.
+    unsafe {
+        let cp = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomPath>()) as *mut pg_sys::CustomPath;
+        let p = &mut (*cp).path;
+        p.type_ = pg_sys::NodeTag::T_CustomPath;
+        p.pathtype = pg_sys::NodeTag::T_CustomScan;
+        p.parent = rel;
+        p.pathtarget = (*rel).reltarget;
+        p.param_info = std::ptr::null_mut();
+        p.parallel_aware = false;
+        p.parallel_safe = false;
+        p.parallel_workers = 0;
+        p.rows = rows;
+        #[cfg(feature = "pg18")]
+        {
+            p.disabled_nodes = disabled_nodes;
+        }
+        #[cfg(not(feature = "pg18"))]
+        let _ = disabled_nodes;
+        p.startup_cost = cost;
+        p.total_cost = cost;
+        let mut list = pgrx::PgList::<pg_sys::Path>::new();
+        for &c in children {
+            list.push(c);
+        }
+        (*cp).custom_paths = list.into_pg();
+        (*cp).methods = methods;
+        cp
+    }
+}
+
+/// The custom scan of `path` over no relation of its own (`scanrelid` 0): the target list
+/// `tlist` over the scan tuple `scan_tlist`, the children `custom_plans`, the plan's `qual`
+/// and `private` list.
+///
+/// # Safety
+/// PlanCustomPath's arguments, and lists allocated in the planner's memory context.
+pub unsafe fn upper_scan(
+    path: *mut pg_sys::CustomPath,
+    tlist: *mut pg_sys::List,
+    qual: *mut pg_sys::List,
+    custom_plans: *mut pg_sys::List,
+    scan_tlist: *mut pg_sys::List,
+    private: *mut pg_sys::List,
+) -> *mut pg_sys::CustomScan {
+    // SAFETY: forwarded contract; a zeroed CustomScan filled as PostgreSQL's own are.
+    unsafe {
+        let cscan = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
+        (*cscan).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
+        (*cscan).scan.plan.targetlist = tlist;
+        (*cscan).scan.plan.qual = qual;
+        (*cscan).scan.scanrelid = 0;
+        (*cscan).flags = (*path).flags;
+        (*cscan).custom_plans = custom_plans;
+        (*cscan).custom_scan_tlist = scan_tlist;
+        (*cscan).custom_private = private;
+        cscan
+    }
+}
+
 /// The executor state of a custom scan: PostgreSQL's part first, then the node's Rust state.
 #[repr(C)]
 pub struct ScanState {

@@ -171,29 +171,13 @@ pub(super) unsafe fn add_paths(
 unsafe fn final_path(output_rel: *mut pg_sys::RelOptInfo, child: *mut pg_sys::Path, naggs: usize) -> *mut pg_sys::CustomPath {
     // SAFETY: forwarded contract.
     unsafe {
-        let cp = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomPath>()) as *mut pg_sys::CustomPath;
-        let p = &mut (*cp).path;
-        p.type_ = pg_sys::NodeTag::T_CustomPath;
-        p.pathtype = pg_sys::NodeTag::T_CustomScan;
-        p.parent = output_rel;
-        p.pathtarget = (*output_rel).reltarget;
-        p.param_info = std::ptr::null_mut();
-        p.parallel_aware = false;
-        p.parallel_safe = false;
-        p.parallel_workers = 0;
-        p.rows = 1.0;
-        #[cfg(feature = "pg18")]
-        {
-            p.disabled_nodes = (*child).disabled_nodes;
-        }
         let merge = (*child).rows * naggs as f64 * MERGE_FACTOR * pg_sys::cpu_operator_cost;
-        p.startup_cost = (*child).total_cost + merge + pg_sys::cpu_tuple_cost;
-        p.total_cost = p.startup_cost;
-        let mut children = PgList::<pg_sys::Path>::new();
-        children.push(child);
-        (*cp).custom_paths = children.into_pg();
-        (*cp).methods = &METHODS.path;
-        cp
+        let cost = (*child).total_cost + merge + pg_sys::cpu_tuple_cost;
+        #[cfg(feature = "pg18")]
+        let disabled = (*child).disabled_nodes;
+        #[cfg(not(feature = "pg18"))]
+        let disabled = 0;
+        customscan::upper_path(output_rel, &[child], 1.0, cost, disabled, &METHODS.path)
     }
 }
 
@@ -231,16 +215,8 @@ impl JoinScan for GpuJoinAggScan {
                 let copy = pg_sys::copyObjectImpl(e as *const std::ffi::c_void) as *mut pg_sys::Expr;
                 scan_tlist.push(pg_sys::makeTargetEntry(copy, (i + 1) as i16, std::ptr::null_mut(), false));
             }
-            let cscan = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
-            (*cscan).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
-            (*cscan).scan.plan.targetlist = tlist;
-            (*cscan).scan.plan.qual = pg_sys::extract_actual_clauses(clauses, false);
-            (*cscan).scan.scanrelid = 0;
-            (*cscan).flags = (*path).flags;
-            (*cscan).custom_plans = custom_plans;
-            (*cscan).custom_scan_tlist = scan_tlist.into_pg();
-            (*cscan).custom_private = private.into_pg();
-            cscan
+            let qual = pg_sys::extract_actual_clauses(clauses, false);
+            customscan::upper_scan(path, tlist, qual, custom_plans, scan_tlist.into_pg(), private.into_pg())
         }
     }
 

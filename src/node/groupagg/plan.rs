@@ -494,26 +494,10 @@ pub(in crate::node) unsafe fn add_path(
             &(*extra).agg_final_costs,
             estimate,
         ) as *mut pg_sys::Path;
-        let cp = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomPath>()) as *mut pg_sys::CustomPath;
-        let p = &mut (*cp).path;
-        p.type_ = pg_sys::NodeTag::T_CustomPath;
-        p.pathtype = pg_sys::NodeTag::T_CustomScan;
-        p.parent = output_rel;
-        p.pathtarget = (*output_rel).reltarget;
-        p.param_info = std::ptr::null_mut();
-        p.parallel_aware = false;
-        p.parallel_safe = false;
-        p.parallel_workers = 0;
-        p.rows = estimate;
-        #[cfg(feature = "pg18")]
-        {
-            p.disabled_nodes = 0;
-        }
         // The fact's rows through the program, and each dimension's own plan.
         let fact = *(*root).simple_rel_array.add(shape.varno as usize);
         let mut c = cost((*fact).tuples, shape.columns().len() + shape.dims.len(), estimate);
-        let mut children = PgList::<pg_sys::Path>::new();
-        children.push(child);
+        let mut children = vec![child];
         for d in &mut shape.dims {
             let rel = *(*root).simple_rel_array.add(d.varno as usize);
             let dp = (*rel).cheapest_total_path;
@@ -537,11 +521,8 @@ pub(in crate::node) unsafe fn add_path(
             c += (*dp).total_cost + (*dp).rows * pg_sys::cpu_tuple_cost;
             children.push(dp);
         }
-        p.startup_cost = c;
-        p.total_cost = c;
-        (*cp).custom_paths = children.into_pg();
+        let cp = customscan::upper_path(output_rel, &children, estimate, c, 0, &METHODS.path);
         (*cp).custom_private = shape.to_private();
-        (*cp).methods = &METHODS.path;
         pg_sys::add_path(output_rel, cp as *mut pg_sys::Path);
     }
 }

@@ -539,15 +539,7 @@ impl JoinScan for GpuGroupAggScan {
                 scan_tlist.push(pg_sys::makeTargetEntry(copy, resno, std::ptr::null_mut(), false));
                 resno += 1;
             }
-            let cscan = pg_sys::palloc0(std::mem::size_of::<pg_sys::CustomScan>()) as *mut pg_sys::CustomScan;
-            (*cscan).scan.plan.type_ = pg_sys::NodeTag::T_CustomScan;
-            (*cscan).scan.plan.targetlist = tlist;
-            (*cscan).scan.scanrelid = 0;
-            (*cscan).flags = (*path).flags;
-            (*cscan).custom_plans = custom_plans;
-            (*cscan).custom_scan_tlist = scan_tlist.into_pg();
-            (*cscan).custom_private = (*path).custom_private;
-            cscan
+            customscan::upper_scan(path, tlist, std::ptr::null_mut(), custom_plans, scan_tlist.into_pg(), (*path).custom_private)
         }
     }
 
