@@ -13,7 +13,7 @@
 //! | --- | --- |
 //! | 32 | header: magic, version, and the counts of segments, filters, joins, keys, aggregates, bitmap bytes (`u32` each) |
 //! | 80 × segments | the dimension tables (`SegRef`, as requests carry them) |
-//! | 24 × filters | column, kind (1: range, 2: codes), then `lo`, `hi` (a range) or the offset and length of its bitmap in the bitmap bytes |
+//! | 24 × filters | column (`u32`), kind (`u16`: 1 a range, 2 codes, 3 `IS NULL`), whether it is an alternative of the filter before it (`u16`, 0 or 1), then `lo`, `hi` (a range) or the offset and length of its bitmap in the bitmap bytes |
 //! | 8 × joins | fact column, dimension table (an index into the segments) |
 //! | 8 × keys | kind (1: a fact column, 2: a join's payload), index |
 //! | 12 × aggregates | aggregate kind, input kind (0: none, 1: a column, 2: a difference, 3: a product), two columns |
@@ -38,7 +38,7 @@ use crate::groups::AggKind;
 use crate::scan::{Filter, Input, Source, Test};
 
 const MAGIC: u32 = 0x5053_5655; // "UVSP"
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const HEADER_BYTES: usize = 32;
 const SEG_BYTES: usize = std::mem::size_of::<SegRef>();
 const FILTER_BYTES: usize = 24;
@@ -98,6 +98,9 @@ impl Spec {
         if let Some(f) = self.filters.iter().find(|f| matches!(f.test, Test::Range { lo, hi } if lo > hi)) {
             return Err(invalid(format!("an empty range on column {}", f.col)));
         }
+        if self.filters.first().is_some_and(|f| f.or) {
+            return Err(invalid("a scan program's first filter is an alternative of none"));
+        }
         Ok(())
     }
 
@@ -122,19 +125,19 @@ impl Spec {
         }
         for f in &self.filters {
             out.extend_from_slice(&u32_of(f.col, "a filter's column")?.to_le_bytes());
-            match &f.test {
-                Test::Range { lo, hi } => {
-                    out.extend_from_slice(&1u32.to_le_bytes());
-                    out.extend_from_slice(&lo.to_le_bytes());
-                    out.extend_from_slice(&hi.to_le_bytes());
-                }
+            let (kind, a, b) = match &f.test {
+                Test::Range { lo, hi } => (1u16, *lo as u64, *hi as u64),
                 Test::Codes(b) => {
-                    out.extend_from_slice(&2u32.to_le_bytes());
-                    out.extend_from_slice(&(bitmaps.len() as u64).to_le_bytes());
-                    out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+                    let at = bitmaps.len() as u64;
                     bitmaps.extend_from_slice(b);
+                    (2, at, b.len() as u64)
                 }
-            }
+                Test::Null => (3, 0, 0),
+            };
+            out.extend_from_slice(&kind.to_le_bytes());
+            out.extend_from_slice(&u16::from(f.or).to_le_bytes());
+            out.extend_from_slice(&a.to_le_bytes());
+            out.extend_from_slice(&b.to_le_bytes());
         }
         for &(col, dim) in &self.joins {
             out.extend_from_slice(&u32_of(col, "a join's column")?.to_le_bytes());
@@ -241,7 +244,12 @@ impl Spec {
             .iter()
             .map(|b| {
                 let col = u32_at(b, 0) as usize;
-                let test = match u32_at(b, 4) {
+                let or = match u16::from_le_bytes([b[6], b[7]]) {
+                    0 => false,
+                    1 => true,
+                    v => return Err(invalid(format!("a filter's alternative flag of {v}"))),
+                };
+                let test = match u16::from_le_bytes([b[4], b[5]]) {
                     1 => Test::Range { lo: u64_at(b, 8) as i64, hi: u64_at(b, 16) as i64 },
                     2 => {
                         let (off, len) = (u64_at(b, 8), u64_at(b, 16));
@@ -250,9 +258,10 @@ impl Spec {
                         })?;
                         Test::Codes(bitmaps[off as usize..end as usize].to_vec())
                     }
+                    3 => Test::Null,
                     k => return Err(invalid(format!("a filter of kind {k}"))),
                 };
-                Ok(Filter { col, test })
+                Ok(Filter { col, test, or })
             })
             .collect::<Result<Vec<_>>>()?;
         let spec = Spec { dims, filters, joins, keys, aggs };
@@ -273,9 +282,10 @@ mod tests {
         Spec {
             dims: vec![seg("d0", 5), seg("d1", 6)],
             filters: vec![
-                Filter { col: 2, test: Test::Range { lo: -3, hi: 25 } },
-                Filter { col: 4, test: Test::Codes(vec![0b1010, 0, 1]) },
-                Filter { col: 1, test: Test::Codes(vec![0xff]) },
+                Filter::and(2, Test::Range { lo: -3, hi: 25 }),
+                Filter::or(4, Test::Codes(vec![0b1010, 0, 1])),
+                Filter::and(1, Test::Codes(vec![0xff])),
+                Filter::or(3, Test::Null),
             ],
             joins: vec![(0, 0), (1, 1), (3, 0)],
             keys: vec![Source::Payload(2), Source::Col(4)],
@@ -321,7 +331,8 @@ mod tests {
         let bad = [
             Spec { joins: vec![(0, 2)], ..spec() },
             Spec { keys: vec![Source::Payload(3)], ..spec() },
-            Spec { filters: vec![Filter { col: 0, test: Test::Range { lo: 2, hi: 1 } }], ..spec() },
+            Spec { filters: vec![Filter::and(0, Test::Range { lo: 2, hi: 1 })], ..spec() },
+            Spec { filters: vec![Filter::or(0, Test::Null)], ..spec() },
             Spec { aggs: vec![(AggKind::CountStar, Input::Star); MAX_AGGS + 1], ..spec() },
         ];
         for s in bad {

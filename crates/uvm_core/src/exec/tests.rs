@@ -401,7 +401,7 @@ fn scan_programs_run_as_requests_and_grow_their_group_table() {
     let aggs = vec![(AggKind::CountStar, Input::Star), (AggKind::SumInt, Input::Col(1)), (AggKind::MaxInt, Input::Col(1))];
     let spec = scan::Spec {
         dims: vec![d],
-        filters: vec![Filter { col: 1, test: Test::Range { lo: -5, hi: 30 } }],
+        filters: vec![Filter::and(1, Test::Range { lo: -5, hi: 30 })],
         joins: vec![(0, 0)],
         keys: vec![Source::Payload(0)],
         aggs: aggs.clone(),

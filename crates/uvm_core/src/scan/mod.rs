@@ -6,9 +6,14 @@
 //! A [`Program`] reads a fact table's cache ([`crate::cache`]) block by block and, for each row:
 //!
 //! 1. tests its [`Filter`]s, each on one cached column: an inclusive range of the column's
-//!    integer-like words, or a set of dictionary codes (a text predicate PostgreSQL evaluated
-//!    per distinct string: `cache::dict::Dict::select`). A NULL passes no filter, as a
-//!    comparison with NULL is not true in SQL;
+//!    integer-like words, a set of dictionary codes (a text predicate PostgreSQL evaluated
+//!    per distinct string: `cache::dict::Dict::select`), or `IS NULL`. A NULL passes no other
+//!    test, as a comparison with NULL is not true in SQL. The filters form a conjunction of
+//!    clauses, each a disjunction of consecutive filters (a filter marked `or` belongs to the
+//!    clause of the one before it): `x IN (1, 5) AND (y < 0 OR z IS NULL)` is four filters in
+//!    two clauses. Any condition in negation normal form over single columns is such a
+//!    conjunction, and evaluating its tests as false on NULL gives SQL's answer, true or not:
+//!    with no `NOT` left, the three-valued result is true exactly where the two-valued one is;
 //! 2. probes each [`Join`]'s dimension table (a GpuJoin table, `crate::gpujoin::table`, built
 //!    from the dimension's rows that pass the dimension's own filters, its payload the value the
 //!    query groups by or 0): a row without a match is dropped (an inner join), a row with
@@ -50,12 +55,29 @@ pub enum Test {
     /// The value is a dictionary code whose bit is set in the bitmap (bit `c % 8` of byte
     /// `c / 8`; a code past the bitmap fails).
     Codes(Vec<u8>),
+    /// The value is NULL (the one test a NULL passes).
+    Null,
 }
 
+/// A test of one column, in a clause of its own or (`or`) in the clause of the filter before it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Filter {
     pub col: usize,
     pub test: Test,
+    /// Whether this filter is an alternative of the one before it (the same clause).
+    pub or: bool,
+}
+
+impl Filter {
+    /// A filter that starts a clause.
+    pub fn and(col: usize, test: Test) -> Filter {
+        Filter { col, test, or: false }
+    }
+
+    /// A filter in the clause of the one before it.
+    pub fn or(col: usize, test: Test) -> Filter {
+        Filter { col, test, or: true }
+    }
 }
 
 /// A star join: the fact column `col` probed against a dimension's table.
@@ -114,6 +136,9 @@ impl Program<'_> {
     fn check(&self, layout: &Layout) -> Result<()> {
         let cols = layout.columns().len();
         let col_ok = |c: usize| c < cols;
+        if self.filters.first().is_some_and(|f| f.or) {
+            return Err(bad("the first filter is an alternative of none".into()));
+        }
         for f in &self.filters {
             if !col_ok(f.col) {
                 return Err(bad(format!("a filter on column {} of a cache of {cols}", f.col)));
@@ -157,6 +182,7 @@ fn value(layout: &Layout, seg: &[u8], col: usize, block: u64, rows: u64, r: u64)
 
 fn passes(test: &Test, v: Option<u64>) -> bool {
     match (test, v) {
+        (Test::Null, v) => v.is_none(),
         (_, None) => false,
         (Test::Range { lo, hi }, Some(w)) => (*lo..=*hi).contains(&(w as i64)),
         (Test::Codes(bits), Some(c)) => {
@@ -201,10 +227,21 @@ pub fn fold_row(
     payloads.resize_with(program.joins.len(), Vec::new);
     key.resize(program.keys.len() + 1, 0);
     inputs.resize(program.aggs.len(), None);
+    // Clause by clause: the row is dropped at the first clause none of whose filters passes.
+    let mut clause_passed = true;
     for f in &program.filters {
-        if !passes(&f.test, col(f.col)?) {
-            return Ok(Row::Dropped);
+        if !f.or {
+            if !clause_passed {
+                return Ok(Row::Dropped);
+            }
+            clause_passed = false;
         }
+        if !clause_passed && passes(&f.test, col(f.col)?) {
+            clause_passed = true;
+        }
+    }
+    if !clause_passed {
+        return Ok(Row::Dropped);
     }
     // Each join's matches (none: the row is dropped).
     let mut combos = 1u64;

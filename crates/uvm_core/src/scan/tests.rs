@@ -95,7 +95,7 @@ fn scanned(
         bits[c as usize / 8] |= 1 << (c % 8);
     }
     let program = Program {
-        filters: vec![Filter { col: 2, test: Test::Range { lo, hi } }, Filter { col: 4, test: Test::Codes(bits) }],
+        filters: vec![Filter::and(2, Test::Range { lo, hi }), Filter::and(4, Test::Codes(bits))],
         joins: vec![
             Join { col: 0, table: DimTable::view("a", da.as_bytes()).unwrap() },
             Join { col: 1, table: DimTable::view("b", db.as_bytes()).unwrap() },
@@ -186,8 +186,7 @@ fn a_program_that_names_what_is_not_there_is_refused() {
     init(&mut bytes, &shape, 3).unwrap();
     let mut g = Groups::parse("g", &mut bytes).unwrap();
     let p = |filters, keys, aggs| Program { filters, joins: vec![], keys, aggs };
-    let bad_filter =
-        p(vec![Filter { col: 9, test: Test::Range { lo: 0, hi: 1 } }], vec![], vec![(AggKind::CountStar, Input::Star)]);
+    let bad_filter = p(vec![Filter::and(9, Test::Range { lo: 0, hi: 1 })], vec![], vec![(AggKind::CountStar, Input::Star)]);
     assert!(run(&bad_filter, &layout, &seg, &mut g, (0, 0)).is_err());
     let bad_key = p(vec![], vec![Source::Payload(0)], vec![(AggKind::CountStar, Input::Star)]);
     assert!(run(&bad_key, &layout, &seg, &mut g, (0, 0)).is_err());
@@ -218,5 +217,92 @@ proptest! {
     ) {
         let want = reference(&rows, &a, &b, (lo, lo + width), &codes);
         prop_assert_eq!(scanned(&rows, &a, &b, (lo, lo + width), &codes, split).unwrap(), want);
+    }
+}
+
+/// A test as SQL's three-valued logic answers it: `None` for unknown (a comparison with NULL).
+fn sql_test(t: &Test, v: Option<u64>) -> Option<bool> {
+    match (t, v) {
+        (Test::Null, v) => Some(v.is_none()),
+        (_, None) => None,
+        (Test::Range { lo, hi }, Some(w)) => Some((*lo..=*hi).contains(&(w as i64))),
+        (Test::Codes(bits), Some(c)) => Some(bits.get(c as usize / 8).is_some_and(|b| b & (1 << (c % 8)) != 0)),
+    }
+}
+
+/// Kleene's AND of ORs: the clauses as SQL evaluates `(f OR f ...) AND (...)`.
+fn sql_clauses(filters: &[Filter], words: &[Option<u64>; 5]) -> Option<bool> {
+    let mut clauses: Vec<Vec<Option<bool>>> = Vec::new();
+    for f in filters {
+        if !f.or || clauses.is_empty() {
+            clauses.push(Vec::new());
+        }
+        clauses.last_mut().unwrap().push(sql_test(&f.test, words[f.col]));
+    }
+    let or = |c: &Vec<Option<bool>>| {
+        if c.contains(&Some(true)) {
+            Some(true)
+        } else if c.contains(&None) {
+            None
+        } else {
+            Some(false)
+        }
+    };
+    let ors: Vec<Option<bool>> = clauses.iter().map(or).collect();
+    if ors.contains(&Some(false)) {
+        Some(false)
+    } else if ors.contains(&None) {
+        None
+    } else {
+        Some(true)
+    }
+}
+
+fn a_test() -> impl Strategy<Value = Test> {
+    prop_oneof![
+        (-5i64..40, 0i64..20).prop_map(|(lo, w)| Test::Range { lo, hi: lo + w }),
+        Just(Test::Null),
+        proptest::collection::vec(any::<u8>(), 0..2).prop_map(Test::Codes),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(proptest_cases(64)))]
+
+    /// Clauses of alternatives, `IS NULL` among them: a row is folded exactly where SQL's
+    /// three-valued `WHERE` is true.
+    #[test]
+    fn clauses_are_sql_where(
+        rows in proptest::collection::vec(
+            (proptest::option::of(0i64..30), proptest::option::of(0i64..6), proptest::option::of(-5i64..40),
+             proptest::option::of(-1000i64..1000), proptest::option::of(0u64..12)),
+            0..600),
+        filters in proptest::collection::vec((0usize..5, a_test(), any::<bool>()), 0..7),
+    ) {
+        let filters: Vec<Filter> =
+            filters.into_iter().enumerate().map(|(i, (col, test, or))| Filter { col, test, or: or && i > 0 }).collect();
+        let program = Program {
+            filters: filters.clone(),
+            joins: vec![],
+            keys: vec![],
+            aggs: vec![(AggKind::CountStar, Input::Star), (AggKind::SumInt, Input::Col(3))],
+        };
+        let w = |v: Option<i64>| v.map(|v| v as u64);
+        let (mut count, mut sum) = (0u64, 0i128);
+        for r in &rows {
+            if sql_clauses(&filters, &[w(r.0), w(r.1), w(r.2), w(r.3), r.4]) == Some(true) {
+                count += 1;
+                sum += i128::from(r.3.unwrap_or(0));
+            }
+        }
+        let (layout, seg) = cache(&rows);
+        let shape = Shape { key_words: 1, aggs: program.aggs.iter().map(|a| a.0).collect(), slot_count: 16 };
+        let mut bytes = vec![0u8; shape.bytes() as usize];
+        init(&mut bytes, &shape, 3).unwrap();
+        let mut g = Groups::parse("g", &mut bytes).unwrap();
+        prop_assert_eq!(run(&program, &layout, &seg, &mut g, (0, 0)).unwrap(), Progress::Done);
+        let got = g.groups().unwrap();
+        let (c, s) = got.first().map_or((0, 0), |(_, s)| (s[0].0, groups::sum_int(s[1])));
+        prop_assert_eq!((c, s), (count, sum));
     }
 }
