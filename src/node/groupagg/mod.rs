@@ -36,15 +36,30 @@
 //!   - every other table (a dimension) is joined to the fact by one equivalence class of
 //!     plain columns (integer types across widths, or `date`), and no join clause lies outside
 //!     the classes (no dimension joined to another);
-//!   - each fact conjunct is a column compared with a constant (`=`, `<`, `<=`, `>`, `>=`, so
-//!     `BETWEEN` too: integer types across widths, `date`, `timestamp[tz]` with their own
-//!     type) or `IS NOT NULL`: a range of the column's words; a dimension's conjuncts are its
-//!     own plan's;
+//!   - each fact conjunct is a clause of the program's (`crate::scan`: alternatives, each a
+//!     test of one column), one of
+//!     - a column compared with a constant (`=`, `<>`, `<`, `<=`, `>`, `>=`, so `BETWEEN` too:
+//!       integer types across widths, `date`, `timestamp[tz]` with their own type): ranges of
+//!       the column's words (`<>`: the two below and above); `= ANY` of a constant array
+//!       (`IN (...)`): a range per run of consecutive values; `<> ALL` (`NOT IN`, without a
+//!       NULL element): a clause per element; `IS NULL`, `IS NOT NULL`; a boolean column or
+//!       its `NOT`; an `OR` of these (PostgreSQL has pushed `NOT` down already, so the tests
+//!       answer SQL's three-valued logic exactly: the scan module's essay says why);
+//!     - any condition whose only column is one dictionary-encoded `text`/`varchar` column of
+//!       the fact, without volatile functions or subplans (`=`, `IN`, `LIKE`, `<>`, functions,
+//!       `OR` of them; a generic plan's parameters too): a text condition, which the executor
+//!       has PostgreSQL evaluate once per distinct string of the column's dictionary and once
+//!       for NULL, the program testing each row's code against the bitmap of the codes that
+//!       passed (and `IS NULL` where NULL did);
+//!
+//!     a dimension's conjuncts are its own plan's;
 //!   - each `GROUP BY` item is a column of the fact of an integer-like type (`int2/4/8`,
-//!     `bool`, `date`, `timestamp[tz]`) or a column of a dimension of a type whose equal
-//!     values are equal bytes (those, and `text`/`varchar` with a deterministic collation),
-//!     and every column the target uses outside an aggregate is one of them;
-//!   - each aggregate is `count(*)`, `count(x)`, or `sum`, `min`, `max` of an `int2/4/8`
+//!     `bool`, `date`, `timestamp[tz]`) or dictionary-encoded `text`/`varchar` (its codes:
+//!     one per distinct string; the strings are read from the dictionary for the groups
+//!     returned), or a column of a dimension of a type whose equal values are equal bytes
+//!     (those, and `text`/`varchar` with a deterministic collation), and every column the
+//!     target uses outside an aggregate is one of them;
+//!   - each aggregate is `count(*)`, `count(x)`, or `sum`, `min`, `max`, `avg` of an `int2/4/8`
 //!     column of the fact or of the difference or product of two `int4`/`int8` ones (PostgreSQL's
 //!     `int8` operators), plain (no DISTINCT, ORDER BY or FILTER);
 //!
@@ -54,9 +69,10 @@
 //!   no path.
 //! - **Executor** (`run.rs`): at the first call the node checks the cache against the query's
 //!   snapshot (`caches::usable_in_query`, the reader's rule) and that it still holds the
-//!   planned columns with the planned encodings. It drains each dimension's plan into a
-//!   temporary join table of (key, index of the row's distinct grouping values), keeping those
-//!   values (text copied) in a context of its own; runs the program (`exec::scan_groups`)
+//!   planned columns with the planned encodings; has PostgreSQL evaluate each text condition
+//!   over its column's dictionary (a bitmap of the codes that pass). It drains each
+//!   dimension's plan into a temporary join table of (key, index of the row's distinct
+//!   grouping values), keeping those values (text copied) in a context of its own; runs the program (`exec::scan_groups`)
 //!   into a temporary group table, growing it into a segment of twice the slots whenever the
 //!   program stops full (`exec::groups_grow`); reads the table back, folds the rows that
 //!   inserts appended to the cache and the snapshot sees (`caches::visible_tail`, by the same
@@ -71,15 +87,17 @@
 //!
 //! Results are PostgreSQL's: counts `int8`, `sum(int2/int4)` `int8` (past its range an ERROR
 //! 22003, as `int4_sum`'s), `sum(int8)` `numeric` (128-bit sums), `min`/`max` of the
-//! argument's type, NULL over no rows; an ungrouped query over no rows returns one row; a
+//! argument's type, `avg` the exact sum divided by the count by PostgreSQL's `numeric_div`
+//! (as `int8_avg` and `numeric_avg` finish, so the same digits), NULL over no rows; an ungrouped query over no rows returns one row; a
 //! difference or product past `int8` an ERROR 22003. `pg_uvm_share.enable_cache = off` (no
 //! cache read) or `pg_uvm_share.enable_gpugroupagg = off` keep the planner from offering the
 //! node.
 //!
 //! # Limits (the next steps of issue 27)
 //!
-//! - Dictionary-encoded text on the fact (`=`/`IN` as code bitmaps, text group keys decoded),
-//!   `IN` lists, `OR`, `avg`, float and numeric columns: declined for now.
+//! - Float and numeric columns (filters, keys, aggregates), `min`/`max` of text, an `OR` of
+//!   tests of several columns one of which is text, an `OR` with an `AND` inside, more than
+//!   `exec::scan::MAX_FILTERS` alternatives in all: declined for now.
 //! - The group table is read into the backend's memory (its bytes, then an entry per group),
 //!   and each dimension's rows into a join table built from the backend; neither is bounded by
 //!   `work_mem` yet; the table in the segment grows without limit but memory.
@@ -106,6 +124,7 @@ use pgrx::PgList;
 use super::agg::{self, Arg, Kind, Out, Value};
 use super::cleanup;
 use super::gpujoin;
+use crate::cache::dict::Dict;
 use crate::cache::Encoding;
 use crate::caches;
 use crate::customscan::{self, JoinScan, Methods};
@@ -144,13 +163,23 @@ struct Col {
     encoding: Encoding,
 }
 
-/// A `WHERE` conjunct as a range of a column's words (inclusive; `IS NOT NULL` is the whole
-/// range).
+/// A test of a fact column in a `WHERE` clause.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Range {
+enum Check {
+    /// `lo <= word <= hi` (inclusive; `IS NOT NULL` is the whole range).
+    Range { lo: i64, hi: i64 },
+    /// `IS NULL`.
+    Null,
+    /// Text condition `n` of the plan's (`Shape::texts`): a condition on one dictionary-encoded
+    /// column, evaluated by PostgreSQL once per distinct string of the dictionary.
+    Text(usize),
+}
+
+/// One alternative of a `WHERE` clause: a test of one fact column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Atom {
     col: Col,
-    lo: i64,
-    hi: i64,
+    check: Check,
 }
 
 /// What an aggregate reads of a row: nothing (`count(*)`), a column, or the difference or
@@ -174,12 +203,14 @@ impl AggInput {
     }
 }
 
-/// An aggregate: what it computes, over what.
+/// An aggregate: what it computes, over what. `avg` is a `Sum` divided by its count
+/// (`numeric_div`, as PostgreSQL's `int8_avg` and `numeric_avg` finish).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct AggOf {
     kind: Kind,
     arg: Arg,
     input: AggInput,
+    avg: bool,
 }
 
 /// A grouping column: a cached column of the fact table, or grouping column `idx` of
@@ -224,7 +255,11 @@ struct Shape {
     relid: pg_sys::Oid,
     varno: u32,
     keys: Vec<Key>,
-    filters: Vec<Range>,
+    /// The fact's `WHERE` as a conjunction of clauses, each a disjunction of atoms.
+    filters: Vec<Vec<Atom>>,
+    /// The text conditions `Check::Text` names: expressions over one column of the fact (its
+    /// Vars as the planner made them), kept in the plan's private list.
+    texts: Vec<*mut pg_sys::Node>,
     aggs: Vec<AggOf>,
     dims: Vec<Dim>,
     /// The planner's estimate of the groups (the group table's first size).
@@ -245,7 +280,7 @@ impl Shape {
         let mut out: Vec<Col> = Vec::new();
         let keys = self.keys.iter().filter_map(|k| if let Key::Fact(c) = k { Some(*c) } else { None });
         let all = keys
-            .chain(self.filters.iter().map(|f| f.col))
+            .chain(self.filters.iter().flatten().map(|a| a.col))
             .chain(self.aggs.iter().flat_map(|a| a.input.columns()))
             .chain(self.dims.iter().map(|d| d.fact_col));
         for c in all {
@@ -256,7 +291,7 @@ impl Shape {
         out
     }
 
-    /// The plan's private list: int8 constants.
+    /// The plan's private list: a list of int8 constants, then the list of text conditions.
     fn to_private(&self) -> *mut pg_sys::List {
         let mut v: Vec<i64> = vec![u32::from(self.relid) as i64, i64::from(self.varno), self.groups as i64];
         let col = |v: &mut Vec<i64>, c: &Col| {
@@ -274,14 +309,20 @@ impl Shape {
             }
         }
         v.push(self.filters.len() as i64);
-        for f in &self.filters {
-            col(&mut v, &f.col);
-            v.push(f.lo);
-            v.push(f.hi);
+        for clause in &self.filters {
+            v.push(clause.len() as i64);
+            for a in clause {
+                col(&mut v, &a.col);
+                match a.check {
+                    Check::Range { lo, hi } => v.extend([1, lo, hi]),
+                    Check::Null => v.extend([2, 0, 0]),
+                    Check::Text(n) => v.extend([3, n as i64, 0]),
+                }
+            }
         }
         v.push(self.aggs.len() as i64);
         for a in &self.aggs {
-            v.push(kind_code(a.kind, a.arg));
+            v.push(kind_code(a.kind, a.arg) + if a.avg { AVG_CODE } else { 0 });
             let (which, cols) = match a.input {
                 AggInput::Star => (0, vec![]),
                 AggInput::Col(c) => (1, vec![c]),
@@ -308,24 +349,34 @@ impl Shape {
                 ]);
             }
         }
-        let mut l = PgList::<pg_sys::Node>::new();
+        let mut ints = PgList::<pg_sys::Node>::new();
         for x in v {
-            l.push(gpujoin::int_node(x));
+            ints.push(gpujoin::int_node(x));
         }
+        let mut texts = PgList::<pg_sys::Node>::new();
+        for &t in &self.texts {
+            texts.push(t);
+        }
+        let mut l = PgList::<pg_sys::Node>::new();
+        l.push(ints.into_pg() as *mut pg_sys::Node);
+        l.push(texts.into_pg() as *mut pg_sys::Node);
         l.into_pg()
     }
 
     /// The plan's private list read back (`None`: not a list this module wrote).
     ///
     /// # Safety
-    /// `list` is a List of int8 Consts.
+    /// `list` is what [`Shape::to_private`] made (or a copy of it).
     unsafe fn from_private(list: *mut pg_sys::List) -> Option<Shape> {
         // SAFETY: forwarded contract.
-        let v: Vec<i64> = unsafe {
-            PgList::<pg_sys::Node>::from_pg(list)
-                .iter_ptr()
-                .map(|n| (*(n as *mut pg_sys::Const)).constvalue.value() as i64)
-                .collect()
+        let (v, texts): (Vec<i64>, Vec<*mut pg_sys::Node>) = unsafe {
+            let outer = PgList::<pg_sys::Node>::from_pg(list);
+            let ints = PgList::<pg_sys::Node>::from_pg(outer.get_ptr(0)? as *mut pg_sys::List);
+            let texts = PgList::<pg_sys::Node>::from_pg(outer.get_ptr(1)? as *mut pg_sys::List);
+            (
+                ints.iter_ptr().map(|n| (*(n as *mut pg_sys::Const)).constvalue.value() as i64).collect(),
+                texts.iter_ptr().collect(),
+            )
         };
         let mut it = v.into_iter();
         let mut next = || it.next();
@@ -347,12 +398,24 @@ impl Shape {
         }
         let mut filters = Vec::new();
         for _ in 0..next()? {
-            let c = col(&mut next)?;
-            filters.push(Range { col: c, lo: next()?, hi: next()? });
+            let mut clause = Vec::new();
+            for _ in 0..next()? {
+                let c = col(&mut next)?;
+                let check = match (next()?, next()?, next()?) {
+                    (1, lo, hi) => Check::Range { lo, hi },
+                    (2, _, _) => Check::Null,
+                    (3, n, _) => Check::Text(usize::try_from(n).ok().filter(|&n| n < texts.len())?),
+                    _ => return None,
+                };
+                clause.push(Atom { col: c, check });
+            }
+            filters.push(clause);
         }
         let mut aggs = Vec::new();
         for _ in 0..next()? {
-            let (kind, arg) = kind_of(next()?)?;
+            let code = next()?;
+            let avg = code >= AVG_CODE;
+            let (kind, arg) = kind_of(code % AVG_CODE)?;
             let input = match next()? {
                 0 => AggInput::Star,
                 1 => AggInput::Col(col(&mut next)?),
@@ -360,7 +423,7 @@ impl Shape {
                 3 => AggInput::Mul(col(&mut next)?, col(&mut next)?),
                 _ => return None,
             };
-            aggs.push(AggOf { kind, arg, input });
+            aggs.push(AggOf { kind, arg, input, avg });
         }
         let mut dims = Vec::new();
         for _ in 0..next()? {
@@ -378,7 +441,7 @@ impl Shape {
             }
             dims.push(Dim { relid, varno, fact_col, key, key_pos, groups });
         }
-        Some(Shape { relid, varno, keys, filters, aggs, dims, groups })
+        Some(Shape { relid, varno, keys, filters, texts, aggs, dims, groups })
     }
 }
 
@@ -421,6 +484,8 @@ fn datum_of_word(w: u64, encoding: Encoding) -> pg_sys::Datum {
     }
 }
 
+/// Added to an aggregate's code for `avg`.
+const AVG_CODE: i64 = 100;
 const KINDS: [Kind; 5] = [Kind::CountStar, Kind::Count, Kind::Sum, Kind::Min, Kind::Max];
 const ARGS: [Arg; 4] = [Arg::Any, Arg::Int2, Arg::Int4, Arg::Int8];
 

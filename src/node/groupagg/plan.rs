@@ -45,67 +45,247 @@ unsafe fn column(n: *mut pg_sys::Node, varno: u32, cached: &[(i16, Encoding)]) -
     }
 }
 
-/// A `WHERE` conjunct as a range, if it is one the node evaluates.
+/// The btree strategy of `opno` on a column of type `vtype` (1 `<` to 5 `>`), commuted where
+/// the constant is on the left; 6 for `<>` (the negator of the family's `=`).
 ///
 /// # Safety
-/// `clause` is a planner expression.
-unsafe fn range_of(clause: *mut pg_sys::Node, varno: u32, cached: &[(i16, Encoding)]) -> Option<Range> {
-    // SAFETY: forwarded contract; nodes are read by their tags.
+/// Catalog lookups.
+unsafe fn strategy_of(opno: pg_sys::Oid, vtype: pg_sys::Oid, commuted: bool) -> Option<i32> {
+    // SAFETY: catalog lookups of existing operators and types.
     unsafe {
-        if (*clause).type_ == pg_sys::NodeTag::T_NullTest {
-            let t = clause as *mut pg_sys::NullTest;
-            if (*t).nulltesttype != pg_sys::NullTestType::IS_NOT_NULL || (*t).argisrow {
-                return None;
-            }
-            let (col, _) = column((*t).arg as *mut pg_sys::Node, varno, cached)?;
-            return Some(Range { col, lo: i64::MIN, hi: i64::MAX });
-        }
-        if (*clause).type_ != pg_sys::NodeTag::T_OpExpr {
-            return None;
-        }
-        let op = clause as *mut pg_sys::OpExpr;
-        let args = PgList::<pg_sys::Node>::from_pg((*op).args);
-        if args.len() != 2 {
-            return None;
-        }
-        let (a, b) = (args.get_ptr(0)?, args.get_ptr(1)?);
-        // column op constant, or constant op column (the strategy commuted)
-        let (var, konst, commuted) = if (*b).type_ == pg_sys::NodeTag::T_Const {
-            (a, b as *const pg_sys::Const, false)
-        } else if (*a).type_ == pg_sys::NodeTag::T_Const {
-            (b, a as *const pg_sys::Const, true)
-        } else {
-            return None;
-        };
-        let (col, vtype) = column(var, varno, cached)?;
-        if col.encoding == Encoding::Bool {
-            return None;
-        }
-        let ctype = (*konst).consttype;
-        // Integers compare exactly across widths (one operator family); other types with
-        // their own type only (date against timestamp converts).
-        if !(ctype == vtype || is_integer(ctype) && is_integer(vtype)) {
-            return None;
-        }
-        let value = const_value(konst)?;
         let opclass = pg_sys::GetDefaultOpClass(vtype, pg_sys::BTREE_AM_OID);
         if opclass == pg_sys::InvalidOid {
             return None;
         }
         let family = pg_sys::get_opclass_family(opclass);
-        let mut strategy = pg_sys::get_op_opfamily_strategy((*op).opno, family);
-        if commuted {
-            strategy = 6 - strategy; // < and >, <= and >= trade places; = stays
+        let strategy = pg_sys::get_op_opfamily_strategy(opno, family);
+        if strategy == 0 {
+            let neg = pg_sys::get_negator(opno);
+            return (neg != pg_sys::InvalidOid && pg_sys::get_op_opfamily_strategy(neg, family) == 3).then_some(6);
         }
-        let (lo, hi) = match strategy {
-            1 => (i64::MIN, value.checked_sub(1)?),
-            2 => (i64::MIN, value),
-            3 => (value, value),
-            4 => (value, i64::MAX),
-            5 => (value.checked_add(1)?, i64::MAX),
-            _ => return None,
-        };
-        Some(Range { col, lo, hi })
+        // < and >, <= and >= trade places; = stays
+        Some(if commuted { 6 - strategy } else { strategy })
+    }
+}
+
+/// The alternatives `column <strategy> value` is: one range, two for `<>`, none where it is
+/// never true.
+fn ranges(col: Col, strategy: i32, value: i64) -> Option<Vec<Atom>> {
+    let r = |lo, hi| Atom { col, check: Check::Range { lo, hi } };
+    Some(match strategy {
+        1 => value.checked_sub(1).map(|v| r(i64::MIN, v)).into_iter().collect(),
+        2 => vec![r(i64::MIN, value)],
+        3 => vec![r(value, value)],
+        4 => vec![r(value, i64::MAX)],
+        5 => value.checked_add(1).map(|v| r(v, i64::MAX)).into_iter().collect(),
+        6 => [value.checked_sub(1).map(|v| r(i64::MIN, v)), value.checked_add(1).map(|v| r(v, i64::MAX))]
+            .into_iter()
+            .flatten()
+            .collect(),
+        _ => return None,
+    })
+}
+
+/// Whether a constant of type `ctype` compares exactly with a column of type `vtype`: integers
+/// across widths (one operator family), other types with their own type only (date against
+/// timestamp converts).
+fn comparable(ctype: pg_sys::Oid, vtype: pg_sys::Oid) -> bool {
+    ctype == vtype || is_integer(ctype) && is_integer(vtype)
+}
+
+/// The elements of a constant array of an integer-like type, NULL ones as `None`.
+///
+/// # Safety
+/// `c` is a non-NULL Const of an array type.
+unsafe fn array_values(c: *const pg_sys::Const) -> Option<Vec<Option<i64>>> {
+    // SAFETY: forwarded contract; the array is detoasted and deconstructed in the planner's
+    // memory, its elements of the element type read by value.
+    unsafe {
+        let elem = pg_sys::get_element_type((*c).consttype);
+        if !matches!(
+            elem,
+            pg_sys::INT2OID | pg_sys::INT4OID | pg_sys::INT8OID | pg_sys::DATEOID | pg_sys::TIMESTAMPOID | pg_sys::TIMESTAMPTZOID
+        ) {
+            return None;
+        }
+        let arr = pg_sys::pg_detoast_datum((*c).constvalue.cast_mut_ptr()) as *mut pg_sys::ArrayType;
+        let (mut len, mut byval, mut align) = (0i16, false, 0 as std::ffi::c_char);
+        pg_sys::get_typlenbyvalalign(elem, &mut len, &mut byval, &mut align);
+        let (mut values, mut nulls, mut n) = (std::ptr::null_mut(), std::ptr::null_mut(), 0i32);
+        pg_sys::deconstruct_array(arr, elem, len as i32, byval, align, &mut values, &mut nulls, &mut n);
+        let mut out = Vec::with_capacity(n.max(0) as usize);
+        for i in 0..n.max(0) as usize {
+            if *nulls.add(i) {
+                out.push(None);
+                continue;
+            }
+            let d = (*values.add(i)).value();
+            out.push(Some(match elem {
+                pg_sys::INT2OID => d as i16 as i64,
+                pg_sys::INT4OID | pg_sys::DATEOID => d as i32 as i64,
+                _ => d as i64,
+            }));
+        }
+        Some(out)
+    }
+}
+
+/// A `WHERE` conjunct over integer-like fact columns as clauses of alternatives (the module
+/// comment lists the forms), if it is one.
+///
+/// # Safety
+/// `clause` is a planner expression.
+unsafe fn int_clauses(clause: *mut pg_sys::Node, varno: u32, cached: &[(i16, Encoding)]) -> Option<Vec<Vec<Atom>>> {
+    // SAFETY: forwarded contract; nodes are read by their tags.
+    unsafe {
+        match (*clause).type_ {
+            pg_sys::NodeTag::T_BoolExpr => {
+                let b = clause as *mut pg_sys::BoolExpr;
+                let args = PgList::<pg_sys::Node>::from_pg((*b).args);
+                match (*b).boolop {
+                    // every arm one clause: their alternatives together
+                    pg_sys::BoolExprType::OR_EXPR => {
+                        let mut alts = Vec::new();
+                        for arm in args.iter_ptr() {
+                            let [one] = <[Vec<Atom>; 1]>::try_from(int_clauses(arm, varno, cached)?).ok()?;
+                            alts.extend(one);
+                        }
+                        Some(vec![alts])
+                    }
+                    pg_sys::BoolExprType::AND_EXPR => {
+                        let mut all = Vec::new();
+                        for arm in args.iter_ptr() {
+                            all.extend(int_clauses(arm, varno, cached)?);
+                        }
+                        Some(all)
+                    }
+                    // NOT of a boolean column
+                    _ => {
+                        let (col, _) = column(args.get_ptr(0)?, varno, cached)?;
+                        (col.encoding == Encoding::Bool).then(|| vec![vec![Atom { col, check: Check::Range { lo: 0, hi: 0 } }]])
+                    }
+                }
+            }
+            // a boolean column alone
+            pg_sys::NodeTag::T_Var => {
+                let (col, _) = column(clause, varno, cached)?;
+                (col.encoding == Encoding::Bool).then(|| vec![vec![Atom { col, check: Check::Range { lo: 1, hi: 1 } }]])
+            }
+            pg_sys::NodeTag::T_NullTest => {
+                let t = clause as *mut pg_sys::NullTest;
+                if (*t).argisrow {
+                    return None;
+                }
+                let (col, _) = column((*t).arg as *mut pg_sys::Node, varno, cached)?;
+                let check = match (*t).nulltesttype {
+                    pg_sys::NullTestType::IS_NULL => Check::Null,
+                    _ => Check::Range { lo: i64::MIN, hi: i64::MAX },
+                };
+                Some(vec![vec![Atom { col, check }]])
+            }
+            pg_sys::NodeTag::T_OpExpr => {
+                let op = clause as *mut pg_sys::OpExpr;
+                let args = PgList::<pg_sys::Node>::from_pg((*op).args);
+                if args.len() != 2 {
+                    return None;
+                }
+                let (a, b) = (args.get_ptr(0)?, args.get_ptr(1)?);
+                // column op constant, or constant op column (the strategy commuted)
+                let (var, konst, commuted) = if (*b).type_ == pg_sys::NodeTag::T_Const {
+                    (a, b as *const pg_sys::Const, false)
+                } else if (*a).type_ == pg_sys::NodeTag::T_Const {
+                    (b, a as *const pg_sys::Const, true)
+                } else {
+                    return None;
+                };
+                let (col, vtype) = column(var, varno, cached)?;
+                if col.encoding == Encoding::Bool || !comparable((*konst).consttype, vtype) {
+                    return None;
+                }
+                let value = const_value(konst)?;
+                let alts = ranges(col, strategy_of((*op).opno, vtype, commuted)?, value)?;
+                // (never true: PostgreSQL answers; a clause needs an alternative)
+                (!alts.is_empty()).then(|| vec![alts])
+            }
+            // column = ANY (constant array): one alternative per element; column <> ALL (...):
+            // one clause per element
+            pg_sys::NodeTag::T_ScalarArrayOpExpr => {
+                let op = clause as *mut pg_sys::ScalarArrayOpExpr;
+                let args = PgList::<pg_sys::Node>::from_pg((*op).args);
+                let (var, arr) = (args.get_ptr(0)?, args.get_ptr(1)?);
+                if args.len() != 2 || (*arr).type_ != pg_sys::NodeTag::T_Const || (*(arr as *mut pg_sys::Const)).constisnull {
+                    return None;
+                }
+                let (col, vtype) = column(var, varno, cached)?;
+                let konst = arr as *const pg_sys::Const;
+                if col.encoding == Encoding::Bool || !comparable(pg_sys::get_element_type((*konst).consttype), vtype) {
+                    return None;
+                }
+                let values = array_values(konst)?;
+                let strategy = strategy_of((*op).opno, vtype, false)?;
+                if (*op).useOr {
+                    if strategy != 3 {
+                        return None;
+                    }
+                    // equal values as ranges of consecutive ones (NULL elements match nothing)
+                    let mut v: Vec<i64> = values.into_iter().flatten().collect();
+                    v.sort_unstable();
+                    v.dedup();
+                    let mut alts: Vec<Atom> = Vec::new();
+                    for x in v {
+                        match alts.last_mut() {
+                            Some(Atom { check: Check::Range { hi, .. }, .. }) if hi.checked_add(1) == Some(x) => *hi = x,
+                            _ => alts.push(Atom { col, check: Check::Range { lo: x, hi: x } }),
+                        }
+                    }
+                    (!alts.is_empty()).then(|| vec![alts])
+                } else {
+                    // (a NULL element makes `<> ALL` never true: PostgreSQL answers)
+                    if strategy != 6 || values.iter().any(|x| x.is_none()) {
+                        return None;
+                    }
+                    values.into_iter().flatten().map(|x| ranges(col, 6, x).filter(|a| !a.is_empty())).collect()
+                }
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A `WHERE` conjunct whose only column is a dictionary-encoded text column of the fact, as a
+/// text condition (evaluated per distinct string by the executor), if it is one: no volatile
+/// function, subplan or parameter in it. The expression is copied with its operators'
+/// functions set (the planner leaves them unset in clauses it derived).
+///
+/// # Safety
+/// `clause` is a planner expression.
+unsafe fn text_clause(clause: *mut pg_sys::Node, varno: u32, cached: &[(i16, Encoding)]) -> Option<(Col, *mut pg_sys::Node)> {
+    // SAFETY: forwarded contract; pull_var_clause and the contain_ walkers read the tree.
+    unsafe {
+        if pg_sys::contain_volatile_functions(clause)
+            || pg_sys::contain_subplans(clause)
+            || !pg_sys::bms_is_empty(pg_sys::pull_paramids(clause as *mut pg_sys::Expr))
+        {
+            return None;
+        }
+        let vars = PgList::<pg_sys::Node>::from_pg(pg_sys::pull_var_clause(clause, pg_sys::PVC_INCLUDE_PLACEHOLDERS as i32));
+        let mut attnum = None;
+        for n in vars.iter_ptr() {
+            let v = gpujoin::as_var(n)?;
+            if (*v).varno as u32 != varno
+                || (*v).varattno <= 0
+                || !matches!((*v).vartype, pg_sys::TEXTOID | pg_sys::VARCHAROID)
+                || attnum.is_some_and(|a| a != (*v).varattno)
+            {
+                return None;
+            }
+            attnum = Some((*v).varattno);
+        }
+        let attnum = attnum?;
+        cached.iter().find(|c| c.0 == attnum && c.1 == Encoding::DictCode)?;
+        let copy = pg_sys::copyObjectImpl(clause as *const std::ffi::c_void) as *mut pg_sys::Node;
+        pg_sys::fix_opfuncids(copy);
+        Some((Col { attnum, encoding: Encoding::DictCode }, copy))
     }
 }
 
@@ -116,13 +296,22 @@ unsafe fn range_of(clause: *mut pg_sys::Node, varno: u32, cached: &[(i16, Encodi
 pub(super) unsafe fn agg_of(a: *mut pg_sys::Aggref, varno: u32, cached: &[(i16, Encoding)]) -> Option<AggOf> {
     // SAFETY: forwarded contract.
     unsafe {
-        let (kind, arg) = agg::spec_of(u32::from((*a).aggfnoid))?;
+        // avg(int8), avg(int4), avg(int2) (pg_proc's fixed OIDs): a sum and its count
+        let (kind, arg, avg) = match u32::from((*a).aggfnoid) {
+            2100 => (Kind::Sum, Arg::Int8, true),
+            2101 => (Kind::Sum, Arg::Int4, true),
+            2102 => (Kind::Sum, Arg::Int2, true),
+            f => {
+                let (kind, arg) = agg::spec_of(f)?;
+                (kind, arg, false)
+            }
+        };
         if !agg::plain(a) {
             return None;
         }
         let args = PgList::<pg_sys::TargetEntry>::from_pg((*a).args);
         if kind == Kind::CountStar {
-            return args.is_empty().then_some(AggOf { kind, arg, input: AggInput::Star });
+            return args.is_empty().then_some(AggOf { kind, arg, input: AggInput::Star, avg });
         }
         let te = args.get_ptr(0).filter(|_| args.len() == 1)?;
         let n = (*te).expr as *mut pg_sys::Node;
@@ -133,7 +322,7 @@ pub(super) unsafe fn agg_of(a: *mut pg_sys::Aggref, varno: u32, cached: &[(i16, 
                 return None;
             }
             let &(attnum, encoding) = cached.iter().find(|c| c.0 == (*v).varattno)?;
-            return Some(AggOf { kind, arg, input: AggInput::Col(Col { attnum, encoding }) });
+            return Some(AggOf { kind, arg, input: AggInput::Col(Col { attnum, encoding }), avg });
         }
         if (*n).type_ == pg_sys::NodeTag::T_OpExpr {
             // a difference or a product of two integer columns, as int8 arithmetic
@@ -153,14 +342,14 @@ pub(super) unsafe fn agg_of(a: *mut pg_sys::Aggref, varno: u32, cached: &[(i16, 
                 pg_sys::F_INT8MUL | pg_sys::F_INT84MUL | pg_sys::F_INT48MUL => AggInput::Mul(x, y),
                 _ => return None,
             };
-            return Some(AggOf { kind, arg, input });
+            return Some(AggOf { kind, arg, input, avg });
         }
         let (col, _) = column(n, varno, cached)?;
         let fits = matches!(
             (arg, col.encoding),
             (Arg::Int2, Encoding::Int2) | (Arg::Int4, Encoding::Int4) | (Arg::Int8, Encoding::Int8)
         );
-        fits.then_some(AggOf { kind, arg, input: AggInput::Col(col) })
+        fits.then_some(AggOf { kind, arg, input: AggInput::Col(col), avg })
     }
 }
 
@@ -318,14 +507,24 @@ impl Shape {
             let parse = (*root).parse;
             let cached = caches::ready_columns(relid)?;
             let rel = *(*root).simple_rel_array.add(varno as usize);
-            let mut filters = Vec::new();
+            let (mut filters, mut texts) = (Vec::new(), Vec::new());
             for ri in PgList::<pg_sys::RestrictInfo>::from_pg((*rel).baserestrictinfo).iter_ptr() {
                 if (*ri).pseudoconstant {
                     return None;
                 }
-                filters.push(range_of((*ri).clause as *mut pg_sys::Node, varno, &cached)?);
+                let clause = (*ri).clause as *mut pg_sys::Node;
+                match int_clauses(clause, varno, &cached) {
+                    Some(c) => filters.extend(c),
+                    None => {
+                        let (col, expr) = text_clause(clause, varno, &cached)?;
+                        filters.push(vec![Atom { col, check: Check::Text(texts.len()) }]);
+                        texts.push(expr);
+                    }
+                }
             }
-            if filters.len() > exec::scan::MAX_FILTERS {
+            // (a text condition may take two: its codes, and IS NULL where NULL passes it)
+            let tests: usize = filters.iter().flatten().map(|a| if matches!(a.check, Check::Text(_)) { 2 } else { 1 }).sum();
+            if tests > exec::scan::MAX_FILTERS {
                 return None;
             }
             // Each class joins the fact's one column with dimensions' columns; each dimension
@@ -400,7 +599,7 @@ impl Shape {
             if aggs.len() * 2 > exec::scan::MAX_AGGS {
                 return None;
             }
-            Some(Shape { relid, varno, keys, filters, aggs, dims, groups: 0 })
+            Some(Shape { relid, varno, keys, filters, texts, aggs, dims, groups: 0 })
         }
     }
 
@@ -414,6 +613,13 @@ impl Shape {
         unsafe {
             let v = gpujoin::as_var(e)?;
             if (*v).varno as u32 == varno {
+                // a dictionary-encoded text column groups by its codes: one per distinct
+                // string (the cache holds text of deterministic collations only)
+                if matches!((*v).vartype, pg_sys::TEXTOID | pg_sys::VARCHAROID) && (*v).varattno > 0 {
+                    let attnum = (*v).varattno;
+                    cached.iter().find(|c| c.0 == attnum && c.1 == Encoding::DictCode)?;
+                    return Some(Key::Fact(Col { attnum, encoding: Encoding::DictCode }));
+                }
                 let (col, _) = column(e, varno, cached)?;
                 return keyable(col.encoding).then_some(Key::Fact(col));
             }

@@ -32,6 +32,13 @@ struct Stats {
     appended: u64,
 }
 
+/// The strings of a text grouping column of the fact: per dictionary code in the groups, its
+/// text datum (in the node's values context).
+struct KeyTexts {
+    col: Col,
+    texts: std::collections::HashMap<u64, pg_sys::Datum>,
+}
+
 /// A dimension's rows as the executor drained them: its join table (none where no row has a
 /// key), and the distinct tuples of its grouping columns (a payload is an index among them).
 struct DimRows {
@@ -49,6 +56,7 @@ pub struct GpuGroupAggScan {
     /// Where the dimensions' distinct grouping values live for an execution.
     values_cxt: pg_sys::MemoryContext,
     drained: Vec<DimRows>,
+    key_texts: Vec<KeyTexts>,
     estate: *mut pg_sys::EState,
     mode: Mode,
     read_from: Option<ReadFrom>,
@@ -125,9 +133,115 @@ fn value_of(aggs: &[AggOf], i: usize, states: &[(u64, u64)]) -> Result<Value> {
     })
 }
 
+/// `avg` of a group: its sum divided by its count as PostgreSQL's `int8_avg` and `numeric_avg`
+/// finish (`numeric_div`), NULL over no value.
+fn avg_datum(aggs: &[AggOf], i: usize, states: &[(u64, u64)]) -> Result<(pg_sys::Datum, bool)> {
+    let nth = aggs[..i].iter().filter(|a| a.kind == Kind::Sum).count();
+    let (Some(&sum), Some(&(count, _))) = (states.get(i), states.get(aggs.len() + nth)) else {
+        return Err(UvmError::new(Code::SystemError, "an average without its sum and count"));
+    };
+    if count == 0 {
+        return Ok((pg_sys::Datum::from(0), true));
+    }
+    let (s, _) = gpujoin::datum_of_value(Value::Big(groups::sum_int(sum)), Out::Numeric);
+    let (n, _) = gpujoin::datum_of_value(Value::Big(i128::from(count)), Out::Numeric);
+    // SAFETY: numeric_div of two numeric datums (a zero count was answered above).
+    let d = unsafe { pgrx::direct_function_call_as_datum(pg_sys::numeric_div, &[Some(s), Some(n)]) };
+    Ok((d.unwrap_or(pg_sys::Datum::from(0)), d.is_none()))
+}
+
+/// The dictionary of cache column `col` of `u`, read into the backend (Err(why): the cache was
+/// dropped meanwhile).
+fn read_dictionary(u: &caches::Usable, col: usize) -> std::result::Result<Vec<u8>, &'static str> {
+    let read = || -> Result<Vec<u8>> {
+        let seg = u.dictionary(col)?;
+        let (_, info) = crate::runtime::lookup_own(seg.name())?;
+        let mut bytes = Vec::new();
+        crate::node::fallible::try_resize(&mut bytes, info.size as usize, 0u8, "a text column's dictionary")?;
+        try_executor(|ex| exec::read(ex, &seg, 0, &mut bytes))?;
+        Ok(bytes)
+    };
+    match read() {
+        Ok(b) => Ok(b),
+        Err(e) if e.code == Code::UndefinedObject => Err("the cache was dropped"),
+        Err(e) => report(e),
+    }
+}
+
+/// The codes of `dict` whose strings pass the text condition `expr` (an expression over one
+/// text column of the fact, attribute `attnum`), and whether a NULL passes it (`t IS NULL OR
+/// ...`: a NULL has no code): PostgreSQL evaluates it once per string and once for NULL, the
+/// value as the column's in a scan tuple of its own, in the node's expression context. Answers
+/// cancel between strings.
+///
+/// # Safety
+/// `node` is this node's executor state; `expr` a text condition of its plan.
+unsafe fn text_codes(
+    node: *mut pg_sys::CustomScanState,
+    dict: &Dict<'_>,
+    attnum: i16,
+    expr: *mut pg_sys::Node,
+) -> (Vec<u8>, bool) {
+    // SAFETY: forwarded contract; the slot's descriptor gives every attribute up to the
+    // column the Var's own type (the interpreter checks it), the others NULL; values are made
+    // in the per-tuple memory, reset per string.
+    unsafe {
+        let vars = PgList::<pg_sys::Node>::from_pg(pg_sys::pull_var_clause(expr, 0));
+        let typid = vars.get_ptr(0).map_or(pg_sys::TEXTOID, |v| (*(v as *mut pg_sys::Var)).vartype);
+        let natts = i32::from(attnum.max(1));
+        let desc = pg_sys::CreateTemplateTupleDesc(natts);
+        for a in 1..=natts {
+            pg_sys::TupleDescInitEntry(desc, a as i16, std::ptr::null(), typid, -1, 0);
+        }
+        let slot = pg_sys::MakeSingleTupleTableSlot(desc, &pg_sys::TTSOpsVirtual);
+        let state = pg_sys::ExecInitExpr(expr as *mut pg_sys::Expr, &mut (*node).ss.ps);
+        let econtext = (*node).ss.ps.ps_ExprContext;
+        let saved = (*econtext).ecxt_scantuple;
+        (*econtext).ecxt_scantuple = slot;
+        let per_tuple = (*econtext).ecxt_per_tuple_memory;
+        // whether the condition is true with the column's value `s` (None: NULL)
+        let passes = |s: Option<&[u8]>| -> bool {
+            pg_sys::MemoryContextReset(per_tuple);
+            pg_sys::ExecClearTuple(slot);
+            let old = pg_sys::MemoryContextSwitchTo(per_tuple);
+            for a in 0..natts as usize {
+                *(*slot).tts_values.add(a) = pg_sys::Datum::from(0);
+                *(*slot).tts_isnull.add(a) = true;
+            }
+            if let Some(s) = s {
+                let text = pg_sys::cstring_to_text_with_len(s.as_ptr() as *const std::ffi::c_char, s.len() as i32);
+                *(*slot).tts_values.add(natts as usize - 1) = pg_sys::Datum::from(text);
+                *(*slot).tts_isnull.add(natts as usize - 1) = false;
+            }
+            pg_sys::ExecStoreVirtualTuple(slot);
+            let mut isnull = false;
+            let eval = (*state).evalfunc.expect("an initialized expression");
+            let d = eval(state, econtext, &mut isnull);
+            pg_sys::MemoryContextSwitchTo(old);
+            !isnull && d.value() & 0xff != 0
+        };
+        let mut seen = 0u64;
+        let bits = dict.select(|s| {
+            if seen.is_multiple_of(1024) {
+                pg_sys::check_for_interrupts!();
+            }
+            seen += 1;
+            passes(Some(s))
+        });
+        let null = passes(None);
+        pg_sys::MemoryContextReset(per_tuple);
+        (*econtext).ecxt_scantuple = saved;
+        pg_sys::ExecDropSingleTupleTableSlot(slot);
+        (bits, null)
+    }
+}
+
 impl GpuGroupAggScan {
     /// Computes the groups from the cache, or says why the child answers instead.
-    fn read_cache(&mut self) -> std::result::Result<Groups, &'static str> {
+    ///
+    /// # Safety
+    /// `node` is this node's executor state.
+    unsafe fn read_cache(&mut self, node: *mut pg_sys::CustomScanState) -> std::result::Result<Groups, &'static str> {
         // SAFETY: the executor state is live while the node runs.
         let snap = unsafe { (*self.estate).es_snapshot };
         let Some(u) = caches::usable_in_query(self.shape.relid, snap).unwrap_or_else(|e| report(e)) else {
@@ -161,14 +275,37 @@ impl GpuGroupAggScan {
         let dim_tables: Vec<SegRef> = self.drained.iter().filter_map(|d| d.table).collect();
         let keys: Vec<Source> =
             self.program_keys().into_iter().map(|k| k.map_or_else(Source::Payload, |c| Source::Col(at(&c)))).collect();
+        // The clauses; a text condition as the codes of its column's strings that pass it.
+        let mut filters = Vec::new();
+        let mut bitmap_bytes = 0usize;
+        for clause in &self.shape.filters {
+            for (i, a) in clause.iter().enumerate() {
+                let first = filters.len();
+                match a.check {
+                    Check::Range { lo, hi } => filters.push(Filter::or(at(&a.col), Test::Range { lo, hi })),
+                    Check::Null => filters.push(Filter::or(at(&a.col), Test::Null)),
+                    Check::Text(n) => {
+                        let bytes = read_dictionary(&u, at(&a.col))?;
+                        let dict = Dict::parse("a text column's dictionary", &bytes).unwrap_or_else(|e| report(e));
+                        // SAFETY: forwarded contract; a text condition of the plan.
+                        let (bits, null) = unsafe { text_codes(node, &dict, a.col.attnum, self.shape.texts[n]) };
+                        bitmap_bytes += bits.len();
+                        filters.push(Filter::or(at(&a.col), Test::Codes(bits)));
+                        if null {
+                            filters.push(Filter::or(at(&a.col), Test::Null));
+                        }
+                    }
+                }
+                // (the clause's first alternative starts it)
+                filters[first].or = i > 0;
+            }
+        }
+        if bitmap_bytes > exec::scan::MAX_BITMAP_BYTES {
+            return Err("the text conditions' dictionaries are too large for a program");
+        }
         let spec = Spec {
             dims: if empty { Vec::new() } else { dim_tables },
-            filters: self
-                .shape
-                .filters
-                .iter()
-                .map(|f| Filter { col: at(&f.col), test: Test::Range { lo: f.lo, hi: f.hi } })
-                .collect(),
+            filters,
             joins: if empty {
                 Vec::new()
             } else {
@@ -280,6 +417,36 @@ impl GpuGroupAggScan {
         }
         self.stats.groups = rows.len() as u64;
         self.drop_dims();
+        // The strings of the fact's text grouping columns, for the codes the groups hold.
+        self.key_texts.clear();
+        let sources = self.program_keys();
+        for (w, src) in sources.iter().enumerate() {
+            let Ok(c) = src else { continue };
+            if c.encoding != Encoding::DictCode {
+                continue;
+            }
+            let bytes = read_dictionary(&u, at(c))?;
+            let dict = Dict::parse("a text column's dictionary", &bytes).unwrap_or_else(|e| report(e));
+            let mut texts = std::collections::HashMap::new();
+            for (key, _) in &rows {
+                let (Some(&code), Some(&nulls)) = (key.get(w), key.get(sources.len())) else { continue };
+                if nulls & (1 << w) != 0 || texts.contains_key(&code) {
+                    continue;
+                }
+                let Some(s) = u32::try_from(code).ok().and_then(|c| dict.get(c)) else {
+                    report(UvmError::new(Code::SystemError, format!("GpuGroupAgg: a group of code {code}, past its dictionary")));
+                };
+                // SAFETY: a text datum made in the node's values context (live for the rows).
+                let d = unsafe {
+                    let old = pg_sys::MemoryContextSwitchTo(self.values_cxt);
+                    let t = pg_sys::cstring_to_text_with_len(s.as_ptr() as *const std::ffi::c_char, s.len() as i32);
+                    pg_sys::MemoryContextSwitchTo(old);
+                    pg_sys::Datum::from(t)
+                };
+                texts.insert(code, d);
+            }
+            self.key_texts.push(KeyTexts { col: *c, texts });
+        }
         Ok(Groups { rows, next: 0 })
     }
 
@@ -426,7 +593,16 @@ impl GpuGroupAggScan {
                 let (d, isnull) = match *k {
                     Key::Fact(c) => {
                         let w = sources.iter().position(|s| *s == Ok(c)).expect("a fact key");
-                        (datum_of_word(key.get(w).copied().unwrap_or(0), c.encoding), nulls & (1 << w) != 0)
+                        let (word, isnull) = (key.get(w).copied().unwrap_or(0), nulls & (1 << w) != 0);
+                        if c.encoding == Encoding::DictCode && !isnull {
+                            let t = self.key_texts.iter().find(|t| t.col == c).and_then(|t| t.texts.get(&word));
+                            let Some(&d) = t else {
+                                report(UvmError::new(Code::SystemError, "GpuGroupAgg: a text group without its string"));
+                            };
+                            (d, false)
+                        } else {
+                            (datum_of_word(word, c.encoding), isnull)
+                        }
                     }
                     Key::Dim { dim, idx } => {
                         let w = sources.iter().position(|s| *s == Err(dim)).expect("a dimension's key");
@@ -442,8 +618,12 @@ impl GpuGroupAggScan {
                 *(*scan).tts_isnull.add(i) = isnull;
             }
             for (i, a) in self.shape.aggs.iter().enumerate() {
-                let v = value_of(&self.shape.aggs, i, states).unwrap_or_else(|e| report(e));
-                let (d, isnull) = gpujoin::datum_of_value(v, agg::out_of(a.kind, a.arg));
+                let (d, isnull) = if a.avg {
+                    avg_datum(&self.shape.aggs, i, states).unwrap_or_else(|e| report(e))
+                } else {
+                    let v = value_of(&self.shape.aggs, i, states).unwrap_or_else(|e| report(e));
+                    gpujoin::datum_of_value(v, agg::out_of(a.kind, a.arg))
+                };
                 *(*scan).tts_values.add(nkeys + i) = d;
                 *(*scan).tts_isnull.add(nkeys + i) = isnull;
             }
@@ -456,6 +636,36 @@ impl GpuGroupAggScan {
             } else {
                 pg_sys::ExecProject(proj)
             }
+        }
+    }
+
+    /// A clause as EXPLAIN shows it: its alternatives, the ranges' bounds in the column's type,
+    /// a text condition as PostgreSQL prints it.
+    fn describe_clause(&self, clause: &[Atom]) -> String {
+        let alts: Vec<String> = clause
+            .iter()
+            .map(|a| {
+                let name = self.name_of(&a.col);
+                match a.check {
+                    Check::Range { lo: 1, hi: 1 } if a.col.encoding == Encoding::Bool => name,
+                    Check::Range { lo: 0, hi: 0 } if a.col.encoding == Encoding::Bool => format!("NOT {name}"),
+                    Check::Range { lo, hi } => describe_range(&name, a.col.encoding, lo, hi),
+                    Check::Null => format!("{name} IS NULL"),
+                    // SAFETY: a text condition of the plan; the fact table exists (the query
+                    // holds its lock); the deparsed string is palloc'd.
+                    Check::Text(n) => unsafe {
+                        let rel = std::ffi::CString::new(self.relname.replace('\0', "")).expect("no NUL");
+                        let cxt = pg_sys::deparse_context_for(rel.as_ptr(), self.shape.relid);
+                        let p = pg_sys::deparse_expression(self.shape.texts[n], cxt, false, false);
+                        CStr::from_ptr(p).to_string_lossy().into_owned()
+                    },
+                }
+            })
+            .collect();
+        if alts.len() == 1 {
+            alts.into_iter().next().unwrap_or_default()
+        } else {
+            format!("({})", alts.join(" OR "))
         }
     }
 
@@ -553,6 +763,7 @@ impl JoinScan for GpuGroupAggScan {
             dims: Vec::new(),
             values_cxt: std::ptr::null_mut(),
             drained: Vec::new(),
+            key_texts: Vec::new(),
             estate: std::ptr::null_mut(),
             mode: Mode::Start,
             read_from: None,
@@ -621,7 +832,8 @@ impl JoinScan for GpuGroupAggScan {
 
     unsafe fn exec(&mut self, node: *mut pg_sys::CustomScanState) -> *mut pg_sys::TupleTableSlot {
         if matches!(self.mode, Mode::Start) {
-            self.mode = match self.read_cache() {
+            // SAFETY: ExecCustomScan's argument, this node's state.
+            self.mode = match unsafe { self.read_cache(node) } {
                 Ok(g) => {
                     self.read_from = Some(ReadFrom::Cache);
                     Mode::Groups(g)
@@ -721,7 +933,7 @@ impl JoinScan for GpuGroupAggScan {
                 prop(c"Group Keys", &keys.join(", "));
             }
             if !self.shape.filters.is_empty() {
-                let f: Vec<String> = self.shape.filters.iter().map(|f| describe_range(&self.name_of(&f.col), f)).collect();
+                let f: Vec<String> = self.shape.filters.iter().map(|c| self.describe_clause(c)).collect();
                 prop(c"Cache Filters", &f.join(" AND "));
             }
             if (*es).analyze {
@@ -763,9 +975,9 @@ fn read_table(t: &SegRef) -> Result<Vec<u64>> {
 }
 
 /// A range as EXPLAIN shows it, its bounds in the column's type.
-fn describe_range(name: &str, f: &Range) -> String {
-    let v = |x: i64| text_of(x as u64, f.col.encoding);
-    match (f.lo, f.hi) {
+fn describe_range(name: &str, encoding: Encoding, lo: i64, hi: i64) -> String {
+    let v = |x: i64| text_of(x as u64, encoding);
+    match (lo, hi) {
         (i64::MIN, i64::MAX) => format!("{name} IS NOT NULL"),
         (lo, hi) if lo == hi => format!("{name} = {}", v(lo)),
         (i64::MIN, hi) => format!("{name} <= {}", v(hi)),
@@ -796,6 +1008,7 @@ fn type_of(e: Encoding) -> (pg_sys::Oid, i32) {
         Encoding::Date => pg_sys::DATEOID,
         Encoding::Timestamp => pg_sys::TIMESTAMPOID,
         Encoding::TimestampTz => pg_sys::TIMESTAMPTZOID,
+        Encoding::DictCode => pg_sys::TEXTOID,
         _ => pg_sys::INT8OID,
     };
     (t, -1)

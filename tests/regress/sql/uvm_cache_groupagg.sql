@@ -75,16 +75,47 @@ SELECT uvm.cache_table('gb');
 SELECT pg_temp.ga('SELECT k, sum(v), sum(w), min(v), max(v) FROM gb GROUP BY k');
 SELECT k, sum(v), sum(w) FROM gb GROUP BY k ORDER BY k;
 
+-- clauses of alternatives: IN lists, <>, NOT IN, OR of tests of integer-like columns, IS
+-- NULL, boolean columns
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a = 1 OR a = 2 GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*), sum(w) FROM ga WHERE a IN (1, 2, 3, 6) AND b IN (0, 4, NULL) GROUP BY a');
+SELECT pg_temp.ga('SELECT b, count(*) FROM ga WHERE a <> 3 AND a NOT IN (1, 5) GROUP BY b');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE w IS NULL OR w < 3 OR id IN (7, 8, 9) GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE w IS NULL GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE (a < 2 OR b > 3) AND (d = ''2020-01-02'' OR ts IS NULL) GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE ok GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE NOT ok AND ts IN (''2020-01-01 01:00'', ''2020-01-01 02:00'') GROUP BY a');
+SELECT pg_temp.ga('SELECT count(*) FROM ga WHERE a IN (100, 200)');
+-- text: conditions on one dictionary-encoded column, evaluated once per distinct string (and
+-- once for NULL); groups by its strings
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t = ''x1'' GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t IN (''x1'', ''x4'', ''none'') AND a < 5 GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t <> ''x1'' AND t LIKE ''x%'' AND t >= ''x3'' GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t IS NULL OR t = ''x2'' GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE coalesce(t, ''x2'') = ''x2'' GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE length(t) > 5 GROUP BY a');
+SELECT pg_temp.ga('SELECT t, count(*), sum(w) FROM ga GROUP BY t');
+SELECT pg_temp.ga('SELECT t, a, count(*) FROM ga WHERE t NOT IN (''x0'', ''x8'') GROUP BY t, a');
+SELECT pg_temp.ga('SELECT upper(t), count(*) FROM ga GROUP BY t');
+-- avg: the sum divided by the count as PostgreSQL's numeric division; NULL over no value
+SELECT pg_temp.ga('SELECT a, avg(w), avg(v), avg(b), avg(w) + 1 FROM ga GROUP BY a');
+SELECT pg_temp.ga('SELECT avg(w), avg(v) FROM ga WHERE a = 100');
+SELECT pg_temp.ga('SELECT k, avg(v), avg(w) FROM gb GROUP BY k');
+EXPLAIN (COSTS OFF)
+SELECT t, count(*), avg(w) FROM ga WHERE (a IN (1, 2, 9) OR w IS NULL) AND ok AND t <> 'x1' GROUP BY t;
+
 -- what it declines: PostgreSQL plans these
 SELECT pg_temp.ga('SELECT a + 1, count(*) FROM ga GROUP BY a + 1');
 SELECT pg_temp.ga('SELECT f, count(*) FROM ga WHERE id < 10 GROUP BY f');
-SELECT pg_temp.ga('SELECT t, count(*) FROM ga GROUP BY t');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga GROUP BY a HAVING count(*) > 4285');
-SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a = 1 OR a = 2 GROUP BY a');
-SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a IN (1, 2) GROUP BY a');
-SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t = ''x1'' GROUP BY a');
-SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE ok GROUP BY a');
-SELECT pg_temp.ga('SELECT a, avg(w) FROM ga GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a = 1 OR t = ''x1'' GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE (a = 1 AND b = 2) OR a = 3 GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a NOT IN (1, NULL) GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t = ''x'' || a GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t > random()::text GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE f IN (1, 2) GROUP BY a');
+SELECT pg_temp.ga('SELECT a, avg(f) FROM ga GROUP BY a');
+SELECT pg_temp.ga('SELECT a, min(t) FROM ga GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(DISTINCT w) FROM ga GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FILTER (WHERE w > 5) FROM ga GROUP BY a');
 SELECT pg_temp.ga('SELECT a, sum(w + 1) FROM ga GROUP BY a');
@@ -108,6 +139,14 @@ RESET plan_cache_mode;
 EXPLAIN (COSTS OFF) EXECUTE gp(3);
 EXECUTE gp(3);
 DEALLOCATE gp;
+-- a text condition is evaluated by PostgreSQL at run time: a generic plan's parameter is fine
+PREPARE gt(text) AS SELECT count(*) FROM ga WHERE t = $1;
+SET plan_cache_mode = force_generic_plan;
+EXPLAIN (COSTS OFF) EXECUTE gt('x3');
+EXECUTE gt('x3');
+RESET plan_cache_mode;
+EXECUTE gt('x3');
+DEALLOCATE gt;
 
 -- star joins: dimension tables joined to the cached fact by one equality each, their rows
 -- (those their own conditions pass) drained from their own plans; groups from the fact and
