@@ -46,8 +46,9 @@
 //!       its `NOT`; an `OR` of these (PostgreSQL has pushed `NOT` down already, so the tests
 //!       answer SQL's three-valued logic exactly: the scan module's essay says why);
 //!     - any condition whose only column is one dictionary-encoded `text`/`varchar` column of
-//!       the fact, without volatile functions or subplans (`=`, `IN`, `LIKE`, `<>`, functions,
-//!       `OR` of them; a generic plan's parameters too): a text condition, which the executor
+//!       the fact, built of comparisons, `IN`, `LIKE`/`ILIKE`, `IS NULL`, `AND`/`OR`/`NOT` and
+//!       other calls that raise no ERROR for any string (leakproof functions; `plan::error_free`
+//!       says why), constants and a generic plan's parameters: a text condition, which the executor
 //!       has PostgreSQL evaluate once per distinct string of the column's dictionary and once
 //!       for NULL, the program testing each row's code against the bitmap of the codes that
 //!       passed (and `IS NULL` where NULL did);

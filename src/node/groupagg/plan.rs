@@ -252,20 +252,65 @@ unsafe fn int_clauses(clause: *mut pg_sys::Node, varno: u32, cached: &[(i16, Enc
     }
 }
 
+/// `LIKE`, `NOT LIKE`, `ILIKE`, `NOT ILIKE` of text (pg_proc's fixed OIDs): not marked
+/// leakproof (an invalid pattern is an ERROR), but nothing in the string they test makes one.
+const LIKE_FUNCTIONS: [u32; 4] = [850, 851, 1633, 1634];
+
+/// Whether `n` is built only of nodes a text condition may hold: columns, constants, a generic
+/// plan's parameters, relabelings, collations, `AND`/`OR`/`NOT`, `IS [NOT] NULL`, and calls of
+/// functions that raise no ERROR for any value of their arguments (leakproof ones, and `LIKE`'s).
+/// The executor evaluates a text condition over every string of the column's dictionary, also
+/// those of rows that other conditions would have dropped before PostgreSQL evaluated it on
+/// them: such an evaluation must not fail where PostgreSQL's plan would not.
+///
+/// # Safety
+/// `n` is null or a planner expression.
+unsafe fn error_free(n: *mut pg_sys::Node, depth: u32) -> bool {
+    // SAFETY: forwarded contract; nodes read by their tags, catalog lookups of their functions.
+    unsafe {
+        if n.is_null() {
+            return true;
+        }
+        if depth > 64 {
+            return false;
+        }
+        let args = |l: *mut pg_sys::List| PgList::<pg_sys::Node>::from_pg(l).iter_ptr().all(|a| error_free(a, depth + 1));
+        let func = |f: pg_sys::Oid| LIKE_FUNCTIONS.contains(&u32::from(f)) || pg_sys::get_func_leakproof(f);
+        match (*n).type_ {
+            pg_sys::NodeTag::T_Var | pg_sys::NodeTag::T_Const => true,
+            pg_sys::NodeTag::T_Param => (*(n as *mut pg_sys::Param)).paramkind == pg_sys::ParamKind::PARAM_EXTERN,
+            pg_sys::NodeTag::T_RelabelType => error_free((*(n as *mut pg_sys::RelabelType)).arg as *mut pg_sys::Node, depth + 1),
+            pg_sys::NodeTag::T_CollateExpr => error_free((*(n as *mut pg_sys::CollateExpr)).arg as *mut pg_sys::Node, depth + 1),
+            pg_sys::NodeTag::T_NullTest => error_free((*(n as *mut pg_sys::NullTest)).arg as *mut pg_sys::Node, depth + 1),
+            pg_sys::NodeTag::T_BoolExpr => args((*(n as *mut pg_sys::BoolExpr)).args),
+            pg_sys::NodeTag::T_OpExpr => {
+                let op = n as *mut pg_sys::OpExpr;
+                func(pg_sys::get_opcode((*op).opno)) && args((*op).args)
+            }
+            pg_sys::NodeTag::T_ScalarArrayOpExpr => {
+                let op = n as *mut pg_sys::ScalarArrayOpExpr;
+                func(pg_sys::get_opcode((*op).opno)) && args((*op).args)
+            }
+            pg_sys::NodeTag::T_FuncExpr => {
+                let f = n as *mut pg_sys::FuncExpr;
+                func((*f).funcid) && args((*f).args)
+            }
+            _ => false,
+        }
+    }
+}
+
 /// A `WHERE` conjunct whose only column is a dictionary-encoded text column of the fact, as a
-/// text condition (evaluated per distinct string by the executor), if it is one: no volatile
-/// function, subplan or parameter in it. The expression is copied with its operators'
-/// functions set (the planner leaves them unset in clauses it derived).
+/// text condition (evaluated per distinct string by the executor), if it is one: made of what
+/// [`error_free`] allows, without volatile functions. The expression is copied with its
+/// operators' functions set (the planner leaves them unset in clauses it derived).
 ///
 /// # Safety
 /// `clause` is a planner expression.
 unsafe fn text_clause(clause: *mut pg_sys::Node, varno: u32, cached: &[(i16, Encoding)]) -> Option<(Col, *mut pg_sys::Node)> {
     // SAFETY: forwarded contract; pull_var_clause and the contain_ walkers read the tree.
     unsafe {
-        if pg_sys::contain_volatile_functions(clause)
-            || pg_sys::contain_subplans(clause)
-            || !pg_sys::bms_is_empty(pg_sys::pull_paramids(clause as *mut pg_sys::Expr))
-        {
+        if pg_sys::contain_volatile_functions(clause) || !error_free(clause, 0) {
             return None;
         }
         let vars = PgList::<pg_sys::Node>::from_pg(pg_sys::pull_var_clause(clause, pg_sys::PVC_INCLUDE_PLACEHOLDERS as i32));

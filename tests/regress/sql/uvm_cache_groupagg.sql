@@ -92,8 +92,7 @@ SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t = ''x1'' GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t IN (''x1'', ''x4'', ''none'') AND a < 5 GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t <> ''x1'' AND t LIKE ''x%'' AND t >= ''x3'' GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t IS NULL OR t = ''x2'' GROUP BY a');
-SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE coalesce(t, ''x2'') = ''x2'' GROUP BY a');
-SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE length(t) > 5 GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t ILIKE ''X1%'' OR t NOT LIKE ''%5'' AND t > ''x7'' GROUP BY a');
 SELECT pg_temp.ga('SELECT t, count(*), sum(w) FROM ga GROUP BY t');
 SELECT pg_temp.ga('SELECT t, a, count(*) FROM ga WHERE t NOT IN (''x0'', ''x8'') GROUP BY t, a');
 SELECT pg_temp.ga('SELECT upper(t), count(*) FROM ga GROUP BY t');
@@ -113,6 +112,11 @@ SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE (a = 1 AND b = 2) OR a = 3 G
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a NOT IN (1, NULL) GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t = ''x'' || a GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t > random()::text GROUP BY a');
+-- (text conditions that could raise an ERROR for a string: evaluated over the whole
+-- dictionary, they might fail where PostgreSQL's plan, dropping rows first, would not)
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE length(t) > 5 GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE coalesce(t, ''x2'') = ''x2'' GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a = 100 AND substr(t, 2)::int > 3 GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE f IN (1, 2) GROUP BY a');
 SELECT pg_temp.ga('SELECT a, avg(f) FROM ga GROUP BY a');
 SELECT pg_temp.ga('SELECT a, min(t) FROM ga GROUP BY a');
