@@ -62,7 +62,9 @@
 //!     target uses outside an aggregate is one of them;
 //!   - each aggregate is `count(*)`, `count(x)`, or `sum`, `min`, `max`, `avg` of an `int2/4/8`
 //!     column of the fact or of the difference or product of two `int4`/`int8` ones (PostgreSQL's
-//!     `int8` operators), plain (no DISTINCT, ORDER BY or FILTER);
+//!     `int8` operators), or `sum(float8)`, `avg`, `min`, `max` of a `float4`/`float8` column
+//!     (not `sum(float4)`, which PostgreSQL adds in `float4`), plain (no DISTINCT, ORDER BY or
+//!     FILTER);
 //!
 //!   it adds a path priced at the cache's scan and the dimensions' plans ([`cost`]) whose first
 //!   child is an aggregation by PostgreSQL (hashed, or plain without GROUP BY) over the input's
@@ -89,14 +91,16 @@
 //! Results are PostgreSQL's: counts `int8`, `sum(int2/int4)` `int8` (past its range an ERROR
 //! 22003, as `int4_sum`'s), `sum(int8)` `numeric` (128-bit sums), `min`/`max` of the
 //! argument's type, `avg` the exact sum divided by the count by PostgreSQL's `numeric_div`
-//! (as `int8_avg` and `numeric_avg` finish, so the same digits), NULL over no rows; an ungrouped query over no rows returns one row; a
+//! (as `int8_avg` and `numeric_avg` finish, so the same digits), float sums and averages
+//! `float8` (added in the cache's order, so the last digits may differ from PostgreSQL's heap
+//! order; an overflow of finite values 22003 as `float8pl`'s), NULL over no rows; an ungrouped query over no rows returns one row; a
 //! difference or product past `int8` an ERROR 22003. `pg_uvm_share.enable_cache = off` (no
 //! cache read) or `pg_uvm_share.enable_gpugroupagg = off` keep the planner from offering the
 //! node.
 //!
 //! # Limits (the next steps of issue 27)
 //!
-//! - Float and numeric columns (filters, keys, aggregates), `min`/`max` of text, an `OR` of
+//! - Filters and keys on float columns, numeric columns, `sum(float4)`, `min`/`max` of text, an `OR` of
 //!   tests of several columns one of which is text, an `OR` with an `AND` inside, more than
 //!   `exec::scan::MAX_FILTERS` alternatives in all: declined for now.
 //! - The group table is read into the backend's memory (its bytes, then an entry per group),
@@ -204,14 +208,25 @@ impl AggInput {
     }
 }
 
+/// The numbers an aggregate reads: integers (its `Arg` says which), or floats (its `Arg` is
+/// `Any`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Num {
+    Int,
+    Float4,
+    Float8,
+}
+
 /// An aggregate: what it computes, over what. `avg` is a `Sum` divided by its count
-/// (`numeric_div`, as PostgreSQL's `int8_avg` and `numeric_avg` finish).
+/// (integers: `numeric_div`, as PostgreSQL's `int8_avg` and `numeric_avg` finish; floats: a
+/// `float8` division, as `float8_avg`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct AggOf {
     kind: Kind,
     arg: Arg,
     input: AggInput,
     avg: bool,
+    num: Num,
 }
 
 /// A grouping column: a cached column of the fact table, or grouping column `idx` of
@@ -323,7 +338,12 @@ impl Shape {
         }
         v.push(self.aggs.len() as i64);
         for a in &self.aggs {
-            v.push(kind_code(a.kind, a.arg) + if a.avg { AVG_CODE } else { 0 });
+            let num = match a.num {
+                Num::Int => 0,
+                Num::Float4 => 1,
+                Num::Float8 => 2,
+            };
+            v.push(kind_code(a.kind, a.arg) + if a.avg { AVG_CODE } else { 0 } + num * NUM_CODE);
             let (which, cols) = match a.input {
                 AggInput::Star => (0, vec![]),
                 AggInput::Col(c) => (1, vec![c]),
@@ -415,7 +435,13 @@ impl Shape {
         let mut aggs = Vec::new();
         for _ in 0..next()? {
             let code = next()?;
-            let avg = code >= AVG_CODE;
+            let num = match code / NUM_CODE {
+                0 => Num::Int,
+                1 => Num::Float4,
+                2 => Num::Float8,
+                _ => return None,
+            };
+            let avg = code % NUM_CODE >= AVG_CODE;
             let (kind, arg) = kind_of(code % AVG_CODE)?;
             let input = match next()? {
                 0 => AggInput::Star,
@@ -424,7 +450,7 @@ impl Shape {
                 3 => AggInput::Mul(col(&mut next)?, col(&mut next)?),
                 _ => return None,
             };
-            aggs.push(AggOf { kind, arg, input, avg });
+            aggs.push(AggOf { kind, arg, input, avg, num });
         }
         let mut dims = Vec::new();
         for _ in 0..next()? {
@@ -485,8 +511,9 @@ fn datum_of_word(w: u64, encoding: Encoding) -> pg_sys::Datum {
     }
 }
 
-/// Added to an aggregate's code for `avg`.
+/// Added to an aggregate's code for `avg`, and times its `Num` (0, 1, 2).
 const AVG_CODE: i64 = 100;
+const NUM_CODE: i64 = 1000;
 const KINDS: [Kind; 5] = [Kind::CountStar, Kind::Count, Kind::Sum, Kind::Min, Kind::Max];
 const ARGS: [Arg; 4] = [Arg::Any, Arg::Int2, Arg::Int4, Arg::Int8];
 

@@ -341,14 +341,22 @@ unsafe fn text_clause(clause: *mut pg_sys::Node, varno: u32, cached: &[(i16, Enc
 pub(super) unsafe fn agg_of(a: *mut pg_sys::Aggref, varno: u32, cached: &[(i16, Encoding)]) -> Option<AggOf> {
     // SAFETY: forwarded contract.
     unsafe {
-        // avg(int8), avg(int4), avg(int2) (pg_proc's fixed OIDs): a sum and its count
-        let (kind, arg, avg) = match u32::from((*a).aggfnoid) {
-            2100 => (Kind::Sum, Arg::Int8, true),
-            2101 => (Kind::Sum, Arg::Int4, true),
-            2102 => (Kind::Sum, Arg::Int2, true),
+        // avg of integers and floats, sum, min and max of floats (pg_proc's fixed OIDs; an avg
+        // is a sum and its count; sum(float4) is not here: PostgreSQL adds in float4)
+        let (kind, arg, avg, num) = match u32::from((*a).aggfnoid) {
+            2100 => (Kind::Sum, Arg::Int8, true, Num::Int),
+            2101 => (Kind::Sum, Arg::Int4, true, Num::Int),
+            2102 => (Kind::Sum, Arg::Int2, true, Num::Int),
+            2104 => (Kind::Sum, Arg::Any, true, Num::Float4),
+            2105 => (Kind::Sum, Arg::Any, true, Num::Float8),
+            2111 => (Kind::Sum, Arg::Any, false, Num::Float8),
+            2119 => (Kind::Max, Arg::Any, false, Num::Float4),
+            2120 => (Kind::Max, Arg::Any, false, Num::Float8),
+            2135 => (Kind::Min, Arg::Any, false, Num::Float4),
+            2136 => (Kind::Min, Arg::Any, false, Num::Float8),
             f => {
                 let (kind, arg) = agg::spec_of(f)?;
-                (kind, arg, false)
+                (kind, arg, false, Num::Int)
             }
         };
         if !agg::plain(a) {
@@ -356,7 +364,7 @@ pub(super) unsafe fn agg_of(a: *mut pg_sys::Aggref, varno: u32, cached: &[(i16, 
         }
         let args = PgList::<pg_sys::TargetEntry>::from_pg((*a).args);
         if kind == Kind::CountStar {
-            return args.is_empty().then_some(AggOf { kind, arg, input: AggInput::Star, avg });
+            return args.is_empty().then_some(AggOf { kind, arg, input: AggInput::Star, avg, num });
         }
         let te = args.get_ptr(0).filter(|_| args.len() == 1)?;
         let n = (*te).expr as *mut pg_sys::Node;
@@ -367,7 +375,19 @@ pub(super) unsafe fn agg_of(a: *mut pg_sys::Aggref, varno: u32, cached: &[(i16, 
                 return None;
             }
             let &(attnum, encoding) = cached.iter().find(|c| c.0 == (*v).varattno)?;
-            return Some(AggOf { kind, arg, input: AggInput::Col(Col { attnum, encoding }), avg });
+            return Some(AggOf { kind, arg, input: AggInput::Col(Col { attnum, encoding }), avg, num });
+        }
+        if num != Num::Int {
+            // a float column of the aggregate's own type
+            let v = gpujoin::as_var(n)?;
+            let (typ, encoding) =
+                if num == Num::Float4 { (pg_sys::FLOAT4OID, Encoding::Float4) } else { (pg_sys::FLOAT8OID, Encoding::Float8) };
+            if (*v).varno as u32 != varno || (*v).varattno <= 0 || (*v).vartype != typ {
+                return None;
+            }
+            let attnum = (*v).varattno;
+            cached.iter().find(|c| c.0 == attnum && c.1 == encoding)?;
+            return Some(AggOf { kind, arg, input: AggInput::Col(Col { attnum, encoding }), avg, num });
         }
         if (*n).type_ == pg_sys::NodeTag::T_OpExpr {
             // a difference or a product of two integer columns, as int8 arithmetic
@@ -387,14 +407,14 @@ pub(super) unsafe fn agg_of(a: *mut pg_sys::Aggref, varno: u32, cached: &[(i16, 
                 pg_sys::F_INT8MUL | pg_sys::F_INT84MUL | pg_sys::F_INT48MUL => AggInput::Mul(x, y),
                 _ => return None,
             };
-            return Some(AggOf { kind, arg, input, avg });
+            return Some(AggOf { kind, arg, input, avg, num });
         }
         let (col, _) = column(n, varno, cached)?;
         let fits = matches!(
             (arg, col.encoding),
             (Arg::Int2, Encoding::Int2) | (Arg::Int4, Encoding::Int4) | (Arg::Int8, Encoding::Int8)
         );
-        fits.then_some(AggOf { kind, arg, input: AggInput::Col(col), avg })
+        fits.then_some(AggOf { kind, arg, input: AggInput::Col(col), avg, num })
     }
 }
 

@@ -73,10 +73,17 @@ fn table_aggs(aggs: &[AggOf], cols: &dyn Fn(&Col) -> usize) -> Vec<(AggKind, Inp
     let mut out: Vec<(AggKind, Input)> = aggs
         .iter()
         .map(|a| {
-            let input = input_of(&a.input, cols);
+            let input = match (a.num, a.input) {
+                (Num::Float4, AggInput::Col(c)) => Input::Float4(cols(&c)),
+                _ => input_of(&a.input, cols),
+            };
+            let float = a.num != Num::Int;
             let kind = match a.kind {
                 Kind::CountStar => AggKind::CountStar,
                 Kind::Count => AggKind::Count,
+                Kind::Sum if float => AggKind::SumFloat,
+                Kind::Min if float => AggKind::MinFloat,
+                Kind::Max if float => AggKind::MaxFloat,
                 Kind::Sum => AggKind::SumInt,
                 Kind::Min => AggKind::MinInt,
                 Kind::Max => AggKind::MaxInt,
@@ -130,6 +137,40 @@ fn value_of(aggs: &[AggOf], i: usize, states: &[(u64, u64)]) -> Result<Value> {
                 }
             }
         }
+    })
+}
+
+/// A float aggregate of a group (`sum`, `min`, `max`, `avg` of `float4`/`float8`): PostgreSQL's
+/// result type (`float8`, but `min`/`max` of `float4` `float4`), NULL over no value; a sum of
+/// finite values that reached an infinity is PostgreSQL's ERROR 22003.
+fn float_datum(aggs: &[AggOf], i: usize, states: &[(u64, u64)]) -> Result<(pg_sys::Datum, bool)> {
+    let a = aggs[i];
+    let nth = aggs[..i].iter().filter(|a| a.kind == Kind::Sum).count();
+    let state = states.get(i).copied();
+    let count = states.get(aggs.len() + nth).map(|c| c.0);
+    let missing = || UvmError::new(Code::SystemError, "a float aggregate without its state");
+    let null = (pg_sys::Datum::from(0), true);
+    let f = |x: f64| (pgrx::IntoDatum::into_datum(x).unwrap_or(pg_sys::Datum::from(0)), false);
+    let (lo, hi) = state.ok_or_else(missing)?;
+    Ok(match a.kind {
+        Kind::Min | Kind::Max if hi == 0 => null,
+        Kind::Min | Kind::Max if a.num == Num::Float4 => {
+            (pgrx::IntoDatum::into_datum(f64::from_bits(lo) as f32).unwrap_or(pg_sys::Datum::from(0)), false)
+        }
+        Kind::Min | Kind::Max => f(f64::from_bits(lo)),
+        Kind::Sum => {
+            let n = count.ok_or_else(missing)?;
+            if n == 0 {
+                null
+            } else if hi & groups::OVERFLOWED != 0 {
+                return Err(UvmError::new(Code::NumericValueOutOfRange, "value out of range: overflow"));
+            } else if a.avg {
+                f(f64::from_bits(lo) / n as f64)
+            } else {
+                f(f64::from_bits(lo))
+            }
+        }
+        Kind::CountStar | Kind::Count => return Err(missing()),
     })
 }
 
@@ -618,7 +659,9 @@ impl GpuGroupAggScan {
                 *(*scan).tts_isnull.add(i) = isnull;
             }
             for (i, a) in self.shape.aggs.iter().enumerate() {
-                let (d, isnull) = if a.avg {
+                let (d, isnull) = if a.num != Num::Int && matches!(a.kind, Kind::Sum | Kind::Min | Kind::Max) {
+                    float_datum(&self.shape.aggs, i, states).unwrap_or_else(|e| report(e))
+                } else if a.avg {
                     avg_datum(&self.shape.aggs, i, states).unwrap_or_else(|e| report(e))
                 } else {
                     let v = value_of(&self.shape.aggs, i, states).unwrap_or_else(|e| report(e));

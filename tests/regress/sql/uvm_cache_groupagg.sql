@@ -100,6 +100,30 @@ SELECT pg_temp.ga('SELECT upper(t), count(*) FROM ga GROUP BY t');
 SELECT pg_temp.ga('SELECT a, avg(w), avg(v), avg(b), avg(w) + 1 FROM ga GROUP BY a');
 SELECT pg_temp.ga('SELECT avg(w), avg(v) FROM ga WHERE a = 100');
 SELECT pg_temp.ga('SELECT k, avg(v), avg(w) FROM gb GROUP BY k');
+-- floats: sum, avg (float8), min, max (their type) of float4 and float8 columns, PostgreSQL's
+-- NaN and infinities, an overflow of finite values its ERROR; sums of exact values (the
+-- order of additions is the cache's), else rounded
+CREATE TABLE gf (a int4, r float4, d float8);
+INSERT INTO gf SELECT i % 5, CASE WHEN i % 17 = 0 THEN NULL ELSE (i % 100) / 4.0 END,
+       CASE WHEN i % 19 = 0 THEN NULL ELSE (i % 1000) / 8.0 - 20 END FROM generate_series(1, 20000) i;
+INSERT INTO gf VALUES (7, 'NaN', 1), (7, 2, 'NaN'), (8, '-Infinity', 'Infinity'), (8, 1, 3), (9, NULL, NULL);
+ANALYZE gf;
+SELECT uvm.cache_table('gf');
+SELECT pg_temp.ga('SELECT a, sum(d), avg(d), avg(r), min(r), max(r), min(d), max(d), count(r), count(d) FROM gf GROUP BY a');
+SELECT pg_temp.ga('SELECT sum(d), avg(r), min(d), max(r) FROM gf WHERE a < 5');
+SELECT pg_temp.ga('SELECT sum(d), avg(r), min(d), max(r) FROM gf WHERE a = 100');
+SELECT pg_temp.ga('SELECT a, round(sum(f)::numeric, 6), round(avg(f)::numeric, 6), min(f), max(f) FROM ga GROUP BY a');
+CREATE TABLE gg (a int4, d float8);
+INSERT INTO gg SELECT 1, 1e308 FROM generate_series(1, 30000);
+ANALYZE gg;
+SELECT uvm.cache_table('gg');
+EXPLAIN (COSTS OFF) SELECT a, sum(d) FROM gg GROUP BY a;
+SELECT a, sum(d) FROM gg GROUP BY a;
+SELECT a, avg(d) FROM gg GROUP BY a;
+SET pg_uvm_share.enable_gpugroupagg = off;
+SELECT a, sum(d) FROM gg GROUP BY a;
+RESET pg_uvm_share.enable_gpugroupagg;
+DROP TABLE gg;
 EXPLAIN (COSTS OFF)
 SELECT t, count(*), avg(w) FROM ga WHERE (a IN (1, 2, 9) OR w IS NULL) AND ok AND t <> 'x1' GROUP BY t;
 
@@ -118,12 +142,13 @@ SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE length(t) > 5 GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE coalesce(t, ''x2'') = ''x2'' GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a = 100 AND substr(t, 2)::int > 3 GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE f IN (1, 2) GROUP BY a');
-SELECT pg_temp.ga('SELECT a, avg(f) FROM ga GROUP BY a');
+SELECT pg_temp.ga('SELECT a, sum(r) FROM gf GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM gf WHERE d > 1 GROUP BY a');
+SELECT pg_temp.ga('SELECT d, count(*) FROM gf GROUP BY d');
 SELECT pg_temp.ga('SELECT a, min(t) FROM ga GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(DISTINCT w) FROM ga GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FILTER (WHERE w > 5) FROM ga GROUP BY a');
 SELECT pg_temp.ga('SELECT a, sum(w + 1) FROM ga GROUP BY a');
-SELECT pg_temp.ga('SELECT a, sum(f) FROM ga GROUP BY a');
 SELECT pg_temp.ga('SELECT g.a, count(*) FROM ga g JOIN (VALUES (1), (2)) k(k) ON g.a = k.k GROUP BY g.a');
 SELECT pg_temp.ga('SELECT a, b, count(*) FROM ga GROUP BY GROUPING SETS ((a), (b))');
 -- a cache without a column the query reads
@@ -260,4 +285,4 @@ DROP TABLE gt;
 -- nothing is left behind: the group tables are temporary segments
 SELECT count(*) AS temporary_segments_left FROM uvm.segments WHERE name LIKE 'pg_temp_gpujoin_%';
 SELECT uvm.cache_drop('ga'), uvm.cache_drop('gb'), uvm.cache_drop('gc'), uvm.cache_drop('ge'), uvm.cache_drop('gm');
-DROP TABLE ga, gb, gc, gd, ge, gk, gl, gm;
+DROP TABLE ga, gb, gc, gd, ge, gf, gk, gl, gm;

@@ -16,7 +16,7 @@
 //! | 24 × filters | column (`u32`), kind (`u16`: 1 a range, 2 codes, 3 `IS NULL`), whether it is an alternative of the filter before it (`u16`, 0 or 1), then `lo`, `hi` (a range) or the offset and length of its bitmap in the bitmap bytes |
 //! | 8 × joins | fact column, dimension table (an index into the segments) |
 //! | 8 × keys | kind (1: a fact column, 2: a join's payload), index |
-//! | 12 × aggregates | aggregate kind, input kind (0: none, 1: a column, 2: a difference, 3: a product), two columns |
+//! | 12 × aggregates | aggregate kind, input kind (0: none, 1: a column, 2: a difference, 3: a product, 4: a `float4` column widened), two columns |
 //! | bitmap bytes | the code bitmaps of the filters on dictionary columns |
 //!
 //! The answer is the program's `Progress`: every row folded, or the row to resume at and the
@@ -157,6 +157,7 @@ impl Spec {
                 Input::Col(c) => (1, c, 0),
                 Input::Sub(a, b) => (2, a, b),
                 Input::Mul(a, b) => (3, a, b),
+                Input::Float4(c) => (4, c, 0),
             };
             out.extend_from_slice(&(kind as u16).to_le_bytes());
             out.extend_from_slice(&ik.to_le_bytes());
@@ -234,6 +235,7 @@ impl Spec {
                     1 => Input::Col(a),
                     2 => Input::Sub(a, c),
                     3 => Input::Mul(a, c),
+                    4 => Input::Float4(a),
                     k => return Err(invalid(format!("an aggregate input of kind {k}"))),
                 };
                 Ok((kind, input))
@@ -294,6 +296,7 @@ mod tests {
                 (AggKind::SumInt, Input::Mul(3, 2)),
                 (AggKind::MinInt, Input::Sub(3, 2)),
                 (AggKind::Count, Input::Col(3)),
+                (AggKind::SumFloat, Input::Float4(1)),
             ],
         }
     }

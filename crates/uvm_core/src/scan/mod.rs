@@ -104,6 +104,8 @@ pub enum Input {
     /// `a - b`, `a * b` of two integer-like columns, as `int8` arithmetic (NULL if either is).
     Sub(usize, usize),
     Mul(usize, usize),
+    /// A `float4` column's value widened to a `float8`'s bits (what the float states take).
+    Float4(usize),
 }
 
 pub struct Program<'a> {
@@ -161,7 +163,7 @@ impl Program<'_> {
         for (_, i) in &self.aggs {
             let used = match *i {
                 Input::Star => vec![],
-                Input::Col(c) => vec![c],
+                Input::Col(c) | Input::Float4(c) => vec![c],
                 Input::Sub(a, b) | Input::Mul(a, b) => vec![a, b],
             };
             if let Some(c) = used.into_iter().find(|&c| !col_ok(c)) {
@@ -264,6 +266,7 @@ pub fn fold_row(
         inputs[a] = match *input {
             Input::Star => None,
             Input::Col(c) => col(c)?,
+            Input::Float4(c) => col(c)?.map(|w| f64::from(f32::from_bits(w as u32)).to_bits()),
             Input::Sub(x, y) => match (col(x)?, col(y)?) {
                 (Some(x), Some(y)) => Some((x as i64).checked_sub(y as i64).ok_or_else(|| overflow("a difference"))? as u64),
                 _ => None,

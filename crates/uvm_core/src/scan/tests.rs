@@ -306,3 +306,43 @@ proptest! {
         prop_assert_eq!((c, s), (count, sum));
     }
 }
+
+#[test]
+fn float4_inputs_are_widened_for_the_float_states() {
+    // a cache of one float4 column (its words are f32 bits) and a group key
+    let specs = [Encoding::Float4, Encoding::Int4].map(|encoding| ColumnSpec { encoding, attnum: 1, scale: 0 });
+    let mut l = Layout::plan(1, &specs, MIN_BLOCK_ROWS).unwrap();
+    let values = [Some(1.5f32), Some(-0.25), None, Some(f32::MAX), Some(f32::NAN)];
+    let mut b = BlockBuilder::new(&l);
+    for (i, v) in values.iter().enumerate() {
+        b.push(&[v.map(|f| u64::from(f.to_bits())), Some((i / 2) as u64)]).unwrap();
+    }
+    let block = b.finish();
+    l.set_extent(1, values.len() as u64).unwrap();
+    let mut seg = vec![0u8; l.bytes_for(1) as usize];
+    seg[..l.prefix().len()].copy_from_slice(&l.prefix());
+    let (at, _) = l.block_at(0).unwrap();
+    seg[at as usize..at as usize + block.len()].copy_from_slice(&block);
+    let program = Program {
+        filters: vec![],
+        joins: vec![],
+        keys: vec![Source::Col(1)],
+        aggs: vec![
+            (AggKind::SumFloat, Input::Float4(0)),
+            (AggKind::MinFloat, Input::Float4(0)),
+            (AggKind::MaxFloat, Input::Float4(0)),
+        ],
+    };
+    let shape = Shape { key_words: 2, aggs: program.aggs.iter().map(|a| a.0).collect(), slot_count: 16 };
+    let mut bytes = vec![0u8; shape.bytes() as usize];
+    init(&mut bytes, &shape, 3).unwrap();
+    let mut g = Groups::parse("g", &mut bytes).unwrap();
+    assert_eq!(run(&program, &l, &seg, &mut g, (0, 0)).unwrap(), Progress::Done);
+    let mut got = g.groups().unwrap();
+    got.sort();
+    let f = |s: (u64, u64)| f64::from_bits(s.0);
+    // group 0: 1.5, -0.25; group 1: NULL, f32::MAX; group 2: NaN
+    assert_eq!((f(got[0].1[0]), f(got[0].1[1]), f(got[0].1[2])), (1.25, -0.25, 1.5));
+    assert_eq!((f(got[1].1[0]), f(got[1].1[1])), (f64::from(f32::MAX), f64::from(f32::MAX)));
+    assert!(f(got[2].1[0]).is_nan() && f(got[2].1[2]).is_nan());
+}
