@@ -232,6 +232,7 @@ fn sqlstate(c: Code) -> PgSqlErrorCode {
         Code::QueryCanceled => ERRCODE_QUERY_CANCELED,
         Code::ReservedName => ERRCODE_RESERVED_NAME,
         Code::UndefinedColumn => ERRCODE_UNDEFINED_COLUMN,
+        Code::DivisionByZero => ERRCODE_DIVISION_BY_ZERO,
     }
 }
 

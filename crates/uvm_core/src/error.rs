@@ -87,6 +87,8 @@ crate::wire_enum! {
         QueryCanceled = 18,
         /// 42703: a column the table does not have (a cache's columns).
         UndefinedColumn = 21,
+        /// 22012: a scan program's integer division or modulo by zero.
+        DivisionByZero = 22,
     }
 }
 
@@ -116,6 +118,7 @@ impl Code {
             Code::QueryCanceled => "57014",
             Code::ReservedName => "42939",
             Code::UndefinedColumn => "42703",
+            Code::DivisionByZero => "22012",
         }
     }
 }

@@ -13,11 +13,11 @@
 //! | --- | --- |
 //! | 32 | header: magic, version, and the counts of segments, filters, joins, keys, aggregates, bitmap bytes (`u32` each) |
 //! | 80 × segments | the dimension tables (`SegRef`, as requests carry them) |
-//! | 24 × filters | column (`u32`), kind (`u16`: 1 a range, 2 codes, 3 `IS NULL`), whether it is an alternative of the filter before it (`u16`, 0 or 1), then `lo`, `hi` (a range) or the offset and length of its bitmap in the bitmap bytes |
+//! | 24 × filters | column (`u32`), kind (`u16`: 1 a range, 2 codes, 3 `IS NULL`, 4 a comparison), whether it is an alternative of the filter before it (`u16`, 0 or 1), then `lo`, `hi` (a range) or the offset and length of its bitmap or its comparison in the data bytes |
 //! | 8 × joins | fact column, dimension table (an index into the segments) |
 //! | 8 × keys | kind (1: a fact column, 2: a join's payload), index |
 //! | 12 × aggregates | aggregate kind, input kind (0: none, 1: a column, 2: a difference, 3: a product, 4: a `float4` column widened), two columns |
-//! | bitmap bytes | the code bitmaps of the filters on dictionary columns |
+//! | data bytes | the code bitmaps of the filters on dictionary columns; the comparisons: the comparison (`u32`), each side's steps (`u32` twice), a `u32` 0, then 16 bytes a step (kind `u32`: 1 a column, 2 a constant, 3 a binary operator, 4 a negation; for an operator its kind `u16` (1 `+` to 5 `%`) and result width `u16` (2, 4, 8); then the column, constant or 0 as `i64`) |
 //!
 //! The answer is the program's `Progress`: every row folded, or the row to resume at and the
 //! slots the group table needs; the client grows the table (`GroupsGrow`: a bigger segment,
@@ -35,6 +35,7 @@ use zerocopy::{FromBytes, IntoBytes};
 use super::SegRef;
 use crate::error::{Code, Result, UvmError};
 use crate::groups::AggKind;
+use crate::scan::expr::{Cmp, Compare, Op, Step, Width};
 use crate::scan::{Filter, Input, Source, Test};
 
 const MAGIC: u32 = 0x5053_5655; // "UVSP"
@@ -89,6 +90,11 @@ impl Spec {
         over(self.aggs.len(), MAX_AGGS, "aggregates")?;
         let bitmaps: usize = self.filters.iter().map(|f| if let Test::Codes(b) = &f.test { b.len() } else { 0 }).sum();
         over(bitmaps, MAX_BITMAP_BYTES, "bytes of code bitmaps")?;
+        for f in &self.filters {
+            if let Test::Compare(c) = &f.test {
+                c.check()?;
+            }
+        }
         if let Some(&(_, d)) = self.joins.iter().find(|j| j.1 >= self.dims.len()) {
             return Err(invalid(format!("a join on dimension table {d} of {}", self.dims.len())));
         }
@@ -133,6 +139,11 @@ impl Spec {
                     (2, at, b.len() as u64)
                 }
                 Test::Null => (3, 0, 0),
+                Test::Compare(c) => {
+                    let at = bitmaps.len() as u64;
+                    encode_compare(c, &mut bitmaps);
+                    (4, at, bitmaps.len() as u64 - at)
+                }
             };
             out.extend_from_slice(&kind.to_le_bytes());
             out.extend_from_slice(&u16::from(f.or).to_le_bytes());
@@ -261,6 +272,13 @@ impl Spec {
                         Test::Codes(bitmaps[off as usize..end as usize].to_vec())
                     }
                     3 => Test::Null,
+                    4 => {
+                        let (off, len) = (u64_at(b, 8), u64_at(b, 16));
+                        let end = off.checked_add(len).filter(|&e| e <= nbitmap as u64).ok_or_else(|| {
+                            invalid(format!("a filter's comparison at {off} of {len} bytes past the {nbitmap} data bytes"))
+                        })?;
+                        Test::Compare(decode_compare(&bitmaps[off as usize..end as usize])?)
+                    }
                     k => return Err(invalid(format!("a filter of kind {k}"))),
                 };
                 Ok(Filter { col, test, or })
@@ -270,6 +288,58 @@ impl Spec {
         spec.validate()?;
         Ok(spec)
     }
+}
+
+fn encode_compare(c: &Compare, out: &mut Vec<u8>) {
+    for w in [c.cmp.code(), c.lhs.len() as u32, c.rhs.len() as u32, 0] {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+    for s in c.lhs.iter().chain(&c.rhs) {
+        let (kind, a, b, v): (u32, u16, u16, i64) = match *s {
+            Step::Col(c) => (1, 0, 0, c as i64),
+            Step::Const(v) => (2, 0, 0, v),
+            Step::Bin(op, w) => (3, op as u16 + 1, w.code() as u16, 0),
+            Step::Neg(w) => (4, 0, w.code() as u16, 0),
+        };
+        out.extend_from_slice(&kind.to_le_bytes());
+        out.extend_from_slice(&a.to_le_bytes());
+        out.extend_from_slice(&b.to_le_bytes());
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// A comparison from its bytes (exactly its bytes), checked.
+fn decode_compare(b: &[u8]) -> Result<Compare> {
+    let short = || invalid("a comparison's bytes do not hold its steps");
+    let u32_at = |i: usize| b.get(i..i + 4).map(|x| u32::from_le_bytes(x.try_into().expect("4 bytes")));
+    let (Some(cmp), Some(nl), Some(nr)) = (u32_at(0), u32_at(4), u32_at(8)) else { return Err(short()) };
+    let cmp = Cmp::from_code(cmp).ok_or_else(|| invalid(format!("a comparison of kind {cmp}")))?;
+    let (nl, nr) = (nl as usize, nr as usize);
+    if nl > crate::scan::expr::MAX_STEPS || nr > crate::scan::expr::MAX_STEPS || b.len() != 16 + 16 * (nl + nr) {
+        return Err(short());
+    }
+    let ops = [Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Mod];
+    let mut steps = Vec::with_capacity(nl + nr);
+    for s in b[16..].chunks_exact(16) {
+        let kind = u32::from_le_bytes(s[0..4].try_into().expect("4 bytes"));
+        let (op, width) = (u16::from_le_bytes([s[4], s[5]]), u16::from_le_bytes([s[6], s[7]]));
+        let v = i64::from_le_bytes(s[8..16].try_into().expect("8 bytes"));
+        let width = || Width::from_code(u32::from(width)).ok_or_else(|| invalid(format!("an operator of width {width}")));
+        steps.push(match kind {
+            1 => Step::Col(usize::try_from(v).map_err(|_| invalid(format!("a step of column {v}")))?),
+            2 => Step::Const(v),
+            3 => Step::Bin(
+                *ops.get(usize::from(op).wrapping_sub(1)).ok_or_else(|| invalid(format!("an operator {op}")))?,
+                width()?,
+            ),
+            4 => Step::Neg(width()?),
+            k => return Err(invalid(format!("a step of kind {k}"))),
+        });
+    }
+    let rhs = steps.split_off(nl);
+    let c = Compare { lhs: steps, cmp, rhs };
+    c.check()?;
+    Ok(c)
 }
 
 #[cfg(test)]
@@ -288,6 +358,14 @@ mod tests {
                 Filter::or(4, Test::Codes(vec![0b1010, 0, 1])),
                 Filter::and(1, Test::Codes(vec![0xff])),
                 Filter::or(3, Test::Null),
+                Filter::and(
+                    3,
+                    Test::Compare(Compare {
+                        lhs: vec![Step::Col(3), Step::Const(-7), Step::Bin(Op::Mod, Width::Int4), Step::Neg(Width::Int8)],
+                        cmp: Cmp::Ne,
+                        rhs: vec![Step::Col(1)],
+                    }),
+                ),
             ],
             joins: vec![(0, 0), (1, 1), (3, 0)],
             keys: vec![Source::Payload(2), Source::Col(4)],

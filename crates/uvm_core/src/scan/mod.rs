@@ -7,7 +7,8 @@
 //!
 //! 1. tests its [`Filter`]s, each on one cached column: an inclusive range of the column's
 //!    integer-like words, a set of dictionary codes (a text predicate PostgreSQL evaluated
-//!    per distinct string: `cache::dict::Dict::select`), or `IS NULL`. A NULL passes no other
+//!    per distinct string: `cache::dict::Dict::select`), or `IS NULL`; or a comparison of
+//!    integer expressions over several columns ([`expr`]: `a + b < 5`). A NULL passes no other
 //!    test, as a comparison with NULL is not true in SQL. The filters form a conjunction of
 //!    clauses, each a disjunction of consecutive filters (a filter marked `or` belongs to the
 //!    clause of the one before it): `x IN (1, 5) AND (y < 0 OR z IS NULL)` is four filters in
@@ -38,6 +39,7 @@
 //! caller grows the table (`groups::grow`) and runs again from that row, and no row is folded
 //! twice or lost.
 
+pub mod expr;
 #[cfg(test)]
 mod tests;
 
@@ -57,6 +59,10 @@ pub enum Test {
     Codes(Vec<u8>),
     /// The value is NULL (the one test a NULL passes).
     Null,
+    /// A comparison of integer expressions over the row's columns ([`expr`]; the filter's own
+    /// column is the first it reads). Its arithmetic may raise PostgreSQL's errors (22003,
+    /// 22012).
+    Compare(expr::Compare),
 }
 
 /// A test of one column, in a clause of its own or (`or`) in the clause of the filter before it.
@@ -145,6 +151,12 @@ impl Program<'_> {
             if !col_ok(f.col) {
                 return Err(bad(format!("a filter on column {} of a cache of {cols}", f.col)));
             }
+            if let Test::Compare(c) = &f.test {
+                c.check()?;
+                if let Some(x) = c.columns().find(|&x| !col_ok(x)) {
+                    return Err(bad(format!("a comparison of column {x} of a cache of {cols}")));
+                }
+            }
         }
         for j in &self.joins {
             if !col_ok(j.col) {
@@ -182,10 +194,18 @@ fn value(layout: &Layout, seg: &[u8], col: usize, block: u64, rows: u64, r: u64)
     layout.get(seg, col, block, rows, r).ok_or_else(|| bad(format!("the cache's bytes end inside block {block}")))
 }
 
+/// Whether the row passes `f` (its columns' words from `col`).
+fn filter_passes(f: &Filter, col: &mut dyn FnMut(usize) -> Result<Option<u64>>) -> Result<bool> {
+    match &f.test {
+        Test::Compare(c) => c.passes(col),
+        t => Ok(passes(t, col(f.col)?)),
+    }
+}
+
 fn passes(test: &Test, v: Option<u64>) -> bool {
     match (test, v) {
         (Test::Null, v) => v.is_none(),
-        (_, None) => false,
+        (Test::Compare(_), _) | (_, None) => false,
         (Test::Range { lo, hi }, Some(w)) => (*lo..=*hi).contains(&(w as i64)),
         (Test::Codes(bits), Some(c)) => {
             usize::try_from(c / 8).ok().and_then(|i| bits.get(i)).is_some_and(|b| b & (1 << (c % 8)) != 0)
@@ -238,7 +258,7 @@ pub fn fold_row(
             }
             clause_passed = false;
         }
-        if !clause_passed && passes(&f.test, col(f.col)?) {
+        if !clause_passed && filter_passes(f, &mut col)? {
             clause_passed = true;
         }
     }

@@ -220,9 +220,22 @@ proptest! {
     }
 }
 
-/// A test as SQL's three-valued logic answers it: `None` for unknown (a comparison with NULL).
-fn sql_test(t: &Test, v: Option<u64>) -> Option<bool> {
-    match (t, v) {
+/// A filter as SQL's three-valued logic answers it: `None` for unknown (a comparison with NULL).
+fn sql_test(f: &Filter, words: &[Option<u64>; 5]) -> Option<bool> {
+    if let Test::Compare(c) = &f.test {
+        let mut col = |i: usize| Ok(words[i]);
+        let (a, b) = (expr::eval(&c.lhs, &mut col).unwrap()?, expr::eval(&c.rhs, &mut col).unwrap()?);
+        return Some(match c.cmp {
+            expr::Cmp::Lt => a < b,
+            expr::Cmp::Le => a <= b,
+            expr::Cmp::Eq => a == b,
+            expr::Cmp::Ne => a != b,
+            expr::Cmp::Ge => a >= b,
+            expr::Cmp::Gt => a > b,
+        });
+    }
+    match (&f.test, words[f.col]) {
+        (Test::Compare(_), _) => unreachable!("answered above"),
         (Test::Null, v) => Some(v.is_none()),
         (_, None) => None,
         (Test::Range { lo, hi }, Some(w)) => Some((*lo..=*hi).contains(&(w as i64))),
@@ -237,7 +250,7 @@ fn sql_clauses(filters: &[Filter], words: &[Option<u64>; 5]) -> Option<bool> {
         if !f.or || clauses.is_empty() {
             clauses.push(Vec::new());
         }
-        clauses.last_mut().unwrap().push(sql_test(&f.test, words[f.col]));
+        clauses.last_mut().unwrap().push(sql_test(f, words));
     }
     let or = |c: &Vec<Option<bool>>| {
         if c.contains(&Some(true)) {
@@ -259,10 +272,17 @@ fn sql_clauses(filters: &[Filter], words: &[Option<u64>; 5]) -> Option<bool> {
 }
 
 fn a_test() -> impl Strategy<Value = Test> {
+    use expr::{Cmp, Compare, Op, Step, Width};
     prop_oneof![
         (-5i64..40, 0i64..20).prop_map(|(lo, w)| Test::Range { lo, hi: lo + w }),
         Just(Test::Null),
         proptest::collection::vec(any::<u8>(), 0..2).prop_map(Test::Codes),
+        // (column + column) cmp constant, over the first three (small integer) columns
+        (0usize..3, 0usize..3, 0u32..6, -10i64..60).prop_map(|(a, b, cmp, k)| Test::Compare(Compare {
+            lhs: vec![Step::Col(a), Step::Col(b), Step::Bin(Op::Add, Width::Int8)],
+            cmp: Cmp::from_code(cmp).unwrap(),
+            rhs: vec![Step::Const(k)],
+        })),
     ]
 }
 
