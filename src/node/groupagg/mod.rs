@@ -45,6 +45,12 @@
 //!       NULL element): a clause per element; `IS NULL`, `IS NOT NULL`; a boolean column or
 //!       its `NOT`; an `OR` of these (PostgreSQL has pushed `NOT` down already, so the tests
 //!       answer SQL's three-valued logic exactly: the scan module's essay says why);
+//!     - a comparison of two integer expressions (`+ - * / %` and unary minus of PostgreSQL's
+//!       built-in `int2/int4/int8` operators, widening casts, columns, constants; `a + b < 5`,
+//!       `w % 7 = 3`, `a = b`) or of two columns of one `date`/`timestamp[tz]` type: the
+//!       program's `scan::expr` comparison, raising PostgreSQL's 22003 and 22012 where its
+//!       arithmetic would. Clauses holding one go last, so that a cheaper condition drops a row
+//!       before its arithmetic runs, as PostgreSQL orders conditions by cost;
 //!     - any condition whose only column is one dictionary-encoded `text`/`varchar` column of
 //!       the fact, built of comparisons, `IN`, `LIKE`/`ILIKE`, `IS NULL`, `AND`/`OR`/`NOT` and
 //!       other calls that raise no ERROR for any string (leakproof functions; `plan::error_free`
@@ -139,6 +145,7 @@ use crate::gpujoin::table::KeyType;
 use crate::groups::{self, AggKind};
 use crate::registry::TierPref;
 use crate::runtime::{current_user, now, report, try_executor};
+use crate::scan::expr::{Cmp, Compare, Op, Step, Width};
 use crate::scan::{Filter, Input, Program, Progress, Row, Source, Test};
 
 /// Setting up a program: the requests, a group table.
@@ -178,6 +185,16 @@ enum Check {
     /// Text condition `n` of the plan's (`Shape::texts`): a condition on one dictionary-encoded
     /// column, evaluated by PostgreSQL once per distinct string of the dictionary.
     Text(usize),
+    /// Comparison `n` of the plan's (`Shape::compares`): integer expressions over columns.
+    Compare(usize),
+}
+
+/// A comparison of integer expressions (`crate::scan::expr`) whose steps name columns by their
+/// index in `cols`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PlanCompare {
+    cols: Vec<Col>,
+    expr: Compare,
 }
 
 /// One alternative of a `WHERE` clause: a test of one fact column.
@@ -276,6 +293,7 @@ struct Shape {
     /// The text conditions `Check::Text` names: expressions over one column of the fact (its
     /// Vars as the planner made them), kept in the plan's private list.
     texts: Vec<*mut pg_sys::Node>,
+    compares: Vec<PlanCompare>,
     aggs: Vec<AggOf>,
     dims: Vec<Dim>,
     /// The planner's estimate of the groups (the group table's first size).
@@ -297,6 +315,7 @@ impl Shape {
         let keys = self.keys.iter().filter_map(|k| if let Key::Fact(c) = k { Some(*c) } else { None });
         let all = keys
             .chain(self.filters.iter().flatten().map(|a| a.col))
+            .chain(self.compares.iter().flat_map(|c| c.cols.iter().copied()))
             .chain(self.aggs.iter().flat_map(|a| a.input.columns()))
             .chain(self.dims.iter().map(|d| d.fact_col));
         for c in all {
@@ -333,7 +352,24 @@ impl Shape {
                     Check::Range { lo, hi } => v.extend([1, lo, hi]),
                     Check::Null => v.extend([2, 0, 0]),
                     Check::Text(n) => v.extend([3, n as i64, 0]),
+                    Check::Compare(n) => v.extend([4, n as i64, 0]),
                 }
+            }
+        }
+        v.push(self.compares.len() as i64);
+        for c in &self.compares {
+            v.push(c.cols.len() as i64);
+            for x in &c.cols {
+                col(&mut v, x);
+            }
+            v.extend([i64::from(c.expr.cmp.code()), c.expr.lhs.len() as i64, c.expr.rhs.len() as i64]);
+            for s in c.expr.lhs.iter().chain(&c.expr.rhs) {
+                v.extend(match *s {
+                    Step::Col(i) => [1, i as i64, 0],
+                    Step::Const(k) => [2, k, 0],
+                    Step::Bin(op, w) => [3, op as i64, i64::from(w.code())],
+                    Step::Neg(w) => [4, 0, i64::from(w.code())],
+                });
             }
         }
         v.push(self.aggs.len() as i64);
@@ -426,11 +462,41 @@ impl Shape {
                     (1, lo, hi) => Check::Range { lo, hi },
                     (2, _, _) => Check::Null,
                     (3, n, _) => Check::Text(usize::try_from(n).ok().filter(|&n| n < texts.len())?),
+                    (4, n, _) => Check::Compare(usize::try_from(n).ok()?),
                     _ => return None,
                 };
                 clause.push(Atom { col: c, check });
             }
             filters.push(clause);
+        }
+        let mut compares = Vec::new();
+        for _ in 0..next()? {
+            let mut cols = Vec::new();
+            for _ in 0..next()? {
+                cols.push(col(&mut next)?);
+            }
+            let cmp = Cmp::from_code(u32::try_from(next()?).ok()?)?;
+            let (nl, nr) = (usize::try_from(next()?).ok()?, usize::try_from(next()?).ok()?);
+            let mut steps = Vec::new();
+            for _ in 0..nl.checked_add(nr)?.min(2 * crate::scan::expr::MAX_STEPS) {
+                let width = |w: i64| Width::from_code(u32::try_from(w).ok()?);
+                let ops = [Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Mod];
+                steps.push(match (next()?, next()?, next()?) {
+                    (1, i, _) => Step::Col(usize::try_from(i).ok().filter(|&i| i < cols.len())?),
+                    (2, k, _) => Step::Const(k),
+                    (3, op, w) => Step::Bin(*ops.get(usize::try_from(op).ok()?)?, width(w)?),
+                    (4, _, w) => Step::Neg(width(w)?),
+                    _ => return None,
+                });
+            }
+            if steps.len() != nl + nr {
+                return None;
+            }
+            let rhs = steps.split_off(nl);
+            compares.push(PlanCompare { cols, expr: Compare { lhs: steps, cmp, rhs } });
+        }
+        if filters.iter().flatten().any(|a| matches!(a.check, Check::Compare(n) if n >= compares.len())) {
+            return None;
         }
         let mut aggs = Vec::new();
         for _ in 0..next()? {
@@ -468,7 +534,7 @@ impl Shape {
             }
             dims.push(Dim { relid, varno, fact_col, key, key_pos, groups });
         }
-        Some(Shape { relid, varno, keys, filters, texts, aggs, dims, groups })
+        Some(Shape { relid, varno, keys, filters, texts, compares, aggs, dims, groups })
     }
 }
 

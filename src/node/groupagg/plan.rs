@@ -130,12 +130,177 @@ unsafe fn array_values(c: *const pg_sys::Const) -> Option<Vec<Option<i64>>> {
     }
 }
 
+/// `column op constant` (or commuted) of an integer-like column as one clause of ranges.
+///
+/// # Safety
+/// `op` is a planner OpExpr.
+unsafe fn range_clause(op: *mut pg_sys::OpExpr, varno: u32, cached: &[(i16, Encoding)]) -> Option<Vec<Vec<Atom>>> {
+    // SAFETY: forwarded contract; nodes are read by their tags.
+    unsafe {
+        let args = PgList::<pg_sys::Node>::from_pg((*op).args);
+        if args.len() != 2 {
+            return None;
+        }
+        let (a, b) = (args.get_ptr(0)?, args.get_ptr(1)?);
+        // column op constant, or constant op column (the strategy commuted)
+        let (var, konst, commuted) = if (*b).type_ == pg_sys::NodeTag::T_Const {
+            (a, b as *const pg_sys::Const, false)
+        } else if (*a).type_ == pg_sys::NodeTag::T_Const {
+            (b, a as *const pg_sys::Const, true)
+        } else {
+            return None;
+        };
+        let (col, vtype) = column(var, varno, cached)?;
+        if col.encoding == Encoding::Bool || !comparable((*konst).consttype, vtype) {
+            return None;
+        }
+        let value = const_value(konst)?;
+        let alts = ranges(col, strategy_of((*op).opno, vtype, commuted)?, value)?;
+        // (never true: PostgreSQL answers; a clause needs an alternative)
+        (!alts.is_empty()).then(|| vec![alts])
+    }
+}
+
+/// The built-in integer arithmetic operators and widening casts (`int2`, `int4`, `int8`): an
+/// operator's function is built in (an OID below `FirstGenbkiObjectId`, so no user's operator
+/// of the same name in another schema), its name one of `+ - * / %` and its result an integer.
+///
+/// # Safety
+/// `n` is a planner expression.
+unsafe fn int_expr(
+    n: *mut pg_sys::Node,
+    varno: u32,
+    cached: &[(i16, Encoding)],
+    cols: &mut Vec<Col>,
+    out: &mut Vec<Step>,
+) -> Option<()> {
+    // SAFETY: forwarded contract; nodes are read by their tags, operators looked up.
+    unsafe {
+        if out.len() > crate::scan::expr::MAX_STEPS {
+            return None;
+        }
+        let width = |t: pg_sys::Oid| match t {
+            pg_sys::INT2OID => Some(Width::Int2),
+            pg_sys::INT4OID => Some(Width::Int4),
+            pg_sys::INT8OID => Some(Width::Int8),
+            _ => None,
+        };
+        match (*n).type_ {
+            pg_sys::NodeTag::T_Var => {
+                let (col, _) = column(n, varno, cached)?;
+                if !matches!(col.encoding, Encoding::Int2 | Encoding::Int4 | Encoding::Int8) {
+                    return None;
+                }
+                let i = cols.iter().position(|c| *c == col).unwrap_or_else(|| {
+                    cols.push(col);
+                    cols.len() - 1
+                });
+                out.push(Step::Col(i));
+            }
+            pg_sys::NodeTag::T_Const => {
+                width((*(n as *mut pg_sys::Const)).consttype)?;
+                out.push(Step::Const(const_value(n as *const pg_sys::Const)?));
+            }
+            // int2 -> int4, int4 -> int8, int2 -> int8: the value unchanged
+            pg_sys::NodeTag::T_FuncExpr => {
+                let f = n as *mut pg_sys::FuncExpr;
+                let args = PgList::<pg_sys::Node>::from_pg((*f).args);
+                if !matches!(u32::from((*f).funcid), 313 | 481 | 754) || args.len() != 1 {
+                    return None;
+                }
+                int_expr(args.get_ptr(0)?, varno, cached, cols, out)?;
+            }
+            pg_sys::NodeTag::T_OpExpr => {
+                let op = n as *mut pg_sys::OpExpr;
+                let w = width((*op).opresulttype)?;
+                let func = pg_sys::get_opcode((*op).opno);
+                if u32::from(func) >= pg_sys::FirstGenbkiObjectId {
+                    return None;
+                }
+                let name = pg_sys::get_opname((*op).opno);
+                if name.is_null() {
+                    return None;
+                }
+                let name = CStr::from_ptr(name).to_bytes();
+                let args = PgList::<pg_sys::Node>::from_pg((*op).args);
+                for a in args.iter_ptr() {
+                    width(pg_sys::exprType(a))?;
+                    int_expr(a, varno, cached, cols, out)?;
+                }
+                out.push(match (args.len(), name) {
+                    (2, b"+") => Step::Bin(Op::Add, w),
+                    (2, b"-") => Step::Bin(Op::Sub, w),
+                    (2, b"*") => Step::Bin(Op::Mul, w),
+                    (2, b"/") => Step::Bin(Op::Div, w),
+                    (2, b"%") => Step::Bin(Op::Mod, w),
+                    (1, b"-") => Step::Neg(w),
+                    (1, b"+") => return Some(()),
+                    _ => return None,
+                });
+            }
+            _ => return None,
+        }
+        Some(())
+    }
+}
+
+/// `expr op expr` of integer expressions (at least one column), or of two columns of the same
+/// `date`/`timestamp[tz]` type, as a comparison, if it is one.
+///
+/// # Safety
+/// `op` is a planner OpExpr.
+unsafe fn compare_of(op: *mut pg_sys::OpExpr, varno: u32, cached: &[(i16, Encoding)]) -> Option<PlanCompare> {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let args = PgList::<pg_sys::Node>::from_pg((*op).args);
+        let (a, b) = (args.get_ptr(0)?, args.get_ptr(1)?);
+        if args.len() != 2 {
+            return None;
+        }
+        let (ta, tb) = (pg_sys::exprType(a), pg_sys::exprType(b));
+        let (mut cols, mut lhs, mut rhs) = (Vec::new(), Vec::new(), Vec::new());
+        if is_integer(ta) && is_integer(tb) {
+            int_expr(a, varno, cached, &mut cols, &mut lhs)?;
+            int_expr(b, varno, cached, &mut cols, &mut rhs)?;
+        } else {
+            // two columns of one date or timestamp type: their words compare as the values
+            let (ca, _) = column(a, varno, cached)?;
+            let (cb, _) = column(b, varno, cached)?;
+            if ta != tb || !matches!(ca.encoding, Encoding::Date | Encoding::Timestamp | Encoding::TimestampTz) {
+                return None;
+            }
+            cols = vec![ca, cb];
+            (lhs, rhs) = (vec![Step::Col(0)], vec![Step::Col(1)]);
+        }
+        if cols.is_empty() {
+            return None;
+        }
+        let cmp = match strategy_of((*op).opno, ta, false)? {
+            1 => Cmp::Lt,
+            2 => Cmp::Le,
+            3 => Cmp::Eq,
+            4 => Cmp::Ge,
+            5 => Cmp::Gt,
+            6 => Cmp::Ne,
+            _ => return None,
+        };
+        let expr = Compare { lhs, cmp, rhs };
+        expr.check().ok()?;
+        Some(PlanCompare { cols, expr })
+    }
+}
+
 /// A `WHERE` conjunct over integer-like fact columns as clauses of alternatives (the module
 /// comment lists the forms), if it is one.
 ///
 /// # Safety
 /// `clause` is a planner expression.
-unsafe fn int_clauses(clause: *mut pg_sys::Node, varno: u32, cached: &[(i16, Encoding)]) -> Option<Vec<Vec<Atom>>> {
+unsafe fn int_clauses(
+    clause: *mut pg_sys::Node,
+    varno: u32,
+    cached: &[(i16, Encoding)],
+    compares: &mut Vec<PlanCompare>,
+) -> Option<Vec<Vec<Atom>>> {
     // SAFETY: forwarded contract; nodes are read by their tags.
     unsafe {
         match (*clause).type_ {
@@ -147,7 +312,7 @@ unsafe fn int_clauses(clause: *mut pg_sys::Node, varno: u32, cached: &[(i16, Enc
                     pg_sys::BoolExprType::OR_EXPR => {
                         let mut alts = Vec::new();
                         for arm in args.iter_ptr() {
-                            let [one] = <[Vec<Atom>; 1]>::try_from(int_clauses(arm, varno, cached)?).ok()?;
+                            let [one] = <[Vec<Atom>; 1]>::try_from(int_clauses(arm, varno, cached, compares)?).ok()?;
                             alts.extend(one);
                         }
                         Some(vec![alts])
@@ -155,7 +320,7 @@ unsafe fn int_clauses(clause: *mut pg_sys::Node, varno: u32, cached: &[(i16, Enc
                     pg_sys::BoolExprType::AND_EXPR => {
                         let mut all = Vec::new();
                         for arm in args.iter_ptr() {
-                            all.extend(int_clauses(arm, varno, cached)?);
+                            all.extend(int_clauses(arm, varno, cached, compares)?);
                         }
                         Some(all)
                     }
@@ -183,30 +348,12 @@ unsafe fn int_clauses(clause: *mut pg_sys::Node, varno: u32, cached: &[(i16, Enc
                 };
                 Some(vec![vec![Atom { col, check }]])
             }
-            pg_sys::NodeTag::T_OpExpr => {
-                let op = clause as *mut pg_sys::OpExpr;
-                let args = PgList::<pg_sys::Node>::from_pg((*op).args);
-                if args.len() != 2 {
-                    return None;
-                }
-                let (a, b) = (args.get_ptr(0)?, args.get_ptr(1)?);
-                // column op constant, or constant op column (the strategy commuted)
-                let (var, konst, commuted) = if (*b).type_ == pg_sys::NodeTag::T_Const {
-                    (a, b as *const pg_sys::Const, false)
-                } else if (*a).type_ == pg_sys::NodeTag::T_Const {
-                    (b, a as *const pg_sys::Const, true)
-                } else {
-                    return None;
-                };
-                let (col, vtype) = column(var, varno, cached)?;
-                if col.encoding == Encoding::Bool || !comparable((*konst).consttype, vtype) {
-                    return None;
-                }
-                let value = const_value(konst)?;
-                let alts = ranges(col, strategy_of((*op).opno, vtype, commuted)?, value)?;
-                // (never true: PostgreSQL answers; a clause needs an alternative)
-                (!alts.is_empty()).then(|| vec![alts])
-            }
+            pg_sys::NodeTag::T_OpExpr => range_clause(clause as *mut pg_sys::OpExpr, varno, cached).or_else(|| {
+                let c = compare_of(clause as *mut pg_sys::OpExpr, varno, cached)?;
+                compares.push(c);
+                let col = compares.last()?.cols[0];
+                Some(vec![vec![Atom { col, check: Check::Compare(compares.len() - 1) }]])
+            }),
             // column = ANY (constant array): one alternative per element; column <> ALL (...):
             // one clause per element
             pg_sys::NodeTag::T_ScalarArrayOpExpr => {
@@ -572,15 +719,17 @@ impl Shape {
             let parse = (*root).parse;
             let cached = caches::ready_columns(relid)?;
             let rel = *(*root).simple_rel_array.add(varno as usize);
-            let (mut filters, mut texts) = (Vec::new(), Vec::new());
+            let (mut filters, mut texts, mut compares) = (Vec::new(), Vec::new(), Vec::new());
             for ri in PgList::<pg_sys::RestrictInfo>::from_pg((*rel).baserestrictinfo).iter_ptr() {
                 if (*ri).pseudoconstant {
                     return None;
                 }
                 let clause = (*ri).clause as *mut pg_sys::Node;
-                match int_clauses(clause, varno, &cached) {
+                let mark = compares.len();
+                match int_clauses(clause, varno, &cached, &mut compares) {
                     Some(c) => filters.extend(c),
                     None => {
+                        compares.truncate(mark);
                         let (col, expr) = text_clause(clause, varno, &cached)?;
                         filters.push(vec![Atom { col, check: Check::Text(texts.len()) }]);
                         texts.push(expr);
@@ -592,6 +741,10 @@ impl Shape {
             if tests > exec::scan::MAX_FILTERS {
                 return None;
             }
+            // Clauses with a comparison last: their arithmetic may raise an ERROR, which the
+            // other clauses should have the chance to spare a row (as PostgreSQL orders its
+            // cheaper conditions first).
+            filters.sort_by_key(|c: &Vec<Atom>| c.iter().any(|a| matches!(a.check, Check::Compare(_))));
             // Each class joins the fact's one column with dimensions' columns; each dimension
             // is in one class, by one column.
             let mut dims: Vec<Dim> = Vec::new();
@@ -664,7 +817,7 @@ impl Shape {
             if aggs.len() * 2 > exec::scan::MAX_AGGS {
                 return None;
             }
-            Some(Shape { relid, varno, keys, filters, texts, aggs, dims, groups: 0 })
+            Some(Shape { relid, varno, keys, filters, texts, compares, aggs, dims, groups: 0 })
         }
     }
 

@@ -325,6 +325,15 @@ impl GpuGroupAggScan {
                 match a.check {
                     Check::Range { lo, hi } => filters.push(Filter::or(at(&a.col), Test::Range { lo, hi })),
                     Check::Null => filters.push(Filter::or(at(&a.col), Test::Null)),
+                    Check::Compare(n) => {
+                        // its steps' columns by their index in the cache
+                        let c = &self.shape.compares[n];
+                        let map = |steps: &[Step]| -> Vec<Step> {
+                            steps.iter().map(|s| if let Step::Col(i) = *s { Step::Col(at(&c.cols[i])) } else { *s }).collect()
+                        };
+                        let expr = Compare { lhs: map(&c.expr.lhs), cmp: c.expr.cmp, rhs: map(&c.expr.rhs) };
+                        filters.push(Filter::or(at(&a.col), Test::Compare(expr)));
+                    }
                     Check::Text(n) => {
                         let bytes = read_dictionary(&u, at(&a.col))?;
                         let dict = Dict::parse("a text column's dictionary", &bytes).unwrap_or_else(|e| report(e));
@@ -694,6 +703,27 @@ impl GpuGroupAggScan {
                     Check::Range { lo: 0, hi: 0 } if a.col.encoding == Encoding::Bool => format!("NOT {name}"),
                     Check::Range { lo, hi } => describe_range(&name, a.col.encoding, lo, hi),
                     Check::Null => format!("{name} IS NULL"),
+                    Check::Compare(n) => {
+                        let c = &self.shape.compares[n];
+                        let side = |steps: &[Step]| {
+                            let mut stack: Vec<String> = Vec::new();
+                            for s in steps {
+                                let v = match *s {
+                                    Step::Col(i) => self.name_of(&c.cols[i]),
+                                    Step::Const(k) => k.to_string(),
+                                    Step::Neg(_) => format!("-{}", stack.pop().unwrap_or_default()),
+                                    Step::Bin(op, _) => {
+                                        let (b, a) = (stack.pop().unwrap_or_default(), stack.pop().unwrap_or_default());
+                                        let sym = ["+", "-", "*", "/", "%"][op as usize];
+                                        format!("({a} {sym} {b})")
+                                    }
+                                };
+                                stack.push(v);
+                            }
+                            stack.pop().unwrap_or_default()
+                        };
+                        format!("{} {} {}", side(&c.expr.lhs), c.expr.cmp.symbol(), side(&c.expr.rhs))
+                    }
                     // SAFETY: a text condition of the plan; the fact table exists (the query
                     // holds its lock); the deparsed string is palloc'd.
                     Check::Text(n) => unsafe {

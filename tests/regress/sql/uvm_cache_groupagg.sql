@@ -86,6 +86,24 @@ SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE (a < 2 OR b > 3) AND (d = ''
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE ok GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE NOT ok AND ts IN (''2020-01-01 01:00'', ''2020-01-01 02:00'') GROUP BY a');
 SELECT pg_temp.ga('SELECT count(*) FROM ga WHERE a IN (100, 200)');
+-- comparisons of integer expressions: PostgreSQL's int2/int4/int8 arithmetic, NULL in NULL
+-- out; an overflow or a division by zero its ERROR; such clauses last, so that a cheaper
+-- condition drops a row first as PostgreSQL's order does
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a + b < 5 GROUP BY a');
+SELECT pg_temp.ga('SELECT b, count(*), sum(w) FROM ga WHERE w % 7 = 3 AND id / 1000 <> 5 GROUP BY b');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE v - id * 3 = 0 AND a = b GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE -a < -3 OR a::int8 * 2 > 11 OR w IS NULL GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE (w - 50) * (w - 50) <= 100 GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a = 100 AND 10 / (b - b) = 1 GROUP BY a');
+EXPLAIN (COSTS OFF) SELECT a, count(*) FROM ga WHERE 10 / (b - b) = 1 AND a + 1 > 2 GROUP BY a;
+SELECT a, count(*) FROM ga WHERE 10 / (b - b) = 1 AND a + 1 > 2 GROUP BY a;
+SELECT count(*) FROM ga WHERE w * 100000000 > 5;
+SELECT count(*) FROM ga WHERE b * 10000::int2 > 5;
+SET pg_uvm_share.enable_gpugroupagg = off;
+SELECT a, count(*) FROM ga WHERE 10 / (b - b) = 1 AND a + 1 > 2 GROUP BY a;
+SELECT count(*) FROM ga WHERE w * 100000000 > 5;
+SELECT count(*) FROM ga WHERE b * 10000::int2 > 5;
+RESET pg_uvm_share.enable_gpugroupagg;
 -- text: conditions on one dictionary-encoded column, evaluated once per distinct string (and
 -- once for NULL); groups by its strings
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t = ''x1'' GROUP BY a');
@@ -142,6 +160,9 @@ SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE length(t) > 5 GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE coalesce(t, ''x2'') = ''x2'' GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a = 100 AND substr(t, 2)::int > 3 GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE f IN (1, 2) GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a + f > 3 GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE abs(a) > 3 GROUP BY a');
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE d > ts GROUP BY a');
 SELECT pg_temp.ga('SELECT a, sum(r) FROM gf GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM gf WHERE d > 1 GROUP BY a');
 SELECT pg_temp.ga('SELECT d, count(*) FROM gf GROUP BY d');
