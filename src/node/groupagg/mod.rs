@@ -39,8 +39,10 @@
 //!   - each fact conjunct is a clause of the program's (`crate::scan`: alternatives, each a
 //!     test of one column), one of
 //!     - a column compared with a constant (`=`, `<>`, `<`, `<=`, `>`, `>=`, so `BETWEEN` too:
-//!       integer types across widths, `date`, `timestamp[tz]` with their own type): ranges of
-//!       the column's words (`<>`: the two below and above); `= ANY` of a constant array
+//!       integer types across widths, `date`, `timestamp[tz]` with their own type, and
+//!       `numeric(p, s)` with a numeric constant of any scale, scaled to the column's words and
+//!       rounded the way the comparison needs): ranges of the column's words (`<>`: the two
+//!       below and above); `= ANY` of a constant array
 //!       (`IN (...)`): a range per run of consecutive values; `<> ALL` (`NOT IN`, without a
 //!       NULL element): a clause per element; `IS NULL`, `IS NOT NULL`; a boolean column or
 //!       its `NOT`; an `OR` of these (PostgreSQL has pushed `NOT` down already, so the tests
@@ -61,7 +63,8 @@
 //!
 //!     a dimension's conjuncts are its own plan's;
 //!   - each `GROUP BY` item is a column of the fact of an integer-like type (`int2/4/8`,
-//!     `bool`, `date`, `timestamp[tz]`) or dictionary-encoded `text`/`varchar` (its codes:
+//!     `bool`, `date`, `timestamp[tz]`, `numeric(p, s)` by its scaled words) or
+//!     dictionary-encoded `text`/`varchar` (its codes:
 //!     one per distinct string; the strings are read from the dictionary for the groups
 //!     returned), or a column of a dimension of a type whose equal values are equal bytes
 //!     (those, and `text`/`varchar` with a deterministic collation), and every column the
@@ -69,8 +72,9 @@
 //!   - each aggregate is `count(*)`, `count(x)`, or `sum`, `min`, `max`, `avg` of an `int2/4/8`
 //!     column of the fact or of the difference or product of two `int4`/`int8` ones (PostgreSQL's
 //!     `int8` operators), or `sum(float8)`, `avg`, `min`, `max` of a `float4`/`float8` column
-//!     (not `sum(float4)`, which PostgreSQL adds in `float4`), plain (no DISTINCT, ORDER BY or
-//!     FILTER);
+//!     (not `sum(float4)`, which PostgreSQL adds in `float4`), or `sum`, `avg`, `min`, `max` of
+//!     a `numeric(p, s)` column (its scaled words summed exactly in 128 bits, the results
+//!     numerics of scale `s` as PostgreSQL's), plain (no DISTINCT, ORDER BY or FILTER);
 //!
 //!   it adds a path priced at the cache's scan and the dimensions' plans ([`cost`]) whose first
 //!   child is an aggregation by PostgreSQL (hashed, or plain without GROUP BY) over the input's
@@ -106,7 +110,8 @@
 //!
 //! # Limits (the next steps of issue 27)
 //!
-//! - Filters and keys on float columns, numeric columns, `sum(float4)`, `min`/`max` of text, an `OR` of
+//! - Filters and keys on float columns, arithmetic and `IN` lists of numerics, `sum(float4)`,
+//!   `min`/`max` of text, an `OR` of
 //!   tests of several columns one of which is text, an `OR` with an `AND` inside, more than
 //!   `exec::scan::MAX_FILTERS` alternatives in all: declined for now.
 //! - The group table is read into the backend's memory (its bytes, then an entry per group),
@@ -168,11 +173,19 @@ pub fn install() {
     customscan::register::<GpuGroupAggScan>();
 }
 
-/// A grouping column: its attribute number and the encoding the plan expects of its cache.
+/// A cached column: its attribute number, the encoding the plan expects of its cache, and for
+/// `numeric` its scale (the words are the values times 10^scale; 0 for the others).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Col {
     attnum: i16,
     encoding: Encoding,
+    scale: i16,
+}
+
+impl Col {
+    fn new(attnum: i16, encoding: Encoding) -> Col {
+        Col { attnum, encoding, scale: 0 }
+    }
 }
 
 /// A test of a fact column in a `WHERE` clause.
@@ -232,6 +245,8 @@ enum Num {
     Int,
     Float4,
     Float8,
+    /// `numeric(p, s)` columns, as their scaled words (`Arg::Any`).
+    Numeric,
 }
 
 /// An aggregate: what it computes, over what. `avg` is a `Sum` divided by its count
@@ -332,6 +347,7 @@ impl Shape {
         let col = |v: &mut Vec<i64>, c: &Col| {
             v.push(c.attnum as i64);
             v.push(c.encoding as u16 as i64);
+            v.push(c.scale as i64);
         };
         v.push(self.keys.len() as i64);
         for k in &self.keys {
@@ -378,6 +394,7 @@ impl Shape {
                 Num::Int => 0,
                 Num::Float4 => 1,
                 Num::Float8 => 2,
+                Num::Numeric => 3,
             };
             v.push(kind_code(a.kind, a.arg) + if a.avg { AVG_CODE } else { 0 } + num * NUM_CODE);
             let (which, cols) = match a.input {
@@ -440,7 +457,8 @@ impl Shape {
         let col = |next: &mut dyn FnMut() -> Option<i64>| -> Option<Col> {
             let attnum = i16::try_from(next()?).ok()?;
             let encoding = Encoding::from_repr(u16::try_from(next()?).ok()?)?;
-            Some(Col { attnum, encoding })
+            let scale = i16::try_from(next()?).ok()?;
+            Some(Col { attnum, encoding, scale })
         };
         let oid = |x: i64| u32::try_from(x).ok().map(pg_sys::Oid::from);
         let relid = oid(next()?)?;
@@ -505,6 +523,7 @@ impl Shape {
                 0 => Num::Int,
                 1 => Num::Float4,
                 2 => Num::Float8,
+                3 => Num::Numeric,
                 _ => return None,
             };
             let avg = code % NUM_CODE >= AVG_CODE;
@@ -550,6 +569,7 @@ fn keyable(e: Encoding) -> bool {
             | Encoding::Date
             | Encoding::Timestamp
             | Encoding::TimestampTz
+            | Encoding::Numeric
     )
 }
 
@@ -563,21 +583,55 @@ fn encoding_of_type(typid: pg_sys::Oid) -> Option<Encoding> {
         pg_sys::DATEOID => Encoding::Date,
         pg_sys::TIMESTAMPOID => Encoding::Timestamp,
         pg_sys::TIMESTAMPTZOID => Encoding::TimestampTz,
+        pg_sys::NUMERICOID => Encoding::Numeric,
         _ => return None,
     })
 }
 
-/// A word of `encoding` as a datum (by value).
-fn datum_of_word(w: u64, encoding: Encoding) -> pg_sys::Datum {
-    match encoding {
+/// The scale of a `numeric(p, s)` column of typmod `typmod` as the cache encodes it (`None`
+/// without a precision, which the cache does not hold).
+fn numeric_scale(typmod: i32) -> Option<i16> {
+    let vh = pg_sys::VARHDRSZ as i32;
+    // the scale's 11 bits, sign-extended (PostgreSQL 15 allows negative scales)
+    (typmod >= vh).then(|| ((((typmod - vh) & 0x7ff) ^ 1024) - 1024) as i16).filter(|s| (0..=18).contains(s))
+}
+
+/// `v / 10^scale` as a `numeric` of that display scale (what a `numeric(p, scale)` column
+/// holds: its sums, minimums and maximums print with `scale` digits, as PostgreSQL's do),
+/// made in the current memory context.
+fn numeric_of_scaled(v: i128, scale: i16) -> pg_sys::Datum {
+    let digits = v.unsigned_abs().to_string();
+    let s = scale.max(0) as usize;
+    let padded = format!("{digits:0>width$}", width = s + 1);
+    let (int, frac) = padded.split_at(padded.len() - s);
+    let text = format!("{}{int}{}{frac}", if v < 0 { "-" } else { "" }, if s > 0 { "." } else { "" });
+    let c = std::ffi::CString::new(text).expect("digits");
+    // SAFETY: numeric_in of a decimal literal, typmod -1 (its scale is its digits').
+    unsafe { pg_sys::InputFunctionCall(&mut numeric_input(), c.as_ptr() as *mut std::ffi::c_char, pg_sys::Oid::from(0), -1) }
+}
+
+/// The FmgrInfo of numeric_in.
+fn numeric_input() -> pg_sys::FmgrInfo {
+    // SAFETY: looks up a built-in function's call info into a zeroed struct (current context).
+    unsafe {
+        let mut f: pg_sys::FmgrInfo = std::mem::zeroed();
+        pg_sys::fmgr_info(pg_sys::Oid::from(pg_sys::F_NUMERIC_IN), &mut f);
+        f
+    }
+}
+
+/// A word of column `c` as a datum (by value, or a numeric made in the current context).
+fn datum_of_word(w: u64, c: Col) -> pg_sys::Datum {
+    match c.encoding {
         Encoding::Bool => pg_sys::Datum::from(w != 0),
         Encoding::Int2 => pg_sys::Datum::from(w as i64 as i16),
         Encoding::Int4 | Encoding::Date => pg_sys::Datum::from(w as i64 as i32),
+        Encoding::Numeric => numeric_of_scaled(i128::from(w as i64), c.scale),
         _ => pg_sys::Datum::from(w as i64),
     }
 }
 
-/// Added to an aggregate's code for `avg`, and times its `Num` (0, 1, 2).
+/// Added to an aggregate's code for `avg`, and times its `Num` (0 to 3).
 const AVG_CODE: i64 = 100;
 const NUM_CODE: i64 = 1000;
 const KINDS: [Kind; 5] = [Kind::CountStar, Kind::Count, Kind::Sum, Kind::Min, Kind::Max];

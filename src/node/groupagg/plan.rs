@@ -41,8 +41,58 @@ unsafe fn column(n: *mut pg_sys::Node, varno: u32, cached: &[(i16, Encoding)]) -
         }
         let encoding = encoding_of_type((*v).vartype)?;
         let att = (*v).varattno;
-        cached.iter().any(|&(a, e)| a == att && e == encoding).then_some((Col { attnum: att, encoding }, (*v).vartype))
+        let scale = if encoding == Encoding::Numeric { numeric_scale((*v).vartypmod)? } else { 0 };
+        cached.iter().any(|&(a, e)| a == att && e == encoding).then_some((Col { attnum: att, encoding, scale }, (*v).vartype))
     }
+}
+
+/// A `numeric` constant as a scaled integer at `scale`: its floor and whether it is exact
+/// (`None`: NaN, an infinity, or past `i64`).
+///
+/// # Safety
+/// `c` is a non-NULL Const of type numeric.
+unsafe fn scaled_numeric(c: *const pg_sys::Const, scale: i16) -> Option<(i64, bool)> {
+    // SAFETY: forwarded contract; numeric_out of a numeric datum returns a palloc'd string.
+    let text = unsafe {
+        let p = pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_NUMERIC_OUT), (*c).constvalue);
+        CStr::from_ptr(p).to_str().ok()?.to_owned()
+    };
+    let (neg, digits) = match text.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, text.as_str()),
+    };
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    if int.is_empty() || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) {
+        return None; // NaN, Infinity
+    }
+    let s = scale.max(0) as usize;
+    let kept: String = frac.chars().chain(std::iter::repeat('0')).take(s).collect();
+    let exact = frac.chars().skip(s).all(|d| d == '0');
+    let magnitude: i128 = format!("{int}{kept}").parse().ok()?;
+    let floor = if neg { -magnitude - i128::from(!exact) } else { magnitude };
+    Some((i64::try_from(floor).ok()?, exact))
+}
+
+/// The alternatives `numeric column <strategy> constant` is, over the column's scaled words.
+///
+/// # Safety
+/// `c` is a non-NULL numeric Const.
+unsafe fn numeric_ranges(col: Col, strategy: i32, c: *const pg_sys::Const) -> Option<Vec<Atom>> {
+    // SAFETY: forwarded contract.
+    let (floor, exact) = unsafe { scaled_numeric(c, col.scale)? };
+    let r = |lo, hi| Atom { col, check: Check::Range { lo, hi } };
+    if exact {
+        return ranges(col, strategy, floor);
+    }
+    // an inexact constant lies strictly between floor and floor + 1
+    let ceil = floor.checked_add(1)?;
+    Some(match strategy {
+        1 | 2 => vec![r(i64::MIN, floor)],
+        3 => vec![],
+        4 | 5 => vec![r(ceil, i64::MAX)],
+        6 => vec![r(i64::MIN, i64::MAX)],
+        _ => return None,
+    })
 }
 
 /// The btree strategy of `opno` on a column of type `vtype` (1 `<` to 5 `>`), commuted where
@@ -151,11 +201,15 @@ unsafe fn range_clause(op: *mut pg_sys::OpExpr, varno: u32, cached: &[(i16, Enco
             return None;
         };
         let (col, vtype) = column(var, varno, cached)?;
-        if col.encoding == Encoding::Bool || !comparable((*konst).consttype, vtype) {
+        if col.encoding == Encoding::Bool || !comparable((*konst).consttype, vtype) || (*konst).constisnull {
             return None;
         }
-        let value = const_value(konst)?;
-        let alts = ranges(col, strategy_of((*op).opno, vtype, commuted)?, value)?;
+        let strategy = strategy_of((*op).opno, vtype, commuted)?;
+        let alts = if col.encoding == Encoding::Numeric {
+            numeric_ranges(col, strategy, konst)?
+        } else {
+            ranges(col, strategy, const_value(konst)?)?
+        };
         // (never true: PostgreSQL answers; a clause needs an alternative)
         (!alts.is_empty()).then(|| vec![alts])
     }
@@ -477,7 +531,7 @@ unsafe fn text_clause(clause: *mut pg_sys::Node, varno: u32, cached: &[(i16, Enc
         cached.iter().find(|c| c.0 == attnum && c.1 == Encoding::DictCode)?;
         let copy = pg_sys::copyObjectImpl(clause as *const std::ffi::c_void) as *mut pg_sys::Node;
         pg_sys::fix_opfuncids(copy);
-        Some((Col { attnum, encoding: Encoding::DictCode }, copy))
+        Some((Col::new(attnum, Encoding::DictCode), copy))
     }
 }
 
@@ -497,6 +551,10 @@ pub(super) unsafe fn agg_of(a: *mut pg_sys::Aggref, varno: u32, cached: &[(i16, 
             2104 => (Kind::Sum, Arg::Any, true, Num::Float4),
             2105 => (Kind::Sum, Arg::Any, true, Num::Float8),
             2111 => (Kind::Sum, Arg::Any, false, Num::Float8),
+            2103 => (Kind::Sum, Arg::Any, true, Num::Numeric),
+            2114 => (Kind::Sum, Arg::Any, false, Num::Numeric),
+            2130 => (Kind::Max, Arg::Any, false, Num::Numeric),
+            2146 => (Kind::Min, Arg::Any, false, Num::Numeric),
             2119 => (Kind::Max, Arg::Any, false, Num::Float4),
             2120 => (Kind::Max, Arg::Any, false, Num::Float8),
             2135 => (Kind::Min, Arg::Any, false, Num::Float4),
@@ -522,7 +580,13 @@ pub(super) unsafe fn agg_of(a: *mut pg_sys::Aggref, varno: u32, cached: &[(i16, 
                 return None;
             }
             let &(attnum, encoding) = cached.iter().find(|c| c.0 == (*v).varattno)?;
-            return Some(AggOf { kind, arg, input: AggInput::Col(Col { attnum, encoding }), avg, num });
+            let scale = if encoding == Encoding::Numeric { numeric_scale((*v).vartypmod)? } else { 0 };
+            return Some(AggOf { kind, arg, input: AggInput::Col(Col { attnum, encoding, scale }), avg, num });
+        }
+        if num == Num::Numeric {
+            // a numeric(p, s) column: its scaled words
+            let (col, _) = column(n, varno, cached)?;
+            return (col.encoding == Encoding::Numeric).then_some(AggOf { kind, arg, input: AggInput::Col(col), avg, num });
         }
         if num != Num::Int {
             // a float column of the aggregate's own type
@@ -534,7 +598,7 @@ pub(super) unsafe fn agg_of(a: *mut pg_sys::Aggref, varno: u32, cached: &[(i16, 
             }
             let attnum = (*v).varattno;
             cached.iter().find(|c| c.0 == attnum && c.1 == encoding)?;
-            return Some(AggOf { kind, arg, input: AggInput::Col(Col { attnum, encoding }), avg, num });
+            return Some(AggOf { kind, arg, input: AggInput::Col(Col::new(attnum, encoding)), avg, num });
         }
         if (*n).type_ == pg_sys::NodeTag::T_OpExpr {
             // a difference or a product of two integer columns, as int8 arithmetic
@@ -836,7 +900,7 @@ impl Shape {
                 if matches!((*v).vartype, pg_sys::TEXTOID | pg_sys::VARCHAROID) && (*v).varattno > 0 {
                     let attnum = (*v).varattno;
                     cached.iter().find(|c| c.0 == attnum && c.1 == Encoding::DictCode)?;
-                    return Some(Key::Fact(Col { attnum, encoding: Encoding::DictCode }));
+                    return Some(Key::Fact(Col::new(attnum, Encoding::DictCode)));
                 }
                 let (col, _) = column(e, varno, cached)?;
                 return keyable(col.encoding).then_some(Key::Fact(col));

@@ -77,7 +77,7 @@ fn table_aggs(aggs: &[AggOf], cols: &dyn Fn(&Col) -> usize) -> Vec<(AggKind, Inp
                 (Num::Float4, AggInput::Col(c)) => Input::Float4(cols(&c)),
                 _ => input_of(&a.input, cols),
             };
-            let float = a.num != Num::Int;
+            let float = matches!(a.num, Num::Float4 | Num::Float8);
             let kind = match a.kind {
                 Kind::CountStar => AggKind::CountStar,
                 Kind::Count => AggKind::Count,
@@ -168,6 +168,42 @@ fn float_datum(aggs: &[AggOf], i: usize, states: &[(u64, u64)]) -> Result<(pg_sy
                 f(f64::from_bits(lo) / n as f64)
             } else {
                 f(f64::from_bits(lo))
+            }
+        }
+        Kind::CountStar | Kind::Count => return Err(missing()),
+    })
+}
+
+/// A `numeric(p, s)` aggregate of a group (`sum`, `min`, `max`, `avg`, over the scaled words):
+/// numerics of the column's scale, as PostgreSQL's (whose inputs all have that display scale),
+/// `avg` the sum divided by the count by `numeric_div`; NULL over no value.
+fn numeric_datum(aggs: &[AggOf], i: usize, states: &[(u64, u64)]) -> Result<(pg_sys::Datum, bool)> {
+    let a = aggs[i];
+    let scale = match a.input {
+        AggInput::Col(c) => c.scale,
+        _ => 0,
+    };
+    let nth = aggs[..i].iter().filter(|a| a.kind == Kind::Sum).count();
+    let missing = || UvmError::new(Code::SystemError, "a numeric aggregate without its state");
+    let (lo, hi) = states.get(i).copied().ok_or_else(missing)?;
+    let null = (pg_sys::Datum::from(0), true);
+    Ok(match a.kind {
+        Kind::Min | Kind::Max if hi == 0 => null,
+        Kind::Min | Kind::Max => (numeric_of_scaled(i128::from(lo as i64), scale), false),
+        Kind::Sum => {
+            let (count, _) = states.get(aggs.len() + nth).copied().ok_or_else(missing)?;
+            if count == 0 {
+                null
+            } else {
+                let sum = numeric_of_scaled(groups::sum_int((lo, hi)), scale);
+                if a.avg {
+                    let (n, _) = gpujoin::datum_of_value(Value::Big(i128::from(count)), Out::Numeric);
+                    // SAFETY: numeric_div of two numeric datums, the count not 0.
+                    let d = unsafe { pgrx::direct_function_call_as_datum(pg_sys::numeric_div, &[Some(sum), Some(n)]) };
+                    (d.unwrap_or(pg_sys::Datum::from(0)), d.is_none())
+                } else {
+                    (sum, false)
+                }
             }
         }
         Kind::CountStar | Kind::Count => return Err(missing()),
@@ -292,7 +328,12 @@ impl GpuGroupAggScan {
         let mut index: Vec<(Col, usize)> = Vec::new();
         for c in self.shape.columns() {
             match u.layout.columns().iter().position(|x| x.attnum == c.attnum) {
-                Some(i) if u.layout.encoding(i) == Some(c.encoding) => index.push((c, i)),
+                Some(i)
+                    if u.layout.encoding(i) == Some(c.encoding)
+                        && (c.encoding != Encoding::Numeric || u.layout.columns()[i].scale == c.scale) =>
+                {
+                    index.push((c, i))
+                }
                 _ => return Err("the cache lacks a column the plan reads"),
             }
         }
@@ -651,7 +692,7 @@ impl GpuGroupAggScan {
                             };
                             (d, false)
                         } else {
-                            (datum_of_word(word, c.encoding), isnull)
+                            (datum_of_word(word, c), isnull)
                         }
                     }
                     Key::Dim { dim, idx } => {
@@ -668,7 +709,10 @@ impl GpuGroupAggScan {
                 *(*scan).tts_isnull.add(i) = isnull;
             }
             for (i, a) in self.shape.aggs.iter().enumerate() {
-                let (d, isnull) = if a.num != Num::Int && matches!(a.kind, Kind::Sum | Kind::Min | Kind::Max) {
+                let own = matches!(a.kind, Kind::Sum | Kind::Min | Kind::Max);
+                let (d, isnull) = if own && a.num == Num::Numeric {
+                    numeric_datum(&self.shape.aggs, i, states).unwrap_or_else(|e| report(e))
+                } else if own && a.num != Num::Int {
                     float_datum(&self.shape.aggs, i, states).unwrap_or_else(|e| report(e))
                 } else if a.avg {
                     avg_datum(&self.shape.aggs, i, states).unwrap_or_else(|e| report(e))
@@ -701,7 +745,7 @@ impl GpuGroupAggScan {
                 match a.check {
                     Check::Range { lo: 1, hi: 1 } if a.col.encoding == Encoding::Bool => name,
                     Check::Range { lo: 0, hi: 0 } if a.col.encoding == Encoding::Bool => format!("NOT {name}"),
-                    Check::Range { lo, hi } => describe_range(&name, a.col.encoding, lo, hi),
+                    Check::Range { lo, hi } => describe_range(&name, a.col, lo, hi),
                     Check::Null => format!("{name} IS NULL"),
                     Check::Compare(n) => {
                         let c = &self.shape.compares[n];
@@ -1048,8 +1092,8 @@ fn read_table(t: &SegRef) -> Result<Vec<u64>> {
 }
 
 /// A range as EXPLAIN shows it, its bounds in the column's type.
-fn describe_range(name: &str, encoding: Encoding, lo: i64, hi: i64) -> String {
-    let v = |x: i64| text_of(x as u64, encoding);
+fn describe_range(name: &str, col: Col, lo: i64, hi: i64) -> String {
+    let v = |x: i64| text_of(x as u64, col);
     match (lo, hi) {
         (i64::MIN, i64::MAX) => format!("{name} IS NOT NULL"),
         (lo, hi) if lo == hi => format!("{name} = {}", v(lo)),
@@ -1060,14 +1104,14 @@ fn describe_range(name: &str, encoding: Encoding, lo: i64, hi: i64) -> String {
 }
 
 /// A word of `encoding` as its type's text (its output function).
-fn text_of(w: u64, encoding: Encoding) -> String {
-    let (typ, _) = type_of(encoding);
+fn text_of(w: u64, col: Col) -> String {
+    let (typ, _) = type_of(col.encoding);
     // SAFETY: a catalog lookup and a call of a built-in type's output function on a by-value
     // datum of that type; the result is a palloc'd C string.
     unsafe {
         let (mut func, mut varlena) = (pg_sys::InvalidOid, false);
         pg_sys::getTypeOutputInfo(typ, &mut func, &mut varlena);
-        let p = pg_sys::OidOutputFunctionCall(func, datum_of_word(w, encoding));
+        let p = pg_sys::OidOutputFunctionCall(func, datum_of_word(w, col));
         CStr::from_ptr(p).to_string_lossy().into_owned()
     }
 }
@@ -1082,6 +1126,7 @@ fn type_of(e: Encoding) -> (pg_sys::Oid, i32) {
         Encoding::Timestamp => pg_sys::TIMESTAMPOID,
         Encoding::TimestampTz => pg_sys::TIMESTAMPTZOID,
         Encoding::DictCode => pg_sys::TEXTOID,
+        Encoding::Numeric => pg_sys::NUMERICOID,
         _ => pg_sys::INT8OID,
     };
     (t, -1)

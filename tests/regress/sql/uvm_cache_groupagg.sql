@@ -86,6 +86,28 @@ SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE (a < 2 OR b > 3) AND (d = ''
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE ok GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE NOT ok AND ts IN (''2020-01-01 01:00'', ''2020-01-01 02:00'') GROUP BY a');
 SELECT pg_temp.ga('SELECT count(*) FROM ga WHERE a IN (100, 200)');
+-- numeric(p, s) columns as their scaled words: sum, avg, min, max with PostgreSQL's digits;
+-- group keys; comparisons with constants of any scale (an inexact one rounded the right way)
+CREATE TABLE gn (k int4, p numeric(10, 2), q numeric(12, 0), r numeric(18, 4));
+INSERT INTO gn SELECT i % 6, CASE WHEN i % 23 = 0 THEN NULL ELSE ((i % 2000) - 700) / 100.0 END,
+       (i % 50) * 1000 - 2, CASE WHEN i % 29 = 0 THEN NULL ELSE i * 12345.6789 END
+  FROM generate_series(1, 30000) i;
+INSERT INTO gn VALUES (NULL, NULL, NULL, NULL), (99, 99999999.99, -999999999999, 99999999999999.9999);
+ANALYZE gn;
+SELECT uvm.cache_table('gn');
+SELECT pg_temp.ga('SELECT k, sum(p), avg(p), min(p), max(p), count(p), sum(q), avg(q), sum(r), avg(r), min(r) FROM gn GROUP BY k');
+SELECT pg_temp.ga('SELECT p, count(*), sum(q) FROM gn WHERE k = 1 GROUP BY p');
+SELECT pg_temp.ga('SELECT sum(p), avg(r) FROM gn WHERE k = 100');
+SELECT pg_temp.ga('SELECT k, count(*) FROM gn WHERE p > 10.5 AND p <= 12.555 GROUP BY k');
+SELECT pg_temp.ga('SELECT k, count(*) FROM gn WHERE p >= -1.005 AND p < 3.145 AND p <> 2.5 GROUP BY k');
+SELECT pg_temp.ga('SELECT k, count(*) FROM gn WHERE p = 3.14 OR p = 3.145 OR q > 1.5 AND q < 2 GROUP BY k');
+SELECT pg_temp.ga('SELECT k, count(*) FROM gn WHERE p = 1 OR r < 0 OR q = 998 OR p > 12.345 GROUP BY k');
+SELECT pg_temp.ga('SELECT k, count(*) FROM gn WHERE q <> 48.5 AND p < 1e3 GROUP BY k');
+EXPLAIN (COSTS OFF) SELECT k, sum(p) FROM gn WHERE p > 10.5 AND p <= 12.555 AND q <> 48.5 GROUP BY k;
+SELECT pg_temp.ga('SELECT k, count(*) FROM gn WHERE p IN (1.5, 2.5) GROUP BY k');
+SELECT pg_temp.ga('SELECT k, sum(p * q) FROM gn GROUP BY k');
+SELECT pg_temp.ga('SELECT k, count(*) FROM gn WHERE p = 3.145 GROUP BY k');
+DROP TABLE gn;
 -- comparisons of integer expressions: PostgreSQL's int2/int4/int8 arithmetic, NULL in NULL
 -- out; an overflow or a division by zero its ERROR; such clauses last, so that a cheaper
 -- condition drops a row first as PostgreSQL's order does
