@@ -45,8 +45,10 @@
 //!       below and above); `= ANY` of a constant array
 //!       (`IN (...)`): a range per run of consecutive values; `<> ALL` (`NOT IN`, without a
 //!       NULL element): a clause per element; `IS NULL`, `IS NOT NULL`; a boolean column or
-//!       its `NOT`; an `OR` of these (PostgreSQL has pushed `NOT` down already, so the tests
-//!       answer SQL's three-valued logic exactly: the scan module's essay says why);
+//!       its `NOT`; an `OR` of these, and of `AND`s of them (distributed: `(A AND B) OR C` is
+//!       `(A OR C) AND (B OR C)`, which holds in three-valued logic too; PostgreSQL has pushed
+//!       `NOT` down already, so the tests answer SQL's three-valued logic exactly: the scan
+//!       module's essay says why);
 //!     - a comparison of two integer expressions (`+ - * / %` and unary minus of PostgreSQL's
 //!       built-in `int2/int4/int8` operators, widening casts, columns, constants; `a + b < 5`,
 //!       `w % 7 = 3`, `a = b`) or of two columns of one `date`/`timestamp[tz]` type: the
@@ -111,9 +113,9 @@
 //! # Limits (the next steps of issue 27)
 //!
 //! - Filters and keys on float columns, arithmetic and `IN` lists of numerics, `sum(float4)`,
-//!   `min`/`max` of text, an `OR` of
-//!   tests of several columns one of which is text, an `OR` with an `AND` inside, more than
-//!   `exec::scan::MAX_FILTERS` alternatives in all: declined for now.
+//!   `min`/`max` of text, an `OR` of tests of several columns one of which is text, an `OR`
+//!   with an arm that is never true, an `OR` of `AND`s distributing into more than
+//!   16 clauses, more than `exec::scan::MAX_FILTERS` alternatives in all: declined for now.
 //! - The group table is read into the backend's memory (its bytes, then an entry per group),
 //!   and each dimension's rows into a join table built from the backend; neither is bounded by
 //!   `work_mem` yet; the table in the segment grows without limit but memory.

@@ -344,6 +344,9 @@ unsafe fn compare_of(op: *mut pg_sys::OpExpr, varno: u32, cached: &[(i16, Encodi
     }
 }
 
+/// The clauses an `OR` of `AND`s may distribute into.
+const MAX_DISTRIBUTED: usize = 16;
+
 /// A `WHERE` conjunct over integer-like fact columns as clauses of alternatives (the module
 /// comment lists the forms), if it is one.
 ///
@@ -362,14 +365,25 @@ unsafe fn int_clauses(
                 let b = clause as *mut pg_sys::BoolExpr;
                 let args = PgList::<pg_sys::Node>::from_pg((*b).args);
                 match (*b).boolop {
-                    // every arm one clause: their alternatives together
+                    // (A1 AND A2) OR B is (A1 OR B) AND (A2 OR B): the arms' clauses distributed,
+                    // one clause per choice of a clause from each arm, within bounds
                     pg_sys::BoolExprType::OR_EXPR => {
-                        let mut alts = Vec::new();
+                        let mut cnf: Vec<Vec<Atom>> = vec![Vec::new()];
                         for arm in args.iter_ptr() {
-                            let [one] = <[Vec<Atom>; 1]>::try_from(int_clauses(arm, varno, cached, compares)?).ok()?;
-                            alts.extend(one);
+                            let clauses = int_clauses(arm, varno, cached, compares)?;
+                            let mut next = Vec::new();
+                            for c in &cnf {
+                                for d in &clauses {
+                                    next.push(c.iter().chain(d).copied().collect::<Vec<Atom>>());
+                                }
+                            }
+                            let atoms: usize = next.iter().map(Vec::len).sum();
+                            if next.len() > MAX_DISTRIBUTED || atoms > exec::scan::MAX_FILTERS {
+                                return None;
+                            }
+                            cnf = next;
                         }
-                        Some(vec![alts])
+                        Some(cnf)
                     }
                     pg_sys::BoolExprType::AND_EXPR => {
                         let mut all = Vec::new();

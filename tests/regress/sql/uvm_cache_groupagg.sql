@@ -86,6 +86,9 @@ SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE (a < 2 OR b > 3) AND (d = ''
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE ok GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE NOT ok AND ts IN (''2020-01-01 01:00'', ''2020-01-01 02:00'') GROUP BY a');
 SELECT pg_temp.ga('SELECT count(*) FROM ga WHERE a IN (100, 200)');
+-- (an OR of ANDs distributed into clauses)
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE (a = 1 AND b = 2) OR a = 3 GROUP BY a');
+SELECT pg_temp.ga('SELECT a, b, count(*) FROM ga WHERE (a < 2 AND (w IS NULL OR b = 1)) OR (a > 5 AND id % 2 = 0) GROUP BY a, b');
 -- numeric(p, s) columns as their scaled words: sum, avg, min, max with PostgreSQL's digits;
 -- group keys; comparisons with constants of any scale (an inexact one rounded the right way)
 CREATE TABLE gn (k int4, p numeric(10, 2), q numeric(12, 0), r numeric(18, 4));
@@ -172,7 +175,6 @@ SELECT pg_temp.ga('SELECT a + 1, count(*) FROM ga GROUP BY a + 1');
 SELECT pg_temp.ga('SELECT f, count(*) FROM ga WHERE id < 10 GROUP BY f');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga GROUP BY a HAVING count(*) > 4285');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a = 1 OR t = ''x1'' GROUP BY a');
-SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE (a = 1 AND b = 2) OR a = 3 GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a NOT IN (1, NULL) GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t = ''x'' || a GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE t > random()::text GROUP BY a');
