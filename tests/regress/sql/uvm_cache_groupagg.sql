@@ -327,7 +327,57 @@ SELECT pg_temp.ga('SELECT g, count(*), sum(k) FROM gt GROUP BY g');
 SELECT uvm.cache_drop('gt');
 DROP TABLE gt;
 
+-- random conditions (a fixed seed): clauses of one to three alternatives, one to three
+-- clauses, from every form the node takes and some it declines; every answer must be
+-- PostgreSQL's, and a third at least must run on the node
+CREATE FUNCTION pg_temp.random_where(n int) RETURNS TABLE (queries int, different int, on_node_enough boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+  forms text[] := ARRAY['a = #', 'a <> #', 'b < #', 'w >= #', 'w IS NULL', 'w IS NOT NULL', 'ok', 'NOT ok',
+    'a IN (#, #, #)', 'b NOT IN (#, #)', 'id BETWEEN # AND # * 3000', 'd > date ''2020-01-01'' + #',
+    'a + b < #', 'w % 7 = #', 't = ''x#''', 't IN (''x#'', ''x#'')', 't LIKE ''x%#''', 'v - id * 3 = #',
+    '(a = # AND b >= #)', 'ts < timestamp ''2020-01-01 01:00'' + # * interval ''1 minute''', 'a * w > # * 40',
+    'upper(t) = ''X#''', 'a = # OR t = ''x#'''];
+  q text;
+  r text;
+  w text;
+  c text;
+  node int := 0;
+BEGIN
+  queries := 0;
+  different := 0;
+  PERFORM setseed(0.27);
+  FOR i IN 1..n LOOP
+    w := '';
+    FOR j IN 1..1 + floor(random() * 3)::int LOOP
+      c := '';
+      FOR k IN 1..1 + floor(random() * 3)::int LOOP
+        c := c || CASE WHEN k > 1 THEN ' OR ' ELSE '' END
+             || regexp_replace(forms[1 + floor(random() * array_length(forms, 1))::int], '#',
+                               (floor(random() * 9))::int::text, 'g');
+      END LOOP;
+      w := w || CASE WHEN j > 1 THEN ' AND ' ELSE '' END || '(' || c || ')';
+    END LOOP;
+    q := 'SELECT a, count(*), sum(w), avg(v), min(b), max(b) FROM ga WHERE ' || w || ' GROUP BY a';
+    IF random() < 0.3 THEN
+      q := 'SELECT t, count(*), sum(v), max(w) FROM ga WHERE ' || w || ' GROUP BY t';
+    END IF;
+    r := pg_temp.ga(q);
+    queries := queries + 1;
+    IF r LIKE 'node%' THEN
+      node := node + 1;
+    END IF;
+    IF r NOT LIKE '%, same' THEN
+      different := different + 1;
+      RAISE NOTICE '%: %', q, r;
+    END IF;
+  END LOOP;
+  on_node_enough := node * 3 >= queries;
+  RETURN NEXT;
+END $$;
+SELECT * FROM pg_temp.random_where(400);
+
 -- nothing is left behind: the group tables are temporary segments
 SELECT count(*) AS temporary_segments_left FROM uvm.segments WHERE name LIKE 'pg_temp_gpujoin_%';
-SELECT uvm.cache_drop('ga'), uvm.cache_drop('gb'), uvm.cache_drop('gc'), uvm.cache_drop('ge'), uvm.cache_drop('gm');
+SELECT uvm.cache_drop('ga'), uvm.cache_drop('gb'), uvm.cache_drop('gc'), uvm.cache_drop('ge'), uvm.cache_drop('gf'), uvm.cache_drop('gm');
 DROP TABLE ga, gb, gc, gd, ge, gf, gk, gl, gm;
