@@ -221,35 +221,86 @@ fn float_less(a: f64, b: f64) -> bool {
     }
 }
 
-impl<'a> Table<'a> {
-    /// Reads and validates the table at the start of `bytes` (`name` is for messages). Never
-    /// reads past `bytes`, never panics.
-    pub fn parse(name: &'a str, bytes: &'a mut [u8]) -> Result<Table<'a>> {
-        let Ok((h, _)) = Header::read_from_prefix(bytes) else {
+/// A table's header and aggregate kinds, validated, without its slots: what a reader that
+/// takes the slots a window at a time needs (a backend returning the groups of a table in a
+/// segment without holding it all: [`Head::groups_in`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Head {
+    h: Header,
+    aggs: Vec<AggKind>,
+}
+
+impl Head {
+    /// The bytes of a table's start that [`Head::parse`] reads (fewer if the table is smaller).
+    pub const PREFIX_BYTES: u64 = HEADER_BYTES + 8 * MAX_AGGS as u64;
+
+    /// Reads and validates a table's header from `prefix`, its first bytes, for a table of
+    /// `total` bytes in all (its segment's size). Never panics.
+    pub fn parse(name: &str, prefix: &[u8], total: u64) -> Result<Head> {
+        let Ok((h, _)) = Header::read_from_prefix(prefix) else {
             return Err(bad_table(name, "too small"));
         };
         if h.magic != MAGIC || h.version != VERSION {
             return Err(bad_table(name, "no header"));
         }
         let dir_end = HEADER_BYTES + 8 * u64::from(h.aggs);
-        if h.aggs > MAX_AGGS || (bytes.len() as u64) < dir_end {
+        if h.aggs > MAX_AGGS || (prefix.len() as u64) < dir_end {
             return Err(bad_table(name, &format!("{} aggregates", h.aggs)));
         }
         let mut aggs = Vec::with_capacity(h.aggs as usize);
         for i in 0..h.aggs as usize {
             let at = HEADER_BYTES as usize + 8 * i;
-            let code = u16::from_le_bytes([bytes[at], bytes[at + 1]]);
+            let code = u16::from_le_bytes([prefix[at], prefix[at + 1]]);
             aggs.push(AggKind::from_repr(code).ok_or_else(|| bad_table(name, &format!("aggregate {i} is of kind {code}")))?);
         }
         let shape = Shape { key_words: h.key_words, aggs, slot_count: h.slot_count };
         shape.check().map_err(|e| bad_table(name, &e.message))?;
-        if h.slots_at != shape.slots_at() || h.slot_bytes != shape.slot_bytes() || shape.bytes() > bytes.len() as u64 {
+        if h.slots_at != shape.slots_at() || h.slot_bytes != shape.slot_bytes() || shape.bytes() > total {
             return Err(bad_table(name, "its slots do not fit its shape or its segment"));
         }
         if h.groups > h.slot_count / 2 {
             return Err(bad_table(name, &format!("{} groups in {} slots", h.groups, h.slot_count)));
         }
-        Ok(Table { name, h, aggs: shape.aggs, bytes, steps: 0 })
+        Ok(Head { h, aggs: shape.aggs })
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.h
+    }
+
+    pub fn aggs(&self) -> &[AggKind] {
+        &self.aggs
+    }
+
+    /// The groups of whole slots `slots` (the table's bytes of some run of its slots), appended
+    /// to `out` in slot order: bounded by the bytes given.
+    pub fn groups_in(&self, slots: &[u8], out: &mut Vec<Group>) {
+        let (kw, na, sb) = (self.h.key_words as usize, self.aggs.len(), self.h.slot_bytes as usize);
+        for slot in slots.chunks_exact(sb) {
+            if word(slot, 0) == 0 {
+                continue;
+            }
+            let key = (0..kw).map(|k| word(slot, 8 * (1 + k))).collect();
+            let s = 8 * (1 + kw);
+            let states = (0..na).map(|a| (word(slot, s + 16 * a), word(slot, s + 16 * a + 8))).collect();
+            out.push((key, states));
+        }
+    }
+}
+
+/// Adds the states `b` (another table's, or another part's, of the same aggregates) into `a`.
+pub fn combine_states(kinds: &[AggKind], a: &mut [(u64, u64)], b: &[(u64, u64)]) {
+    for ((k, x), y) in kinds.iter().zip(a.iter_mut()).zip(b) {
+        *x = combine(*k, *x, *y);
+    }
+}
+
+impl<'a> Table<'a> {
+    /// Reads and validates the table at the start of `bytes` (`name` is for messages). Never
+    /// reads past `bytes`, never panics.
+    pub fn parse(name: &'a str, bytes: &'a mut [u8]) -> Result<Table<'a>> {
+        let Head { h, aggs } = Head::parse(name, bytes, bytes.len() as u64)?;
+        Ok(Table { name, h, aggs, bytes, steps: 0 })
     }
 
     pub fn header(&self) -> &Header {

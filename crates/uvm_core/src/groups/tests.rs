@@ -166,3 +166,51 @@ proptest! {
         prop_assert_eq!(answers(&mut into), want);
     }
 }
+
+#[test]
+fn a_table_read_a_window_of_slots_at_a_time_has_its_groups_and_states_combine() {
+    let rows: Vec<(u64, Option<i64>)> = (0..3000u64).map(|i| (i % 700, (i % 9 != 0).then_some(i as i64 - 1000))).collect();
+    let mut bytes = fill(&rows);
+    let whole = Table::parse("g", &mut bytes).unwrap().groups().unwrap();
+    let head = Head::parse("g", &bytes[..Head::PREFIX_BYTES.min(bytes.len() as u64) as usize], bytes.len() as u64).unwrap();
+    let (at, sb, n) = (head.header().slots_at as usize, head.header().slot_bytes as usize, head.header().slot_count as usize);
+    let mut streamed = Vec::new();
+    for window in bytes[at..at + sb * n].chunks(sb * 37) {
+        head.groups_in(window, &mut streamed);
+    }
+    assert_eq!(streamed, whole);
+    assert_eq!(streamed.len() as u64, head.header().groups);
+    // a table's header alone, or one whose slots its segment cannot hold, is refused
+    assert!(Head::parse("g", &bytes[..40], bytes.len() as u64).is_err());
+    assert!(Head::parse("g", &bytes[..Head::PREFIX_BYTES as usize], (at + sb) as u64).is_err());
+    // two parts' states combined are the whole's
+    let (a, b) = rows.split_at(1234);
+    let (mut ta, mut tb) = (fill(a), fill(b));
+    let mut parts: BTreeMap<Vec<u64>, Vec<(u64, u64)>> = BTreeMap::new();
+    for (k, s) in Table::parse("a", &mut ta)
+        .unwrap()
+        .groups()
+        .unwrap()
+        .into_iter()
+        .chain(Table::parse("b", &mut tb).unwrap().groups().unwrap())
+    {
+        match parts.get_mut(&k) {
+            Some(x) => combine_states(&AGGS, x, &s),
+            None => {
+                parts.insert(k, s);
+            }
+        }
+    }
+    let mut want: BTreeMap<Vec<u64>, Vec<(u64, u64)>> = whole.into_iter().collect();
+    // (min and max of a part without values keep their empty state: compare the values)
+    for m in [&mut parts, &mut want] {
+        for s in m.values_mut() {
+            for st in s.iter_mut().skip(3) {
+                if st.1 == 0 {
+                    *st = (0, 0);
+                }
+            }
+        }
+    }
+    assert_eq!(parts, want);
+}
