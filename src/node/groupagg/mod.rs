@@ -89,12 +89,14 @@
 //!   dimension's plan into a temporary join table of (key, index of the row's distinct
 //!   grouping values), keeping those values (text copied) in a context of its own; runs the program (`exec::scan_groups`)
 //!   into a temporary group table, growing it into a segment of twice the slots whenever the
-//!   program stops full (`exec::groups_grow`); reads the table back, folds the rows that
-//!   inserts appended to the cache and the snapshot sees (`caches::visible_tail`, by the same
-//!   program's [`crate::scan::fold_row`] over the join tables read back); and returns one row
-//!   per group: the scan tuple is the grouping columns (a fact key's word as a datum, a
-//!   dimension's value by its payload) then the aggregates, and the node's target list (the
-//!   query's expressions over them) is projected from it. The temporary segments are dropped
+//!   program stops full (`exec::groups_grow`); folds the rows that inserts appended to the
+//!   cache and the snapshot sees (`caches::visible_tail`, by the same program's
+//!   [`crate::scan::fold_row`] over the join tables read back) into a table of their own; and
+//!   returns one row per group, reading the group table's slots a window at a time (a quarter
+//!   of `work_mem`, 64 kB to 8 MB), combining into each group the appended rows' states of its
+//!   key, then the appended rows' groups no slot had: the scan tuple is the grouping columns
+//!   (a fact key's word as a datum, a dimension's value by its payload) then the aggregates,
+//!   and the node's target list (the query's expressions over them) is projected from it. The temporary segments are dropped
 //!   when read, and however the query ends (`super::cleanup`). Where the cache is not current,
 //!   or is dropped before the program pins it, or the engine runs no scan programs (the CUDA
 //!   engine until its kernels exist: 0A000), the node returns its first child's rows instead:
@@ -116,9 +118,10 @@
 //!   `min`/`max` of text, an `OR` of tests of several columns one of which is text, an `OR`
 //!   with an arm that is never true, an `OR` of `AND`s distributing into more than
 //!   16 clauses, more than `exec::scan::MAX_FILTERS` alternatives in all: declined for now.
-//! - The group table is read into the backend's memory (its bytes, then an entry per group),
-//!   and each dimension's rows into a join table built from the backend; neither is bounded by
-//!   `work_mem` yet; the table in the segment grows without limit but memory.
+//! - Each dimension's rows are gathered in the backend before its join table is built, and
+//!   its distinct grouping values kept for the output: not bounded by `work_mem` yet. The
+//!   group table in its segment grows without limit but memory; the backend reads it back a
+//!   window at a time (a quarter of `work_mem`), and holds the appended rows' groups whole.
 //! - The CUDA engine answers `ScanGroups` with 0A000 until its kernels exist: the planner does
 //!   not offer the node where the cluster's provider is CUDA, and a plan made before the
 //!   provider was known runs its child.

@@ -11,10 +11,38 @@ enum ReadFrom {
     Child(&'static str),
 }
 
-/// The groups of one execution, as the table gave them, and the next to return.
+/// The groups of one execution: the group table in its segment, read a window of slots at a
+/// time (memory bounded by [`window_bytes`]), then the appended rows' groups that no slot had.
 struct Groups {
-    rows: Vec<groups::Group>,
-    next: usize,
+    /// The table's segment, until every slot is read.
+    seg: Option<SegRef>,
+    head: groups::Head,
+    /// The first slot not read yet.
+    next_slot: u64,
+    window: Vec<groups::Group>,
+    /// The next of `window` to return.
+    at: usize,
+    /// The groups of the appended rows (folded in the backend), by key: each one a slot has
+    /// is combined into it and removed.
+    appended: std::collections::HashMap<Vec<u64>, Vec<(u64, u64)>>,
+    /// Whether `appended`'s groups that no slot had were taken (the last window).
+    appended_done: bool,
+    returned: u64,
+}
+
+/// Bytes of a group table read at a time: a quarter of `work_mem`, within 64 KiB and 8 MiB.
+fn window_bytes() -> u64 {
+    // SAFETY: reads a GUC of this process.
+    let work_mem = unsafe { pg_sys::work_mem } as u64 * 1024;
+    (work_mem / 4).clamp(64 << 10, 8 << 20)
+}
+
+/// The header of the group table in `seg`.
+fn read_head(seg: &SegRef) -> Result<groups::Head> {
+    let (_, info) = crate::runtime::lookup_own(seg.name())?;
+    let mut prefix = vec![0u8; groups::Head::PREFIX_BYTES.min(info.size) as usize];
+    try_executor(|ex| exec::read(ex, seg, 0, &mut prefix))?;
+    groups::Head::parse(seg.name(), &prefix, info.size)
 }
 
 /// What the execution does: not started, returning groups, or returning the child's rows.
@@ -56,7 +84,12 @@ pub struct GpuGroupAggScan {
     /// Where the dimensions' distinct grouping values live for an execution.
     values_cxt: pg_sys::MemoryContext,
     drained: Vec<DimRows>,
+    /// The fact's text grouping columns: (key word, column, its dictionary's bytes).
+    key_dicts: Vec<(usize, Col, Vec<u8>)>,
+    /// Their strings for the groups of the current window.
     key_texts: Vec<KeyTexts>,
+    /// Where those strings live (reset per window).
+    window_cxt: pg_sys::MemoryContext,
     estate: *mut pg_sys::EState,
     mode: Mode,
     read_from: Option<ReadFrom>,
@@ -417,7 +450,7 @@ impl GpuGroupAggScan {
                 try_executor(|ex| exec::create(ex, name, bytes, Some(bytes), TierPref::Auto, current_user(), now()))
             })
         };
-        let run = |shape: &mut groups::Shape, stats: &mut Stats| -> Result<(SegRef, Vec<u8>)> {
+        let run = |shape: &mut groups::Shape, stats: &mut Stats| -> Result<SegRef> {
             let mut seg = create(shape)?;
             let mut init = Vec::new();
             crate::node::fallible::try_resize(&mut init, shape.bytes() as usize, 0u8, "a group table")?;
@@ -425,7 +458,7 @@ impl GpuGroupAggScan {
             try_executor(|ex| exec::write(ex, &seg, 0, &init))?;
             // (a dimension without rows: no fact row joins, the table stays empty)
             if empty {
-                return Ok((seg, init));
+                return Ok(seg);
             }
             drop(init);
             let mut start = (0, 0);
@@ -441,13 +474,10 @@ impl GpuGroupAggScan {
                     }
                 }
             }
-            let mut out = Vec::new();
-            crate::node::fallible::try_resize(&mut out, shape.bytes() as usize, 0u8, "a group table")?;
-            try_executor(|ex| exec::read(ex, &seg, 0, &mut out))?;
-            Ok((seg, out))
+            Ok(seg)
         };
         self.stats = Stats::default();
-        let (seg, mut bytes) = match run(&mut shape, &mut self.stats) {
+        let seg = match run(&mut shape, &mut self.stats) {
             Ok(x) => x,
             // A cache dropped before the program pinned it (a rebuild, cache_drop); an engine
             // without scan programs. The temporary segments are dropped at the abort of an
@@ -456,9 +486,11 @@ impl GpuGroupAggScan {
             Err(e) if e.code == Code::FeatureNotSupported => return Err("the engine runs no scan programs"),
             Err(e) => report(e),
         };
-        cleanup::drop_now(&seg);
-        // The appended rows this snapshot sees, folded by the same program on the CPU, over
-        // the dimensions' tables read back.
+        // The table stays in its segment, read a window of slots at a time as the rows are
+        // returned (cleanup's list drops it however the statement ends).
+        let head = read_head(&seg).unwrap_or_else(|e| report(e));
+        // The appended rows this snapshot sees, folded by the same program on the CPU into a
+        // table of their own, over the dimensions' tables read back.
         let tables: Vec<Vec<u64>> = if tail.is_empty() || empty {
             Vec::new()
         } else {
@@ -470,75 +502,164 @@ impl GpuGroupAggScan {
             joins.push(crate::scan::Join { col, table });
         }
         let tail_rows = if empty { 0 } else { tail.len() };
-        let program = Program { filters: spec.filters.clone(), joins, keys: spec.keys.clone(), aggs: aggs.clone() };
-        let mut scratch = crate::scan::Scratch::default();
-        let mut i = 0;
-        while i < tail_rows {
-            let full = {
-                let mut t = groups::Table::parse("group table", &mut bytes).unwrap_or_else(|e| report(e));
-                match crate::scan::fold_row(&program, &mut t, &mut scratch, |c| Ok(tail.word(i, c))).unwrap_or_else(|e| report(e))
-                {
-                    Row::Full(slots) => Some(slots),
-                    Row::Folded | Row::Dropped => None,
-                }
-            };
-            match full {
-                None => {
-                    i += 1;
-                    self.stats.appended += 1;
-                }
-                Some(slots) => {
-                    let mut to = Vec::new();
-                    crate::node::fallible::try_resize(&mut to, shape.with_slots(slots).bytes() as usize, 0u8, "a group table")
+        let mut appended = std::collections::HashMap::new();
+        if tail_rows > 0 {
+            let program = Program { filters: spec.filters.clone(), joins, keys: spec.keys.clone(), aggs: aggs.clone() };
+            let mut local = shape.with_slots(groups::Shape::slots_for(MIN_GROUPS));
+            let mut bytes = Vec::new();
+            crate::node::fallible::try_resize(&mut bytes, local.bytes() as usize, 0u8, "a group table")
+                .unwrap_or_else(|e| report(e));
+            groups::init(&mut bytes, &local, 0x5eed).unwrap_or_else(|e| report(e));
+            let mut scratch = crate::scan::Scratch::default();
+            let mut i = 0;
+            while i < tail_rows {
+                let full = {
+                    let mut t = groups::Table::parse("group table", &mut bytes).unwrap_or_else(|e| report(e));
+                    match crate::scan::fold_row(&program, &mut t, &mut scratch, |c| Ok(tail.word(i, c)))
+                        .unwrap_or_else(|e| report(e))
+                    {
+                        Row::Full(slots) => Some(slots),
+                        Row::Folded | Row::Dropped => None,
+                    }
+                };
+                match full {
+                    None => {
+                        i += 1;
+                        self.stats.appended += 1;
+                    }
+                    Some(slots) => {
+                        let mut to = Vec::new();
+                        crate::node::fallible::try_resize(
+                            &mut to,
+                            local.with_slots(slots).bytes() as usize,
+                            0u8,
+                            "a group table",
+                        )
                         .unwrap_or_else(|e| report(e));
-                    let mut from = groups::Table::parse("group table", &mut bytes).unwrap_or_else(|e| report(e));
-                    groups::grow(&mut from, &mut to, slots).unwrap_or_else(|e| report(e));
-                    (bytes, shape.slot_count) = (to, slots);
-                    self.stats.grown += 1;
+                        let mut from = groups::Table::parse("group table", &mut bytes).unwrap_or_else(|e| report(e));
+                        groups::grow(&mut from, &mut to, slots).unwrap_or_else(|e| report(e));
+                        (bytes, local.slot_count) = (to, slots);
+                    }
+                }
+                if i.is_multiple_of(crate::interrupt::EVERY as usize) {
+                    pg_sys::check_for_interrupts!();
                 }
             }
-            if i.is_multiple_of(crate::interrupt::EVERY as usize) {
-                pg_sys::check_for_interrupts!();
-            }
+            let rows = groups::Table::parse("group table", &mut bytes).and_then(|mut t| t.groups()).unwrap_or_else(|e| report(e));
+            appended.extend(rows);
         }
-        let mut rows = groups::Table::parse("group table", &mut bytes).and_then(|mut t| t.groups()).unwrap_or_else(|e| report(e));
-        // An ungrouped query returns one row over no rows.
-        if rows.is_empty() && self.shape.keys.is_empty() {
-            rows.push((vec![0], vec![(0, 0); aggs.len()]));
-        }
-        self.stats.groups = rows.len() as u64;
+        self.stats.groups = head.header().groups;
         self.drop_dims();
-        // The strings of the fact's text grouping columns, for the codes the groups hold.
-        self.key_texts.clear();
-        let sources = self.program_keys();
-        for (w, src) in sources.iter().enumerate() {
-            let Ok(c) = src else { continue };
-            if c.encoding != Encoding::DictCode {
-                continue;
+        // The dictionaries of the fact's text grouping columns, for the codes the groups hold.
+        self.key_dicts.clear();
+        for (w, src) in self.program_keys().iter().enumerate() {
+            if let Ok(c) = src {
+                if c.encoding == Encoding::DictCode {
+                    self.key_dicts.push((w, *c, read_dictionary(&u, at(c))?));
+                }
             }
-            let bytes = read_dictionary(&u, at(c))?;
-            let dict = Dict::parse("a text column's dictionary", &bytes).unwrap_or_else(|e| report(e));
+        }
+        Ok(Groups { seg: Some(seg), head, next_slot: 0, window: Vec::new(), at: 0, appended, appended_done: false, returned: 0 })
+    }
+
+    /// The next group: from the window of slots read last, reading the next window when it is
+    /// used up (combining into each group the appended rows' states of its key), then the
+    /// appended rows' groups no slot had, then, for an ungrouped level over no rows, one of
+    /// empty states. The group table's segment is dropped once read.
+    fn next_group(&mut self) -> Option<groups::Group> {
+        let nkeys = self.shape.keys.len();
+        loop {
+            let Mode::Groups(g) = &mut self.mode else { return None };
+            if g.at < g.window.len() {
+                g.at += 1;
+                g.returned += 1;
+                return Some(std::mem::take(&mut g.window[g.at - 1]));
+            }
+            let h = *g.head.header();
+            let rows = if g.next_slot < h.slot_count {
+                pg_sys::check_for_interrupts!();
+                let n = (window_bytes() / h.slot_bytes.max(1)).clamp(1, h.slot_count - g.next_slot);
+                let seg = g.seg.expect("the group table, until read");
+                let mut bytes = Vec::new();
+                crate::node::fallible::try_resize(&mut bytes, (n * h.slot_bytes) as usize, 0u8, "a window of a group table")
+                    .unwrap_or_else(|e| report(e));
+                let at = h.slots_at + g.next_slot * h.slot_bytes;
+                try_executor(|ex| exec::read(ex, &seg, at as i64, &mut bytes)).unwrap_or_else(|e| report(e));
+                g.next_slot += n;
+                let mut window = Vec::new();
+                g.head.groups_in(&bytes, &mut window);
+                for (key, states) in &mut window {
+                    if let Some(t) = g.appended.remove(key) {
+                        groups::combine_states(g.head.aggs(), states, &t);
+                    }
+                }
+                if g.next_slot == h.slot_count {
+                    cleanup::drop_now(&seg);
+                    g.seg = None;
+                }
+                window
+            } else if !g.appended_done {
+                // the appended rows' groups no slot had, as a last window
+                g.appended_done = true;
+                let rest: Vec<groups::Group> = g.appended.drain().collect();
+                self.stats.groups += rest.len() as u64;
+                rest
+            } else {
+                // an ungrouped query returns one row over no rows
+                if g.returned == 0 && nkeys == 0 {
+                    g.returned += 1;
+                    return Some((vec![0], vec![(0, 0); g.head.aggs().len()]));
+                }
+                return None;
+            };
+            // The strings of the rows' text keys, in the window's context (the last window's
+            // rows were all returned).
+            // SAFETY: the window context, made in begin.
+            unsafe { pg_sys::MemoryContextReset(self.window_cxt) };
+            self.key_texts = self.decode_texts(&rows);
+            let Mode::Groups(g) = &mut self.mode else { return None };
+            g.window = rows;
+            g.at = 0;
+        }
+    }
+
+    /// The text datums of the codes `rows` hold in the fact's text grouping columns, made in
+    /// the window's context (reset when the next window is read).
+    fn decode_texts(&self, rows: &[groups::Group]) -> Vec<KeyTexts> {
+        let nsources = self.program_keys().len();
+        let mut out = Vec::new();
+        for (w, c, bytes) in &self.key_dicts {
+            let dict = Dict::parse("a text column's dictionary", bytes).unwrap_or_else(|e| report(e));
             let mut texts = std::collections::HashMap::new();
-            for (key, _) in &rows {
-                let (Some(&code), Some(&nulls)) = (key.get(w), key.get(sources.len())) else { continue };
+            for (key, _) in rows {
+                let (Some(&code), Some(&nulls)) = (key.get(*w), key.get(nsources)) else { continue };
                 if nulls & (1 << w) != 0 || texts.contains_key(&code) {
                     continue;
                 }
                 let Some(s) = u32::try_from(code).ok().and_then(|c| dict.get(c)) else {
                     report(UvmError::new(Code::SystemError, format!("GpuGroupAgg: a group of code {code}, past its dictionary")));
                 };
-                // SAFETY: a text datum made in the node's values context (live for the rows).
+                // SAFETY: a text datum made in the window's context (live while its rows are).
                 let d = unsafe {
-                    let old = pg_sys::MemoryContextSwitchTo(self.values_cxt);
+                    let old = pg_sys::MemoryContextSwitchTo(self.window_cxt);
                     let t = pg_sys::cstring_to_text_with_len(s.as_ptr() as *const std::ffi::c_char, s.len() as i32);
                     pg_sys::MemoryContextSwitchTo(old);
                     pg_sys::Datum::from(t)
                 };
                 texts.insert(code, d);
             }
-            self.key_texts.push(KeyTexts { col: *c, texts });
+            out.push(KeyTexts { col: *c, texts });
         }
-        Ok(Groups { rows, next: 0 })
+        out
+    }
+
+    /// Drops the group table's segment of this execution if it is still there.
+    fn drop_groups(&mut self) {
+        if let Mode::Groups(g) = &mut self.mode {
+            if let Some(seg) = g.seg.take() {
+                cleanup::drop_now(&seg);
+            }
+        }
     }
 
     /// The program's group key sources, in order: the fact's grouping columns (`Ok`), then one
@@ -667,9 +788,8 @@ impl GpuGroupAggScan {
     /// `node` is this node's executor state.
     unsafe fn emit(&mut self, node: *mut pg_sys::CustomScanState) -> *mut pg_sys::TupleTableSlot {
         let sources = self.program_keys();
-        let Mode::Groups(g) = &mut self.mode else { return std::ptr::null_mut() };
-        let Some((key, states)) = g.rows.get(g.next) else { return std::ptr::null_mut() };
-        g.next += 1;
+        let Some((key, states)) = self.next_group() else { return std::ptr::null_mut() };
+        let (key, states) = (&key, &states);
         let nkeys = self.shape.keys.len();
         // SAFETY: forwarded contract: the scan slot has one column per key and per aggregate,
         // of their types; values are made in the per-tuple memory.
@@ -880,7 +1000,9 @@ impl JoinScan for GpuGroupAggScan {
             dims: Vec::new(),
             values_cxt: std::ptr::null_mut(),
             drained: Vec::new(),
+            key_dicts: Vec::new(),
             key_texts: Vec::new(),
+            window_cxt: std::ptr::null_mut(),
             estate: std::ptr::null_mut(),
             mode: Mode::Start,
             read_from: None,
@@ -916,6 +1038,14 @@ impl JoinScan for GpuGroupAggScan {
             self.values_cxt = pg_sys::AllocSetContextCreateInternal(
                 pg_sys::CurrentMemoryContext,
                 c"UvmGpuGroupAgg values".as_ptr(),
+                0,
+                8 * 1024,
+                8 * 1024 * 1024,
+            );
+            // (a sibling: resetting the values' context deletes its children)
+            self.window_cxt = pg_sys::AllocSetContextCreateInternal(
+                pg_sys::CurrentMemoryContext,
+                c"UvmGpuGroupAgg window".as_ptr(),
                 0,
                 8 * 1024,
                 8 * 1024 * 1024,
@@ -994,12 +1124,14 @@ impl JoinScan for GpuGroupAggScan {
             }
         }
         self.drop_dims();
+        self.drop_groups();
         self.drained.clear();
         self.mode = Mode::Start;
     }
 
     unsafe fn end(&mut self, _node: *mut pg_sys::CustomScanState) {
         self.drop_dims();
+        self.drop_groups();
         // SAFETY: initialized in begin.
         unsafe {
             for &c in std::iter::once(&self.child).chain(&self.dims) {

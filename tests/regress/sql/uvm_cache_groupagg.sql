@@ -67,6 +67,13 @@ SELECT pg_temp.ga('SELECT a, count(*) FROM ga GROUP BY a ORDER BY count(*) DESC,
 SELECT pg_temp.ga('SELECT count(*) FROM ga GROUP BY a, b, d, ts, ok');
 SELECT pg_temp.ga('SELECT id, count(*) FROM ga WHERE id < 5000 GROUP BY id');
 SELECT pg_temp.ga('SELECT id, count(*) FROM ga WHERE id < 5 GROUP BY id, a');
+-- the groups returned a window of the table's slots at a time (a quarter of work_mem, at
+-- least 64 kB): many windows, text keys decoded per window
+SET work_mem = '64kB';
+SELECT pg_temp.ga('SELECT id, count(*), sum(w) FROM ga GROUP BY id');
+SELECT pg_temp.ga('SELECT t, id, count(*) FROM ga WHERE id % 3 = 0 GROUP BY t, id');
+SELECT count(*) FROM (SELECT id, count(*) FROM ga GROUP BY id LIMIT 10) x;
+RESET work_mem;
 -- sum(int8) is numeric past bigint; sum(int4) bigint
 CREATE TABLE gb (k int4, v int8, w int4);
 INSERT INTO gb SELECT i % 3, 9000000000000000000, 2147483647 FROM generate_series(1, 30000) i;
