@@ -48,7 +48,7 @@ fn read_head(seg: &SegRef) -> Result<groups::Head> {
 /// What the execution does: not started, returning groups, or returning the child's rows.
 enum Mode {
     Start,
-    Groups(Groups),
+    Groups(Box<Groups>),
     Child,
 }
 
@@ -1083,7 +1083,7 @@ impl JoinScan for GpuGroupAggScan {
             self.mode = match unsafe { self.read_cache(node) } {
                 Ok(g) => {
                     self.read_from = Some(ReadFrom::Cache);
-                    Mode::Groups(g)
+                    Mode::Groups(Box::new(g))
                 }
                 Err(why) => {
                     self.drop_dims();
