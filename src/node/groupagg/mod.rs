@@ -107,7 +107,10 @@
 //! argument's type, `avg` the exact sum divided by the count by PostgreSQL's `numeric_div`
 //! (as `int8_avg` and `numeric_avg` finish, so the same digits), float sums and averages
 //! `float8` (added in the cache's order, so the last digits may differ from PostgreSQL's heap
-//! order; an overflow of finite values 22003 as `float8pl`'s), NULL over no rows; an ungrouped query over no rows returns one row; a
+//! order; an overflow of finite values 22003 as `float8pl`'s; PostgreSQL's `avg` of floats
+//! also keeps a sum of squared deviations for the variance, which may overflow for values
+//! beyond about 1e154 and raise 22003 where the node, keeping none, answers: an order-dependent
+//! error PostgreSQL's own parallel plans share), NULL over no rows; an ungrouped query over no rows returns one row; a
 //! difference or product past `int8` an ERROR 22003. `pg_uvm_share.enable_cache = off` (no
 //! cache read) or `pg_uvm_share.enable_gpugroupagg = off` keep the planner from offering the
 //! node.
