@@ -157,6 +157,8 @@ fn keeps_rows(tag: pg_sys::NodeTag) -> bool {
             | T_CreateTableAsStmt
             | T_ViewStmt
             | T_CreateFunctionStmt
+            // (CREATE OPERATOR, AGGREGATE, TYPE, COLLATION, TEXT SEARCH ...: new objects)
+            | T_DefineStmt
             | T_CreateSeqStmt
             | T_AlterSeqStmt
             | T_DoStmt

@@ -32,8 +32,9 @@
 //!   nothing and marks nothing.
 //! - `ProcessUtility`: `COPY ... FROM` marks its table; every other utility statement except a
 //!   list of ones that change no table's rows (transaction control, `SET`, `VACUUM` and
-//!   `CLUSTER`, which keep the rows, `CREATE` of new objects, `GRANT`, ...) marks every cache
-//!   of the database: `TRUNCATE`, `ALTER TABLE`, `DROP`, and whatever a later PostgreSQL adds.
+//!   `CLUSTER`, which keep the rows, `CREATE` of new objects: tables, functions, operators,
+//!   types, ...; `GRANT`, ...) marks every cache of the database: `TRUNCATE`, `ALTER TABLE`,
+//!   `DROP`, and whatever a later PostgreSQL adds.
 //!
 //! The two hooks are C trampolines (`hooks.c`) around the markers here, so that an ERROR of the
 //! statement itself passes through them as PostgreSQL raised it (a Rust hook would convert it

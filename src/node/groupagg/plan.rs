@@ -110,8 +110,11 @@ unsafe fn strategy_of(opno: pg_sys::Oid, vtype: pg_sys::Oid, commuted: bool) -> 
         let family = pg_sys::get_opclass_family(opclass);
         let strategy = pg_sys::get_op_opfamily_strategy(opno, family);
         if strategy == 0 {
+            // `<>`: a built-in operator (a user's could name any function) negating the
+            // family's `=`
             let neg = pg_sys::get_negator(opno);
-            return (neg != pg_sys::InvalidOid && pg_sys::get_op_opfamily_strategy(neg, family) == 3).then_some(6);
+            let builtin = u32::from(opno) < pg_sys::FirstGenbkiObjectId;
+            return (builtin && neg != pg_sys::InvalidOid && pg_sys::get_op_opfamily_strategy(neg, family) == 3).then_some(6);
         }
         // < and >, <= and >= trade places; = stays
         Some(if commuted { 6 - strategy } else { strategy })
@@ -216,8 +219,9 @@ unsafe fn range_clause(op: *mut pg_sys::OpExpr, varno: u32, cached: &[(i16, Enco
 }
 
 /// The built-in integer arithmetic operators and widening casts (`int2`, `int4`, `int8`): an
-/// operator's function is built in (an OID below `FirstGenbkiObjectId`, so no user's operator
-/// of the same name in another schema), its name one of `+ - * / %` and its result an integer.
+/// operator is built in (an OID below `FirstGenbkiObjectId`: a user's operator of the same
+/// name, in another schema, could call any function), its name one of `+ - * / %` and its
+/// result an integer.
 ///
 /// # Safety
 /// `n` is a planner expression.
@@ -267,8 +271,7 @@ unsafe fn int_expr(
             pg_sys::NodeTag::T_OpExpr => {
                 let op = n as *mut pg_sys::OpExpr;
                 let w = width((*op).opresulttype)?;
-                let func = pg_sys::get_opcode((*op).opno);
-                if u32::from(func) >= pg_sys::FirstGenbkiObjectId {
+                if u32::from((*op).opno) >= pg_sys::FirstGenbkiObjectId {
                     return None;
                 }
                 let name = pg_sys::get_opname((*op).opno);

@@ -194,6 +194,13 @@ SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE f IN (1, 2) GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a + f > 3 GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE abs(a) > 3 GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE d > ts GROUP BY a');
+-- a user's operator named + that subtracts, first on the search path: not the built-in +
+CREATE SCHEMA gops;
+CREATE OPERATOR gops.+ (LEFTARG = int4, RIGHTARG = int2, FUNCTION = int42mi);
+SET search_path = gops, pg_catalog, public;
+SELECT pg_temp.ga('SELECT a, count(*) FROM ga WHERE a + b < 3 GROUP BY a');
+RESET search_path;
+-- (dropped at the end: a DROP other than of tables marks every cache of the database stale)
 SELECT pg_temp.ga('SELECT a, sum(r) FROM gf GROUP BY a');
 SELECT pg_temp.ga('SELECT a, count(*) FROM gf WHERE d > 1 GROUP BY a');
 SELECT pg_temp.ga('SELECT d, count(*) FROM gf GROUP BY d');
@@ -388,3 +395,4 @@ SELECT * FROM pg_temp.random_where(400);
 SELECT count(*) AS temporary_segments_left FROM uvm.segments WHERE name LIKE 'pg_temp_gpujoin_%';
 SELECT uvm.cache_drop('ga'), uvm.cache_drop('gb'), uvm.cache_drop('gc'), uvm.cache_drop('ge'), uvm.cache_drop('gf'), uvm.cache_drop('gm');
 DROP TABLE ga, gb, gc, gd, ge, gf, gk, gl, gm;
+DROP SCHEMA gops CASCADE;
