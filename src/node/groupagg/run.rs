@@ -424,7 +424,8 @@ impl GpuGroupAggScan {
                 filters[first].or = i > 0;
             }
         }
-        if bitmap_bytes > exec::scan::MAX_BITMAP_BYTES {
+        // (with room for the comparisons' steps: at most 64 filters of 1,040 bytes)
+        if bitmap_bytes + (128 << 10) > exec::scan::MAX_BITMAP_BYTES {
             return Err("the text conditions' dictionaries are too large for a program");
         }
         let spec = Spec {

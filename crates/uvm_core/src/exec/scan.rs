@@ -11,7 +11,7 @@
 //!
 //! | bytes | what |
 //! | --- | --- |
-//! | 32 | header: magic, version, and the counts of segments, filters, joins, keys, aggregates, bitmap bytes (`u32` each) |
+//! | 32 | header: magic, version, and the counts of segments, filters, joins, keys, aggregates, data bytes (`u32` each) |
 //! | 80 × segments | the dimension tables (`SegRef`, as requests carry them) |
 //! | 24 × filters | column (`u32`), kind (`u16`: 1 a range, 2 codes, 3 `IS NULL`, 4 a comparison), whether it is an alternative of the filter before it (`u16`, 0 or 1), then `lo`, `hi` (a range) or the offset and length of its bitmap or its comparison in the data bytes |
 //! | 8 × joins | fact column, dimension table (an index into the segments) |
@@ -51,7 +51,7 @@ pub const MAX_FILTERS: usize = 64;
 pub const MAX_JOINS: usize = 8;
 pub const MAX_KEYS: usize = 31;
 pub const MAX_AGGS: usize = 64;
-/// Bytes of code bitmaps: 32 Mi codes.
+/// Data bytes (code bitmaps, 32 Mi codes, and comparisons).
 pub const MAX_BITMAP_BYTES: usize = 1 << 22;
 
 /// A program as the client describes it and the executor receives it: the program's parts
@@ -88,8 +88,16 @@ impl Spec {
         over(self.dims.len(), MAX_JOINS, "dimension tables")?;
         over(self.keys.len(), MAX_KEYS, "group keys")?;
         over(self.aggs.len(), MAX_AGGS, "aggregates")?;
-        let bitmaps: usize = self.filters.iter().map(|f| if let Test::Codes(b) = &f.test { b.len() } else { 0 }).sum();
-        over(bitmaps, MAX_BITMAP_BYTES, "bytes of code bitmaps")?;
+        let data: usize = self
+            .filters
+            .iter()
+            .map(|f| match &f.test {
+                Test::Codes(b) => b.len(),
+                Test::Compare(c) => 16 + 16 * (c.lhs.len() + c.rhs.len()),
+                _ => 0,
+            })
+            .sum();
+        over(data, MAX_BITMAP_BYTES, "bytes of code bitmaps and comparisons")?;
         for f in &self.filters {
             if let Test::Compare(c) = &f.test {
                 c.check()?;
@@ -123,7 +131,7 @@ impl Spec {
             u32_of(self.joins.len(), "joins")?,
             u32_of(self.keys.len(), "keys")?,
             u32_of(self.aggs.len(), "aggregates")?,
-            0, // bitmap bytes, set below
+            0, // data bytes (bitmaps and comparisons), set below
         ];
         out.extend_from_slice(header.as_bytes());
         for d in &self.dims {
@@ -175,7 +183,7 @@ impl Spec {
             out.extend_from_slice(&u32_of(a, "an aggregate's column")?.to_le_bytes());
             out.extend_from_slice(&u32_of(b, "an aggregate's column")?.to_le_bytes());
         }
-        let n = u32_of(bitmaps.len(), "bitmap bytes")?;
+        let n = u32_of(bitmaps.len(), "data bytes")?;
         out[28..32].copy_from_slice(&n.to_le_bytes());
         out.extend_from_slice(&bitmaps);
         Ok(out)
