@@ -28,8 +28,9 @@
 //!         Filter: (p_category = 'MFGR#12'::text)
 //! ```
 //!
-//! - **Planner** (`plan.rs`; `create_upper_paths_hook` at `UPPERREL_GROUP_AGG`, after
-//!   PostgreSQL added its own grouping paths): for a query level with no grouping sets,
+//! - **Planner** (`plan.rs`, the `WHERE` in `clauses.rs`; `create_upper_paths_hook` at
+//!   `UPPERREL_GROUP_AGG`, after PostgreSQL added its own grouping paths): for a query level
+//!   with no grouping sets,
 //!   `HAVING` or set-returning functions whose `FROM` is plain tables (no inheritance
 //!   children, no sample) joined by inner joins only, one of them (the fact) with a ready cache
 //!   holding every column the level reads of it, where ([`Shape::of`])
@@ -57,7 +58,7 @@
 //!       before its arithmetic runs, as PostgreSQL orders conditions by cost;
 //!     - any condition whose only column is one dictionary-encoded `text`/`varchar` column of
 //!       the fact, built of comparisons, `IN`, `LIKE`/`ILIKE`, `IS NULL`, `AND`/`OR`/`NOT` and
-//!       other calls that raise no ERROR for any string (leakproof functions; `plan::error_free`
+//!       other calls that raise no ERROR for any string (leakproof functions; `clauses::error_free`
 //!       says why), constants and a generic plan's parameters: a text condition, which the executor
 //!       has PostgreSQL evaluate once per distinct string of the column's dictionary and once
 //!       for NULL, the program testing each row's code against the bitmap of the codes that
@@ -82,8 +83,9 @@
 //!   child is an aggregation by PostgreSQL (hashed, or plain without GROUP BY) over the input's
 //!   cheapest path, and whose other children are the dimensions' cheapest paths. Anything else:
 //!   no path.
-//! - **Executor** (`run.rs`): at the first call the node checks the cache against the query's
-//!   snapshot (`caches::usable_in_query`, the reader's rule) and that it still holds the
+//! - **Executor** (`run.rs`, results and text conditions in `values.rs`): at the first call
+//!   the node checks the cache against the query's snapshot (`caches::usable_in_query`, the
+//!   reader's rule) and that it still holds the
 //!   planned columns with the planned encodings; has PostgreSQL evaluate each text condition
 //!   over its column's dictionary (a bitmap of the codes that pass). It drains each
 //!   dimension's plan into a temporary join table of (key, index of the row's distinct
@@ -137,8 +139,10 @@
 //! fraction of what a heap tuple costs PostgreSQL. Provisional: issue 27's sweep (`auto` within 1.25x
 //! of the faster plan) will calibrate them on the H200 with the kernels.
 
+mod clauses;
 mod plan;
 mod run;
+mod values;
 
 use std::ffi::CStr;
 
