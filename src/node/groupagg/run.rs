@@ -386,7 +386,8 @@ impl GpuGroupAggScan {
         let nsources = self.program_keys().len();
         let mut out = Vec::new();
         for (w, c, bytes) in &self.key_dicts {
-            let dict = Dict::parse("a text column's dictionary", bytes).unwrap_or_else(|e| report(e));
+            // (opened, not walked: a window holds few of a large dictionary's codes)
+            let dict = Dict::open("a text column's dictionary", bytes).unwrap_or_else(|e| report(e));
             let mut texts = std::collections::HashMap::new();
             for (key, _) in rows {
                 let (Some(&code), Some(&nulls)) = (key.get(*w), key.get(nsources)) else { continue };

@@ -131,11 +131,52 @@ pub struct Dict<'a> {
     entries: u64,
 }
 
+/// A dictionary whose header and areas are checked but not its offsets: for looking up the
+/// codes of a few rows in a large dictionary without walking all of it ([`Dict::parse`] walks
+/// every offset). An entry whose offsets are out of order or past the strings answers `None`.
+pub struct DictLookup<'a> {
+    dict: Dict<'a>,
+}
+
+impl<'a> DictLookup<'a> {
+    /// The string of `code`; `None` for a code past the entries or a damaged entry. O(1).
+    pub fn get(&self, code: u32) -> Option<&'a [u8]> {
+        let c = u64::from(code);
+        if c >= self.dict.entries {
+            return None;
+        }
+        let (a, b) = (self.dict.offset(c), self.dict.offset(c + 1));
+        self.dict.strings.get(usize::try_from(a).ok()?..usize::try_from(b).ok()?)
+    }
+}
+
 impl<'a> Dict<'a> {
+    /// Reads the dictionary in `bytes` for lookups ([`DictLookup`]): its header and areas
+    /// checked, in time independent of its entries. Never reads past `bytes`, never panics.
+    pub fn open(name: &str, bytes: &'a [u8]) -> Result<DictLookup<'a>> {
+        Ok(DictLookup { dict: Dict::layout(name, bytes)? })
+    }
+
     /// Reads and validates the dictionary in `bytes` (the segment's bytes from offset 0; `name`
     /// is for messages). Never reads past `bytes`, never panics; time bounded by the entries
     /// `bytes` can hold.
     pub fn parse(name: &str, bytes: &'a [u8]) -> Result<Dict<'a>> {
+        let d = Dict::layout(name, bytes)?;
+        // Rising offsets, from 0 to the string area's end.
+        let mut prev = 0u64;
+        let end = d.strings.len() as u64;
+        for i in 0..=d.entries {
+            let o = d.offset(i);
+            if o < prev || o > end || (i == 0 && o != 0) || (i == d.entries && o != end) {
+                return Err(not_a_dict(name, &format!("offset {i} ({o}) is out of order")));
+            }
+            prev = o;
+        }
+        Ok(d)
+    }
+
+    /// The header and areas of the dictionary in `bytes`, checked; its offsets not.
+    fn layout(name: &str, bytes: &'a [u8]) -> Result<Dict<'a>> {
         let Ok((h, _)) = DictHeader::read_from_prefix(bytes) else {
             return Err(not_a_dict(name, "too small"));
         };
@@ -154,21 +195,11 @@ impl<'a> Dict<'a> {
         if h.entries > MAX_ENTRIES || h.offsets_at < DICT_HEADER_BYTES || offsets_end > h.strings_at || strings_end > total {
             return Err(not_a_dict(name, &format!("{} entries of {} bytes do not fit {total} bytes", h.entries, h.bytes)));
         }
-        let d = Dict {
+        Ok(Dict {
             offsets: &bytes[h.offsets_at as usize..offsets_end as usize],
             strings: &bytes[h.strings_at as usize..strings_end as usize],
             entries: h.entries,
-        };
-        // Rising offsets, from 0 to the string area's end.
-        let mut prev = 0u64;
-        for i in 0..=h.entries {
-            let o = d.offset(i);
-            if o < prev || o > h.bytes || (i == 0 && o != 0) || (i == h.entries && o != h.bytes) {
-                return Err(not_a_dict(name, &format!("offset {i} ({o}) is out of order")));
-            }
-            prev = o;
-        }
-        Ok(d)
+        })
     }
 
     fn offset(&self, i: u64) -> u64 {

@@ -232,6 +232,12 @@ fn a_dictionary_numbers_strings_in_first_seen_order_and_selects_codes() {
         assert_eq!(d.get(*c), Some(*w));
     }
     assert_eq!(d.get(4), None);
+    // opened for lookups alone (its offsets not walked): the same strings
+    let l = Dict::open("d", &bytes).unwrap();
+    for (w, c) in words.iter().zip(&codes) {
+        assert_eq!(l.get(*c), Some(*w));
+    }
+    assert_eq!(l.get(4), None);
     // a predicate evaluated once per distinct string: the codes that pass
     let bits = d.select(|s| s.starts_with(b"A"));
     assert_eq!(bits, [0b1001]);
@@ -270,11 +276,14 @@ fn a_dictionary_that_contradicts_itself_is_refused() {
     ] {
         assert_eq!(header(f), Code::InvalidParameterValue);
     }
-    // offsets out of order
+    // offsets out of order: refused by a parse; opened for lookups, the entries they bound
+    // answer None, the others their strings
     let mut s = bytes.clone();
     let at = DICT_HEADER_BYTES as usize + 8;
     s[at..at + 8].copy_from_slice(&100u64.to_le_bytes());
     assert_eq!(fails(&s), Code::InvalidParameterValue);
+    let l = Dict::open("d", &s).unwrap();
+    assert_eq!((l.get(0), l.get(1), l.get(2)), (None, None, Some(&b"three"[..])));
 }
 
 proptest! {
@@ -329,6 +338,11 @@ proptest! {
         if let Ok(d) = Dict::parse("d", &bytes) {
             let total: usize = d.iter().map(|(_, s)| s.len()).sum();
             prop_assert!(total <= bytes.len());
+        }
+        if let Ok(l) = Dict::open("d", &bytes) {
+            for c in 0..12 {
+                prop_assert!(l.get(c).is_none_or(|s| s.len() <= bytes.len()));
+            }
         }
     }
 }
