@@ -2,7 +2,7 @@
 //! (see the module essay).
 
 use super::plan::agg_of;
-use super::values::{avg_datum, float_datum, numeric_datum, read_dictionary, table_aggs, text_codes, value_of};
+use super::values::{datum_of, read_dictionary, table_aggs, text_codes};
 use super::*;
 
 /// Where an execution's rows came from (EXPLAIN ANALYZE's `Read From`).
@@ -586,18 +586,8 @@ impl GpuGroupAggScan {
                 *(*scan).tts_values.add(i) = d;
                 *(*scan).tts_isnull.add(i) = isnull;
             }
-            for (i, a) in self.shape.aggs.iter().enumerate() {
-                let own = matches!(a.kind, Kind::Sum | Kind::Min | Kind::Max);
-                let (d, isnull) = if own && a.num == Num::Numeric {
-                    numeric_datum(&self.shape.aggs, i, states).unwrap_or_else(|e| report(e))
-                } else if own && a.num != Num::Int {
-                    float_datum(&self.shape.aggs, i, states).unwrap_or_else(|e| report(e))
-                } else if a.avg {
-                    avg_datum(&self.shape.aggs, i, states).unwrap_or_else(|e| report(e))
-                } else {
-                    let v = value_of(&self.shape.aggs, i, states).unwrap_or_else(|e| report(e));
-                    gpujoin::datum_of_value(v, agg::out_of(a.kind, a.arg))
-                };
+            for i in 0..self.shape.aggs.len() {
+                let (d, isnull) = datum_of(&self.shape.aggs, i, states).unwrap_or_else(|e| report(e));
                 *(*scan).tts_values.add(nkeys + i) = d;
                 *(*scan).tts_isnull.add(nkeys + i) = isnull;
             }

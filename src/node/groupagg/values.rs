@@ -44,124 +44,73 @@ pub(super) fn input_of(i: &AggInput, cols: &dyn Fn(&Col) -> usize) -> Input {
     }
 }
 
-/// Aggregate `i`'s value from its group's states (`states[i]`, and for a sum the count the
-/// table keeps beside it).
-pub(super) fn value_of(aggs: &[AggOf], i: usize, states: &[(u64, u64)]) -> Result<Value> {
-    let a = aggs[i];
-    let s = *states.get(i).ok_or_else(|| UvmError::new(Code::SystemError, "a group without its aggregates"))?;
-    Ok(match a.kind {
-        Kind::CountStar | Kind::Count => Value::Int(s.0 as i64),
-        Kind::Min | Kind::Max => {
-            if s.1 == 0 {
-                Value::Null
-            } else {
-                Value::Int(s.0 as i64)
-            }
-        }
-        Kind::Sum => {
-            let nth = aggs[..i].iter().filter(|a| a.kind == Kind::Sum).count();
-            let count =
-                states.get(aggs.len() + nth).ok_or_else(|| UvmError::new(Code::SystemError, "a sum without its count"))?;
-            if count.0 == 0 {
-                Value::Null
-            } else {
-                let sum = groups::sum_int(s);
-                match agg::out_of(a.kind, a.arg) {
-                    Out::Numeric => Value::Big(sum),
-                    _ => Value::Int(
-                        i64::try_from(sum).map_err(|_| UvmError::new(Code::NumericValueOutOfRange, "bigint out of range"))?,
-                    ),
-                }
-            }
-        }
-    })
+/// The count the group table keeps beside sum `i` (after every aggregate, one per sum in
+/// their order: [`table_aggs`]).
+fn count_beside(aggs: &[AggOf], i: usize, states: &[(u64, u64)]) -> Result<u64> {
+    let nth = aggs[..i].iter().filter(|a| a.kind == Kind::Sum).count();
+    states.get(aggs.len() + nth).map(|c| c.0).ok_or_else(|| UvmError::new(Code::SystemError, "a sum without its count"))
 }
 
-/// A float aggregate of a group (`sum`, `min`, `max`, `avg` of `float4`/`float8`): PostgreSQL's
-/// result type (`float8`, but `min`/`max` of `float4` `float4`), NULL over no value; a sum of
-/// finite values that reached an infinity is PostgreSQL's ERROR 22003.
-pub(super) fn float_datum(aggs: &[AggOf], i: usize, states: &[(u64, u64)]) -> Result<(pg_sys::Datum, bool)> {
-    let a = aggs[i];
-    let nth = aggs[..i].iter().filter(|a| a.kind == Kind::Sum).count();
-    let state = states.get(i).copied();
-    let count = states.get(aggs.len() + nth).map(|c| c.0);
-    let missing = || UvmError::new(Code::SystemError, "a float aggregate without its state");
-    let null = (pg_sys::Datum::from(0), true);
-    let f = |x: f64| (pgrx::IntoDatum::into_datum(x).unwrap_or(pg_sys::Datum::from(0)), false);
-    let (lo, hi) = state.ok_or_else(missing)?;
-    Ok(match a.kind {
-        Kind::Min | Kind::Max if hi == 0 => null,
-        Kind::Min | Kind::Max if a.num == Num::Float4 => {
-            (pgrx::IntoDatum::into_datum(f64::from_bits(lo) as f32).unwrap_or(pg_sys::Datum::from(0)), false)
-        }
-        Kind::Min | Kind::Max => f(f64::from_bits(lo)),
-        Kind::Sum => {
-            let n = count.ok_or_else(missing)?;
-            if n == 0 {
-                null
-            } else if hi & groups::OVERFLOWED != 0 {
-                return Err(UvmError::new(Code::NumericValueOutOfRange, "value out of range: overflow"));
-            } else if a.avg {
-                f(f64::from_bits(lo) / n as f64)
-            } else {
-                f(f64::from_bits(lo))
-            }
-        }
-        Kind::CountStar | Kind::Count => return Err(missing()),
-    })
-}
-
-/// A `numeric(p, s)` aggregate of a group (`sum`, `min`, `max`, `avg`, over the scaled words):
-/// numerics of the column's scale, as PostgreSQL's (whose inputs all have that display scale),
-/// `avg` the sum divided by the count by `numeric_div`; NULL over no value.
-pub(super) fn numeric_datum(aggs: &[AggOf], i: usize, states: &[(u64, u64)]) -> Result<(pg_sys::Datum, bool)> {
-    let a = aggs[i];
-    let scale = match a.input {
-        AggInput::Col(c) => c.scale,
-        _ => 0,
-    };
-    let nth = aggs[..i].iter().filter(|a| a.kind == Kind::Sum).count();
-    let missing = || UvmError::new(Code::SystemError, "a numeric aggregate without its state");
-    let (lo, hi) = states.get(i).copied().ok_or_else(missing)?;
-    let null = (pg_sys::Datum::from(0), true);
-    Ok(match a.kind {
-        Kind::Min | Kind::Max if hi == 0 => null,
-        Kind::Min | Kind::Max => (numeric_of_scaled(i128::from(lo as i64), scale), false),
-        Kind::Sum => {
-            let (count, _) = states.get(aggs.len() + nth).copied().ok_or_else(missing)?;
-            if count == 0 {
-                null
-            } else {
-                let sum = numeric_of_scaled(groups::sum_int((lo, hi)), scale);
-                if a.avg {
-                    let (n, _) = gpujoin::datum_of_value(Value::Big(i128::from(count)), Out::Numeric);
-                    // SAFETY: numeric_div of two numeric datums, the count not 0.
-                    let d = unsafe { pgrx::direct_function_call_as_datum(pg_sys::numeric_div, &[Some(sum), Some(n)]) };
-                    (d.unwrap_or(pg_sys::Datum::from(0)), d.is_none())
-                } else {
-                    (sum, false)
-                }
-            }
-        }
-        Kind::CountStar | Kind::Count => return Err(missing()),
-    })
-}
-
-/// `avg` of a group: its sum divided by its count as PostgreSQL's `int8_avg` and `numeric_avg`
-/// finish (`numeric_div`), NULL over no value.
-pub(super) fn avg_datum(aggs: &[AggOf], i: usize, states: &[(u64, u64)]) -> Result<(pg_sys::Datum, bool)> {
-    let nth = aggs[..i].iter().filter(|a| a.kind == Kind::Sum).count();
-    let (Some(&sum), Some(&(count, _))) = (states.get(i), states.get(aggs.len() + nth)) else {
-        return Err(UvmError::new(Code::SystemError, "an average without its sum and count"));
-    };
-    if count == 0 {
-        return Ok((pg_sys::Datum::from(0), true));
-    }
-    let (s, _) = gpujoin::datum_of_value(Value::Big(groups::sum_int(sum)), Out::Numeric);
+/// `sum / count` as PostgreSQL's averages of integers and numerics finish (`numeric_div`).
+fn numeric_avg(sum: pg_sys::Datum, count: u64) -> (pg_sys::Datum, bool) {
     let (n, _) = gpujoin::datum_of_value(Value::Big(i128::from(count)), Out::Numeric);
-    // SAFETY: numeric_div of two numeric datums (a zero count was answered above).
-    let d = unsafe { pgrx::direct_function_call_as_datum(pg_sys::numeric_div, &[Some(s), Some(n)]) };
-    Ok((d.unwrap_or(pg_sys::Datum::from(0)), d.is_none()))
+    // SAFETY: numeric_div of two numeric datums; callers answer a zero count before.
+    let d = unsafe { pgrx::direct_function_call_as_datum(pg_sys::numeric_div, &[Some(sum), Some(n)]) };
+    (d.unwrap_or(pg_sys::Datum::from(0)), d.is_none())
+}
+
+/// Aggregate `i` of a group as the datum of PostgreSQL's result type (and whether it is NULL),
+/// from the group's states (`states[i]`, and for a sum the count beside it).
+pub(super) fn datum_of(aggs: &[AggOf], i: usize, states: &[(u64, u64)]) -> Result<(pg_sys::Datum, bool)> {
+    let a = aggs[i];
+    let (lo, hi) = *states.get(i).ok_or_else(|| UvmError::new(Code::SystemError, "a group without its aggregates"))?;
+    let null = (pg_sys::Datum::from(0), true);
+    let datum = |x: Option<pg_sys::Datum>| (x.unwrap_or(pg_sys::Datum::from(0)), false);
+    let count = || count_beside(aggs, i, states);
+    Ok(match (a.kind, a.num) {
+        (Kind::CountStar | Kind::Count, _) => datum(pgrx::IntoDatum::into_datum(lo as i64)),
+        (Kind::Min | Kind::Max, _) if hi == 0 => null,
+        (Kind::Sum, _) if count()? == 0 => null,
+        // integers: sum(int2/int4) bigint (22003 past it, as int4_sum), sum(int8) numeric,
+        // avg numeric by PostgreSQL's division, min and max of the argument's type
+        (Kind::Sum, Num::Int) if a.avg => {
+            numeric_avg(gpujoin::datum_of_value(Value::Big(groups::sum_int((lo, hi))), Out::Numeric).0, count()?)
+        }
+        (Kind::Sum, Num::Int) => {
+            let sum = groups::sum_int((lo, hi));
+            let v = match agg::out_of(a.kind, a.arg) {
+                Out::Numeric => Value::Big(sum),
+                _ => Value::Int(
+                    i64::try_from(sum).map_err(|_| UvmError::new(Code::NumericValueOutOfRange, "bigint out of range"))?,
+                ),
+            };
+            gpujoin::datum_of_value(v, agg::out_of(a.kind, a.arg))
+        }
+        (Kind::Min | Kind::Max, Num::Int) => gpujoin::datum_of_value(Value::Int(lo as i64), agg::out_of(a.kind, a.arg)),
+        // floats: float8 sums and averages (a sum of finite values that reached an infinity is
+        // PostgreSQL's 22003), min and max of the argument's type
+        (Kind::Sum, Num::Float4 | Num::Float8) if hi & groups::OVERFLOWED != 0 => {
+            return Err(UvmError::new(Code::NumericValueOutOfRange, "value out of range: overflow"));
+        }
+        (Kind::Sum, Num::Float4 | Num::Float8) => {
+            let s = f64::from_bits(lo);
+            datum(pgrx::IntoDatum::into_datum(if a.avg { s / count()? as f64 } else { s }))
+        }
+        (Kind::Min | Kind::Max, Num::Float4) => datum(pgrx::IntoDatum::into_datum(f64::from_bits(lo) as f32)),
+        (Kind::Min | Kind::Max, Num::Float8) => datum(pgrx::IntoDatum::into_datum(f64::from_bits(lo))),
+        // numeric(p, s): numerics of the column's display scale, as PostgreSQL's over inputs
+        // that all have it; avg by numeric_div
+        (Kind::Sum | Kind::Min | Kind::Max, Num::Numeric) => {
+            let scale = if let AggInput::Col(c) = a.input { c.scale } else { 0 };
+            let v = if a.kind == Kind::Sum { groups::sum_int((lo, hi)) } else { i128::from(lo as i64) };
+            let d = numeric_of_scaled(v, scale);
+            if a.avg {
+                numeric_avg(d, count()?)
+            } else {
+                (d, false)
+            }
+        }
+    })
 }
 
 /// The dictionary of cache column `col` of `u`, read into the backend (Err(why): the cache was
