@@ -456,3 +456,549 @@ extern "C" __global__ void uvm_zero(u64 *p, u64 words) {
         p[i] = 0;
     }
 }
+
+// ---- Scan programs (crates/uvm_core/src/scan: the CPU reference; scan/gpu.rs the host side) ----
+// A scan program over a column cache's blocks folds every row that passes its filters and its
+// joins into a group table (crates/uvm_core/src/groups has the layout), one thread per row.
+// The program comes as words staged by the host (scan/gpu.rs, `DeviceProgram`, says where each
+// part lies); the host validated it, but the kernel still bounds every index by the counts in
+// its header, so a program it did not build cannot make a thread read past the words.
+//
+// Program words: [0] filters, [1] joins, [2] keys, [3] aggregates, [4] columns, [5] steps,
+// [6] data bytes, then the offsets (in words) of [7] columns, [8] filters, [9] steps,
+// [10] joins, [11] keys, [12] aggregates, [13] data (bytes, 8-byte aligned).
+//   column: values_at, nulls_at, width, signed (4 words; offsets inside a block)
+//   filter: col | kind << 32 | or << 40, a, b, 0 (kind 1 range a..=b, 2 codes at byte a of the
+//           data, b bytes, 3 IS NULL, 4 a comparison: its steps from a, b = lhs | rhs << 16 |
+//           cmp << 32)
+//   step:   kind | op << 8 | width << 16, value (kind 1 column, 2 constant, 3 operator, 4 -)
+//   join:   fact column, slots (address), mask, seed, walk bound (5 words)
+//   key:    kind << 32 | index (kind 1 a fact column, 2 a join's payload)
+//   agg:    kind | input << 16, a | b << 32 (input 0 none, 1 a column, 2 a - b, 3 a * b,
+//           4 a float4 column)
+//
+// Two passes per launch (`mode`): SCAN_KEYS inserts the key of every combination a row folds
+// into (no state changes), SCAN_FOLD finds them and folds. A key pass that finds the table at
+// its load limit (groups at `limit`) inserts nothing more and counts the refusal in out[1]: the
+// host grows the table and runs the launch's key pass again before its fold pass, so that no
+// row is folded twice or lost whatever the threads' order, and the keys inserted before the
+// refusal are folded by the fold pass that follows. The fold pass never inserts; a key it does
+// not find is a corrupted table.
+//
+// out: [0] corrupted (a walk past its bound, a key the fold pass did not find, a slot busy past
+// SPIN_LIMIT reads), [1] keys refused for want of room, [2] the first error (SCAN_ERR_*),
+// [3] a block whose count exceeded n, [4] rows folded (the fold pass), [5] the dimension
+// tables' walks that found no empty slot within their bound (the table changed or is
+// corrupted: the host raises an ERROR). Threads stop at the next row once any of [0], [2],
+// [3], [5] is set (or [1], in the key pass).
+#define SCAN_KEYS 0ull
+#define SCAN_FOLD 1ull
+#define SCAN_MAX_JOINS 8
+#define SCAN_MAX_KEY_WORDS 32
+#define SCAN_MAX_AGGS 64
+#define SCAN_DEPTH 16
+#define SCAN_MAX_STEPS 32
+#define SCAN_ERR_INT2 1ull
+#define SCAN_ERR_INT4 2ull
+#define SCAN_ERR_INT8 3ull
+#define SCAN_ERR_DIV0 4ull
+#define SCAN_ERR_SUB 5ull
+#define SCAN_ERR_MUL 6ull
+#define SCAN_ERR_PROGRAM 7ull
+// A group slot being claimed (tags are odd; 0 is empty).
+#define SLOT_BUSY 2ull
+#define SPIN_LIMIT (1ull << 20)
+
+struct ScanRow {
+    const u64 *prog;
+    const u64 *cols;
+    u64 ncols;
+    const u8 *block;
+    u64 r;
+};
+
+__device__ __forceinline__ u64 vload(const u64 *p) { return *(volatile const u64 *)p; }
+
+// Column c's word in the row (sign-extended where signed); false where NULL or no column.
+__device__ __forceinline__ bool scan_col(const ScanRow &row, u64 c, u64 *w) {
+    if (c >= row.ncols) return false;
+    const u64 *d = row.cols + 4 * c;
+    const u8 *nulls = row.block + d[1];
+    if ((nulls[row.r >> 3] >> (row.r & 7ull)) & 1u) return false;
+    const u8 *v = row.block + d[0];
+    u64 width = d[2];
+    bool sgn = d[3] != 0ull;
+    if (width == 8ull) {
+        *w = ((const u64 *)v)[row.r];
+    } else if (width == 4ull) {
+        unsigned int x = ((const unsigned int *)v)[row.r];
+        *w = sgn ? (u64)(long long)(int)x : (u64)x;
+    } else if (width == 2ull) {
+        unsigned short x = ((const unsigned short *)v)[row.r];
+        *w = sgn ? (u64)(long long)(short)x : (u64)x;
+    } else {
+        unsigned char x = v[row.r];
+        *w = sgn ? (u64)(long long)(signed char)x : (u64)x;
+    }
+    return true;
+}
+
+__device__ __forceinline__ void scan_error(u64 *out, u64 code) {
+    if (vload(&out[2]) == 0ull) atomicCAS(&out[2], 0ull, code);
+}
+
+// v checked against the bounds of the operator's result type (2, 4, 8 bytes); an overflow of
+// int8 itself is reported by the caller.
+__device__ __forceinline__ bool scan_fits(long long v, u64 width, u64 *out) {
+    if (width == 2ull && (v < -32768ll || v > 32767ll)) {
+        scan_error(out, SCAN_ERR_INT2);
+        return false;
+    }
+    if (width == 4ull && (v < -2147483648ll || v > 2147483647ll)) {
+        scan_error(out, SCAN_ERR_INT4);
+        return false;
+    }
+    return true;
+}
+
+__device__ __forceinline__ u64 scan_width_err(u64 width) {
+    return width == 2ull ? SCAN_ERR_INT2 : width == 4ull ? SCAN_ERR_INT4 : SCAN_ERR_INT8;
+}
+
+// PostgreSQL's integer operators (scan/expr.rs, `apply`); false after recording an error.
+__device__ bool scan_apply(u64 op, u64 width, long long a, long long b, long long *res, u64 *out) {
+    long long r;
+    switch (op) {
+    case 1: // +
+        r = (long long)((u64)a + (u64)b);
+        if (((a ^ r) & (b ^ r)) < 0) goto overflow;
+        break;
+    case 2: // -
+        r = (long long)((u64)a - (u64)b);
+        if (((a ^ b) & (a ^ r)) < 0) goto overflow;
+        break;
+    case 3: { // *
+        long long hi = __mul64hi(a, b);
+        r = (long long)((u64)a * (u64)b);
+        if (hi != (r >> 63)) goto overflow;
+        break;
+    }
+    case 4: // /
+        if (b == 0) {
+            scan_error(out, SCAN_ERR_DIV0);
+            return false;
+        }
+        if (a == (long long)0x8000000000000000ull && b == -1) goto overflow;
+        r = a / b;
+        break;
+    case 5: // %
+        if (b == 0) {
+            scan_error(out, SCAN_ERR_DIV0);
+            return false;
+        }
+        r = b == -1 ? 0 : a % b;
+        break;
+    default:
+        scan_error(out, SCAN_ERR_PROGRAM);
+        return false;
+    }
+    if (!scan_fits(r, width, out)) return false;
+    *res = r;
+    return true;
+overflow:
+    scan_error(out, scan_width_err(width));
+    return false;
+}
+
+// One side of a comparison: *null set where it is NULL; false after recording an error.
+__device__ bool scan_eval(const ScanRow &row, const u64 *steps, u64 n, long long *val, bool *null, u64 *out) {
+    long long st[SCAN_DEPTH];
+    bool nl[SCAN_DEPTH];
+    int d = 0;
+    if (n > SCAN_MAX_STEPS) n = SCAN_MAX_STEPS;
+    for (u64 i = 0; i < n; i++) {
+        u64 w0 = steps[2 * i], w1 = steps[2 * i + 1];
+        u64 kind = w0 & 0xffull, op = (w0 >> 8) & 0xffull, width = (w0 >> 16) & 0xffull;
+        if (kind == 1ull || kind == 2ull) {
+            if (d >= SCAN_DEPTH) goto malformed;
+            if (kind == 1ull) {
+                u64 w;
+                nl[d] = !scan_col(row, w1, &w);
+                st[d] = (long long)w;
+            } else {
+                nl[d] = false;
+                st[d] = (long long)w1;
+            }
+            d++;
+        } else if (kind == 3ull) {
+            if (d < 2) goto malformed;
+            long long a = st[d - 2], b = st[d - 1];
+            bool n2 = nl[d - 2] || nl[d - 1];
+            d--;
+            nl[d - 1] = n2;
+            if (!n2 && !scan_apply(op, width, a, b, &st[d - 1], out)) return false;
+        } else if (kind == 4ull) {
+            if (d < 1) goto malformed;
+            if (!nl[d - 1]) {
+                long long v = st[d - 1];
+                if (v == (long long)0x8000000000000000ull) {
+                    scan_error(out, scan_width_err(width));
+                    return false;
+                }
+                if (!scan_fits(-v, width, out)) return false;
+                st[d - 1] = -v;
+            }
+        } else {
+            goto malformed;
+        }
+    }
+    if (d != 1) goto malformed;
+    *val = st[0];
+    *null = nl[0];
+    return true;
+malformed:
+    scan_error(out, SCAN_ERR_PROGRAM);
+    return false;
+}
+
+// Whether the row passes filter f (4 words); false with out[2] set after an error.
+__device__ bool scan_filter(const ScanRow &row, const u64 *f, const u8 *data, u64 data_bytes, const u64 *steps,
+                            u64 nsteps, u64 *out) {
+    u64 col = f[0] & 0xffffffffull, kind = (f[0] >> 32) & 0xffull;
+    u64 w;
+    if (kind == 3ull) return !scan_col(row, col, &w);
+    if (kind == 4ull) {
+        u64 at = f[1], nl = f[2] & 0xffffull, nr = (f[2] >> 16) & 0xffffull, cmp = (f[2] >> 32) & 0xffull;
+        if (at > nsteps || nl + nr > nsteps - at) {
+            scan_error(out, SCAN_ERR_PROGRAM);
+            return false;
+        }
+        long long a, b;
+        bool na, nb;
+        if (!scan_eval(row, steps + 2 * at, nl, &a, &na, out)) return false;
+        if (!scan_eval(row, steps + 2 * (at + nl), nr, &b, &nb, out)) return false;
+        if (na || nb) return false;
+        switch (cmp) {
+        case 0: return a < b;
+        case 1: return a <= b;
+        case 2: return a == b;
+        case 3: return a != b;
+        case 4: return a >= b;
+        case 5: return a > b;
+        default: scan_error(out, SCAN_ERR_PROGRAM); return false;
+        }
+    }
+    if (!scan_col(row, col, &w)) return false;
+    if (kind == 1ull) return (long long)f[1] <= (long long)w && (long long)w <= (long long)f[2];
+    if (kind == 2ull) {
+        u64 at = f[1], len = f[2];
+        if (at > data_bytes || len > data_bytes - at) return false;
+        return w / 8ull < len && ((data[at + w / 8ull] >> (w & 7ull)) & 1u) != 0;
+    }
+    scan_error(out, SCAN_ERR_PROGRAM);
+    return false;
+}
+
+// The next match of join j's key k after slot *i (first: from its home slot), at most
+// `bound` steps from home in all (*steps counts them); false where none is left. A walk that
+// reaches its bound without an empty slot counts in out[5].
+__device__ bool scan_match(const u64 *join, long long k, bool first, u64 *i, u64 *steps, u64 *out) {
+    const Slot *slots = (const Slot *)join[1];
+    u64 mask = join[2], bound = join[4];
+    u64 t = mix((u64)k ^ join[3]) | 1ull;
+    u64 at = first ? (t & mask) : ((*i + 1ull) & mask);
+    u64 s = first ? 0ull : *steps + 1ull;
+    for (; s < bound; s++) {
+        u64 st = slots[at].tag;
+        if (st == 0ull) return false;
+        if (st == t && slots[at].key == k) {
+            *i = at;
+            *steps = s;
+            return true;
+        }
+        at = (at + 1ull) & mask;
+    }
+    atomicAdd(&out[5], 1ull);
+    return false;
+}
+
+// Where `key` is in the group table (its slot's first word), claiming an empty slot for it in
+// the key pass; 0 where it is not (out[1] counts a refusal for want of room; out[0] a corrupted
+// table).
+__device__ u64 *scan_group(u64 *slots, u64 mask, u64 seed, u64 kw, u64 slot_words, const u64 *key, u64 *groups,
+                           u64 limit, u64 mode, const u64 *aggs, u64 naggs, u64 *out) {
+    u64 t = seed;
+    for (u64 k = 0; k < kw; k++) t = mix(t ^ key[k]);
+    t |= 1ull;
+    u64 i = t & mask;
+    for (u64 step = 0; step <= mask; step++) {
+        if (gave_up(&out[0], step)) return 0;
+        u64 *slot = slots + i * slot_words;
+        u64 st = vload(slot);
+        for (u64 spins = 0; st == SLOT_BUSY; spins++) {
+            if (spins == SPIN_LIMIT) {
+                atomicAdd(&out[0], 1ull);
+                return 0;
+            }
+            st = vload(slot);
+        }
+        if (st == t) {
+            bool same = true;
+            for (u64 k = 0; k < kw && same; k++) same = vload(slot + 1 + k) == key[k];
+            if (same) return slot;
+        } else if (st == 0ull) {
+            if (mode == SCAN_FOLD) {
+                atomicAdd(&out[0], 1ull); // the key pass put every key here
+                return 0;
+            }
+            // Claim the slot first, then count the group: counting first would let the
+            // threads racing to add one new key (thousands, on a table's first rows) push the
+            // count past the limit for a moment and refuse keys there was room for.
+            if (atomicCAS(slot, 0ull, SLOT_BUSY) == 0ull) {
+                if (atomicAdd(groups, 1ull) >= limit) {
+                    atomicAdd(groups, ~0ull);
+                    atomicExch(slot, 0ull); // the slot empty again, for whoever waits on it
+                    atomicAdd(&out[1], 1ull);
+                    return 0;
+                }
+                for (u64 k = 0; k < kw; k++) slot[1 + k] = key[k];
+                // min and max start from their identities (groups.rs, `prime`): a value
+                // folds in with one atomic whatever the order.
+                for (u64 a = 0; a < naggs; a++) {
+                    u64 kind = aggs[2 * a] & 0xffffull, *lo = slot + 1 + kw + 2 * a;
+                    if (kind == 4ull) *lo = 0x7fffffffffffffffull;
+                    else if (kind == 5ull) *lo = 0x8000000000000000ull;
+                    else if (kind == 7ull) *lo = 0x7ff8000000000000ull;  // NaN: above every number
+                    else if (kind == 8ull) *lo = 0xfff0000000000000ull;  // -Infinity
+                }
+                __threadfence();
+                atomicExch(slot, t);
+                return slot;
+            }
+            continue; // another thread took the slot: look at it again (i unchanged)
+        }
+        i = (i + 1ull) & mask;
+    }
+    atomicAdd(&out[0], 1ull);
+    return 0;
+}
+
+// PostgreSQL's order of floats: NaN above every number.
+__device__ __forceinline__ bool scan_float_less(double a, double b) {
+    if (isnan(a)) return false;
+    if (isnan(b)) return true;
+    return a < b;
+}
+
+// Folds one input (has: not NULL) into a state of kind `kind` (groups.rs, `fold`).
+__device__ void scan_fold(u64 kind, u64 *lo, u64 *hi, bool has, u64 v) {
+    if (kind == 1ull) {
+        atomicAdd(lo, 1ull);
+        return;
+    }
+    if (!has) return;
+    switch (kind) {
+    case 2ull: atomicAdd(lo, 1ull); break;
+    case 3ull: {
+        u64 old = atomicAdd(lo, v);
+        u64 carry = old + v < old ? 1ull : 0ull;
+        u64 h = (u64)((long long)v >> 63) + carry;
+        if (h != 0ull) atomicAdd(hi, h);
+        break;
+    }
+    case 4ull: atomicMin((long long *)lo, (long long)v); if (vload(hi) == 0ull) atomicExch(hi, 1ull); break;
+    case 5ull: atomicMax((long long *)lo, (long long)v); if (vload(hi) == 0ull) atomicExch(hi, 1ull); break;
+    case 6ull: {
+        double d = __longlong_as_double((long long)v);
+        double old = atomicAdd((double *)lo, d);
+        double s = old + d;
+        u64 flags = 1ull; // SEEN
+        if (isinf(s) && isfinite(old) && isfinite(d)) flags |= 2ull; // OVERFLOWED
+        if ((vload(hi) & flags) != flags) atomicOr(hi, flags);
+        break;
+    }
+    case 7ull:
+    case 8ull: {
+        double d = __longlong_as_double((long long)v);
+        // Each failed exchange means another thread moved the state past its value, so the
+        // loop ends within as many turns as the rows folding into this group.
+        u64 cur = vload(lo);
+        for (;;) {
+            double c = __longlong_as_double((long long)cur);
+            bool better = kind == 7ull ? scan_float_less(d, c) : scan_float_less(c, d);
+            if (!better) break;
+            u64 seen = atomicCAS(lo, cur, v);
+            if (seen == cur) break;
+            cur = seen;
+        }
+        if (vload(hi) == 0ull) atomicExch(hi, 1ull);
+        break;
+    }
+    default: break;
+    }
+}
+
+// Runs the program over `blocks` blocks of up to n rows (block b at base + b * stride, its count
+// in its header; rows of the first block below first_row skipped) in pass `mode` (above), into
+// the group table's slots (mask + 1 of slot_words words, at `slots`; `groups` its count of
+// groups, `limit` the most it may hold).
+extern "C" __global__ void uvm_scan_groups(const u64 *prog, const u8 *base, u64 n, u64 blocks, u64 stride,
+                                           u64 first_row, u64 *slots, u64 mask, u64 seed, u64 key_words,
+                                           u64 slot_words, u64 *groups, u64 limit, u64 mode, u64 *out) {
+    u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    u64 gstride = (u64)gridDim.x * blockDim.x;
+    u64 nfilters = prog[0], njoins = prog[1], nkeys = prog[2], naggs = prog[3];
+    u64 nsteps = prog[5], data_bytes = prog[6];
+    if (njoins > SCAN_MAX_JOINS || nkeys + 1ull != key_words || key_words > SCAN_MAX_KEY_WORDS ||
+        naggs > SCAN_MAX_AGGS) {
+        if (tid == 0) scan_error(out, SCAN_ERR_PROGRAM);
+        return;
+    }
+    const u64 *filters = prog + prog[8], *steps = prog + prog[9], *joins = prog + prog[10];
+    const u64 *keys = prog + prog[11], *aggs = prog + prog[12];
+    const u8 *data = (const u8 *)(prog + prog[13]);
+    ScanRow row;
+    row.prog = prog;
+    row.cols = prog + prog[7];
+    row.ncols = prog[4];
+    u64 folded = 0;
+    u64 total = n * blocks;
+    u64 seen = 0;
+    for (u64 g = tid; g < total; g += gstride, seen++) {
+        if ((seen & 63ull) == 0ull &&
+            (vload(&out[0]) | vload(&out[2]) | vload(&out[3]) | vload(&out[5]) | (mode == SCAN_KEYS ? vload(&out[1]) : 0ull)) != 0ull)
+            break;
+        u64 off, r;
+        if (!locate(g, n, stride, base, &out[3], &off, &r)) continue;
+        if (off == 0ull && r < first_row) continue;
+        row.block = base + off;
+        row.r = r;
+        // The filters: clauses of alternatives, in order, as scan::fold_row tests them.
+        bool clause = true, dropped = false;
+        for (u64 f = 0; f < nfilters; f++) {
+            const u64 *fw = filters + 4 * f;
+            if (((fw[0] >> 40) & 1ull) == 0ull) {
+                if (!clause) {
+                    dropped = true;
+                    break;
+                }
+                clause = false;
+            }
+            if (!clause) {
+                clause = scan_filter(row, fw, data, data_bytes, steps, nsteps, out);
+                if (vload(&out[2]) != 0ull) return;
+            }
+        }
+        if (dropped || !clause) continue;
+        // The joins' first matches (none: the row is dropped).
+        long long jk[SCAN_MAX_JOINS];
+        u64 first[SCAN_MAX_JOINS], fsteps[SCAN_MAX_JOINS], cur[SCAN_MAX_JOINS], csteps[SCAN_MAX_JOINS];
+        for (u64 j = 0; j < njoins && !dropped; j++) {
+            u64 w;
+            if (!scan_col(row, joins[5 * j], &w)) {
+                dropped = true;
+                break;
+            }
+            jk[j] = (long long)w;
+            if (!scan_match(joins + 5 * j, jk[j], true, &first[j], &fsteps[j], out)) dropped = true;
+            cur[j] = first[j];
+            csteps[j] = fsteps[j];
+        }
+        if (dropped) continue;
+        // The aggregates' inputs (the fold pass: their errors are those of rows that fold).
+        u64 in[SCAN_MAX_AGGS];
+        bool has[SCAN_MAX_AGGS];
+        if (mode == SCAN_FOLD) {
+            for (u64 a = 0; a < naggs; a++) {
+                u64 kind = (aggs[2 * a] >> 16) & 0xffffull;
+                u64 ca = aggs[2 * a + 1] & 0xffffffffull, cb = aggs[2 * a + 1] >> 32;
+                u64 x = 0, y = 0;
+                has[a] = false;
+                in[a] = 0;
+                if (kind == 1ull) {
+                    has[a] = scan_col(row, ca, &x);
+                    in[a] = x;
+                } else if (kind == 4ull) {
+                    has[a] = scan_col(row, ca, &x);
+                    in[a] = (u64)__double_as_longlong((double)__int_as_float((int)(unsigned int)x));
+                } else if (kind == 2ull || kind == 3ull) {
+                    bool hx = scan_col(row, ca, &x), hy = scan_col(row, cb, &y);
+                    if (hx && hy) {
+                        long long a8 = (long long)x, b8 = (long long)y, v;
+                        bool over;
+                        if (kind == 2ull) {
+                            v = (long long)(x - y);
+                            over = ((a8 ^ b8) & (a8 ^ v)) < 0;
+                        } else {
+                            v = (long long)(x * y);
+                            over = __mul64hi(a8, b8) != (v >> 63);
+                        }
+                        if (over) {
+                            scan_error(out, kind == 2ull ? SCAN_ERR_SUB : SCAN_ERR_MUL);
+                            return;
+                        }
+                        has[a] = true;
+                        in[a] = (u64)v;
+                    }
+                }
+            }
+        }
+        // Every combination of the joins' matches (an odometer over them).
+        for (;;) {
+            u64 key[SCAN_MAX_KEY_WORDS];
+            u64 nulls = 0;
+            for (u64 k = 0; k < nkeys; k++) {
+                u64 kind = keys[k] >> 32, idx = keys[k] & 0xffffffffull;
+                u64 w = 0;
+                if (kind == 2ull && idx < njoins) {
+                    const Slot *s = (const Slot *)joins[5 * idx + 1];
+                    w = (u64)s[cur[idx]].payload;
+                } else if (kind == 1ull) {
+                    if (!scan_col(row, idx, &w)) {
+                        nulls |= 1ull << k;
+                        w = 0;
+                    }
+                }
+                key[k] = w;
+            }
+            key[nkeys] = nulls;
+            u64 *slot = scan_group(slots, mask, seed, key_words, slot_words, key, groups, limit, mode, aggs, naggs, out);
+            if (slot == 0) break; // refused or corrupted: out says which
+            if (mode == SCAN_FOLD) {
+                for (u64 a = 0; a < naggs; a++) {
+                    u64 *lo = slot + 1 + key_words + 2 * a;
+                    scan_fold(aggs[2 * a] & 0xffffull, lo, lo + 1, has[a], in[a]);
+                }
+                folded++;
+            }
+            u64 j = 0;
+            for (; j < njoins; j++) {
+                if (scan_match(joins + 5 * j, jk[j], false, &cur[j], &csteps[j], out)) break;
+                cur[j] = first[j];
+                csteps[j] = fsteps[j];
+            }
+            if (j == njoins) break;
+        }
+    }
+    // (not warp_add: a thread that met an error has returned, and a shuffle needs every lane)
+    if (folded != 0ull) atomicAdd(&out[4], folded);
+}
+
+// The longest run of occupied slots of a GpuJoin table (mask + 1 slots), at most cap + 1, into
+// out[0] (atomicMax), and its empty slots into out[1]: a walk from any slot of a run reaches
+// an empty slot within the run's length, so the longest run bounds the scan's walks.
+extern "C" __global__ void uvm_longest_run(const Slot *slots, u64 mask, u64 cap, u64 *out) {
+    u64 empty = 0, longest = 0;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i <= mask; i += (u64)gridDim.x * blockDim.x) {
+        if (slots[i].tag == 0ull) {
+            empty++;
+            continue;
+        }
+        if (slots[(i - 1ull) & mask].tag != 0ull) continue; // not the start of a run
+        u64 len = 1;
+        while (len <= cap && slots[(i + len) & mask].tag != 0ull) len++;
+        if (len > longest) longest = len;
+    }
+    if (longest != 0ull) atomicMax(&out[0], longest);
+    warp_add(&out[1], empty);
+}

@@ -103,5 +103,30 @@ kernels! {
         );
         /// Zeroes `words` 8-byte words at `p`.
         uvm_zero => Zero(p: MutPtr<u64>, words: u64);
+        /// One pass (`mode`: 0 the keys, 1 the fold) of a scan program (`prog`, the words of
+        /// `crate::scan::gpu`) over `blocks` blocks of a column cache from `base`, `stride`
+        /// bytes apart, of up to `n` rows (the first block's rows below `first_row` skipped),
+        /// into a group table's `mask + 1` slots of `slot_words` words at `slots`, `groups` its
+        /// count of groups, at most `limit`; the outcome in `out[0..6]`.
+        uvm_scan_groups => ScanGroupsPass(
+            prog: Ptr<u64>,
+            base: Ptr<u8>,
+            n: u64,
+            blocks: u64,
+            stride: u64,
+            first_row: u64,
+            slots: MutPtr<u64>,
+            mask: u64,
+            seed: u64,
+            key_words: u64,
+            slot_words: u64,
+            groups: MutPtr<u64>,
+            limit: u64,
+            mode: u64,
+            out: MutPtr<u64>,
+        );
+        /// The longest run of occupied slots of a GpuJoin table's `mask + 1` slots (at most
+        /// `cap + 1`) into `out[0]`, its empty slots into `out[1]`.
+        uvm_longest_run => LongestRun(slots: Ptr<Slot>, mask: u64, cap: u64, out: MutPtr<u64>);
     }
 }

@@ -100,8 +100,7 @@
 //!   (a fact key's word as a datum, a dimension's value by its payload) then the aggregates,
 //!   and the node's target list (the query's expressions over them) is projected from it. The temporary segments are dropped
 //!   when read, and however the query ends (`super::cleanup`). Where the cache is not current,
-//!   or is dropped before the program pins it, or the engine runs no scan programs (the CUDA
-//!   engine until its kernels exist: 0A000), the node returns its first child's rows instead:
+//!   or is dropped before the program pins it, or the engine runs no scan programs (0A000), the node returns its first child's rows instead:
 //!   nothing was returned yet, so the fallback is whole.
 //!
 //! Results are PostgreSQL's: counts `int8`, `sum(int2/int4)` `int8` (past its range an ERROR
@@ -127,9 +126,6 @@
 //!   its distinct grouping values kept for the output: not bounded by `work_mem` yet. The
 //!   group table in its segment grows without limit but memory; the backend reads it back a
 //!   window at a time (a quarter of `work_mem`), and holds the appended rows' groups whole.
-//! - The CUDA engine answers `ScanGroups` with 0A000 until its kernels exist: the planner does
-//!   not offer the node where the cluster's provider is CUDA, and a plan made before the
-//!   provider was known runs its child.
 //!
 //! # Cost
 //!

@@ -421,11 +421,6 @@ pub(in crate::node) unsafe fn add_path(
 ) {
     // SAFETY: forwarded contract; every node is allocated in the planner's memory context.
     unsafe {
-        // The CUDA engine has no scan kernels yet (it answers 0A000): on a GPU cluster the node
-        // would always run its child, slower than PostgreSQL's own (maybe parallel) plan.
-        if crate::runtime::gpu_does_the_work() {
-            return;
-        }
         let subpath = (*input_rel).cheapest_total_path;
         if subpath.is_null() || extra.is_null() {
             return;

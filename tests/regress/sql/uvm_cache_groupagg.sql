@@ -312,7 +312,9 @@ SELECT pg_temp.ga('SELECT k, count(*), sum(v) FROM gd GROUP BY k');
 -- a rebuild whose estimate is low: the program's table grows
 SELECT uvm.cache_table('gd');
 SELECT pg_temp.ga('SELECT k, count(*), sum(v) FROM gd GROUP BY k');
-SELECT line FROM (SELECT trim(l) AS line FROM pg_temp.explain_lines('EXECUTE gq') l) x
+-- (how often depends on the engine: the CPU grows at a row, the kernels at a launch's rows)
+SELECT regexp_replace(line, '^Group Table Grown: [1-9][0-9]*$', 'Group Table Grown: yes') AS line
+  FROM (SELECT trim(l) AS line FROM pg_temp.explain_lines('EXECUTE gq') l) x
  WHERE line LIKE 'Group Table Grown:%' OR line LIKE 'Read From:%' OR line LIKE 'Appended Rows:%';
 UPDATE gd SET v = v + 1 WHERE k = 1;
 SELECT line FROM (SELECT trim(l) AS line FROM pg_temp.explain_lines('EXECUTE gq') l) x

@@ -1,8 +1,8 @@
 -- The Star Schema Benchmark's 13 queries over lineorder's column cache (issue 27) at scale
 -- factor 0.05: UvmGpuGroupAgg runs each star join with its filters, groups and aggregates as
 -- one scan program over the cache, each dimension's rows from its own plan; PostgreSQL's joins
--- and aggregates give the answer to compare (the node off). Not in the GPU suite's batteries
--- until the CUDA engine runs scan programs (the planner does not offer the node there).
+-- and aggregates give the answer to compare (the node off). The GPU suite runs it under the
+-- CUDA engine too (scripts/gpu-suite: the scan kernels give these same answers).
 CREATE EXTENSION IF NOT EXISTS pg_uvm_share;
 CREATE SCHEMA ssb;
 SET search_path = ssb, public;

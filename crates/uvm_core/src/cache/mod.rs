@@ -120,7 +120,7 @@ impl Encoding {
     }
 
     /// Whether the stored bits are a signed integer (sign-extended into a word).
-    fn signed(self) -> bool {
+    pub fn signed(self) -> bool {
         !matches!(self, Encoding::Bool | Encoding::Float4 | Encoding::Float8 | Encoding::DictCode)
     }
 

@@ -167,19 +167,23 @@ pub struct Whole {
     name: String,
     addr: u64,
     len: usize,
+    engine: Engine,
 }
 
 impl Whole {
-    fn of<E: Env>(pin: &Pin<E>) -> Result<Whole> {
+    /// The whole of the pinned segment `pin`, for `engine`: CPU-addressable bytes for the CPU,
+    /// device addresses for kernels.
+    fn of<E: Env>(pin: &Pin<E>, engine: Engine) -> Result<Whole> {
         let size = pin.info().size;
         let len = i64::try_from(size).map_err(|_| uvm_err!(Code::ProgramLimitExceeded, "a segment too large"))?;
-        let addr = pin.bytes(0, len)?.as_ptr() as u64;
-        Ok(Whole { name: pin.info().name.clone(), addr, len: size as usize })
+        let addr = engine_addr(pin, engine, 0, len)?;
+        Ok(Whole { name: pin.info().name.clone(), addr, len: size as usize, engine })
     }
 
     /// # Safety
-    /// The pin this came from is held.
+    /// The pin this came from is held, and this is the CPU's (`Engine::Cpu`).
     unsafe fn bytes(&self) -> &[u8] {
+        debug_assert_eq!(self.engine, Engine::Cpu);
         // SAFETY: [addr, addr + len) is the whole pinned, CPU-addressable segment (contract).
         unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
     }
@@ -188,18 +192,14 @@ impl Whole {
     /// As `bytes`, and no other view of the segment lives while this one does.
     #[allow(clippy::mut_from_ref)]
     unsafe fn bytes_mut(&self) -> &mut [u8] {
+        debug_assert_eq!(self.engine, Engine::Cpu);
         // SAFETY: as `bytes`; the caller keeps this view the only one (contract).
         unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len) }
     }
-}
 
-/// Refuses the CUDA engine for work that only the CPU does so far.
-fn cpu_only(engine: Engine, what: &str) -> Result<()> {
-    match engine {
-        Engine::Cpu => Ok(()),
-        Engine::Cuda => {
-            Err(uvm_err!(Code::FeatureNotSupported, "{what} run on the CPU engine only so far (their kernels are not built yet)"))
-        }
+    /// The segment as the kernels see it.
+    fn device(&self) -> crate::scan::gpu::DeviceSeg<'_> {
+        crate::scan::gpu::DeviceSeg { name: &self.name, addr: self.addr, len: self.len as u64 }
     }
 }
 
@@ -344,7 +344,6 @@ pub fn prepare<E: Env>(segs: &mut Segments<E>, call: &Call, io: &Io<'_>) -> Resu
             Work::CacheProbe { inner, key_type, source, key_col }
         }
         Call::ScanGroups(ops::ScanGroups { cache, groups, start_block, start_row }) => {
-            cpu_only(engine, "scan programs")?;
             let spec = super::scan::Spec::decode(io.input())?;
             let groups_pin = pin_ref(segs, &groups)?;
             let written = groups_pin.info().id;
@@ -359,25 +358,24 @@ pub fn prepare<E: Env>(segs: &mut Segments<E>, call: &Call, io: &Io<'_>) -> Resu
                         seg.name()
                     ));
                 }
-                let w = Whole::of(&pin)?;
+                let w = Whole::of(&pin, engine)?;
                 pin.count_read(w.len as u64);
                 pins.push(pin);
                 Ok(w)
             };
             let cache = read(&cache, &mut pins)?;
             let dims = spec.dims.iter().map(|d| read(d, &mut pins)).collect::<Result<Vec<_>>>()?;
-            let groups = Whole::of(&groups_pin)?;
+            let groups = Whole::of(&groups_pin, engine)?;
             groups_pin.count_written(groups.len as u64);
             pins.push(groups_pin);
             Work::ScanGroups { cache, groups, dims, spec, start: (start_block, start_row) }
         }
         Call::GroupsGrow(ops::GroupsGrow { from, to, slot_count }) => {
-            cpu_only(engine, "group tables")?;
             let (from_pin, to_pin) = (pin_ref(segs, &from)?, pin_ref(segs, &to)?);
             if from_pin.info().id == to_pin.info().id {
                 return Err(uvm_err!(Code::InvalidParameterValue, "a group table cannot grow into itself"));
             }
-            let (from, to) = (Whole::of(&from_pin)?, Whole::of(&to_pin)?);
+            let (from, to) = (Whole::of(&from_pin, engine)?, Whole::of(&to_pin, engine)?);
             to_pin.count_written(to.len as u64);
             pins.push(from_pin);
             pins.push(to_pin);
@@ -642,6 +640,21 @@ impl Work {
                 // SAFETY: as above.
                 done(&unsafe { super::cached::probe(inner, *key_type, source, *key_col) }?)
             }
+            Work::ScanGroups { cache, groups, dims, spec, start } if cache.engine == Engine::Cuda => {
+                let program = crate::scan::gpu::DeviceProgram {
+                    filters: &spec.filters,
+                    joins: spec.joins.iter().map(|&(col, d)| (col, dims[d].device())).collect(),
+                    keys: &spec.keys,
+                    aggs: &spec.aggs,
+                };
+                // SAFETY: the job's pins hold every segment (contract), each `Whole` its whole
+                // range as device addresses; the group table is none of the segments read
+                // (prepare).
+                let progress = crate::gpu::gpu()?.with_kernels(|k| unsafe {
+                    crate::scan::gpu::run(k, &program, &cache.device(), &groups.device(), *start)
+                })?;
+                done(&scanned(progress))
+            }
             Work::ScanGroups { cache, groups, dims, spec, start } => {
                 // SAFETY: the job's pins hold every segment (contract); the group table is none
                 // of the segments read (prepare), so its mutable view is the only one.
@@ -666,13 +679,43 @@ impl Work {
                     aggs: spec.aggs.clone(),
                 };
                 let mut g = crate::groups::Table::parse(&groups.name, groups_bytes)?;
-                let reply = match crate::scan::run(&program, &layout, cache_bytes, &mut g, *start)? {
-                    crate::scan::Progress::Done => ops::ScannedGroups { full: 0, _pad: 0, block: 0, row: 0, slots: 0 },
-                    crate::scan::Progress::Full { block, row, slots } => {
-                        ops::ScannedGroups { full: 1, _pad: 0, block, row, slots }
-                    }
+                done(&scanned(crate::scan::run(&program, &layout, cache_bytes, &mut g, *start)?))
+            }
+            Work::GroupsGrow { from, to, slot_count } if from.engine == Engine::Cuda => {
+                // The groups move on the CPU, through copies (a table is a few bytes a group):
+                // the old table read back, grown here, primed for the kernels (`prime`), and
+                // written to the new segment.
+                let (fdev, tdev) = (from.device(), to.device());
+                crate::gpu::gpu()?;
+                let mut prefix = vec![0u8; crate::groups::Head::PREFIX_BYTES.min(fdev.len) as usize];
+                // SAFETY: inside the pinned `from` (the min with its size); `prefix` is ours.
+                unsafe { crate::gpu::copy(prefix.as_mut_ptr() as u64, fdev.addr, prefix.len()) }?;
+                let head = crate::groups::Head::parse(&from.name, &prefix, fdev.len)?;
+                let shape = crate::groups::Shape {
+                    key_words: head.header().key_words,
+                    aggs: head.aggs().to_vec(),
+                    slot_count: head.header().slot_count,
                 };
-                done(&reply)
+                let mut old = vec![0u8; shape.bytes() as usize];
+                // SAFETY: Head::parse checked that the table's bytes lie inside the segment.
+                unsafe { crate::gpu::copy(old.as_mut_ptr() as u64, fdev.addr, old.len()) }?;
+                let bigger = shape.with_slots(*slot_count).bytes();
+                if bigger > tdev.len {
+                    return Err(uvm_err!(
+                        Code::InvalidParameterValue,
+                        "a group table of {slot_count} slots needs {bigger} bytes, segment \"{}\" has {}",
+                        to.name,
+                        tdev.len
+                    ));
+                }
+                let mut new = vec![0u8; bigger as usize];
+                let mut from_table = crate::groups::Table::parse(&from.name, &mut old)?;
+                crate::groups::grow(&mut from_table, &mut new, *slot_count)?;
+                let moved = from_table.header().groups;
+                crate::groups::Table::parse(&to.name, &mut new)?.prime()?;
+                // SAFETY: `new` fits the pinned `to` (checked above).
+                unsafe { crate::gpu::copy(tdev.addr, new.as_ptr() as u64, new.len()) }?;
+                done(&ops::GroupsGrown { groups: moved })
             }
             Work::GroupsGrow { from, to, slot_count } => {
                 // SAFETY: the job's pins hold both (contract), two different segments (prepare).
@@ -713,6 +756,14 @@ impl Work {
                 done(&ops::GpuMemory { free, total })
             }
         }
+    }
+}
+
+/// A scan's reply.
+fn scanned(p: crate::scan::Progress) -> ops::ScannedGroups {
+    match p {
+        crate::scan::Progress::Done => ops::ScannedGroups { full: 0, _pad: 0, block: 0, row: 0, slots: 0 },
+        crate::scan::Progress::Full { block, row, slots } => ops::ScannedGroups { full: 1, _pad: 0, block, row, slots },
     }
 }
 

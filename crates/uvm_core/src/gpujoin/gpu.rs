@@ -76,7 +76,7 @@ impl DeviceColumn {
 }
 
 /// The ERROR of a kernel that found a block counting more rows than a block holds.
-fn overcounted_block() -> UvmError {
+pub fn overcounted_block() -> UvmError {
     UvmError::new(Code::InvalidParameterValue, "a block of a column cache says it holds more rows than its blocks hold")
         .hint("The segment was overwritten; drop the cache and build it again.")
 }

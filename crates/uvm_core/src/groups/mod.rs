@@ -424,6 +424,33 @@ impl<'a> Table<'a> {
         Ok(out)
     }
 
+    /// Gives every `min`/`max` state that has seen no value its identity as `lo` (the largest
+    /// integer, the smallest, NaN, -Infinity), which the scan kernels fold into with one atomic
+    /// (`scan::gpu`; they write the identities into the slots they claim). A state that has
+    /// seen no value is read by its `hi` alone, so the CPU's reading does not change.
+    pub fn prime(&mut self) -> Result<()> {
+        let kw = self.h.key_words as usize;
+        for i in 0..self.h.slot_count {
+            if i % 1024 == 1023 {
+                self.count_steps(1024)?;
+            }
+            let at = self.slot_at(i);
+            if word(self.bytes, at) == 0 {
+                continue;
+            }
+            for (a, kind) in self.aggs.iter().enumerate() {
+                let s = at + 8 * (1 + kw) + 16 * a;
+                if word(self.bytes, s + 8) != 0 {
+                    continue;
+                }
+                if let Some(identity) = identity(*kind) {
+                    set_word(self.bytes, s, identity);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Folds `states` (another table's, of the same aggregates) into `key`'s group.
     fn combine(&mut self, key: &[u64], states: &[(u64, u64)]) -> Result<Update> {
         let slot = match self.slot_of(key)? {
@@ -438,6 +465,17 @@ impl<'a> Table<'a> {
             set_word(self.bytes, at + 8, hi);
         }
         Ok(Update::Done)
+    }
+}
+
+/// The `lo` a `min`/`max` state starts from in the kernels (none for the other kinds).
+pub fn identity(kind: AggKind) -> Option<u64> {
+    match kind {
+        AggKind::MinInt => Some(i64::MAX as u64),
+        AggKind::MaxInt => Some(i64::MIN as u64),
+        AggKind::MinFloat => Some(f64::NAN.to_bits()),
+        AggKind::MaxFloat => Some(f64::NEG_INFINITY.to_bits()),
+        _ => None,
     }
 }
 

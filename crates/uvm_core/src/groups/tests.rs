@@ -214,3 +214,43 @@ fn a_table_read_a_window_of_slots_at_a_time_has_its_groups_and_states_combine() 
     }
     assert_eq!(parts, want);
 }
+
+/// `prime` gives unseen `min`/`max` states the kernels' identities, and the CPU still reads them
+/// as unseen; a state that has seen a value keeps it; folding a value into an identity gives
+/// what folding it into an empty state gives.
+#[test]
+fn prime_gives_unseen_min_max_their_identities() {
+    let kinds = [AggKind::MinInt, AggKind::MaxInt, AggKind::MinFloat, AggKind::MaxFloat, AggKind::CountStar];
+    let shape = Shape { key_words: 1, aggs: kinds.to_vec(), slot_count: 16 };
+    let mut bytes = vec![0u8; shape.bytes() as usize];
+    init(&mut bytes, &shape, 7).unwrap();
+    let mut t = Table::parse("g", &mut bytes).unwrap();
+    assert_eq!(t.update(&[1], &[None, None, None, None, None]).unwrap(), Update::Done);
+    let seen = [Some(5u64), Some(-3i64 as u64), Some(2.5f64.to_bits()), Some(f64::NAN.to_bits()), None];
+    assert_eq!(t.update(&[2], &seen).unwrap(), Update::Done);
+    t.prime().unwrap();
+    let mut groups = t.groups().unwrap();
+    groups.sort();
+    let (unseen, kept) = (&groups[0].1, &groups[1].1);
+    let identities: Vec<Option<u64>> = kinds.iter().map(|k| identity(*k)).collect();
+    for (a, id) in identities.iter().enumerate() {
+        assert_eq!(unseen[a], (id.unwrap_or(if a == 4 { 1 } else { 0 }), 0), "aggregate {a}");
+        assert_eq!(unseen[a].1, 0, "still unseen");
+    }
+    assert_eq!(kept[0], (5, 1));
+    assert_eq!(kept[1], (-3i64 as u64, 1));
+    assert_eq!(kept[2], (2.5f64.to_bits(), 1));
+    assert!(f64::from_bits(kept[3].0).is_nan());
+    // The identities are what the kernels' one-atomic folds assume: min(identity, v) = v.
+    for v in [i64::MIN, -1, 0, 1, i64::MAX] {
+        assert_eq!((identity(AggKind::MinInt).unwrap() as i64).min(v), v);
+        assert_eq!((identity(AggKind::MaxInt).unwrap() as i64).max(v), v);
+    }
+    for v in [f64::NEG_INFINITY, -1.0, -0.0, 0.0, 1.0, f64::INFINITY, f64::NAN] {
+        let (lo_min, lo_max) = (f64::from_bits(identity(AggKind::MinFloat).unwrap()), f64::from_bits(identity(AggKind::MaxFloat).unwrap()));
+        // PostgreSQL's order: NaN above every number.
+        let below = |a: f64, b: f64| !a.is_nan() && (b.is_nan() || a < b);
+        assert!(v.is_nan() || below(v, lo_min), "{v} below the min identity");
+        assert!(v == f64::NEG_INFINITY || below(lo_max, v), "{v} above the max identity");
+    }
+}

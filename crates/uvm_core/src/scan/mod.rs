@@ -40,6 +40,9 @@
 //! twice or lost.
 
 pub mod expr;
+// kernel launches over pinned segments' device addresses, and copies from them.
+#[allow(unsafe_code)]
+pub mod gpu;
 #[cfg(test)]
 mod tests;
 
@@ -142,51 +145,63 @@ impl Program<'_> {
     }
 
     fn check(&self, layout: &Layout) -> Result<()> {
-        let cols = layout.columns().len();
-        let col_ok = |c: usize| c < cols;
-        if self.filters.first().is_some_and(|f| f.or) {
-            return Err(bad("the first filter is an alternative of none".into()));
-        }
-        for f in &self.filters {
-            if !col_ok(f.col) {
-                return Err(bad(format!("a filter on column {} of a cache of {cols}", f.col)));
-            }
-            if let Test::Compare(c) = &f.test {
-                c.check()?;
-                if let Some(x) = c.columns().find(|&x| !col_ok(x)) {
-                    return Err(bad(format!("a comparison of column {x} of a cache of {cols}")));
-                }
-            }
-        }
-        for j in &self.joins {
-            if !col_ok(j.col) {
-                return Err(bad(format!("a join on column {} of a cache of {cols}", j.col)));
-            }
-        }
-        for s in &self.keys {
-            match *s {
-                Source::Col(c) if !col_ok(c) => return Err(bad(format!("a group key from column {c} of a cache of {cols}"))),
-                Source::Payload(j) if j >= self.joins.len() => {
-                    return Err(bad(format!("a group key from join {j} of {}", self.joins.len())))
-                }
-                _ => {}
-            }
-        }
-        for (_, i) in &self.aggs {
-            let used = match *i {
-                Input::Star => vec![],
-                Input::Col(c) | Input::Float4(c) => vec![c],
-                Input::Sub(a, b) | Input::Mul(a, b) => vec![a, b],
-            };
-            if let Some(c) = used.into_iter().find(|&c| !col_ok(c)) {
-                return Err(bad(format!("an aggregate of column {c} of a cache of {cols}")));
-            }
-        }
-        if self.keys.len() >= 64 {
-            return Err(bad(format!("{} group keys: at most 63", self.keys.len())));
-        }
-        Ok(())
+        let join_cols: Vec<usize> = self.joins.iter().map(|j| j.col).collect();
+        check_parts(layout, &self.filters, &join_cols, &self.keys, &self.aggs)
     }
+}
+
+/// Checks a program's parts against the cache `layout` (every column one of its columns, every
+/// payload key one of the joins', at most 63 keys): 22023 otherwise. The CPU's [`run`] and
+/// the kernels' host side ([`gpu`]) both check this way before reading a row.
+pub fn check_parts(
+    layout: &Layout,
+    filters: &[Filter],
+    join_cols: &[usize],
+    keys: &[Source],
+    aggs: &[(AggKind, Input)],
+) -> Result<()> {
+    let cols = layout.columns().len();
+    let col_ok = |c: usize| c < cols;
+    if filters.first().is_some_and(|f| f.or) {
+        return Err(bad("the first filter is an alternative of none".into()));
+    }
+    for f in filters {
+        if !col_ok(f.col) {
+            return Err(bad(format!("a filter on column {} of a cache of {cols}", f.col)));
+        }
+        if let Test::Compare(c) = &f.test {
+            c.check()?;
+            if let Some(x) = c.columns().find(|&x| !col_ok(x)) {
+                return Err(bad(format!("a comparison of column {x} of a cache of {cols}")));
+            }
+        }
+    }
+    if let Some(&c) = join_cols.iter().find(|&&c| !col_ok(c)) {
+        return Err(bad(format!("a join on column {c} of a cache of {cols}")));
+    }
+    for s in keys {
+        match *s {
+            Source::Col(c) if !col_ok(c) => return Err(bad(format!("a group key from column {c} of a cache of {cols}"))),
+            Source::Payload(j) if j >= join_cols.len() => {
+                return Err(bad(format!("a group key from join {j} of {}", join_cols.len())))
+            }
+            _ => {}
+        }
+    }
+    for (_, i) in aggs {
+        let used = match *i {
+            Input::Star => vec![],
+            Input::Col(c) | Input::Float4(c) => vec![c],
+            Input::Sub(a, b) | Input::Mul(a, b) => vec![a, b],
+        };
+        if let Some(c) = used.into_iter().find(|&c| !col_ok(c)) {
+            return Err(bad(format!("an aggregate of column {c} of a cache of {cols}")));
+        }
+    }
+    if keys.len() >= 64 {
+        return Err(bad(format!("{} group keys: at most 63", keys.len())));
+    }
+    Ok(())
 }
 
 /// The word of column `col` at row `r` of a block holding `rows` rows, `None` for NULL.
