@@ -25,27 +25,16 @@
 -- the exact draw of each value.
 --
 -- Memory and time: SF 10 is about 60 M lineorder rows, 6 GB of heap; the INSERT runs in one
--- backend.
+-- backend here (225 s on the H200 machine), in one per CPU under bench/ssb/run.
 
 \set ON_ERROR_STOP on
 SET client_min_messages = warning;
 
 DROP TABLE IF EXISTS lineorder, customer, supplier, part, date, nation_list;
 
--- A pseudo-random integer in [0, n) for (seed, i): the same for the same arguments everywhere
--- (n well under 2^32, so the modulo's bias is below 0.1 %).
-CREATE FUNCTION pg_temp.ssb_draw(seed bigint, i bigint, n bigint) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS
-$$ SELECT (hashint8(i * 1000003 + seed)::bigint + 2147483648) % n $$;
-
--- The row counts (below 1, the specification defines no scale: every table but date scales
--- down linearly, at least one row).
-SELECT greatest(1, (30000 * :sf)::int) AS customers,
-       greatest(1, (2000 * :sf)::int) AS suppliers,
-       CASE WHEN :sf >= 1 THEN (200000 * floor(1 + log(2, (:sf)::numeric)))::int
-            ELSE greatest(1, (200000 * :sf)::int) END AS parts,
-       greatest(1, (1500000 * :sf)::bigint) AS orders
-\gset
+-- The draws and the row counts (common.sql: lineorder.sql, which loads lineorder's rows, needs
+-- them too).
+\ir common.sql
 
 CREATE TABLE nation_list (n int PRIMARY KEY, name text, region text);
 INSERT INTO nation_list VALUES
@@ -185,23 +174,14 @@ CREATE TABLE lineorder (
   lo_commitdate int NOT NULL,
   lo_shipmode text NOT NULL
 );
-INSERT INTO lineorder
-SELECT o, l, cust, part, 1 + pg_temp.ssb_draw(43, o * 8 + l, :suppliers),
-       to_char(odate, 'YYYYMMDD')::int,
-       (ARRAY['1-URGENT', '2-HIGH', '3-MEDIUM', '4-NOT SPECI', '5-LOW'])[1 + pg_temp.ssb_draw(34, o, 5)],
-       0, qty, qty * price, qty * price * lines, disc, qty * price * (100 - disc) / 100,
-       price * 6 / 10, pg_temp.ssb_draw(46, o * 8 + l, 9),
-       to_char(odate + (30 + pg_temp.ssb_draw(47, o * 8 + l, 61))::int, 'YYYYMMDD')::int,
-       (ARRAY['REG AIR', 'AIR', 'RAIL', 'SHIP', 'TRUCK', 'MAIL', 'FOB'])[1 + pg_temp.ssb_draw(48, o * 8 + l, 7)]
-FROM generate_series(1, :orders) o,
-     LATERAL (SELECT 1 + pg_temp.ssb_draw(31, o, 7) AS lines,
-                     1 + pg_temp.ssb_draw(32, o, :customers) AS cust,
-                     date '1992-01-01' + pg_temp.ssb_draw(33, o, 2556 - 151)::int AS odate) ord,
-     LATERAL generate_series(1, ord.lines) l,
-     LATERAL (SELECT 1 + pg_temp.ssb_draw(41, o * 8 + l, :parts) AS part,
-                     1 + pg_temp.ssb_draw(44, o * 8 + l, 50) AS qty,
-                     pg_temp.ssb_draw(45, o * 8 + l, 11) AS disc) li,
-     LATERAL (SELECT 90000 + (li.part / 10) % 20001 + 100 * (li.part % 1000) AS price) pr;
+-- Its rows: all of them here, unless the caller loads them itself in several sessions at once
+-- (bench/ssb/run, with -v lineorder_apart=1: lineorder.sql per range of orders).
+\if :{?lineorder_apart}
+\else
+\set o_lo 1
+\set o_hi :orders
+\ir lineorder.sql
+\endif
 
 DROP TABLE nation_list;
 ANALYZE lineorder, customer, supplier, part, date;

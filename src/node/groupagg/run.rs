@@ -59,6 +59,12 @@ struct Stats {
     groups: u64,
     grown: u32,
     appended: u64,
+    /// Draining the dimensions' plans and building their join tables.
+    dims: std::time::Duration,
+    /// The scan requests, round trips included, and of that the scanning itself (kernels or
+    /// the CPU's loop).
+    scan: std::time::Duration,
+    scanning: std::time::Duration,
 }
 
 /// The strings of a text grouping column of the fact: per dictionary code in the groups, its
@@ -137,11 +143,13 @@ impl GpuGroupAggScan {
         self.drained.clear();
         // SAFETY: the node's context, made in begin.
         unsafe { pg_sys::MemoryContextReset(self.values_cxt) };
+        let t = std::time::Instant::now();
         for j in 0..self.dims.len() {
             // SAFETY: the dimension's plan, initialized in begin.
             let d = unsafe { self.drain(j) }.unwrap_or_else(|e| report(e));
             self.drained.push(d);
         }
+        let dims_time = t.elapsed();
         let empty = self.drained.iter().any(|d| d.table.is_none());
         let dim_tables: Vec<SegRef> = self.drained.iter().filter_map(|d| d.table).collect();
         let keys: Vec<Source> =
@@ -220,7 +228,11 @@ impl GpuGroupAggScan {
             drop(init);
             let mut start = (0, 0);
             loop {
-                match try_executor(|ex| exec::scan_groups(ex, &u.seg, &seg, &spec, start))? {
+                let t = std::time::Instant::now();
+                let (progress, scanning) = try_executor(|ex| exec::scan_groups(ex, &u.seg, &seg, &spec, start))?;
+                stats.scan += t.elapsed();
+                stats.scanning += scanning;
+                match progress {
                     Progress::Done => break,
                     Progress::Full { block, row, slots } => {
                         let next = create(&shape.with_slots(slots))?;
@@ -233,7 +245,7 @@ impl GpuGroupAggScan {
             }
             Ok(seg)
         };
-        self.stats = Stats::default();
+        self.stats = Stats { dims: dims_time, ..Stats::default() };
         let seg = match run(&mut shape, &mut self.stats) {
             Ok(x) => x,
             // A cache dropped before the program pinned it (a rebuild, cache_drop); an engine
@@ -945,6 +957,14 @@ impl JoinScan for GpuGroupAggScan {
                         }
                         if self.stats.grown > 0 {
                             int(c"Group Table Grown", u64::from(self.stats.grown));
+                        }
+                        if (*es).timing {
+                            let ms = |label: &CStr, d: std::time::Duration| {
+                                pg_sys::ExplainPropertyFloat(label.as_ptr(), c"ms".as_ptr(), d.as_secs_f64() * 1e3, 3, es)
+                            };
+                            ms(c"Dimensions Time", self.stats.dims);
+                            ms(c"Scan Time", self.stats.scan);
+                            ms(c"Scanning Time", self.stats.scanning);
                         }
                     }
                     Some(ReadFrom::Child(why)) => prop(c"Read From", &format!("child: {why}")),

@@ -650,10 +650,11 @@ impl Work {
                 // SAFETY: the job's pins hold every segment (contract), each `Whole` its whole
                 // range as device addresses; the group table is none of the segments read
                 // (prepare).
+                let mut scan_ns = 0;
                 let progress = crate::gpu::gpu()?.with_kernels(|k| unsafe {
-                    crate::scan::gpu::run(k, &program, &cache.device(), &groups.device(), *start)
+                    crate::scan::gpu::run(k, &program, &cache.device(), &groups.device(), *start, &mut scan_ns)
                 })?;
-                done(&scanned(progress))
+                done(&scanned(progress, scan_ns))
             }
             Work::ScanGroups { cache, groups, dims, spec, start } => {
                 // SAFETY: the job's pins hold every segment (contract); the group table is none
@@ -679,7 +680,9 @@ impl Work {
                     aggs: spec.aggs.clone(),
                 };
                 let mut g = crate::groups::Table::parse(&groups.name, groups_bytes)?;
-                done(&scanned(crate::scan::run(&program, &layout, cache_bytes, &mut g, *start)?))
+                let t = std::time::Instant::now();
+                let progress = crate::scan::run(&program, &layout, cache_bytes, &mut g, *start)?;
+                done(&scanned(progress, t.elapsed().as_nanos() as u64))
             }
             Work::GroupsGrow { from, to, slot_count } if from.engine == Engine::Cuda => {
                 // The groups move on the CPU, through copies (a table is a few bytes a group):
@@ -760,10 +763,10 @@ impl Work {
 }
 
 /// A scan's reply.
-fn scanned(p: crate::scan::Progress) -> ops::ScannedGroups {
+fn scanned(p: crate::scan::Progress, scan_ns: u64) -> ops::ScannedGroups {
     match p {
-        crate::scan::Progress::Done => ops::ScannedGroups { full: 0, _pad: 0, block: 0, row: 0, slots: 0 },
-        crate::scan::Progress::Full { block, row, slots } => ops::ScannedGroups { full: 1, _pad: 0, block, row, slots },
+        crate::scan::Progress::Done => ops::ScannedGroups { full: 0, _pad: 0, block: 0, row: 0, slots: 0, scan_ns },
+        crate::scan::Progress::Full { block, row, slots } => ops::ScannedGroups { full: 1, _pad: 0, block, row, slots, scan_ns },
     }
 }
 

@@ -493,14 +493,14 @@ pub fn cache_probe(
 /// Runs the scan program `spec` over the column cache `cache`, folding into the group table
 /// `groups` (formatted by `groups::init`, or grown by [`groups_grow`]) from row `start.1` of
 /// block `start.0` (see `ops::ScanGroups`): where the table is full, the row to resume at and
-/// the slots it needs.
+/// the slots it needs; and the time the scanning itself took (`ops::ScannedGroups`).
 pub fn scan_groups(
     ex: &mut dyn Executor,
     cache: &SegRef,
     groups: &SegRef,
     spec: &scan::Spec,
     start: (u64, u64),
-) -> Result<crate::scan::Progress> {
+) -> Result<(crate::scan::Progress, std::time::Duration)> {
     let bytes = spec.encode()?;
     if bytes.len() > ex.max_io() {
         return Err(UvmError::new(
@@ -510,11 +510,12 @@ pub fn scan_groups(
     }
     let o = ops::ScanGroups { cache: *cache, groups: *groups, start_block: start.0, start_row: start.1 };
     let (r, _) = call(ex, &o, Io::In(&bytes))?;
-    Ok(if r.full == 0 {
+    let progress = if r.full == 0 {
         crate::scan::Progress::Done
     } else {
         crate::scan::Progress::Full { block: r.block, row: r.row, slots: r.slots }
-    })
+    };
+    Ok((progress, std::time::Duration::from_nanos(r.scan_ns)))
 }
 
 /// Moves the groups of the group table `from` into `to` (a segment of at least the bytes of a

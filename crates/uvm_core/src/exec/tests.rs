@@ -418,7 +418,7 @@ fn scan_programs_run_as_requests_and_grow_their_group_table() {
     write(&mut ex, &cur, 0, &init).unwrap();
     let (mut start, mut grown, mut slot_count) = ((0, 0), 0, 16);
     loop {
-        match scan_groups(&mut ex, &cache, &cur, &spec, start).unwrap() {
+        match scan_groups(&mut ex, &cache, &cur, &spec, start).unwrap().0 {
             Progress::Done => break,
             Progress::Full { block, row, slots } => {
                 grown += 1;

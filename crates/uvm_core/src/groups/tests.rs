@@ -247,7 +247,8 @@ fn prime_gives_unseen_min_max_their_identities() {
         assert_eq!((identity(AggKind::MaxInt).unwrap() as i64).max(v), v);
     }
     for v in [f64::NEG_INFINITY, -1.0, -0.0, 0.0, 1.0, f64::INFINITY, f64::NAN] {
-        let (lo_min, lo_max) = (f64::from_bits(identity(AggKind::MinFloat).unwrap()), f64::from_bits(identity(AggKind::MaxFloat).unwrap()));
+        let (lo_min, lo_max) =
+            (f64::from_bits(identity(AggKind::MinFloat).unwrap()), f64::from_bits(identity(AggKind::MaxFloat).unwrap()));
         // PostgreSQL's order: NaN above every number.
         let below = |a: f64, b: f64| !a.is_nan() && (b.is_nan() || a < b);
         assert!(v.is_nan() || below(v, lo_min), "{v} below the min identity");

@@ -260,6 +260,8 @@ fn outcome(out: &[u64; 6], groups_name: &str) -> Result<()> {
 /// folding into the group table `groups` (as `super::run` does on the CPU; see the module's
 /// essay for how a full table resumes).
 ///
+/// Adds the nanoseconds of the scan's launches to `*launch_ns`.
+///
 /// # Safety
 /// Every segment (the cache, the group table, each dimension table) is pinned and mapped for
 /// the call, `addr` and `len` its whole range in device-accessible memory; the group table is
@@ -270,6 +272,7 @@ pub unsafe fn run(
     cache: &DeviceSeg<'_>,
     groups: &DeviceSeg<'_>,
     start: (u64, u64),
+    launch_ns: &mut u64,
 ) -> Result<Progress> {
     // SAFETY: forwarded contract.
     let layout = unsafe { layout(cache) }?;
@@ -287,7 +290,10 @@ pub unsafe fn run(
     let h = *head.header();
     let kinds: Vec<AggKind> = p.aggs.iter().map(|a| a.0).collect();
     if u64::from(h.key_words) != p.keys.len() as u64 + 1 || head.aggs() != kinds.as_slice() {
-        return Err(UvmError::new(Code::InvalidParameterValue, "the group table does not have the program's keys and aggregates"));
+        return Err(UvmError::new(
+            Code::InvalidParameterValue,
+            "the group table does not have the program's keys and aggregates",
+        ));
     }
     // SAFETY: forwarded contract.
     let dims = p.joins.iter().map(|(_, d)| unsafe { dimension(k, d) }).collect::<Result<Vec<_>>>()?;
@@ -329,7 +335,9 @@ pub unsafe fn run(
             // its longest run plus one), and reads and writes the group table's slots and its
             // count (Head::parse bounded the slot_count slots inside the segment; every walk at
             // most slot_count slots) and 6 words of our result buffer.
+            let t = std::time::Instant::now();
             unsafe { k.launch(k.segment().uvm_scan_groups(), params) }?;
+            *launch_ns += t.elapsed().as_nanos() as u64;
             let mut out = [0u64; 6];
             k.result().read(&mut out)?;
             outcome(&out, groups.name)?;
