@@ -27,8 +27,9 @@
 //!
 //! # Where it runs
 //!
-//! The CPU engine runs `scan::run` over the pinned segments' bytes. The kernels are the next
-//! step; under the CUDA engine the request is refused (0A000) until they exist.
+//! The CPU engine runs `scan::run` over the pinned segments' bytes; the CUDA engine runs the
+//! kernels (`scan::gpu`: a key pass and a fold pass per launch, so a full table answers
+//! `Full` at a launch's first row).
 
 use zerocopy::{FromBytes, IntoBytes};
 
