@@ -647,10 +647,10 @@ impl Work {
                     keys: &spec.keys,
                     aggs: &spec.aggs,
                 };
+                let mut scan_ns = 0;
                 // SAFETY: the job's pins hold every segment (contract), each `Whole` its whole
                 // range as device addresses; the group table is none of the segments read
                 // (prepare).
-                let mut scan_ns = 0;
                 let progress = crate::gpu::gpu()?.with_kernels(|k| unsafe {
                     crate::scan::gpu::run(k, &program, &cache.device(), &groups.device(), *start, &mut scan_ns)
                 })?;

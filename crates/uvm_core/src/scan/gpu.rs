@@ -329,13 +329,13 @@ pub unsafe fn run(
         for mode in [0, 1] {
             params.mode = mode;
             k.result().set_bytes(0, 48)?;
+            let t = std::time::Instant::now();
             // SAFETY: the kernel reads the program's words (staged above: nothing else stages
             // during the call), the launch's blocks (inside the cache: Layout::parse bounded
             // them), each dimension table's slots (parse_header bounded them; every walk at most
             // its longest run plus one), and reads and writes the group table's slots and its
             // count (Head::parse bounded the slot_count slots inside the segment; every walk at
             // most slot_count slots) and 6 words of our result buffer.
-            let t = std::time::Instant::now();
             unsafe { k.launch(k.segment().uvm_scan_groups(), params) }?;
             *launch_ns += t.elapsed().as_nanos() as u64;
             let mut out = [0u64; 6];
@@ -355,4 +355,62 @@ pub unsafe fn run(
         first += count;
     }
     Ok(Progress::Done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::{ColumnSpec, Encoding};
+    use crate::scan::expr::{Cmp, Compare, Op, Width};
+
+    /// The words a program becomes are the layout `segment.cu` reads: counts, then offsets that
+    /// tile the words in order, each part as documented there.
+    #[test]
+    fn program_words_are_the_kernels_layout() {
+        let spec = |encoding| ColumnSpec { encoding, attnum: 1, scale: 0 };
+        let layout = Layout::plan(1, &[spec(Encoding::Int4), spec(Encoding::Int8), spec(Encoding::DictCode)], 1024).unwrap();
+        let cmp = Compare {
+            lhs: vec![Step::Col(0), Step::Const(5), Step::Bin(Op::Add, Width::Int4)],
+            cmp: Cmp::Lt,
+            rhs: vec![Step::Col(1)],
+        };
+        let filters = vec![
+            Filter::and(0, Test::Range { lo: -3, hi: 9 }),
+            Filter::and(2, Test::Codes(vec![0b101, 0, 0x80])),
+            Filter::or(2, Test::Null),
+            Filter::and(0, Test::Compare(cmp)),
+        ];
+        let keys = [Source::Col(2), Source::Payload(0)];
+        let aggs =
+            [(AggKind::CountStar, Input::Star), (AggKind::SumInt, Input::Mul(0, 1)), (AggKind::MinFloat, Input::Float4(2))];
+        let p = DeviceProgram {
+            filters: &filters,
+            joins: vec![(1, DeviceSeg { name: "d", addr: 0, len: 0 })],
+            keys: &keys,
+            aggs: &aggs,
+        };
+        let w = words(&layout, &p, &[[0x1000, 63, 77, 5]]);
+        assert_eq!(&w[..7], &[4, 1, 2, 3, 3, 4, 3]);
+        let at: Vec<usize> = w[7..14].iter().map(|&x| x as usize).collect();
+        assert_eq!(at[0], 14);
+        // columns, filters, steps, joins, keys, aggregates: each part right after the one before
+        assert_eq!(
+            [at[1] - at[0], at[2] - at[1], at[3] - at[2], at[4] - at[3], at[5] - at[4], at[6] - at[5]],
+            [12, 16, 8, 5, 2, 6]
+        );
+        assert_eq!(w.len(), at[6] + 1, "the 3 bitmap bytes in one word");
+        let col = |c: usize| &w[at[0] + 4 * c..at[0] + 4 * c + 4];
+        assert_eq!((col(0)[2], col(0)[3], col(1)[2], col(2)[2], col(2)[3]), (4, 1, 8, 4, 0), "widths, signed");
+        assert_eq!(col(1)[0], layout.columns()[1].values_at);
+        let f = |i: usize| &w[at[1] + 4 * i..at[1] + 4 * i + 4];
+        assert_eq!(f(0), &[1 << 32, -3i64 as u64, 9, 0]);
+        assert_eq!(f(1), &[2 | 2 << 32, 0, 3, 0]);
+        assert_eq!(f(2)[0], 2 | 3 << 32 | 1 << 40, "an alternative of the one before");
+        assert_eq!(f(3), &[4 << 32, 0, 3 | 1 << 16, 0], "steps from 0: 3 on the left, 1 on the right, <");
+        assert_eq!(&w[at[2]..at[3]], &[1, 0, 2, 5, 3 | 1 << 8 | 4 << 16, 0, 1, 1]);
+        assert_eq!(&w[at[3]..at[4]], &[1, 0x1000, 63, 77, 5]);
+        assert_eq!(&w[at[4]..at[5]], &[1 << 32 | 2, 2 << 32]);
+        assert_eq!(&w[at[5]..at[6]], &[1, 0, 3 | 3 << 16, 1 << 32, 7 | 4 << 16, 2]);
+        assert_eq!(w[at[6]], 0x80_00_05);
+    }
 }
