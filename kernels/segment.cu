@@ -730,7 +730,7 @@ __device__ u64 *scan_group(u64 *slots, u64 mask, u64 seed, u64 kw, u64 slot_word
     u64 t = seed;
     for (u64 k = 0; k < kw; k++) t = mix(t ^ key[k]);
     t |= 1ull;
-    u64 i = t & mask;
+    u64 i = t & mask, retries = 0;
     for (u64 step = 0; step <= mask; step++) {
         if (gave_up(&out[0], step)) return 0;
         u64 *slot = slots + i * slot_words;
@@ -751,9 +751,14 @@ __device__ u64 *scan_group(u64 *slots, u64 mask, u64 seed, u64 kw, u64 slot_word
                 atomicAdd(&out[0], 1ull); // the key pass put every key here
                 return 0;
             }
-            // Claim the slot first, then count the group: counting first would let the
-            // threads racing to add one new key (thousands, on a table's first rows) push the
-            // count past the limit for a moment and refuse keys there was room for.
+            // A table at its limit refuses before touching the slot; below it, the slot is
+            // claimed first and the group counted after: counting first (a reservation) would
+            // let the threads racing to add one new key (thousands, on a table's first rows)
+            // push the count past the limit for a moment and refuse keys there was room for.
+            if (vload(groups) >= limit) {
+                atomicAdd(&out[1], 1ull);
+                return 0;
+            }
             if (atomicCAS(slot, 0ull, SLOT_BUSY) == 0ull) {
                 if (atomicAdd(groups, 1ull) >= limit) {
                     atomicAdd(groups, ~0ull);
@@ -775,7 +780,14 @@ __device__ u64 *scan_group(u64 *slots, u64 mask, u64 seed, u64 kw, u64 slot_word
                 atomicExch(slot, t);
                 return slot;
             }
-            continue; // another thread took the slot: look at it again (i unchanged)
+            // Another thread took the slot: look at it again (i unchanged, and not a step
+            // along the chain), a bounded number of times.
+            if (++retries == SPIN_LIMIT) {
+                atomicAdd(&out[0], 1ull);
+                return 0;
+            }
+            step--;
+            continue;
         }
         i = (i + 1ull) & mask;
     }
@@ -838,8 +850,8 @@ __device__ void scan_fold(u64 kind, u64 *lo, u64 *hi, bool has, u64 v) {
     }
 }
 
-// Runs the program over `blocks` blocks of up to n rows (block b at base + b * stride, its count
-// in its header; rows of the first block below first_row skipped) in pass `mode` (above), into
+// Runs the program over `blocks` blocks of up to n rows (n a power of two; block b at base +
+// b * stride, its count in its header; rows of the first block below first_row skipped) in pass `mode` (above), into
 // the group table's slots (mask + 1 of slot_words words, at `slots`; `groups` its count of
 // groups, `limit` the most it may hold).
 extern "C" __global__ void uvm_scan_groups(const u64 *prog, const u8 *base, u64 n, u64 blocks, u64 stride,
@@ -850,7 +862,7 @@ extern "C" __global__ void uvm_scan_groups(const u64 *prog, const u8 *base, u64 
     u64 nfilters = prog[0], njoins = prog[1], nkeys = prog[2], naggs = prog[3];
     u64 nsteps = prog[5], data_bytes = prog[6];
     if (njoins > SCAN_MAX_JOINS || nkeys + 1ull != key_words || key_words > SCAN_MAX_KEY_WORDS ||
-        naggs > SCAN_MAX_AGGS) {
+        naggs > SCAN_MAX_AGGS || n == 0ull || (n & (n - 1ull)) != 0ull) {
         if (tid == 0) scan_error(out, SCAN_ERR_PROGRAM);
         return;
     }
@@ -863,14 +875,20 @@ extern "C" __global__ void uvm_scan_groups(const u64 *prog, const u8 *base, u64 
     row.ncols = prog[4];
     u64 folded = 0;
     u64 total = n * blocks;
+    u64 shift = (u64)(__ffsll((long long)n) - 1);
     u64 seen = 0;
     for (u64 g = tid; g < total; g += gstride, seen++) {
         if ((seen & 63ull) == 0ull &&
             (vload(&out[0]) | vload(&out[2]) | vload(&out[3]) | vload(&out[5]) | (mode == SCAN_KEYS ? vload(&out[1]) : 0ull)) != 0ull)
             break;
-        u64 off, r;
-        if (!locate(g, n, stride, base, &out[3], &off, &r)) continue;
-        if (off == 0ull && r < first_row) continue;
+        // (locate's, with a shift for the division: blocks hold a power of two of rows)
+        u64 b = g >> shift, r = g & (n - 1ull), off = b * stride;
+        u64 count = *(const u64 *)(base + off);
+        if (count > n) {
+            if (vload(&out[3]) == 0ull) atomicExch(&out[3], 1ull);
+            break;
+        }
+        if (r >= count || (b == 0ull && r < first_row)) continue;
         row.block = base + off;
         row.r = r;
         // The filters: clauses of alternatives, in order, as scan::fold_row tests them.
