@@ -400,24 +400,32 @@ impl<'a> Table<'a> {
         Ok(Update::Done)
     }
 
-    /// Every group: its key and its aggregates' states `(lo, hi)`, in slot order. Bounded by
-    /// the slots.
-    pub fn groups(&mut self) -> Result<Vec<Group>> {
-        let (kw, na) = (self.h.key_words as usize, self.aggs.len());
-        let mut out = Vec::new();
+    /// Calls `f` with the table's bytes and the offset of each occupied slot, in slot order.
+    /// Bounded by the slots, with an interrupt check every 1,024.
+    fn each_group(&mut self, mut f: impl FnMut(&mut [u8], usize)) -> Result<()> {
         for i in 0..self.h.slot_count {
             if i % 1024 == 1023 {
                 self.count_steps(1024)?;
             }
             let at = self.slot_at(i);
-            if word(self.bytes, at) == 0 {
-                continue;
+            if word(self.bytes, at) != 0 {
+                f(self.bytes, at);
             }
-            let key = (0..kw).map(|k| word(self.bytes, at + 8 * (1 + k))).collect();
-            let s = at + 8 * (1 + kw);
-            let states = (0..na).map(|a| (word(self.bytes, s + 16 * a), word(self.bytes, s + 16 * a + 8))).collect();
-            out.push((key, states));
         }
+        Ok(())
+    }
+
+    /// Every group: its key and its aggregates' states `(lo, hi)`, in slot order. Bounded by
+    /// the slots.
+    pub fn groups(&mut self) -> Result<Vec<Group>> {
+        let (kw, na) = (self.h.key_words as usize, self.aggs.len());
+        let mut out = Vec::new();
+        self.each_group(|b, at| {
+            let key = (0..kw).map(|k| word(b, at + 8 * (1 + k))).collect();
+            let s = at + 8 * (1 + kw);
+            let states = (0..na).map(|a| (word(b, s + 16 * a), word(b, s + 16 * a + 8))).collect();
+            out.push((key, states));
+        })?;
         if out.len() as u64 != self.h.groups {
             return Err(bad_table(self.name, &format!("it counts {} groups and holds {}", self.h.groups, out.len())));
         }
@@ -430,25 +438,15 @@ impl<'a> Table<'a> {
     /// seen no value is read by its `hi` alone, so the CPU's reading does not change.
     pub fn prime(&mut self) -> Result<()> {
         let kw = self.h.key_words as usize;
-        for i in 0..self.h.slot_count {
-            if i % 1024 == 1023 {
-                self.count_steps(1024)?;
-            }
-            let at = self.slot_at(i);
-            if word(self.bytes, at) == 0 {
-                continue;
-            }
-            for (a, kind) in self.aggs.iter().enumerate() {
+        let identities: Vec<Option<u64>> = self.aggs.iter().map(|k| identity(*k)).collect();
+        self.each_group(|b, at| {
+            for (a, id) in identities.iter().enumerate() {
                 let s = at + 8 * (1 + kw) + 16 * a;
-                if word(self.bytes, s + 8) != 0 {
-                    continue;
-                }
-                if let Some(identity) = identity(*kind) {
-                    set_word(self.bytes, s, identity);
+                if let Some(id) = id.filter(|_| word(b, s + 8) == 0) {
+                    set_word(b, s, id);
                 }
             }
-        }
-        Ok(())
+        })
     }
 
     /// Folds `states` (another table's, of the same aggregates) into `key`'s group.
