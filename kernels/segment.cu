@@ -850,54 +850,6 @@ __device__ void scan_fold(u64 kind, u64 *lo, u64 *hi, bool has, u64 v) {
     }
 }
 
-// Folds one row's inputs into the states at `states` (2 words an aggregate). The lanes of a
-// warp that fold into the same group at the same moment (Q1's one group gets every passing
-// row) add their counts and integer sums together first, and one of them folds the total, so
-// that a hot group takes one atomic a warp rather than one a row: a 64-bit value goes as four
-// 16-bit pieces (the top one signed), whose sums over 32 lanes fit in 32 bits
-// (__reduce_add_sync), and the leader adds the exact total into the 128-bit state. Other
-// states (min, max, floats) fold lane by lane. Before sm_80 (no __reduce_add_sync) every lane
-// folds its own.
-__device__ void scan_fold_row(u64 *states, const u64 *aggs, u64 naggs, const bool *has, const u64 *in) {
-#if __CUDA_ARCH__ >= 800
-    unsigned peers = __match_any_sync(__activemask(), (unsigned long long)states);
-    bool leader = (int)(threadIdx.x & 31u) == __ffs((int)peers) - 1;
-    for (u64 a = 0; a < naggs; a++) {
-        u64 kind = aggs[2 * a] & 0xffffull, *lo = states + 2 * a;
-        if (kind == 1ull) {
-            if (leader) atomicAdd(lo, (u64)__popc(peers));
-        } else if (kind == 2ull) {
-            unsigned n = __popc(__ballot_sync(peers, has[a]));
-            if (leader && n != 0u) atomicAdd(lo, (u64)n);
-        } else if (kind == 3ull) {
-            u64 v = has[a] ? in[a] : 0ull;
-            unsigned p0 = __reduce_add_sync(peers, (unsigned)(v & 0xffffull));
-            unsigned p1 = __reduce_add_sync(peers, (unsigned)((v >> 16) & 0xffffull));
-            unsigned p2 = __reduce_add_sync(peers, (unsigned)((v >> 32) & 0xffffull));
-            int p3 = __reduce_add_sync(peers, (int)(short)(v >> 48));
-            unsigned any = __ballot_sync(peers, has[a]);
-            if (leader && any != 0u) {
-                // The total, exact in 128 bits: p0 + p1 2^16 + p2 2^32 (below 2^54) plus
-                // p3 2^48 = (p3 >> 16) 2^64 + (p3 & 0xffff) 2^48.
-                u64 low = (u64)p0 + ((u64)p1 << 16) + ((u64)p2 << 32);
-                u64 tlo = low + (((u64)p3 & 0xffffull) << 48);
-                u64 thi = (u64)((long long)p3 >> 16) + (tlo < low ? 1ull : 0ull);
-                u64 old = atomicAdd(lo, tlo);
-                u64 h = thi + (old + tlo < old ? 1ull : 0ull);
-                if (h != 0ull) atomicAdd(lo + 1, h);
-            }
-        } else {
-            scan_fold(kind, lo, lo + 1, has[a], in[a]);
-        }
-    }
-#else
-    for (u64 a = 0; a < naggs; a++) {
-        u64 *lo = states + 2 * a;
-        scan_fold(aggs[2 * a] & 0xffffull, lo, lo + 1, has[a], in[a]);
-    }
-#endif
-}
-
 // Runs the program over `blocks` blocks of up to n rows (n a power of two; block b at base +
 // b * stride, its count in its header; rows of the first block below first_row skipped) in pass `mode` (above), into
 // the group table's slots (mask + 1 of slot_words words, at `slots`; `groups` its count of
@@ -1031,7 +983,10 @@ extern "C" __global__ void uvm_scan_groups(const u64 *prog, const u8 *base, u64 
             u64 *slot = scan_group(slots, mask, seed, key_words, slot_words, key, groups, limit, mode, aggs, naggs, out);
             if (slot == 0) break; // refused or corrupted: out says which
             if (mode == SCAN_FOLD) {
-                scan_fold_row(slot + 1 + key_words, aggs, naggs, has, in);
+                for (u64 a = 0; a < naggs; a++) {
+                    u64 *lo = slot + 1 + key_words + 2 * a;
+                    scan_fold(aggs[2 * a] & 0xffffull, lo, lo + 1, has[a], in[a]);
+                }
                 folded++;
             }
             u64 j = 0;
