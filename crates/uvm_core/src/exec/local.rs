@@ -699,7 +699,7 @@ impl Work {
                     aggs: head.aggs().to_vec(),
                     slot_count: head.header().slot_count,
                 };
-                let mut old = vec![0u8; shape.bytes() as usize];
+                let mut old = host_bytes(shape.bytes(), &from.name)?;
                 // SAFETY: Head::parse checked that the table's bytes lie inside the segment.
                 unsafe { crate::gpu::copy(old.as_mut_ptr() as u64, fdev.addr, old.len()) }?;
                 let bigger = shape.with_slots(*slot_count).bytes();
@@ -711,7 +711,7 @@ impl Work {
                         tdev.len
                     ));
                 }
-                let mut new = vec![0u8; bigger as usize];
+                let mut new = host_bytes(bigger, &to.name)?;
                 let mut from_table = crate::groups::Table::parse(&from.name, &mut old)?;
                 crate::groups::grow(&mut from_table, &mut new, *slot_count)?;
                 let moved = from_table.header().groups;
@@ -760,6 +760,18 @@ impl Work {
             }
         }
     }
+}
+
+/// `n` zeroed bytes of host memory for a copy of group table `name`: 53200 where they cannot be
+/// had (a failed allocation must not abort the GPU service).
+fn host_bytes(n: u64, name: &str) -> Result<Vec<u8>> {
+    let mut v = Vec::new();
+    usize::try_from(n)
+        .ok()
+        .and_then(|n| v.try_reserve_exact(n).ok().map(|_| n))
+        .map(|n| v.resize(n, 0))
+        .ok_or_else(|| uvm_err!(Code::OutOfMemory, "no {n} bytes of host memory to grow group table \"{name}\""))?;
+    Ok(v)
 }
 
 /// A scan's reply.
