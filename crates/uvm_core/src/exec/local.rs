@@ -685,39 +685,10 @@ impl Work {
                 done(&scanned(progress, t.elapsed().as_nanos() as u64))
             }
             Work::GroupsGrow { from, to, slot_count } if from.engine == Engine::Cuda => {
-                // The groups move on the CPU, through copies (a table is a few bytes a group):
-                // the old table read back, grown here, primed for the kernels (`prime`), and
-                // written to the new segment.
-                let (fdev, tdev) = (from.device(), to.device());
-                crate::gpu::gpu()?;
-                let mut prefix = vec![0u8; crate::groups::Head::PREFIX_BYTES.min(fdev.len) as usize];
-                // SAFETY: inside the pinned `from` (the min with its size); `prefix` is ours.
-                unsafe { crate::gpu::copy(prefix.as_mut_ptr() as u64, fdev.addr, prefix.len()) }?;
-                let head = crate::groups::Head::parse(&from.name, &prefix, fdev.len)?;
-                let shape = crate::groups::Shape {
-                    key_words: head.header().key_words,
-                    aggs: head.aggs().to_vec(),
-                    slot_count: head.header().slot_count,
-                };
-                let mut old = host_bytes(shape.bytes(), &from.name)?;
-                // SAFETY: Head::parse checked that the table's bytes lie inside the segment.
-                unsafe { crate::gpu::copy(old.as_mut_ptr() as u64, fdev.addr, old.len()) }?;
-                let bigger = shape.with_slots(*slot_count).bytes();
-                if bigger > tdev.len {
-                    return Err(uvm_err!(
-                        Code::InvalidParameterValue,
-                        "a group table of {slot_count} slots needs {bigger} bytes, segment \"{}\" has {}",
-                        to.name,
-                        tdev.len
-                    ));
-                }
-                let mut new = host_bytes(bigger, &to.name)?;
-                let mut from_table = crate::groups::Table::parse(&from.name, &mut old)?;
-                crate::groups::grow(&mut from_table, &mut new, *slot_count)?;
-                let moved = from_table.header().groups;
-                crate::groups::Table::parse(&to.name, &mut new)?.prime()?;
-                // SAFETY: `new` fits the pinned `to` (checked above).
-                unsafe { crate::gpu::copy(tdev.addr, new.as_ptr() as u64, new.len()) }?;
+                crate::gpu::gpu()?; // the context current on this thread, for the copies
+                                    // SAFETY: the job's pins hold both (contract), two different segments (prepare),
+                                    // each `Whole` its whole range as device addresses.
+                let moved = unsafe { crate::scan::gpu::grow(&from.device(), &to.device(), *slot_count) }?;
                 done(&ops::GroupsGrown { groups: moved })
             }
             Work::GroupsGrow { from, to, slot_count } => {
@@ -760,18 +731,6 @@ impl Work {
             }
         }
     }
-}
-
-/// `n` zeroed bytes of host memory for a copy of group table `name`: 53200 where they cannot be
-/// had (a failed allocation must not abort the GPU service).
-fn host_bytes(n: u64, name: &str) -> Result<Vec<u8>> {
-    let mut v = Vec::new();
-    usize::try_from(n)
-        .ok()
-        .and_then(|n| v.try_reserve_exact(n).ok().map(|_| n))
-        .map(|n| v.resize(n, 0))
-        .ok_or_else(|| uvm_err!(Code::OutOfMemory, "no {n} bytes of host memory to grow group table \"{name}\""))?;
-    Ok(v)
 }
 
 /// A scan's reply.

@@ -31,7 +31,9 @@
 //! row: the client grows the table (`GroupsGrow`, which carries the keys inserted so far) and
 //! asks again from there; the key pass runs again (the keys already in are found), then the
 //! fold pass, which folds every row of the launch once. The keys inserted before a refusal are
-//! folded by that later fold pass, so no group is left without its rows.
+//! folded by that later fold pass, so no group is left without its rows. [`grow`] is
+//! `GroupsGrow` where the tables lie in device memory: the groups move on the CPU, through
+//! copies, and the new table is primed with the `min`/`max` identities the kernels fold into.
 //!
 //! **Bounded.** A launch reads at most [`LAUNCH_ROWS`] rows; the host checks for interrupts
 //! between launches. A walk along a dimension table's chain is bounded by the table's longest
@@ -355,6 +357,52 @@ pub unsafe fn run(
         first += count;
     }
     Ok(Progress::Done)
+}
+
+/// `n` zeroed bytes of host memory for a copy of group table `name`: 53200 where they cannot be
+/// had (a failed allocation must not abort the GPU service).
+fn host_bytes(n: u64, name: &str) -> Result<Vec<u8>> {
+    let mut v = Vec::new();
+    usize::try_from(n)
+        .ok()
+        .and_then(|n| v.try_reserve_exact(n).ok().map(|_| n))
+        .map(|n| v.resize(n, 0))
+        .ok_or_else(|| UvmError::new(Code::OutOfMemory, format!("no {n} bytes of host memory to grow group table \"{name}\"")))?;
+    Ok(v)
+}
+
+/// Moves the groups of the table in `from` into `to`, made a table of `slot_count` slots
+/// (`groups::grow`), where both lie in device memory: through copies, the groups moved on the
+/// CPU (a table is a few bytes a group), the new table primed for the kernels
+/// (`groups::Table::prime`). Returns the groups moved.
+///
+/// # Safety
+/// Both segments are pinned and mapped for the call, `addr` and `len` their whole ranges, and
+/// this thread's CUDA context is current.
+pub unsafe fn grow(from: &DeviceSeg<'_>, to: &DeviceSeg<'_>, slot_count: u64) -> Result<u64> {
+    // SAFETY: inside the pinned `from` (the min with its size).
+    let prefix = unsafe { read(from.addr, Head::PREFIX_BYTES.min(from.len) as usize) }?;
+    let head = Head::parse(from.name, &prefix, from.len)?;
+    let shape =
+        groups::Shape { key_words: head.header().key_words, aggs: head.aggs().to_vec(), slot_count: head.header().slot_count };
+    let mut old = host_bytes(shape.bytes(), from.name)?;
+    // SAFETY: Head::parse checked that the table's bytes lie inside the segment.
+    unsafe { crate::gpu::copy(old.as_mut_ptr() as u64, from.addr, old.len()) }?;
+    let bigger = shape.with_slots(slot_count).bytes();
+    if bigger > to.len {
+        return Err(UvmError::new(
+            Code::InvalidParameterValue,
+            format!("a group table of {slot_count} slots needs {bigger} bytes, segment \"{}\" has {}", to.name, to.len),
+        ));
+    }
+    let mut new = host_bytes(bigger, to.name)?;
+    let mut from_table = groups::Table::parse(from.name, &mut old)?;
+    groups::grow(&mut from_table, &mut new, slot_count)?;
+    let moved = from_table.header().groups;
+    groups::Table::parse(to.name, &mut new)?.prime()?;
+    // SAFETY: `new` fits the pinned `to` (checked above).
+    unsafe { crate::gpu::copy(to.addr, new.as_ptr() as u64, new.len()) }?;
+    Ok(moved)
 }
 
 #[cfg(test)]
