@@ -172,13 +172,7 @@ impl Spec {
             out.extend_from_slice(&u32_of(i, "a key's source")?.to_le_bytes());
         }
         for &(kind, input) in &self.aggs {
-            let (ik, a, b) = match input {
-                Input::Star => (0u16, 0, 0),
-                Input::Col(c) => (1, c, 0),
-                Input::Sub(a, b) => (2, a, b),
-                Input::Mul(a, b) => (3, a, b),
-                Input::Float4(c) => (4, c, 0),
-            };
+            let (ik, a, b) = input.code();
             out.extend_from_slice(&(kind as u16).to_le_bytes());
             out.extend_from_slice(&ik.to_le_bytes());
             out.extend_from_slice(&u32_of(a, "an aggregate's column")?.to_le_bytes());
@@ -250,14 +244,8 @@ impl Spec {
                 let kind = u16::from_le_bytes([b[0], b[1]]);
                 let kind = AggKind::from_repr(kind).ok_or_else(|| invalid(format!("an aggregate of kind {kind}")))?;
                 let (a, c) = (u32_at(b, 4) as usize, u32_at(b, 8) as usize);
-                let input = match u16::from_le_bytes([b[2], b[3]]) {
-                    0 => Input::Star,
-                    1 => Input::Col(a),
-                    2 => Input::Sub(a, c),
-                    3 => Input::Mul(a, c),
-                    4 => Input::Float4(a),
-                    k => return Err(invalid(format!("an aggregate input of kind {k}"))),
-                };
+                let ik = u16::from_le_bytes([b[2], b[3]]);
+                let input = Input::of_code(ik, a, c).ok_or_else(|| invalid(format!("an aggregate input of kind {ik}")))?;
                 Ok((kind, input))
             })
             .collect::<Result<Vec<_>>>()?;

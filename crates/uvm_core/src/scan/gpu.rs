@@ -182,14 +182,8 @@ fn words(layout: &Layout, p: &DeviceProgram<'_>, dims: &[[u64; 4]]) -> Vec<u64> 
         .collect();
     let mut aggs = Vec::new();
     for &(kind, input) in p.aggs {
-        let (ik, a, b) = match input {
-            Input::Star => (0u64, 0, 0),
-            Input::Col(c) => (1, c, 0),
-            Input::Sub(a, b) => (2, a, b),
-            Input::Mul(a, b) => (3, a, b),
-            Input::Float4(c) => (4, c, 0),
-        };
-        aggs.extend_from_slice(&[kind as u64 | ik << 16, a as u64 | (b as u64) << 32]);
+        let (ik, a, b) = input.code();
+        aggs.extend_from_slice(&[kind as u64 | u64::from(ik) << 16, a as u64 | (b as u64) << 32]);
     }
     const HEAD: usize = 14;
     let at_cols = HEAD;

@@ -117,6 +117,32 @@ pub enum Input {
     Float4(usize),
 }
 
+impl Input {
+    /// Its number and columns as a request's bytes and the kernels' words carry it: 0 none,
+    /// 1 a column, 2 a difference, 3 a product, 4 a `float4` column widened (unused columns 0).
+    pub fn code(self) -> (u16, usize, usize) {
+        match self {
+            Input::Star => (0, 0, 0),
+            Input::Col(c) => (1, c, 0),
+            Input::Sub(a, b) => (2, a, b),
+            Input::Mul(a, b) => (3, a, b),
+            Input::Float4(c) => (4, c, 0),
+        }
+    }
+
+    /// The input of [`Input::code`]'s number and columns; `None` for an unknown number.
+    pub fn of_code(kind: u16, a: usize, b: usize) -> Option<Input> {
+        Some(match kind {
+            0 => Input::Star,
+            1 => Input::Col(a),
+            2 => Input::Sub(a, b),
+            3 => Input::Mul(a, b),
+            4 => Input::Float4(a),
+            _ => return None,
+        })
+    }
+}
+
 pub struct Program<'a> {
     pub filters: Vec<Filter>,
     pub joins: Vec<Join<'a>>,
