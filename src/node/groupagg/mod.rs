@@ -19,6 +19,7 @@
 //!   Column Cache: lineorder
 //!   Cached Columns: lo_revenue, lo_orderdate, lo_partkey
 //!   Dimensions: date ON lo_orderdate = date.d_datekey, part ON lo_partkey = part.p_partkey
+//!   Cached Dimensions: date, part     (those with a program over a cache of their own)
 //!   Group Keys: date.d_year, part.p_brand1
 //!   Cache Filters: lo_quantity <= 24
 //!   ->  HashAggregate                 (PostgreSQL's, run where the cache is not current)
@@ -64,7 +65,10 @@
 //!       for NULL, the program testing each row's code against the bitmap of the codes that
 //!       passed (and `IS NULL` where NULL did);
 //!
-//!     a dimension's conjuncts are its own plan's;
+//!     a dimension's conjuncts are its own plan's; where the dimension has a ready cache of
+//!     its own holding its key, its grouping columns and every column its conjuncts read, and
+//!     each conjunct is such a clause over its columns, the plan also holds them as the
+//!     dimension's own program ([`DimCache`]: `Cached Dimensions` in `EXPLAIN`);
 //!   - each `GROUP BY` item is a column of the fact of an integer-like type (`int2/4/8`,
 //!     `bool`, `date`, `timestamp[tz]`, `numeric(p, s)` by its scaled words) or
 //!     dictionary-encoded `text`/`varchar` (its codes:
@@ -87,9 +91,12 @@
 //!   the node checks the cache against the query's snapshot (`caches::usable_in_query`, the
 //!   reader's rule) and that it still holds the
 //!   planned columns with the planned encodings; has PostgreSQL evaluate each text condition
-//!   over its column's dictionary (a bitmap of the codes that pass). It drains each
-//!   dimension's plan into a temporary join table of (key, index of the row's distinct
-//!   grouping values), keeping those values (text copied) in a context of its own; runs the program (`exec::scan_groups`)
+//!   over its column's dictionary (a bitmap of the codes that pass). It gathers each
+//!   dimension's rows into a temporary join table of (key, index of the row's distinct
+//!   grouping values), keeping those values (text copied) in a context of its own: from a
+//!   program over the dimension's own cache where the plan holds one and that cache is current
+//!   for the snapshot too, else by draining the dimension's plan (`run/dims.rs`; `EXPLAIN
+//!   ANALYZE`'s `Dimensions Read From` says which, and why a planned cache was not read); runs the program (`exec::scan_groups`)
 //!   into a temporary group table, growing it into a segment of twice the slots whenever the
 //!   program stops full (`exec::groups_grow`); folds the rows that inserts appended to the
 //!   cache and the snapshot sees (`caches::visible_tail`, by the same program's
@@ -123,7 +130,9 @@
 //!   with an arm that is never true, an `OR` of `AND`s distributing into more than
 //!   16 clauses, more than `exec::scan::MAX_FILTERS` alternatives in all: declined for now.
 //! - Each dimension's rows are gathered in the backend before its join table is built, and
-//!   its distinct grouping values kept for the output: not bounded by `work_mem` yet. The
+//!   its distinct grouping values kept for the output: not bounded by `work_mem` yet. From a
+//!   cache, the dimension's (key, values) groups are read back and inserted by the backend:
+//!   a kernel building the join table in place is the next step. The
 //!   group table in its segment grows without limit but memory; the backend reads it back a
 //!   window at a time (a quarter of `work_mem`), and holds the appended rows' groups whole.
 //!
@@ -131,7 +140,8 @@
 //!
 //! [`SETUP_COST`], and per row of the fact [`ROW_FACTOR`] x `cpu_operator_cost` for each
 //! column the program reads and each join, plus `cpu_tuple_cost` per group; each dimension's
-//! plan at its own cost and `cpu_tuple_cost` per row it hands over: a column's word costs a
+//! plan at its own cost (a dimension with a program over its cache: that program's, as the
+//! fact's) and `cpu_tuple_cost` per row it hands over: a column's word costs a
 //! fraction of what a heap tuple costs PostgreSQL. Provisional: issue 27's sweep (`auto` within 1.25x
 //! of the faster plan) will calibrate them on the H200 with the kernels.
 
@@ -302,6 +312,37 @@ struct Dim {
     key: (i16, pg_sys::Oid),
     key_pos: usize,
     groups: Vec<DimCol>,
+    /// Its program over its own cache, where one can stand in for its plan.
+    cached: Option<DimCache>,
+}
+
+/// A dimension's rows as a program over its cache: the rows that pass `filters` (its own
+/// conditions, as the fact's, over its cached columns; comparisons by their index in
+/// `compares`, text conditions in the plan's `Shape::texts`), their key and grouping columns
+/// (`groups` in `Dim::groups`' order) read from the cache.
+#[derive(Clone, Debug, PartialEq)]
+struct DimCache {
+    key: Col,
+    groups: Vec<Col>,
+    filters: Vec<Vec<Atom>>,
+    compares: Vec<PlanCompare>,
+}
+
+impl DimCache {
+    /// The dimension's columns its program reads (each once).
+    fn columns(&self) -> Vec<Col> {
+        let mut out: Vec<Col> = Vec::new();
+        let all = std::iter::once(self.key)
+            .chain(self.groups.iter().copied())
+            .chain(self.filters.iter().flatten().map(|a| a.col))
+            .chain(self.compares.iter().flat_map(|c| c.cols.iter().copied()));
+        for c in all {
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
+        out
+    }
 }
 
 /// What the node computes: the plan's private data.
@@ -352,11 +393,7 @@ impl Shape {
     /// The plan's private list: a list of int8 constants, then the list of text conditions.
     fn to_private(&self) -> *mut pg_sys::List {
         let mut v: Vec<i64> = vec![u32::from(self.relid) as i64, i64::from(self.varno), self.groups as i64];
-        let col = |v: &mut Vec<i64>, c: &Col| {
-            v.push(c.attnum as i64);
-            v.push(c.encoding as u16 as i64);
-            v.push(c.scale as i64);
-        };
+        let col = put_col;
         v.push(self.keys.len() as i64);
         for k in &self.keys {
             match k {
@@ -367,35 +404,7 @@ impl Shape {
                 Key::Dim { dim, idx } => v.extend([1, *dim as i64, *idx as i64]),
             }
         }
-        v.push(self.filters.len() as i64);
-        for clause in &self.filters {
-            v.push(clause.len() as i64);
-            for a in clause {
-                col(&mut v, &a.col);
-                match a.check {
-                    Check::Range { lo, hi } => v.extend([1, lo, hi]),
-                    Check::Null => v.extend([2, 0, 0]),
-                    Check::Text(n) => v.extend([3, n as i64, 0]),
-                    Check::Compare(n) => v.extend([4, n as i64, 0]),
-                }
-            }
-        }
-        v.push(self.compares.len() as i64);
-        for c in &self.compares {
-            v.push(c.cols.len() as i64);
-            for x in &c.cols {
-                col(&mut v, x);
-            }
-            v.extend([i64::from(c.expr.cmp.code()), c.expr.lhs.len() as i64, c.expr.rhs.len() as i64]);
-            for s in c.expr.lhs.iter().chain(&c.expr.rhs) {
-                v.extend(match *s {
-                    Step::Col(i) => [1, i as i64, 0],
-                    Step::Const(k) => [2, k, 0],
-                    Step::Bin(op, w) => [3, op as i64, i64::from(w.code())],
-                    Step::Neg(w) => [4, 0, i64::from(w.code())],
-                });
-            }
-        }
+        put_clauses(&mut v, &self.filters, &self.compares);
         v.push(self.aggs.len() as i64);
         for a in &self.aggs {
             let num = match a.num {
@@ -430,6 +439,17 @@ impl Shape {
                     u32::from(g.collation) as i64,
                 ]);
             }
+            match &d.cached {
+                None => v.push(0),
+                Some(dc) => {
+                    v.push(1);
+                    col(&mut v, &dc.key);
+                    for g in &dc.groups {
+                        col(&mut v, g);
+                    }
+                    put_clauses(&mut v, &dc.filters, &dc.compares);
+                }
+            }
         }
         let mut ints = PgList::<pg_sys::Node>::new();
         for x in v {
@@ -462,12 +482,7 @@ impl Shape {
         };
         let mut it = v.into_iter();
         let mut next = || it.next();
-        let col = |next: &mut dyn FnMut() -> Option<i64>| -> Option<Col> {
-            let attnum = i16::try_from(next()?).ok()?;
-            let encoding = Encoding::from_repr(u16::try_from(next()?).ok()?)?;
-            let scale = i16::try_from(next()?).ok()?;
-            Some(Col { attnum, encoding, scale })
-        };
+        let col = get_col;
         let oid = |x: i64| u32::try_from(x).ok().map(pg_sys::Oid::from);
         let relid = oid(next()?)?;
         let varno = u32::try_from(next()?).ok()?;
@@ -479,51 +494,7 @@ impl Shape {
                 _ => Key::Dim { dim: usize::try_from(next()?).ok()?, idx: usize::try_from(next()?).ok()? },
             });
         }
-        let mut filters = Vec::new();
-        for _ in 0..next()? {
-            let mut clause = Vec::new();
-            for _ in 0..next()? {
-                let c = col(&mut next)?;
-                let check = match (next()?, next()?, next()?) {
-                    (1, lo, hi) => Check::Range { lo, hi },
-                    (2, _, _) => Check::Null,
-                    (3, n, _) => Check::Text(usize::try_from(n).ok().filter(|&n| n < texts.len())?),
-                    (4, n, _) => Check::Compare(usize::try_from(n).ok()?),
-                    _ => return None,
-                };
-                clause.push(Atom { col: c, check });
-            }
-            filters.push(clause);
-        }
-        let mut compares = Vec::new();
-        for _ in 0..next()? {
-            let mut cols = Vec::new();
-            for _ in 0..next()? {
-                cols.push(col(&mut next)?);
-            }
-            let cmp = Cmp::from_code(u32::try_from(next()?).ok()?)?;
-            let (nl, nr) = (usize::try_from(next()?).ok()?, usize::try_from(next()?).ok()?);
-            let mut steps = Vec::new();
-            for _ in 0..nl.checked_add(nr)?.min(2 * crate::scan::expr::MAX_STEPS) {
-                let width = |w: i64| Width::from_code(u32::try_from(w).ok()?);
-                let ops = [Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Mod];
-                steps.push(match (next()?, next()?, next()?) {
-                    (1, i, _) => Step::Col(usize::try_from(i).ok().filter(|&i| i < cols.len())?),
-                    (2, k, _) => Step::Const(k),
-                    (3, op, w) => Step::Bin(*ops.get(usize::try_from(op).ok()?)?, width(w)?),
-                    (4, _, w) => Step::Neg(width(w)?),
-                    _ => return None,
-                });
-            }
-            if steps.len() != nl + nr {
-                return None;
-            }
-            let rhs = steps.split_off(nl);
-            compares.push(PlanCompare { cols, expr: Compare { lhs: steps, cmp, rhs } });
-        }
-        if filters.iter().flatten().any(|a| matches!(a.check, Check::Compare(n) if n >= compares.len())) {
-            return None;
-        }
+        let (filters, compares) = get_clauses(&mut next, texts.len())?;
         let mut aggs = Vec::new();
         for _ in 0..next()? {
             let code = next()?;
@@ -559,10 +530,120 @@ impl Shape {
                 let typmod = i32::try_from(next()?).ok()?;
                 groups.push(DimCol { attnum, pos, typid, typmod, collation: oid(next()?)? });
             }
-            dims.push(Dim { relid, varno, fact_col, key, key_pos, groups });
+            let cached = match next()? {
+                0 => None,
+                _ => {
+                    let key = col(&mut next)?;
+                    let mut cols = Vec::new();
+                    for _ in 0..groups.len() {
+                        cols.push(col(&mut next)?);
+                    }
+                    let (filters, compares) = get_clauses(&mut next, texts.len())?;
+                    Some(DimCache { key, groups: cols, filters, compares })
+                }
+            };
+            dims.push(Dim { relid, varno, fact_col, key, key_pos, groups, cached });
         }
         Some(Shape { relid, varno, keys, filters, texts, compares, aggs, dims, groups })
     }
+}
+
+/// A column as the plan's private list holds it: attribute number, encoding, scale.
+fn put_col(v: &mut Vec<i64>, c: &Col) {
+    v.extend([c.attnum as i64, c.encoding as u16 as i64, c.scale as i64]);
+}
+
+/// A column [`put_col`] wrote.
+fn get_col(next: &mut dyn FnMut() -> Option<i64>) -> Option<Col> {
+    let attnum = i16::try_from(next()?).ok()?;
+    let encoding = Encoding::from_repr(u16::try_from(next()?).ok()?)?;
+    let scale = i16::try_from(next()?).ok()?;
+    Some(Col { attnum, encoding, scale })
+}
+
+/// A `WHERE` as the plan's private list holds it: its clauses of atoms, then the comparisons
+/// they name.
+fn put_clauses(v: &mut Vec<i64>, filters: &[Vec<Atom>], compares: &[PlanCompare]) {
+    v.push(filters.len() as i64);
+    for clause in filters {
+        v.push(clause.len() as i64);
+        for a in clause {
+            put_col(v, &a.col);
+            match a.check {
+                Check::Range { lo, hi } => v.extend([1, lo, hi]),
+                Check::Null => v.extend([2, 0, 0]),
+                Check::Text(n) => v.extend([3, n as i64, 0]),
+                Check::Compare(n) => v.extend([4, n as i64, 0]),
+            }
+        }
+    }
+    v.push(compares.len() as i64);
+    for c in compares {
+        v.push(c.cols.len() as i64);
+        for x in &c.cols {
+            put_col(v, x);
+        }
+        v.extend([i64::from(c.expr.cmp.code()), c.expr.lhs.len() as i64, c.expr.rhs.len() as i64]);
+        for s in c.expr.lhs.iter().chain(&c.expr.rhs) {
+            v.extend(match *s {
+                Step::Col(i) => [1, i as i64, 0],
+                Step::Const(k) => [2, k, 0],
+                Step::Bin(op, w) => [3, op as i64, i64::from(w.code())],
+                Step::Neg(w) => [4, 0, i64::from(w.code())],
+            });
+        }
+    }
+}
+
+/// A `WHERE` [`put_clauses`] wrote, its text conditions among `ntexts` (`None`: not one, or
+/// naming a condition or comparison the plan lacks).
+fn get_clauses(next: &mut dyn FnMut() -> Option<i64>, ntexts: usize) -> Option<(Vec<Vec<Atom>>, Vec<PlanCompare>)> {
+    let mut filters = Vec::new();
+    for _ in 0..next()? {
+        let mut clause = Vec::new();
+        for _ in 0..next()? {
+            let c = get_col(next)?;
+            let check = match (next()?, next()?, next()?) {
+                (1, lo, hi) => Check::Range { lo, hi },
+                (2, _, _) => Check::Null,
+                (3, n, _) => Check::Text(usize::try_from(n).ok().filter(|&n| n < ntexts)?),
+                (4, n, _) => Check::Compare(usize::try_from(n).ok()?),
+                _ => return None,
+            };
+            clause.push(Atom { col: c, check });
+        }
+        filters.push(clause);
+    }
+    let mut compares = Vec::new();
+    for _ in 0..next()? {
+        let mut cols = Vec::new();
+        for _ in 0..next()? {
+            cols.push(get_col(next)?);
+        }
+        let cmp = Cmp::from_code(u32::try_from(next()?).ok()?)?;
+        let (nl, nr) = (usize::try_from(next()?).ok()?, usize::try_from(next()?).ok()?);
+        let mut steps = Vec::new();
+        for _ in 0..nl.checked_add(nr)?.min(2 * crate::scan::expr::MAX_STEPS) {
+            let width = |w: i64| Width::from_code(u32::try_from(w).ok()?);
+            let ops = [Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Mod];
+            steps.push(match (next()?, next()?, next()?) {
+                (1, i, _) => Step::Col(usize::try_from(i).ok().filter(|&i| i < cols.len())?),
+                (2, k, _) => Step::Const(k),
+                (3, op, w) => Step::Bin(*ops.get(usize::try_from(op).ok()?)?, width(w)?),
+                (4, _, w) => Step::Neg(width(w)?),
+                _ => return None,
+            });
+        }
+        if steps.len() != nl + nr {
+            return None;
+        }
+        let rhs = steps.split_off(nl);
+        compares.push(PlanCompare { cols, expr: Compare { lhs: steps, cmp, rhs } });
+    }
+    if filters.iter().flatten().any(|a| matches!(a.check, Check::Compare(n) if n >= compares.len())) {
+        return None;
+    }
+    Some((filters, compares))
 }
 
 /// The encodings a grouping column or a range may have: words whose equality and order are the

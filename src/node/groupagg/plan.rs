@@ -188,6 +188,87 @@ unsafe fn groupable(typid: pg_sys::Oid, coll: pg_sys::Oid) -> bool {
     }
 }
 
+/// The conditions of relation `varno` (`rel`) as the program's clauses over its cached columns
+/// (`None` where one is not a clause of the program's): text conditions appended to `texts`,
+/// comparisons to `compares`; at most `exec::scan::MAX_FILTERS` tests in all, `reserved` of them
+/// taken already; clauses holding a comparison last.
+///
+/// # Safety
+/// The planner's structures.
+unsafe fn clauses_of(
+    rel: *mut pg_sys::RelOptInfo,
+    varno: u32,
+    cached: &[(i16, Encoding)],
+    texts: &mut Vec<*mut pg_sys::Node>,
+    compares: &mut Vec<PlanCompare>,
+    reserved: usize,
+) -> Option<Vec<Vec<Atom>>> {
+    // SAFETY: forwarded contract; every node is read by its tag.
+    unsafe {
+        let mut filters = Vec::new();
+        for ri in PgList::<pg_sys::RestrictInfo>::from_pg((*rel).baserestrictinfo).iter_ptr() {
+            if (*ri).pseudoconstant {
+                return None;
+            }
+            let clause = (*ri).clause as *mut pg_sys::Node;
+            let mark = compares.len();
+            match int_clauses(clause, varno, cached, compares) {
+                Some(c) => filters.extend(c),
+                None => {
+                    compares.truncate(mark);
+                    let (col, expr) = text_clause(clause, varno, cached)?;
+                    filters.push(vec![Atom { col, check: Check::Text(texts.len()) }]);
+                    texts.push(expr);
+                }
+            }
+        }
+        // (a text condition may take two: its codes, and IS NULL where NULL passes it)
+        let tests: usize = filters.iter().flatten().map(|a| if matches!(a.check, Check::Text(_)) { 2 } else { 1 }).sum();
+        if tests + reserved > exec::scan::MAX_FILTERS {
+            return None;
+        }
+        // Clauses with a comparison last: their arithmetic may raise an ERROR, which the
+        // other clauses should have the chance to spare a row (as PostgreSQL orders its
+        // cheaper conditions first).
+        filters.sort_by_key(|c: &Vec<Atom>| c.iter().any(|a| matches!(a.check, Check::Compare(_))));
+        Some(filters)
+    }
+}
+
+/// Dimension `d`'s program over its own cache, where it has a ready one holding its key, its
+/// grouping columns and every column its conditions read, and each condition is a clause of
+/// the program's: its text conditions go to the plan's `texts` (left as they were otherwise).
+///
+/// # Safety
+/// The planner's structures; `d` a dimension of this level.
+unsafe fn dim_cache(root: *mut pg_sys::PlannerInfo, d: &Dim, texts: &mut Vec<*mut pg_sys::Node>) -> Option<DimCache> {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let cached = caches::ready_columns(d.relid)?;
+        let has = |attnum: i16, e: Encoding| cached.contains(&(attnum, e)).then_some(Col::new(attnum, e));
+        let key = has(d.key.0, encoding_of_type(d.key.1)?)?;
+        let mut groups = Vec::new();
+        for g in &d.groups {
+            let e = match g.typid {
+                pg_sys::TEXTOID | pg_sys::VARCHAROID => Encoding::DictCode,
+                t => encoding_of_type(t)?,
+            };
+            groups.push(has(g.attnum, e)?);
+        }
+        let rel = *(*root).simple_rel_array.add(d.varno as usize);
+        let (mut own, mut compares) = (Vec::new(), Vec::new());
+        // (one test taken by the key's IS NOT NULL)
+        let mut filters = clauses_of(rel, d.varno, &cached, &mut own, &mut compares, 1)?;
+        for a in filters.iter_mut().flatten() {
+            if let Check::Text(n) = &mut a.check {
+                *n += texts.len();
+            }
+        }
+        texts.extend(own);
+        Some(DimCache { key, groups, filters, compares })
+    }
+}
+
 impl Shape {
     /// What the node computes for this query level, if it can (the module comment's rules).
     ///
@@ -252,32 +333,8 @@ impl Shape {
             let parse = (*root).parse;
             let cached = caches::ready_columns(relid)?;
             let rel = *(*root).simple_rel_array.add(varno as usize);
-            let (mut filters, mut texts, mut compares) = (Vec::new(), Vec::new(), Vec::new());
-            for ri in PgList::<pg_sys::RestrictInfo>::from_pg((*rel).baserestrictinfo).iter_ptr() {
-                if (*ri).pseudoconstant {
-                    return None;
-                }
-                let clause = (*ri).clause as *mut pg_sys::Node;
-                let mark = compares.len();
-                match int_clauses(clause, varno, &cached, &mut compares) {
-                    Some(c) => filters.extend(c),
-                    None => {
-                        compares.truncate(mark);
-                        let (col, expr) = text_clause(clause, varno, &cached)?;
-                        filters.push(vec![Atom { col, check: Check::Text(texts.len()) }]);
-                        texts.push(expr);
-                    }
-                }
-            }
-            // (a text condition may take two: its codes, and IS NULL where NULL passes it)
-            let tests: usize = filters.iter().flatten().map(|a| if matches!(a.check, Check::Text(_)) { 2 } else { 1 }).sum();
-            if tests > exec::scan::MAX_FILTERS {
-                return None;
-            }
-            // Clauses with a comparison last: their arithmetic may raise an ERROR, which the
-            // other clauses should have the chance to spare a row (as PostgreSQL orders its
-            // cheaper conditions first).
-            filters.sort_by_key(|c: &Vec<Atom>| c.iter().any(|a| matches!(a.check, Check::Compare(_))));
+            let (mut texts, mut compares) = (Vec::new(), Vec::new());
+            let filters = clauses_of(rel, varno, &cached, &mut texts, &mut compares, 0)?;
             // Each class joins the fact's one column with dimensions' columns; each dimension
             // is in one class, by one column.
             let mut dims: Vec<Dim> = Vec::new();
@@ -299,6 +356,7 @@ impl Shape {
                         key: ((*v).varattno, vtype),
                         key_pos: 0,
                         groups: Vec::new(),
+                        cached: None,
                     });
                 }
             }
@@ -349,6 +407,10 @@ impl Shape {
             // (each sum has a count beside it in the group table: NULL over no value)
             if aggs.len() * 2 > exec::scan::MAX_AGGS {
                 return None;
+            }
+            // The dimensions whose caches can stand in for their plans.
+            for d in &mut dims {
+                d.cached = dim_cache(root, d, &mut texts);
             }
             Some(Shape { relid, varno, keys, filters, texts, compares, aggs, dims, groups: 0 })
         }
@@ -470,7 +532,12 @@ pub(in crate::node) unsafe fn add_path(
                 let Some(p) = place(g.attnum) else { return };
                 g.pos = p;
             }
-            c += (*dp).total_cost + (*dp).rows * pg_sys::cpu_tuple_cost;
+            // (a dimension read from its cache: its own program's cost; its plan stays, for an
+            // execution where the cache is not current)
+            c += match &d.cached {
+                Some(dc) => cost((*rel).tuples, dc.columns().len(), (*dp).rows),
+                None => (*dp).total_cost,
+            } + (*dp).rows * pg_sys::cpu_tuple_cost;
             children.push(dp);
         }
         let cp = customscan::upper_path(output_rel, &children, estimate, c, 0, &METHODS.path);

@@ -5,6 +5,9 @@ use super::plan::agg_of;
 use super::values::{datum_of, read_dictionary, table_aggs, text_codes};
 use super::*;
 
+mod dims;
+use dims::{DimFrom, DimRows};
+
 /// Where an execution's rows came from (EXPLAIN ANALYZE's `Read From`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ReadFrom {
@@ -65,6 +68,8 @@ struct Stats {
     /// the CPU's loop).
     scan: std::time::Duration,
     scanning: std::time::Duration,
+    /// Where each dimension's rows came from.
+    dims_from: Vec<DimFrom>,
 }
 
 /// The strings of a text grouping column of the fact: per dictionary code in the groups, its
@@ -72,13 +77,6 @@ struct Stats {
 struct KeyTexts {
     col: Col,
     texts: std::collections::HashMap<u64, pg_sys::Datum>,
-}
-
-/// A dimension's rows as the executor drained them: its join table (none where no row has a
-/// key), and the distinct tuples of its grouping columns (a payload is an index among them).
-struct DimRows {
-    table: Option<SegRef>,
-    values: Vec<Vec<(pg_sys::Datum, bool)>>,
 }
 
 /// The GpuGroupAgg custom scan.
@@ -119,20 +117,8 @@ impl GpuGroupAggScan {
         let Some(u) = caches::usable_in_query(self.shape.relid, snap).unwrap_or_else(|e| report(e)) else {
             return Err("the table has no cache current for the query's snapshot");
         };
-        // The planned columns, by their index in the cache, with the planned encodings.
-        let mut index: Vec<(Col, usize)> = Vec::new();
-        for c in self.shape.columns() {
-            match u.layout.columns().iter().position(|x| x.attnum == c.attnum) {
-                Some(i)
-                    if u.layout.encoding(i) == Some(c.encoding)
-                        && (c.encoding != Encoding::Numeric || u.layout.columns()[i].scale == c.scale) =>
-                {
-                    index.push((c, i))
-                }
-                _ => return Err("the cache lacks a column the plan reads"),
-            }
-        }
-        let at = |c: &Col| index.iter().find(|x| x.0 == *c).map(|x| x.1).expect("a planned column");
+        let index = cache_index(&u, &self.shape.columns())?;
+        let at = |c: &Col| index_of(&index, c);
         // SAFETY: the query's snapshot, live while it runs.
         let Some(tail) = (unsafe { caches::visible_tail(&u, snap) }).unwrap_or_else(|e| report(e)) else {
             return Err("the cache holds appended rows this snapshot cannot place");
@@ -144,54 +130,20 @@ impl GpuGroupAggScan {
         // SAFETY: the node's context, made in begin.
         unsafe { pg_sys::MemoryContextReset(self.values_cxt) };
         let t = std::time::Instant::now();
+        let mut dims_from = Vec::new();
         for j in 0..self.dims.len() {
-            // SAFETY: the dimension's plan, initialized in begin.
-            let d = unsafe { self.drain(j) }.unwrap_or_else(|e| report(e));
+            // SAFETY: forwarded contract; the dimension's plan, initialized in begin.
+            let (d, from) = unsafe { self.dim_rows(node, j, snap) };
             self.drained.push(d);
+            dims_from.push(from);
         }
         let dims_time = t.elapsed();
         let empty = self.drained.iter().any(|d| d.table.is_none());
         let dim_tables: Vec<SegRef> = self.drained.iter().filter_map(|d| d.table).collect();
         let keys: Vec<Source> =
             self.program_keys().into_iter().map(|k| k.map_or_else(Source::Payload, |c| Source::Col(at(&c)))).collect();
-        // The clauses; a text condition as the codes of its column's strings that pass it.
-        let mut filters = Vec::new();
-        let mut bitmap_bytes = 0usize;
-        for clause in &self.shape.filters {
-            for (i, a) in clause.iter().enumerate() {
-                let first = filters.len();
-                match a.check {
-                    Check::Range { lo, hi } => filters.push(Filter::or(at(&a.col), Test::Range { lo, hi })),
-                    Check::Null => filters.push(Filter::or(at(&a.col), Test::Null)),
-                    Check::Compare(n) => {
-                        // its steps' columns by their index in the cache
-                        let c = &self.shape.compares[n];
-                        let map = |steps: &[Step]| -> Vec<Step> {
-                            steps.iter().map(|s| if let Step::Col(i) = *s { Step::Col(at(&c.cols[i])) } else { *s }).collect()
-                        };
-                        let expr = Compare { lhs: map(&c.expr.lhs), cmp: c.expr.cmp, rhs: map(&c.expr.rhs) };
-                        filters.push(Filter::or(at(&a.col), Test::Compare(expr)));
-                    }
-                    Check::Text(n) => {
-                        let bytes = read_dictionary(&u, at(&a.col))?;
-                        let dict = Dict::parse("a text column's dictionary", &bytes).unwrap_or_else(|e| report(e));
-                        // SAFETY: forwarded contract; a text condition of the plan.
-                        let (bits, null) = unsafe { text_codes(node, &dict, a.col.attnum, self.shape.texts[n]) };
-                        bitmap_bytes += bits.len();
-                        filters.push(Filter::or(at(&a.col), Test::Codes(bits)));
-                        if null {
-                            filters.push(Filter::or(at(&a.col), Test::Null));
-                        }
-                    }
-                }
-                // (the clause's first alternative starts it)
-                filters[first].or = i > 0;
-            }
-        }
-        // (with room for the comparisons' steps: at most 64 filters of 1,040 bytes)
-        if bitmap_bytes + (128 << 10) > exec::scan::MAX_BITMAP_BYTES {
-            return Err("the text conditions' dictionaries are too large for a program");
-        }
+        // SAFETY: forwarded contract; the plan's own conditions.
+        let filters = unsafe { program_filters(node, &u, &self.shape.filters, &self.shape.compares, &self.shape.texts, &at) }?;
         let spec = Spec {
             dims: if empty { Vec::new() } else { dim_tables },
             filters,
@@ -203,50 +155,14 @@ impl GpuGroupAggScan {
             keys,
             aggs: aggs.clone(),
         };
-        let mut shape = groups::Shape {
+        let shape = groups::Shape {
             key_words: spec.keys.len() as u16 + 1,
             aggs: aggs.iter().map(|a| a.0).collect(),
             slot_count: groups::Shape::slots_for(self.shape.groups.clamp(MIN_GROUPS, MAX_FIRST_GROUPS)),
         };
-        // The program into a group table segment, grown into a new one whenever it is full.
-        let create = |shape: &groups::Shape| -> Result<SegRef> {
-            let bytes = shape.bytes().min(i64::MAX as u64) as i64;
-            cleanup::try_create("groups", |name| {
-                try_executor(|ex| exec::create(ex, name, bytes, Some(bytes), TierPref::Auto, current_user(), now()))
-            })
-        };
-        let run = |shape: &mut groups::Shape, stats: &mut Stats| -> Result<SegRef> {
-            let mut seg = create(shape)?;
-            let mut init = Vec::new();
-            crate::node::fallible::try_resize(&mut init, shape.bytes() as usize, 0u8, "a group table")?;
-            groups::init(&mut init, shape, 0x5eed)?;
-            try_executor(|ex| exec::write(ex, &seg, 0, &init))?;
-            // (a dimension without rows: no fact row joins, the table stays empty)
-            if empty {
-                return Ok(seg);
-            }
-            drop(init);
-            let mut start = (0, 0);
-            loop {
-                let t = std::time::Instant::now();
-                let (progress, scanning) = try_executor(|ex| exec::scan_groups(ex, &u.seg, &seg, &spec, start))?;
-                stats.scan += t.elapsed();
-                stats.scanning += scanning;
-                match progress {
-                    Progress::Done => break,
-                    Progress::Full { block, row, slots } => {
-                        let next = create(&shape.with_slots(slots))?;
-                        try_executor(|ex| exec::groups_grow(ex, &seg, &next, slots))?;
-                        cleanup::drop_now(&seg);
-                        (seg, start, shape.slot_count) = (next, (block, row), slots);
-                        stats.grown += 1;
-                    }
-                }
-            }
-            Ok(seg)
-        };
-        self.stats = Stats { dims: dims_time, ..Stats::default() };
-        let seg = match run(&mut shape, &mut self.stats) {
+        self.stats = Stats { dims: dims_time, dims_from, ..Stats::default() };
+        // (a dimension without rows: no fact row joins, the table stays empty)
+        let ran = match run_program(&u, &tail, &spec, shape, !empty, &mut self.stats) {
             Ok(x) => x,
             // A cache dropped before the program pinned it (a rebuild, cache_drop); an engine
             // without scan programs. The temporary segments are dropped at the abort of an
@@ -255,68 +171,7 @@ impl GpuGroupAggScan {
             Err(e) if e.code == Code::FeatureNotSupported => return Err("the engine runs no scan programs"),
             Err(e) => report(e),
         };
-        // The table stays in its segment, read a window of slots at a time as the rows are
-        // returned (cleanup's list drops it however the statement ends).
-        let head = read_head(&seg).unwrap_or_else(|e| report(e));
-        // The appended rows this snapshot sees, folded by the same program on the CPU into a
-        // table of their own, over the dimensions' tables read back.
-        let tables: Vec<Vec<u64>> = if tail.is_empty() || empty {
-            Vec::new()
-        } else {
-            spec.dims.iter().map(|t| read_table(t).unwrap_or_else(|e| report(e))).collect()
-        };
-        let mut joins = Vec::new();
-        for (&(col, _), t) in spec.joins.iter().zip(&tables) {
-            let table = crate::gpujoin::table::Table::view_words("dimension table", t).unwrap_or_else(|e| report(e));
-            joins.push(crate::scan::Join { col, table });
-        }
-        let tail_rows = if empty { 0 } else { tail.len() };
-        let mut appended = std::collections::HashMap::new();
-        if tail_rows > 0 {
-            let program = Program { filters: spec.filters.clone(), joins, keys: spec.keys.clone(), aggs: aggs.clone() };
-            let mut local = shape.with_slots(groups::Shape::slots_for(MIN_GROUPS));
-            let mut bytes = Vec::new();
-            crate::node::fallible::try_resize(&mut bytes, local.bytes() as usize, 0u8, "a group table")
-                .unwrap_or_else(|e| report(e));
-            groups::init(&mut bytes, &local, 0x5eed).unwrap_or_else(|e| report(e));
-            let mut scratch = crate::scan::Scratch::default();
-            let mut i = 0;
-            while i < tail_rows {
-                let full = {
-                    let mut t = groups::Table::parse("group table", &mut bytes).unwrap_or_else(|e| report(e));
-                    match crate::scan::fold_row(&program, &mut t, &mut scratch, |c| Ok(tail.word(i, c)))
-                        .unwrap_or_else(|e| report(e))
-                    {
-                        Row::Full(slots) => Some(slots),
-                        Row::Folded | Row::Dropped => None,
-                    }
-                };
-                match full {
-                    None => {
-                        i += 1;
-                        self.stats.appended += 1;
-                    }
-                    Some(slots) => {
-                        let mut to = Vec::new();
-                        crate::node::fallible::try_resize(
-                            &mut to,
-                            local.with_slots(slots).bytes() as usize,
-                            0u8,
-                            "a group table",
-                        )
-                        .unwrap_or_else(|e| report(e));
-                        let mut from = groups::Table::parse("group table", &mut bytes).unwrap_or_else(|e| report(e));
-                        groups::grow(&mut from, &mut to, slots).unwrap_or_else(|e| report(e));
-                        (bytes, local.slot_count) = (to, slots);
-                    }
-                }
-                if i.is_multiple_of(crate::interrupt::EVERY as usize) {
-                    pg_sys::check_for_interrupts!();
-                }
-            }
-            let rows = groups::Table::parse("group table", &mut bytes).and_then(|mut t| t.groups()).unwrap_or_else(|e| report(e));
-            appended.extend(rows);
-        }
+        let Ran { seg, head, appended } = ran;
         self.stats.groups = head.header().groups;
         self.drop_dims();
         // The dictionaries of the fact's text grouping columns, for the codes the groups hold.
@@ -448,107 +303,6 @@ impl GpuGroupAggScan {
                 cleanup::drop_now(&t);
             }
         }
-    }
-
-    /// Drains dimension `j`'s plan into a join table of (key, index of its distinct grouping
-    /// values), keeping the values in the node's context.
-    ///
-    /// # Safety
-    /// The dimension's plan was initialized in begin; the node's context is live.
-    unsafe fn drain(&mut self, j: usize) -> Result<DimRows> {
-        let ps = self.dims[j];
-        let dim = &self.shape.dims[j];
-        let mut pairs: Vec<[i64; 2]> = Vec::new();
-        let mut index: std::collections::HashMap<Vec<u8>, usize> = std::collections::HashMap::new();
-        let mut values: Vec<Vec<(pg_sys::Datum, bool)>> = Vec::new();
-        let mut nulls = 0u64;
-        let mut bytes = Vec::new();
-        // SAFETY: forwarded contract; each row's attributes are read where the plan's target
-        // list puts them (begin found them), of the planned types.
-        unsafe {
-            loop {
-                let slot = pg_sys::ExecProcNode(ps);
-                if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
-                    break;
-                }
-                let natts = (*(*slot).tts_tupleDescriptor).natts;
-                if i32::from((*slot).tts_nvalid) < natts {
-                    pg_sys::slot_getsomeattrs_int(slot, natts);
-                }
-                let at = |i: usize| (*(*slot).tts_values.add(i), *(*slot).tts_isnull.add(i));
-                let (k, knull) = at(dim.key_pos);
-                if knull {
-                    nulls += 1;
-                    continue;
-                }
-                let key = match dim.key.1 {
-                    pg_sys::INT2OID => k.value() as i16 as i64,
-                    pg_sys::INT4OID | pg_sys::DATEOID => k.value() as i32 as i64,
-                    _ => k.value() as i64,
-                };
-                let mut payload = 0usize;
-                if !dim.groups.is_empty() {
-                    // the tuple's bytes: per column a NULL flag, then the value's bytes
-                    bytes.clear();
-                    let mut tuple = Vec::with_capacity(dim.groups.len());
-                    for g in &dim.groups {
-                        let (v, isnull) = at(g.pos);
-                        if isnull {
-                            bytes.push(0);
-                            tuple.push((pg_sys::Datum::from(0), true));
-                        } else if matches!(g.typid, pg_sys::TEXTOID | pg_sys::VARCHAROID) {
-                            let p = pg_sys::pg_detoast_datum_packed(v.cast_mut_ptr());
-                            let data = std::slice::from_raw_parts(
-                                pgrx::varlena::vardata_any(p) as *const u8,
-                                pgrx::varlena::varsize_any_exhdr(p),
-                            );
-                            bytes.push(1);
-                            bytes.extend_from_slice(&(data.len() as u64).to_le_bytes());
-                            bytes.extend_from_slice(data);
-                            tuple.push((pg_sys::Datum::from(p), false));
-                        } else {
-                            bytes.push(1);
-                            bytes.extend_from_slice(&(v.value() as u64).to_le_bytes());
-                            tuple.push((v, false));
-                        }
-                    }
-                    payload = match index.get(&bytes) {
-                        Some(&i) => i,
-                        None => {
-                            // a new tuple: its text values copied into the node's context
-                            for (g, (v, isnull)) in dim.groups.iter().zip(tuple.iter_mut()) {
-                                if !*isnull && matches!(g.typid, pg_sys::TEXTOID | pg_sys::VARCHAROID) {
-                                    let p = v.cast_mut_ptr::<pg_sys::varlena>();
-                                    let n = pgrx::varlena::varsize_any(p);
-                                    let c = pg_sys::MemoryContextAlloc(self.values_cxt, n);
-                                    std::ptr::copy_nonoverlapping(p as *const u8, c as *mut u8, n);
-                                    *v = pg_sys::Datum::from(c);
-                                }
-                            }
-                            crate::node::fallible::try_push(&mut values, tuple, "a dimension's grouping values")?;
-                            index.insert(bytes.clone(), values.len() - 1);
-                            values.len() - 1
-                        }
-                    };
-                }
-                crate::node::fallible::try_push(&mut pairs, [key, payload as i64], "a dimension's rows")?;
-            }
-        }
-        if pairs.is_empty() {
-            return Ok(DimRows { table: None, values });
-        }
-        let rows = pairs.len() as u64;
-        let n = crate::gpujoin::table::slot_count(rows);
-        let size = crate::gpujoin::table::table_bytes(rows).min(i64::MAX as u64) as i64;
-        let seg = cleanup::try_create("dim", |name| {
-            try_executor(|ex| exec::create(ex, name, size, Some(size), TierPref::Auto, current_user(), now()))
-        })?;
-        try_executor(|ex| {
-            exec::build_begin(ex, &seg, n)?;
-            exec::build_insert(ex, &seg, KeyType::Int8, n, &pairs)?;
-            exec::build_finish(ex, &seg, KeyType::Int8, n, rows, nulls)
-        })?;
-        Ok(DimRows { table: Some(seg), values })
     }
 
     /// The next group as the node's row (the scan tuple: the keys, then the aggregates,
@@ -928,6 +682,17 @@ impl JoinScan for GpuGroupAggScan {
                     .map(|(d, (rel, key, _))| format!("{rel} ON {} = {rel}.{key}", self.name_of(&d.fact_col)))
                     .collect();
                 prop(c"Dimensions", &dims.join(", "));
+                let cached: Vec<&str> = self
+                    .shape
+                    .dims
+                    .iter()
+                    .zip(&self.dim_names)
+                    .filter(|(d, _)| d.cached.is_some())
+                    .map(|(_, (rel, _, _))| rel.as_str())
+                    .collect();
+                if !cached.is_empty() {
+                    prop(c"Cached Dimensions", &cached.join(", "));
+                }
             }
             if !self.shape.keys.is_empty() {
                 let keys: Vec<String> = self
@@ -949,6 +714,20 @@ impl JoinScan for GpuGroupAggScan {
                 match self.read_from {
                     Some(ReadFrom::Cache) => {
                         prop(c"Read From", "cache");
+                        if !self.stats.dims_from.is_empty() {
+                            let from: Vec<String> = self
+                                .stats
+                                .dims_from
+                                .iter()
+                                .zip(&self.dim_names)
+                                .map(|(f, (rel, _, _))| match f {
+                                    DimFrom::Cache => format!("{rel}: cache"),
+                                    DimFrom::Plan(None) => format!("{rel}: plan"),
+                                    DimFrom::Plan(Some(why)) => format!("{rel}: plan ({why})"),
+                                })
+                                .collect();
+                            prop(c"Dimensions Read From", &from.join(", "));
+                        }
                         let int =
                             |label: &CStr, v: u64| pg_sys::ExplainPropertyInteger(label.as_ptr(), std::ptr::null(), v as i64, es);
                         int(c"Groups", self.stats.groups);
@@ -973,6 +752,184 @@ impl JoinScan for GpuGroupAggScan {
             }
         }
     }
+}
+
+/// The planned columns `cols` by their index in the cache `u`, where it holds each with the
+/// planned encoding (and, for `numeric`, scale).
+fn cache_index(u: &caches::Usable, cols: &[Col]) -> std::result::Result<Vec<(Col, usize)>, &'static str> {
+    let mut index = Vec::new();
+    for &c in cols {
+        match u.layout.columns().iter().position(|x| x.attnum == c.attnum) {
+            Some(i)
+                if u.layout.encoding(i) == Some(c.encoding)
+                    && (c.encoding != Encoding::Numeric || u.layout.columns()[i].scale == c.scale) =>
+            {
+                index.push((c, i))
+            }
+            _ => return Err("the cache lacks a column the plan reads"),
+        }
+    }
+    Ok(index)
+}
+
+/// Column `c`'s index in the cache, from [`cache_index`]'s list (which holds every planned
+/// column).
+fn index_of(index: &[(Col, usize)], c: &Col) -> usize {
+    index.iter().find(|x| x.0 == *c).map(|x| x.1).expect("a planned column")
+}
+
+/// The program's filters for the clauses `clauses` (comparisons in `compares`, text conditions
+/// in `texts`) over the cache `u`, its columns' indexes by `at`: a text condition as the codes
+/// of its column's strings that pass it (PostgreSQL evaluates it per string).
+///
+/// # Safety
+/// `node` is the node's executor state; the clauses are its plan's.
+unsafe fn program_filters(
+    node: *mut pg_sys::CustomScanState,
+    u: &caches::Usable,
+    clauses: &[Vec<Atom>],
+    compares: &[PlanCompare],
+    texts: &[*mut pg_sys::Node],
+    at: &dyn Fn(&Col) -> usize,
+) -> std::result::Result<Vec<Filter>, &'static str> {
+    let mut filters = Vec::new();
+    let mut bitmap_bytes = 0usize;
+    for clause in clauses {
+        for (i, a) in clause.iter().enumerate() {
+            let first = filters.len();
+            match a.check {
+                Check::Range { lo, hi } => filters.push(Filter::or(at(&a.col), Test::Range { lo, hi })),
+                Check::Null => filters.push(Filter::or(at(&a.col), Test::Null)),
+                Check::Compare(n) => {
+                    // its steps' columns by their index in the cache
+                    let c = &compares[n];
+                    let map = |steps: &[Step]| -> Vec<Step> {
+                        steps.iter().map(|s| if let Step::Col(i) = *s { Step::Col(at(&c.cols[i])) } else { *s }).collect()
+                    };
+                    let expr = Compare { lhs: map(&c.expr.lhs), cmp: c.expr.cmp, rhs: map(&c.expr.rhs) };
+                    filters.push(Filter::or(at(&a.col), Test::Compare(expr)));
+                }
+                Check::Text(n) => {
+                    let bytes = read_dictionary(u, at(&a.col))?;
+                    let dict = Dict::parse("a text column's dictionary", &bytes).unwrap_or_else(|e| report(e));
+                    // SAFETY: forwarded contract; a text condition of the plan.
+                    let (bits, null) = unsafe { text_codes(node, &dict, a.col.attnum, texts[n]) };
+                    bitmap_bytes += bits.len();
+                    filters.push(Filter::or(at(&a.col), Test::Codes(bits)));
+                    if null {
+                        filters.push(Filter::or(at(&a.col), Test::Null));
+                    }
+                }
+            }
+            // (the clause's first alternative starts it)
+            filters[first].or = i > 0;
+        }
+    }
+    // (with room for the comparisons' steps: at most 64 filters of 1,040 bytes)
+    if bitmap_bytes + (128 << 10) > exec::scan::MAX_BITMAP_BYTES {
+        return Err("the text conditions' dictionaries are too large for a program");
+    }
+    Ok(filters)
+}
+
+/// A program's run over one cache: its group table (left in its segment), the table's header,
+/// and the groups of the appended rows the snapshot sees, folded on the CPU.
+struct Ran {
+    seg: SegRef,
+    head: groups::Head,
+    appended: std::collections::HashMap<Vec<u64>, Vec<(u64, u64)>>,
+}
+
+/// Runs `spec` over the cache `u` and its visible appended rows `tail` into a new temporary
+/// group table of `shape`, growing it into a segment of more slots whenever the program stops
+/// full (`exec::groups_grow`); where `scan` is false, the table stays empty (a dimension
+/// without rows: no fact row joins). The appended rows are folded by the same program on the
+/// CPU ([`crate::scan::fold_row`], over the join tables read back) into a table of their own.
+fn run_program(
+    u: &caches::Usable,
+    tail: &crate::cache::tail::TailRows,
+    spec: &Spec,
+    mut shape: groups::Shape,
+    scan: bool,
+    stats: &mut Stats,
+) -> Result<Ran> {
+    let create = |shape: &groups::Shape| -> Result<SegRef> {
+        let bytes = shape.bytes().min(i64::MAX as u64) as i64;
+        cleanup::try_create("groups", |name| {
+            try_executor(|ex| exec::create(ex, name, bytes, Some(bytes), TierPref::Auto, current_user(), now()))
+        })
+    };
+    let mut seg = create(&shape)?;
+    {
+        let mut init = Vec::new();
+        crate::node::fallible::try_resize(&mut init, shape.bytes() as usize, 0u8, "a group table")?;
+        groups::init(&mut init, &shape, 0x5eed)?;
+        try_executor(|ex| exec::write(ex, &seg, 0, &init))?;
+    }
+    let (mut start, mut done) = ((0, 0), !scan);
+    while !done {
+        let t = std::time::Instant::now();
+        let (progress, scanning) = try_executor(|ex| exec::scan_groups(ex, &u.seg, &seg, spec, start))?;
+        stats.scan += t.elapsed();
+        stats.scanning += scanning;
+        match progress {
+            Progress::Done => done = true,
+            Progress::Full { block, row, slots } => {
+                let next = create(&shape.with_slots(slots))?;
+                try_executor(|ex| exec::groups_grow(ex, &seg, &next, slots))?;
+                cleanup::drop_now(&seg);
+                (seg, start, shape.slot_count) = (next, (block, row), slots);
+                stats.grown += 1;
+            }
+        }
+    }
+    // The table stays in its segment (cleanup's list drops it however the statement ends).
+    let head = read_head(&seg)?;
+    let tail_rows = if scan { tail.len() } else { 0 };
+    let mut appended = std::collections::HashMap::new();
+    if tail_rows == 0 {
+        return Ok(Ran { seg, head, appended });
+    }
+    let tables: Vec<Vec<u64>> = spec.dims.iter().map(read_table).collect::<Result<_>>()?;
+    let mut joins = Vec::new();
+    for (&(col, _), t) in spec.joins.iter().zip(&tables) {
+        let table = crate::gpujoin::table::Table::view_words("dimension table", t)?;
+        joins.push(crate::scan::Join { col, table });
+    }
+    let program = Program { filters: spec.filters.clone(), joins, keys: spec.keys.clone(), aggs: spec.aggs.clone() };
+    let mut local = shape.with_slots(groups::Shape::slots_for(MIN_GROUPS));
+    let mut bytes = Vec::new();
+    crate::node::fallible::try_resize(&mut bytes, local.bytes() as usize, 0u8, "a group table")?;
+    groups::init(&mut bytes, &local, 0x5eed)?;
+    let mut scratch = crate::scan::Scratch::default();
+    let mut i = 0;
+    while i < tail_rows {
+        let full = {
+            let mut t = groups::Table::parse("group table", &mut bytes)?;
+            match crate::scan::fold_row(&program, &mut t, &mut scratch, |c| Ok(tail.word(i, c)))? {
+                Row::Full(slots) => Some(slots),
+                Row::Folded | Row::Dropped => None,
+            }
+        };
+        match full {
+            None => {
+                i += 1;
+                stats.appended += 1;
+            }
+            Some(slots) => {
+                let mut to = Vec::new();
+                crate::node::fallible::try_resize(&mut to, local.with_slots(slots).bytes() as usize, 0u8, "a group table")?;
+                let mut from = groups::Table::parse("group table", &mut bytes)?;
+                groups::grow(&mut from, &mut to, slots)?;
+                (bytes, local.slot_count) = (to, slots);
+            }
+        }
+        if i.is_multiple_of(crate::interrupt::EVERY as usize) {
+            pg_sys::check_for_interrupts!();
+        }
+    }
+    appended.extend(groups::Table::parse("group table", &mut bytes).and_then(|mut t| t.groups())?);
+    Ok(Ran { seg, head, appended })
 }
 
 /// A join table's bytes, read back into 8-byte aligned memory (for the appended rows' probes).

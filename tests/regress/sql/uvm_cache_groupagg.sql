@@ -32,7 +32,12 @@ DECLARE
 BEGIN
   FOR line IN SELECT * FROM pg_temp.explain_lines(q) LOOP
     node := node OR line LIKE '%UvmGpuGroupAgg%';
-    IF line LIKE '%Read From:%' THEN
+    -- (where a dimension has a program over its own cache: where each one's rows came from)
+    IF line LIKE '%Dimensions Read From:%' THEN
+      IF line LIKE '%: cache%' OR line LIKE '%: plan (%' THEN
+        read_from := read_from || ' (' || trim(split_part(line, 'Read From:', 2)) || ')';
+      END IF;
+    ELSIF line LIKE '%Read From:%' THEN
       read_from := ', ' || trim(split_part(line, 'Read From:', 2));
     END IF;
   END LOOP;
@@ -273,6 +278,37 @@ SELECT pg_temp.ga('SELECT gl.region, count(*) FROM ga, gk, gl WHERE ga.a = gk.k 
 SELECT pg_temp.ga('SELECT gk.name, count(*) FROM ga LEFT JOIN gk ON ga.a = gk.k GROUP BY gk.name');
 SELECT pg_temp.ga('SELECT gk.name, sum(gk.grp) FROM ga, gk WHERE ga.a = gk.k GROUP BY gk.name');
 SELECT pg_temp.ga('SELECT gk.name, count(*) FROM ga, gk WHERE ga.a = gk.k OR ga.b = 1 GROUP BY gk.name');
+
+-- the dimensions cached too: each one's rows from a program over its own cache (its
+-- conditions, key and grouping columns; NULL keys joining nothing, a duplicate key joining
+-- twice, NULL and text grouping values); a condition that is no program's clause keeps the
+-- dimension's plan; appended rows are read, the inserting transaction and a stale cache read
+-- the plan
+SELECT uvm.cache_table('gk') AS gk_cached, uvm.cache_table('gl') AS gl_cached;
+EXPLAIN (COSTS OFF) SELECT gk.name, count(*) FROM ga, gk WHERE ga.a = gk.k AND gk.grp < 2 GROUP BY gk.name;
+SELECT pg_temp.ga('SELECT gk.name, count(*), sum(ga.v), min(ga.w) FROM ga, gk WHERE ga.a = gk.k GROUP BY gk.name');
+SELECT pg_temp.ga('SELECT gk.name, ga.b, count(*) FROM ga JOIN gk ON ga.a = gk.k GROUP BY gk.name, ga.b');
+SELECT pg_temp.ga('SELECT gk.grp, gk.day, gl.region, sum(ga.w) FROM ga, gk, gl WHERE ga.a = gk.k AND ga.w = gl.k AND ga.b < 3 GROUP BY gk.grp, gk.day, gl.region');
+SELECT pg_temp.ga('SELECT gl.region, count(*) FROM ga, gk, gl WHERE ga.a = gk.k AND ga.w = gl.k AND gk.name LIKE ''n%'' GROUP BY gl.region');
+SELECT pg_temp.ga('SELECT count(*), sum(ga.v) FROM ga, gk WHERE ga.a = gk.k AND gk.grp = 1');
+SELECT pg_temp.ga('SELECT count(*), sum(ga.v) FROM ga, gk WHERE ga.a = gk.k AND gk.grp = 7');
+SELECT pg_temp.ga('SELECT gk.k, count(*) FROM ga, gk WHERE ga.a = gk.k GROUP BY gk.k');
+SELECT pg_temp.ga('SELECT gk.name, gk.day, count(*) FROM ga, gk WHERE ga.a = gk.k AND (gk.day IS NULL OR gk.grp IN (0, 2)) GROUP BY gk.name, gk.day');
+SELECT pg_temp.ga('SELECT gk.grp, count(*) FROM ga, gk WHERE ga.a = gk.k AND gk.k + gk.grp < 5 AND gk.name IS NOT NULL GROUP BY gk.grp');
+SELECT pg_temp.ga('SELECT gl.region, count(*) FROM ga, gl WHERE ga.w = gl.k AND gl.region IN (''east'', ''north'') AND gl.k % 3 <> 0 GROUP BY gl.region');
+SELECT pg_temp.ga('SELECT gk.name, count(*) FROM ga, gk WHERE ga.a = gk.k AND gk.k::float8 > 0.5 GROUP BY gk.name');
+-- (appends: a cache without text columns takes them; a text column's makes it stale)
+SELECT uvm.cache_drop('gk') AS gk_dropped, uvm.cache_table('gk', ARRAY['k', 'grp', 'day']) AS gk_cached_without_text;
+INSERT INTO gk VALUES (4, 'appended', 2, date '2021-06-01'), (5, NULL, 7, NULL), (NULL, NULL, 2, NULL);
+SELECT pg_temp.ga('SELECT gk.grp, gk.day, count(*), sum(ga.v) FROM ga, gk WHERE ga.a = gk.k GROUP BY gk.grp, gk.day');
+SELECT pg_temp.ga('SELECT gk.grp, count(*) FROM ga, gk WHERE ga.a = gk.k AND gk.grp > 1 GROUP BY gk.grp');
+BEGIN;
+INSERT INTO gk VALUES (6, 'mine', 1, NULL);
+SELECT pg_temp.ga('SELECT gk.grp, count(*) FROM ga, gk WHERE ga.a = gk.k GROUP BY gk.grp');
+ROLLBACK;
+DELETE FROM gk WHERE name = 'appended' OR grp = 7 OR (k IS NULL AND name IS NULL);
+SELECT pg_temp.ga('SELECT gk.grp, count(*) FROM ga, gk WHERE ga.a = gk.k GROUP BY gk.grp');
+SELECT uvm.cache_drop('gk') AS gk_dropped, uvm.cache_drop('gl') AS gl_dropped;
 
 -- in a parallel query (Gathers among the node's children: the executor runs in parallel mode,
 -- where the node's checks must not write)

@@ -1,0 +1,343 @@
+//! A dimension's rows for the star join (see the module essay): from its own column cache
+//! where the plan holds a program for it ([`DimCache`]) and the cache is current for the
+//! query's snapshot, else from its plan (PostgreSQL's scan with the dimension's conditions).
+//! Either way they become a temporary join table of (key, index of the row's distinct grouping
+//! values), the values kept in the node's context for the groups returned, so the fact's
+//! program never knows where a dimension came from.
+//!
+//! From a cache, the dimension's conditions run as a scan program of their own (the fact's
+//! machinery, [`run_program`]: kernels where the cache lives in GPU memory, the CPU's loop on
+//! the host provider), grouping the rows that pass by (key, grouping columns) with a count:
+//! the distinct (key, values) pairs and how many rows each stands for (a key twice in the
+//! dimension joins twice). The groups are read back a window of the table at a time and each
+//! inserted as often as its count, as the plan's rows would have been; a NULL key joins
+//! nothing and is filtered out by the program. No tuple is formed and no heap page read: the
+//! dimension costs its cached columns' words, not its plan. Falls back to the plan (and says
+//! why in `EXPLAIN ANALYZE`) where the cache is not current, lacks a planned column, was
+//! dropped meanwhile, or the engine runs no programs.
+
+use super::*;
+
+/// Where a dimension's rows came from (EXPLAIN ANALYZE's `Dimensions Read From`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum DimFrom {
+    Cache,
+    /// Its plan; where the plan holds a program for its cache, why that did not run.
+    Plan(Option<&'static str>),
+}
+
+/// A dimension's rows as the executor gathered them: its join table (none where no row has a
+/// key), and the distinct tuples of its grouping columns (a payload is an index among them).
+pub(super) struct DimRows {
+    pub(super) table: Option<SegRef>,
+    pub(super) values: Vec<Vec<(pg_sys::Datum, bool)>>,
+}
+
+/// The join table of `pairs` (key, payload) in a new temporary segment; none for no pairs.
+fn build_table(pairs: &[[i64; 2]], nulls: u64) -> Result<Option<SegRef>> {
+    if pairs.is_empty() {
+        return Ok(None);
+    }
+    let rows = pairs.len() as u64;
+    let n = crate::gpujoin::table::slot_count(rows);
+    let size = crate::gpujoin::table::table_bytes(rows).min(i64::MAX as u64) as i64;
+    let seg = cleanup::try_create("dim", |name| {
+        try_executor(|ex| exec::create(ex, name, size, Some(size), TierPref::Auto, current_user(), now()))
+    })?;
+    try_executor(|ex| {
+        exec::build_begin(ex, &seg, n)?;
+        exec::build_insert(ex, &seg, KeyType::Int8, n, pairs)?;
+        exec::build_finish(ex, &seg, KeyType::Int8, n, rows, nulls)
+    })?;
+    Ok(Some(seg))
+}
+
+impl GpuGroupAggScan {
+    /// Dimension `j`'s rows: from its cache where it can, else from its plan.
+    ///
+    /// # Safety
+    /// `node` is this node's executor state, `snap` the query's snapshot; the dimension's plan
+    /// was initialized in begin; the node's values context is live.
+    pub(super) unsafe fn dim_rows(
+        &mut self,
+        node: *mut pg_sys::CustomScanState,
+        j: usize,
+        snap: pg_sys::Snapshot,
+    ) -> (DimRows, DimFrom) {
+        let why = if self.shape.dims[j].cached.is_some() {
+            // SAFETY: forwarded contract.
+            match unsafe { self.read_dim_cache(node, j, snap) } {
+                Ok(d) => return (d, DimFrom::Cache),
+                Err(why) => Some(why),
+            }
+        } else {
+            None
+        };
+        // SAFETY: forwarded contract.
+        let d = unsafe { self.drain(j) }.unwrap_or_else(|e| report(e));
+        (d, DimFrom::Plan(why))
+    }
+
+    /// Dimension `j`'s rows from its cache (the module comment), or why its plan must run.
+    ///
+    /// # Safety
+    /// As [`Self::dim_rows`]; the dimension has a cached program.
+    unsafe fn read_dim_cache(
+        &mut self,
+        node: *mut pg_sys::CustomScanState,
+        j: usize,
+        snap: pg_sys::Snapshot,
+    ) -> std::result::Result<DimRows, &'static str> {
+        let dim = &self.shape.dims[j];
+        let dc = dim.cached.as_ref().expect("a dimension with a cached program");
+        let Some(u) = caches::usable_in_query(dim.relid, snap).unwrap_or_else(|e| report(e)) else {
+            return Err("the table has no cache current for the query's snapshot");
+        };
+        let index = cache_index(&u, &dc.columns())?;
+        let at = |c: &Col| index_of(&index, c);
+        // SAFETY: the query's snapshot, live while it runs.
+        let Some(tail) = (unsafe { caches::visible_tail(&u, snap) }).unwrap_or_else(|e| report(e)) else {
+            return Err("the cache holds appended rows this snapshot cannot place");
+        };
+        // Its rows with a key (NULL joins nothing) that pass its conditions, by (key, grouping
+        // columns), counted.
+        let mut filters = vec![Filter::and(at(&dc.key), Test::Range { lo: i64::MIN, hi: i64::MAX })];
+        // SAFETY: forwarded contract; the dimension's own conditions of the plan.
+        filters.extend(unsafe { program_filters(node, &u, &dc.filters, &dc.compares, &self.shape.texts, &at) }?);
+        let keys: Vec<Source> = std::iter::once(dc.key).chain(dc.groups.iter().copied()).map(|c| Source::Col(at(&c))).collect();
+        let aggs = vec![(AggKind::CountStar, Input::Star)];
+        // (the plan's estimate of its rows as the first size)
+        // SAFETY: the dimension's plan state, initialized in begin.
+        let estimate = unsafe { (*(*self.dims[j]).plan).plan_rows }.max(1.0) as u64;
+        let shape = groups::Shape {
+            key_words: keys.len() as u16 + 1,
+            aggs: vec![AggKind::CountStar],
+            slot_count: groups::Shape::slots_for(estimate.clamp(MIN_GROUPS, MAX_FIRST_GROUPS)),
+        };
+        let spec = Spec { dims: Vec::new(), filters, joins: Vec::new(), keys, aggs };
+        let mut stats = Stats::default();
+        let ran = match run_program(&u, &tail, &spec, shape, true, &mut stats) {
+            Ok(x) => x,
+            Err(e) if e.code == Code::UndefinedObject => return Err("the cache was dropped"),
+            Err(e) if e.code == Code::FeatureNotSupported => return Err("the engine runs no scan programs"),
+            Err(e) => report(e),
+        };
+        let out = (|| {
+            // The dictionaries of its text grouping columns, for the codes the groups hold.
+            let mut dicts = Vec::new();
+            for g in &dc.groups {
+                dicts.push(if g.encoding == Encoding::DictCode { Some(read_dictionary(&u, at(g))?) } else { None });
+            }
+            // (a count past the rows the cache holds is a table overwritten)
+            let bound = u.layout.header().rows.saturating_add(tail.len() as u64);
+            let mut rows = DimPairs { bound, ..DimPairs::default() };
+            let h = *ran.head.header();
+            let mut next = 0u64;
+            let mut window = Vec::new();
+            while next < h.slot_count {
+                pg_sys::check_for_interrupts!();
+                let n = (window_bytes() / h.slot_bytes.max(1)).clamp(1, h.slot_count - next);
+                let mut bytes = Vec::new();
+                crate::node::fallible::try_resize(&mut bytes, (n * h.slot_bytes) as usize, 0u8, "a window of a group table")
+                    .unwrap_or_else(|e| report(e));
+                let at = h.slots_at + next * h.slot_bytes;
+                try_executor(|ex| exec::read(ex, &ran.seg, at as i64, &mut bytes)).unwrap_or_else(|e| report(e));
+                next += n;
+                window.clear();
+                ran.head.groups_in(&bytes, &mut window);
+                for (key, states) in &window {
+                    // SAFETY: forwarded contract (the values context).
+                    unsafe { self.add_group(j, &dicts, &mut rows, key, states) }.unwrap_or_else(|e| report(e));
+                }
+            }
+            for (key, states) in &ran.appended {
+                // SAFETY: as above.
+                unsafe { self.add_group(j, &dicts, &mut rows, key, states) }.unwrap_or_else(|e| report(e));
+            }
+            let table = build_table(&rows.pairs, 0).unwrap_or_else(|e| report(e));
+            Ok(DimRows { table, values: rows.values })
+        })();
+        cleanup::drop_now(&ran.seg);
+        out
+    }
+
+    /// Adds a group of dimension `j`'s program (key words: its key, its grouping columns'
+    /// words, their NULL bits; one count) to `rows`: its pair, as many times as its rows.
+    ///
+    /// # Safety
+    /// The node's values context is live.
+    unsafe fn add_group(
+        &self,
+        j: usize,
+        dicts: &[Option<Vec<u8>>],
+        rows: &mut DimPairs,
+        key: &[u64],
+        states: &[(u64, u64)],
+    ) -> Result<()> {
+        let dim = &self.shape.dims[j];
+        let dc = dim.cached.as_ref().expect("a dimension with a cached program");
+        let ng = dc.groups.len();
+        let bad = |why: &str| UvmError::new(Code::SystemError, format!("GpuGroupAgg: a dimension's group table {why}"));
+        let (Some(&nulls), Some(&(count, _))) = (key.get(ng + 1), states.first()) else {
+            return Err(bad("without its key or count"));
+        };
+        if nulls & 1 != 0 {
+            return Ok(()); // (the program filters NULL keys out)
+        }
+        rows.total = rows.total.saturating_add(count);
+        if count == 0 || rows.total > rows.bound {
+            return Err(bad(&format!("counts {} rows of {} cached", rows.total, rows.bound)));
+        }
+        let mut payload = 0usize;
+        if ng > 0 {
+            rows.bytes.clear();
+            for i in 0..ng {
+                let null = nulls & (1 << (i + 1)) != 0;
+                rows.bytes.push(u8::from(!null));
+                rows.bytes.extend_from_slice(&if null { 0 } else { key[i + 1] }.to_le_bytes());
+            }
+            payload = match rows.index.get(&rows.bytes) {
+                Some(&i) => i,
+                None => {
+                    let mut tuple = Vec::with_capacity(ng);
+                    for (i, g) in dc.groups.iter().enumerate() {
+                        let w = key[i + 1];
+                        if nulls & (1 << (i + 1)) != 0 {
+                            tuple.push((pg_sys::Datum::from(0), true));
+                            continue;
+                        }
+                        let d = match &dicts[i] {
+                            Some(bytes) => {
+                                // (opened, not walked: few of a large dictionary's codes)
+                                let dict = Dict::open("a text column's dictionary", bytes)?;
+                                let Some(s) = u32::try_from(w).ok().and_then(|c| dict.get(c)) else {
+                                    return Err(bad(&format!("holds code {w}, past its dictionary")));
+                                };
+                                // SAFETY: a text datum made in the values context (live while the
+                                // execution's rows are).
+                                unsafe {
+                                    let old = pg_sys::MemoryContextSwitchTo(self.values_cxt);
+                                    let t =
+                                        pg_sys::cstring_to_text_with_len(s.as_ptr() as *const std::ffi::c_char, s.len() as i32);
+                                    pg_sys::MemoryContextSwitchTo(old);
+                                    pg_sys::Datum::from(t)
+                                }
+                            }
+                            None => datum_of_word(w, *g),
+                        };
+                        tuple.push((d, false));
+                    }
+                    crate::node::fallible::try_push(&mut rows.values, tuple, "a dimension's grouping values")?;
+                    rows.index.insert(rows.bytes.clone(), rows.values.len() - 1);
+                    rows.values.len() - 1
+                }
+            };
+        }
+        crate::node::fallible::try_reserve(&mut rows.pairs, count as usize, "a dimension's rows")?;
+        for _ in 0..count {
+            rows.pairs.push([key[0] as i64, payload as i64]);
+        }
+        Ok(())
+    }
+
+    /// Drains dimension `j`'s plan into a join table of (key, index of its distinct grouping
+    /// values), keeping the values in the node's context.
+    ///
+    /// # Safety
+    /// The dimension's plan was initialized in begin; the node's context is live.
+    unsafe fn drain(&mut self, j: usize) -> Result<DimRows> {
+        let ps = self.dims[j];
+        let dim = &self.shape.dims[j];
+        let mut pairs: Vec<[i64; 2]> = Vec::new();
+        let mut index: std::collections::HashMap<Vec<u8>, usize> = std::collections::HashMap::new();
+        let mut values: Vec<Vec<(pg_sys::Datum, bool)>> = Vec::new();
+        let mut nulls = 0u64;
+        let mut bytes = Vec::new();
+        // SAFETY: forwarded contract; each row's attributes are read where the plan's target
+        // list puts them (begin found them), of the planned types.
+        unsafe {
+            loop {
+                let slot = pg_sys::ExecProcNode(ps);
+                if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
+                    break;
+                }
+                let natts = (*(*slot).tts_tupleDescriptor).natts;
+                if i32::from((*slot).tts_nvalid) < natts {
+                    pg_sys::slot_getsomeattrs_int(slot, natts);
+                }
+                let at = |i: usize| (*(*slot).tts_values.add(i), *(*slot).tts_isnull.add(i));
+                let (k, knull) = at(dim.key_pos);
+                if knull {
+                    nulls += 1;
+                    continue;
+                }
+                let key = match dim.key.1 {
+                    pg_sys::INT2OID => k.value() as i16 as i64,
+                    pg_sys::INT4OID | pg_sys::DATEOID => k.value() as i32 as i64,
+                    _ => k.value() as i64,
+                };
+                let mut payload = 0usize;
+                if !dim.groups.is_empty() {
+                    // the tuple's bytes: per column a NULL flag, then the value's bytes
+                    bytes.clear();
+                    let mut tuple = Vec::with_capacity(dim.groups.len());
+                    for g in &dim.groups {
+                        let (v, isnull) = at(g.pos);
+                        if isnull {
+                            bytes.push(0);
+                            tuple.push((pg_sys::Datum::from(0), true));
+                        } else if matches!(g.typid, pg_sys::TEXTOID | pg_sys::VARCHAROID) {
+                            let p = pg_sys::pg_detoast_datum_packed(v.cast_mut_ptr());
+                            let data = std::slice::from_raw_parts(
+                                pgrx::varlena::vardata_any(p) as *const u8,
+                                pgrx::varlena::varsize_any_exhdr(p),
+                            );
+                            bytes.push(1);
+                            bytes.extend_from_slice(&(data.len() as u64).to_le_bytes());
+                            bytes.extend_from_slice(data);
+                            tuple.push((pg_sys::Datum::from(p), false));
+                        } else {
+                            bytes.push(1);
+                            bytes.extend_from_slice(&(v.value() as u64).to_le_bytes());
+                            tuple.push((v, false));
+                        }
+                    }
+                    payload = match index.get(&bytes) {
+                        Some(&i) => i,
+                        None => {
+                            // a new tuple: its text values copied into the node's context
+                            for (g, (v, isnull)) in dim.groups.iter().zip(tuple.iter_mut()) {
+                                if !*isnull && matches!(g.typid, pg_sys::TEXTOID | pg_sys::VARCHAROID) {
+                                    let p = v.cast_mut_ptr::<pg_sys::varlena>();
+                                    let n = pgrx::varlena::varsize_any(p);
+                                    let c = pg_sys::MemoryContextAlloc(self.values_cxt, n);
+                                    std::ptr::copy_nonoverlapping(p as *const u8, c as *mut u8, n);
+                                    *v = pg_sys::Datum::from(c);
+                                }
+                            }
+                            crate::node::fallible::try_push(&mut values, tuple, "a dimension's grouping values")?;
+                            index.insert(bytes.clone(), values.len() - 1);
+                            values.len() - 1
+                        }
+                    };
+                }
+                crate::node::fallible::try_push(&mut pairs, [key, payload as i64], "a dimension's rows")?;
+            }
+        }
+        let table = build_table(&pairs, nulls)?;
+        Ok(DimRows { table, values })
+    }
+}
+
+/// A dimension's rows gathered from its program's groups.
+#[derive(Default)]
+struct DimPairs {
+    pairs: Vec<[i64; 2]>,
+    /// The distinct grouping tuples (by their words and NULL flags), and their values.
+    index: std::collections::HashMap<Vec<u8>, usize>,
+    values: Vec<Vec<(pg_sys::Datum, bool)>>,
+    bytes: Vec<u8>,
+    /// Rows counted so far, and the most there can be.
+    total: u64,
+    bound: u64,
+}
