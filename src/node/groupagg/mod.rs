@@ -130,9 +130,10 @@
 //!   with an arm that is never true, an `OR` of `AND`s distributing into more than
 //!   16 clauses, more than `exec::scan::MAX_FILTERS` alternatives in all: declined for now.
 //! - Each dimension's rows are gathered in the backend before its join table is built, and
-//!   its distinct grouping values kept for the output: not bounded by `work_mem` yet. From a
-//!   cache, the dimension's (key, values) groups are read back and inserted by the backend:
-//!   a kernel building the join table in place is the next step. The
+//!   its distinct grouping values kept for the output, within `work_mem` ×
+//!   `hash_mem_multiplier` for all the dimensions together (past it the node reads its child:
+//!   `run/dims.rs`). From a cache, the dimension's (key, values) groups are read back and
+//!   inserted by the backend: a kernel building the join table in place is the next step. The
 //!   group table in its segment grows without limit but memory; the backend reads it back a
 //!   window at a time (a quarter of `work_mem`), and holds the appended rows' groups whole.
 //!

@@ -131,9 +131,10 @@ impl GpuGroupAggScan {
         unsafe { pg_sys::MemoryContextReset(self.values_cxt) };
         let t = std::time::Instant::now();
         let mut dims_from = Vec::new();
+        let mut budget = dims::Budget::new();
         for j in 0..self.dims.len() {
             // SAFETY: forwarded contract; the dimension's plan, initialized in begin.
-            let (d, from) = unsafe { self.dim_rows(node, j, snap) };
+            let (d, from) = unsafe { self.dim_rows(node, j, snap, &mut budget) }?;
             self.drained.push(d);
             dims_from.push(from);
         }

@@ -15,6 +15,12 @@
 //! dimension costs its cached columns' words, not its plan. Falls back to the plan (and says
 //! why in `EXPLAIN ANALYZE`) where the cache is not current, lacks a planned column, was
 //! dropped meanwhile, or the engine runs no programs.
+//!
+//! The dimensions' rows (their pairs, and their distinct grouping values) are held in the
+//! backend while their tables are built: together they may take `work_mem` ×
+//! `hash_mem_multiplier` ([`Budget`]), as PostgreSQL's hash joins' tables may. Past it the
+//! node reads its child, PostgreSQL's own plan, whose hash joins batch to disk: nothing was
+//! returned yet, so the fallback is whole.
 
 use super::*;
 
@@ -24,6 +30,37 @@ pub(super) enum DimFrom {
     Cache,
     /// Its plan; where the plan holds a program for its cache, why that did not run.
     Plan(Option<&'static str>),
+}
+
+/// Why the node reads its child where the dimensions' rows outgrow their [`Budget`].
+pub(super) const OVER_BUDGET: &str = "the dimensions' rows need more than work_mem × hash_mem_multiplier";
+
+/// The bytes the dimensions' rows may still take in the backend (the module comment).
+pub(super) struct Budget {
+    left: u64,
+}
+
+impl Budget {
+    /// `work_mem` × `hash_mem_multiplier`, for one execution's dimensions together.
+    pub(super) fn new() -> Budget {
+        Budget { left: crate::node::spill::hash_memory() }
+    }
+
+    /// Takes `bytes`; false (taking nothing) where fewer are left.
+    fn take(&mut self, bytes: u64) -> bool {
+        let ok = bytes <= self.left;
+        if ok {
+            self.left -= bytes;
+        }
+        ok
+    }
+}
+
+/// Bytes a dimension's pair takes, and a tuple of `n` grouping values besides its text bytes
+/// (its datums, and its key in the index of distinct tuples).
+const PAIR_BYTES: u64 = 16;
+fn tuple_bytes(n: usize) -> u64 {
+    64 + 25 * n as u64
 }
 
 /// A dimension's rows as the executor gathered them: its join table (none where no row has a
@@ -53,7 +90,8 @@ fn build_table(pairs: &[[i64; 2]], nulls: u64) -> Result<Option<SegRef>> {
 }
 
 impl GpuGroupAggScan {
-    /// Dimension `j`'s rows: from its cache where it can, else from its plan.
+    /// Dimension `j`'s rows: from its cache where it can, else from its plan; `Err` where they
+    /// outgrow `budget` (the node must read its child).
     ///
     /// # Safety
     /// `node` is this node's executor state, `snap` the query's snapshot; the dimension's plan
@@ -63,22 +101,27 @@ impl GpuGroupAggScan {
         node: *mut pg_sys::CustomScanState,
         j: usize,
         snap: pg_sys::Snapshot,
-    ) -> (DimRows, DimFrom) {
+        budget: &mut Budget,
+    ) -> std::result::Result<(DimRows, DimFrom), &'static str> {
         let why = if self.shape.dims[j].cached.is_some() {
             // SAFETY: forwarded contract.
-            match unsafe { self.read_dim_cache(node, j, snap) } {
-                Ok(d) => return (d, DimFrom::Cache),
+            match unsafe { self.read_dim_cache(node, j, snap, budget) } {
+                Ok(Some(d)) => return Ok((d, DimFrom::Cache)),
+                Ok(None) => return Err(OVER_BUDGET),
                 Err(why) => Some(why),
             }
         } else {
             None
         };
         // SAFETY: forwarded contract.
-        let d = unsafe { self.drain(j) }.unwrap_or_else(|e| report(e));
-        (d, DimFrom::Plan(why))
+        match unsafe { self.drain(j, budget) }.unwrap_or_else(|e| report(e)) {
+            Some(d) => Ok((d, DimFrom::Plan(why))),
+            None => Err(OVER_BUDGET),
+        }
     }
 
-    /// Dimension `j`'s rows from its cache (the module comment), or why its plan must run.
+    /// Dimension `j`'s rows from its cache (the module comment; `None` where they outgrow
+    /// `budget`), or why its plan must run.
     ///
     /// # Safety
     /// As [`Self::dim_rows`]; the dimension has a cached program.
@@ -87,7 +130,8 @@ impl GpuGroupAggScan {
         node: *mut pg_sys::CustomScanState,
         j: usize,
         snap: pg_sys::Snapshot,
-    ) -> std::result::Result<DimRows, &'static str> {
+        budget: &mut Budget,
+    ) -> std::result::Result<Option<DimRows>, &'static str> {
         let dim = &self.shape.dims[j];
         let dc = dim.cached.as_ref().expect("a dimension with a cached program");
         let Some(u) = caches::usable_in_query(dim.relid, snap).unwrap_or_else(|e| report(e)) else {
@@ -147,22 +191,27 @@ impl GpuGroupAggScan {
                 ran.head.groups_in(&bytes, &mut window);
                 for (key, states) in &window {
                     // SAFETY: forwarded contract (the values context).
-                    unsafe { self.add_group(j, &dicts, &mut rows, key, states) }.unwrap_or_else(|e| report(e));
+                    if !unsafe { self.add_group(j, &dicts, &mut rows, budget, key, states) }.unwrap_or_else(|e| report(e)) {
+                        return Ok(None);
+                    }
                 }
             }
             for (key, states) in &ran.appended {
                 // SAFETY: as above.
-                unsafe { self.add_group(j, &dicts, &mut rows, key, states) }.unwrap_or_else(|e| report(e));
+                if !unsafe { self.add_group(j, &dicts, &mut rows, budget, key, states) }.unwrap_or_else(|e| report(e)) {
+                    return Ok(None);
+                }
             }
             let table = build_table(&rows.pairs, 0).unwrap_or_else(|e| report(e));
-            Ok(DimRows { table, values: rows.values })
+            Ok(Some(DimRows { table, values: rows.values }))
         })();
         cleanup::drop_now(&ran.seg);
         out
     }
 
     /// Adds a group of dimension `j`'s program (key words: its key, its grouping columns'
-    /// words, their NULL bits; one count) to `rows`: its pair, as many times as its rows.
+    /// words, their NULL bits; one count) to `rows`: its pair, as many times as its rows;
+    /// false where they outgrow `budget`.
     ///
     /// # Safety
     /// The node's values context is live.
@@ -171,9 +220,10 @@ impl GpuGroupAggScan {
         j: usize,
         dicts: &[Option<Vec<u8>>],
         rows: &mut DimPairs,
+        budget: &mut Budget,
         key: &[u64],
         states: &[(u64, u64)],
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let dim = &self.shape.dims[j];
         let dc = dim.cached.as_ref().expect("a dimension with a cached program");
         let ng = dc.groups.len();
@@ -182,7 +232,7 @@ impl GpuGroupAggScan {
             return Err(bad("without its key or count"));
         };
         if nulls & 1 != 0 {
-            return Ok(()); // (the program filters NULL keys out)
+            return Ok(true); // (the program filters NULL keys out)
         }
         rows.total = rows.total.saturating_add(count);
         if count == 0 || rows.total > rows.bound {
@@ -199,6 +249,9 @@ impl GpuGroupAggScan {
             payload = match rows.index.get(&rows.bytes) {
                 Some(&i) => i,
                 None => {
+                    if !budget.take(tuple_bytes(ng)) {
+                        return Ok(false);
+                    }
                     let mut tuple = Vec::with_capacity(ng);
                     for (i, g) in dc.groups.iter().enumerate() {
                         let w = key[i + 1];
@@ -213,6 +266,9 @@ impl GpuGroupAggScan {
                                 let Some(s) = u32::try_from(w).ok().and_then(|c| dict.get(c)) else {
                                     return Err(bad(&format!("holds code {w}, past its dictionary")));
                                 };
+                                if !budget.take(s.len() as u64) {
+                                    return Ok(false);
+                                }
                                 // SAFETY: a text datum made in the values context (live while the
                                 // execution's rows are).
                                 unsafe {
@@ -233,19 +289,22 @@ impl GpuGroupAggScan {
                 }
             };
         }
+        if !budget.take(count.saturating_mul(PAIR_BYTES)) {
+            return Ok(false);
+        }
         crate::node::fallible::try_reserve(&mut rows.pairs, count as usize, "a dimension's rows")?;
         for _ in 0..count {
             rows.pairs.push([key[0] as i64, payload as i64]);
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Drains dimension `j`'s plan into a join table of (key, index of its distinct grouping
-    /// values), keeping the values in the node's context.
+    /// values), keeping the values in the node's context (`None` where they outgrow `budget`).
     ///
     /// # Safety
     /// The dimension's plan was initialized in begin; the node's context is live.
-    unsafe fn drain(&mut self, j: usize) -> Result<DimRows> {
+    unsafe fn drain(&mut self, j: usize, budget: &mut Budget) -> Result<Option<DimRows>> {
         let ps = self.dims[j];
         let dim = &self.shape.dims[j];
         let mut pairs: Vec<[i64; 2]> = Vec::new();
@@ -305,6 +364,9 @@ impl GpuGroupAggScan {
                     payload = match index.get(&bytes) {
                         Some(&i) => i,
                         None => {
+                            if !budget.take(tuple_bytes(tuple.len()) + bytes.len() as u64) {
+                                return Ok(None);
+                            }
                             // a new tuple: its text values copied into the node's context
                             for (g, (v, isnull)) in dim.groups.iter().zip(tuple.iter_mut()) {
                                 if !*isnull && matches!(g.typid, pg_sys::TEXTOID | pg_sys::VARCHAROID) {
@@ -321,11 +383,14 @@ impl GpuGroupAggScan {
                         }
                     };
                 }
+                if !budget.take(PAIR_BYTES) {
+                    return Ok(None);
+                }
                 crate::node::fallible::try_push(&mut pairs, [key, payload as i64], "a dimension's rows")?;
             }
         }
         let table = build_table(&pairs, nulls)?;
-        Ok(DimRows { table, values })
+        Ok(Some(DimRows { table, values }))
     }
 }
 
