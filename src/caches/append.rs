@@ -9,9 +9,11 @@
 //!   `session_replication_role`, the cache has a tail); any other write marks it stale as before.
 //! - **Append.** The trigger decodes the transition table's rows (`decode.rs`), registers the
 //!   top transaction id in the slot's pending list, takes a range of tail rows from the
-//!   directory, and writes the records, then the stamps. A tail too small, a full pending list,
-//!   a numeric NaN, or any error of the cache's own machinery marks the cache stale instead: the
-//!   insert itself never fails for the cache's sake (a cancel still cancels it).
+//!   directory, and writes the records, then the stamps. A text value's word is its code in
+//!   its column's dictionary ([`Codes`], read once per backend and build). A tail too small, a
+//!   full pending list, a numeric NaN, a string its dictionary lacks, or any error of the
+//!   cache's own machinery marks the cache stale instead: the insert itself never fails for the
+//!   cache's sake (a cancel still cancels it).
 //! - **Settle.** At its end the transaction settles: a commit takes its id off the pending
 //!   list; an abort, a rollback to a savepoint that appended, or a `PREPARE TRANSACTION` marks
 //!   the cache stale first (its rows stay in the tail, unreachable). So a reader never asks the
@@ -45,10 +47,27 @@ pub(super) fn capacity() -> u64 {
     crate::guc::CACHE_APPEND_ROWS.get().max(0) as u64
 }
 
-/// Whether a cache of `specs` can take appends: no dictionary column (a string first seen in an
-/// insert would need the dictionary to grow under readers), at most the tail's columns.
+/// Whether a cache of `specs` can take appends: at most the tail's columns. (A dictionary
+/// column's rows append where their strings are in its dictionary: see [`Codes`].)
 pub(super) fn appendable(specs: &[ColumnSpec]) -> bool {
-    specs.len() <= MAX_TAIL_COLUMNS as usize && specs.iter().all(|c| c.encoding != Encoding::DictCode)
+    specs.len() <= MAX_TAIL_COLUMNS as usize
+}
+
+/// A dictionary this large (its segment's bytes) is not loaded by an appender: its table's
+/// inserts of a text value make the cache stale instead (the backend's map would hold every
+/// string again).
+const MAX_LOOKUP_BYTES: u64 = 64 << 20;
+
+/// How an appender finds a text column's code: the strings of its dictionary, by their bytes.
+/// A dictionary is never changed after its build (readers and kernels read its codes in place,
+/// and equal strings must keep equal codes for `GROUP BY`), so a string the dictionary lacks
+/// cannot be appended: its insert makes the cache stale, and the next build takes it in.
+enum Codes {
+    /// Not a dictionary column.
+    None,
+    Map(HashMap<Vec<u8>, u32>),
+    /// Past [`MAX_LOOKUP_BYTES`]: no string is looked up.
+    TooLarge,
 }
 
 // --- the trigger in the catalog --------------------------------------------------------------
@@ -245,7 +264,7 @@ unsafe fn append(rel: pg_sys::Relation, rows: *mut pg_sys::Tuplestorestate) -> R
     };
     let (specs, tail, tseg) = (&t.specs, t.tail, &t.tseg);
     // SAFETY: forwarded contract.
-    let Some(new) = (unsafe { read_rows(rel, rows, specs, e.tail_capacity)? }) else {
+    let Some(new) = (unsafe { read_rows(rel, rows, specs, &t.codes, e.tail_capacity)? }) else {
         stale(relid);
         return Ok(());
     };
@@ -269,11 +288,13 @@ unsafe fn append(rel: pg_sys::Relation, rows: *mut pg_sys::Tuplestorestate) -> R
     Ok(())
 }
 
-/// What an appender needs of a cache: its columns, its tail's geometry and segment.
+/// What an appender needs of a cache: its columns, its tail's geometry and segment, and per
+/// column how its strings' codes are found.
 struct Target {
     specs: Vec<ColumnSpec>,
     tail: Tail,
     tseg: SegRef,
+    codes: Vec<Codes>,
 }
 
 thread_local! {
@@ -304,7 +325,11 @@ fn target(e: &Entry) -> Result<Option<std::rc::Rc<Target>>> {
     let mut head = [0u8; TAIL_HEADER_BYTES as usize];
     try_executor(|ex| exec::read(ex, &tseg, 0, &mut head))?;
     let tail = Tail::parse(&tname, &head, tinfo.size, e.relation, e.generation, specs.len() as u32, e.tail_capacity)?;
-    let t = std::rc::Rc::new(Target { specs, tail, tseg });
+    let mut codes = Vec::with_capacity(specs.len());
+    for c in &specs {
+        codes.push(if c.encoding == Encoding::DictCode { dictionary_codes(&name, c.attnum)? } else { Codes::None });
+    }
+    let t = std::rc::Rc::new(Target { specs, tail, tseg, codes });
     TARGETS.with(|m| {
         let mut m = m.borrow_mut();
         if m.len() >= 64 {
@@ -315,8 +340,31 @@ fn target(e: &Entry) -> Result<Option<std::rc::Rc<Target>>> {
     Ok(Some(t))
 }
 
+/// The codes of the dictionary of column `attnum` of the cache in segment `cache`, read whole
+/// (once per backend and build: [`TARGETS`]).
+fn dictionary_codes(cache: &str, attnum: i16) -> Result<Codes> {
+    let (seg, info) = lookup_own(&super::dictionary_name(cache, attnum))?;
+    if info.size > MAX_LOOKUP_BYTES {
+        return Ok(Codes::TooLarge);
+    }
+    let mut bytes = Vec::new();
+    bytes
+        .try_reserve_exact(info.size as usize)
+        .map_err(|_| UvmError::new(Code::OutOfMemory, "out of memory for a column dictionary"))?;
+    bytes.resize(info.size as usize, 0u8);
+    try_executor(|ex| exec::read(ex, &seg, 0, &mut bytes))?;
+    let dict = crate::cache::dict::Dict::parse(seg.name(), &bytes)?;
+    let mut map = HashMap::new();
+    map.try_reserve(dict.len() as usize)
+        .map_err(|_| UvmError::new(Code::OutOfMemory, "out of memory for a column dictionary's codes"))?;
+    for (code, s) in dict.iter() {
+        map.insert(s.to_vec(), code);
+    }
+    Ok(Codes::Map(map))
+}
+
 /// The transition table's rows as words; `None` where one cannot be cached (a numeric NaN or
-/// infinity) or there are more than `limit`.
+/// infinity, a string its column's dictionary lacks) or there are more than `limit`.
 ///
 /// # Safety
 /// As [`append`].
@@ -324,6 +372,7 @@ unsafe fn read_rows(
     rel: pg_sys::Relation,
     store: *mut pg_sys::Tuplestorestate,
     specs: &[ColumnSpec],
+    codes: &[Codes],
     limit: u64,
 ) -> Result<Option<Vec<Vec<Option<u64>>>>> {
     let mut decoder = super::decode::Decoder::new(specs);
@@ -345,6 +394,37 @@ unsafe fn read_rows(
             }
             if decoder.decode(slot, &mut row, false) == super::decode::Decoded::Unrepresentable {
                 representable = false;
+                break;
+            }
+            // a text value's word: its code in the column's dictionary (the decoder read the
+            // slot's attributes up to every column's)
+            for (c, spec) in specs.iter().enumerate() {
+                let (Codes::Map(_) | Codes::TooLarge) = &codes[c] else { continue };
+                let a = spec.attnum.max(1) as usize - 1;
+                if *(*slot).tts_isnull.add(a) {
+                    row[c] = None;
+                    continue;
+                }
+                let Codes::Map(map) = &codes[c] else {
+                    representable = false;
+                    break;
+                };
+                let p = pg_sys::pg_detoast_datum_packed((*(*slot).tts_values.add(a)).cast_mut_ptr());
+                let bytes =
+                    std::slice::from_raw_parts(pgrx::varlena::vardata_any(p) as *const u8, pgrx::varlena::varsize_any_exhdr(p));
+                let code = map.get(bytes).copied();
+                if p as *mut std::ffi::c_void != (*(*slot).tts_values.add(a)).cast_mut_ptr() {
+                    pg_sys::pfree(p as *mut std::ffi::c_void);
+                }
+                match code {
+                    Some(code) => row[c] = Some(u64::from(code)),
+                    None => {
+                        representable = false;
+                        break;
+                    }
+                }
+            }
+            if !representable {
                 break;
             }
             out.push(row.clone());

@@ -67,8 +67,10 @@ impl Decoder {
     /// for interrupts.
     ///
     /// # Safety
-    /// `slot` holds a tuple of the table whose columns these are; no text column is among them
-    /// (a by-value type's datum is its bits; a numeric's a varlena).
+    /// `slot` holds a tuple of the table whose columns these are (a by-value type's datum is
+    /// its bits; a numeric's a varlena). A dictionary column's word is its datum's bits, which
+    /// mean nothing: the caller puts its code there (the appender) or has none (the parallel
+    /// build takes no text column).
     pub(super) unsafe fn decode(&mut self, slot: *mut pg_sys::TupleTableSlot, row: &mut [Option<u64>], strict: bool) -> Decoded {
         let mut out = Decoded::Row;
         // SAFETY: forwarded contract; after slot_getsomeattrs the first `natts` values and NULL

@@ -566,8 +566,8 @@ fn stale_caches_are_rebuilt_in_the_background() {
             .get(0)
     };
 
-    // 1. A write: stale, then rebuilt (20001 rows) with the same columns; the answers are the
-    //    heap's.
+    // 1. A write of a string t's dictionary lacks (one it holds would append): stale, then
+    //    rebuilt (20001 rows) with the same columns; the answers are the heap's.
     admin.batch_execute(&format!("INSERT INTO {table} VALUES (0, 7, 1.5, 'new')")).unwrap();
     ready_with(&mut admin, 20001);
     let cols: Vec<String> =

@@ -176,13 +176,43 @@ RESET pg_uvm_share.cache_append_rows;
 SELECT tgrelid::regclass, tgname FROM pg_trigger WHERE tgname LIKE 'pg_uvm_share%' ORDER BY 1;
 INSERT INTO ap VALUES (80013, 1, 1, 1, 1, true);
 SELECT ap_state();
--- a cache with a text column takes no appends (its dictionary would have to grow under readers)
-CREATE TABLE apt (id int4, t text);
-INSERT INTO apt VALUES (1, 'a');
+-- a cache with text columns: a row whose strings its columns' dictionaries hold appends (as
+-- their codes), NULLs and COPY too, and GpuGroupAgg groups and filters the appended rows by
+-- them; a string a dictionary lacks makes the cache stale (the next build takes it in)
+CREATE TABLE apt (id int4, t text, u varchar(8));
+INSERT INTO apt SELECT g, 'tag' || (g % 5), CASE WHEN g % 3 = 0 THEN NULL ELSE 'u' || (g % 2) END
+  FROM generate_series(1, 20000) g;
+ANALYZE apt;
 SELECT uvm.cache_table('apt') AS rows;
 SELECT count(*) AS triggers FROM pg_trigger WHERE tgrelid = 'apt'::regclass;
-INSERT INTO apt VALUES (2, 'b');
+INSERT INTO apt VALUES (20001, 'tag1', 'u0'), (20002, 'tag4', NULL), (20003, NULL, 'u1');
+COPY apt FROM stdin;
+20004	tag2	u1
+\.
+SELECT state, appended_rows FROM uvm.caches WHERE relation = 'apt'::regclass;
+-- q from the cache (where the plan has GpuGroupAgg) and from the heap: where it read, whether
+-- it folded appended rows, whether the answers are the same
+CREATE FUNCTION apt_groups(q text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE line text; src text := 'postgres'; appended text := ''; a text; b text;
+BEGIN
+  FOR line IN EXECUTE 'EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) ' || q LOOP
+    IF line LIKE '%Read From:%' THEN src := trim(split_part(line, 'Read From:', 2)); END IF;
+    IF line LIKE '%Appended Rows:%' THEN appended := ', appended rows ' || trim(split_part(line, 'Appended Rows:', 2)); END IF;
+  END LOOP;
+  EXECUTE format('SELECT string_agg(r::text, '';'' ORDER BY r::text) FROM (%s) r', q) INTO a;
+  PERFORM set_config('pg_uvm_share.enable_cache', 'off', true);
+  EXECUTE format('SELECT string_agg(r::text, '';'' ORDER BY r::text) FROM (%s) r', q) INTO b;
+  PERFORM set_config('pg_uvm_share.enable_cache', 'on', true);
+  RETURN src || appended || CASE WHEN a IS NOT DISTINCT FROM b THEN ', same as the heap' ELSE ', DIFFERENT: ' || a || ' vs ' || b END;
+END $$;
+SELECT apt_groups('SELECT t, u, count(*), sum(id) FROM apt GROUP BY t, u');
+SELECT apt_groups('SELECT u, count(*), max(id) FROM apt WHERE t IN (''tag1'', ''tag4'') OR t IS NULL GROUP BY u');
+SELECT apt_groups('SELECT count(*) FROM apt WHERE u = ''u1'' AND id > 19990');
+SELECT source, rows, non_null FROM uvm.cache_fold('apt', 't');
+INSERT INTO apt VALUES (20005, 'tag9', 'u0');
 SELECT state FROM uvm.caches WHERE relation = 'apt'::regclass;
+SELECT apt_groups('SELECT t, count(*) FROM apt GROUP BY t');
+DROP FUNCTION apt_groups(text);
 DROP TABLE apt;
 
 -- The trigger function is only a trigger
