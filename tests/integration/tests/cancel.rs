@@ -32,8 +32,11 @@ fn segment_bytes() -> i64 {
     std::env::var("UVM_CANCEL_SEGMENT_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(4 << 30)
 }
 
-/// How long a whole fill must take for the interrupt test: the interrupt at up to 200 ms, then
-/// three times SERVED_INSIDE of room.
+/// How long a whole fill should take for the interrupt test (the segment grows until it does,
+/// memory allowing): the interrupt at up to 200 ms, then three times SERVED_INSIDE of room. Two
+/// times is the least the test accepts: an interrupt served only after the function returned
+/// would then come at least SERVED_INSIDE too late (a 6 GiB fill, the most a CI machine's free
+/// memory allowed, took 745 ms on a fast one).
 const MIN_WHOLE_RUN: Duration = Duration::from_millis(800);
 
 /// The largest segment the test may grow to: half the memory available now (the segment is
@@ -152,7 +155,7 @@ fn checksum_and_fill_of_a_large_segment_answer_cancel_and_timeout() {
         // Interrupt at a fifth of the uninterrupted time, which must leave room to notice.
         let at = (full / 5).min(Duration::from_millis(200));
         assert!(
-            full >= at + 3 * SERVED_INSIDE,
+            full >= at + 2 * SERVED_INSIDE,
             "{what} of {size} bytes takes only {} ms here: too short to interrupt; raise UVM_CANCEL_SEGMENT_BYTES",
             full.as_millis()
         );
