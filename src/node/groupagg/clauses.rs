@@ -48,15 +48,15 @@ pub(super) unsafe fn column(n: *mut pg_sys::Node, varno: u32, cached: &[(i16, En
     }
 }
 
-/// A `numeric` constant as a scaled integer at `scale`: its floor and whether it is exact
+/// A `numeric` value as a scaled integer at `scale`: its floor and whether it is exact
 /// (`None`: NaN, an infinity, or past `i64`).
 ///
 /// # Safety
-/// `c` is a non-NULL Const of type numeric.
-unsafe fn scaled_numeric(c: *const pg_sys::Const, scale: i16) -> Option<(i64, bool)> {
+/// `d` is a numeric datum.
+unsafe fn scaled_numeric(d: pg_sys::Datum, scale: i16) -> Option<(i64, bool)> {
     // SAFETY: forwarded contract; numeric_out of a numeric datum returns a palloc'd string.
     let text = unsafe {
-        let p = pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_NUMERIC_OUT), (*c).constvalue);
+        let p = pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_NUMERIC_OUT), d);
         CStr::from_ptr(p).to_str().ok()?.to_owned()
     };
     let (neg, digits) = match text.strip_prefix('-') {
@@ -81,7 +81,7 @@ unsafe fn scaled_numeric(c: *const pg_sys::Const, scale: i16) -> Option<(i64, bo
 /// `c` is a non-NULL numeric Const.
 unsafe fn numeric_ranges(col: Col, strategy: i32, c: *const pg_sys::Const) -> Option<Vec<Atom>> {
     // SAFETY: forwarded contract.
-    let (floor, exact) = unsafe { scaled_numeric(c, col.scale)? };
+    let (floor, exact) = unsafe { scaled_numeric((*c).constvalue, col.scale)? };
     let r = |lo, hi| Atom { col, check: Check::Range { lo, hi } };
     if exact {
         return ranges(col, strategy, floor);
@@ -148,18 +148,26 @@ fn comparable(ctype: pg_sys::Oid, vtype: pg_sys::Oid) -> bool {
     ctype == vtype || is_integer(ctype) && is_integer(vtype)
 }
 
-/// The elements of a constant array of an integer-like type, NULL ones as `None`.
+/// The elements of a constant array of an integer-like type, NULL ones as `None`, each with
+/// whether it is exact; a `numeric` array's elements scaled to `scale` (the floor of an inexact
+/// one, which no column word equals).
 ///
 /// # Safety
 /// `c` is a non-NULL Const of an array type.
-unsafe fn array_values(c: *const pg_sys::Const) -> Option<Vec<Option<i64>>> {
+unsafe fn array_values(c: *const pg_sys::Const, scale: i16) -> Option<Vec<Option<(i64, bool)>>> {
     // SAFETY: forwarded contract; the array is detoasted and deconstructed in the planner's
-    // memory, its elements of the element type read by value.
+    // memory, its elements of the element type read by value (numerics by reference).
     unsafe {
         let elem = pg_sys::get_element_type((*c).consttype);
         if !matches!(
             elem,
-            pg_sys::INT2OID | pg_sys::INT4OID | pg_sys::INT8OID | pg_sys::DATEOID | pg_sys::TIMESTAMPOID | pg_sys::TIMESTAMPTZOID
+            pg_sys::INT2OID
+                | pg_sys::INT4OID
+                | pg_sys::INT8OID
+                | pg_sys::DATEOID
+                | pg_sys::TIMESTAMPOID
+                | pg_sys::TIMESTAMPTZOID
+                | pg_sys::NUMERICOID
         ) {
             return None;
         }
@@ -174,12 +182,19 @@ unsafe fn array_values(c: *const pg_sys::Const) -> Option<Vec<Option<i64>>> {
                 out.push(None);
                 continue;
             }
+            if elem == pg_sys::NUMERICOID {
+                out.push(Some(scaled_numeric(*values.add(i), scale)?));
+                continue;
+            }
             let d = (*values.add(i)).value();
-            out.push(Some(match elem {
-                pg_sys::INT2OID => d as i16 as i64,
-                pg_sys::INT4OID | pg_sys::DATEOID => d as i32 as i64,
-                _ => d as i64,
-            }));
+            out.push(Some((
+                match elem {
+                    pg_sys::INT2OID => d as i16 as i64,
+                    pg_sys::INT4OID | pg_sys::DATEOID => d as i32 as i64,
+                    _ => d as i64,
+                },
+                true,
+            )));
         }
         Some(out)
     }
@@ -215,8 +230,8 @@ unsafe fn range_clause(op: *mut pg_sys::OpExpr, varno: u32, cached: &[(i16, Enco
         } else {
             ranges(col, strategy, const_value(konst)?)?
         };
-        // (never true: PostgreSQL answers; a clause needs an alternative)
-        (!alts.is_empty()).then(|| vec![alts])
+        // (never true: a clause of no alternative, which an OR drops and `clauses_of` declines)
+        Some(vec![alts])
     }
 }
 
@@ -379,9 +394,30 @@ pub(super) unsafe fn int_clauses(
                             let mut next = Vec::new();
                             for c in &cnf {
                                 for d in &clauses {
-                                    next.push(c.iter().chain(d).copied().collect::<Vec<Atom>>());
+                                    let mut clause: Vec<Atom> = Vec::with_capacity(c.len() + d.len());
+                                    for a in c.iter().chain(d) {
+                                        if !clause.contains(a) {
+                                            clause.push(*a);
+                                        }
+                                    }
+                                    next.push(clause);
                                 }
                             }
+                            // (absorption: a clause holding every alternative of another
+                            // is implied by it, and goes; of equal ones the first stays: each
+                            // dropped clause is implied by one of a smaller (length, place), so
+                            // by one kept. An arm never true leaves the others as they are.)
+                            let mut kept: Vec<Vec<Atom>> = Vec::new();
+                            for (i, c) in next.iter().enumerate() {
+                                let implied = next
+                                    .iter()
+                                    .enumerate()
+                                    .any(|(j, d)| j != i && d.iter().all(|a| c.contains(a)) && (d.len() < c.len() || j < i));
+                                if !implied {
+                                    kept.push(c.clone());
+                                }
+                            }
+                            let next = kept;
                             let atoms: usize = next.iter().map(Vec::len).sum();
                             if next.len() > MAX_DISTRIBUTED || atoms > exec::scan::MAX_FILTERS {
                                 return None;
@@ -441,14 +477,15 @@ pub(super) unsafe fn int_clauses(
                 if col.encoding == Encoding::Bool || !comparable(pg_sys::get_element_type((*konst).consttype), vtype) {
                     return None;
                 }
-                let values = array_values(konst)?;
+                let values = array_values(konst, col.scale)?;
                 let strategy = strategy_of((*op).opno, vtype, false)?;
                 if (*op).useOr {
                     if strategy != 3 {
                         return None;
                     }
-                    // equal values as ranges of consecutive ones (NULL elements match nothing)
-                    let mut v: Vec<i64> = values.into_iter().flatten().collect();
+                    // equal values as ranges of consecutive ones (NULL elements, and numerics
+                    // the column's scale cannot hold, match nothing)
+                    let mut v: Vec<i64> = values.into_iter().flatten().filter(|x| x.1).map(|x| x.0).collect();
                     v.sort_unstable();
                     v.dedup();
                     let mut alts: Vec<Atom> = Vec::new();
@@ -458,13 +495,22 @@ pub(super) unsafe fn int_clauses(
                             _ => alts.push(Atom { col, check: Check::Range { lo: x, hi: x } }),
                         }
                     }
-                    (!alts.is_empty()).then(|| vec![alts])
+                    Some(vec![alts])
                 } else {
                     // (a NULL element makes `<> ALL` never true: PostgreSQL answers)
                     if strategy != 6 || values.iter().any(|x| x.is_none()) {
                         return None;
                     }
-                    values.into_iter().flatten().map(|x| ranges(col, 6, x).filter(|a| !a.is_empty())).collect()
+                    // (a numeric the column's scale cannot hold differs from every value: the
+                    // row needs one, IS NOT NULL)
+                    let all = |x: (i64, bool)| {
+                        if x.1 {
+                            ranges(col, 6, x.0)
+                        } else {
+                            Some(vec![Atom { col, check: Check::Range { lo: i64::MIN, hi: i64::MAX } }])
+                        }
+                    };
+                    values.into_iter().flatten().map(|x| all(x).filter(|a| !a.is_empty())).collect()
                 }
             }
             _ => None,

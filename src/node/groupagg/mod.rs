@@ -45,9 +45,11 @@
 //!       `numeric(p, s)` with a numeric constant of any scale, scaled to the column's words and
 //!       rounded the way the comparison needs): ranges of the column's words (`<>`: the two
 //!       below and above); `= ANY` of a constant array
-//!       (`IN (...)`): a range per run of consecutive values; `<> ALL` (`NOT IN`, without a
-//!       NULL element): a clause per element; `IS NULL`, `IS NOT NULL`; a boolean column or
-//!       its `NOT`; an `OR` of these, and of `AND`s of them (distributed: `(A AND B) OR C` is
+//!       (`IN (...)`, numerics too): a range per run of consecutive values; `<> ALL` (`NOT
+//!       IN`, without a NULL element): a clause per element; `IS NULL`, `IS NOT NULL`; a
+//!       boolean column or its `NOT`; an `OR` of these, and of `AND`s of them (distributed,
+//!       a clause implied by another dropped, an arm that is never true, such as a numeric
+//!       the column's scale cannot hold, dropped; `(A AND B) OR C` is
 //!       `(A OR C) AND (B OR C)`, which holds in three-valued logic too; PostgreSQL has pushed
 //!       `NOT` down already, so the tests answer SQL's three-valued logic exactly: the scan
 //!       module's essay says why);
@@ -125,10 +127,10 @@
 //!
 //! # Limits (the next steps of issue 27)
 //!
-//! - Filters and keys on float columns, arithmetic and `IN` lists of numerics, `sum(float4)`,
-//!   `min`/`max` of text, an `OR` of tests of several columns one of which is text, an `OR`
-//!   with an arm that is never true, an `OR` of `AND`s distributing into more than
-//!   16 clauses, more than `exec::scan::MAX_FILTERS` alternatives in all: declined for now.
+//! - Filters and keys on float columns, arithmetic of numerics, `sum(float4)`, `min`/`max` of
+//!   text, an `OR` of tests of several columns one of which is text, a condition that is never
+//!   true, an `OR` of `AND`s distributing into more than 16 clauses, more than
+//!   `exec::scan::MAX_FILTERS` alternatives in all: declined for now.
 //! - Each dimension's rows are gathered in the backend before its join table is built, and
 //!   its distinct grouping values kept for the output, within `work_mem` ×
 //!   `hash_mem_multiplier` for all the dimensions together (past it the node reads its child:

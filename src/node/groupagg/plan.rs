@@ -222,6 +222,10 @@ unsafe fn clauses_of(
                 }
             }
         }
+        // (a clause of no alternative is never true: PostgreSQL answers)
+        if filters.iter().any(|c: &Vec<Atom>| c.is_empty()) {
+            return None;
+        }
         // (a text condition may take two: its codes, and IS NULL where NULL passes it)
         let tests: usize = filters.iter().flatten().map(|a| if matches!(a.check, Check::Text(_)) { 2 } else { 1 }).sum();
         if tests + reserved > exec::scan::MAX_FILTERS {

@@ -120,6 +120,13 @@ SELECT pg_temp.ga('SELECT k, count(*) FROM gn WHERE p = 1 OR r < 0 OR q = 998 OR
 SELECT pg_temp.ga('SELECT k, count(*) FROM gn WHERE q <> 48.5 AND p < 1e3 GROUP BY k');
 EXPLAIN (COSTS OFF) SELECT k, sum(p) FROM gn WHERE p > 10.5 AND p <= 12.555 AND q <> 48.5 GROUP BY k;
 SELECT pg_temp.ga('SELECT k, count(*) FROM gn WHERE p IN (1.5, 2.5) GROUP BY k');
+-- IN and NOT IN lists of numerics (an element the column's scale cannot hold equals no value;
+-- NOT IN of it needs a value), an OR's arms that are never true dropped
+SELECT pg_temp.ga('SELECT k, count(*), sum(q) FROM gn WHERE p IN (1.5, 2.255, -3.1, NULL) GROUP BY k');
+SELECT pg_temp.ga('SELECT k, count(*) FROM gn WHERE p NOT IN (1.5, 2.255) AND q NOT IN (48, 998) GROUP BY k');
+SELECT pg_temp.ga('SELECT k, count(*) FROM gn WHERE q NOT IN (48.5) GROUP BY k');
+SELECT pg_temp.ga('SELECT k, count(*) FROM gn WHERE p IN (2.255, 3.145) GROUP BY k');
+EXPLAIN (COSTS OFF) SELECT k, count(*) FROM gn WHERE p = 3.145 OR p IN (1.5, 2.255) OR (q = 0.5 AND p > 0) GROUP BY k;
 SELECT pg_temp.ga('SELECT k, sum(p * q) FROM gn GROUP BY k');
 SELECT pg_temp.ga('SELECT k, count(*) FROM gn WHERE p = 3.145 GROUP BY k');
 DROP TABLE gn;
