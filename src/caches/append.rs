@@ -10,10 +10,12 @@
 //! - **Append.** The trigger decodes the transition table's rows (`decode.rs`), registers the
 //!   top transaction id in the slot's pending list, takes a range of tail rows from the
 //!   directory, and writes the records, then the stamps. A text value's word is its code in
-//!   its column's dictionary ([`Codes`], read once per backend and build). A tail too small, a
-//!   full pending list, a numeric NaN, a string its dictionary lacks, or any error of the
-//!   cache's own machinery marks the cache stale instead: the insert itself never fails for the
-//!   cache's sake (a cancel still cancels it).
+//!   its column's dictionary ([`Codes`], read once per backend and build), or for a string the
+//!   dictionary lacks a code past it among the column's added strings ([`add_strings`], under
+//!   a lock, written before the records). A tail too small, a full pending list, a numeric NaN,
+//!   added strings past their room, or any error of the cache's own machinery marks the cache
+//!   stale instead: the insert itself never fails for the cache's sake (a cancel still cancels
+//!   it).
 //! - **Settle.** At its end the transaction settles: a commit takes its id off the pending
 //!   list; an abort, a rollback to a savepoint that appended, or a `PREPARE TRANSACTION` marks
 //!   the cache stale first (its rows stay in the tail, unreachable). So a reader never asks the
@@ -58,17 +60,31 @@ pub(super) fn appendable(specs: &[ColumnSpec]) -> bool {
 /// string again).
 const MAX_LOOKUP_BYTES: u64 = 64 << 20;
 
-/// How an appender finds a text column's code: the strings of its dictionary, by their bytes.
-/// A dictionary is never changed after its build (readers and kernels read its codes in place,
-/// and equal strings must keep equal codes for `GROUP BY`), so a string the dictionary lacks
-/// cannot be appended: its insert makes the cache stale, and the next build takes it in.
+/// How an appender finds a text column's code: the strings of its dictionary, by their bytes
+/// (`len` of them). A dictionary is never changed after its build (kernels read its codes in
+/// place), so a string it lacks gets a code past them in the column's segment of added strings
+/// ([`MORE`], [`add_strings`]), under a lock that gives equal strings one code (as `GROUP BY`
+/// needs); where that is full, the insert makes the cache stale and the next build takes the
+/// strings in.
 enum Codes {
     /// Not a dictionary column.
     None,
-    Map(HashMap<Vec<u8>, u32>),
+    Map {
+        map: HashMap<Vec<u8>, u32>,
+        len: u32,
+    },
     /// Past [`MAX_LOOKUP_BYTES`]: no string is looked up.
     TooLarge,
 }
+
+/// The room for strings appends add to a text column's dictionary (each column's segment,
+/// `more_name`, made with the cache when it takes appends, in the host tier): 4,096 strings of
+/// 256 KiB in all, about 290 KiB a column.
+pub(super) const MORE: crate::cache::dict::Reserved = crate::cache::dict::Reserved { entries: 4096, bytes: 256 << 10 };
+
+/// A row's word for a string its dictionary lacks, before [`add_strings`] gave it its code:
+/// this bit and the string's index among the statement's new strings of its column.
+const PENDING: u64 = 1 << 63;
 
 // --- the trigger in the catalog --------------------------------------------------------------
 
@@ -262,9 +278,9 @@ unsafe fn append(rel: pg_sys::Relation, rows: *mut pg_sys::Tuplestorestate) -> R
         stale(relid);
         return Ok(());
     };
-    let (specs, tail, tseg) = (&t.specs, t.tail, &t.tseg);
+    let (tail, tseg) = (t.tail, &t.tseg);
     // SAFETY: forwarded contract.
-    let Some(new) = (unsafe { read_rows(rel, rows, specs, &t.codes, e.tail_capacity)? }) else {
+    let Some(new) = (unsafe { read_rows(rel, rows, &t, e.tail_capacity)? }) else {
         stale(relid);
         return Ok(());
     };
@@ -291,6 +307,8 @@ unsafe fn append(rel: pg_sys::Relation, rows: *mut pg_sys::Tuplestorestate) -> R
 /// What an appender needs of a cache: its columns, its tail's geometry and segment, and per
 /// column how its strings' codes are found.
 struct Target {
+    /// The cache's segment name.
+    name: String,
     specs: Vec<ColumnSpec>,
     tail: Tail,
     tseg: SegRef,
@@ -329,7 +347,7 @@ fn target(e: &Entry) -> Result<Option<std::rc::Rc<Target>>> {
     for c in &specs {
         codes.push(if c.encoding == Encoding::DictCode { dictionary_codes(&name, c.attnum)? } else { Codes::None });
     }
-    let t = std::rc::Rc::new(Target { specs, tail, tseg, codes });
+    let t = std::rc::Rc::new(Target { name, specs, tail, tseg, codes });
     TARGETS.with(|m| {
         let mut m = m.borrow_mut();
         if m.len() >= 64 {
@@ -360,7 +378,7 @@ fn dictionary_codes(cache: &str, attnum: i16) -> Result<Codes> {
     for (code, s) in dict.iter() {
         map.insert(s.to_vec(), code);
     }
-    Ok(Codes::Map(map))
+    Ok(Codes::Map { map, len: dict.len() as u32 })
 }
 
 /// The transition table's rows as words; `None` where one cannot be cached (a numeric NaN or
@@ -371,12 +389,14 @@ fn dictionary_codes(cache: &str, attnum: i16) -> Result<Codes> {
 unsafe fn read_rows(
     rel: pg_sys::Relation,
     store: *mut pg_sys::Tuplestorestate,
-    specs: &[ColumnSpec],
-    codes: &[Codes],
+    t: &Target,
     limit: u64,
 ) -> Result<Option<Vec<Vec<Option<u64>>>>> {
+    let (specs, codes) = (&t.specs, &t.codes);
     let mut decoder = super::decode::Decoder::new(specs);
     let mut out = Vec::new();
+    // per column, the statement's strings its dictionary lacks (in first-seen order)
+    let mut new: Vec<NewStrings> = specs.iter().map(|_| Default::default()).collect();
     let mut row = vec![None; specs.len()];
     // SAFETY: forwarded contract: a read pointer of our own over the transition table (others'
     // readers select theirs before they read), a slot of the table's row type dropped below.
@@ -399,29 +419,36 @@ unsafe fn read_rows(
             // a text value's word: its code in the column's dictionary (the decoder read the
             // slot's attributes up to every column's)
             for (c, spec) in specs.iter().enumerate() {
-                let (Codes::Map(_) | Codes::TooLarge) = &codes[c] else { continue };
+                let (Codes::Map { .. } | Codes::TooLarge) = &codes[c] else { continue };
                 let a = spec.attnum.max(1) as usize - 1;
                 if *(*slot).tts_isnull.add(a) {
                     row[c] = None;
                     continue;
                 }
-                let Codes::Map(map) = &codes[c] else {
+                let Codes::Map { map, .. } = &codes[c] else {
                     representable = false;
                     break;
                 };
                 let p = pg_sys::pg_detoast_datum_packed((*(*slot).tts_values.add(a)).cast_mut_ptr());
                 let bytes =
                     std::slice::from_raw_parts(pgrx::varlena::vardata_any(p) as *const u8, pgrx::varlena::varsize_any_exhdr(p));
-                let code = map.get(bytes).copied();
+                row[c] = Some(match map.get(bytes) {
+                    Some(&code) => u64::from(code),
+                    None => {
+                        let (list, index) = &mut new[c];
+                        match index.get(bytes) {
+                            Some(&i) => PENDING | i,
+                            None => {
+                                let i = list.len() as u64;
+                                list.push(bytes.to_vec());
+                                index.insert(bytes.to_vec(), i);
+                                PENDING | i
+                            }
+                        }
+                    }
+                });
                 if p as *mut std::ffi::c_void != (*(*slot).tts_values.add(a)).cast_mut_ptr() {
                     pg_sys::pfree(p as *mut std::ffi::c_void);
-                }
-                match code {
-                    Some(code) => row[c] = Some(u64::from(code)),
-                    None => {
-                        representable = false;
-                        break;
-                    }
                 }
             }
             if !representable {
@@ -430,8 +457,94 @@ unsafe fn read_rows(
             out.push(row.clone());
         }
         pg_sys::ExecDropSingleTupleTableSlot(slot);
-        Ok(representable.then_some(out))
+        if !representable {
+            return Ok(None);
+        }
+        // The new strings' codes, then the rows' words that wait for them.
+        for (c, (list, _)) in new.iter().enumerate() {
+            let Codes::Map { len, .. } = &codes[c] else { continue };
+            if list.is_empty() {
+                continue;
+            }
+            let Some(given) = add_strings(&t.name, (*rel).rd_id, specs[c].attnum, *len, list)? else { return Ok(None) };
+            for row in &mut out {
+                if let Some(w) = row[c].as_mut().filter(|w| **w & PENDING != 0) {
+                    *w = u64::from(given[(*w & !PENDING) as usize]);
+                }
+            }
+        }
+        Ok(Some(out))
     }
+}
+
+/// A statement's strings of one column that its dictionary lacks, in first-seen order, and
+/// each one's index among them.
+type NewStrings = (Vec<Vec<u8>>, HashMap<Vec<u8>, u64>);
+
+/// Holds the lock on a column's added strings (a lock on an object of our own, so no other
+/// lock waits on it) until dropped; an ERROR's abort releases it instead.
+struct StringsLock {
+    relid: pg_sys::Oid,
+    sub: u16,
+}
+
+impl StringsLock {
+    fn take(relid: pg_sys::Oid, attnum: i16) -> StringsLock {
+        // (past the attribute numbers, so no object a catalog lock names)
+        let sub = 0x8000 | (attnum.max(0) as u16);
+        // SAFETY: a heavyweight lock of this backend's transaction, on an object no catalog
+        // operation locks; it waits (answering cancel) while another appender holds it.
+        unsafe { pg_sys::LockDatabaseObject(pg_sys::RelationRelationId, relid, sub, pg_sys::ExclusiveLock as i32) };
+        StringsLock { relid, sub }
+    }
+}
+
+impl Drop for StringsLock {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            // SAFETY: the lock this guard took, still held.
+            unsafe {
+                pg_sys::UnlockDatabaseObject(pg_sys::RelationRelationId, self.relid, self.sub, pg_sys::ExclusiveLock as i32)
+            };
+        }
+    }
+}
+
+/// The codes of `strings` (distinct, none in the column's dictionary of `base` strings) among
+/// the strings appends added to column `attnum` of the cache in segment `cache` of table
+/// `relid`: those added before keep theirs, the others are added under the column's lock;
+/// `None` where they do not fit [`MORE`].
+fn add_strings(cache: &str, relid: pg_sys::Oid, attnum: i16, base: u32, strings: &[Vec<u8>]) -> Result<Option<Vec<u32>>> {
+    let (seg, info) = lookup_own(&super::more_name(cache, attnum))?;
+    if info.size < MORE.size() {
+        return Ok(None);
+    }
+    let _lock = StringsLock::take(relid, attnum);
+    let mut bytes = vec![0u8; MORE.size() as usize];
+    try_executor(|ex| exec::read(ex, &seg, 0, &mut bytes))?;
+    let more = crate::cache::dict::Dict::parse(seg.name(), &bytes)?;
+    let known: HashMap<&[u8], u32> = more.iter().map(|(c, s)| (s, c)).collect();
+    let mut codes = Vec::with_capacity(strings.len());
+    let mut added: Vec<&[u8]> = Vec::new();
+    for s in strings {
+        let i = match known.get(s.as_slice()) {
+            Some(&i) => i,
+            None => {
+                added.push(s);
+                more.len() as u32 + added.len() as u32 - 1
+            }
+        };
+        let Some(code) = base.checked_add(i).filter(|&c| u64::from(c) < crate::cache::dict::MAX_ENTRIES) else { return Ok(None) };
+        codes.push(code);
+    }
+    if !added.is_empty() {
+        let Some(a) = MORE.append(&more, &added) else { return Ok(None) };
+        // the strings and their offsets, then the header that counts them
+        for (at, b) in [a.strings, a.offsets, (0, a.header)] {
+            try_executor(|ex| exec::write(ex, &seg, at as i64, &b))?;
+        }
+    }
+    Ok(Some(codes))
 }
 
 /// Puts `xid` on the slot's pending list once per transaction and cache, with the callbacks

@@ -287,6 +287,16 @@ fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Res
         building.dicts.push(dseg);
         try_executor(|ex| exec::write(ex, &dseg, 0, &bytes))?;
         layout.set_dictionary(col, attnum as u64);
+        if tail.is_some() {
+            // the room for strings appends add (host tier: backends read and write it)
+            let mname = super::more_name(&name, attnum);
+            let size = super::append::MORE.size() as i64;
+            building.creating(&mname);
+            try_executor(|ex| exec::create(ex, &mname, size, None, TierPref::Host, BOOTSTRAP_SUPERUSER, now()))?;
+            let (mseg, _) = lookup_own(&mname)?;
+            building.dicts.push(mseg);
+            try_executor(|ex| exec::write(ex, &mseg, 0, &super::append::MORE.empty()))?;
+        }
     }
     layout.set_extent(blocks, rows)?;
     layout.stamp(u32::from(relid), xmax, entry.generation);

@@ -258,6 +258,13 @@ fn drop_entry(d: &Directory, e: &Entry) -> Result<bool> {
     Ok(true)
 }
 
+/// The name of the segment of strings appends added to the dictionary of column `attnum` of
+/// the cache in segment `cache` (`append::MORE`; `_d` like the dictionary's, so the cache's
+/// segments are dropped together).
+fn more_name(cache: &str, attnum: i16) -> String {
+    format!("{}_more", dictionary_name(cache, attnum))
+}
+
 /// The name of the dictionary segment of column `attnum` of the cache in segment `cache`.
 fn dictionary_name(cache: &str, attnum: i16) -> String {
     format!("{cache}_d{attnum}")

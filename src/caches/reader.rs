@@ -2,6 +2,7 @@
 //! "Reading").
 
 use super::*;
+use crate::cache::dict::{concat, Dict};
 
 /// Where `cache_fold`'s answer came from, and the answer.
 pub struct Folded {
@@ -43,6 +44,32 @@ impl Usable {
     pub fn dictionary(&self, col: usize) -> Result<SegRef> {
         let attnum = self.layout.columns().get(col).map(|c| c.attnum).unwrap_or(0);
         lookup_own(&dictionary_name(self.seg.name(), attnum)).map(|(s, _)| s)
+    }
+
+    /// The dictionary of column `col` (a `DictCode` one) as one: its build's strings, then those
+    /// appends added (`append::MORE`: codes past the build's, in the tail's rows). Read after
+    /// the tail rows it must decode (a string is added before any row holding its code).
+    pub fn dictionary_bytes(&self, col: usize) -> Result<Vec<u8>> {
+        let read = |seg: &SegRef, len: u64| -> Result<Vec<u8>> {
+            let mut bytes = Vec::new();
+            bytes
+                .try_reserve_exact(len as usize)
+                .map_err(|_| UvmError::new(Code::OutOfMemory, "out of memory for a column dictionary"))?;
+            bytes.resize(len as usize, 0u8);
+            try_executor(|ex| exec::read(ex, seg, 0, &mut bytes))?;
+            Ok(bytes)
+        };
+        let seg = self.dictionary(col)?;
+        let (_, info) = lookup_own(seg.name())?;
+        let base = read(&seg, info.size)?;
+        let attnum = self.layout.columns().get(col).map(|c| c.attnum).unwrap_or(0);
+        let Ok((more_seg, more_info)) = lookup_own(&more_name(self.seg.name(), attnum)) else { return Ok(base) };
+        let more = read(&more_seg, more_info.size)?;
+        let more = Dict::parse(more_seg.name(), &more)?;
+        if more.is_empty() {
+            return Ok(base);
+        }
+        concat(&Dict::parse(seg.name(), &base)?, &more)
     }
 }
 

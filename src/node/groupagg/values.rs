@@ -116,15 +116,7 @@ pub(super) fn datum_of(aggs: &[AggOf], i: usize, states: &[(u64, u64)]) -> Resul
 /// The dictionary of cache column `col` of `u`, read into the backend (Err(why): the cache was
 /// dropped meanwhile).
 pub(super) fn read_dictionary(u: &caches::Usable, col: usize) -> std::result::Result<Vec<u8>, &'static str> {
-    let read = || -> Result<Vec<u8>> {
-        let seg = u.dictionary(col)?;
-        let (_, info) = crate::runtime::lookup_own(seg.name())?;
-        let mut bytes = Vec::new();
-        crate::node::fallible::try_resize(&mut bytes, info.size as usize, 0u8, "a text column's dictionary")?;
-        try_executor(|ex| exec::read(ex, &seg, 0, &mut bytes))?;
-        Ok(bytes)
-    };
-    match read() {
+    match u.dictionary_bytes(col) {
         Ok(b) => Ok(b),
         Err(e) if e.code == Code::UndefinedObject => Err("the cache was dropped"),
         Err(e) => report(e),

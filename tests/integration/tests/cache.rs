@@ -4,8 +4,9 @@
 //! subtransactions abort) and a rebuilder keeps building the cache again, by turns serially
 //! (with a `numeric` column) and by the parallel scan with workers; the GpuJoin node's join of
 //! the table with a cached dimension (reading both caches where they are current) equals
-//! PostgreSQL's join under the same snapshot; and a parallel build whose worker is terminated
-//! leaves nothing behind.
+//! PostgreSQL's join under the same snapshot; a parallel build whose worker is terminated
+//! leaves nothing behind; and strings new to a text column's dictionary, inserted by several
+//! writers at once, get one code each.
 
 use pg_uvm_share_tests::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -615,4 +616,62 @@ fn stale_caches_are_rebuilt_in_the_background() {
     assert!(wait_until(Duration::from_secs(10), || refreshers(&mut admin) == 0), "the refresher did not exit");
     drop(other);
     admin.batch_execute(&format!("DROP TABLE {table}; DROP ROLE {role}")).unwrap();
+}
+
+/// Inserts of strings a text column's dictionary lacks, by several writers at once, the same
+/// new strings among them: each string gets one code past the dictionary's (under the column's
+/// lock), so `GROUP BY` over the cache and its appended rows gives one group per string, the
+/// heap's answer; the cache stays ready throughout.
+#[test]
+fn concurrent_appends_of_new_strings_share_their_codes() {
+    let table = unique_name("cache_newstr");
+    let mut admin = connect();
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (id int8, t text);
+             INSERT INTO {table} SELECT g, 'base' || (g % 10) FROM generate_series(1, 10000) g;
+             ANALYZE {table};"
+        ))
+        .unwrap();
+    let built: i64 = admin.query_one("SELECT uvm.cache_table($1::text::regclass)", &[&table]).unwrap().get(0);
+    assert_eq!(built, 10000);
+    std::thread::scope(|s| {
+        for w in 0..4u64 {
+            let table = &table;
+            s.spawn(move || {
+                let mut c = connect();
+                for i in 0..40u64 {
+                    let id = 100_000 + i * 10 + w;
+                    let rows: Vec<String> = (0..3u64).map(|k| format!("({id}, 'new' || {})", (i * 7 + w * 3 + k) % 25)).collect();
+                    c.batch_execute(&format!("INSERT INTO {table} VALUES {}, ({id}, 'base3')", rows.join(", ")))
+                        .unwrap_or_else(|e| panic!("writer: {}", describe(&e)));
+                }
+            });
+        }
+    });
+    assert_eq!(cache_state(&mut admin, &table).map(|s| s.0), Some("ready".to_string()), "the inserts made the cache stale");
+    let q = format!("SELECT t, count(*), sum(id) FROM {table} GROUP BY t ORDER BY t");
+    let plan: Vec<String> = admin
+        .query(&format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) {q}"), &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(plan.contains("Read From: cache") && plan.contains("Appended Rows: 640"), "not read from the cache:\n{plan}");
+    let answer = |c: &mut postgres::Client| -> Vec<(String, i64, String)> {
+        c.query(&format!("SELECT t, count, sum::text FROM ({q}) x"), &[])
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect()
+    };
+    let cached = answer(&mut admin);
+    admin.batch_execute("SET pg_uvm_share.enable_cache = off").unwrap();
+    let heap = answer(&mut admin);
+    admin.batch_execute("RESET pg_uvm_share.enable_cache").unwrap();
+    assert_eq!(heap.len(), 35, "10 strings of the build, 25 new ones");
+    assert_eq!(cached, heap, "the cache's groups differ from the heap's");
+    admin.batch_execute(&format!("DROP TABLE {table}")).unwrap();
+    assert_caches_reclaimed(&mut admin);
 }

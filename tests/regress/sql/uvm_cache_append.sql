@@ -176,9 +176,11 @@ RESET pg_uvm_share.cache_append_rows;
 SELECT tgrelid::regclass, tgname FROM pg_trigger WHERE tgname LIKE 'pg_uvm_share%' ORDER BY 1;
 INSERT INTO ap VALUES (80013, 1, 1, 1, 1, true);
 SELECT ap_state();
--- a cache with text columns: a row whose strings its columns' dictionaries hold appends (as
--- their codes), NULLs and COPY too, and GpuGroupAgg groups and filters the appended rows by
--- them; a string a dictionary lacks makes the cache stale (the next build takes it in)
+-- a cache with text columns: a row's strings append as their codes in their columns'
+-- dictionaries, a string a dictionary lacks as a code past them (its column's added strings:
+-- equal strings one code, in one statement or several), NULLs and COPY too; GpuGroupAgg
+-- groups and filters the appended rows by them; past the room for added strings (4,096 a
+-- column) the cache goes stale (the next build takes them in)
 CREATE TABLE apt (id int4, t text, u varchar(8));
 INSERT INTO apt SELECT g, 'tag' || (g % 5), CASE WHEN g % 3 = 0 THEN NULL ELSE 'u' || (g % 2) END
   FROM generate_series(1, 20000) g;
@@ -188,7 +190,10 @@ SELECT count(*) AS triggers FROM pg_trigger WHERE tgrelid = 'apt'::regclass;
 INSERT INTO apt VALUES (20001, 'tag1', 'u0'), (20002, 'tag4', NULL), (20003, NULL, 'u1');
 COPY apt FROM stdin;
 20004	tag2	u1
+20005	tag9	u9
 \.
+INSERT INTO apt VALUES (20006, 'tag9', 'u9'), (20007, 'tág10', 'u0'), (20008, 'tag9', NULL), (20009, '', 'u9');
+INSERT INTO apt SELECT 20010 + g, 'new' || (g % 3), 'u' || (g % 4) FROM generate_series(0, 8) g;
 SELECT state, appended_rows FROM uvm.caches WHERE relation = 'apt'::regclass;
 -- q from the cache (where the plan has GpuGroupAgg) and from the heap: where it read, whether
 -- it folded appended rows, whether the answers are the same
@@ -206,10 +211,17 @@ BEGIN
   RETURN src || appended || CASE WHEN a IS NOT DISTINCT FROM b THEN ', same as the heap' ELSE ', DIFFERENT: ' || a || ' vs ' || b END;
 END $$;
 SELECT apt_groups('SELECT t, u, count(*), sum(id) FROM apt GROUP BY t, u');
-SELECT apt_groups('SELECT u, count(*), max(id) FROM apt WHERE t IN (''tag1'', ''tag4'') OR t IS NULL GROUP BY u');
+SELECT apt_groups('SELECT t, count(*) FROM apt WHERE id > 20000 GROUP BY t');
+SELECT apt_groups('SELECT u, count(*), max(id) FROM apt WHERE t IN (''tag1'', ''tag9'', ''new2'') OR t IS NULL GROUP BY u');
+SELECT apt_groups('SELECT count(*) FROM apt WHERE u = ''u9'' AND t LIKE ''t%''');
 SELECT apt_groups('SELECT count(*) FROM apt WHERE u = ''u1'' AND id > 19990');
 SELECT source, rows, non_null FROM uvm.cache_fold('apt', 't');
-INSERT INTO apt VALUES (20005, 'tag9', 'u0');
+-- (the added strings' room: 4,096 strings a column)
+INSERT INTO apt SELECT 30000 + g, 'many' || g, 'u0' FROM generate_series(1, 4090) g;
+SELECT state, appended_rows FROM uvm.caches WHERE relation = 'apt'::regclass;
+SELECT apt_groups('SELECT count(*), count(t), min(id) FROM apt WHERE t <> ''tag0''');
+SELECT apt_groups('SELECT t, count(*) FROM apt WHERE t LIKE ''many40%'' GROUP BY t');
+INSERT INTO apt SELECT 40000 + g, 'more' || g, 'u0' FROM generate_series(1, 10) g;
 SELECT state FROM uvm.caches WHERE relation = 'apt'::regclass;
 SELECT apt_groups('SELECT t, count(*) FROM apt GROUP BY t');
 DROP FUNCTION apt_groups(text);

@@ -239,3 +239,113 @@ impl<'a> Dict<'a> {
         bits
     }
 }
+
+/// A dictionary's strings then another's, laid out as one: codes `0..base.len()` are `base`'s,
+/// `base.len()..` are `more`'s in their order (a column's dictionary and the strings appends
+/// added after its build, [`Reserved`]).
+pub fn concat(base: &Dict<'_>, more: &Dict<'_>) -> Result<Vec<u8>> {
+    let entries = base.entries + more.entries;
+    if entries > MAX_ENTRIES {
+        return Err(UvmError::new(
+            Code::ProgramLimitExceeded,
+            format!("a column dictionary holds at most {MAX_ENTRIES} strings"),
+        ));
+    }
+    let (bb, mb) = (base.strings.len() as u64, more.strings.len() as u64);
+    let offsets_at = DICT_HEADER_BYTES;
+    let strings_at = offsets_at + 8 * (entries + 1);
+    let h = DictHeader {
+        magic: DICT_MAGIC,
+        version: DICT_VERSION,
+        entries,
+        bytes: bb + mb,
+        offsets_at,
+        strings_at,
+        ..DictHeader::default()
+    };
+    let mut out = Vec::new();
+    out.try_reserve_exact((strings_at + bb + mb) as usize)
+        .map_err(|_| UvmError::new(Code::OutOfMemory, "out of memory for a column dictionary"))?;
+    out.extend_from_slice(h.as_bytes());
+    for i in 0..base.entries {
+        out.extend_from_slice(&base.offset(i).to_le_bytes());
+    }
+    for i in 0..=more.entries {
+        out.extend_from_slice(&(bb + more.offset(i)).to_le_bytes());
+    }
+    out.extend_from_slice(base.strings);
+    out.extend_from_slice(more.strings);
+    Ok(out)
+}
+
+/// A dictionary segment with room reserved for strings added after it was made: the layout of
+/// the module's table with the offsets' area sized for `entries` strings and the string area
+/// for `bytes`, the header counting those in use. An appender (holding the column's lock)
+/// writes a string's bytes and its end offset past the ones in use, then the header, so a
+/// reader that reads the header first sees only whole strings ([`Dict::parse`] accepts the
+/// unused room).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reserved {
+    pub entries: u64,
+    pub bytes: u64,
+}
+
+/// What [`Reserved::append`] asks to be written: the strings' bytes at `strings`' offset, their
+/// end offsets at `offsets`', then the header.
+pub struct Appended {
+    pub strings: (u64, Vec<u8>),
+    pub offsets: (u64, Vec<u8>),
+    pub header: Vec<u8>,
+}
+
+impl Reserved {
+    fn strings_at(&self) -> u64 {
+        DICT_HEADER_BYTES + 8 * (self.entries + 1)
+    }
+
+    /// The segment's size.
+    pub fn size(&self) -> u64 {
+        self.strings_at() + self.bytes
+    }
+
+    fn header(&self, entries: u64, bytes: u64) -> Vec<u8> {
+        let h = DictHeader {
+            magic: DICT_MAGIC,
+            version: DICT_VERSION,
+            entries,
+            bytes,
+            offsets_at: DICT_HEADER_BYTES,
+            strings_at: self.strings_at(),
+            ..DictHeader::default()
+        };
+        h.as_bytes().to_vec()
+    }
+
+    /// The bytes an empty one starts with: its header and the first offset (0).
+    pub fn empty(&self) -> Vec<u8> {
+        let mut out = self.header(0, 0);
+        out.extend_from_slice(&0u64.to_le_bytes());
+        out
+    }
+
+    /// The writes that add `strings` after the `entries` strings of `used` bytes a parsed one
+    /// holds (`dict`); `None` where they do not fit its room.
+    pub fn append(&self, dict: &Dict<'_>, strings: &[&[u8]]) -> Option<Appended> {
+        let (entries, used) = (dict.entries, dict.strings.len() as u64);
+        let add: u64 = strings.iter().map(|s| s.len() as u64).sum();
+        if entries + strings.len() as u64 > self.entries || used + add > self.bytes {
+            return None;
+        }
+        let mut bytes = Vec::with_capacity(add as usize);
+        let mut offsets = Vec::with_capacity(8 * strings.len());
+        for s in strings {
+            bytes.extend_from_slice(s);
+            offsets.extend_from_slice(&(used + bytes.len() as u64).to_le_bytes());
+        }
+        Some(Appended {
+            strings: (self.strings_at() + used, bytes),
+            offsets: (DICT_HEADER_BYTES + 8 * (entries + 1), offsets),
+            header: self.header(entries + strings.len() as u64, used + add),
+        })
+    }
+}

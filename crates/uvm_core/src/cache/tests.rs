@@ -1,6 +1,6 @@
 use proptest::prelude::*;
 
-use super::dict::{Dict, DictBuilder, DictHeader, DICT_HEADER_BYTES};
+use super::dict::{concat, Dict, DictBuilder, DictHeader, Reserved, DICT_HEADER_BYTES};
 use super::*;
 use crate::testing::proptest_cases;
 
@@ -245,6 +245,51 @@ fn a_dictionary_numbers_strings_in_first_seen_order_and_selects_codes() {
     let empty = DictBuilder::default().to_bytes();
     let e = Dict::parse("d", &empty).unwrap();
     assert!(e.is_empty() && e.select(|_| true).is_empty());
+}
+
+#[test]
+fn strings_appended_into_a_reserved_dictionary_follow_the_base_codes() {
+    let mut b = DictBuilder::default();
+    for w in [&b"ASIA"[..], b"EUROPE"] {
+        b.intern(w).unwrap();
+    }
+    let base_bytes = b.to_bytes();
+    let base = Dict::parse("d", &base_bytes).unwrap();
+    // room for 3 strings of 12 bytes: empty, then two appends, then one that does not fit
+    let r = Reserved { entries: 3, bytes: 12 };
+    let mut seg = vec![0xa5u8; r.size() as usize];
+    let empty = r.empty();
+    seg[..empty.len()].copy_from_slice(&empty);
+    let apply = |seg: &mut Vec<u8>, strings: &[&[u8]]| -> bool {
+        let d = Dict::parse("more", seg).unwrap();
+        let Some(a) = r.append(&d, strings) else { return false };
+        for (at, bytes) in [a.strings, a.offsets, (0, a.header)] {
+            seg[at as usize..at as usize + bytes.len()].copy_from_slice(&bytes);
+        }
+        true
+    };
+    assert_eq!(Dict::parse("more", &seg).unwrap().len(), 0);
+    assert!(apply(&mut seg, &[b"AFRICA", b""]));
+    assert!(apply(&mut seg, &[b"OCEA"]));
+    assert!(!apply(&mut seg, &[b"X"]), "a fourth string");
+    let more = Dict::parse("more", &seg).unwrap();
+    assert_eq!(
+        (more.len(), more.get(0), more.get(1), more.get(2)),
+        (3, Some(&b"AFRICA"[..]), Some(&b""[..]), Some(&b"OCEA"[..]))
+    );
+    let r2 = Reserved { entries: 9, bytes: 10 };
+    let mut seg2 = r2.empty();
+    seg2.resize(r2.size() as usize, 0);
+    assert!(r2.append(&Dict::parse("m", &seg2).unwrap(), &[b"0123456789", b"a"]).is_none(), "past the bytes");
+    // the two as one: codes 0 and 1 the base's, 2.. the appended strings'
+    let all_bytes = concat(&base, &more).unwrap();
+    let all = Dict::parse("all", &all_bytes).unwrap();
+    let strings: Vec<&[u8]> = all.iter().map(|(_, s)| s).collect();
+    assert_eq!(strings, [&b"ASIA"[..], b"EUROPE", b"AFRICA", b"", b"OCEA"]);
+    let mut e = r.empty();
+    e.resize(r.size() as usize, 0);
+    let none = concat(&base, &Dict::parse("e", &e).unwrap()).unwrap();
+    assert_eq!(Dict::parse("b", &none).unwrap().iter().count(), 2);
 }
 
 #[test]
