@@ -48,6 +48,52 @@ pub(super) unsafe fn column(n: *mut pg_sys::Node, varno: u32, cached: &[(i16, En
     }
 }
 
+/// The plain column `n` of relation `varno` as a cached `float4`/`float8` column.
+///
+/// # Safety
+/// `n` is null or a node.
+unsafe fn float_column(n: *mut pg_sys::Node, varno: u32, cached: &[(i16, Encoding)]) -> Option<(Col, pg_sys::Oid)> {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let v = gpujoin::as_var(n)?;
+        let encoding = match (*v).vartype {
+            pg_sys::FLOAT4OID => Encoding::Float4,
+            pg_sys::FLOAT8OID => Encoding::Float8,
+            _ => return None,
+        };
+        let att = (*v).varattno;
+        ((*v).varno as u32 == varno && att > 0 && cached.contains(&(att, encoding)))
+            .then_some((Col::new(att, encoding), (*v).vartype))
+    }
+}
+
+/// `float column <strategy> constant` (the constant of the column's type) as alternatives over
+/// the column's words ([`crate::scan::floats`]: PostgreSQL's order, NaNs and signed zeros
+/// included).
+///
+/// # Safety
+/// `c` is a non-NULL Const of the column's type.
+unsafe fn float_ranges(col: Col, strategy: i32, c: *const pg_sys::Const) -> Option<Vec<Atom>> {
+    use crate::scan::floats::FloatCmp;
+    let cmp = match strategy {
+        1 => FloatCmp::Lt,
+        2 => FloatCmp::Le,
+        3 => FloatCmp::Eq,
+        4 => FloatCmp::Ge,
+        5 => FloatCmp::Gt,
+        6 => FloatCmp::Ne,
+        _ => return None,
+    };
+    // SAFETY: forwarded contract; float4 and float8 are by-value datums of their bits.
+    let d = unsafe { (*c).constvalue.value() } as u64;
+    let (double, v) = match col.encoding {
+        Encoding::Float8 => (true, f64::from_bits(d)),
+        _ => (false, f64::from(f32::from_bits(d as u32))),
+    };
+    let ranges = crate::scan::floats::float_ranges(double, cmp, v);
+    Some(ranges.into_iter().map(|(lo, hi)| Atom { col, check: Check::Range { lo, hi } }).collect())
+}
+
 /// A `numeric` value as a scaled integer at `scale`: its floor and whether it is exact
 /// (`None`: NaN, an infinity, or past `i64`).
 ///
@@ -220,12 +266,14 @@ unsafe fn range_clause(op: *mut pg_sys::OpExpr, varno: u32, cached: &[(i16, Enco
         } else {
             return None;
         };
-        let (col, vtype) = column(var, varno, cached)?;
+        let (col, vtype) = column(var, varno, cached).or_else(|| float_column(var, varno, cached))?;
         if col.encoding == Encoding::Bool || !comparable((*konst).consttype, vtype) || (*konst).constisnull {
             return None;
         }
         let strategy = strategy_of((*op).opno, vtype, commuted)?;
-        let alts = if col.encoding == Encoding::Numeric {
+        let alts = if matches!(col.encoding, Encoding::Float4 | Encoding::Float8) {
+            float_ranges(col, strategy, konst)?
+        } else if col.encoding == Encoding::Numeric {
             numeric_ranges(col, strategy, konst)?
         } else {
             ranges(col, strategy, const_value(konst)?)?
@@ -450,7 +498,8 @@ pub(super) unsafe fn int_clauses(
                 if (*t).argisrow {
                     return None;
                 }
-                let (col, _) = column((*t).arg as *mut pg_sys::Node, varno, cached)?;
+                let arg = (*t).arg as *mut pg_sys::Node;
+                let (col, _) = column(arg, varno, cached).or_else(|| float_column(arg, varno, cached))?;
                 let check = match (*t).nulltesttype {
                     pg_sys::NullTestType::IS_NULL => Check::Null,
                     _ => Check::Range { lo: i64::MIN, hi: i64::MAX },

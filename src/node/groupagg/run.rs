@@ -949,9 +949,22 @@ fn read_table(t: &SegRef) -> Result<Vec<u64>> {
     Ok(words)
 }
 
-/// A range as EXPLAIN shows it, its bounds in the column's type.
+/// A range as EXPLAIN shows it, its bounds in the column's type (a float column's run of
+/// words as the values it holds: `crate::scan::floats`).
 fn describe_range(name: &str, col: Col, lo: i64, hi: i64) -> String {
     let v = |x: i64| text_of(x as u64, col);
+    if matches!(col.encoding, Encoding::Float4 | Encoding::Float8) && (lo, hi) != (i64::MIN, i64::MAX) {
+        let value = |w: i64| match col.encoding {
+            Encoding::Float8 => f64::from_bits(w as u64),
+            _ => f64::from(f32::from_bits(w as u32)),
+        };
+        let (a, b) = (value(lo), value(hi));
+        if a.is_nan() || b.is_nan() {
+            return format!("{name} = 'NaN'");
+        }
+        let (a, b) = if a <= b { (lo, hi) } else { (hi, lo) };
+        return if a == b { format!("{name} = {}", v(a)) } else { format!("{name} BETWEEN {} AND {}", v(a), v(b)) };
+    }
     match (lo, hi) {
         (i64::MIN, i64::MAX) => format!("{name} IS NOT NULL"),
         (lo, hi) if lo == hi => format!("{name} = {}", v(lo)),
@@ -985,6 +998,8 @@ fn type_of(e: Encoding) -> (pg_sys::Oid, i32) {
         Encoding::TimestampTz => pg_sys::TIMESTAMPTZOID,
         Encoding::DictCode => pg_sys::TEXTOID,
         Encoding::Numeric => pg_sys::NUMERICOID,
+        Encoding::Float4 => pg_sys::FLOAT4OID,
+        Encoding::Float8 => pg_sys::FLOAT8OID,
         _ => pg_sys::INT8OID,
     };
     (t, -1)

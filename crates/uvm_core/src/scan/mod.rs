@@ -40,6 +40,7 @@
 //! twice or lost.
 
 pub mod expr;
+pub mod floats;
 // kernel launches over pinned segments' device addresses, and copies from them.
 #[allow(unsafe_code)]
 pub mod gpu;
