@@ -557,6 +557,7 @@ fn behind_parked_migration(ch: &Channel, slot: u32, parked: &[Parked], call: &Ca
 /// the segment is pinned and the client's wait (its `pin_wait_timeout`) lasts.
 fn try_prefetch(ch: &Channel, mut p: Parked) -> Option<Parked> {
     if ch.abandoned(p.slot) {
+        drop(p.progress.take());
         finish_here(ch, p.slot, Err(UvmError::new(Code::QueryCanceled, "abandoned")));
         return None;
     }
@@ -579,12 +580,16 @@ fn try_prefetch(ch: &Channel, mut p: Parked) -> Option<Parked> {
             p.progress = waiting.or_else(|| waiting_row(&p.req));
             Some(p)
         }
+        // (the waiting row goes before the answer: a client that has its answer finds no row
+        // of the migration left in uvm.progress)
         Err(e) if e.code == Code::LockNotAvailable => {
+            drop(waiting);
             let detail = e.detail.unwrap_or(e.message);
             finish_here(ch, p.slot, Err(crate::segment::still_pinned(p.req.seg.name(), wait, detail)));
             None
         }
         r => {
+            drop(waiting);
             finish_here(ch, p.slot, r);
             None
         }
