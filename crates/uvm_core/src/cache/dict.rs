@@ -103,25 +103,33 @@ impl DictBuilder {
     /// The dictionary's bytes, as its segment holds them from offset 0.
     pub fn to_bytes(&self) -> Vec<u8> {
         let entries = self.offsets.len() as u64;
-        let offsets_at = DICT_HEADER_BYTES;
-        let strings_at = offsets_at + 8 * (entries + 1);
-        let h = DictHeader {
-            magic: DICT_MAGIC,
-            version: DICT_VERSION,
-            entries,
-            bytes: self.strings.len() as u64,
-            offsets_at,
-            strings_at,
-            ..DictHeader::default()
-        };
-        let mut out = Vec::with_capacity((strings_at + h.bytes) as usize);
-        out.extend_from_slice(h.as_bytes());
-        for &o in self.offsets.iter().chain(std::iter::once(&(self.strings.len() as u64))) {
-            out.extend_from_slice(&o.to_le_bytes());
-        }
-        out.extend_from_slice(&self.strings);
-        out
+        let len = DICT_HEADER_BYTES + 8 * (entries + 1) + self.strings.len() as u64;
+        let ends = std::iter::once(self.strings.len() as u64);
+        lay_out(Vec::with_capacity(len as usize), entries, self.offsets.iter().copied().chain(ends), &[&self.strings])
     }
+}
+
+/// A dictionary's bytes into `out` (room reserved): the header of `entries` strings, their
+/// `entries + 1` offsets, then the string areas `strings` back to back.
+fn lay_out(mut out: Vec<u8>, entries: u64, offsets: impl Iterator<Item = u64>, strings: &[&[u8]]) -> Vec<u8> {
+    let offsets_at = DICT_HEADER_BYTES;
+    let h = DictHeader {
+        magic: DICT_MAGIC,
+        version: DICT_VERSION,
+        entries,
+        bytes: strings.iter().map(|s| s.len() as u64).sum(),
+        offsets_at,
+        strings_at: offsets_at + 8 * (entries + 1),
+        ..DictHeader::default()
+    };
+    out.extend_from_slice(h.as_bytes());
+    for o in offsets {
+        out.extend_from_slice(&o.to_le_bytes());
+    }
+    for s in strings {
+        out.extend_from_slice(s);
+    }
+    out
 }
 
 /// A parsed dictionary over its segment's bytes (only [`Dict::parse`] makes one).
@@ -251,31 +259,12 @@ pub fn concat(base: &Dict<'_>, more: &Dict<'_>) -> Result<Vec<u8>> {
             format!("a column dictionary holds at most {MAX_ENTRIES} strings"),
         ));
     }
-    let (bb, mb) = (base.strings.len() as u64, more.strings.len() as u64);
-    let offsets_at = DICT_HEADER_BYTES;
-    let strings_at = offsets_at + 8 * (entries + 1);
-    let h = DictHeader {
-        magic: DICT_MAGIC,
-        version: DICT_VERSION,
-        entries,
-        bytes: bb + mb,
-        offsets_at,
-        strings_at,
-        ..DictHeader::default()
-    };
+    let bb = base.strings.len() as u64;
+    let len = DICT_HEADER_BYTES + 8 * (entries + 1) + bb + more.strings.len() as u64;
     let mut out = Vec::new();
-    out.try_reserve_exact((strings_at + bb + mb) as usize)
-        .map_err(|_| UvmError::new(Code::OutOfMemory, "out of memory for a column dictionary"))?;
-    out.extend_from_slice(h.as_bytes());
-    for i in 0..base.entries {
-        out.extend_from_slice(&base.offset(i).to_le_bytes());
-    }
-    for i in 0..=more.entries {
-        out.extend_from_slice(&(bb + more.offset(i)).to_le_bytes());
-    }
-    out.extend_from_slice(base.strings);
-    out.extend_from_slice(more.strings);
-    Ok(out)
+    out.try_reserve_exact(len as usize).map_err(|_| UvmError::new(Code::OutOfMemory, "out of memory for a column dictionary"))?;
+    let offsets = (0..base.entries).map(|i| base.offset(i)).chain((0..=more.entries).map(|i| bb + more.offset(i)));
+    Ok(lay_out(out, entries, offsets, &[base.strings, more.strings]))
 }
 
 /// A dictionary segment with room reserved for strings added after it was made: the layout of
