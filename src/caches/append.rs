@@ -350,12 +350,26 @@ fn target(e: &Entry) -> Result<Option<std::rc::Rc<Target>>> {
     let t = std::rc::Rc::new(Target { name, specs, tail, tseg, codes });
     TARGETS.with(|m| {
         let mut m = m.borrow_mut();
-        if m.len() >= 64 {
+        // (at most 64 caches, and their dictionaries' maps within MAX_LOOKUP_BYTES together:
+        // the targets are read again when needed)
+        let held: u64 = m.values().chain(std::iter::once(&t)).map(|t| t.lookup_bytes()).sum();
+        if m.len() >= 64 || held > MAX_LOOKUP_BYTES {
             m.clear();
         }
         m.insert((e.slot, e.generation), t.clone());
     });
     Ok(Some(t))
+}
+
+impl Target {
+    /// About what its dictionaries' maps hold: each string's bytes and an entry's overhead.
+    fn lookup_bytes(&self) -> u64 {
+        let map = |c: &Codes| match c {
+            Codes::Map { map, .. } => map.keys().map(|k| k.len() as u64 + 48).sum(),
+            _ => 0,
+        };
+        self.codes.iter().map(map).sum()
+    }
 }
 
 /// The codes of the dictionary of column `attnum` of the cache in segment `cache`, read whole
@@ -382,7 +396,8 @@ fn dictionary_codes(cache: &str, attnum: i16) -> Result<Codes> {
 }
 
 /// The transition table's rows as words; `None` where one cannot be cached (a numeric NaN or
-/// infinity, a string its column's dictionary lacks) or there are more than `limit`.
+/// infinity, a text column's strings past its room for added ones, or any string of a column
+/// whose dictionary is too large to look up) or there are more than `limit`.
 ///
 /// # Safety
 /// As [`append`].
