@@ -248,6 +248,10 @@ unsafe fn clauses_of(
 unsafe fn dim_cache(root: *mut pg_sys::PlannerInfo, d: &Dim, texts: &mut Vec<*mut pg_sys::Node>) -> Option<DimCache> {
     // SAFETY: forwarded contract.
     unsafe {
+        // (its program's key: the dimension's key and grouping columns)
+        if 1 + d.groups.len() > exec::scan::MAX_KEYS {
+            return None;
+        }
         let cached = caches::ready_columns(d.relid)?;
         let has = |attnum: i16, e: Encoding| cached.contains(&(attnum, e)).then_some(Col::new(attnum, e));
         let key = has(d.key.0, encoding_of_type(d.key.1)?)?;
