@@ -246,6 +246,36 @@ unsafe fn array_values(c: *const pg_sys::Const, scale: i16) -> Option<Vec<Option
     }
 }
 
+/// The elements of a constant `float4[]` or `float8[]` as `f64`s (a `float4` widened exactly),
+/// NULL ones as `None`.
+///
+/// # Safety
+/// `c` is a non-NULL Const of an array type.
+unsafe fn float_array_values(c: *const pg_sys::Const) -> Option<Vec<Option<f64>>> {
+    // SAFETY: forwarded contract; the array is detoasted and deconstructed in the planner's
+    // memory, its elements by-value floats of the element type.
+    unsafe {
+        let elem = pg_sys::get_element_type((*c).consttype);
+        if !matches!(elem, pg_sys::FLOAT4OID | pg_sys::FLOAT8OID) {
+            return None;
+        }
+        let arr = pg_sys::pg_detoast_datum((*c).constvalue.cast_mut_ptr()) as *mut pg_sys::ArrayType;
+        let (mut len, mut byval, mut align) = (0i16, false, 0 as std::ffi::c_char);
+        pg_sys::get_typlenbyvalalign(elem, &mut len, &mut byval, &mut align);
+        let (mut values, mut nulls, mut n) = (std::ptr::null_mut(), std::ptr::null_mut(), 0i32);
+        pg_sys::deconstruct_array(arr, elem, len as i32, byval, align, &mut values, &mut nulls, &mut n);
+        let mut out = Vec::with_capacity(n.max(0) as usize);
+        for i in 0..n.max(0) as usize {
+            let d = (*values.add(i)).value() as u64;
+            out.push((!*nulls.add(i)).then(|| match elem {
+                pg_sys::FLOAT8OID => f64::from_bits(d),
+                _ => f64::from(f32::from_bits(d as u32)),
+            }));
+        }
+        Some(out)
+    }
+}
+
 /// `column op constant` (or commuted) of an integer-like column as one clause of ranges.
 ///
 /// # Safety
@@ -521,8 +551,34 @@ pub(super) unsafe fn int_clauses(
                 if args.len() != 2 || (*arr).type_ != pg_sys::NodeTag::T_Const || (*(arr as *mut pg_sys::Const)).constisnull {
                     return None;
                 }
-                let (col, vtype) = column(var, varno, cached)?;
                 let konst = arr as *const pg_sys::Const;
+                if let Some((col, vtype)) = float_column(var, varno, cached) {
+                    // a float column: each element's runs of words
+                    if pg_sys::get_element_type((*konst).consttype) != vtype {
+                        return None;
+                    }
+                    let values = float_array_values(konst)?;
+                    let strategy = strategy_of((*op).opno, vtype, false)?;
+                    let atoms = |cmp: crate::scan::floats::FloatCmp, v: f64| -> Vec<Atom> {
+                        let double = col.encoding == Encoding::Float8;
+                        let runs = crate::scan::floats::float_ranges(double, cmp, v);
+                        runs.into_iter().map(|(lo, hi)| Atom { col, check: Check::Range { lo, hi } }).collect()
+                    };
+                    return match ((*op).useOr, strategy) {
+                        // (NULL elements match nothing)
+                        (true, 3) => Some(vec![values
+                            .into_iter()
+                            .flatten()
+                            .flat_map(|v| atoms(crate::scan::floats::FloatCmp::Eq, v))
+                            .collect()]),
+                        // (a NULL element makes `<> ALL` never true: PostgreSQL answers)
+                        (false, 6) if values.iter().all(|v| v.is_some()) => {
+                            Some(values.into_iter().flatten().map(|v| atoms(crate::scan::floats::FloatCmp::Ne, v)).collect())
+                        }
+                        _ => None,
+                    };
+                }
+                let (col, vtype) = column(var, varno, cached)?;
                 if col.encoding == Encoding::Bool || !comparable(pg_sys::get_element_type((*konst).consttype), vtype) {
                     return None;
                 }

@@ -46,7 +46,7 @@
 //!       rounded the way the comparison needs): ranges of the column's words (`<>`: the two
 //!       below and above); `float4`/`float8` with a constant of their own type: the runs of
 //!       words PostgreSQL's order maps the comparison onto (`crate::scan::floats`: NaNs, signed
-//!       zeros; no kernel change, they are plain ranges); `= ANY` of a constant array
+//!       zeros; no kernel change, they are plain ranges), and their `IN` and `NOT IN` lists; `= ANY` of a constant array
 //!       (`IN (...)`, numerics too): a range per run of consecutive values; `<> ALL` (`NOT
 //!       IN`, without a NULL element): a clause per element; `IS NULL`, `IS NOT NULL`; a
 //!       boolean column or its `NOT`; an `OR` of these, and of `AND`s of them (distributed,
@@ -129,7 +129,7 @@
 //!
 //! # Limits (the next steps of issue 27)
 //!
-//! - Keys on float columns, float arithmetic and `IN` lists of floats, arithmetic of numerics, `sum(float4)`, `min`/`max` of
+//! - Keys on float columns, float arithmetic, arithmetic of numerics, `sum(float4)`, `min`/`max` of
 //!   text, an `OR` of tests of several columns one of which is text, a condition that is never
 //!   true, an `OR` of `AND`s distributing into more than 16 clauses, more than
 //!   `exec::scan::MAX_FILTERS` alternatives in all: declined for now.
