@@ -91,7 +91,8 @@
 //!   child is an aggregation by PostgreSQL (hashed, or plain without GROUP BY) over the input's
 //!   cheapest path, and whose other children are the dimensions' cheapest paths. Anything else:
 //!   no path.
-//! - **Executor** (`run.rs`, results and text conditions in `values.rs`): at the first call
+//! - **Executor** (`run.rs`; a program's run over a cache in `run/program.rs`, the
+//!   dimensions' rows in `run/dims.rs`; results and text conditions in `values.rs`): at the first call
 //!   the node checks the cache against the query's snapshot (`caches::usable_in_query`, the
 //!   reader's rule) and that it still holds the
 //!   planned columns with the planned encodings; has PostgreSQL evaluate each text condition

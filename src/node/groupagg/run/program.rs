@@ -1,0 +1,209 @@
+//! A scan program's run over one column cache, for the fact and for a cached dimension alike:
+//! the planned columns found in the cache, the plan's clauses made the program's filters (a
+//! text condition evaluated by PostgreSQL over its column's dictionary), the run into a
+//! temporary group table that grows and resumes whenever it fills, and the appended rows the
+//! snapshot sees folded on the CPU beside it (see the module essay, "Executor").
+
+use super::*;
+
+/// The header of the group table in `seg`.
+fn read_head(seg: &SegRef) -> Result<groups::Head> {
+    let (_, info) = crate::runtime::lookup_own(seg.name())?;
+    let mut prefix = vec![0u8; groups::Head::PREFIX_BYTES.min(info.size) as usize];
+    try_executor(|ex| exec::read(ex, seg, 0, &mut prefix))?;
+    groups::Head::parse(seg.name(), &prefix, info.size)
+}
+
+/// The planned columns `cols` by their index in the cache `u`, where it holds each with the
+/// planned encoding (and, for `numeric`, scale).
+pub(super) fn cache_index(u: &caches::Usable, cols: &[Col]) -> std::result::Result<Vec<(Col, usize)>, &'static str> {
+    let mut index = Vec::new();
+    for &c in cols {
+        match u.layout.columns().iter().position(|x| x.attnum == c.attnum) {
+            Some(i)
+                if u.layout.encoding(i) == Some(c.encoding)
+                    && (c.encoding != Encoding::Numeric || u.layout.columns()[i].scale == c.scale) =>
+            {
+                index.push((c, i))
+            }
+            _ => return Err("the cache lacks a column the plan reads"),
+        }
+    }
+    Ok(index)
+}
+
+/// Column `c`'s index in the cache, from [`cache_index`]'s list (which holds every planned
+/// column).
+pub(super) fn index_of(index: &[(Col, usize)], c: &Col) -> usize {
+    index.iter().find(|x| x.0 == *c).map(|x| x.1).expect("a planned column")
+}
+
+/// The program's filters for the clauses `clauses` (comparisons in `compares`, text conditions
+/// in `texts`) over the cache `u`, its columns' indexes by `at`: a text condition as the codes
+/// of its column's strings that pass it (PostgreSQL evaluates it per string).
+///
+/// # Safety
+/// `node` is the node's executor state; the clauses are its plan's.
+pub(super) unsafe fn program_filters(
+    node: *mut pg_sys::CustomScanState,
+    u: &caches::Usable,
+    clauses: &[Vec<Atom>],
+    compares: &[PlanCompare],
+    texts: &[*mut pg_sys::Node],
+    at: &dyn Fn(&Col) -> usize,
+) -> std::result::Result<Vec<Filter>, &'static str> {
+    let mut filters = Vec::new();
+    let mut bitmap_bytes = 0usize;
+    for clause in clauses {
+        for (i, a) in clause.iter().enumerate() {
+            let first = filters.len();
+            match a.check {
+                Check::Range { lo, hi } => filters.push(Filter::or(at(&a.col), Test::Range { lo, hi })),
+                Check::Null => filters.push(Filter::or(at(&a.col), Test::Null)),
+                Check::Compare(n) => {
+                    // its steps' columns by their index in the cache
+                    let c = &compares[n];
+                    let map = |steps: &[Step]| -> Vec<Step> {
+                        steps.iter().map(|s| if let Step::Col(i) = *s { Step::Col(at(&c.cols[i])) } else { *s }).collect()
+                    };
+                    let expr = Compare { lhs: map(&c.expr.lhs), cmp: c.expr.cmp, rhs: map(&c.expr.rhs) };
+                    filters.push(Filter::or(at(&a.col), Test::Compare(expr)));
+                }
+                Check::Text(n) => {
+                    let bytes = read_dictionary(u, at(&a.col))?;
+                    let dict = Dict::parse("a text column's dictionary", &bytes).unwrap_or_else(|e| report(e));
+                    // SAFETY: forwarded contract; a text condition of the plan.
+                    let (bits, null) = unsafe { text_codes(node, &dict, a.col.attnum, texts[n]) };
+                    bitmap_bytes += bits.len();
+                    filters.push(Filter::or(at(&a.col), Test::Codes(bits)));
+                    if null {
+                        filters.push(Filter::or(at(&a.col), Test::Null));
+                    }
+                }
+            }
+            // (the clause's first alternative starts it)
+            filters[first].or = i > 0;
+        }
+    }
+    // (with room for the comparisons' steps: at most 64 filters of 1,040 bytes)
+    if bitmap_bytes + (128 << 10) > exec::scan::MAX_BITMAP_BYTES {
+        return Err("the text conditions' dictionaries are too large for a program");
+    }
+    Ok(filters)
+}
+
+/// A program's run over one cache: its group table (left in its segment), the table's header,
+/// and the groups of the appended rows the snapshot sees, folded on the CPU.
+pub(super) struct Ran {
+    pub(super) seg: SegRef,
+    pub(super) head: groups::Head,
+    pub(super) appended: std::collections::HashMap<Vec<u64>, Vec<(u64, u64)>>,
+}
+
+/// Runs `spec` over the cache `u` and its visible appended rows `tail` into a new temporary
+/// group table of `shape`, growing it into a segment of more slots whenever the program stops
+/// full (`exec::groups_grow`); where `scan` is false, the table stays empty (a dimension
+/// without rows: no fact row joins). The appended rows are folded by the same program on the
+/// CPU ([`crate::scan::fold_row`], over the join tables read back) into a table of their own.
+pub(super) fn run_program(
+    u: &caches::Usable,
+    tail: &crate::cache::tail::TailRows,
+    spec: &Spec,
+    mut shape: groups::Shape,
+    scan: bool,
+    stats: &mut Stats,
+) -> Result<Ran> {
+    let create = |shape: &groups::Shape| -> Result<SegRef> {
+        let bytes = shape.bytes().min(i64::MAX as u64) as i64;
+        cleanup::try_create("groups", |name| {
+            try_executor(|ex| exec::create(ex, name, bytes, Some(bytes), TierPref::Auto, current_user(), now()))
+        })
+    };
+    let mut seg = create(&shape)?;
+    {
+        let mut init = Vec::new();
+        crate::node::fallible::try_resize(&mut init, shape.bytes() as usize, 0u8, "a group table")?;
+        groups::init(&mut init, &shape, 0x5eed)?;
+        try_executor(|ex| exec::write(ex, &seg, 0, &init))?;
+    }
+    let (mut start, mut done) = ((0, 0), !scan);
+    while !done {
+        let t = std::time::Instant::now();
+        let (progress, scanning) = try_executor(|ex| exec::scan_groups(ex, &u.seg, &seg, spec, start))?;
+        stats.scan += t.elapsed();
+        stats.scanning += scanning;
+        match progress {
+            Progress::Done => done = true,
+            Progress::Full { block, row, slots } => {
+                let next = create(&shape.with_slots(slots))?;
+                try_executor(|ex| exec::groups_grow(ex, &seg, &next, slots))?;
+                cleanup::drop_now(&seg);
+                (seg, start, shape.slot_count) = (next, (block, row), slots);
+                stats.grown += 1;
+            }
+        }
+    }
+    // The table stays in its segment (cleanup's list drops it however the statement ends).
+    let head = read_head(&seg)?;
+    let tail_rows = if scan { tail.len() } else { 0 };
+    let mut appended = std::collections::HashMap::new();
+    if tail_rows == 0 {
+        return Ok(Ran { seg, head, appended });
+    }
+    let tables: Vec<Vec<u64>> = spec.dims.iter().map(read_table).collect::<Result<_>>()?;
+    let mut joins = Vec::new();
+    for (&(col, _), t) in spec.joins.iter().zip(&tables) {
+        let table = crate::gpujoin::table::Table::view_words("dimension table", t)?;
+        joins.push(crate::scan::Join { col, table });
+    }
+    let program = Program { filters: spec.filters.clone(), joins, keys: spec.keys.clone(), aggs: spec.aggs.clone() };
+    let mut local = shape.with_slots(groups::Shape::slots_for(MIN_GROUPS));
+    let mut bytes = Vec::new();
+    crate::node::fallible::try_resize(&mut bytes, local.bytes() as usize, 0u8, "a group table")?;
+    groups::init(&mut bytes, &local, 0x5eed)?;
+    let mut scratch = crate::scan::Scratch::default();
+    let mut i = 0;
+    while i < tail_rows {
+        let full = {
+            let mut t = groups::Table::parse("group table", &mut bytes)?;
+            match crate::scan::fold_row(&program, &mut t, &mut scratch, |c| Ok(tail.word(i, c)))? {
+                Row::Full(slots) => Some(slots),
+                Row::Folded | Row::Dropped => None,
+            }
+        };
+        match full {
+            None => {
+                i += 1;
+                stats.appended += 1;
+            }
+            Some(slots) => {
+                let mut to = Vec::new();
+                crate::node::fallible::try_resize(&mut to, local.with_slots(slots).bytes() as usize, 0u8, "a group table")?;
+                let mut from = groups::Table::parse("group table", &mut bytes)?;
+                groups::grow(&mut from, &mut to, slots)?;
+                (bytes, local.slot_count) = (to, slots);
+            }
+        }
+        if i.is_multiple_of(crate::interrupt::EVERY as usize) {
+            pg_sys::check_for_interrupts!();
+        }
+    }
+    appended.extend(groups::Table::parse("group table", &mut bytes).and_then(|mut t| t.groups())?);
+    Ok(Ran { seg, head, appended })
+}
+
+/// A join table's bytes, read back into 8-byte aligned memory (for the appended rows' probes).
+fn read_table(t: &SegRef) -> Result<Vec<u64>> {
+    let (_, info) = crate::runtime::lookup_own(t.name())?;
+    let mut bytes: Vec<u8> = Vec::new();
+    crate::node::fallible::try_resize(&mut bytes, info.size as usize, 0u8, "a dimension's table")?;
+    try_executor(|ex| exec::read(ex, t, 0, &mut bytes))?;
+    let mut words: Vec<u64> = Vec::new();
+    crate::node::fallible::try_reserve(&mut words, bytes.len().div_ceil(8), "a dimension's table")?;
+    words.extend(bytes.chunks(8).map(|c| {
+        let mut w = [0u8; 8];
+        w[..c.len()].copy_from_slice(c);
+        u64::from_ne_bytes(w)
+    }));
+    Ok(words)
+}
