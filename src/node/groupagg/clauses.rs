@@ -194,6 +194,25 @@ fn comparable(ctype: pg_sys::Oid, vtype: pg_sys::Oid) -> bool {
     ctype == vtype || is_integer(ctype) && is_integer(vtype)
 }
 
+/// The element type of the constant array `c` and its elements, NULL ones as `None`: the array
+/// detoasted and deconstructed in the current (the planner's) memory.
+///
+/// # Safety
+/// `c` is a non-NULL Const of an array type.
+unsafe fn array_elements(c: *const pg_sys::Const) -> (pg_sys::Oid, Vec<Option<pg_sys::Datum>>) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let elem = pg_sys::get_element_type((*c).consttype);
+        let arr = pg_sys::pg_detoast_datum((*c).constvalue.cast_mut_ptr()) as *mut pg_sys::ArrayType;
+        let (mut len, mut byval, mut align) = (0i16, false, 0 as std::ffi::c_char);
+        pg_sys::get_typlenbyvalalign(elem, &mut len, &mut byval, &mut align);
+        let (mut values, mut nulls, mut n) = (std::ptr::null_mut(), std::ptr::null_mut(), 0i32);
+        pg_sys::deconstruct_array(arr, elem, len as i32, byval, align, &mut values, &mut nulls, &mut n);
+        let out = (0..n.max(0) as usize).map(|i| (!*nulls.add(i)).then(|| *values.add(i))).collect();
+        (elem, out)
+    }
+}
+
 /// The elements of a constant array of an integer-like type, NULL ones as `None`, each with
 /// whether it is exact; a `numeric` array's elements scaled to `scale` (the floor of an inexact
 /// one, which no column word equals).
@@ -201,8 +220,8 @@ fn comparable(ctype: pg_sys::Oid, vtype: pg_sys::Oid) -> bool {
 /// # Safety
 /// `c` is a non-NULL Const of an array type.
 unsafe fn array_values(c: *const pg_sys::Const, scale: i16) -> Option<Vec<Option<(i64, bool)>>> {
-    // SAFETY: forwarded contract; the array is detoasted and deconstructed in the planner's
-    // memory, its elements of the element type read by value (numerics by reference).
+    // SAFETY: forwarded contract; elements of the element type, by value (numerics by
+    // reference).
     unsafe {
         let elem = pg_sys::get_element_type((*c).consttype);
         if !matches!(
@@ -217,22 +236,17 @@ unsafe fn array_values(c: *const pg_sys::Const, scale: i16) -> Option<Vec<Option
         ) {
             return None;
         }
-        let arr = pg_sys::pg_detoast_datum((*c).constvalue.cast_mut_ptr()) as *mut pg_sys::ArrayType;
-        let (mut len, mut byval, mut align) = (0i16, false, 0 as std::ffi::c_char);
-        pg_sys::get_typlenbyvalalign(elem, &mut len, &mut byval, &mut align);
-        let (mut values, mut nulls, mut n) = (std::ptr::null_mut(), std::ptr::null_mut(), 0i32);
-        pg_sys::deconstruct_array(arr, elem, len as i32, byval, align, &mut values, &mut nulls, &mut n);
-        let mut out = Vec::with_capacity(n.max(0) as usize);
-        for i in 0..n.max(0) as usize {
-            if *nulls.add(i) {
+        let mut out = Vec::new();
+        for v in array_elements(c).1 {
+            let Some(v) = v else {
                 out.push(None);
                 continue;
-            }
+            };
             if elem == pg_sys::NUMERICOID {
-                out.push(Some(scaled_numeric(*values.add(i), scale)?));
+                out.push(Some(scaled_numeric(v, scale)?));
                 continue;
             }
-            let d = (*values.add(i)).value();
+            let d = v.value();
             out.push(Some((
                 match elem {
                     pg_sys::INT2OID => d as i16 as i64,
@@ -252,27 +266,17 @@ unsafe fn array_values(c: *const pg_sys::Const, scale: i16) -> Option<Vec<Option
 /// # Safety
 /// `c` is a non-NULL Const of an array type.
 unsafe fn float_array_values(c: *const pg_sys::Const) -> Option<Vec<Option<f64>>> {
-    // SAFETY: forwarded contract; the array is detoasted and deconstructed in the planner's
-    // memory, its elements by-value floats of the element type.
+    // SAFETY: forwarded contract; elements by-value floats of the element type.
     unsafe {
-        let elem = pg_sys::get_element_type((*c).consttype);
+        let (elem, values) = array_elements(c);
         if !matches!(elem, pg_sys::FLOAT4OID | pg_sys::FLOAT8OID) {
             return None;
         }
-        let arr = pg_sys::pg_detoast_datum((*c).constvalue.cast_mut_ptr()) as *mut pg_sys::ArrayType;
-        let (mut len, mut byval, mut align) = (0i16, false, 0 as std::ffi::c_char);
-        pg_sys::get_typlenbyvalalign(elem, &mut len, &mut byval, &mut align);
-        let (mut values, mut nulls, mut n) = (std::ptr::null_mut(), std::ptr::null_mut(), 0i32);
-        pg_sys::deconstruct_array(arr, elem, len as i32, byval, align, &mut values, &mut nulls, &mut n);
-        let mut out = Vec::with_capacity(n.max(0) as usize);
-        for i in 0..n.max(0) as usize {
-            let d = (*values.add(i)).value() as u64;
-            out.push((!*nulls.add(i)).then(|| match elem {
-                pg_sys::FLOAT8OID => f64::from_bits(d),
-                _ => f64::from(f32::from_bits(d as u32)),
-            }));
-        }
-        Some(out)
+        let value = |d: pg_sys::Datum| match elem {
+            pg_sys::FLOAT8OID => f64::from_bits(d.value() as u64),
+            _ => f64::from(f32::from_bits(d.value() as u32)),
+        };
+        Some(values.into_iter().map(|v| v.map(value)).collect())
     }
 }
 
