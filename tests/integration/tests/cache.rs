@@ -567,9 +567,11 @@ fn stale_caches_are_rebuilt_in_the_background() {
             .get(0)
     };
 
-    // 1. A write of a string t's dictionary lacks (one it holds would append): stale, then
-    //    rebuilt (20001 rows) with the same columns; the answers are the heap's.
-    admin.batch_execute(&format!("INSERT INTO {table} VALUES (0, 7, 1.5, 'new')")).unwrap();
+    // 1. An insert (appended to the tail) and an update (which the tail cannot follow): stale,
+    //    then rebuilt (20001 rows) with the same columns; the answers are the heap's.
+    admin
+        .batch_execute(&format!("INSERT INTO {table} VALUES (0, 7, 1.5, 'new'); UPDATE {table} SET a = 7 WHERE id = 0"))
+        .unwrap();
     ready_with(&mut admin, 20001);
     let cols: Vec<String> =
         admin.query_one("SELECT columns FROM uvm.caches WHERE relation = $1::text::regclass", &[&table]).unwrap().get(0);
