@@ -535,8 +535,10 @@ fn add_strings(cache: &str, relid: pg_sys::Oid, attnum: i16, base: u32, strings:
         return Ok(None);
     }
     let _lock = StringsLock::take(relid, attnum);
-    let mut bytes = vec![0u8; MORE.size() as usize];
-    try_executor(|ex| exec::read(ex, &seg, 0, &mut bytes))?;
+    let bytes = match read_added_strings(&seg, MORE.size())? {
+        Some(bytes) => bytes,
+        None => MORE.empty_parsable(),
+    };
     let more = crate::cache::dict::Dict::parse(seg.name(), &bytes)?;
     let known: HashMap<&[u8], u32> = more.iter().map(|(c, s)| (s, c)).collect();
     let mut codes = Vec::with_capacity(strings.len());

@@ -265,6 +265,24 @@ fn more_name(cache: &str, attnum: i16) -> String {
     format!("{}_more", dictionary_name(cache, attnum))
 }
 
+/// The strings in use in a dictionary with room reserved (the `more_name` segment `seg` of
+/// `size` bytes), as far as its header counts them: the header read first, then the offsets and
+/// strings it counts (an appender writes those before the header that counts them, so they are
+/// whole), not the unused room; `None` where it holds none. The bytes are for `Dict::parse`.
+fn read_added_strings(seg: &SegRef, size: u64) -> Result<Option<Vec<u8>>> {
+    use crate::cache::dict::{in_use_len, DICT_HEADER_BYTES};
+    let mut bytes = vec![0u8; DICT_HEADER_BYTES.min(size) as usize];
+    try_executor(|ex| exec::read(ex, seg, 0, &mut bytes))?;
+    let Some(len) = in_use_len(seg.name(), &bytes)? else { return Ok(None) };
+    let len = len.min(size);
+    bytes
+        .try_reserve_exact((len - DICT_HEADER_BYTES) as usize)
+        .map_err(|_| UvmError::new(Code::OutOfMemory, "out of memory for a column dictionary"))?;
+    bytes.resize(len as usize, 0);
+    try_executor(|ex| exec::read(ex, seg, DICT_HEADER_BYTES as i64, &mut bytes[DICT_HEADER_BYTES as usize..]))?;
+    Ok(Some(bytes))
+}
+
 /// The name of the dictionary segment of column `attnum` of the cache in segment `cache`.
 fn dictionary_name(cache: &str, attnum: i16) -> String {
     format!("{cache}_d{attnum}")

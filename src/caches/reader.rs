@@ -64,7 +64,7 @@ impl Usable {
         let base = read(&seg, info.size)?;
         let attnum = self.layout.columns().get(col).map(|c| c.attnum).unwrap_or(0);
         let Ok((more_seg, more_info)) = lookup_own(&more_name(self.seg.name(), attnum)) else { return Ok(base) };
-        let more = read(&more_seg, more_info.size)?;
+        let Some(more) = read_added_strings(&more_seg, more_info.size)? else { return Ok(base) };
         let more = Dict::parse(more_seg.name(), &more)?;
         if more.is_empty() {
             return Ok(base);

@@ -248,6 +248,26 @@ impl<'a> Dict<'a> {
     }
 }
 
+/// How far from a dictionary segment's start its header, offsets and strings in use reach, by
+/// its header alone (`header`: the segment's first [`DICT_HEADER_BYTES`]), so that a dictionary
+/// with room reserved ([`Reserved`]) is read that far and not whole; `None` where it holds no
+/// string (nothing past the header to read). Checked only for overflow: [`Dict::parse`] checks
+/// the bytes then read.
+pub fn in_use_len(name: &str, header: &[u8]) -> Result<Option<u64>> {
+    let Ok((h, _)) = DictHeader::read_from_prefix(header) else {
+        return Err(not_a_dict(name, "too small"));
+    };
+    if h.magic == DICT_MAGIC && h.entries == 0 {
+        return Ok(None);
+    }
+    let offsets_end = h.entries.checked_add(1).and_then(|n| n.checked_mul(8)).and_then(|n| n.checked_add(h.offsets_at));
+    let strings_end = h.strings_at.checked_add(h.bytes);
+    match (offsets_end, strings_end) {
+        (Some(o), Some(s)) => Ok(Some(o.max(s).max(DICT_HEADER_BYTES))),
+        _ => Err(not_a_dict(name, "its sizes overflow")),
+    }
+}
+
 /// A dictionary's strings then another's, laid out as one: codes `0..base.len()` are `base`'s,
 /// `base.len()..` are `more`'s in their order (a column's dictionary and the strings appends
 /// added after its build, [`Reserved`]).
@@ -314,6 +334,15 @@ impl Reserved {
     pub fn empty(&self) -> Vec<u8> {
         let mut out = self.header(0, 0);
         out.extend_from_slice(&0u64.to_le_bytes());
+        out
+    }
+
+    /// An empty one's bytes as far as [`Dict::parse`] reads them (its header and its offsets'
+    /// area, up to where the strings start): what an appender parses where a reader found no
+    /// string in use ([`in_use_len`]) and read no further.
+    pub fn empty_parsable(&self) -> Vec<u8> {
+        let mut out = self.empty();
+        out.resize(self.strings_at() as usize, 0);
         out
     }
 

@@ -1,6 +1,6 @@
 use proptest::prelude::*;
 
-use super::dict::{concat, Dict, DictBuilder, DictHeader, Reserved, DICT_HEADER_BYTES};
+use super::dict::{concat, in_use_len, Dict, DictBuilder, DictHeader, Reserved, DICT_HEADER_BYTES};
 use super::*;
 use crate::testing::proptest_cases;
 
@@ -273,6 +273,15 @@ fn strings_appended_into_a_reserved_dictionary_follow_the_base_codes() {
     assert!(apply(&mut seg, &[b"OCEA"]));
     assert!(!apply(&mut seg, &[b"X"]), "a fourth string");
     let more = Dict::parse("more", &seg).unwrap();
+    // read as far as its header says (the strings in use), it is the same dictionary
+    let len = in_use_len("more", &seg[..DICT_HEADER_BYTES as usize]).unwrap().unwrap() as usize;
+    assert_eq!(len, r.size() as usize - 2, "all but the 2 unused bytes");
+    let prefix = Dict::parse("more", &seg[..len]).unwrap();
+    assert_eq!(prefix.iter().collect::<Vec<_>>(), more.iter().collect::<Vec<_>>());
+    assert!(Dict::parse("more", &seg[..len - 1]).is_err(), "a byte short");
+    assert!(in_use_len("more", &seg[..8]).is_err(), "a short header");
+    assert_eq!(in_use_len("e", &r.empty()).unwrap(), None, "an empty one: nothing past its header");
+    assert_eq!(Dict::parse("e", &r.empty_parsable()).unwrap().len(), 0);
     assert_eq!(
         (more.len(), more.get(0), more.get(1), more.get(2)),
         (3, Some(&b"AFRICA"[..]), Some(&b""[..]), Some(&b"OCEA"[..]))
