@@ -850,6 +850,25 @@ __device__ void scan_fold(u64 kind, u64 *lo, u64 *hi, bool has, u64 v) {
     }
 }
 
+// Whether the row passes the program's filters: clauses of alternatives, in order, as
+// scan::fold_row tests them; false after an error (out[2] set: the caller returns).
+__device__ bool scan_passes(const ScanRow &row, const u64 *filters, u64 nfilters, const u8 *data, u64 data_bytes,
+                            const u64 *steps, u64 nsteps, u64 *out) {
+    bool clause = true;
+    for (u64 f = 0; f < nfilters; f++) {
+        const u64 *fw = filters + 4 * f;
+        if (((fw[0] >> 40) & 1ull) == 0ull) {
+            if (!clause) return false;
+            clause = false;
+        }
+        if (!clause) {
+            clause = scan_filter(row, fw, data, data_bytes, steps, nsteps, out);
+            if (vload(&out[2]) != 0ull) return false;
+        }
+    }
+    return clause;
+}
+
 // Runs the program over `blocks` blocks of up to n rows (n a power of two; block b at base +
 // b * stride, its count in its header; rows of the first block below first_row skipped) in pass `mode` (above), into
 // the group table's slots (mask + 1 of slot_words words, at `slots`; `groups` its count of
@@ -891,23 +910,10 @@ extern "C" __global__ void uvm_scan_groups(const u64 *prog, const u8 *base, u64 
         if (r >= count || (b == 0ull && r < first_row)) continue;
         row.block = base + off;
         row.r = r;
-        // The filters: clauses of alternatives, in order, as scan::fold_row tests them.
-        bool clause = true, dropped = false;
-        for (u64 f = 0; f < nfilters; f++) {
-            const u64 *fw = filters + 4 * f;
-            if (((fw[0] >> 40) & 1ull) == 0ull) {
-                if (!clause) {
-                    dropped = true;
-                    break;
-                }
-                clause = false;
-            }
-            if (!clause) {
-                clause = scan_filter(row, fw, data, data_bytes, steps, nsteps, out);
-                if (vload(&out[2]) != 0ull) return;
-            }
-        }
-        if (dropped || !clause) continue;
+        bool pass = scan_passes(row, filters, nfilters, data, data_bytes, steps, nsteps, out);
+        if (vload(&out[2]) != 0ull) return;
+        if (!pass) continue;
+        bool dropped = false;
         // The joins' first matches (none: the row is dropped).
         long long jk[SCAN_MAX_JOINS];
         u64 first[SCAN_MAX_JOINS], fsteps[SCAN_MAX_JOINS], cur[SCAN_MAX_JOINS], csteps[SCAN_MAX_JOINS];
@@ -1005,6 +1011,91 @@ extern "C" __global__ void uvm_scan_groups(const u64 *prog, const u8 *base, u64 
 // The longest run of occupied slots of a GpuJoin table (mask + 1 slots), at most cap + 1, into
 // out[0] (atomicMax), and its empty slots into out[1]: a walk from any slot of a run reaches
 // an empty slot within the run's length, so the longest run bounds the scan's walks.
+// A dimension's join table from its cache (crate::scan::build): for each row of `blocks` blocks
+// (as uvm_scan_groups reads them) that passes the program's filters (a program of no joins)
+// with a key in column key_col, the slot of its group (the program's keys: fact columns) in
+// the group table (found, never claimed: a group the table lacks counts in out[0]), then the
+// pair (key, that slot's index) inserted into the join table's tmask + 1 slots (tag seed
+// tseed, as uvm_join_build's), at most `limit` pairs in all: out[1] counts the pairs, and one
+// past the limit or a walk of tmask + 1 slots without an empty one sets out[4].
+extern "C" __global__ void uvm_scan_build(const u64 *prog, const u8 *base, u64 n, u64 blocks, u64 stride, u64 *slots,
+                                          u64 mask, u64 seed, u64 key_words, u64 slot_words, u64 key_col,
+                                          Slot *tslots, u64 tmask, u64 tseed, u64 limit, u64 *out) {
+    u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    u64 gstride = (u64)gridDim.x * blockDim.x;
+    u64 nfilters = prog[0], njoins = prog[1], nkeys = prog[2], naggs = prog[3];
+    u64 nsteps = prog[5], data_bytes = prog[6];
+    if (njoins != 0ull || nkeys + 1ull != key_words || key_words > SCAN_MAX_KEY_WORDS || naggs > SCAN_MAX_AGGS ||
+        n == 0ull || (n & (n - 1ull)) != 0ull) {
+        if (tid == 0) scan_error(out, SCAN_ERR_PROGRAM);
+        return;
+    }
+    const u64 *filters = prog + prog[8], *steps = prog + prog[9], *keys = prog + prog[11], *aggs = prog + prog[12];
+    const u8 *data = (const u8 *)(prog + prog[13]);
+    ScanRow row;
+    row.prog = prog;
+    row.cols = prog + prog[7];
+    row.ncols = prog[4];
+    u64 total = n * blocks;
+    u64 shift = (u64)(__ffsll((long long)n) - 1);
+    u64 seen = 0;
+    for (u64 g = tid; g < total; g += gstride, seen++) {
+        if ((seen & 63ull) == 0ull && (vload(&out[0]) | vload(&out[2]) | vload(&out[3]) | vload(&out[4])) != 0ull) break;
+        u64 b = g >> shift, r = g & (n - 1ull), off = b * stride;
+        u64 count = *(const u64 *)(base + off);
+        if (count > n) {
+            if (vload(&out[3]) == 0ull) atomicExch(&out[3], 1ull);
+            break;
+        }
+        if (r >= count) continue;
+        row.block = base + off;
+        row.r = r;
+        bool pass = scan_passes(row, filters, nfilters, data, data_bytes, steps, nsteps, out);
+        if (vload(&out[2]) != 0ull) return;
+        u64 kw;
+        if (!pass || !scan_col(row, key_col, &kw)) continue;
+        u64 key[SCAN_MAX_KEY_WORDS];
+        u64 nulls = 0;
+        for (u64 k = 0; k < nkeys; k++) {
+            u64 w = 0;
+            if ((keys[k] >> 32) != 1ull) {
+                scan_error(out, SCAN_ERR_PROGRAM);
+                return;
+            }
+            if (!scan_col(row, keys[k] & 0xffffffffull, &w)) {
+                nulls |= 1ull << k;
+                w = 0;
+            }
+            key[k] = w;
+        }
+        key[nkeys] = nulls;
+        u64 *slot = scan_group(slots, mask, seed, key_words, slot_words, key, 0, 0, SCAN_FOLD, aggs, naggs, out);
+        if (slot == 0) break; // (out[0] says why)
+        if (atomicAdd(&out[1], 1ull) >= limit) {
+            atomicExch(&out[4], 1ull);
+            break;
+        }
+        long long k = (long long)kw;
+        u64 t = mix((u64)k ^ tseed) | 1ull;
+        u64 i = t & tmask;
+        bool placed = false;
+        for (u64 step = 0; step <= tmask; step++) {
+            if (gave_up(&out[4], step)) break;
+            if (atomicCAS(&tslots[i].tag, 0ull, t) == 0ull) {
+                tslots[i].key = k;
+                tslots[i].payload = (long long)((u64)(slot - slots) / slot_words);
+                placed = true;
+                break;
+            }
+            i = (i + 1ull) & tmask;
+        }
+        if (!placed) {
+            atomicExch(&out[4], 1ull);
+            break;
+        }
+    }
+}
+
 extern "C" __global__ void uvm_longest_run(const Slot *slots, u64 mask, u64 cap, u64 *out) {
     u64 empty = 0, longest = 0;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i <= mask; i += (u64)gridDim.x * blockDim.x) {

@@ -125,6 +125,30 @@ kernels! {
             mode: u64,
             out: MutPtr<u64>,
         );
+        /// A dimension's join table from its cache (`crate::scan::build`): the pairs (key of
+        /// column `key_col`, index of the row's group slot in the group table at `slots`) of
+        /// the rows of `blocks` blocks (as `uvm_scan_groups` reads them) that pass the
+        /// program's filters, inserted into the GpuJoin table's `tmask + 1` slots at `tslots`,
+        /// at most `limit`; the outcome in `out[0..6]` (`out[1]` the pairs, `out[4]` one past
+        /// the limit or a table without room).
+        uvm_scan_build => ScanBuildPass(
+            prog: Ptr<u64>,
+            base: Ptr<u8>,
+            n: u64,
+            blocks: u64,
+            stride: u64,
+            slots: MutPtr<u64>,
+            mask: u64,
+            seed: u64,
+            key_words: u64,
+            slot_words: u64,
+            key_col: u64,
+            tslots: MutPtr<Slot>,
+            tmask: u64,
+            tseed: u64,
+            limit: u64,
+            out: MutPtr<u64>,
+        );
         /// The longest run of occupied slots of a GpuJoin table's `mask + 1` slots (at most
         /// `cap + 1`) into `out[0]`, its empty slots into `out[1]`.
         uvm_longest_run => LongestRun(slots: Ptr<Slot>, mask: u64, cap: u64, out: MutPtr<u64>);

@@ -120,6 +120,15 @@ pub enum Work {
         spec: super::scan::Spec,
         start: (u64, u64),
     },
+    /// A dimension's join table from its cache and its program's group table
+    /// (`crate::scan::build`; the kernels' `scan::gpu::build`).
+    ScanBuild {
+        cache: Whole,
+        groups: Whole,
+        target: super::cached::BuildTarget,
+        spec: super::scan::Spec,
+        key_col: usize,
+    },
     /// A group table's groups moved into a bigger one (the CPU's).
     GroupsGrow {
         from: Whole,
@@ -201,6 +210,13 @@ impl Whole {
     fn device(&self) -> crate::scan::gpu::DeviceSeg<'_> {
         crate::scan::gpu::DeviceSeg { name: &self.name, addr: self.addr, len: self.len as u64 }
     }
+}
+
+/// The layout of the cache whose whole CPU-addressable bytes are `bytes`, parsed and checked.
+fn cpu_layout(name: &str, bytes: &[u8]) -> Result<crate::cache::Layout> {
+    let head = bytes.get(..crate::cache::HEADER_BYTES as usize).unwrap_or(bytes);
+    let prefix = crate::cache::Layout::prefix_len(name, head)?.min(bytes.len() as u64) as usize;
+    crate::cache::Layout::parse(name, &bytes[..prefix], bytes.len() as u64)
 }
 
 /// A prepared request: its pins (released when the job drops) and its work.
@@ -369,6 +385,31 @@ pub fn prepare<E: Env>(segs: &mut Segments<E>, call: &Call, io: &Io<'_>) -> Resu
             groups_pin.count_written(groups.len as u64);
             pins.push(groups_pin);
             Work::ScanGroups { cache, groups, dims, spec, start: (start_block, start_row) }
+        }
+        Call::ScanBuild(ops::ScanBuild { cache, table, key_col, slot_count, .. }) => {
+            let spec = super::scan::Spec::decode(io.input())?;
+            let [groups] = spec.dims.as_slice() else {
+                return Err(uvm_err!(Code::InvalidParameterValue, "a build program names its group table and nothing else"));
+            };
+            let (table_pin, addr, len) = table_for_build(segs, &table, slot_count, engine)?;
+            let (cache_pin, groups_pin) = (pin_ref(segs, &cache)?, pin_ref(segs, groups)?);
+            let ids = [table_pin.info().id, cache_pin.info().id, groups_pin.info().id];
+            if ids[0] == ids[1] || ids[0] == ids[2] || ids[1] == ids[2] {
+                return Err(uvm_err!(Code::InvalidParameterValue, "a build reads and writes three different segments"));
+            }
+            let target = super::cached::BuildTarget {
+                name: table_pin.info().name.clone(),
+                addr,
+                len: len as usize,
+                slot_count,
+                key_type: KeyType::Int8,
+            };
+            let (cache, groups) = (Whole::of(&cache_pin, engine)?, Whole::of(&groups_pin, engine)?);
+            cache_pin.count_read(cache.len as u64);
+            groups_pin.count_read(groups.len as u64);
+            table_pin.count_written(len);
+            pins.extend([table_pin, cache_pin, groups_pin]);
+            Work::ScanBuild { cache, groups, target, spec, key_col: key_col as usize }
         }
         Call::GroupsGrow(ops::GroupsGrow { from, to, slot_count }) => {
             let (from_pin, to_pin) = (pin_ref(segs, &from)?, pin_ref(segs, &to)?);
@@ -660,9 +701,7 @@ impl Work {
                 // SAFETY: the job's pins hold every segment (contract); the group table is none
                 // of the segments read (prepare), so its mutable view is the only one.
                 let (cache_bytes, groups_bytes) = unsafe { (cache.bytes(), groups.bytes_mut()) };
-                let head = cache_bytes.get(..crate::cache::HEADER_BYTES as usize).unwrap_or(cache_bytes);
-                let prefix = crate::cache::Layout::prefix_len(&cache.name, head)?.min(cache.len as u64) as usize;
-                let layout = crate::cache::Layout::parse(&cache.name, &cache_bytes[..prefix], cache.len as u64)?;
+                let layout = cpu_layout(&cache.name, cache_bytes)?;
                 let joins = spec
                     .joins
                     .iter()
@@ -683,6 +722,43 @@ impl Work {
                 let t = std::time::Instant::now();
                 let progress = crate::scan::run(&program, &layout, cache_bytes, &mut g, *start)?;
                 done(&scanned(progress, t.elapsed().as_nanos() as u64))
+            }
+            Work::ScanBuild { cache, groups, target, spec, key_col } if cache.engine == Engine::Cuda => {
+                let program = crate::scan::gpu::DeviceProgram {
+                    filters: &spec.filters,
+                    joins: Vec::new(),
+                    keys: &spec.keys,
+                    aggs: &spec.aggs,
+                };
+                let mut scan_ns = 0;
+                // SAFETY: the job's pins hold the three segments (contract), three different
+                // ones (prepare), each `Whole` its whole range as device addresses; the target's
+                // slots lie in the pinned table (`table_for_build`).
+                let inserted = crate::gpu::gpu()?.with_kernels(|k| unsafe {
+                    let table = (target.addr, target.slot_count);
+                    crate::scan::gpu::build(k, &program, *key_col, &cache.device(), &groups.device(), table, &mut scan_ns)
+                })?;
+                done(&ops::ScanBuilt { inserted, scan_ns })
+            }
+            Work::ScanBuild { cache, groups, target, spec, key_col } => {
+                // SAFETY: the job's pins hold the three segments (contract), three different
+                // ones (prepare): the group table's and the target's views are the only ones.
+                let (cache_bytes, groups_bytes, table_bytes) = unsafe {
+                    (cache.bytes(), groups.bytes_mut(), std::slice::from_raw_parts_mut(target.addr as *mut u8, target.len))
+                };
+                let layout = cpu_layout(&cache.name, cache_bytes)?;
+                let program = crate::scan::Program {
+                    filters: spec.filters.clone(),
+                    joins: Vec::new(),
+                    keys: spec.keys.clone(),
+                    aggs: spec.aggs.clone(),
+                };
+                let mut g = crate::groups::Table::parse(&groups.name, groups_bytes)?;
+                let mut b = table::Builder::resume(&target.name, table_bytes, KeyType::Int8, target.slot_count, 0)?;
+                let t = std::time::Instant::now();
+                let inserted =
+                    crate::scan::build(&program, *key_col, &layout, cache_bytes, &mut g, &mut b, target.slot_count / 2)?;
+                done(&ops::ScanBuilt { inserted, scan_ns: t.elapsed().as_nanos() as u64 })
             }
             Work::GroupsGrow { from, to, slot_count } if from.engine == Engine::Cuda => {
                 crate::gpu::gpu()?; // the context current on this thread, for the copies

@@ -490,6 +490,18 @@ pub fn cache_probe(
     Ok((ProbeSum { matches: r.matches, sum: r.sum.get() }, r.rows, std::time::Duration::from_nanos(r.probe_ns)))
 }
 
+/// A scan program's bulk bytes, where they fit the executor's staging.
+fn program_bytes(ex: &mut dyn Executor, spec: &scan::Spec) -> Result<Vec<u8>> {
+    let bytes = spec.encode()?;
+    if bytes.len() > ex.max_io() {
+        return Err(UvmError::new(
+            Code::ProgramLimitExceeded,
+            format!("a scan program of {} bytes does not fit a request's {} bytes of staging", bytes.len(), ex.max_io()),
+        ));
+    }
+    Ok(bytes)
+}
+
 /// Runs the scan program `spec` over the column cache `cache`, folding into the group table
 /// `groups` (formatted by `groups::init`, or grown by [`groups_grow`]) from row `start.1` of
 /// block `start.0` (see `ops::ScanGroups`): where the table is full, the row to resume at and
@@ -501,13 +513,7 @@ pub fn scan_groups(
     spec: &scan::Spec,
     start: (u64, u64),
 ) -> Result<(crate::scan::Progress, std::time::Duration)> {
-    let bytes = spec.encode()?;
-    if bytes.len() > ex.max_io() {
-        return Err(UvmError::new(
-            Code::ProgramLimitExceeded,
-            format!("a scan program of {} bytes does not fit a request's {} bytes of staging", bytes.len(), ex.max_io()),
-        ));
-    }
+    let bytes = program_bytes(ex, spec)?;
     let o = ops::ScanGroups { cache: *cache, groups: *groups, start_block: start.0, start_row: start.1 };
     let (r, _) = call(ex, &o, Io::In(&bytes))?;
     let progress = if r.full == 0 {
@@ -516,6 +522,29 @@ pub fn scan_groups(
         crate::scan::Progress::Full { block: r.block, row: r.row, slots: r.slots }
     };
     Ok((progress, std::time::Duration::from_nanos(r.scan_ns)))
+}
+
+/// Inserts the pairs of a dimension's rows in the cache `cache` that pass `spec`'s filters into
+/// the join table `table` of `slot_count` slots (begun by [`build_begin`]; finish it with
+/// [`build_finish`]): key column `key_col`, payload the slot of the row's group in `groups`,
+/// the table `spec` (no joins, no dimension tables of its own) filled by [`scan_groups`] over
+/// the same cache (`ops::ScanBuild`). Returns the pairs inserted and the scanning's time.
+pub fn scan_build(
+    ex: &mut dyn Executor,
+    cache: &SegRef,
+    groups: &SegRef,
+    table: &SegRef,
+    spec: &scan::Spec,
+    key_col: u32,
+    slot_count: u64,
+) -> Result<(u64, std::time::Duration)> {
+    if !spec.dims.is_empty() || !spec.joins.is_empty() {
+        return Err(UvmError::new(Code::InvalidParameterValue, "a dimension's build program has no joins"));
+    }
+    let bytes = program_bytes(ex, &scan::Spec { dims: vec![*groups], ..spec.clone() })?;
+    let o = ops::ScanBuild { cache: *cache, table: *table, key_col, _pad: 0, slot_count };
+    let (r, _) = call(ex, &o, Io::In(&bytes))?;
+    Ok((r.inserted, std::time::Duration::from_nanos(r.scan_ns)))
 }
 
 /// Moves the groups of the group table `from` into `to` (a segment of at least the bytes of a

@@ -318,6 +318,14 @@ operations! {
     /// Moves the groups of the group table `from` into `to`, made a table of `slot_count` slots
     /// with the same keys and aggregates (`groups::grow`).
     GroupsGrow = 27, None, Pool: GroupsGrow [from, to] { slot_count: u64 } -> GroupsGrown { groups: u64 };
+    /// Inserts into the GpuJoin table `table` of `slot_count` slots (`int8` keys, zeroed by
+    /// `BuildBegin`) a pair per row of the column cache `cache` that passes the program's
+    /// filters (in the bulk bytes, as `ScanGroups`; no joins) with a key in column `key_col`:
+    /// the key, and the index of the slot of the row's group in the program's one segment
+    /// (`dims[0]`), the group table of the same program run before (`scan::build`). Replies
+    /// the pairs inserted and the nanoseconds the scanning took.
+    ScanBuild = 28, In, Pool: ScanBuild [cache, table] { key_col: u32, _pad: u32, slot_count: u64 }
+        -> ScanBuilt { inserted: u64, scan_ns: u64 };
 }
 
 /// A request as it lies in a slot: the operation's number, its input bytes in staging, and its
@@ -489,11 +497,11 @@ mod tests {
         for &m in Mode::ALL {
             assert_eq!(Mode::from_u32(m as u32), m);
         }
-        assert_eq!(Op::ALL.len(), 27);
+        assert_eq!(Op::ALL.len(), 28);
         assert_eq!(Mode::from_u32(77), Mode::Undecided);
         // The numbers are what a slot carries: fixed forever.
         assert_eq!((Op::Ping as u32, Op::Materialize as u32, Op::Launch as u32, Op::CacheProbe as u32), (1, 12, 22, 25));
-        assert_eq!((Op::ScanGroups as u32, Op::GroupsGrow as u32), (26, 27));
+        assert_eq!((Op::ScanGroups as u32, Op::GroupsGrow as u32, Op::ScanBuild as u32), (26, 27, 28));
     }
 
     #[test]

@@ -464,3 +464,94 @@ fn scan_programs_run_as_requests_and_grow_their_group_table() {
     let e = scan_groups(&mut ex, &cache, &cur, &scan::Spec { dims: vec![cache], ..spec.clone() }, (0, 0)).unwrap_err();
     assert_eq!(e.code, Code::InvalidParameterValue, "{e}");
 }
+
+/// A dimension's join table from its cache (`ScanBuild`): the program grouped by the grouping
+/// column first (`ScanGroups`), then a pair per row that passes (duplicate keys twice, NULL
+/// keys never) naming the slot of its group; every pair read back is a row of the dimension.
+/// What the request refuses: a group table that lacks a row's group, more rows than the join
+/// table was sized for, one segment in two roles, a program with joins.
+#[test]
+fn dimension_join_tables_are_built_from_programs_over_their_caches() {
+    use crate::cache::Encoding;
+    use crate::groups::{self, AggKind, Shape};
+    use crate::scan::{Filter, Input, Progress, Source, Test};
+    let world = World::new("exec-scan-build", Arena::default());
+    let mut segs = process(&world, 1);
+    let mut ex = Local { segs: &mut segs };
+    // (key, value): keys 0..600 with a duplicate every 50th row and a NULL key every 31st,
+    // values NULL every 17th; the filter keeps values -5..=20 and NULLs
+    let dim: Vec<(Option<i64>, Option<i64>)> = (0..3000i64)
+        .map(|i| ((i % 31 != 0).then_some(if i % 50 == 0 { 7 } else { i % 600 }), (i % 17 != 0).then_some(i % 40 - 10)))
+        .collect();
+    let cache = cache_segment(&mut ex, "dimc", Encoding::Int8, &dim);
+    let filters = vec![Filter::and(1, Test::Range { lo: -5, hi: 20 }), Filter::or(1, Test::Null)];
+    let spec = scan::Spec {
+        dims: vec![],
+        filters: filters.clone(),
+        joins: vec![],
+        keys: vec![Source::Col(1)],
+        aggs: vec![(AggKind::CountStar, Input::Star)],
+    };
+    let shape = Shape { key_words: 2, aggs: vec![AggKind::CountStar], slot_count: 128 };
+    let groups_of = |ex: &mut Local<'_, TestEnv>, name: &str, spec: &scan::Spec| -> SegRef {
+        let b = shape.bytes() as i64;
+        create(ex, name, b, Some(b), TierPref::Host, 10, 0).unwrap();
+        let g = seg_ref(ex.segs, name);
+        let mut init = vec![0u8; shape.bytes() as usize];
+        groups::init(&mut init, &shape, 3).unwrap();
+        write(ex, &g, 0, &init).unwrap();
+        assert_eq!(scan_groups(ex, &cache, &g, spec, (0, 0)).unwrap().0, Progress::Done);
+        g
+    };
+    let g = groups_of(&mut ex, "bg", &spec);
+    let mut gbytes = vec![0u8; shape.bytes() as usize];
+    read(&mut ex, &g, 0, &mut gbytes).unwrap();
+    let rows: u64 = groups::Table::parse("bg", &mut gbytes).unwrap().groups().unwrap().iter().map(|(_, s)| s[0].0).sum();
+    let passes = |k: Option<i64>, v: Option<i64>| k.is_some() && v.is_none_or(|v| (-5..=20).contains(&v));
+    let want_all = dim.iter().filter(|(_, v)| v.is_none_or(|v| (-5..=20).contains(&v))).count() as u64;
+    assert_eq!(rows, want_all, "the groups count every row that passes, NULL keys too");
+    let n = table::slot_count(rows);
+    let tb = table::table_bytes(rows) as i64;
+    create(&mut ex, "bt", tb, Some(tb), TierPref::Host, 10, 0).unwrap();
+    let t = seg_ref(ex.segs, "bt");
+    build_begin(&mut ex, &t, n).unwrap();
+    let (inserted, _) = scan_build(&mut ex, &cache, &g, &t, &spec, 0, n).unwrap();
+    let mut want: Vec<(i64, Option<i64>)> = dim.iter().filter(|(k, v)| passes(*k, *v)).map(|&(k, v)| (k.unwrap(), v)).collect();
+    assert_eq!(inserted, want.len() as u64);
+    build_finish(&mut ex, &t, KeyType::Int8, n, inserted, 0).unwrap();
+    // every pair: its key and the value its payload's slot holds
+    let mut words = vec![0u64; tb as usize / 8];
+    read(&mut ex, &t, 0, words.as_mut_bytes()).unwrap();
+    let jt = table::Table::view_words("bt", &words).unwrap();
+    let slot_value = |slot: i64| -> Option<i64> {
+        let h = groups::Head::parse("bg", &gbytes[..groups::Head::PREFIX_BYTES as usize], gbytes.len() as u64).unwrap();
+        let hd = h.header();
+        let at = (hd.slots_at + slot as u64 * hd.slot_bytes) as usize;
+        let word = |i: usize| u64::from_le_bytes(gbytes[at + 8 * i..at + 8 * i + 8].try_into().unwrap());
+        assert_ne!(word(0), 0, "a payload names an occupied slot");
+        (word(2) & 1 == 0).then_some(word(1) as i64)
+    };
+    let mut got = Vec::new();
+    for k in 0..600i64 {
+        jt.for_each_match(k, |p| got.push((k, slot_value(p)))).unwrap();
+    }
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+    // a group table of another filter lacks groups of these rows
+    let other = scan::Spec { filters: vec![Filter::and(1, Test::Range { lo: 0, hi: 0 })], ..spec.clone() };
+    let g2 = groups_of(&mut ex, "bg2", &other);
+    build_begin(&mut ex, &t, n).unwrap();
+    let e = scan_build(&mut ex, &cache, &g2, &t, &spec, 0, n).unwrap_err();
+    assert_eq!(e.code, Code::InvalidParameterValue, "{e}");
+    // a join table sized for fewer rows
+    build_begin(&mut ex, &t, 64).unwrap();
+    let e = scan_build(&mut ex, &cache, &g, &t, &spec, 0, 64).unwrap_err();
+    assert!(e.message.contains("sized for"), "{e}");
+    // one segment in two roles; a program with joins; a key column that is not integer-like
+    assert_eq!(scan_build(&mut ex, &cache, &t, &t, &spec, 0, n).unwrap_err().code, Code::InvalidParameterValue);
+    assert_eq!(scan_build(&mut ex, &cache, &cache, &t, &spec, 0, n).unwrap_err().code, Code::InvalidParameterValue);
+    let joined = scan::Spec { dims: vec![t], joins: vec![(0, 0)], ..spec.clone() };
+    assert_eq!(scan_build(&mut ex, &cache, &g, &t, &joined, 0, n).unwrap_err().code, Code::InvalidParameterValue);
+    assert_eq!(scan_build(&mut ex, &cache, &g, &t, &spec, 2, n).unwrap_err().code, Code::InvalidParameterValue);
+}

@@ -359,6 +359,20 @@ impl<'a> Table<'a> {
         ))
     }
 
+    /// The index of the slot of `key`'s group (`key_words` words), `None` where the table has
+    /// no such group. Bounded as [`Table::update`].
+    pub fn slot_of_existing(&mut self, key: &[u64]) -> Result<Option<u64>> {
+        if key.len() != self.h.key_words as usize {
+            return Err(UvmError::new(Code::InvalidParameterValue, "a key does not match the group table"));
+        }
+        Ok(self.find(key)?.ok())
+    }
+
+    /// The segment's name (for messages).
+    pub fn name(&self) -> &str {
+        self.name
+    }
+
     /// The slot of `key`'s group, added with empty states if new; `Err(slots)` when the table
     /// is at its load limit (nothing changed: grow it to that many slots).
     fn slot_of(&mut self, key: &[u64]) -> Result<std::result::Result<u64, u64>> {

@@ -47,7 +47,7 @@ use super::{check_parts, Filter, Input, Progress, Source, Test};
 use crate::cache::{Layout, HEADER_BYTES as CACHE_HEADER_BYTES};
 use crate::error::{Code, Result, UvmError};
 use crate::gpu::launch::{MutPtr, Ptr};
-use crate::gpu::segment::{LongestRun, ScanGroupsPass};
+use crate::gpu::segment::{LongestRun, ScanBuildPass, ScanGroupsPass};
 use crate::gpu::Kernels;
 use crate::gpujoin::table;
 use crate::groups::{self, AggKind, Head};
@@ -351,6 +351,104 @@ pub unsafe fn run(
         first += count;
     }
     Ok(Progress::Done)
+}
+
+/// Inserts the pairs of `crate::scan::build` into the GpuJoin table whose first byte is at
+/// `table.0`, of `table.1` slots (begun by `BuildBegin`, seed 0), from the rows of the cache
+/// `cache` that pass the program `p` (no joins) and the group table `groups` of the same
+/// program run before; returns the pairs inserted. Adds the launches' nanoseconds to
+/// `*launch_ns`.
+///
+/// # Safety
+/// As for [`run`], and the table's `HEADER_BYTES + slot_count` slots lie in a pinned segment
+/// none of the others.
+pub unsafe fn build(
+    k: &Kernels,
+    p: &DeviceProgram<'_>,
+    key_col: usize,
+    cache: &DeviceSeg<'_>,
+    groups: &DeviceSeg<'_>,
+    table: (u64, u64),
+    launch_ns: &mut u64,
+) -> Result<u64> {
+    // SAFETY: forwarded contract.
+    let layout = unsafe { layout(cache) }?;
+    if !p.joins.is_empty() {
+        return Err(UvmError::new(Code::InvalidParameterValue, "a dimension's build program has no joins"));
+    }
+    super::check_build(&layout, p.filters, p.keys, p.aggs, key_col)?;
+    if p.keys.len() > MAX_KEYS || p.aggs.len() > MAX_AGGS {
+        return Err(UvmError::new(
+            Code::InvalidParameterValue,
+            format!("a GPU scan program has at most {MAX_KEYS} group keys and {MAX_AGGS} aggregates"),
+        ));
+    }
+    // SAFETY: forwarded contract (the min with its size).
+    let prefix = unsafe { read(groups.addr, Head::PREFIX_BYTES.min(groups.len) as usize) }?;
+    let head = Head::parse(groups.name, &prefix, groups.len)?;
+    let h = *head.header();
+    let kinds: Vec<AggKind> = p.aggs.iter().map(|a| a.0).collect();
+    if u64::from(h.key_words) != p.keys.len() as u64 + 1 || head.aggs() != kinds.as_slice() {
+        return Err(UvmError::new(
+            Code::InvalidParameterValue,
+            "the group table does not have the program's keys and aggregates",
+        ));
+    }
+    let prog: Vec<i64> = words(&layout, p, &[]).into_iter().map(|w| w as i64).collect();
+    let staged = k.staging(prog.len() * 8)?;
+    k.stage(0, &prog)?;
+    let c = layout.header();
+    let per = (LAUNCH_ROWS / c.block_rows.max(1)).max(1);
+    let capacity = table.1 / 2;
+    let mut params = ScanBuildPass {
+        prog: Ptr::new(staged),
+        base: Ptr::new(0),
+        n: c.block_rows,
+        blocks: 0,
+        stride: c.block_bytes,
+        slots: MutPtr::new(groups.addr + h.slots_at),
+        mask: h.slot_count - 1,
+        seed: h.seed,
+        key_words: u64::from(h.key_words),
+        slot_words: h.slot_bytes / 8,
+        key_col: key_col as u64,
+        tslots: MutPtr::new(table.0 + table::HEADER_BYTES),
+        tmask: table.1 - 1,
+        tseed: 0,
+        limit: 0,
+        out: k.result_ptr(),
+    };
+    let mut inserted = 0u64;
+    let mut first = 0;
+    while first < c.blocks {
+        crate::interrupt::check()?;
+        let count = per.min(c.blocks - first);
+        params.base = Ptr::new(cache.addr + c.data_offset + first * c.block_bytes);
+        params.blocks = count;
+        params.limit = capacity - inserted;
+        k.result().set_bytes(0, 48)?;
+        let t = std::time::Instant::now();
+        // SAFETY: the kernel reads the program's words (staged above), the launch's blocks
+        // (inside the cache: Layout::parse bounded them) and the group table's slots (Head::parse
+        // bounded them; every walk at most slot_count slots), writes the join table's slots
+        // (inside its segment: contract; every walk at most tmask + 1 slots) and 6 words of our
+        // result buffer.
+        unsafe { k.launch(k.segment().uvm_scan_build(), params) }?;
+        *launch_ns += t.elapsed().as_nanos() as u64;
+        let mut out = [0u64; 6];
+        k.result().read(&mut out)?;
+        outcome(&out, groups.name)?;
+        if out[4] != 0 {
+            return Err(if out[1] > params.limit {
+                super::built_past(capacity)
+            } else {
+                table::corrupted("a dimension's join table", &format!("a build found no empty slot in {} slots", table.1))
+            });
+        }
+        inserted += out[1];
+        first += count;
+    }
+    Ok(inserted)
 }
 
 /// `n` zeroed bytes of host memory for a copy of group table `name`: 53200 where they cannot be

@@ -255,6 +255,24 @@ fn passes(test: &Test, v: Option<u64>) -> bool {
     }
 }
 
+/// Whether the row passes `filters`, clause by clause: it fails at the first clause none of
+/// whose filters passes.
+fn filters_pass(filters: &[Filter], col: &mut dyn FnMut(usize) -> Result<Option<u64>>) -> Result<bool> {
+    let mut clause_passed = true;
+    for f in filters {
+        if !f.or {
+            if !clause_passed {
+                return Ok(false);
+            }
+            clause_passed = false;
+        }
+        if !clause_passed && filter_passes(f, col)? {
+            clause_passed = true;
+        }
+    }
+    Ok(clause_passed)
+}
+
 fn overflow(what: &str) -> UvmError {
     UvmError::new(Code::NumericValueOutOfRange, "bigint out of range").detail(format!("In {what} of two cached columns."))
 }
@@ -291,20 +309,7 @@ pub fn fold_row(
     payloads.resize_with(program.joins.len(), Vec::new);
     key.resize(program.keys.len() + 1, 0);
     inputs.resize(program.aggs.len(), None);
-    // Clause by clause: the row is dropped at the first clause none of whose filters passes.
-    let mut clause_passed = true;
-    for f in &program.filters {
-        if !f.or {
-            if !clause_passed {
-                return Ok(Row::Dropped);
-            }
-            clause_passed = false;
-        }
-        if !clause_passed && filter_passes(f, &mut col)? {
-            clause_passed = true;
-        }
-    }
-    if !clause_passed {
+    if !filters_pass(&program.filters, &mut col)? {
         return Ok(Row::Dropped);
     }
     // Each join's matches (none: the row is dropped).
@@ -414,4 +419,88 @@ pub fn run(
         }
     }
     Ok(Progress::Done)
+}
+
+/// A dimension's join table from its cache (`ScanBuild`): a pair per row of the cache that
+/// passes `program`'s filters and has a key in column `key_col`, inserted into `table` (an
+/// `int8` GpuJoin table being built): the key, and as payload the index of the slot of the
+/// row's group in `groups`, the table of the same program grouped by its keys (fact columns
+/// only: a program without joins) that ran over the same rows before. So the pairs are the
+/// dimension's rows that pass, each naming its distinct grouping values by a slot of a small
+/// table, and the fact's program groups by those slots. A row whose group `groups` lacks, or
+/// a row past `capacity`, is an ERROR (the table is not that program's). Returns the pairs
+/// inserted.
+pub fn build(
+    program: &Program<'_>,
+    key_col: usize,
+    layout: &Layout,
+    seg: &[u8],
+    groups: &mut groups::Table<'_>,
+    table: &mut crate::gpujoin::table::Builder<'_>,
+    capacity: u64,
+) -> Result<u64> {
+    if !program.joins.is_empty() {
+        return Err(bad("a dimension's build program has no joins".into()));
+    }
+    check_build(layout, &program.filters, &program.keys, &program.aggs, key_col)?;
+    check_table(program, groups)?;
+    let mut key = vec![0u64; program.keys.len() + 1];
+    let (mut seen, mut inserted) = (0u64, 0u64);
+    for block in 0..layout.header().blocks {
+        let rows = layout.block_rows(seg, block)?;
+        for r in 0..rows {
+            interrupt::check_every(seen)?;
+            seen += 1;
+            let mut col = |c: usize| value(layout, seg, c, block, rows, r);
+            if !filters_pass(&program.filters, &mut col)? {
+                continue;
+            }
+            let Some(k) = col(key_col)? else { continue };
+            let mut nulls = 0u64;
+            for (i, s) in program.keys.iter().enumerate() {
+                let Source::Col(c) = *s else { unreachable!("check_build refused payload keys") };
+                key[i] = col(c)?.unwrap_or_else(|| {
+                    nulls |= 1 << i;
+                    0
+                });
+            }
+            key[program.keys.len()] = nulls;
+            let Some(slot) = groups.slot_of_existing(&key)? else {
+                return Err(bad(format!(
+                    "group table in segment \"{}\" lacks a group of the rows it was made from",
+                    groups.name()
+                )));
+            };
+            if inserted == capacity {
+                return Err(built_past(capacity));
+            }
+            table.insert(Some(k as i64), slot as i64)?;
+            inserted += 1;
+        }
+    }
+    Ok(inserted)
+}
+
+/// A build that found more rows than its table was sized for (the group table that counted
+/// them is not of these rows).
+pub fn built_past(capacity: u64) -> UvmError {
+    bad(format!("a dimension's build found more than the {capacity} rows its join table was sized for"))
+}
+
+/// Checks a build program's parts (a program of no joins: its filters, keys and aggregates)
+/// against the cache `layout`, and its key column, one of the cache's integer-like columns
+/// (22023 otherwise). [`build`] and the kernels' host side ([`gpu::build`]) both check this way.
+pub fn check_build(
+    layout: &Layout,
+    filters: &[Filter],
+    keys: &[Source],
+    aggs: &[(AggKind, Input)],
+    key_col: usize,
+) -> Result<()> {
+    check_parts(layout, filters, &[], keys, aggs)?;
+    use crate::cache::Encoding as E;
+    match layout.encoding(key_col) {
+        Some(E::Int2 | E::Int4 | E::Int8 | E::Date | E::Timestamp | E::TimestampTz) => Ok(()),
+        _ => Err(bad(format!("column {key_col} of the cache is not an integer-like join key"))),
+    }
 }
