@@ -185,6 +185,9 @@ pub const ROW_FACTOR: f64 = 0.25;
 /// grows as needed; an estimate far too high must not allocate a huge table at once).
 const MIN_GROUPS: u64 = 64;
 const MAX_FIRST_GROUPS: u64 = 1 << 20;
+/// A cached dimension's distinct grouping tuples its first table is sized for at most (its
+/// table grows past them): few in a star query (years, nations, brands).
+const FIRST_TUPLES: u64 = 1024;
 
 pub(super) use plan::add_path;
 pub use run::GpuGroupAggScan;

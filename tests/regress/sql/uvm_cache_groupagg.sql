@@ -345,16 +345,19 @@ ROLLBACK;
 DELETE FROM gk WHERE name = 'appended' OR grp = 7 OR (k IS NULL AND name IS NULL);
 SELECT pg_temp.ga('SELECT gk.grp, count(*) FROM ga, gk WHERE ga.a = gk.k GROUP BY gk.grp');
 SELECT uvm.cache_drop('gk') AS gk_dropped, uvm.cache_drop('gl') AS gl_dropped;
--- the dimensions' rows within work_mem x hash_mem_multiplier, from a plan or a cache: past it
--- the child (PostgreSQL's plan, whose hash join batches) answers
-CREATE TABLE gw (k int4, tag int4);
-INSERT INTO gw SELECT i, i % 7 FROM generate_series(1, 20000) i;
+-- the dimensions' rows within work_mem x hash_mem_multiplier: a plan's rows past it make the
+-- child (PostgreSQL's plan, whose hash join batches) answer; a cache's are built into their
+-- join table where the cache lies, so only their distinct grouping values count, and past it
+-- the child answers too
+CREATE TABLE gw (k int4, tag int4, u int4);
+INSERT INTO gw SELECT i, i % 7, i FROM generate_series(1, 20000) i;
 ANALYZE gw;
 SET work_mem = '64kB';
 SELECT pg_temp.ga('SELECT gw.tag, count(*), sum(ga.v) FROM ga, gw WHERE ga.id = gw.k GROUP BY gw.tag');
 SELECT uvm.cache_table('gw') AS gw_cached;
 SELECT pg_temp.ga('SELECT gw.tag, count(*), sum(ga.v) FROM ga, gw WHERE ga.id = gw.k GROUP BY gw.tag');
 SELECT pg_temp.ga('SELECT gw.tag, count(*), sum(ga.v) FROM ga, gw WHERE ga.id = gw.k AND gw.k < 2000 GROUP BY gw.tag');
+SELECT pg_temp.ga('SELECT gw.u, count(*), sum(ga.v) FROM ga, gw WHERE ga.id = gw.k GROUP BY gw.u');
 RESET work_mem;
 SELECT pg_temp.ga('SELECT gw.tag, count(*), sum(ga.v) FROM ga, gw WHERE ga.id = gw.k GROUP BY gw.tag');
 SELECT uvm.cache_drop('gw') AS gw_dropped;

@@ -19,6 +19,10 @@
 //! | 12 × aggregates | aggregate kind, input kind (0: none, 1: a column, 2: a difference, 3: a product, 4: a `float4` column widened), two columns |
 //! | data bytes | the code bitmaps of the filters on dictionary columns; the comparisons: the comparison (`u32`), each side's steps (`u32` twice), a `u32` 0, then 16 bytes a step (kind `u32`: 1 a column, 2 a constant, 3 a binary operator, 4 a negation; for an operator its kind `u16` (1 `+` to 5 `%`) and result width `u16` (2, 4, 8); then the column, constant or 0 as `i64`) |
 //!
+//! `ScanBuild` carries a program the same way (of no joins; its one segment, `dims[0]`, is the
+//! group table of that program run before) and builds a dimension's join table from it
+//! (`crate::scan::build`); its answer is the pairs inserted.
+//!
 //! The answer is the program's `Progress`: every row folded, or the row to resume at and the
 //! slots the group table needs; the client grows the table (`GroupsGrow`: a bigger segment,
 //! the groups moved over) and asks again from that row. The client builds the dimension tables

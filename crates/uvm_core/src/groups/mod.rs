@@ -275,15 +275,25 @@ impl Head {
     /// The groups of whole slots `slots` (the table's bytes of some run of its slots), appended
     /// to `out` in slot order: bounded by the bytes given.
     pub fn groups_in(&self, slots: &[u8], out: &mut Vec<Group>) {
+        self.each_in(slots, |_, g| out.push(g));
+    }
+
+    /// [`Head::groups_in`] with each group's slot: its index among `slots` (add the index of
+    /// their first slot for its index in the table).
+    pub fn indexed_groups_in(&self, slots: &[u8], out: &mut Vec<(u64, Group)>) {
+        self.each_in(slots, |i, g| out.push((i, g)));
+    }
+
+    fn each_in(&self, slots: &[u8], mut f: impl FnMut(u64, Group)) {
         let (kw, na, sb) = (self.h.key_words as usize, self.aggs.len(), self.h.slot_bytes as usize);
-        for slot in slots.chunks_exact(sb) {
+        for (i, slot) in slots.chunks_exact(sb).enumerate() {
             if word(slot, 0) == 0 {
                 continue;
             }
             let key = (0..kw).map(|k| word(slot, 8 * (1 + k))).collect();
             let s = 8 * (1 + kw);
             let states = (0..na).map(|a| (word(slot, s + 16 * a), word(slot, s + 16 * a + 8))).collect();
-            out.push((key, states));
+            f(i as u64, (key, states));
         }
     }
 }

@@ -35,6 +35,12 @@
 //! `GroupsGrow` where the tables lie in device memory: the groups move on the CPU, through
 //! copies, and the new table is primed with the `min`/`max` identities the kernels fold into.
 //!
+//! **A dimension's join table** ([`build`], `uvm_scan_build`): one pass per launch, a thread per
+//! row: the filters, then the row's group found (never claimed) in the program's group table,
+//! then the pair (key, slot index) claimed into the join table as `uvm_join_build` claims, at
+//! most the pairs the table was sized for (a count past it, or a walk without an empty slot,
+//! is an ERROR). The group table ran over the same rows first, so every group is there.
+//!
 //! **Bounded.** A launch reads at most [`LAUNCH_ROWS`] rows; the host checks for interrupts
 //! between launches. A walk along a dimension table's chain is bounded by the table's longest
 //! run of occupied slots, measured by `uvm_longest_run` before the scan (a healthy table's

@@ -29,6 +29,15 @@
 //! pass (Crystal's model, `../shared/notes/prior-art.md`). The SQL side (the plan node) decides
 //! which queries a program can express and declines the others, so that PostgreSQL runs them.
 //!
+//! # A dimension's join table from its cache
+//!
+//! The dimensions' tables themselves can come from programs too ([`build`], `ScanBuild`): a
+//! program of no joins over a dimension's cache, grouped by its grouping columns with a count,
+//! gives a small table of a slot per distinct tuple; then [`build`] runs the same filters
+//! again and inserts a pair per row that passes into the dimension's join table, its payload
+//! the slot of the row's tuple. So a star join's dimensions are built where their caches lie,
+//! and the fact's program groups by those slots.
+//!
 //! # Bounded, resumable
 //!
 //! Every loop is bounded by the cache's blocks and their validated counts, and by the

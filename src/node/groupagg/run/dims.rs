@@ -7,20 +7,26 @@
 //!
 //! From a cache, the dimension's conditions run as a scan program of their own (the fact's
 //! machinery, [`run_program`]: kernels where the cache lives in GPU memory, the CPU's loop on
-//! the host provider), grouping the rows that pass by (key, grouping columns) with a count:
-//! the distinct (key, values) pairs and how many rows each stands for (a key twice in the
-//! dimension joins twice). The groups are read back a window of the table at a time and each
-//! inserted as often as its count, as the plan's rows would have been; a NULL key joins
-//! nothing and is filtered out by the program. No tuple is formed and no heap page read: the
-//! dimension costs its cached columns' words, not its plan. Falls back to the plan (and says
-//! why in `EXPLAIN ANALYZE`) where the cache is not current, lacks a planned column, was
-//! dropped meanwhile, or the engine runs no programs.
+//! the host provider), and its rows never come to the backend: the program groups the rows
+//! that pass (a NULL key joins nothing and is filtered out) by the grouping columns alone,
+//! with a count, a small table of a slot per distinct tuple (years, nations, brands); then
+//! `ScanBuild` (`crate::scan::build`, a kernel on the GPU) runs the same filters again where
+//! the cache lies and inserts a pair per row into the join table, its payload the slot of the
+//! row's tuple (a key twice in the dimension joins twice). The backend reads back only the
+//! small table, for the tuples' values, indexed by slot. No tuple is formed and no heap page
+//! read: the dimension costs its cached columns' words, twice, not its plan. A cache with
+//! appended rows the snapshot sees (kept beside its blocks, folded on the CPU) takes the older
+//! way: grouped by (key, grouping columns), the groups read back a window at a time and each
+//! inserted as often as its count. Falls back to the plan (and says why in `EXPLAIN ANALYZE`)
+//! where the cache is not current, lacks a planned column, was dropped meanwhile, or the
+//! engine runs no programs.
 //!
-//! The dimensions' rows (their pairs, and their distinct grouping values) are held in the
-//! backend while their tables are built: together they may take `work_mem` ×
-//! `hash_mem_multiplier` ([`Budget`]), as PostgreSQL's hash joins' tables may. Past it the
-//! node reads its child, PostgreSQL's own plan, whose hash joins batch to disk: nothing was
-//! returned yet, so the fallback is whole.
+//! What the dimensions hold in the backend while their tables are built (a plan's pairs, a
+//! cache's pairs where they are read back, and the distinct grouping values of either) may
+//! take `work_mem` × `hash_mem_multiplier` together ([`Budget`]), as PostgreSQL's hash joins'
+//! tables may; a join table built in place lies in a segment, under the device budget, as the
+//! GpuJoin node's inner side does. Past the budget the node reads its child, PostgreSQL's own
+//! plan, whose hash joins batch to disk: nothing was returned yet, so the fallback is whole.
 
 use super::*;
 
@@ -89,6 +95,29 @@ fn build_table(pairs: &[[i64; 2]], nulls: u64) -> Result<Option<SegRef>> {
     Ok(Some(seg))
 }
 
+/// The join table of a dimension's `rows` rows in its cache `u` that pass `spec`'s filters,
+/// built where the cache lies (`exec::scan_build`), key column `key_col`, each payload the slot
+/// of the row's grouping values in `groups` (`spec`'s table over the same cache).
+fn build_by_program(u: &caches::Usable, groups: &SegRef, spec: &Spec, key_col: usize, rows: u64) -> Result<SegRef> {
+    let n = crate::gpujoin::table::slot_count(rows);
+    let size = crate::gpujoin::table::table_bytes(rows).min(i64::MAX as u64) as i64;
+    let seg = cleanup::try_create("dim", |name| {
+        try_executor(|ex| exec::create(ex, name, size, Some(size), TierPref::Auto, current_user(), now()))
+    })?;
+    try_executor(|ex| {
+        exec::build_begin(ex, &seg, n)?;
+        let (inserted, _) = exec::scan_build(ex, &u.seg, groups, &seg, spec, key_col as u32, n)?;
+        if inserted != rows {
+            return Err(UvmError::new(
+                Code::SystemError,
+                format!("GpuGroupAgg: a dimension's build inserted {inserted} rows of the {rows} its program counted"),
+            ));
+        }
+        exec::build_finish(ex, &seg, KeyType::Int8, n, rows, 0)
+    })?;
+    Ok(seg)
+}
+
 impl GpuGroupAggScan {
     /// Dimension `j`'s rows: from its cache where it can, else from its plan; `Err` where they
     /// outgrow `budget` (the node must read its child).
@@ -143,20 +172,32 @@ impl GpuGroupAggScan {
         let Some(tail) = (unsafe { caches::visible_tail(&u, snap) }).unwrap_or_else(|e| report(e)) else {
             return Err("the cache holds appended rows this snapshot cannot place");
         };
-        // Its rows with a key (NULL joins nothing) that pass its conditions, by (key, grouping
-        // columns), counted.
+        // Its rows with a key (NULL joins nothing) that pass its conditions, by their grouping
+        // columns (built in place) or by (key, grouping columns) (read back), counted.
+        let in_place = tail.len() == 0;
         let mut filters = vec![Filter::and(at(&dc.key), Test::Range { lo: i64::MIN, hi: i64::MAX })];
         // SAFETY: forwarded contract; the dimension's own conditions of the plan.
         filters.extend(unsafe { program_filters(node, &u, &dc.filters, &dc.compares, &self.shape.texts, &at) }?);
-        let keys: Vec<Source> = std::iter::once(dc.key).chain(dc.groups.iter().copied()).map(|c| Source::Col(at(&c))).collect();
+        let by = dc.groups.iter().copied();
+        let keys: Vec<Source> = if in_place {
+            by.map(|c| Source::Col(at(&c))).collect()
+        } else {
+            std::iter::once(dc.key).chain(by).map(|c| Source::Col(at(&c))).collect()
+        };
         let aggs = vec![(AggKind::CountStar, Input::Star)];
-        // (the plan's estimate of its rows as the first size)
+        // (the plan's estimate of its rows as the first size; of its distinct grouping values,
+        // at most FIRST_TUPLES: the table grows if they are more)
         // SAFETY: the dimension's plan state, initialized in begin.
         let estimate = unsafe { (*(*self.dims[j]).plan).plan_rows }.max(1.0) as u64;
+        let first = match (in_place, dc.groups.is_empty()) {
+            (true, true) => 1,
+            (true, false) => estimate.clamp(MIN_GROUPS, FIRST_TUPLES),
+            (false, _) => estimate.clamp(MIN_GROUPS, MAX_FIRST_GROUPS),
+        };
         let shape = groups::Shape {
             key_words: keys.len() as u16 + 1,
             aggs: vec![AggKind::CountStar],
-            slot_count: groups::Shape::slots_for(estimate.clamp(MIN_GROUPS, MAX_FIRST_GROUPS)),
+            slot_count: groups::Shape::slots_for(first),
         };
         let spec = Spec { dims: Vec::new(), filters, joins: Vec::new(), keys, aggs };
         let mut stats = Stats::default();
@@ -166,6 +207,12 @@ impl GpuGroupAggScan {
             Err(e) if e.code == Code::FeatureNotSupported => return Err("the engine runs no scan programs"),
             Err(e) => report(e),
         };
+        if in_place {
+            // SAFETY: forwarded contract.
+            let out = unsafe { self.build_in_place(j, &u, &index, &ran, &spec, budget) };
+            cleanup::drop_now(&ran.seg);
+            return out;
+        }
         let out = (|| {
             // The dictionaries of its text grouping columns, for the codes the groups hold.
             let mut dicts = Vec::new();
@@ -209,6 +256,81 @@ impl GpuGroupAggScan {
         out
     }
 
+    /// Dimension `j`'s join table built where its cache lies (a cache without appended rows
+    /// for the snapshot): `ran` is its program (`spec`: its conditions, grouped by its grouping
+    /// columns alone, counted) run over the cache, a small table of a slot per distinct tuple;
+    /// `ScanBuild` then inserts a pair per row that passes, its payload the slot of its tuple
+    /// (`crate::scan::build`), and the tuples' values are read back from the small table,
+    /// indexed by slot. `None` where the values outgrow `budget`.
+    ///
+    /// # Safety
+    /// The node's values context is live.
+    unsafe fn build_in_place(
+        &mut self,
+        j: usize,
+        u: &caches::Usable,
+        index: &[(Col, usize)],
+        ran: &Ran,
+        spec: &Spec,
+        budget: &mut Budget,
+    ) -> std::result::Result<Option<DimRows>, &'static str> {
+        let dc = self.shape.dims[j].cached.as_ref().expect("a dimension with a cached program");
+        let ng = dc.groups.len();
+        let mut dicts = Vec::new();
+        for g in &dc.groups {
+            dicts.push(if g.encoding == Encoding::DictCode { Some(read_dictionary(u, index_of(index, g))?) } else { None });
+        }
+        let h = *ran.head.header();
+        let mut values: Vec<Vec<(pg_sys::Datum, bool)>> = Vec::new();
+        if ng > 0 {
+            if !budget.take(h.slot_count.saturating_mul(std::mem::size_of::<Vec<(pg_sys::Datum, bool)>>() as u64)) {
+                return Ok(None);
+            }
+            crate::node::fallible::try_resize(&mut values, h.slot_count as usize, Vec::new(), "a dimension's grouping values")
+                .unwrap_or_else(|e| report(e));
+        }
+        // (a count past the rows the cache holds is a table overwritten)
+        let bound = u.layout.header().rows;
+        let (mut rows, mut next, mut window) = (0u64, 0u64, Vec::new());
+        while next < h.slot_count {
+            pg_sys::check_for_interrupts!();
+            let n = (window_bytes() / h.slot_bytes.max(1)).clamp(1, h.slot_count - next);
+            let mut bytes = Vec::new();
+            crate::node::fallible::try_resize(&mut bytes, (n * h.slot_bytes) as usize, 0u8, "a window of a group table")
+                .unwrap_or_else(|e| report(e));
+            let at = h.slots_at + next * h.slot_bytes;
+            try_executor(|ex| exec::read(ex, &ran.seg, at as i64, &mut bytes)).unwrap_or_else(|e| report(e));
+            window.clear();
+            ran.head.indexed_groups_in(&bytes, &mut window);
+            for (i, (key, states)) in window.drain(..) {
+                let (Some(&(count, _)), Some(&nulls)) = (states.first(), key.get(ng)) else {
+                    report(UvmError::new(Code::SystemError, "GpuGroupAgg: a dimension's group table without its keys or count"));
+                };
+                rows = rows.saturating_add(count);
+                if count == 0 || rows > bound {
+                    report(UvmError::new(
+                        Code::SystemError,
+                        format!("GpuGroupAgg: a dimension's group table counts {rows} rows of {bound} cached"),
+                    ));
+                }
+                if ng > 0 {
+                    // SAFETY: forwarded contract.
+                    match unsafe { self.tuple_of(j, &dicts, &key[..ng], nulls, budget) }.unwrap_or_else(|e| report(e)) {
+                        Some(t) => values[(next + i) as usize] = t,
+                        None => return Ok(None),
+                    }
+                }
+            }
+            next += n;
+        }
+        let table = if rows == 0 {
+            None
+        } else {
+            Some(build_by_program(u, &ran.seg, spec, index_of(index, &dc.key), rows).unwrap_or_else(|e| report(e)))
+        };
+        Ok(Some(DimRows { table, values }))
+    }
+
     /// Adds a group of dimension `j`'s program (key words: its key, its grouping columns'
     /// words, their NULL bits; one count) to `rows`: its pair, as many times as its rows;
     /// false where they outgrow `budget`.
@@ -249,40 +371,10 @@ impl GpuGroupAggScan {
             payload = match rows.index.get(&rows.bytes) {
                 Some(&i) => i,
                 None => {
-                    if !budget.take(tuple_bytes(ng)) {
+                    // SAFETY: forwarded contract.
+                    let Some(tuple) = (unsafe { self.tuple_of(j, dicts, &key[1..=ng], nulls >> 1, budget) })? else {
                         return Ok(false);
-                    }
-                    let mut tuple = Vec::with_capacity(ng);
-                    for (i, g) in dc.groups.iter().enumerate() {
-                        let w = key[i + 1];
-                        if nulls & (1 << (i + 1)) != 0 {
-                            tuple.push((pg_sys::Datum::from(0), true));
-                            continue;
-                        }
-                        let d = match &dicts[i] {
-                            Some(bytes) => {
-                                // (opened, not walked: few of a large dictionary's codes)
-                                let dict = Dict::open("a text column's dictionary", bytes)?;
-                                let Some(s) = u32::try_from(w).ok().and_then(|c| dict.get(c)) else {
-                                    return Err(bad(&format!("holds code {w}, past its dictionary")));
-                                };
-                                if !budget.take(s.len() as u64) {
-                                    return Ok(false);
-                                }
-                                // SAFETY: a text datum made in the values context (live while the
-                                // execution's rows are).
-                                unsafe {
-                                    let old = pg_sys::MemoryContextSwitchTo(self.values_cxt);
-                                    let t =
-                                        pg_sys::cstring_to_text_with_len(s.as_ptr() as *const std::ffi::c_char, s.len() as i32);
-                                    pg_sys::MemoryContextSwitchTo(old);
-                                    pg_sys::Datum::from(t)
-                                }
-                            }
-                            None => datum_of_word(w, *g),
-                        };
-                        tuple.push((d, false));
-                    }
+                    };
                     crate::node::fallible::try_push(&mut rows.values, tuple, "a dimension's grouping values")?;
                     rows.index.insert(rows.bytes.clone(), rows.values.len() - 1);
                     rows.values.len() - 1
@@ -297,6 +389,59 @@ impl GpuGroupAggScan {
             rows.pairs.push([key[0] as i64, payload as i64]);
         }
         Ok(true)
+    }
+
+    /// The values of dimension `j`'s grouping columns whose words are `words` (bit `i` of
+    /// `nulls` set: column `i` is NULL), text made from `dicts` in the values context; `None`
+    /// where they outgrow `budget`.
+    ///
+    /// # Safety
+    /// The node's values context is live.
+    unsafe fn tuple_of(
+        &self,
+        j: usize,
+        dicts: &[Option<Vec<u8>>],
+        words: &[u64],
+        nulls: u64,
+        budget: &mut Budget,
+    ) -> Result<Option<Vec<(pg_sys::Datum, bool)>>> {
+        let dc = self.shape.dims[j].cached.as_ref().expect("a dimension with a cached program");
+        if !budget.take(tuple_bytes(dc.groups.len())) {
+            return Ok(None);
+        }
+        let mut tuple = Vec::with_capacity(dc.groups.len());
+        for (i, (g, &w)) in dc.groups.iter().zip(words).enumerate() {
+            if nulls & (1 << i) != 0 {
+                tuple.push((pg_sys::Datum::from(0), true));
+                continue;
+            }
+            let d = match dicts.get(i).and_then(|d| d.as_ref()) {
+                Some(bytes) => {
+                    // (opened, not walked: few of a large dictionary's codes)
+                    let dict = Dict::open("a text column's dictionary", bytes)?;
+                    let Some(s) = u32::try_from(w).ok().and_then(|c| dict.get(c)) else {
+                        return Err(UvmError::new(
+                            Code::SystemError,
+                            format!("GpuGroupAgg: a dimension's group table holds code {w}, past its dictionary"),
+                        ));
+                    };
+                    if !budget.take(s.len() as u64) {
+                        return Ok(None);
+                    }
+                    // SAFETY: a text datum made in the values context (live while the
+                    // execution's rows are: contract).
+                    unsafe {
+                        let old = pg_sys::MemoryContextSwitchTo(self.values_cxt);
+                        let t = pg_sys::cstring_to_text_with_len(s.as_ptr() as *const std::ffi::c_char, s.len() as i32);
+                        pg_sys::MemoryContextSwitchTo(old);
+                        pg_sys::Datum::from(t)
+                    }
+                }
+                None => datum_of_word(w, *g),
+            };
+            tuple.push((d, false));
+        }
+        Ok(Some(tuple))
     }
 
     /// Drains dimension `j`'s plan into a join table of (key, index of its distinct grouping
