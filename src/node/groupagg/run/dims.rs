@@ -174,7 +174,7 @@ impl GpuGroupAggScan {
         };
         // Its rows with a key (NULL joins nothing) that pass its conditions, by their grouping
         // columns (built in place) or by (key, grouping columns) (read back), counted.
-        let in_place = tail.len() == 0;
+        let in_place = tail.is_empty();
         let mut filters = vec![Filter::and(at(&dc.key), Test::Range { lo: i64::MIN, hi: i64::MAX })];
         // SAFETY: forwarded contract; the dimension's own conditions of the plan.
         filters.extend(unsafe { program_filters(node, &u, &dc.filters, &dc.compares, &self.shape.texts, &at) }?);
