@@ -477,8 +477,11 @@ extern "C" __global__ void uvm_zero(u64 *p, u64 words) {
 //   agg:    kind | input << 16, a | b << 32 (input 0 none, 1 a column, 2 a - b, 3 a * b,
 //           4 a float4 column)
 //
-// Two passes per launch (`mode`): SCAN_KEYS inserts the key of every combination a row folds
-// into (no state changes), SCAN_FOLD finds them and folds. A key pass that finds the table at
+// One pass per launch (`mode` SCAN_BOTH: each key inserted where new, then folded) where the
+// host knows that the table cannot refuse a key (the program makes at most as many distinct
+// keys as the table takes: a refusal then is an ERROR, never a lost row); else two passes:
+// SCAN_KEYS inserts the key of every combination a row folds into (no state changes),
+// SCAN_FOLD finds them and folds. A key pass that finds the table at
 // its load limit (groups at `limit`) inserts nothing more and counts the refusal in out[1]: the
 // host grows the table and runs the launch's key pass again before its fold pass, so that no
 // row is folded twice or lost whatever the threads' order, and the keys inserted before the
@@ -493,6 +496,7 @@ extern "C" __global__ void uvm_zero(u64 *p, u64 words) {
 // [3], [5] is set (or [1], in the key pass).
 #define SCAN_KEYS 0ull
 #define SCAN_FOLD 1ull
+#define SCAN_BOTH 2ull
 #define SCAN_MAX_JOINS 8
 #define SCAN_MAX_KEY_WORDS 32
 #define SCAN_MAX_AGGS 64
@@ -898,7 +902,7 @@ extern "C" __global__ void uvm_scan_groups(const u64 *prog, const u8 *base, u64 
     u64 seen = 0;
     for (u64 g = tid; g < total; g += gstride, seen++) {
         if ((seen & 63ull) == 0ull &&
-            (vload(&out[0]) | vload(&out[2]) | vload(&out[3]) | vload(&out[5]) | (mode == SCAN_KEYS ? vload(&out[1]) : 0ull)) != 0ull)
+            (vload(&out[0]) | vload(&out[2]) | vload(&out[3]) | vload(&out[5]) | (mode != SCAN_FOLD ? vload(&out[1]) : 0ull)) != 0ull)
             break;
         // (locate's, with a shift for the division: blocks hold a power of two of rows)
         u64 b = g >> shift, r = g & (n - 1ull), off = b * stride;
@@ -932,7 +936,7 @@ extern "C" __global__ void uvm_scan_groups(const u64 *prog, const u8 *base, u64 
         // The aggregates' inputs (the fold pass: their errors are those of rows that fold).
         u64 in[SCAN_MAX_AGGS];
         bool has[SCAN_MAX_AGGS];
-        if (mode == SCAN_FOLD) {
+        if (mode != SCAN_KEYS) {
             for (u64 a = 0; a < naggs; a++) {
                 u64 kind = (aggs[2 * a] >> 16) & 0xffffull;
                 u64 ca = aggs[2 * a + 1] & 0xffffffffull, cb = aggs[2 * a + 1] >> 32;
@@ -988,7 +992,7 @@ extern "C" __global__ void uvm_scan_groups(const u64 *prog, const u8 *base, u64 
             key[nkeys] = nulls;
             u64 *slot = scan_group(slots, mask, seed, key_words, slot_words, key, groups, limit, mode, aggs, naggs, out);
             if (slot == 0) break; // refused or corrupted: out says which
-            if (mode == SCAN_FOLD) {
+            if (mode != SCAN_KEYS) {
                 for (u64 a = 0; a < naggs; a++) {
                     u64 *lo = slot + 1 + key_words + 2 * a;
                     scan_fold(aggs[2 * a] & 0xffffull, lo, lo + 1, has[a], in[a]);

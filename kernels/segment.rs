@@ -103,7 +103,7 @@ kernels! {
         );
         /// Zeroes `words` 8-byte words at `p`.
         uvm_zero => Zero(p: MutPtr<u64>, words: u64);
-        /// One pass (`mode`: 0 the keys, 1 the fold) of a scan program (`prog`, the words of
+        /// One pass (`mode`: 0 the keys, 1 the fold, 2 both) of a scan program (`prog`, the words of
         /// `crate::scan::gpu`) over `blocks` blocks of a column cache from `base`, `stride`
         /// bytes apart, of up to `n` rows (the first block's rows below `first_row` skipped),
         /// into a group table's `mask + 1` slots of `slot_words` words at `slots`, `groups` its

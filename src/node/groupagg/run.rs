@@ -157,7 +157,7 @@ impl GpuGroupAggScan {
         };
         self.stats = Stats { dims: dims_time, dims_from, ..Stats::default() };
         // (a dimension without rows: no fact row joins, the table stays empty)
-        let ran = match run_program(&u, &tail, &spec, shape, !empty, &mut self.stats) {
+        let ran = match run_program(&u, &tail, &spec, shape, !empty, self.max_groups(), &mut self.stats) {
             Ok(x) => x,
             // A cache dropped before the program pinned it (a rebuild, cache_drop); an engine
             // without scan programs. The temporary segments are dropped at the abort of an
@@ -289,6 +289,26 @@ impl GpuGroupAggScan {
             self.shape.keys.iter().filter_map(|k| if let Key::Fact(c) = k { Some(Ok(*c)) } else { None }).collect();
         out.extend(self.shape.dims.iter().enumerate().filter(|(_, d)| !d.groups.is_empty()).map(|(j, _)| Err(j)));
         out
+    }
+
+    /// The most distinct keys the fact's program can make, where every key's values are
+    /// counted (0: unknown): the product of each key's distinct values, a dimension's its
+    /// distinct grouping tuples (never NULL), a `bool` column's three (NULL among them). A
+    /// column of any other type is unknown. For the kernels' one pass (`exec::scan_groups`).
+    fn max_groups(&self) -> u64 {
+        let mut bound = 1u64;
+        for k in self.program_keys() {
+            let n = match k {
+                Err(j) => self.drained.get(j).map_or(0, |d| d.tuples),
+                Ok(c) if c.encoding == Encoding::Bool => 3,
+                Ok(_) => 0,
+            };
+            match bound.checked_mul(n) {
+                Some(b) if b != 0 => bound = b,
+                _ => return 0,
+            }
+        }
+        bound
     }
 
     /// Drops the dimensions' tables of this execution (their grouping values stay, for the rows).

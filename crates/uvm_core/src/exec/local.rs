@@ -119,6 +119,8 @@ pub enum Work {
         dims: Vec<Whole>,
         spec: super::scan::Spec,
         start: (u64, u64),
+        /// The most distinct keys the program can make (0: unknown; the kernels' one pass).
+        max_groups: u64,
     },
     /// A dimension's join table from its cache and its program's group table
     /// (`crate::scan::build`; the kernels' `scan::gpu::build`).
@@ -359,7 +361,7 @@ pub fn prepare<E: Env>(segs: &mut Segments<E>, call: &Call, io: &Io<'_>) -> Resu
             pins.push(cache_pin);
             Work::CacheProbe { inner, key_type, source, key_col }
         }
-        Call::ScanGroups(ops::ScanGroups { cache, groups, start_block, start_row }) => {
+        Call::ScanGroups(ops::ScanGroups { cache, groups, start_block, start_row, max_groups }) => {
             let spec = super::scan::Spec::decode(io.input())?;
             let groups_pin = pin_ref(segs, &groups)?;
             let written = groups_pin.info().id;
@@ -384,7 +386,7 @@ pub fn prepare<E: Env>(segs: &mut Segments<E>, call: &Call, io: &Io<'_>) -> Resu
             let groups = Whole::of(&groups_pin, engine)?;
             groups_pin.count_written(groups.len as u64);
             pins.push(groups_pin);
-            Work::ScanGroups { cache, groups, dims, spec, start: (start_block, start_row) }
+            Work::ScanGroups { cache, groups, dims, spec, start: (start_block, start_row), max_groups }
         }
         Call::ScanBuild(ops::ScanBuild { cache, table, key_col, slot_count, .. }) => {
             let spec = super::scan::Spec::decode(io.input())?;
@@ -681,7 +683,7 @@ impl Work {
                 // SAFETY: as above.
                 done(&unsafe { super::cached::probe(inner, *key_type, source, *key_col) }?)
             }
-            Work::ScanGroups { cache, groups, dims, spec, start } if cache.engine == Engine::Cuda => {
+            Work::ScanGroups { cache, groups, dims, spec, start, max_groups } if cache.engine == Engine::Cuda => {
                 let program = crate::scan::gpu::DeviceProgram {
                     filters: &spec.filters,
                     joins: spec.joins.iter().map(|&(col, d)| (col, dims[d].device())).collect(),
@@ -693,11 +695,11 @@ impl Work {
                 // range as device addresses; the group table is none of the segments read
                 // (prepare).
                 let progress = crate::gpu::gpu()?.with_kernels(|k| unsafe {
-                    crate::scan::gpu::run(k, &program, &cache.device(), &groups.device(), *start, &mut scan_ns)
+                    crate::scan::gpu::run(k, &program, &cache.device(), &groups.device(), *start, *max_groups, &mut scan_ns)
                 })?;
                 done(&scanned(progress, scan_ns))
             }
-            Work::ScanGroups { cache, groups, dims, spec, start } => {
+            Work::ScanGroups { cache, groups, dims, spec, start, .. } => {
                 // SAFETY: the job's pins hold every segment (contract); the group table is none
                 // of the segments read (prepare), so its mutable view is the only one.
                 let (cache_bytes, groups_bytes) = unsafe { (cache.bytes(), groups.bytes_mut()) };

@@ -506,15 +506,17 @@ fn program_bytes(ex: &mut dyn Executor, spec: &scan::Spec) -> Result<Vec<u8>> {
 /// `groups` (formatted by `groups::init`, or grown by [`groups_grow`]) from row `start.1` of
 /// block `start.0` (see `ops::ScanGroups`): where the table is full, the row to resume at and
 /// the slots it needs; and the time the scanning itself took (`ops::ScannedGroups`).
+/// `max_groups`: the most distinct keys the program can make (0: unknown).
 pub fn scan_groups(
     ex: &mut dyn Executor,
     cache: &SegRef,
     groups: &SegRef,
     spec: &scan::Spec,
     start: (u64, u64),
+    max_groups: u64,
 ) -> Result<(crate::scan::Progress, std::time::Duration)> {
     let bytes = program_bytes(ex, spec)?;
-    let o = ops::ScanGroups { cache: *cache, groups: *groups, start_block: start.0, start_row: start.1 };
+    let o = ops::ScanGroups { cache: *cache, groups: *groups, start_block: start.0, start_row: start.1, max_groups };
     let (r, _) = call(ex, &o, Io::In(&bytes))?;
     let progress = if r.full == 0 {
         crate::scan::Progress::Done

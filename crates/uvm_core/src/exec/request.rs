@@ -312,8 +312,10 @@ operations! {
     /// cache `cache`, folding into the group table `groups` from row `start_row` of block
     /// `start_block`: `full` 0 once every row is folded, else 1 with the row to resume at and
     /// the slots the table needs (`GroupsGrow`); and the nanoseconds the scanning itself took
-    /// (the kernels' launches, or the CPU's loop).
-    ScanGroups = 26, In, Pool: ScanGroups [cache, groups] { start_block: u64, start_row: u64 }
+    /// (the kernels' launches, or the CPU's loop). `max_groups`: the most distinct keys the
+    /// program can make, where the client knows (0: unknown), which lets the kernels fold in
+    /// one pass (`scan::gpu`).
+    ScanGroups = 26, In, Pool: ScanGroups [cache, groups] { start_block: u64, start_row: u64, max_groups: u64 }
         -> ScannedGroups { full: u32, _pad: u32, block: u64, row: u64, slots: u64, scan_ns: u64 };
     /// Moves the groups of the group table `from` into `to`, made a table of `slot_count` slots
     /// with the same keys and aggregates (`groups::grow`).

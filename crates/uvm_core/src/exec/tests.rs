@@ -418,7 +418,7 @@ fn scan_programs_run_as_requests_and_grow_their_group_table() {
     write(&mut ex, &cur, 0, &init).unwrap();
     let (mut start, mut grown, mut slot_count) = ((0, 0), 0, 16);
     loop {
-        match scan_groups(&mut ex, &cache, &cur, &spec, start).unwrap().0 {
+        match scan_groups(&mut ex, &cache, &cur, &spec, start, 0).unwrap().0 {
             Progress::Done => break,
             Progress::Full { block, row, slots } => {
                 grown += 1;
@@ -451,17 +451,17 @@ fn scan_programs_run_as_requests_and_grow_their_group_table() {
     }
     assert_eq!(got, want);
     // the group table among the segments read: refused before anything is written
-    let e = scan_groups(&mut ex, &cur, &cur, &spec, (0, 0)).unwrap_err();
+    let e = scan_groups(&mut ex, &cur, &cur, &spec, (0, 0), 0).unwrap_err();
     assert_eq!(e.code, Code::InvalidParameterValue, "{e}");
-    let e = scan_groups(&mut ex, &cache, &cur, &scan::Spec { dims: vec![cur], ..spec.clone() }, (0, 0)).unwrap_err();
+    let e = scan_groups(&mut ex, &cache, &cur, &scan::Spec { dims: vec![cur], ..spec.clone() }, (0, 0), 0).unwrap_err();
     assert_eq!(e.code, Code::InvalidParameterValue, "{e}");
     assert_eq!(groups_grow(&mut ex, &cur, &cur, 64).unwrap_err().code, Code::InvalidParameterValue);
     // bytes that are not a program
-    let o = ops::ScanGroups { cache, groups: cur, start_block: 0, start_row: 0 };
+    let o = ops::ScanGroups { cache, groups: cur, start_block: 0, start_row: 0, max_groups: 0 };
     let e = call(&mut ex, &o, Io::In(&[7u8; 40])).unwrap_err();
     assert_eq!(e.code, Code::ProtocolViolation, "{e}");
     // a dimension table that is not a table (the cache)
-    let e = scan_groups(&mut ex, &cache, &cur, &scan::Spec { dims: vec![cache], ..spec.clone() }, (0, 0)).unwrap_err();
+    let e = scan_groups(&mut ex, &cache, &cur, &scan::Spec { dims: vec![cache], ..spec.clone() }, (0, 0), 0).unwrap_err();
     assert_eq!(e.code, Code::InvalidParameterValue, "{e}");
 }
 
@@ -500,7 +500,7 @@ fn dimension_join_tables_are_built_from_programs_over_their_caches() {
         let mut init = vec![0u8; shape.bytes() as usize];
         groups::init(&mut init, &shape, 3).unwrap();
         write(ex, &g, 0, &init).unwrap();
-        assert_eq!(scan_groups(ex, &cache, &g, spec, (0, 0)).unwrap().0, Progress::Done);
+        assert_eq!(scan_groups(ex, &cache, &g, spec, (0, 0), 0).unwrap().0, Progress::Done);
         g
     };
     let g = groups_of(&mut ex, "bg", &spec);

@@ -31,7 +31,11 @@
 //! row: the client grows the table (`GroupsGrow`, which carries the keys inserted so far) and
 //! asks again from there; the key pass runs again (the keys already in are found), then the
 //! fold pass, which folds every row of the launch once. The keys inserted before a refusal are
-//! folded by that later fold pass, so no group is left without its rows. [`grow`] is
+//! folded by that later fold pass, so no group is left without its rows. Where the client knows
+//! how many distinct keys the program can make at most (a product of the keys' cardinalities:
+//! a star query's dimensions' distinct grouping values) and the table takes them all, no key
+//! can be refused, and each launch is one pass that inserts and folds (half the reading; a
+//! refusal there is an ERROR, never a lost row). [`grow`] is
 //! `GroupsGrow` where the tables lie in device memory: the groups move on the CPU, through
 //! copies, and the new table is primed with the `min`/`max` identities the kernels fold into.
 //!
@@ -260,7 +264,8 @@ fn outcome(out: &[u64; 6], groups_name: &str) -> Result<()> {
 
 /// Runs the program `p` over the cache `cache` from row `start.1` of block `start.0` on,
 /// folding into the group table `groups` (as `super::run` does on the CPU; see the module's
-/// essay for how a full table resumes).
+/// essay for how a full table resumes). `max_groups`: the most distinct keys the program can
+/// make (0: unknown); where the table takes them all, each launch is one pass.
 ///
 /// Adds the nanoseconds of the scan's launches to `*launch_ns`.
 ///
@@ -274,6 +279,7 @@ pub unsafe fn run(
     cache: &DeviceSeg<'_>,
     groups: &DeviceSeg<'_>,
     start: (u64, u64),
+    max_groups: u64,
     launch_ns: &mut u64,
 ) -> Result<Progress> {
     // SAFETY: forwarded contract.
@@ -321,6 +327,9 @@ pub unsafe fn run(
         mode: 0,
         out: k.result_ptr(),
     };
+    // One pass per launch where the table cannot refuse a key: the program's distinct keys,
+    // all of them, fit under its load limit (the module's essay).
+    let passes: &[u64] = if max_groups != 0 && max_groups <= params.limit { &[2] } else { &[0, 1] };
     let mut first = start.0;
     while first < c.blocks {
         crate::interrupt::check()?;
@@ -328,7 +337,7 @@ pub unsafe fn run(
         params.base = Ptr::new(cache.addr + c.data_offset + first * c.block_bytes);
         params.blocks = count;
         params.first_row = if first == start.0 { start.1 } else { 0 };
-        for mode in [0, 1] {
+        for &mode in passes {
             params.mode = mode;
             k.result().set_bytes(0, 48)?;
             let t = std::time::Instant::now();
@@ -343,6 +352,15 @@ pub unsafe fn run(
             let mut out = [0u64; 6];
             k.result().read(&mut out)?;
             outcome(&out, groups.name)?;
+            if mode == 2 && out[1] != 0 {
+                return Err(UvmError::new(
+                    Code::SystemError,
+                    format!(
+                        "group table in segment \"{}\" refused a key of a program said to make at most {max_groups}",
+                        groups.name
+                    ),
+                ));
+            }
             if mode == 0 && out[1] != 0 {
                 // Refused for want of room: the table's groups now, and room for at least as
                 // many again (or for those refused, where fewer).

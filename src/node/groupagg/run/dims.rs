@@ -74,6 +74,9 @@ fn tuple_bytes(n: usize) -> u64 {
 pub(super) struct DimRows {
     pub(super) table: Option<SegRef>,
     pub(super) values: Vec<Vec<(pg_sys::Datum, bool)>>,
+    /// How many distinct payloads its table holds at most (its distinct grouping tuples; 1
+    /// without grouping columns): a bound on the fact's groups ([`Self::payloads`]).
+    pub(super) tuples: u64,
 }
 
 /// The join table of `pairs` (key, payload) in a new temporary segment; none for no pairs.
@@ -201,7 +204,7 @@ impl GpuGroupAggScan {
         };
         let spec = Spec { dims: Vec::new(), filters, joins: Vec::new(), keys, aggs };
         let mut stats = Stats::default();
-        let ran = match run_program(&u, &tail, &spec, shape, true, &mut stats) {
+        let ran = match run_program(&u, &tail, &spec, shape, true, 0, &mut stats) {
             Ok(x) => x,
             Err(e) if e.code == Code::UndefinedObject => return Err("the cache was dropped"),
             Err(e) if e.code == Code::FeatureNotSupported => return Err("the engine runs no scan programs"),
@@ -250,7 +253,8 @@ impl GpuGroupAggScan {
                 }
             }
             let table = build_table(&rows.pairs, 0).unwrap_or_else(|e| report(e));
-            Ok(Some(DimRows { table, values: rows.values }))
+            let tuples = rows.values.len().max(1) as u64;
+            Ok(Some(DimRows { table, values: rows.values, tuples }))
         })();
         cleanup::drop_now(&ran.seg);
         out
@@ -291,7 +295,7 @@ impl GpuGroupAggScan {
         }
         // (a count past the rows the cache holds is a table overwritten)
         let bound = u.layout.header().rows;
-        let (mut rows, mut next, mut window) = (0u64, 0u64, Vec::new());
+        let (mut rows, mut tuples, mut next, mut window) = (0u64, 0u64, 0u64, Vec::new());
         while next < h.slot_count {
             pg_sys::check_for_interrupts!();
             let n = (window_bytes() / h.slot_bytes.max(1)).clamp(1, h.slot_count - next);
@@ -307,6 +311,7 @@ impl GpuGroupAggScan {
                     report(UvmError::new(Code::SystemError, "GpuGroupAgg: a dimension's group table without its keys or count"));
                 };
                 rows = rows.saturating_add(count);
+                tuples += 1;
                 if count == 0 || rows > bound {
                     report(UvmError::new(
                         Code::SystemError,
@@ -328,7 +333,7 @@ impl GpuGroupAggScan {
         } else {
             Some(build_by_program(u, &ran.seg, spec, index_of(index, &dc.key), rows).unwrap_or_else(|e| report(e)))
         };
-        Ok(Some(DimRows { table, values }))
+        Ok(Some(DimRows { table, values, tuples: tuples.max(1) }))
     }
 
     /// Adds a group of dimension `j`'s program (key words: its key, its grouping columns'
@@ -535,7 +540,8 @@ impl GpuGroupAggScan {
             }
         }
         let table = build_table(&pairs, nulls)?;
-        Ok(Some(DimRows { table, values }))
+        let tuples = values.len().max(1) as u64;
+        Ok(Some(DimRows { table, values, tuples }))
     }
 }
 

@@ -105,12 +105,14 @@ pub(super) struct Ran {
 /// full (`exec::groups_grow`); where `scan` is false, the table stays empty (a dimension
 /// without rows: no fact row joins). The appended rows are folded by the same program on the
 /// CPU ([`crate::scan::fold_row`], over the join tables read back) into a table of their own.
+/// `max_groups`: the most distinct keys the program can make (0: unknown; `exec::scan_groups`).
 pub(super) fn run_program(
     u: &caches::Usable,
     tail: &crate::cache::tail::TailRows,
     spec: &Spec,
     mut shape: groups::Shape,
     scan: bool,
+    max_groups: u64,
     stats: &mut Stats,
 ) -> Result<Ran> {
     let create = |shape: &groups::Shape| -> Result<SegRef> {
@@ -129,7 +131,7 @@ pub(super) fn run_program(
     let (mut start, mut done) = ((0, 0), !scan);
     while !done {
         let t = std::time::Instant::now();
-        let (progress, scanning) = try_executor(|ex| exec::scan_groups(ex, &u.seg, &seg, spec, start))?;
+        let (progress, scanning) = try_executor(|ex| exec::scan_groups(ex, &u.seg, &seg, spec, start, max_groups))?;
         stats.scan += t.elapsed();
         stats.scanning += scanning;
         match progress {
