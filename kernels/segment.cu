@@ -493,7 +493,7 @@ extern "C" __global__ void uvm_zero(u64 *p, u64 words) {
 // [3] a block whose count exceeded n, [4] rows folded (the fold pass), [5] the dimension
 // tables' walks that found no empty slot within their bound (the table changed or is
 // corrupted: the host raises an ERROR). Threads stop at the next row once any of [0], [2],
-// [3], [5] is set (or [1], in the key pass).
+// [3], [5] is set (or [1], in a pass that inserts).
 #define SCAN_KEYS 0ull
 #define SCAN_FOLD 1ull
 #define SCAN_BOTH 2ull
