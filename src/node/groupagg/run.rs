@@ -150,14 +150,20 @@ impl GpuGroupAggScan {
             keys,
             aggs: aggs.clone(),
         };
+        // The table sized for the most groups there can be where the keys' values are counted
+        // (room for all of them: the kernels fold in one pass, and a table sized by the
+        // planner's estimate of, say, cities × cities × years is not written and read back
+        // whole for the few hundred groups there are); else for the planner's estimate.
+        let bound = self.max_groups();
+        let first = if bound != 0 && bound <= MAX_FIRST_GROUPS { bound } else { self.shape.groups };
         let shape = groups::Shape {
             key_words: spec.keys.len() as u16 + 1,
             aggs: aggs.iter().map(|a| a.0).collect(),
-            slot_count: groups::Shape::slots_for(self.shape.groups.clamp(MIN_GROUPS, MAX_FIRST_GROUPS)),
+            slot_count: groups::Shape::slots_for(first.clamp(MIN_GROUPS, MAX_FIRST_GROUPS)),
         };
         self.stats = Stats { dims: dims_time, dims_from, ..Stats::default() };
         // (a dimension without rows: no fact row joins, the table stays empty)
-        let ran = match run_program(&u, &tail, &spec, shape, !empty, self.max_groups(), &mut self.stats) {
+        let ran = match run_program(&u, &tail, &spec, shape, !empty, bound, &mut self.stats) {
             Ok(x) => x,
             // A cache dropped before the program pinned it (a rebuild, cache_drop); an engine
             // without scan programs. The temporary segments are dropped at the abort of an

@@ -141,7 +141,9 @@ INSERT INTO gx VALUES (1, '-0', '-0'), (2, '0', '0'), (3, 'NaN', 'NaN'), (4, '-N
 ANALYZE gx;
 SELECT uvm.cache_table('gx');
 EXPLAIN (COSTS OFF) SELECT k, count(*) FROM gx WHERE x < 0.5 AND y <> 'NaN' GROUP BY k;
-SELECT pg_temp.ga('SELECT k, count(*), sum(x) FROM gx WHERE x < 0.5 GROUP BY k');
+-- (a float sum's last digits depend on the order the rows are added in, which the GPU's
+-- atomics do not keep: compared at 4 decimals)
+SELECT pg_temp.ga('SELECT k, c, round(s::numeric, 4) FROM (SELECT k, count(*) c, sum(x) s FROM gx WHERE x < 0.5 GROUP BY k) t');
 SELECT pg_temp.ga('SELECT k, count(*) FROM gx WHERE x <= 0 AND x >= 0 GROUP BY k');
 SELECT pg_temp.ga('SELECT k, count(*) FROM gx WHERE x = 0 OR y = ''-0'' GROUP BY k');
 SELECT pg_temp.ga('SELECT k, count(*) FROM gx WHERE x > 1e300 GROUP BY k');
