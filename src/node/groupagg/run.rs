@@ -8,7 +8,7 @@ use super::*;
 mod dims;
 mod program;
 use dims::{DimFrom, DimRows};
-use program::{cache_index, index_of, program_filters, run_program, Ran};
+use program::{cache_index, index_of, program_filters, read_window, run_program, Ran};
 
 /// Where an execution's rows came from (EXPLAIN ANALYZE's `Read From`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,13 +203,8 @@ impl GpuGroupAggScan {
             let h = *g.head.header();
             let rows = if g.next_slot < h.slot_count {
                 pg_sys::check_for_interrupts!();
-                let n = (window_bytes() / h.slot_bytes.max(1)).clamp(1, h.slot_count - g.next_slot);
                 let seg = g.seg.expect("the group table, until read");
-                let mut bytes = Vec::new();
-                crate::node::fallible::try_resize(&mut bytes, (n * h.slot_bytes) as usize, 0u8, "a window of a group table")
-                    .unwrap_or_else(|e| report(e));
-                let at = h.slots_at + g.next_slot * h.slot_bytes;
-                try_executor(|ex| exec::read(ex, &seg, at as i64, &mut bytes)).unwrap_or_else(|e| report(e));
+                let (n, bytes) = read_window(&seg, &h, g.next_slot);
                 g.next_slot += n;
                 let mut window = Vec::new();
                 g.head.groups_in(&bytes, &mut window);

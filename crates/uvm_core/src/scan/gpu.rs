@@ -262,6 +262,31 @@ fn outcome(out: &[u64; 6], groups_name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The header of the group table `groups` of the program `p`, checked against the kernels'
+/// limits and the program's keys and aggregates (22023 otherwise).
+///
+/// # Safety
+/// `groups` is pinned and mapped for the call.
+unsafe fn program_table(p: &DeviceProgram<'_>, groups: &DeviceSeg<'_>) -> Result<groups::Header> {
+    if p.joins.len() > MAX_JOINS || p.keys.len() > MAX_KEYS || p.aggs.len() > MAX_AGGS {
+        return Err(UvmError::new(
+            Code::InvalidParameterValue,
+            format!("a GPU scan program has at most {MAX_JOINS} joins, {MAX_KEYS} group keys and {MAX_AGGS} aggregates"),
+        ));
+    }
+    // SAFETY: forwarded contract (the min with its size).
+    let prefix = unsafe { read(groups.addr, Head::PREFIX_BYTES.min(groups.len) as usize) }?;
+    let head = Head::parse(groups.name, &prefix, groups.len)?;
+    let kinds: Vec<AggKind> = p.aggs.iter().map(|a| a.0).collect();
+    if u64::from(head.header().key_words) != p.keys.len() as u64 + 1 || head.aggs() != kinds.as_slice() {
+        return Err(UvmError::new(
+            Code::InvalidParameterValue,
+            "the group table does not have the program's keys and aggregates",
+        ));
+    }
+    Ok(*head.header())
+}
+
 /// Runs the program `p` over the cache `cache` from row `start.1` of block `start.0` on,
 /// folding into the group table `groups` (as `super::run` does on the CPU; see the module's
 /// essay for how a full table resumes). `max_groups`: the most distinct keys the program can
@@ -286,23 +311,8 @@ pub unsafe fn run(
     let layout = unsafe { layout(cache) }?;
     let join_cols: Vec<usize> = p.joins.iter().map(|j| j.0).collect();
     check_parts(&layout, p.filters, &join_cols, p.keys, p.aggs)?;
-    if p.joins.len() > MAX_JOINS || p.keys.len() > MAX_KEYS || p.aggs.len() > MAX_AGGS {
-        return Err(UvmError::new(
-            Code::InvalidParameterValue,
-            format!("a GPU scan program has at most {MAX_JOINS} joins, {MAX_KEYS} group keys and {MAX_AGGS} aggregates"),
-        ));
-    }
-    // SAFETY: forwarded contract (the min with its size).
-    let prefix = unsafe { read(groups.addr, Head::PREFIX_BYTES.min(groups.len) as usize) }?;
-    let head = Head::parse(groups.name, &prefix, groups.len)?;
-    let h = *head.header();
-    let kinds: Vec<AggKind> = p.aggs.iter().map(|a| a.0).collect();
-    if u64::from(h.key_words) != p.keys.len() as u64 + 1 || head.aggs() != kinds.as_slice() {
-        return Err(UvmError::new(
-            Code::InvalidParameterValue,
-            "the group table does not have the program's keys and aggregates",
-        ));
-    }
+    // SAFETY: forwarded contract.
+    let h = unsafe { program_table(p, groups) }?;
     // SAFETY: forwarded contract.
     let dims = p.joins.iter().map(|(_, d)| unsafe { dimension(k, d) }).collect::<Result<Vec<_>>>()?;
     let prog: Vec<i64> = words(&layout, p, &dims).into_iter().map(|w| w as i64).collect();
@@ -401,23 +411,8 @@ pub unsafe fn build(
         return Err(UvmError::new(Code::InvalidParameterValue, "a dimension's build program has no joins"));
     }
     super::check_build(&layout, p.filters, p.keys, p.aggs, key_col)?;
-    if p.keys.len() > MAX_KEYS || p.aggs.len() > MAX_AGGS {
-        return Err(UvmError::new(
-            Code::InvalidParameterValue,
-            format!("a GPU scan program has at most {MAX_KEYS} group keys and {MAX_AGGS} aggregates"),
-        ));
-    }
-    // SAFETY: forwarded contract (the min with its size).
-    let prefix = unsafe { read(groups.addr, Head::PREFIX_BYTES.min(groups.len) as usize) }?;
-    let head = Head::parse(groups.name, &prefix, groups.len)?;
-    let h = *head.header();
-    let kinds: Vec<AggKind> = p.aggs.iter().map(|a| a.0).collect();
-    if u64::from(h.key_words) != p.keys.len() as u64 + 1 || head.aggs() != kinds.as_slice() {
-        return Err(UvmError::new(
-            Code::InvalidParameterValue,
-            "the group table does not have the program's keys and aggregates",
-        ));
-    }
+    // SAFETY: forwarded contract.
+    let h = unsafe { program_table(p, groups) }?;
     let prog: Vec<i64> = words(&layout, p, &[]).into_iter().map(|w| w as i64).collect();
     let staged = k.staging(prog.len() * 8)?;
     k.stage(0, &prog)?;

@@ -230,12 +230,7 @@ impl GpuGroupAggScan {
             let mut window = Vec::new();
             while next < h.slot_count {
                 pg_sys::check_for_interrupts!();
-                let n = (window_bytes() / h.slot_bytes.max(1)).clamp(1, h.slot_count - next);
-                let mut bytes = Vec::new();
-                crate::node::fallible::try_resize(&mut bytes, (n * h.slot_bytes) as usize, 0u8, "a window of a group table")
-                    .unwrap_or_else(|e| report(e));
-                let at = h.slots_at + next * h.slot_bytes;
-                try_executor(|ex| exec::read(ex, &ran.seg, at as i64, &mut bytes)).unwrap_or_else(|e| report(e));
+                let (n, bytes) = read_window(&ran.seg, &h, next);
                 next += n;
                 window.clear();
                 ran.head.groups_in(&bytes, &mut window);
@@ -298,12 +293,7 @@ impl GpuGroupAggScan {
         let (mut rows, mut tuples, mut next, mut window) = (0u64, 0u64, 0u64, Vec::new());
         while next < h.slot_count {
             pg_sys::check_for_interrupts!();
-            let n = (window_bytes() / h.slot_bytes.max(1)).clamp(1, h.slot_count - next);
-            let mut bytes = Vec::new();
-            crate::node::fallible::try_resize(&mut bytes, (n * h.slot_bytes) as usize, 0u8, "a window of a group table")
-                .unwrap_or_else(|e| report(e));
-            let at = h.slots_at + next * h.slot_bytes;
-            try_executor(|ex| exec::read(ex, &ran.seg, at as i64, &mut bytes)).unwrap_or_else(|e| report(e));
+            let (n, bytes) = read_window(&ran.seg, &h, next);
             window.clear();
             ran.head.indexed_groups_in(&bytes, &mut window);
             for (i, (key, states)) in window.drain(..) {

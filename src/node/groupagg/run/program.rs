@@ -194,6 +194,18 @@ pub(super) fn run_program(
     Ok(Ran { seg, head, appended })
 }
 
+/// The bytes of the slots of the group table in `seg` (header `h`) from slot `next` on, as
+/// many as a window holds (a quarter of `work_mem`, at least one slot), and how many.
+pub(super) fn read_window(seg: &SegRef, h: &groups::Header, next: u64) -> (u64, Vec<u8>) {
+    let n = (window_bytes() / h.slot_bytes.max(1)).clamp(1, h.slot_count - next);
+    let mut bytes = Vec::new();
+    crate::node::fallible::try_resize(&mut bytes, (n * h.slot_bytes) as usize, 0u8, "a window of a group table")
+        .unwrap_or_else(|e| report(e));
+    let at = h.slots_at + next * h.slot_bytes;
+    try_executor(|ex| exec::read(ex, seg, at as i64, &mut bytes)).unwrap_or_else(|e| report(e));
+    (n, bytes)
+}
+
 /// A join table's bytes, read back into 8-byte aligned memory (for the appended rows' probes).
 fn read_table(t: &SegRef) -> Result<Vec<u64>> {
     let (_, info) = crate::runtime::lookup_own(t.name())?;
