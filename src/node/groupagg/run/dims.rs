@@ -321,7 +321,12 @@ impl GpuGroupAggScan {
         let table = if rows == 0 {
             None
         } else {
-            Some(build_by_program(u, &ran.seg, spec, index_of(index, &dc.key), rows).unwrap_or_else(|e| report(e)))
+            match build_by_program(u, &ran.seg, spec, index_of(index, &dc.key), rows) {
+                Ok(t) => Some(t),
+                // (dropped or rebuilt since its program ran: the plan answers, as there)
+                Err(e) if e.code == Code::UndefinedObject => return Err("the cache was dropped"),
+                Err(e) => report(e),
+            }
         };
         Ok(Some(DimRows { table, values, tuples: tuples.max(1) }))
     }
