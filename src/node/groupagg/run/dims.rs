@@ -75,8 +75,17 @@ pub(super) struct DimRows {
     pub(super) table: Option<SegRef>,
     pub(super) values: Vec<Vec<(pg_sys::Datum, bool)>>,
     /// How many distinct payloads its table holds at most (its distinct grouping tuples; 1
-    /// without grouping columns): a bound on the fact's groups ([`Self::payloads`]).
+    /// without grouping columns): a bound on the fact's groups (`GpuGroupAggScan::max_groups`).
     pub(super) tuples: u64,
+}
+
+/// A new temporary segment for a join table of `rows` rows, and the table's slots.
+fn new_table(rows: u64) -> Result<(SegRef, u64)> {
+    let size = crate::gpujoin::table::table_bytes(rows).min(i64::MAX as u64) as i64;
+    let seg = cleanup::try_create("dim", |name| {
+        try_executor(|ex| exec::create(ex, name, size, Some(size), TierPref::Auto, current_user(), now()))
+    })?;
+    Ok((seg, crate::gpujoin::table::slot_count(rows)))
 }
 
 /// The join table of `pairs` (key, payload) in a new temporary segment; none for no pairs.
@@ -85,11 +94,7 @@ fn build_table(pairs: &[[i64; 2]], nulls: u64) -> Result<Option<SegRef>> {
         return Ok(None);
     }
     let rows = pairs.len() as u64;
-    let n = crate::gpujoin::table::slot_count(rows);
-    let size = crate::gpujoin::table::table_bytes(rows).min(i64::MAX as u64) as i64;
-    let seg = cleanup::try_create("dim", |name| {
-        try_executor(|ex| exec::create(ex, name, size, Some(size), TierPref::Auto, current_user(), now()))
-    })?;
+    let (seg, n) = new_table(rows)?;
     try_executor(|ex| {
         exec::build_begin(ex, &seg, n)?;
         exec::build_insert(ex, &seg, KeyType::Int8, n, pairs)?;
@@ -102,11 +107,7 @@ fn build_table(pairs: &[[i64; 2]], nulls: u64) -> Result<Option<SegRef>> {
 /// built where the cache lies (`exec::scan_build`), key column `key_col`, each payload the slot
 /// of the row's grouping values in `groups` (`spec`'s table over the same cache).
 fn build_by_program(u: &caches::Usable, groups: &SegRef, spec: &Spec, key_col: usize, rows: u64) -> Result<SegRef> {
-    let n = crate::gpujoin::table::slot_count(rows);
-    let size = crate::gpujoin::table::table_bytes(rows).min(i64::MAX as u64) as i64;
-    let seg = cleanup::try_create("dim", |name| {
-        try_executor(|ex| exec::create(ex, name, size, Some(size), TierPref::Auto, current_user(), now()))
-    })?;
+    let (seg, n) = new_table(rows)?;
     try_executor(|ex| {
         exec::build_begin(ex, &seg, n)?;
         let (inserted, _) = exec::scan_build(ex, &u.seg, groups, &seg, spec, key_col as u32, n)?;
