@@ -62,6 +62,10 @@ struct Stats {
     /// the CPU's loop).
     scan: std::time::Duration,
     scanning: std::time::Duration,
+    /// The fact's group table made (its segment created, its header and empty slots written).
+    setup: std::time::Duration,
+    /// Its slots read back (the windows, each a request: round trips included).
+    read: std::time::Duration,
     /// Where each dimension's rows came from.
     dims_from: Vec<DimFrom>,
 }
@@ -204,7 +208,9 @@ impl GpuGroupAggScan {
             let rows = if g.next_slot < h.slot_count {
                 pg_sys::check_for_interrupts!();
                 let seg = g.seg.expect("the group table, until read");
+                let t = std::time::Instant::now();
                 let (n, bytes) = read_window(&seg, &h, g.next_slot);
+                self.stats.read += t.elapsed();
                 g.next_slot += n;
                 let mut window = Vec::new();
                 g.head.groups_in(&bytes, &mut window);
@@ -758,8 +764,10 @@ impl JoinScan for GpuGroupAggScan {
                                 pg_sys::ExplainPropertyFloat(label.as_ptr(), c"ms".as_ptr(), d.as_secs_f64() * 1e3, 3, es)
                             };
                             ms(c"Dimensions Time", self.stats.dims);
+                            ms(c"Setup Time", self.stats.setup);
                             ms(c"Scan Time", self.stats.scan);
                             ms(c"Scanning Time", self.stats.scanning);
+                            ms(c"Read Time", self.stats.read);
                         }
                     }
                     Some(ReadFrom::Child(why)) => prop(c"Read From", &format!("child: {why}")),

@@ -121,6 +121,7 @@ pub(super) fn run_program(
             try_executor(|ex| exec::create(ex, name, bytes, Some(bytes), TierPref::Auto, current_user(), now()))
         })
     };
+    let t = std::time::Instant::now();
     let mut seg = create(&shape)?;
     {
         let mut init = Vec::new();
@@ -128,6 +129,7 @@ pub(super) fn run_program(
         groups::init(&mut init, &shape, 0x5eed)?;
         try_executor(|ex| exec::write(ex, &seg, 0, &init))?;
     }
+    stats.setup += t.elapsed();
     let (mut start, mut done) = ((0, 0), !scan);
     while !done {
         let t = std::time::Instant::now();
