@@ -250,18 +250,21 @@ impl Executor for Client {
     }
 
     fn run(&mut self, req: &Request, mut io: Io<'_>) -> Result<Done> {
+        let t = Instant::now();
         let input = match &io {
             Io::In(b) => *b,
             _ => &[],
         };
         let mut g = self.submit(req, input)?;
         self.wait(g.slot)?;
-        self.take_reply(&mut g, |staging, n| {
+        let done = self.take_reply(&mut g, |staging, n| {
             if let Io::Out(buf) = &mut io {
                 let n = n.min(buf.len());
                 buf[..n].copy_from_slice(&staging[..n]);
             }
-        })
+        });
+        trace(req, t);
+        done
     }
 
     fn start(&mut self, req: &Request, input: &[u8]) -> Result<Started> {
@@ -273,6 +276,17 @@ impl Executor for Client {
             f.push(Rc::downgrade(&flight));
         });
         Ok(Started::InFlight(Box::new(Submitted { client: Client { ch: self.ch, deadline: self.deadline }, flight })))
+    }
+}
+
+/// Where DEBUG2 messages are wanted (`client_min_messages` or `log_min_messages`), a request's
+/// operation and round trip, submission to reply read (`bench/ssb/run` sums them per operation
+/// for a query, to show where the time outside the kernels goes).
+fn trace(req: &Request, t: Instant) {
+    // SAFETY: a PostgreSQL function of the process's own thread (clients run on no other).
+    if unsafe { pg_sys::message_level_is_interesting(pg_sys::DEBUG2 as i32) } {
+        let op = request::Op::from_repr(req.op).map_or_else(|| format!("op {}", req.op), |o| format!("{o:?}"));
+        pgrx::debug2!("pg_uvm_share service request {op}: {} us", t.elapsed().as_micros());
     }
 }
 
