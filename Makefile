@@ -153,6 +153,7 @@ lint:
 unit:
 	$(CARGO) test -p uvm_core
 	$(CARGO) test -p pg_uvm_share --lib $(PG_FEATURES)
+	$(MAKE) --no-print-directory -C tests/kernel_emu check
 
 # #[pg_test]s in a temporary cluster that cargo-pgrx creates (it installs a test build of the
 # extension first). As root the cluster must run as `postgres`, with its data directory under
