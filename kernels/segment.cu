@@ -523,31 +523,27 @@ struct ScanRow {
 
 __device__ __forceinline__ u64 vload(const u64 *p) { return *(volatile const u64 *)p; }
 
-// Value r of a column of `width` bytes at v, sign-extended where signed.
-__device__ __forceinline__ u64 scan_value(const u8 *v, u64 width, bool sgn, u64 r) {
-    if (width == 8ull) return ((const u64 *)v)[r];
-    if (width == 4ull) {
-        unsigned int x = ((const unsigned int *)v)[r];
-        return sgn ? (u64)(long long)(int)x : (u64)x;
-    }
-    if (width == 2ull) {
-        unsigned short x = ((const unsigned short *)v)[r];
-        return sgn ? (u64)(long long)(short)x : (u64)x;
-    }
-    unsigned char x = v[r];
-    return sgn ? (u64)(long long)(signed char)x : (u64)x;
-}
-
 // Column c's word in the row (sign-extended where signed); false where NULL or no column.
-// The NULL bit and the value are loaded together (the value of a NULL is in the block too:
-// every row below n has its slot), so that a row waits for memory once per column, not twice.
 __device__ __forceinline__ bool scan_col(const ScanRow &row, u64 c, u64 *w) {
     if (c >= row.ncols) return false;
     const u64 *d = row.cols + 4 * c;
-    u8 nb = row.block[d[1] + (row.r >> 3)];
-    u64 v = scan_value(row.block + d[0], d[2], d[3] != 0ull, row.r);
-    if ((nb >> (row.r & 7ull)) & 1u) return false;
-    *w = v;
+    const u8 *nulls = row.block + d[1];
+    if ((nulls[row.r >> 3] >> (row.r & 7ull)) & 1u) return false;
+    const u8 *v = row.block + d[0];
+    u64 width = d[2];
+    bool sgn = d[3] != 0ull;
+    if (width == 8ull) {
+        *w = ((const u64 *)v)[row.r];
+    } else if (width == 4ull) {
+        unsigned int x = ((const unsigned int *)v)[row.r];
+        *w = sgn ? (u64)(long long)(int)x : (u64)x;
+    } else if (width == 2ull) {
+        unsigned short x = ((const unsigned short *)v)[row.r];
+        *w = sgn ? (u64)(long long)(short)x : (u64)x;
+    } else {
+        unsigned char x = v[row.r];
+        *w = sgn ? (u64)(long long)(signed char)x : (u64)x;
+    }
     return true;
 }
 
@@ -877,204 +873,10 @@ __device__ bool scan_passes(const ScanRow &row, const u64 *filters, u64 nfilters
     return clause;
 }
 
-// An aggregate's input for the row (its two words at aw): *has false where NULL (or none: count(*));
-// false after an error (out[2] set).
-__device__ __forceinline__ bool scan_input(const ScanRow &row, const u64 *aw, bool *has, u64 *in, u64 *out) {
-    u64 kind = (aw[0] >> 16) & 0xffffull;
-    u64 ca = aw[1] & 0xffffffffull, cb = aw[1] >> 32;
-    u64 x = 0, y = 0;
-    *has = false;
-    *in = 0;
-    if (kind == 1ull) {
-        *has = scan_col(row, ca, &x);
-        *in = x;
-    } else if (kind == 4ull) {
-        *has = scan_col(row, ca, &x);
-        *in = (u64)__double_as_longlong((double)__int_as_float((int)(unsigned int)x));
-    } else if (kind == 2ull || kind == 3ull) {
-        bool hx = scan_col(row, ca, &x), hy = scan_col(row, cb, &y);
-        if (hx && hy) {
-            long long a8 = (long long)x, b8 = (long long)y, v;
-            bool over;
-            if (kind == 2ull) {
-                v = (long long)(x - y);
-                over = ((a8 ^ b8) & (a8 ^ v)) < 0;
-            } else {
-                v = (long long)(x * y);
-                over = __mul64hi(a8, b8) != (v >> 63);
-            }
-            if (over) {
-                scan_error(out, kind == 2ull ? SCAN_ERR_SUB : SCAN_ERR_MUL);
-                return false;
-            }
-            *has = true;
-            *in = (u64)v;
-        }
-    }
-    return true;
-}
-
-// A row of the scan after its filters and the joins' first matches (the batch's first phase
-// in uvm_scan_groups): every combination of its joins' matches into the group table (as the
-// CPU's scan::fold_row). Returns the combinations folded, or SCAN_STOP after an error (out[2]
-// set: the thread stops). Not inlined: its arrays (a row's keys and inputs, the joins'
-// positions) live in its frame, used by the few rows that get here, and the batch's loop keeps
-// to its registers.
-#define SCAN_STOP (~0ull)
-__device__ __noinline__ u64 scan_row_fold(ScanRow row, const u64 *joins, u64 njoins, const u64 *keys, u64 nkeys,
-                                          const u64 *aggs, u64 naggs, u64 *slots, u64 mask, u64 seed,
-                                          u64 key_words, u64 slot_words, u64 *groups, u64 limit, u64 mode,
-                                          u64 *out) {
-    u64 folded = 0;
-    bool dropped = false;
-    // The joins' first matches (none: the row is dropped).
-    long long jk[SCAN_MAX_JOINS];
-    u64 first[SCAN_MAX_JOINS], fsteps[SCAN_MAX_JOINS], cur[SCAN_MAX_JOINS], csteps[SCAN_MAX_JOINS];
-    for (u64 j = 0; j < njoins && !dropped; j++) {
-        u64 w;
-        if (!scan_col(row, joins[5 * j], &w)) {
-            dropped = true;
-            break;
-        }
-        jk[j] = (long long)w;
-        if (!scan_match(joins + 5 * j, jk[j], true, &first[j], &fsteps[j], out)) dropped = true;
-        cur[j] = first[j];
-        csteps[j] = fsteps[j];
-    }
-    if (dropped) return 0;
-    // The aggregates' inputs (the fold pass: their errors are those of rows that fold).
-    u64 in[SCAN_MAX_AGGS];
-    bool has[SCAN_MAX_AGGS];
-    if (mode != SCAN_KEYS) {
-        for (u64 a = 0; a < naggs; a++) {
-            if (!scan_input(row, aggs + 2 * a, &has[a], &in[a], out)) return SCAN_STOP;
-        }
-    }
-    // Every combination of the joins' matches (an odometer over them).
-    for (;;) {
-        u64 key[SCAN_MAX_KEY_WORDS];
-        u64 nulls = 0;
-        for (u64 k = 0; k < nkeys; k++) {
-            u64 kind = keys[k] >> 32, idx = keys[k] & 0xffffffffull;
-            u64 w = 0;
-            if (kind == 2ull && idx < njoins) {
-                const Slot *s = (const Slot *)joins[5 * idx + 1];
-                w = (u64)s[cur[idx]].payload;
-            } else if (kind == 1ull) {
-                if (!scan_col(row, idx, &w)) {
-                    nulls |= 1ull << k;
-                    w = 0;
-                }
-            }
-            key[k] = w;
-        }
-        key[nkeys] = nulls;
-        u64 *slot = scan_group(slots, mask, seed, key_words, slot_words, key, groups, limit, mode, aggs, naggs, out);
-        if (slot == 0) break; // refused or corrupted: out says which
-        if (mode != SCAN_KEYS) {
-            for (u64 a = 0; a < naggs; a++) {
-                u64 *lo = slot + 1 + key_words + 2 * a;
-                scan_fold(aggs[2 * a] & 0xffffull, lo, lo + 1, has[a], in[a]);
-            }
-            folded++;
-        }
-        u64 j = 0;
-        for (; j < njoins; j++) {
-            if (scan_match(joins + 5 * j, jk[j], false, &cur[j], &csteps[j], out)) break;
-            cur[j] = first[j];
-            csteps[j] = fsteps[j];
-        }
-        if (j == njoins) break;
-    }
-    return folded;
-}
-
-// Rows a thread takes at once in the scan's first phase: their loads are issued together, so
-// a thread waits for memory once per column for SCAN_R rows, not once per row.
-#define SCAN_R 4
-
-// A program without keys folds every row into its one group: there each thread folds its rows
-// into states of its own, in registers (programs of at most SCAN_SOLO aggregates), and those
-// into the group once, at its end (solo_merge), not every row with atomics on one slot that
-// all threads contend for. A row with more than one combination of join matches takes
-// scan_row_fold's way (as many folds as combinations).
-#define SCAN_SOLO 4
-
-// scan_fold on a thread's own state (lo, hi as in the group's slot; a float sum starts at 0.0,
-// whose bits are 0).
-__device__ __forceinline__ void solo_fold(u64 kind, u64 &lo, u64 &hi, bool has, u64 v) {
-    if (kind == 1ull) {
-        lo++;
-        return;
-    }
-    if (!has) return;
-    double d = __longlong_as_double((long long)v), c = __longlong_as_double((long long)lo);
-    switch (kind) {
-    case 2ull: lo++; break;
-    case 3ull: {
-        u64 old = lo;
-        lo += v;
-        hi += (u64)((long long)v >> 63) + (lo < old ? 1ull : 0ull);
-        break;
-    }
-    case 4ull: if (hi == 0ull || (long long)v < (long long)lo) lo = v; hi = 1ull; break;
-    case 5ull: if (hi == 0ull || (long long)v > (long long)lo) lo = v; hi = 1ull; break;
-    case 6ull: {
-        double sum = c + d;
-        if (isinf(sum) && isfinite(c) && isfinite(d)) hi |= 2ull; // OVERFLOWED
-        hi |= 1ull;                                               // SEEN
-        lo = (u64)__double_as_longlong(sum);
-        break;
-    }
-    case 7ull: if (hi == 0ull || scan_float_less(d, c)) lo = v; hi = 1ull; break;
-    case 8ull: if (hi == 0ull || scan_float_less(c, d)) lo = v; hi = 1ull; break;
-    default: break;
-    }
-}
-
-// A thread's state (l, h) of kind `kind` into the group's (lo, hi), as its rows' folds would.
-__device__ void solo_merge(u64 kind, u64 *lo, u64 *hi, u64 l, u64 h) {
-    switch (kind) {
-    case 1ull:
-    case 2ull:
-        if (l != 0ull) atomicAdd(lo, l);
-        break;
-    case 3ull: {
-        if (l == 0ull && h == 0ull) break;
-        u64 old = atomicAdd(lo, l);
-        u64 hh = h + (old + l < old ? 1ull : 0ull);
-        if (hh != 0ull) atomicAdd(hi, hh);
-        break;
-    }
-    case 6ull: {
-        if (h == 0ull) break;
-        double d = __longlong_as_double((long long)l);
-        double old = atomicAdd((double *)lo, d);
-        double sum = old + d;
-        u64 flags = h;
-        if (isinf(sum) && isfinite(old) && isfinite(d)) flags |= 2ull;
-        if ((vload(hi) & flags) != flags) atomicOr(hi, flags);
-        break;
-    }
-    default:
-        if (h != 0ull) scan_fold(kind, lo, hi, true, l);
-        break;
-    }
-}
-
 // Runs the program over `blocks` blocks of up to n rows (n a power of two; block b at base +
-// b * stride, its count in its header; rows of the first block below first_row skipped) in
-// pass `mode` (above), into the group table's slots (mask + 1 of slot_words words, at
-// `slots`; `groups` its count of groups, `limit` the most it may hold).
-//
-// Two phases per batch of SCAN_R rows of a thread (rows gstride apart, so that a warp's loads
-// of one column are consecutive rows): first the filters, clause by clause, and each join's
-// first probe, for the batch's rows together (a column's values loaded for all of them before
-// any is tested; a filter with an expression, or a join whose first slot holds another key,
-// per row); then scan_row_fold for each row that passed both, which finds its joins' matches
-// again (now in cache) and folds (or, for a program without keys, solo_fold: SCAN_SOLO). The
-// rows, the errors they can raise and the states they fold are those of a loop that takes one
-// row at a time.
+// b * stride, its count in its header; rows of the first block below first_row skipped) in pass `mode` (above), into
+// the group table's slots (mask + 1 of slot_words words, at `slots`; `groups` its count of
+// groups, `limit` the most it may hold).
 extern "C" __global__ void uvm_scan_groups(const u64 *prog, const u8 *base, u64 n, u64 blocks, u64 stride,
                                            u64 first_row, u64 *slots, u64 mask, u64 seed, u64 key_words,
                                            u64 slot_words, u64 *groups, u64 limit, u64 mode, u64 *out) {
@@ -1090,199 +892,120 @@ extern "C" __global__ void uvm_scan_groups(const u64 *prog, const u8 *base, u64 
     const u64 *filters = prog + prog[8], *steps = prog + prog[9], *joins = prog + prog[10];
     const u64 *keys = prog + prog[11], *aggs = prog + prog[12];
     const u8 *data = (const u8 *)(prog + prog[13]);
-    const u64 *cols = prog + prog[7];
-    u64 ncols = prog[4];
+    ScanRow row;
+    row.prog = prog;
+    row.cols = prog + prog[7];
+    row.ncols = prog[4];
     u64 folded = 0;
     u64 total = n * blocks;
     u64 shift = (u64)(__ffsll((long long)n) - 1);
     u64 seen = 0;
-    bool solo = nkeys == 0ull && naggs <= SCAN_SOLO && mode != SCAN_KEYS;
-    u64 slo[SCAN_SOLO], shi[SCAN_SOLO], solo_rows = 0;
-#pragma unroll
-    for (int a = 0; a < SCAN_SOLO; a++) slo[a] = shi[a] = 0ull;
-    for (u64 g0 = tid; g0 < total; g0 += SCAN_R * gstride, seen++) {
-        if ((seen & 15ull) == 0ull &&
+    for (u64 g = tid; g < total; g += gstride, seen++) {
+        if ((seen & 63ull) == 0ull &&
             (vload(&out[0]) | vload(&out[2]) | vload(&out[3]) | vload(&out[5]) | (mode != SCAN_FOLD ? vload(&out[1]) : 0ull)) != 0ull)
             break;
-        // The batch's rows (locate's, with a shift for the division: blocks hold a power of
-        // two of rows): those inside their block's count, past first_row in the first block.
-        const u8 *blk[SCAN_R];
-        u64 rr[SCAN_R];
-        bool alive[SCAN_R];
-        bool bad = false;
-#pragma unroll
-        for (int k = 0; k < SCAN_R; k++) {
-            u64 g = g0 + (u64)k * gstride;
-            u64 b = g >> shift;
-            rr[k] = g & (n - 1ull);
-            blk[k] = base + b * stride;
-            u64 count = g < total ? *(const u64 *)blk[k] : 0ull;
-            bad = bad || count > n;
-            alive[k] = rr[k] < count && !(b == 0ull && rr[k] < first_row);
-        }
-        if (bad) {
+        // (locate's, with a shift for the division: blocks hold a power of two of rows)
+        u64 b = g >> shift, r = g & (n - 1ull), off = b * stride;
+        u64 count = *(const u64 *)(base + off);
+        if (count > n) {
             if (vload(&out[3]) == 0ull) atomicExch(&out[3], 1ull);
             break;
         }
-        // The filters: clauses of alternatives, in order (scan_passes's rule, for each row).
-        bool cl[SCAN_R];
-#pragma unroll
-        for (int k = 0; k < SCAN_R; k++) cl[k] = true;
-        for (u64 f = 0; f < nfilters; f++) {
-            const u64 *fw = filters + 4 * f;
-            u64 head = fw[0];
-            bool any = false;
-#pragma unroll
-            for (int k = 0; k < SCAN_R; k++) {
-                if (((head >> 40) & 1ull) == 0ull) {
-                    alive[k] = alive[k] && cl[k];
-                    cl[k] = false;
-                }
-                any = any || (alive[k] && !cl[k]);
-            }
-            if (!any) continue;
-            u64 col = head & 0xffffffffull, kind = (head >> 32) & 0xffull;
-            if ((kind == 1ull || kind == 2ull || kind == 3ull) && col < ncols) {
-                const u64 *d = cols + 4 * col;
-                u64 voff = d[0], noff = d[1], width = d[2];
-                bool sgn = d[3] != 0ull;
-                u8 nb[SCAN_R];
-                u64 v[SCAN_R];
-#pragma unroll
-                for (int k = 0; k < SCAN_R; k++) {
-                    bool need = alive[k] && !cl[k];
-                    nb[k] = need ? blk[k][noff + (rr[k] >> 3)] : (u8)0;
-                    v[k] = need ? scan_value(blk[k] + voff, width, sgn, rr[k]) : 0ull;
-                }
-#pragma unroll
-                for (int k = 0; k < SCAN_R; k++) {
-                    if (!alive[k] || cl[k]) continue;
-                    bool isnull = ((nb[k] >> (rr[k] & 7ull)) & 1u) != 0;
-                    if (kind == 3ull) {
-                        cl[k] = isnull;
-                    } else if (isnull) {
-                        cl[k] = false;
-                    } else if (kind == 1ull) {
-                        cl[k] = (long long)fw[1] <= (long long)v[k] && (long long)v[k] <= (long long)fw[2];
-                    } else {
-                        u64 at = fw[1], len = fw[2];
-                        cl[k] = at <= data_bytes && len <= data_bytes - at && v[k] / 8ull < len &&
-                                ((data[at + v[k] / 8ull] >> (v[k] & 7ull)) & 1u) != 0;
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int k = 0; k < SCAN_R; k++) {
-                    if (!alive[k] || cl[k]) continue;
-                    ScanRow row = {prog, cols, ncols, blk[k], rr[k]};
-                    cl[k] = scan_filter(row, fw, data, data_bytes, steps, nsteps, out);
-                    if (vload(&out[2]) != 0ull) return;
-                }
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < SCAN_R; k++) alive[k] = alive[k] && cl[k];
-        // Each join's first match (none, or a NULL key: the row is dropped); for a program
-        // without keys, whether a join has a second one (multi: the row takes the general way).
-        bool multi[SCAN_R];
-#pragma unroll
-        for (int k = 0; k < SCAN_R; k++) multi[k] = false;
-        for (u64 j = 0; j < njoins; j++) {
-            bool any = false;
-#pragma unroll
-            for (int k = 0; k < SCAN_R; k++) any = any || alive[k];
-            if (!any) break;
-            const u64 *jw = joins + 5 * j;
-            u64 col = jw[0];
-            if (col >= ncols) {
-#pragma unroll
-                for (int k = 0; k < SCAN_R; k++) alive[k] = false;
+        if (r >= count || (b == 0ull && r < first_row)) continue;
+        row.block = base + off;
+        row.r = r;
+        bool pass = scan_passes(row, filters, nfilters, data, data_bytes, steps, nsteps, out);
+        if (vload(&out[2]) != 0ull) return;
+        if (!pass) continue;
+        bool dropped = false;
+        // The joins' first matches (none: the row is dropped).
+        long long jk[SCAN_MAX_JOINS];
+        u64 first[SCAN_MAX_JOINS], fsteps[SCAN_MAX_JOINS], cur[SCAN_MAX_JOINS], csteps[SCAN_MAX_JOINS];
+        for (u64 j = 0; j < njoins && !dropped; j++) {
+            u64 w;
+            if (!scan_col(row, joins[5 * j], &w)) {
+                dropped = true;
                 break;
             }
-            const Slot *js = (const Slot *)jw[1];
-            u64 jmask = jw[2], jseed = jw[3], jbound = jw[4];
-            const u64 *d = cols + 4 * col;
-            u64 voff = d[0], noff = d[1], width = d[2];
-            bool sgn = d[3] != 0ull;
-            u8 nb[SCAN_R];
-            u64 v[SCAN_R], t[SCAN_R], at[SCAN_R], tg[SCAN_R];
-            long long ky[SCAN_R];
-#pragma unroll
-            for (int k = 0; k < SCAN_R; k++) {
-                nb[k] = alive[k] ? blk[k][noff + (rr[k] >> 3)] : (u8)0;
-                v[k] = alive[k] ? scan_value(blk[k] + voff, width, sgn, rr[k]) : 0ull;
-            }
-#pragma unroll
-            for (int k = 0; k < SCAN_R; k++) {
-                alive[k] = alive[k] && ((nb[k] >> (rr[k] & 7ull)) & 1u) == 0;
-                t[k] = mix(v[k] ^ jseed) | 1ull;
-                at[k] = t[k] & jmask;
-            }
-            if (jbound == 0ull) {
-                // (scan_match's own answer for a table of no walk)
-#pragma unroll
-                for (int k = 0; k < SCAN_R; k++) {
-                    u64 i = 0, s = 0;
-                    if (alive[k]) alive[k] = scan_match(jw, (long long)v[k], true, &i, &s, out);
-                }
-                continue;
-            }
-#pragma unroll
-            for (int k = 0; k < SCAN_R; k++) {
-                tg[k] = alive[k] ? js[at[k]].tag : 0ull;
-                ky[k] = alive[k] ? js[at[k]].key : 0ll;
-            }
-#pragma unroll
-            for (int k = 0; k < SCAN_R; k++) {
-                if (!alive[k]) continue;
-                u64 i = at[k], s = 0;
-                if (tg[k] != t[k] || ky[k] != (long long)v[k]) {
-                    if (tg[k] == 0ull) {
-                        alive[k] = false;
-                        continue;
+            jk[j] = (long long)w;
+            if (!scan_match(joins + 5 * j, jk[j], true, &first[j], &fsteps[j], out)) dropped = true;
+            cur[j] = first[j];
+            csteps[j] = fsteps[j];
+        }
+        if (dropped) continue;
+        // The aggregates' inputs (the fold pass: their errors are those of rows that fold).
+        u64 in[SCAN_MAX_AGGS];
+        bool has[SCAN_MAX_AGGS];
+        if (mode != SCAN_KEYS) {
+            for (u64 a = 0; a < naggs; a++) {
+                u64 kind = (aggs[2 * a] >> 16) & 0xffffull;
+                u64 ca = aggs[2 * a + 1] & 0xffffffffull, cb = aggs[2 * a + 1] >> 32;
+                u64 x = 0, y = 0;
+                has[a] = false;
+                in[a] = 0;
+                if (kind == 1ull) {
+                    has[a] = scan_col(row, ca, &x);
+                    in[a] = x;
+                } else if (kind == 4ull) {
+                    has[a] = scan_col(row, ca, &x);
+                    in[a] = (u64)__double_as_longlong((double)__int_as_float((int)(unsigned int)x));
+                } else if (kind == 2ull || kind == 3ull) {
+                    bool hx = scan_col(row, ca, &x), hy = scan_col(row, cb, &y);
+                    if (hx && hy) {
+                        long long a8 = (long long)x, b8 = (long long)y, v;
+                        bool over;
+                        if (kind == 2ull) {
+                            v = (long long)(x - y);
+                            over = ((a8 ^ b8) & (a8 ^ v)) < 0;
+                        } else {
+                            v = (long long)(x * y);
+                            over = __mul64hi(a8, b8) != (v >> 63);
+                        }
+                        if (over) {
+                            scan_error(out, kind == 2ull ? SCAN_ERR_SUB : SCAN_ERR_MUL);
+                            return;
+                        }
+                        has[a] = true;
+                        in[a] = (u64)v;
                     }
-                    // Along the chain from the next slot (step 1 of the walk's bound).
-                    alive[k] = scan_match(jw, (long long)v[k], false, &i, &s, out);
-                    if (!alive[k]) continue;
                 }
-                if (solo && !multi[k]) multi[k] = scan_match(jw, (long long)v[k], false, &i, &s, out);
             }
         }
-        // The rows that passed both: their groups, one row at a time.
-#pragma unroll
-        for (int k = 0; k < SCAN_R; k++) {
-            if (!alive[k]) continue;
-            ScanRow row = {prog, cols, ncols, blk[k], rr[k]};
-            if (solo && !multi[k]) {
-#pragma unroll
-                for (int a = 0; a < SCAN_SOLO; a++) {
-                    if ((u64)a >= naggs) break;
-                    bool has;
-                    u64 in;
-                    if (!scan_input(row, aggs + 2 * a, &has, &in, out)) return;
-                    solo_fold(aggs[2 * a] & 0xffffull, slo[a], shi[a], has, in);
+        // Every combination of the joins' matches (an odometer over them).
+        for (;;) {
+            u64 key[SCAN_MAX_KEY_WORDS];
+            u64 nulls = 0;
+            for (u64 k = 0; k < nkeys; k++) {
+                u64 kind = keys[k] >> 32, idx = keys[k] & 0xffffffffull;
+                u64 w = 0;
+                if (kind == 2ull && idx < njoins) {
+                    const Slot *s = (const Slot *)joins[5 * idx + 1];
+                    w = (u64)s[cur[idx]].payload;
+                } else if (kind == 1ull) {
+                    if (!scan_col(row, idx, &w)) {
+                        nulls |= 1ull << k;
+                        w = 0;
+                    }
                 }
-                solo_rows++;
+                key[k] = w;
+            }
+            key[nkeys] = nulls;
+            u64 *slot = scan_group(slots, mask, seed, key_words, slot_words, key, groups, limit, mode, aggs, naggs, out);
+            if (slot == 0) break; // refused or corrupted: out says which
+            if (mode != SCAN_KEYS) {
+                for (u64 a = 0; a < naggs; a++) {
+                    u64 *lo = slot + 1 + key_words + 2 * a;
+                    scan_fold(aggs[2 * a] & 0xffffull, lo, lo + 1, has[a], in[a]);
+                }
                 folded++;
-                continue;
             }
-            u64 got = scan_row_fold(row, joins, njoins, keys, nkeys, aggs, naggs, slots, mask, seed, key_words,
-                                    slot_words, groups, limit, mode, out);
-            if (got == SCAN_STOP) return;
-            folded += got;
-        }
-    }
-    // The thread's own states into the one group (the key: no NULL bits).
-    if (solo_rows != 0ull) {
-        u64 key[1] = {0ull};
-        u64 *slot = scan_group(slots, mask, seed, key_words, slot_words, key, groups, limit, mode, aggs, naggs, out);
-        if (slot != 0) {
-#pragma unroll
-            for (int a = 0; a < SCAN_SOLO; a++) {
-                if ((u64)a >= naggs) break;
-                u64 *lo = slot + 1 + key_words + 2 * a;
-                solo_merge(aggs[2 * a] & 0xffffull, lo, lo + 1, slo[a], shi[a]);
+            u64 j = 0;
+            for (; j < njoins; j++) {
+                if (scan_match(joins + 5 * j, jk[j], false, &cur[j], &csteps[j], out)) break;
+                cur[j] = first[j];
+                csteps[j] = fsteps[j];
             }
+            if (j == njoins) break;
         }
     }
     // (not warp_add: a thread that met an error has returned, and a shuffle needs every lane)

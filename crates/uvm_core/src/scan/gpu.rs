@@ -1,6 +1,6 @@
 //! Scan programs on the GPU: the host side of `uvm_scan_groups` (`kernels/segment.cu`), the
-//! kernel that runs a program ([`super`]) over a column cache's blocks in place, each thread a
-//! few rows at a time, folding into a group table in a segment with atomics.
+//! kernel that runs a program ([`super`]) over a column cache's blocks in place, one thread per
+//! row, folding into a group table in a segment with atomics.
 //!
 //! # Design
 //!
@@ -22,18 +22,6 @@
 //! PostgreSQL's order (NaN above every number). The states are then exactly the CPU's
 //! (`groups`): a reader cannot tell which engine folded them, except for the last digits of a
 //! float sum, added in another order.
-//!
-//! **Rows in batches, for the memory's sake.** A scan reads little per row and tests it at
-//! once, so a thread that takes one row at a time waits for memory column after column, with
-//! nothing else in flight, and the kernel reaches a small share of the bandwidth. So each
-//! thread takes `SCAN_R` rows at once (a grid's width apart, so that a warp's loads of one
-//! column are consecutive rows), and runs the filters, clause by clause, and each join's first
-//! probe for all of them together: a column's values and NULL bits are loaded for every row of
-//! the batch before any is tested. Only the rows that pass every filter and find every join go
-//! on, one at a time, to the group table (their joins probed again, now in cache, for every
-//! combination of matches). A program without keys (one group, all threads on one slot) folds
-//! into each thread's own states, in registers, and merges them into the group once at the
-//! thread's end; a row with several join matches folds the general way.
 //!
 //! **Full tables, without losing or doubling a row.** The CPU engine stops at a row boundary
 //! when the table is at its load limit; thousands of threads cannot. So each launch is two
