@@ -420,3 +420,41 @@ fn read_layout(seg: &SegRef, name: &str, size: u64) -> Result<Layout> {
     try_executor(|ex| exec::read(ex, seg, 0, &mut prefix))?;
     Layout::parse(name, &prefix, size)
 }
+
+/// Layouts of ready caches this process has read, by segment id (with the name and size they
+/// were read under): at most [`LAYOUTS_KEPT`], forgotten all at once when full.
+struct KnownLayout {
+    name: String,
+    size: u64,
+    layout: Layout,
+}
+
+thread_local! {
+    static LAYOUTS: std::cell::RefCell<std::collections::HashMap<u64, KnownLayout>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+const LAYOUTS_KEPT: usize = 64;
+
+/// [`read_layout`] of a cache published ready, read once per process. A cache's header and
+/// column directory are written before it is published and never after (appended rows go to
+/// its tail segment, added strings to its dictionaries'), and the registry never gives a
+/// segment id to a second segment while the cluster runs, so the layout a process read under
+/// an id stays that segment's. The planner and every query over a cache read it: in service
+/// mode each read is a request to the GPU service (two per layout), which the SSB at SF 10
+/// showed as most of a query's requests.
+fn ready_layout(seg: &SegRef, name: &str, size: u64) -> Result<Layout> {
+    let known = LAYOUTS.with(|m| m.borrow().get(&seg.id).filter(|k| k.name == name && k.size == size).map(|k| k.layout.clone()));
+    if let Some(layout) = known {
+        return Ok(layout);
+    }
+    let layout = read_layout(seg, name, size)?;
+    LAYOUTS.with(|m| {
+        let mut m = m.borrow_mut();
+        if m.len() >= LAYOUTS_KEPT {
+            m.clear();
+        }
+        m.insert(seg.id, KnownLayout { name: name.to_string(), size, layout: layout.clone() });
+    });
+    Ok(layout)
+}

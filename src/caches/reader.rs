@@ -103,7 +103,7 @@ pub fn ready_columns(relid: pg_sys::Oid) -> Option<Vec<(i16, Encoding)>> {
     let e = d.find(database(), u32::from(relid)).filter(|e| e.state == State::Ready)?;
     let name = segment_name(e.database, e.relation, e.generation);
     let (seg, info) = lookup_own(&name).ok()?;
-    let layout = read_layout(&seg, &name, info.size).ok()?;
+    let layout = ready_layout(&seg, &name, info.size).ok()?;
     let cols = layout.columns().iter().enumerate().filter_map(|(i, c)| Some((c.attnum, layout.encoding(i)?))).collect();
     Some(cols)
 }
@@ -144,7 +144,7 @@ fn usable_under(relid: pg_sys::Oid, snap: pg_sys::Snapshot) -> Result<Option<(En
     let name = segment_name(e.database, e.relation, e.generation);
     let Ok((seg, info)) = lookup_own(&name) else { return Ok(None) };
     // (a segment dropped meanwhile, by a rebuild or cache_drop: the heap answers)
-    let layout = match read_layout(&seg, &name, info.size) {
+    let layout = match ready_layout(&seg, &name, info.size) {
         Err(e) if e.code == Code::UndefinedObject => return Ok(None),
         r => r?,
     };
