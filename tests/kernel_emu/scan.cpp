@@ -221,8 +221,12 @@ void run(const char *name, const Program &p, bool both, unsigned long long first
 
 // An aggregate's two words: kind (groups::AggKind), input kind (1 column, 2 a - b, 3 a * b,
 // 4 float4 column, 0 none), its columns.
-void add_agg(Program &p, unsigned long long kind, unsigned long long input, unsigned long long a = 0, unsigned long long b = 0) {
-    p.aggs.insert(p.aggs.end(), {kind | input << 16, a | b << 32});
+struct Agg {
+    unsigned long long kind, input, a = 0, b = 0;
+};
+
+void add_aggs(Program &p, std::initializer_list<Agg> aggs) {
+    for (auto &x : aggs) p.aggs.insert(p.aggs.end(), {x.kind | x.input << 16, x.a | x.b << 32});
 }
 
 }  // namespace
@@ -248,43 +252,31 @@ int main() {
         Program q1;
         q1.filters = {{1, 1, false, 1, 3}, {2, 1, false, (unsigned long long)LLONG_MIN, 24}};
         q1.joins = {A.word(0)};
-        add_agg(q1, 3, 3, 3, 1);
+        add_aggs(q1, {{3, 3, 3, 1}});
         run("keyless, one join, sum(c3 * c1)", q1, both);
 
         // Keyless, four aggregates of integer kinds (per-thread states), no filter.
         Program k4;
-        add_agg(k4, 1, 0);
-        add_agg(k4, 2, 1, 1);
-        add_agg(k4, 3, 1, 4);
-        add_agg(k4, 4, 1, 7);
+        add_aggs(k4, {{1, 0}, {2, 1, 1}, {3, 1, 4}, {4, 1, 7}});
         run("keyless: count(*), count(c1), sum(c4), min(c7)", k4, both);
 
         // Keyless, float states and an integer max; a filter on a bool.
         Program kf;
         kf.filters = {{8, 1, false, 1, 1}};
-        add_agg(kf, 6, 1, 6);
-        add_agg(kf, 7, 1, 6);
-        add_agg(kf, 8, 1, 6);
-        add_agg(kf, 5, 1, 7);
+        add_aggs(kf, {{6, 1, 6}, {7, 1, 6}, {8, 1, 6}, {5, 1, 7}});
         run("keyless: sum, min, max of c6, max(c7) where c8", kf, both);
 
         // Keyless over a join with duplicate keys: rows of several matches fold the general way.
         Program kd;
         kd.joins = {B.word(5)};
-        add_agg(kd, 1, 0);
-        add_agg(kd, 3, 1, 3);
-        add_agg(kd, 5, 1, 2);
+        add_aggs(kd, {{1, 0}, {3, 1, 3}, {5, 1, 2}});
         run("keyless over B's duplicates: count(*), sum(c3), max(c2)", kd, both);
 
         // Keyless, five aggregates (past SCAN_SOLO) and a comparison: (c2 * 3 - c1) > 40.
         Program k5;
         k5.steps = {1, 2, 2, 3, 3 | (3ull << 8) | (8ull << 16), 0, 1, 1, 3 | (2ull << 8) | (8ull << 16), 0, 2, 40};
         k5.filters = {{2, 4, false, 0, 5 | 1ull << 16 | 5ull << 32}};
-        add_agg(k5, 1, 0);
-        add_agg(k5, 2, 1, 1);
-        add_agg(k5, 3, 1, 4);
-        add_agg(k5, 4, 1, 7);
-        add_agg(k5, 5, 1, 3);
+        add_aggs(k5, {{1, 0}, {2, 1, 1}, {3, 1, 4}, {4, 1, 7}, {5, 1, 3}});
         run("keyless, five aggregates, (c2 * 3 - c1) > 40", k5, both);
 
         // Grouped by A's payload, B's payload and c8, with clauses of alternatives:
@@ -296,11 +288,7 @@ int main() {
                      {1, 3, false}, {1, 1, true, 5, (unsigned long long)LLONG_MAX}};
         g.joins = {A.word(0), B.word(5)};
         g.keys = {2ull << 32 | 0, 2ull << 32 | 1, 1ull << 32 | 8};
-        add_agg(g, 1, 0);
-        add_agg(g, 3, 1, 4);
-        add_agg(g, 4, 1, 3);
-        add_agg(g, 5, 1, 1);
-        add_agg(g, 3, 2, 3, 2);
+        add_aggs(g, {{1, 0}, {3, 1, 4}, {4, 1, 3}, {5, 1, 1}, {3, 2, 3, 2}});
         run("grouped by A, B, c8 with alternatives", g, both);
         run("grouped by A, B, c8 with alternatives", g, both, 100);
         run("grouped, one thread", g, both, 0, 2, 1, 1);
@@ -310,11 +298,11 @@ int main() {
         Program e1;
         e1.steps = {1, 2, 1, 1, 2, 5, 3 | (2ull << 8) | (8ull << 16), 0, 3 | (4ull << 8) | (8ull << 16), 0, 2, 0};
         e1.filters = {{2, 4, false, 0, 5 | 1ull << 16 | 5ull << 32}};
-        add_agg(e1, 1, 0);
+        add_aggs(e1, {{1, 0}});
         run("division by zero in a filter", e1, both);
         Program e2;
         e2.filters = {{2, 1, false, 40, 50}};
-        add_agg(e2, 3, 3, 4, 4);
+        add_aggs(e2, {{3, 3, 4, 4}});
         run("an overflowing product", e2, both);
         Program e3 = e2;
         e3.keys = {1ull << 32 | 9};
