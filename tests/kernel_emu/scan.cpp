@@ -216,7 +216,12 @@ void run(const char *name, const Program &p, bool both, unsigned long long first
         lines.push_back(l);
     }
     std::sort(lines.begin(), lines.end());
-    for (auto &l : lines) std::printf("%s\n", l.c_str());
+    // Every group's line goes into a digest; the first few are printed, for a reader of a diff.
+    unsigned long long digest = 0;
+    for (auto &l : lines)
+        for (unsigned char c : l + "\n") digest = mix(digest ^ c);
+    std::printf("digest of the %zu groups' lines: %016llx\n", lines.size(), digest);
+    for (size_t i = 0; i < lines.size() && i < 8; i++) std::printf("%s\n", lines[i].c_str());
 }
 
 // An aggregate's two words: kind (groups::AggKind), input kind (1 column, 2 a - b, 3 a * b,
