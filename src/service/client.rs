@@ -285,8 +285,23 @@ impl Executor for Client {
 fn trace(req: &Request, t: Instant) {
     // SAFETY: a PostgreSQL function of the process's own thread (clients run on no other).
     if unsafe { pg_sys::message_level_is_interesting(pg_sys::DEBUG2 as i32) } {
+        let us = t.elapsed().as_micros();
         let op = request::Op::from_repr(req.op).map_or_else(|| format!("op {}", req.op), |o| format!("{o:?}"));
-        pgrx::debug2!("pg_uvm_share service request {op}: {} us", t.elapsed().as_micros());
+        // The segments it names, and a read's or write's bytes: what a count of requests
+        // does not say (which tables a query reads back, and how often).
+        let what = match request::Call::decode(req) {
+            Ok(call) if !call.segments().is_empty() => {
+                let names: Vec<String> = call.segments().iter().map(|s| format!("\"{}\"", s.name())).collect();
+                let bytes = match call {
+                    request::Call::Read(r) => format!(", {} bytes at {}", r.length, r.offset),
+                    request::Call::Write(w) => format!(", {} bytes at {}", req.input, w.offset),
+                    _ => String::new(),
+                };
+                format!(" (segment {}{bytes})", names.join(", "))
+            }
+            _ => String::new(),
+        };
+        pgrx::debug2!("pg_uvm_share service request {op}: {us} us{what}");
     }
 }
 
