@@ -23,6 +23,8 @@ struct Groups {
     /// The table's segment, until every slot is read.
     seg: Option<SegRef>,
     head: groups::Head,
+    /// The table's first bytes, read with its header (the first window's slots, or all).
+    prefix: Vec<u8>,
     /// The first slot not read yet.
     next_slot: u64,
     window: Vec<groups::Group>,
@@ -68,6 +70,8 @@ struct Stats {
     read: std::time::Duration,
     /// Where each dimension's rows came from.
     dims_from: Vec<DimFrom>,
+    /// The dimensions in the order the program probes them.
+    join_order: Vec<usize>,
 }
 
 /// The strings of a text grouping column of the fact: per dictionary code in the groups, its
@@ -139,8 +143,18 @@ impl GpuGroupAggScan {
         let dims_time = t.elapsed();
         let empty = self.drained.iter().any(|d| d.table.is_none());
         let dim_tables: Vec<SegRef> = self.drained.iter().filter_map(|d| d.table).collect();
-        let keys: Vec<Source> =
-            self.program_keys().into_iter().map(|k| k.map_or_else(Source::Payload, |c| Source::Col(at(&c)))).collect();
+        // The joins in the order of the rows they let pass, fewest first (Crystal's rule; as
+        // PostgreSQL puts its most selective join lowest): a fact row stops at the first join
+        // it fails, so the later probes run for fewer rows. A key from a join's payload names
+        // the join by its place in that order.
+        let mut order: Vec<usize> = (0..self.drained.len()).collect();
+        order.sort_by(|&a, &b| self.drained[a].pass.total_cmp(&self.drained[b].pass));
+        let place = |j: usize| order.iter().position(|&x| x == j).expect("every dimension has a place");
+        let keys: Vec<Source> = self
+            .program_keys()
+            .into_iter()
+            .map(|k| k.map_or_else(|j| Source::Payload(place(j)), |c| Source::Col(at(&c))))
+            .collect();
         // SAFETY: forwarded contract; the plan's own conditions.
         let filters = unsafe { program_filters(node, &u, &self.shape.filters, &self.shape.compares, &self.shape.texts, &at) }?;
         let spec = Spec {
@@ -149,7 +163,7 @@ impl GpuGroupAggScan {
             joins: if empty {
                 Vec::new()
             } else {
-                self.shape.dims.iter().enumerate().map(|(j, d)| (at(&d.fact_col), j)).collect()
+                order.iter().map(|&j| (at(&self.shape.dims[j].fact_col), j)).collect()
             },
             keys,
             aggs: aggs.clone(),
@@ -165,7 +179,7 @@ impl GpuGroupAggScan {
             aggs: aggs.iter().map(|a| a.0).collect(),
             slot_count: groups::Shape::slots_for(first.clamp(MIN_GROUPS, MAX_FIRST_GROUPS)),
         };
-        self.stats = Stats { dims: dims_time, dims_from, ..Stats::default() };
+        self.stats = Stats { dims: dims_time, dims_from, join_order: if empty { Vec::new() } else { order }, ..Stats::default() };
         // (a dimension without rows: no fact row joins, the table stays empty)
         let ran = match run_program(&u, &tail, &spec, shape, !empty, bound, &mut self.stats) {
             Ok(x) => x,
@@ -176,7 +190,7 @@ impl GpuGroupAggScan {
             Err(e) if e.code == Code::FeatureNotSupported => return Err("the engine runs no scan programs"),
             Err(e) => report(e),
         };
-        let Ran { seg, head, appended } = ran;
+        let Ran { seg, head, prefix, appended } = ran;
         self.stats.groups = head.header().groups;
         self.drop_dims();
         // The dictionaries of the fact's text grouping columns, for the codes the groups hold.
@@ -188,7 +202,17 @@ impl GpuGroupAggScan {
                 }
             }
         }
-        Ok(Groups { seg: Some(seg), head, next_slot: 0, window: Vec::new(), at: 0, appended, appended_done: false, returned: 0 })
+        Ok(Groups {
+            seg: Some(seg),
+            head,
+            prefix,
+            next_slot: 0,
+            window: Vec::new(),
+            at: 0,
+            appended,
+            appended_done: false,
+            returned: 0,
+        })
     }
 
     /// The next group: from the window of slots read last, reading the next window when it is
@@ -209,7 +233,7 @@ impl GpuGroupAggScan {
                 pg_sys::check_for_interrupts!();
                 let seg = g.seg.expect("the group table, until read");
                 let t = std::time::Instant::now();
-                let (n, bytes) = read_window(&seg, &h, g.next_slot);
+                let (n, bytes) = read_window(&seg, &h, g.next_slot, &g.prefix);
                 self.stats.read += t.elapsed();
                 g.next_slot += n;
                 let mut window = Vec::new();
@@ -749,6 +773,11 @@ impl JoinScan for GpuGroupAggScan {
                                 })
                                 .collect();
                             prop(c"Dimensions Read From", &from.join(", "));
+                        }
+                        if self.stats.join_order.len() > 1 {
+                            let order: Vec<&str> =
+                                self.stats.join_order.iter().filter_map(|&j| self.dim_names.get(j).map(|d| d.0.as_str())).collect();
+                            prop(c"Join Order", &order.join(", "));
                         }
                         let int =
                             |label: &CStr, v: u64| pg_sys::ExplainPropertyInteger(label.as_ptr(), std::ptr::null(), v as i64, es);

@@ -77,6 +77,34 @@ pub(super) struct DimRows {
     /// How many distinct payloads its table holds at most (its distinct grouping tuples; 1
     /// without grouping columns): a bound on the fact's groups (`GpuGroupAggScan::max_groups`).
     pub(super) tuples: u64,
+    /// The share of the dimension's rows its table holds (1 where the rows are not known): of
+    /// uniform fact keys, the share of fact rows its join lets pass (the joins' order).
+    pub(super) pass: f64,
+}
+
+/// `rows` of `of` as a share (1 where `of` is unknown).
+fn share(rows: u64, of: Option<f64>) -> f64 {
+    match of {
+        Some(of) if of >= 1.0 => rows as f64 / of,
+        _ => 1.0,
+    }
+}
+
+/// The rows of table `relid` as the catalog last counted them (`reltuples`), where it did.
+///
+/// # Safety
+/// The query holds a lock on the table (a dimension of its plan).
+unsafe fn catalog_rows(relid: pg_sys::Oid) -> Option<f64> {
+    // SAFETY: the relation is locked by the query (contract); opened and closed here.
+    unsafe {
+        let rel = pg_sys::RelationIdGetRelation(relid);
+        if rel.is_null() {
+            return None;
+        }
+        let n = (*(*rel).rd_rel).reltuples;
+        pg_sys::RelationClose(rel);
+        (n > 0.0).then_some(f64::from(n))
+    }
 }
 
 /// A new temporary segment for a join table of `rows` rows, and the table's slots.
@@ -231,7 +259,7 @@ impl GpuGroupAggScan {
             let mut window = Vec::new();
             while next < h.slot_count {
                 pg_sys::check_for_interrupts!();
-                let (n, bytes) = read_window(&ran.seg, &h, next);
+                let (n, bytes) = read_window(&ran.seg, &h, next, &ran.prefix);
                 next += n;
                 window.clear();
                 ran.head.groups_in(&bytes, &mut window);
@@ -250,7 +278,7 @@ impl GpuGroupAggScan {
             }
             let table = build_table(&rows.pairs, 0).unwrap_or_else(|e| report(e));
             let tuples = rows.values.len().max(1) as u64;
-            Ok(Some(DimRows { table, values: rows.values, tuples }))
+            Ok(Some(DimRows { table, values: rows.values, tuples, pass: share(rows.total, Some(bound as f64)) }))
         })();
         cleanup::drop_now(&ran.seg);
         out
@@ -294,7 +322,7 @@ impl GpuGroupAggScan {
         let (mut rows, mut tuples, mut next, mut window) = (0u64, 0u64, 0u64, Vec::new());
         while next < h.slot_count {
             pg_sys::check_for_interrupts!();
-            let (n, bytes) = read_window(&ran.seg, &h, next);
+            let (n, bytes) = read_window(&ran.seg, &h, next, &ran.prefix);
             window.clear();
             ran.head.indexed_groups_in(&bytes, &mut window);
             for (i, (key, states)) in window.drain(..) {
@@ -329,7 +357,7 @@ impl GpuGroupAggScan {
                 Err(e) => report(e),
             }
         };
-        Ok(Some(DimRows { table, values, tuples: tuples.max(1) }))
+        Ok(Some(DimRows { table, values, tuples: tuples.max(1), pass: share(rows, Some(bound as f64)) }))
     }
 
     /// Adds a group of dimension `j`'s program (key words: its key, its grouping columns'
@@ -537,7 +565,9 @@ impl GpuGroupAggScan {
         }
         let table = build_table(&pairs, nulls)?;
         let tuples = values.len().max(1) as u64;
-        Ok(Some(DimRows { table, values, tuples }))
+        // SAFETY: a dimension of the plan, locked by the query.
+        let pass = share(pairs.len() as u64, unsafe { catalog_rows(dim.relid) });
+        Ok(Some(DimRows { table, values, tuples, pass }))
     }
 }
 
