@@ -414,12 +414,23 @@ fn attname(relation: u32, attnum: i16) -> String {
 
 /// Reads and validates a cache segment's header and column directory.
 fn read_layout(seg: &SegRef, name: &str, size: u64) -> Result<Layout> {
-    let mut head = vec![0u8; HEADER_BYTES as usize];
-    try_executor(|ex| exec::read(ex, seg, 0, &mut head))?;
-    let mut prefix = vec![0u8; Layout::prefix_len(name, &head)?.min(size) as usize];
+    // The first read takes as much as most directories need (a cache of nine columns: 416
+    // bytes), so that one request usually reads the whole prefix (in service mode each read
+    // is a round trip to the service); a longer directory is read again whole.
+    let mut prefix = vec![0u8; HEADER_BYTES.max(LAYOUT_FIRST_READ.min(size)) as usize];
     try_executor(|ex| exec::read(ex, seg, 0, &mut prefix))?;
+    let len = Layout::prefix_len(name, &prefix[..HEADER_BYTES as usize])?.min(size) as usize;
+    if len <= prefix.len() {
+        prefix.truncate(len);
+    } else {
+        prefix = vec![0u8; len];
+        try_executor(|ex| exec::read(ex, seg, 0, &mut prefix))?;
+    }
     Layout::parse(name, &prefix, size)
 }
+
+/// Bytes of a cache segment's first read for its layout ([`read_layout`]).
+const LAYOUT_FIRST_READ: u64 = 4096;
 
 /// Layouts of ready caches this process has read, by segment id (with the name and size they
 /// were read under): at most [`LAYOUTS_KEPT`], forgotten all at once when full.

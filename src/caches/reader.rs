@@ -62,6 +62,12 @@ impl Usable {
         let seg = self.dictionary(col)?;
         let (_, info) = lookup_own(seg.name())?;
         let base = read(&seg, info.size)?;
+        // No row appended yet (so none taken into a reader's tail before this read, which
+        // comes after): no row holds an added string's code, and the additions, if any (of an
+        // append that has not reserved its row yet, or aborted), need not be read.
+        if directory().is_ok_and(|d| d.tail_rows(self.entry.slot, self.entry.generation) == Some(0)) {
+            return Ok(base);
+        }
         let attnum = self.layout.columns().get(col).map(|c| c.attnum).unwrap_or(0);
         let Ok((more_seg, more_info)) = lookup_own(&more_name(self.seg.name(), attnum)) else { return Ok(base) };
         let Some(more) = read_added_strings(&more_seg, more_info.size)? else { return Ok(base) };

@@ -6,12 +6,17 @@
 
 use super::*;
 
-/// The header of the group table in `seg`.
-fn read_head(seg: &SegRef) -> Result<groups::Head> {
+/// The header of the group table in `seg`, and the bytes the same read brought: the table's
+/// start, as far as its first window ([`read_window`]) reaches, so that a small table (every
+/// SSB query's, and every dimension's) is read back in one request, not two.
+fn read_head(seg: &SegRef) -> Result<(groups::Head, Vec<u8>)> {
     let (_, info) = crate::runtime::lookup_own(seg.name())?;
-    let mut prefix = vec![0u8; groups::Head::PREFIX_BYTES.min(info.size) as usize];
+    let len = (groups::Head::PREFIX_BYTES + window_bytes()).min(info.size);
+    let mut prefix = Vec::new();
+    crate::node::fallible::try_resize(&mut prefix, len as usize, 0u8, "a group table's first window")?;
     try_executor(|ex| exec::read(ex, seg, 0, &mut prefix))?;
-    groups::Head::parse(seg.name(), &prefix, info.size)
+    let head = groups::Head::parse(seg.name(), &prefix, info.size)?;
+    Ok((head, prefix))
 }
 
 /// The planned columns `cols` by their index in the cache `u`, where it holds each with the
@@ -97,6 +102,8 @@ pub(super) unsafe fn program_filters(
 pub(super) struct Ran {
     pub(super) seg: SegRef,
     pub(super) head: groups::Head,
+    /// The table's first bytes, read with its header ([`read_head`]).
+    pub(super) prefix: Vec<u8>,
     pub(super) appended: std::collections::HashMap<Vec<u64>, Vec<(u64, u64)>>,
 }
 
@@ -148,11 +155,13 @@ pub(super) fn run_program(
         }
     }
     // The table stays in its segment (cleanup's list drops it however the statement ends).
-    let head = read_head(&seg)?;
+    let t = std::time::Instant::now();
+    let (head, prefix) = read_head(&seg)?;
+    stats.read += t.elapsed();
     let tail_rows = if scan { tail.len() } else { 0 };
     let mut appended = std::collections::HashMap::new();
     if tail_rows == 0 {
-        return Ok(Ran { seg, head, appended });
+        return Ok(Ran { seg, head, prefix, appended });
     }
     let tables: Vec<Vec<u64>> = spec.dims.iter().map(read_table).collect::<Result<_>>()?;
     let mut joins = Vec::new();
@@ -193,17 +202,24 @@ pub(super) fn run_program(
         }
     }
     appended.extend(groups::Table::parse("group table", &mut bytes).and_then(|mut t| t.groups())?);
-    Ok(Ran { seg, head, appended })
+    Ok(Ran { seg, head, prefix, appended })
 }
 
 /// The bytes of the slots of the group table in `seg` (header `h`) from slot `next` on, as
-/// many as a window holds (a quarter of `work_mem`, at least one slot), and how many.
-pub(super) fn read_window(seg: &SegRef, h: &groups::Header, next: u64) -> (u64, Vec<u8>) {
+/// many as a window holds (a quarter of `work_mem`, at least one slot), and how many: from
+/// `prefix` (the table's first bytes, [`Ran::prefix`]) where it holds them, else read.
+pub(super) fn read_window(seg: &SegRef, h: &groups::Header, next: u64, prefix: &[u8]) -> (u64, Vec<u8>) {
     let n = (window_bytes() / h.slot_bytes.max(1)).clamp(1, h.slot_count - next);
-    let mut bytes = Vec::new();
-    crate::node::fallible::try_resize(&mut bytes, (n * h.slot_bytes) as usize, 0u8, "a window of a group table")
-        .unwrap_or_else(|e| report(e));
+    let len = n * h.slot_bytes;
     let at = h.slots_at + next * h.slot_bytes;
+    let mut bytes = Vec::new();
+    if let Some(held) = prefix.get(at as usize..(at + len) as usize) {
+        crate::node::fallible::try_reserve(&mut bytes, held.len(), "a window of a group table").unwrap_or_else(|e| report(e));
+        bytes.extend_from_slice(held);
+        return (n, bytes);
+    }
+    crate::node::fallible::try_resize(&mut bytes, len as usize, 0u8, "a window of a group table")
+        .unwrap_or_else(|e| report(e));
     try_executor(|ex| exec::read(ex, seg, at as i64, &mut bytes)).unwrap_or_else(|e| report(e));
     (n, bytes)
 }
