@@ -876,8 +876,11 @@ __device__ bool scan_passes(const ScanRow &row, const u64 *filters, u64 nfilters
 // Runs the program over `blocks` blocks of up to n rows (n a power of two; block b at base +
 // b * stride, its count in its header; rows of the first block below first_row skipped) in pass `mode` (above), into
 // the group table's slots (mask + 1 of slot_words words, at `slots`; `groups` its count of
-// groups, `limit` the most it may hold).
-extern "C" __global__ void uvm_scan_groups(const u64 *prog, const u8 *base, u64 n, u64 blocks, u64 stride,
+// groups, `limit` the most it may hold). Bounded to 64 registers (__launch_bounds__: the 4
+// blocks of 256 threads per SM every launch has, all resident; unbounded it took 113, and 2
+// fitted): bench/probes/scan_kernel.py measured the star joins faster so (Q2.1 6.6 to 5.0 ms
+// on an H100 at SF 10), the one-join queries as fast.
+extern "C" __global__ void __launch_bounds__(256, 4) uvm_scan_groups(const u64 *prog, const u8 *base, u64 n, u64 blocks, u64 stride,
                                            u64 first_row, u64 *slots, u64 mask, u64 seed, u64 key_words,
                                            u64 slot_words, u64 *groups, u64 limit, u64 mode, u64 *out) {
     u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;

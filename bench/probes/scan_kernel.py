@@ -291,9 +291,9 @@ def main():
     m = s_nation[sk] // 5 == 1
     supp_am = Table(sk[m], np.zeros(m.sum()))
     sam = lookup(sk[m], np.zeros(m.sum()), nsupp)[cols["lo_suppkey"]] >= 0
+    q21_reads = ["lo_partkey", "lo_suppkey", "lo_orderdate", "lo_revenue"]
     q21 = Query("Q2.1", cache, [], [(part12, "lo_partkey"), (supp_am, "lo_suppkey"), (date_all, "lo_orderdate")], [2, 0],
-                [(3, 1, "lo_revenue", None)], 7 * 40,
-                ["lo_partkey", "lo_suppkey", "lo_orderdate", "lo_revenue"],
+                [(3, 1, "lo_revenue", None)], 7 * 40, q21_reads,
                 grouped((pb >= 0) & sam, [dyear, pb], cols["lo_revenue"]))
 
     m = c_nation[ck] // 5 == 2
@@ -305,9 +305,9 @@ def main():
     m = (years >= 1992) & (years <= 1997)
     date_9297 = Table(ymd[m], years[m])
     dy = dlook(m)[od]
+    q31_reads = ["lo_custkey", "lo_suppkey", "lo_orderdate", "lo_revenue"]
     q31 = Query("Q3.1", cache, [], [(cust_as, "lo_custkey"), (supp_as, "lo_suppkey"), (date_9297, "lo_orderdate")], [0, 1, 2],
-                [(3, 1, "lo_revenue", None)], 25 * 25 * 7,
-                ["lo_custkey", "lo_suppkey", "lo_orderdate", "lo_revenue"],
+                [(3, 1, "lo_revenue", None)], 25 * 25 * 7, q31_reads,
                 grouped((cn >= 0) & (sn >= 0) & (dy >= 0), [cn, sn, dy], cols["lo_revenue"]))
 
     m = c_nation[ck] // 5 == 1
@@ -321,7 +321,16 @@ def main():
                 [(3, 2, "lo_revenue", "lo_supplycost")], 7 * 25,
                 ["lo_custkey", "lo_suppkey", "lo_partkey", "lo_orderdate", "lo_revenue", "lo_supplycost"],
                 grouped((cna >= 0) & sam & pm, [dyear, cna], cols["lo_revenue"] - cols["lo_supplycost"]))
-    queries = [q11, q11m, q21, q31, q41]
+    # The same joins in other orders, and Q3.1 without its keys: what the join order and the
+    # grouping cost (the node orders a program's joins by the share of rows each lets pass).
+    q21d = Query("Q2.1 (date first)", cache, [], [(date_all, "lo_orderdate"), (part12, "lo_partkey"), (supp_am, "lo_suppkey")],
+                 [0, 1], [(3, 1, "lo_revenue", None)], 7 * 40, q21_reads, q21.expect)
+    q31d = Query("Q3.1 (date first)", cache, [], [(date_9297, "lo_orderdate"), (cust_as, "lo_custkey"), (supp_as, "lo_suppkey")],
+                 [1, 2, 0], [(3, 1, "lo_revenue", None)], 25 * 25 * 7, q31_reads, q31.expect)
+    q31n = Query("Q3.1 (no keys)", cache, [], [(cust_as, "lo_custkey"), (supp_as, "lo_suppkey"), (date_9297, "lo_orderdate")], [],
+                 [(3, 1, "lo_revenue", None)], 1, q31_reads,
+                 grouped((cn >= 0) & (sn >= 0) & (dy >= 0), [], cols["lo_revenue"]))
+    queries = [q11, q11m, q21, q21d, q31, q31d, q31n, q41]
     print(f"# SF {a.sf}: {rows} rows, cache {cache.buf.nbytes / 1e6:.0f} MB; data and references in "
           f"{time.perf_counter() - t0:.1f} s; {dev.compute_capability}, {sms} SMs, grid {grid} x {THREADS}")
 

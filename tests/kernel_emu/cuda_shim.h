@@ -11,6 +11,7 @@
 #define __device__
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
 
 struct Dim3 { unsigned int x; };
 extern Dim3 threadIdx, blockIdx, blockDim, gridDim;
