@@ -547,7 +547,17 @@ __device__ __forceinline__ bool scan_col(const ScanRow &row, u64 c, u64 *w) {
     return true;
 }
 
+// Whether this thread has met an error (scan_error): what a scan checks after each filter and
+// each row, in shared memory, not out[2] (a volatile load from L2 per row and per filter,
+// which the rows' dependent loads waited on); other threads' errors stop it at the periodic
+// check of the outcome words. Cleared by each scan kernel at its start (scan_begin).
+__shared__ unsigned char scan_err[1024];
+
+__device__ __forceinline__ void scan_begin() { scan_err[threadIdx.x] = 0; }
+__device__ __forceinline__ bool scan_failed() { return scan_err[threadIdx.x] != 0; }
+
 __device__ __forceinline__ void scan_error(u64 *out, u64 code) {
+    scan_err[threadIdx.x] = 1;
     if (vload(&out[2]) == 0ull) atomicCAS(&out[2], 0ull, code);
 }
 
@@ -867,7 +877,7 @@ __device__ bool scan_passes(const ScanRow &row, const u64 *filters, u64 nfilters
         }
         if (!clause) {
             clause = scan_filter(row, fw, data, data_bytes, steps, nsteps, out);
-            if (vload(&out[2]) != 0ull) return false;
+            if (scan_failed()) return false;
         }
     }
     return clause;
@@ -884,6 +894,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) uvm_scan_groups(const u64 *
                                            u64 first_row, u64 *slots, u64 mask, u64 seed, u64 key_words,
                                            u64 slot_words, u64 *groups, u64 limit, u64 mode, u64 *out) {
     u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    scan_begin();
     u64 gstride = (u64)gridDim.x * blockDim.x;
     u64 nfilters = prog[0], njoins = prog[1], nkeys = prog[2], naggs = prog[3];
     u64 nsteps = prog[5], data_bytes = prog[6];
@@ -918,7 +929,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) uvm_scan_groups(const u64 *
         row.block = base + off;
         row.r = r;
         bool pass = scan_passes(row, filters, nfilters, data, data_bytes, steps, nsteps, out);
-        if (vload(&out[2]) != 0ull) return;
+        if (scan_failed()) return;
         if (!pass) continue;
         bool dropped = false;
         // The joins' first matches (none: the row is dropped).
@@ -1029,6 +1040,7 @@ extern "C" __global__ void uvm_scan_build(const u64 *prog, const u8 *base, u64 n
                                           u64 mask, u64 seed, u64 key_words, u64 slot_words, u64 key_col,
                                           Slot *tslots, u64 tmask, u64 tseed, u64 limit, u64 *out) {
     u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    scan_begin();
     u64 gstride = (u64)gridDim.x * blockDim.x;
     u64 nfilters = prog[0], njoins = prog[1], nkeys = prog[2], naggs = prog[3];
     u64 nsteps = prog[5], data_bytes = prog[6];
@@ -1058,7 +1070,7 @@ extern "C" __global__ void uvm_scan_build(const u64 *prog, const u8 *base, u64 n
         row.block = base + off;
         row.r = r;
         bool pass = scan_passes(row, filters, nfilters, data, data_bytes, steps, nsteps, out);
-        if (vload(&out[2]) != 0ull) return;
+        if (scan_failed()) return;
         u64 kw;
         if (!pass || !scan_col(row, key_col, &kw)) continue;
         u64 key[SCAN_MAX_KEY_WORDS];

@@ -12,6 +12,7 @@
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
+#define __shared__ static
 
 struct Dim3 { unsigned int x; };
 extern Dim3 threadIdx, blockIdx, blockDim, gridDim;
