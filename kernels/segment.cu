@@ -716,7 +716,7 @@ __device__ bool scan_filter(const ScanRow &row, const u64 *f, const u8 *data, u6
 // The next match of join j's key k after slot *i (first: from its home slot), at most
 // `bound` steps from home in all (*steps counts them); false where none is left. A walk that
 // reaches its bound without an empty slot counts in out[5].
-__device__ bool scan_match(const u64 *join, long long k, bool first, u64 *i, u64 *steps, u64 *out) {
+__device__ __forceinline__ bool scan_match(const u64 *join, long long k, bool first, u64 *i, u64 *steps, u64 *out) {
     const Slot *slots = (const Slot *)join[1];
     u64 mask = join[2], bound = join[4];
     u64 t = mix((u64)k ^ join[3]) | 1ull;
@@ -931,6 +931,20 @@ extern "C" __global__ void __launch_bounds__(256, 4) uvm_scan_groups(const u64 *
         bool pass = scan_passes(row, filters, nfilters, data, data_bytes, steps, nsteps, out);
         if (scan_failed()) return;
         if (!pass) continue;
+        // Whether every join matches, first, keeping nothing: most rows fail a join, and the
+        // arrays below live in local memory (indexed by join), whose stores for every row
+        // were a third of the kernel's memory requests (ncu, Q3.1 at SF 10). A row that
+        // passes probes its joins again, below (a corrupted walk counts in out[5] twice:
+        // only whether it is 0 is read).
+        bool joined = true;
+        for (u64 j = 0; j < njoins; j++) {
+            u64 w, at, steps;
+            if (!scan_col(row, joins[5 * j], &w) || !scan_match(joins + 5 * j, (long long)w, true, &at, &steps, out)) {
+                joined = false;
+                break;
+            }
+        }
+        if (!joined) continue;
         bool dropped = false;
         // The joins' first matches (none: the row is dropped).
         long long jk[SCAN_MAX_JOINS];

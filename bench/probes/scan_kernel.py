@@ -215,6 +215,7 @@ def main():
     ap.add_argument("--sf", type=int, default=10)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--per-sm", type=int, default=4, help="blocks of 256 threads per SM (the extension's: 4)")
+    ap.add_argument("--queries", default="", help="the queries to run, by name, comma-separated (default: all)")
     ap.add_argument("versions", nargs="+")
     a = ap.parse_args()
     dev = cp.cuda.Device(0)
@@ -331,6 +332,8 @@ def main():
                  [(3, 1, "lo_revenue", None)], 1, q31_reads,
                  grouped((cn >= 0) & (sn >= 0) & (dy >= 0), [], cols["lo_revenue"]))
     queries = [q11, q11m, q21, q21d, q31, q31d, q31n, q41]
+    if a.queries:
+        queries = [q for q in queries if q.name in a.queries.split(",")]
     print(f"# SF {a.sf}: {rows} rows, cache {cache.buf.nbytes / 1e6:.0f} MB; data and references in "
           f"{time.perf_counter() - t0:.1f} s; {dev.compute_capability}, {sms} SMs, grid {grid} x {THREADS}")
 
