@@ -101,13 +101,16 @@
 //!   grouping values), keeping those values (text copied) in a context of its own: from a
 //!   program over the dimension's own cache where the plan holds one and that cache is current
 //!   for the snapshot too, else by draining the dimension's plan (`run/dims.rs`; `EXPLAIN
-//!   ANALYZE`'s `Dimensions Read From` says which, and why a planned cache was not read); runs the program (`exec::scan_groups`)
+//!   ANALYZE`'s `Dimensions Read From` says which, and why a planned cache was not read); puts
+//!   the joins in the order of the rows they let pass, fewest first (the share of each
+//!   dimension's rows in its join table; `Join Order`); runs the program (`exec::scan_groups`)
 //!   into a temporary group table, growing it into a segment of twice the slots whenever the
 //!   program stops full (`exec::groups_grow`); folds the rows that inserts appended to the
 //!   cache and the snapshot sees (`caches::visible_tail`, by the same program's
 //!   [`crate::scan::fold_row`] over the join tables read back) into a table of their own; and
 //!   returns one row per group, reading the group table's slots a window at a time (a quarter
-//!   of `work_mem`, 64 kB to 8 MB), combining into each group the appended rows' states of its
+//!   of `work_mem`, 64 kB to 8 MB; the first window comes with the table's header, in the
+//!   same read), combining into each group the appended rows' states of its
 //!   key, then the appended rows' groups no slot had: the scan tuple is the grouping columns
 //!   (a fact key's word as a datum, a dimension's value by its payload) then the aggregates,
 //!   and the node's target list (the query's expressions over them) is projected from it. The temporary segments are dropped
