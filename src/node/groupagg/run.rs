@@ -160,11 +160,7 @@ impl GpuGroupAggScan {
         let spec = Spec {
             dims: if empty { Vec::new() } else { dim_tables },
             filters,
-            joins: if empty {
-                Vec::new()
-            } else {
-                order.iter().map(|&j| (at(&self.shape.dims[j].fact_col), j)).collect()
-            },
+            joins: if empty { Vec::new() } else { order.iter().map(|&j| (at(&self.shape.dims[j].fact_col), j)).collect() },
             keys,
             aggs: aggs.clone(),
         };
@@ -775,8 +771,12 @@ impl JoinScan for GpuGroupAggScan {
                             prop(c"Dimensions Read From", &from.join(", "));
                         }
                         if self.stats.join_order.len() > 1 {
-                            let order: Vec<&str> =
-                                self.stats.join_order.iter().filter_map(|&j| self.dim_names.get(j).map(|d| d.0.as_str())).collect();
+                            let order: Vec<&str> = self
+                                .stats
+                                .join_order
+                                .iter()
+                                .filter_map(|&j| self.dim_names.get(j).map(|d| d.0.as_str()))
+                                .collect();
                             prop(c"Join Order", &order.join(", "));
                         }
                         let int =

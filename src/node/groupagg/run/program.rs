@@ -218,8 +218,7 @@ pub(super) fn read_window(seg: &SegRef, h: &groups::Header, next: u64, prefix: &
         bytes.extend_from_slice(held);
         return (n, bytes);
     }
-    crate::node::fallible::try_resize(&mut bytes, len as usize, 0u8, "a window of a group table")
-        .unwrap_or_else(|e| report(e));
+    crate::node::fallible::try_resize(&mut bytes, len as usize, 0u8, "a window of a group table").unwrap_or_else(|e| report(e));
     try_executor(|ex| exec::read(ex, seg, at as i64, &mut bytes)).unwrap_or_else(|e| report(e));
     (n, bytes)
 }
