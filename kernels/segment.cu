@@ -938,8 +938,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) uvm_scan_groups(const u64 *
         // only whether it is 0 is read).
         bool joined = true;
         for (u64 j = 0; j < njoins; j++) {
-            u64 w, at, steps;
-            if (!scan_col(row, joins[5 * j], &w) || !scan_match(joins + 5 * j, (long long)w, true, &at, &steps, out)) {
+            u64 w, at, walked;
+            if (!scan_col(row, joins[5 * j], &w) || !scan_match(joins + 5 * j, (long long)w, true, &at, &walked, out)) {
                 joined = false;
                 break;
             }

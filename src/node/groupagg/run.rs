@@ -230,6 +230,8 @@ impl GpuGroupAggScan {
                 let seg = g.seg.expect("the group table, until read");
                 let t = std::time::Instant::now();
                 let (n, bytes) = read_window(&seg, &h, g.next_slot, &g.prefix);
+                // (the prefix holds the first window at most: its memory goes with it)
+                g.prefix = Vec::new();
                 self.stats.read += t.elapsed();
                 g.next_slot += n;
                 let mut window = Vec::new();
