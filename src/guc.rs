@@ -70,6 +70,7 @@ pub static PIN_WAIT_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000)
 pub static MAP_HOST_TIER: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static ENABLE_CACHE: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static ENABLE_GPUGROUPAGG: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static ENABLE_ASYNC_DIMENSIONS: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static CACHE_REFRESH_DELAY_MS: GucSetting<i32> = GucSetting::<i32>::new(-1);
 pub static CACHE_APPEND_ROWS: GucSetting<i32> = GucSetting::<i32>::new(1 << 20);
 pub static TEST_ALLOC_LIMIT_KB: GucSetting<i32> = GucSetting::<i32>::new(-1);
@@ -209,6 +210,14 @@ pub fn define() {
         c"Whether the planner may compute GROUP BY and aggregates of a table from its column cache (the UvmGpuGroupAgg node).",
         c"on (the default): offered where a ready cache holds every column the query level reads and the query is one the node computes; off: never.",
         &ENABLE_GPUGROUPAGG,
+        GucContext::Userset,
+        GucFlags::empty(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_uvm_share.enable_async_dimensions",
+        c"Whether UvmGpuGroupAgg begins its cached dimensions' programs together (as enable_async_append lets an Append's children run at once).",
+        c"on (the default): every cached dimension's scan is started before the first one's rows are gathered, so that in the GPU service they run at once; off: one after another.",
+        &ENABLE_ASYNC_DIMENSIONS,
         GucContext::Userset,
         GucFlags::empty(),
     );

@@ -8,7 +8,7 @@ use super::*;
 mod dims;
 mod program;
 use dims::{DimFrom, DimRows};
-use program::{cache_index, index_of, program_filters, read_window, run_program, Ran};
+use program::{begin_program, cache_index, finish_program, index_of, program_filters, read_window, run_program, Begun, Ran};
 
 /// Where an execution's rows came from (EXPLAIN ANALYZE's `Read From`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,11 +134,29 @@ impl GpuGroupAggScan {
         let t = std::time::Instant::now();
         let mut dims_from = Vec::new();
         let mut budget = dims::Budget::new();
+        // The cached dimensions' programs begun together (their scans overlap in the GPU
+        // service; `enable_async_dimensions`), then each dimension's rows gathered in turn.
+        let together = crate::guc::ENABLE_ASYNC_DIMENSIONS.get();
+        let mut started: Vec<_> = (0..self.dims.len())
+            // SAFETY: forwarded contract; the dimensions' plans, initialized in begin.
+            .map(|j| if together { unsafe { self.start_dim(node, j, snap) } } else { None })
+            .collect();
         for j in 0..self.dims.len() {
-            // SAFETY: forwarded contract; the dimension's plan, initialized in begin.
-            let (d, from) = unsafe { self.dim_rows(node, j, snap, &mut budget) }?;
-            self.drained.push(d);
-            dims_from.push(from);
+            // SAFETY: as above.
+            let start = if together { started[j].take() } else { unsafe { self.start_dim(node, j, snap) } };
+            // SAFETY: as above.
+            match unsafe { self.dim_rows(j, &mut budget, start) } {
+                Ok((d, from)) => {
+                    self.drained.push(d);
+                    dims_from.push(from);
+                }
+                Err(why) => {
+                    // (the programs still running are waited for: their tables are dropped
+                    // with the statement's temporary segments)
+                    dims::settle(started);
+                    return Err(why);
+                }
+            }
         }
         let dims_time = t.elapsed();
         let empty = self.drained.iter().any(|d| d.table.is_none());

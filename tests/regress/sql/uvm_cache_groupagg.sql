@@ -360,6 +360,25 @@ SELECT uvm.cache_table('gw') AS gw_cached;
 SELECT pg_temp.ga('SELECT gw.tag, count(*), sum(ga.v) FROM ga, gw WHERE ga.id = gw.k GROUP BY gw.tag');
 SELECT pg_temp.ga('SELECT gw.tag, count(*), sum(ga.v) FROM ga, gw WHERE ga.id = gw.k AND gw.k < 2000 GROUP BY gw.tag');
 SELECT pg_temp.ga('SELECT gw.u, count(*), sum(ga.v) FROM ga, gw WHERE ga.id = gw.k GROUP BY gw.u');
+-- two cached dimensions, their programs begun together: one's grouping values past the budget
+-- make the child answer while the other's program may still run (waited for, its table
+-- dropped with the statement: temporary_segments_left at the end), in either order
+CREATE TABLE gx (k int4, grp int4);
+INSERT INTO gx SELECT i, i % 3 FROM generate_series(0, 99) i;
+ANALYZE gx;
+SELECT uvm.cache_table('gx') AS gx_cached;
+SELECT pg_temp.ga('SELECT gx.grp, count(*) FROM ga, gx WHERE ga.a = gx.k GROUP BY gx.grp');
+SELECT pg_temp.ga('SELECT gw.u, gx.grp, count(*) FROM ga, gw, gx WHERE ga.id = gw.k AND ga.a = gx.k GROUP BY gw.u, gx.grp');
+SELECT pg_temp.ga('SELECT gx.grp, gw.u, count(*) FROM ga, gx, gw WHERE ga.a = gx.k AND ga.id = gw.k GROUP BY gx.grp, gw.u');
+-- within the budget, begun together and one after another (enable_async_dimensions)
+SELECT pg_temp.ga('SELECT gw.tag, gx.grp, count(*), sum(ga.v) FROM ga, gw, gx WHERE ga.id = gw.k AND ga.a = gx.k GROUP BY gw.tag, gx.grp');
+SET pg_uvm_share.enable_async_dimensions = off;
+SELECT pg_temp.ga('SELECT gw.tag, gx.grp, count(*), sum(ga.v) FROM ga, gw, gx WHERE ga.id = gw.k AND ga.a = gx.k GROUP BY gw.tag, gx.grp');
+SELECT pg_temp.ga('SELECT gw.u, gx.grp, count(*) FROM ga, gw, gx WHERE ga.id = gw.k AND ga.a = gx.k GROUP BY gw.u, gx.grp');
+RESET pg_uvm_share.enable_async_dimensions;
+SELECT count(*) AS temporary_segments_now FROM uvm.segments WHERE name LIKE 'pg_temp_gpujoin_%';
+SELECT uvm.cache_drop('gx') AS gx_dropped;
+DROP TABLE gx;
 RESET work_mem;
 SELECT pg_temp.ga('SELECT gw.tag, count(*), sum(ga.v) FROM ga, gw WHERE ga.id = gw.k GROUP BY gw.tag');
 SELECT uvm.cache_drop('gw') AS gw_dropped;

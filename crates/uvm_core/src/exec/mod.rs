@@ -515,15 +515,38 @@ pub fn scan_groups(
     start: (u64, u64),
     max_groups: u64,
 ) -> Result<(crate::scan::Progress, std::time::Duration)> {
+    scan_groups_start(ex, cache, groups, spec, start, max_groups)?.wait()
+}
+
+/// [`scan_groups`] started: in the GPU service it runs while the caller goes on (a star join
+/// starts its dimensions' programs together), elsewhere it has run already.
+pub fn scan_groups_start(
+    ex: &mut dyn Executor,
+    cache: &SegRef,
+    groups: &SegRef,
+    spec: &scan::Spec,
+    start: (u64, u64),
+    max_groups: u64,
+) -> Result<ScanGroupsPending> {
     let bytes = program_bytes(ex, spec)?;
     let o = ops::ScanGroups { cache: *cache, groups: *groups, start_block: start.0, start_row: start.1, max_groups };
-    let (r, _) = call(ex, &o, Io::In(&bytes))?;
-    let progress = if r.full == 0 {
-        crate::scan::Progress::Done
-    } else {
-        crate::scan::Progress::Full { block: r.block, row: r.row, slots: r.slots }
-    };
-    Ok((progress, std::time::Duration::from_nanos(r.scan_ns)))
+    self::start(ex, &o, &bytes).map(ScanGroupsPending)
+}
+
+/// A started [`scan_groups`].
+pub struct ScanGroupsPending(Pending<ops::ScannedGroups>);
+
+impl ScanGroupsPending {
+    /// Waits for it: where the program stopped, and the scanning's own time.
+    pub fn wait(self) -> Result<(crate::scan::Progress, std::time::Duration)> {
+        let r = self.0.wait()?;
+        let progress = if r.full == 0 {
+            crate::scan::Progress::Done
+        } else {
+            crate::scan::Progress::Full { block: r.block, row: r.row, slots: r.slots }
+        };
+        Ok((progress, std::time::Duration::from_nanos(r.scan_ns)))
+    }
 }
 
 /// Inserts the pairs of a dimension's rows in the cache `cache` that pass `spec`'s filters into

@@ -21,6 +21,13 @@
 //! where the cache is not current, lacks a planned column, was dropped meanwhile, or the
 //! engine runs no programs.
 //!
+//! The cached dimensions' programs are begun together before any dimension's rows are
+//! gathered ([`GpuGroupAggScan::start_dim`]: each one's group table made and its scan
+//! started), so that in the GPU service their scans run at once on its executor threads
+//! while the node prepares the next; each is then finished in turn, in the dimensions'
+//! order. A node that falls back to its child meanwhile waits for those still running
+//! ([`settle`]); their tables go with the statement's temporary segments.
+//!
 //! What the dimensions hold in the backend while their tables are built (a plan's pairs, a
 //! cache's pairs where they are read back, and the distinct grouping values of either) may
 //! take `work_mem` × `hash_mem_multiplier` together ([`Budget`]), as PostgreSQL's hash joins'
@@ -107,6 +114,40 @@ unsafe fn catalog_rows(relid: pg_sys::Oid) -> Option<f64> {
     }
 }
 
+/// A cached dimension's program as [`GpuGroupAggScan::start_dim`] left it: its cache, the
+/// planned columns' places in it, the appended rows the snapshot sees, the program and its
+/// table's first shape, and, where the join table is built in place (no appended rows), the
+/// run begun.
+pub(super) struct DimStart {
+    u: caches::Usable,
+    index: Vec<(Col, usize)>,
+    tail: crate::cache::tail::TailRows,
+    spec: Spec,
+    shape: groups::Shape,
+    begun: Option<Begun>,
+}
+
+/// Waits for the programs [`GpuGroupAggScan::start_dim`] began that no dimension took (the
+/// node falls back to its child).
+pub(super) fn settle(started: Vec<Option<std::result::Result<DimStart, &'static str>>>) {
+    for s in started.into_iter().flatten().flatten() {
+        if let Some(b) = s.begun {
+            b.settle();
+        }
+    }
+}
+
+/// Why a dimension's program could not run (its plan answers), for the errors that mean so: a
+/// cache dropped before the program pinned it, an engine without scan programs. Any other
+/// error is raised.
+fn program_failed(e: UvmError) -> &'static str {
+    match e.code {
+        Code::UndefinedObject => "the cache was dropped",
+        Code::FeatureNotSupported => "the engine runs no scan programs",
+        _ => report(e),
+    }
+}
+
 /// A new temporary segment for a join table of `rows` rows, and the table's slots.
 fn new_table(rows: u64) -> Result<(SegRef, u64)> {
     let size = crate::gpujoin::table::table_bytes(rows).min(i64::MAX as u64) as i64;
@@ -151,28 +192,27 @@ fn build_by_program(u: &caches::Usable, groups: &SegRef, spec: &Spec, key_col: u
 }
 
 impl GpuGroupAggScan {
-    /// Dimension `j`'s rows: from its cache where it can, else from its plan; `Err` where they
-    /// outgrow `budget` (the node must read its child).
+    /// Dimension `j`'s rows: from its cache where [`Self::start_dim`] found it current
+    /// (`started`: what it left; `None` for a dimension without a cached program), else from
+    /// its plan; `Err` where they outgrow `budget` (the node must read its child).
     ///
     /// # Safety
-    /// `node` is this node's executor state, `snap` the query's snapshot; the dimension's plan
-    /// was initialized in begin; the node's values context is live.
+    /// The dimension's plan was initialized in begin; the node's values context is live.
     pub(super) unsafe fn dim_rows(
         &mut self,
-        node: *mut pg_sys::CustomScanState,
         j: usize,
-        snap: pg_sys::Snapshot,
         budget: &mut Budget,
+        started: Option<std::result::Result<DimStart, &'static str>>,
     ) -> std::result::Result<(DimRows, DimFrom), &'static str> {
-        let why = if self.shape.dims[j].cached.is_some() {
+        let why = match started {
             // SAFETY: forwarded contract.
-            match unsafe { self.read_dim_cache(node, j, snap, budget) } {
+            Some(Ok(start)) => match unsafe { self.read_dim_cache(j, budget, start) } {
                 Ok(Some(d)) => return Ok((d, DimFrom::Cache)),
                 Ok(None) => return Err(OVER_BUDGET),
                 Err(why) => Some(why),
-            }
-        } else {
-            None
+            },
+            Some(Err(why)) => Some(why),
+            None => None,
         };
         // SAFETY: forwarded contract.
         match unsafe { self.drain(j, budget) }.unwrap_or_else(|e| report(e)) {
@@ -181,64 +221,94 @@ impl GpuGroupAggScan {
         }
     }
 
+    /// Dimension `j`'s program over its own cache, prepared and, where its join table is built
+    /// in place, begun ([`begin_program`]: in the GPU service its scan runs while the node
+    /// prepares the next dimension's, so that the dimensions' scans overlap); `None` for a
+    /// dimension without a cached program, `Err` for why its plan must run.
+    ///
+    /// # Safety
+    /// `node` is this node's executor state, `snap` the query's snapshot; the dimension's plan
+    /// was initialized in begin.
+    pub(super) unsafe fn start_dim(
+        &self,
+        node: *mut pg_sys::CustomScanState,
+        j: usize,
+        snap: pg_sys::Snapshot,
+    ) -> Option<std::result::Result<DimStart, &'static str>> {
+        let dim = &self.shape.dims[j];
+        let dc = dim.cached.as_ref()?;
+        Some((|| {
+            let Some(u) = caches::usable_in_query(dim.relid, snap).unwrap_or_else(|e| report(e)) else {
+                return Err("the table has no cache current for the query's snapshot");
+            };
+            let index = cache_index(&u, &dc.columns())?;
+            let at = |c: &Col| index_of(&index, c);
+            // SAFETY: the query's snapshot, live while it runs.
+            let Some(tail) = (unsafe { caches::visible_tail(&u, snap) }).unwrap_or_else(|e| report(e)) else {
+                return Err("the cache holds appended rows this snapshot cannot place");
+            };
+            // Its rows with a key (NULL joins nothing) that pass its conditions, by their
+            // grouping columns (built in place) or by (key, grouping columns) (read back),
+            // counted.
+            let in_place = tail.is_empty();
+            let mut filters = vec![Filter::and(at(&dc.key), Test::Range { lo: i64::MIN, hi: i64::MAX })];
+            // SAFETY: forwarded contract; the dimension's own conditions of the plan.
+            filters.extend(unsafe { program_filters(node, &u, &dc.filters, &dc.compares, &self.shape.texts, &at) }?);
+            let by = dc.groups.iter().copied();
+            let keys: Vec<Source> = if in_place {
+                by.map(|c| Source::Col(at(&c))).collect()
+            } else {
+                std::iter::once(dc.key).chain(by).map(|c| Source::Col(at(&c))).collect()
+            };
+            let aggs = vec![(AggKind::CountStar, Input::Star)];
+            // (the plan's estimate of its rows as the first size; of its distinct grouping
+            // values, at most FIRST_TUPLES: the table grows if they are more)
+            // SAFETY: the dimension's plan state, initialized in begin.
+            let estimate = unsafe { (*(*self.dims[j]).plan).plan_rows }.max(1.0) as u64;
+            let first = match (in_place, dc.groups.is_empty()) {
+                (true, true) => 1,
+                (true, false) => estimate.clamp(MIN_GROUPS, FIRST_TUPLES),
+                (false, _) => estimate.clamp(MIN_GROUPS, MAX_FIRST_GROUPS),
+            };
+            let shape = groups::Shape {
+                key_words: keys.len() as u16 + 1,
+                aggs: vec![AggKind::CountStar],
+                slot_count: groups::Shape::slots_for(first),
+            };
+            let spec = Spec { dims: Vec::new(), filters, joins: Vec::new(), keys, aggs };
+            let begun = if in_place {
+                match begin_program(&u, &spec, shape.clone(), true, 0, &mut Stats::default()) {
+                    Ok(b) => Some(b),
+                    Err(e) => return Err(program_failed(e)),
+                }
+            } else {
+                None
+            };
+            Ok(DimStart { u, index, tail, spec, shape, begun })
+        })())
+    }
+
     /// Dimension `j`'s rows from its cache (the module comment; `None` where they outgrow
-    /// `budget`), or why its plan must run.
+    /// `budget`), its program started by [`Self::start_dim`], or why its plan must run.
     ///
     /// # Safety
     /// As [`Self::dim_rows`]; the dimension has a cached program.
     unsafe fn read_dim_cache(
         &mut self,
-        node: *mut pg_sys::CustomScanState,
         j: usize,
-        snap: pg_sys::Snapshot,
         budget: &mut Budget,
+        start: DimStart,
     ) -> std::result::Result<Option<DimRows>, &'static str> {
-        let dim = &self.shape.dims[j];
-        let dc = dim.cached.as_ref().expect("a dimension with a cached program");
-        let Some(u) = caches::usable_in_query(dim.relid, snap).unwrap_or_else(|e| report(e)) else {
-            return Err("the table has no cache current for the query's snapshot");
-        };
-        let index = cache_index(&u, &dc.columns())?;
+        let dc = self.shape.dims[j].cached.as_ref().expect("a dimension with a cached program");
+        let DimStart { u, index, tail, spec, shape, begun } = start;
         let at = |c: &Col| index_of(&index, c);
-        // SAFETY: the query's snapshot, live while it runs.
-        let Some(tail) = (unsafe { caches::visible_tail(&u, snap) }).unwrap_or_else(|e| report(e)) else {
-            return Err("the cache holds appended rows this snapshot cannot place");
-        };
-        // Its rows with a key (NULL joins nothing) that pass its conditions, by their grouping
-        // columns (built in place) or by (key, grouping columns) (read back), counted.
-        let in_place = tail.is_empty();
-        let mut filters = vec![Filter::and(at(&dc.key), Test::Range { lo: i64::MIN, hi: i64::MAX })];
-        // SAFETY: forwarded contract; the dimension's own conditions of the plan.
-        filters.extend(unsafe { program_filters(node, &u, &dc.filters, &dc.compares, &self.shape.texts, &at) }?);
-        let by = dc.groups.iter().copied();
-        let keys: Vec<Source> = if in_place {
-            by.map(|c| Source::Col(at(&c))).collect()
-        } else {
-            std::iter::once(dc.key).chain(by).map(|c| Source::Col(at(&c))).collect()
-        };
-        let aggs = vec![(AggKind::CountStar, Input::Star)];
-        // (the plan's estimate of its rows as the first size; of its distinct grouping values,
-        // at most FIRST_TUPLES: the table grows if they are more)
-        // SAFETY: the dimension's plan state, initialized in begin.
-        let estimate = unsafe { (*(*self.dims[j]).plan).plan_rows }.max(1.0) as u64;
-        let first = match (in_place, dc.groups.is_empty()) {
-            (true, true) => 1,
-            (true, false) => estimate.clamp(MIN_GROUPS, FIRST_TUPLES),
-            (false, _) => estimate.clamp(MIN_GROUPS, MAX_FIRST_GROUPS),
-        };
-        let shape = groups::Shape {
-            key_words: keys.len() as u16 + 1,
-            aggs: vec![AggKind::CountStar],
-            slot_count: groups::Shape::slots_for(first),
-        };
-        let spec = Spec { dims: Vec::new(), filters, joins: Vec::new(), keys, aggs };
+        let in_place = begun.is_some();
         let mut stats = Stats::default();
-        let ran = match run_program(&u, &tail, &spec, shape, true, 0, &mut stats) {
-            Ok(x) => x,
-            Err(e) if e.code == Code::UndefinedObject => return Err("the cache was dropped"),
-            Err(e) if e.code == Code::FeatureNotSupported => return Err("the engine runs no scan programs"),
-            Err(e) => report(e),
+        let ran = match begun {
+            Some(b) => finish_program(&u, &tail, &spec, b, 0, &mut stats),
+            None => run_program(&u, &tail, &spec, shape, true, 0, &mut stats),
         };
+        let ran = ran.map_err(program_failed)?;
         if in_place {
             // SAFETY: forwarded contract.
             let out = unsafe { self.build_in_place(j, &u, &index, &ran, &spec, budget) };

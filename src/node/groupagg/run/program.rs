@@ -107,6 +107,58 @@ pub(super) struct Ran {
     pub(super) appended: std::collections::HashMap<Vec<u64>, Vec<(u64, u64)>>,
 }
 
+/// A program's run begun ([`begin_program`]): its first group table, and its first scan
+/// request in flight (none where it does not scan).
+pub(super) struct Begun {
+    seg: SegRef,
+    shape: groups::Shape,
+    first: Option<exec::ScanGroupsPending>,
+}
+
+impl Begun {
+    /// Waits for its scan, if one is in flight, ignoring how it ended (a node falling back to
+    /// its child: the table goes with the statement's temporary segments).
+    pub(super) fn settle(self) {
+        if let Some(p) = self.first {
+            let _ = p.wait();
+        }
+    }
+}
+
+/// A new temporary group table of `shape`.
+fn new_groups(shape: &groups::Shape) -> Result<SegRef> {
+    let bytes = shape.bytes().min(i64::MAX as u64) as i64;
+    cleanup::try_create("groups", |name| {
+        try_executor(|ex| exec::create(ex, name, bytes, Some(bytes), TierPref::Auto, current_user(), now()))
+    })
+}
+
+/// Begins [`run_program`]: makes its group table of `shape` (its header and empty slots
+/// written) and starts the scan over the cache `u`, which runs in the GPU service while the
+/// caller goes on (a star join begins its dimensions' programs together, then finishes each:
+/// their scans overlap) and has run already elsewhere. `scan` false: no scan, an empty table.
+pub(super) fn begin_program(
+    u: &caches::Usable,
+    spec: &Spec,
+    shape: groups::Shape,
+    scan: bool,
+    max_groups: u64,
+    stats: &mut Stats,
+) -> Result<Begun> {
+    let t = std::time::Instant::now();
+    let seg = new_groups(&shape)?;
+    {
+        let mut init = Vec::new();
+        crate::node::fallible::try_resize(&mut init, shape.bytes() as usize, 0u8, "a group table")?;
+        groups::init(&mut init, &shape, 0x5eed)?;
+        try_executor(|ex| exec::write(ex, &seg, 0, &init))?;
+    }
+    stats.setup += t.elapsed();
+    let first =
+        if scan { Some(try_executor(|ex| exec::scan_groups_start(ex, &u.seg, &seg, spec, (0, 0), max_groups))?) } else { None };
+    Ok(Begun { seg, shape, first })
+}
+
 /// Runs `spec` over the cache `u` and its visible appended rows `tail` into a new temporary
 /// group table of `shape`, growing it into a segment of more slots whenever the program stops
 /// full (`exec::groups_grow`); where `scan` is false, the table stays empty (a dimension
@@ -117,36 +169,40 @@ pub(super) fn run_program(
     u: &caches::Usable,
     tail: &crate::cache::tail::TailRows,
     spec: &Spec,
-    mut shape: groups::Shape,
+    shape: groups::Shape,
     scan: bool,
     max_groups: u64,
     stats: &mut Stats,
 ) -> Result<Ran> {
-    let create = |shape: &groups::Shape| -> Result<SegRef> {
-        let bytes = shape.bytes().min(i64::MAX as u64) as i64;
-        cleanup::try_create("groups", |name| {
-            try_executor(|ex| exec::create(ex, name, bytes, Some(bytes), TierPref::Auto, current_user(), now()))
-        })
-    };
-    let t = std::time::Instant::now();
-    let mut seg = create(&shape)?;
-    {
-        let mut init = Vec::new();
-        crate::node::fallible::try_resize(&mut init, shape.bytes() as usize, 0u8, "a group table")?;
-        groups::init(&mut init, &shape, 0x5eed)?;
-        try_executor(|ex| exec::write(ex, &seg, 0, &init))?;
-    }
-    stats.setup += t.elapsed();
+    let begun = begin_program(u, spec, shape, scan, max_groups, stats)?;
+    finish_program(u, tail, spec, begun, max_groups, stats)
+}
+
+/// Ends [`begin_program`]'s run: waits for its scan, and grows the table and resumes the scan
+/// until it is done; then reads the table's header back and folds the appended rows.
+pub(super) fn finish_program(
+    u: &caches::Usable,
+    tail: &crate::cache::tail::TailRows,
+    spec: &Spec,
+    begun: Begun,
+    max_groups: u64,
+    stats: &mut Stats,
+) -> Result<Ran> {
+    let Begun { mut seg, mut shape, mut first } = begun;
+    let scan = first.is_some();
     let (mut start, mut done) = ((0, 0), !scan);
     while !done {
         let t = std::time::Instant::now();
-        let (progress, scanning) = try_executor(|ex| exec::scan_groups(ex, &u.seg, &seg, spec, start, max_groups))?;
+        let (progress, scanning) = match first.take() {
+            Some(p) => p.wait()?,
+            None => try_executor(|ex| exec::scan_groups(ex, &u.seg, &seg, spec, start, max_groups))?,
+        };
         stats.scan += t.elapsed();
         stats.scanning += scanning;
         match progress {
             Progress::Done => done = true,
             Progress::Full { block, row, slots } => {
-                let next = create(&shape.with_slots(slots))?;
+                let next = new_groups(&shape.with_slots(slots))?;
                 try_executor(|ex| exec::groups_grow(ex, &seg, &next, slots))?;
                 cleanup::drop_now(&seg);
                 (seg, start, shape.slot_count) = (next, (block, row), slots);
