@@ -319,11 +319,12 @@ mod tests {
     fn source_declarations_are_read_as_written() {
         let k = declared_kernels(
             "extern \"C\" __global__ void f(const u8 *p, u64 len,\n    long long *out) {}\n\
-             extern \"C\" __global__ void g(Slot* s) {}",
+             extern \"C\" __global__ void __launch_bounds__(256, 4) g(Slot* s) {}",
         );
         let own = |v: &[(&str, &str)]| v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<Vec<_>>();
         assert_eq!(k[0].0, "f");
         assert_eq!(k[0].1, own(&[("p", "const u8 *"), ("len", "u64"), ("out", "long long *")]));
+        assert_eq!(k[1].0, "g");
         assert_eq!(k[1].1, own(&[("s", "Slot *")]));
         let probe = Segment::signatures().into_iter().find(|(n, _)| *n == "uvm_join_probe").unwrap().1;
         assert_eq!(probe[0], ("slots", "const Slot *".to_string()));

@@ -267,6 +267,10 @@ pub fn declared_kernels(source: &str) -> Vec<(String, Vec<(String, String)>)> {
     let mut rest = source;
     while let Some(at) = rest.find(MARK) {
         rest = &rest[at + MARK.len()..];
+        // (a kernel's launch bounds stand between `void` and its name)
+        if let Some(bounds) = rest.strip_prefix("__launch_bounds__") {
+            rest = &bounds[bounds.find(')').expect("the end of the launch bounds") + 1..];
+        }
         let open = rest.find('(').expect("a parameter list");
         let close = rest.find(')').expect("the end of the parameter list");
         let name = rest[..open].trim().to_string();
