@@ -883,6 +883,108 @@ __device__ bool scan_passes(const ScanRow &row, const u64 *filters, u64 nfilters
     return clause;
 }
 
+// Phase 2 of one row that passed its filters and whose every join matched (phase 1, in
+// uvm_scan_groups): its joins' first matches, its aggregates' inputs, and every combination of
+// the joins' matches (an odometer over them) found or inserted in the group table and folded.
+// Returns the combinations folded; an error is recorded (scan_failed) and ends the row.
+__device__ __forceinline__ u64 scan_fold_row(const ScanRow &row, const u64 *joins, u64 njoins, const u64 *keys,
+                                             u64 nkeys, const u64 *aggs, u64 naggs, u64 *slots, u64 mask, u64 seed,
+                                             u64 key_words, u64 slot_words, u64 *groups, u64 limit, u64 mode,
+                                             u64 *out) {
+    u64 folded = 0;
+    // The joins' first matches (none: the row is dropped).
+    long long jk[SCAN_MAX_JOINS];
+    u64 first[SCAN_MAX_JOINS], fsteps[SCAN_MAX_JOINS], cur[SCAN_MAX_JOINS], csteps[SCAN_MAX_JOINS];
+    for (u64 j = 0; j < njoins; j++) {
+        u64 w;
+        if (!scan_col(row, joins[5 * j], &w)) return 0;
+        jk[j] = (long long)w;
+        if (!scan_match(joins + 5 * j, jk[j], true, &first[j], &fsteps[j], out)) return 0;
+        cur[j] = first[j];
+        csteps[j] = fsteps[j];
+    }
+    // The aggregates' inputs (the fold pass: their errors are those of rows that fold).
+    u64 in[SCAN_MAX_AGGS];
+    bool has[SCAN_MAX_AGGS];
+    if (mode != SCAN_KEYS) {
+        for (u64 a = 0; a < naggs; a++) {
+            u64 kind = (aggs[2 * a] >> 16) & 0xffffull;
+            u64 ca = aggs[2 * a + 1] & 0xffffffffull, cb = aggs[2 * a + 1] >> 32;
+            u64 x = 0, y = 0;
+            has[a] = false;
+            in[a] = 0;
+            if (kind == 1ull) {
+                has[a] = scan_col(row, ca, &x);
+                in[a] = x;
+            } else if (kind == 4ull) {
+                has[a] = scan_col(row, ca, &x);
+                in[a] = (u64)__double_as_longlong((double)__int_as_float((int)(unsigned int)x));
+            } else if (kind == 2ull || kind == 3ull) {
+                bool hx = scan_col(row, ca, &x), hy = scan_col(row, cb, &y);
+                if (hx && hy) {
+                    long long a8 = (long long)x, b8 = (long long)y, v;
+                    bool over;
+                    if (kind == 2ull) {
+                        v = (long long)(x - y);
+                        over = ((a8 ^ b8) & (a8 ^ v)) < 0;
+                    } else {
+                        v = (long long)(x * y);
+                        over = __mul64hi(a8, b8) != (v >> 63);
+                    }
+                    if (over) {
+                        scan_error(out, kind == 2ull ? SCAN_ERR_SUB : SCAN_ERR_MUL);
+                        return 0;
+                    }
+                    has[a] = true;
+                    in[a] = (u64)v;
+                }
+            }
+        }
+    }
+    for (;;) {
+        u64 key[SCAN_MAX_KEY_WORDS];
+        u64 nulls = 0;
+        for (u64 k = 0; k < nkeys; k++) {
+            u64 kind = keys[k] >> 32, idx = keys[k] & 0xffffffffull;
+            u64 w = 0;
+            if (kind == 2ull && idx < njoins) {
+                const Slot *s = (const Slot *)joins[5 * idx + 1];
+                w = (u64)s[cur[idx]].payload;
+            } else if (kind == 1ull) {
+                if (!scan_col(row, idx, &w)) {
+                    nulls |= 1ull << k;
+                    w = 0;
+                }
+            }
+            key[k] = w;
+        }
+        key[nkeys] = nulls;
+        u64 *slot = scan_group(slots, mask, seed, key_words, slot_words, key, groups, limit, mode, aggs, naggs, out);
+        if (slot == 0) break; // refused or corrupted: out says which
+        if (mode != SCAN_KEYS) {
+            for (u64 a = 0; a < naggs; a++) {
+                u64 *lo = slot + 1 + key_words + 2 * a;
+                scan_fold(aggs[2 * a] & 0xffffull, lo, lo + 1, has[a], in[a]);
+            }
+            folded++;
+        }
+        u64 j = 0;
+        for (; j < njoins; j++) {
+            if (scan_match(joins + 5 * j, jk[j], false, &cur[j], &csteps[j], out)) break;
+            cur[j] = first[j];
+            csteps[j] = fsteps[j];
+        }
+        if (j == njoins) break;
+    }
+    return folded;
+}
+
+// The rows of a block's warps that passed phase 1, waiting for phase 2: 64 per warp, of
+// blocks of at most 256 threads (uvm_scan_groups refuses others).
+#define SCAN_QUEUE 64
+#define SCAN_WARPS 8
+#define SCAN_LANES 0xffffffffu
+
 // Runs the program over `blocks` blocks of up to n rows (n a power of two; block b at base +
 // b * stride, its count in its header; rows of the first block below first_row skipped) in pass `mode` (above), into
 // the group table's slots (mask + 1 of slot_words words, at `slots`; `groups` its count of
@@ -890,16 +992,28 @@ __device__ bool scan_passes(const ScanRow &row, const u64 *filters, u64 nfilters
 // blocks of 256 threads per SM every launch has, all resident; unbounded it took 113, and 2
 // fitted): bench/probes/scan_kernel.py measured the star joins faster so (Q2.1 6.6 to 5.0 ms
 // on an H100 at SF 10), the one-join queries as fast.
+//
+// Each warp reads 32 consecutive rows at a time, together (its loop and every exit from it
+// the same in all its lanes: the ballots below need every lane). Phase 1 is a row's filters
+// and whether each of its joins has a match; the rows that pass (in a star join, a few in a
+// hundred: Q3.1 keeps one in 25) wait in the warp's queue in shared memory until it holds 32,
+// and then phase 2 (scan_fold_row: the matches, the group, the fold) runs on all 32 lanes at
+// once. Without the queue, phase 2 ran on the one or two lanes of a warp whose row passed,
+// while the others waited: most of Q3.1's time. The rows left in the queue at the end run
+// last; a warp that stops early (an error, a corrupted table, a refusal) leaves its queue:
+// the host raises the ERROR, or runs the key pass again (a refusal).
 extern "C" __global__ void __launch_bounds__(256, 4) uvm_scan_groups(const u64 *prog, const u8 *base, u64 n, u64 blocks, u64 stride,
                                            u64 first_row, u64 *slots, u64 mask, u64 seed, u64 key_words,
                                            u64 slot_words, u64 *groups, u64 limit, u64 mode, u64 *out) {
+    __shared__ u64 scan_queue[SCAN_WARPS * SCAN_QUEUE];
     u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     scan_begin();
     u64 gstride = (u64)gridDim.x * blockDim.x;
     u64 nfilters = prog[0], njoins = prog[1], nkeys = prog[2], naggs = prog[3];
     u64 nsteps = prog[5], data_bytes = prog[6];
     if (njoins > SCAN_MAX_JOINS || nkeys + 1ull != key_words || key_words > SCAN_MAX_KEY_WORDS ||
-        naggs > SCAN_MAX_AGGS || n == 0ull || (n & (n - 1ull)) != 0ull) {
+        naggs > SCAN_MAX_AGGS || n == 0ull || (n & (n - 1ull)) != 0ull || (blockDim.x & 31u) != 0u ||
+        blockDim.x > 32u * SCAN_WARPS) {
         if (tid == 0) scan_error(out, SCAN_ERR_PROGRAM);
         return;
     }
@@ -913,130 +1027,72 @@ extern "C" __global__ void __launch_bounds__(256, 4) uvm_scan_groups(const u64 *
     u64 folded = 0;
     u64 total = n * blocks;
     u64 shift = (u64)(__ffsll((long long)n) - 1);
+    unsigned lane = threadIdx.x & 31u;
+    u64 *queue = scan_queue + (threadIdx.x >> 5) * SCAN_QUEUE;
+    unsigned queued = 0; // (the same in every lane)
+    bool stopped = false;
     u64 seen = 0;
-    for (u64 g = tid; g < total; g += gstride, seen++) {
+    for (u64 wg = tid - lane; wg < total; wg += gstride, seen++) {
         if ((seen & 63ull) == 0ull &&
-            (vload(&out[0]) | vload(&out[2]) | vload(&out[3]) | vload(&out[5]) | (mode != SCAN_FOLD ? vload(&out[1]) : 0ull)) != 0ull)
-            break;
-        // (locate's, with a shift for the division: blocks hold a power of two of rows)
-        u64 b = g >> shift, r = g & (n - 1ull), off = b * stride;
-        u64 count = *(const u64 *)(base + off);
-        if (count > n) {
-            if (vload(&out[3]) == 0ull) atomicExch(&out[3], 1ull);
+            __any_sync(SCAN_LANES, (vload(&out[0]) | vload(&out[2]) | vload(&out[3]) | vload(&out[5]) |
+                                    (mode != SCAN_FOLD ? vload(&out[1]) : 0ull)) != 0ull)) {
+            stopped = true;
             break;
         }
-        if (r >= count || (b == 0ull && r < first_row)) continue;
-        row.block = base + off;
-        row.r = r;
-        bool pass = scan_passes(row, filters, nfilters, data, data_bytes, steps, nsteps, out);
-        if (scan_failed()) return;
-        if (!pass) continue;
-        // Whether every join matches, first, keeping nothing: most rows fail a join, and the
-        // arrays below live in local memory (indexed by join), whose stores for every row
-        // were a third of the kernel's memory requests (ncu, Q3.1 at SF 10). A row that
-        // passes probes its joins again, below (a corrupted walk counts in out[5] twice:
-        // only whether it is 0 is read).
-        bool joined = true;
-        for (u64 j = 0; j < njoins; j++) {
-            u64 w, at, walked;
-            if (!scan_col(row, joins[5 * j], &w) || !scan_match(joins + 5 * j, (long long)w, true, &at, &walked, out)) {
-                joined = false;
+        u64 g = wg + lane;
+        bool keep = false, bad_block = false;
+        if (g < total) {
+            // (locate's, with a shift for the division: blocks hold a power of two of rows)
+            u64 b = g >> shift, r = g & (n - 1ull), off = b * stride;
+            u64 count = *(const u64 *)(base + off);
+            if (count > n) {
+                bad_block = true;
+                if (vload(&out[3]) == 0ull) atomicExch(&out[3], 1ull);
+            } else if (r < count && !(b == 0ull && r < first_row)) {
+                row.block = base + off;
+                row.r = r;
+                keep = scan_passes(row, filters, nfilters, data, data_bytes, steps, nsteps, out);
+                // Whether every join matches, keeping nothing: most rows fail a join, and
+                // phase 2's arrays live in local memory (indexed by join), whose stores for
+                // every row were a third of the kernel's memory requests (ncu, Q3.1 at SF 10).
+                // (A corrupted walk counts in out[5] twice: only whether it is 0 is read.)
+                for (u64 j = 0; keep && j < njoins; j++) {
+                    u64 w, at, walked;
+                    keep = scan_col(row, joins[5 * j], &w) &&
+                           scan_match(joins + 5 * j, (long long)w, true, &at, &walked, out);
+                }
+                keep = keep && !scan_failed();
+            }
+        }
+        if (__any_sync(SCAN_LANES, bad_block || scan_failed())) {
+            stopped = true;
+            break;
+        }
+        unsigned passed = __ballot_sync(SCAN_LANES, keep);
+        if (keep) queue[queued + __popc(passed & ((1u << lane) - 1u))] = g;
+        queued += __popc(passed);
+        __syncwarp();
+        if (queued >= 32u) {
+            queued -= 32u;
+            u64 q = queue[queued + lane];
+            __syncwarp(); // (every lane has its row before the next rows are queued over it)
+            row.block = base + (q >> shift) * stride;
+            row.r = q & (n - 1ull);
+            folded += scan_fold_row(row, joins, njoins, keys, nkeys, aggs, naggs, slots, mask, seed, key_words,
+                                    slot_words, groups, limit, mode, out);
+            if (__any_sync(SCAN_LANES, scan_failed())) {
+                stopped = true;
                 break;
             }
-        }
-        if (!joined) continue;
-        bool dropped = false;
-        // The joins' first matches (none: the row is dropped).
-        long long jk[SCAN_MAX_JOINS];
-        u64 first[SCAN_MAX_JOINS], fsteps[SCAN_MAX_JOINS], cur[SCAN_MAX_JOINS], csteps[SCAN_MAX_JOINS];
-        for (u64 j = 0; j < njoins && !dropped; j++) {
-            u64 w;
-            if (!scan_col(row, joins[5 * j], &w)) {
-                dropped = true;
-                break;
-            }
-            jk[j] = (long long)w;
-            if (!scan_match(joins + 5 * j, jk[j], true, &first[j], &fsteps[j], out)) dropped = true;
-            cur[j] = first[j];
-            csteps[j] = fsteps[j];
-        }
-        if (dropped) continue;
-        // The aggregates' inputs (the fold pass: their errors are those of rows that fold).
-        u64 in[SCAN_MAX_AGGS];
-        bool has[SCAN_MAX_AGGS];
-        if (mode != SCAN_KEYS) {
-            for (u64 a = 0; a < naggs; a++) {
-                u64 kind = (aggs[2 * a] >> 16) & 0xffffull;
-                u64 ca = aggs[2 * a + 1] & 0xffffffffull, cb = aggs[2 * a + 1] >> 32;
-                u64 x = 0, y = 0;
-                has[a] = false;
-                in[a] = 0;
-                if (kind == 1ull) {
-                    has[a] = scan_col(row, ca, &x);
-                    in[a] = x;
-                } else if (kind == 4ull) {
-                    has[a] = scan_col(row, ca, &x);
-                    in[a] = (u64)__double_as_longlong((double)__int_as_float((int)(unsigned int)x));
-                } else if (kind == 2ull || kind == 3ull) {
-                    bool hx = scan_col(row, ca, &x), hy = scan_col(row, cb, &y);
-                    if (hx && hy) {
-                        long long a8 = (long long)x, b8 = (long long)y, v;
-                        bool over;
-                        if (kind == 2ull) {
-                            v = (long long)(x - y);
-                            over = ((a8 ^ b8) & (a8 ^ v)) < 0;
-                        } else {
-                            v = (long long)(x * y);
-                            over = __mul64hi(a8, b8) != (v >> 63);
-                        }
-                        if (over) {
-                            scan_error(out, kind == 2ull ? SCAN_ERR_SUB : SCAN_ERR_MUL);
-                            return;
-                        }
-                        has[a] = true;
-                        in[a] = (u64)v;
-                    }
-                }
-            }
-        }
-        // Every combination of the joins' matches (an odometer over them).
-        for (;;) {
-            u64 key[SCAN_MAX_KEY_WORDS];
-            u64 nulls = 0;
-            for (u64 k = 0; k < nkeys; k++) {
-                u64 kind = keys[k] >> 32, idx = keys[k] & 0xffffffffull;
-                u64 w = 0;
-                if (kind == 2ull && idx < njoins) {
-                    const Slot *s = (const Slot *)joins[5 * idx + 1];
-                    w = (u64)s[cur[idx]].payload;
-                } else if (kind == 1ull) {
-                    if (!scan_col(row, idx, &w)) {
-                        nulls |= 1ull << k;
-                        w = 0;
-                    }
-                }
-                key[k] = w;
-            }
-            key[nkeys] = nulls;
-            u64 *slot = scan_group(slots, mask, seed, key_words, slot_words, key, groups, limit, mode, aggs, naggs, out);
-            if (slot == 0) break; // refused or corrupted: out says which
-            if (mode != SCAN_KEYS) {
-                for (u64 a = 0; a < naggs; a++) {
-                    u64 *lo = slot + 1 + key_words + 2 * a;
-                    scan_fold(aggs[2 * a] & 0xffffull, lo, lo + 1, has[a], in[a]);
-                }
-                folded++;
-            }
-            u64 j = 0;
-            for (; j < njoins; j++) {
-                if (scan_match(joins + 5 * j, jk[j], false, &cur[j], &csteps[j], out)) break;
-                cur[j] = first[j];
-                csteps[j] = fsteps[j];
-            }
-            if (j == njoins) break;
         }
     }
-    // (not warp_add: a thread that met an error has returned, and a shuffle needs every lane)
+    if (!stopped && lane < queued) {
+        u64 q = queue[lane];
+        row.block = base + (q >> shift) * stride;
+        row.r = q & (n - 1ull);
+        folded += scan_fold_row(row, joins, njoins, keys, nkeys, aggs, naggs, slots, mask, seed, key_words,
+                                slot_words, groups, limit, mode, out);
+    }
     if (folded != 0ull) atomicAdd(&out[4], folded);
 }
 

@@ -2,10 +2,22 @@
 // thread after another (tests/kernel_emu/scan.cpp). Every "atomic" is a plain read-modify-write:
 // threads never run at once here, so the kernels' logic (which rows, which errors, which
 // states) is tested, not their races, which only the GPU suite can show.
+//
+// A warp's 32 lanes run as coroutines (emu::run_warp), one at a time: a lane at a warp
+// collective (__ballot_sync, __any_sync, __syncwarp) waits there until every lane has come to
+// one, and the collective's result is then computed from them all. A lane that returns while
+// others wait at a collective, or lanes at different collectives, abort the run: on the GPU
+// that is a hang or undefined behaviour, so the emulator checks that the kernel keeps its
+// warps together where it says it does.
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <ucontext.h>
+#include <vector>
 
 #define __global__
 #define __device__
@@ -38,6 +50,85 @@ inline double __longlong_as_double(long long x) { double d; std::memcpy(&d, &x, 
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
 // (only the reductions of other kernels shuffle: one lane's value is the warp's here)
 inline unsigned long long __shfl_down_sync(unsigned, unsigned long long v, int) { return 0; }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+
+namespace emu {
+struct Lane {
+    ucontext_t ctx;
+    std::vector<char> stack;
+    bool done = false, waiting = false;
+    int op = 0;
+    unsigned long long val = 0, res = 0;
+};
+inline Lane lanes[32];
+inline int cur;
+inline ucontext_t sched;
+inline std::function<void()> body;
+
+inline void entry() {
+    body();
+    lanes[cur].done = true; // (back to sched through uc_link)
+}
+
+// The calling lane's part in collective `op`: waits for the warp, returns the ballot of vals.
+inline unsigned long long collective(int op, unsigned long long v) {
+    int me = cur;
+    lanes[me].op = op;
+    lanes[me].val = v;
+    lanes[me].waiting = true;
+    swapcontext(&lanes[me].ctx, &sched);
+    return lanes[me].res;
+}
+
+// Runs fn as threads first .. first + 31 of the current block (threadIdx.x set per lane).
+inline void run_warp(unsigned first, std::function<void()> fn) {
+    body = std::move(fn);
+    for (int i = 0; i < 32; i++) {
+        Lane &l = lanes[i];
+        l.done = l.waiting = false;
+        l.stack.assign(1 << 18, 0);
+        getcontext(&l.ctx);
+        l.ctx.uc_stack.ss_sp = l.stack.data();
+        l.ctx.uc_stack.ss_size = l.stack.size();
+        l.ctx.uc_link = &sched;
+        makecontext(&l.ctx, entry, 0);
+    }
+    for (;;) {
+        for (int i = 0; i < 32; i++) {
+            if (lanes[i].done || lanes[i].waiting) continue;
+            cur = i;
+            threadIdx.x = first + i;
+            swapcontext(&sched, &lanes[i].ctx);
+        }
+        int done = 0, waiting = 0, op = 0;
+        unsigned long long ballot = 0;
+        for (int i = 0; i < 32; i++) {
+            done += lanes[i].done;
+            if (!lanes[i].waiting) continue;
+            waiting++;
+            if (op != 0 && lanes[i].op != op) {
+                std::fprintf(stderr, "kernel_emu: the lanes of a warp at different collectives\n");
+                std::abort();
+            }
+            op = lanes[i].op;
+            if (lanes[i].val) ballot |= 1ull << i;
+        }
+        if (done == 32) return;
+        if (done != 0) {
+            std::fprintf(stderr, "kernel_emu: %d lanes returned while %d wait at a warp collective\n", done, waiting);
+            std::abort();
+        }
+        for (int i = 0; i < 32; i++) {
+            lanes[i].res = ballot;
+            lanes[i].waiting = false;
+        }
+    }
+}
+} // namespace emu
+
+inline unsigned __ballot_sync(unsigned, int pred) { return (unsigned)emu::collective(1, pred != 0); }
+inline int __any_sync(unsigned, int pred) { return emu::collective(2, pred != 0) != 0; }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::collective(3, 0); }
 using std::isfinite;
 using std::isinf;
 using std::isnan;

@@ -159,7 +159,7 @@ u64v words(const Program &p) {
 // gx blocks of bx threads, in one pass (both = true) or a key pass and a fold pass; prints the
 // groups (sorted) and the outcome.
 void run(const char *name, const Program &p, bool both, unsigned long long first_row = 0, unsigned long long per = 2,
-         unsigned gx = 3, unsigned bx = 7) {
+         unsigned gx = 3, unsigned bx = 64) {
     u64v prog = words(p);
     unsigned long long kw = p.keys.size() + 1, naggs = p.aggs.size() / 2, slot_words = 1 + kw + 2 * naggs;
     unsigned long long slots_n = 1 << 14;
@@ -174,11 +174,13 @@ void run(const char *name, const Program &p, bool both, unsigned long long first
         for (auto mode : modes) {
             unsigned long long out[6] = {0, 0, 0, 0, 0, 0};
             for (unsigned b = 0; b < gx; b++) {
-                for (unsigned t = 0; t < bx; t++) {
+                for (unsigned w = 0; w < bx; w += 32) {
                     blockIdx.x = b;
-                    threadIdx.x = t;
-                    uvm_scan_groups(prog.data(), cache.data() + first * stride, N, count, stride, first == 0 ? first_row : 0,
-                                    slots.data(), slots_n - 1, 0x77, kw, slot_words, &groups, slots_n / 2, mode, out);
+                    emu::run_warp(w, [&] {
+                        uvm_scan_groups(prog.data(), cache.data() + first * stride, N, count, stride,
+                                        first == 0 ? first_row : 0, slots.data(), slots_n - 1, 0x77, kw, slot_words,
+                                        &groups, slots_n / 2, mode, out);
+                    });
                 }
             }
             for (int i = 0; i < 6; i++) out_total[i] = i == 2 ? (out_total[2] ? out_total[2] : out[2]) : out_total[i] + out[i];
@@ -296,7 +298,7 @@ int main() {
         add_aggs(g, {{1, 0}, {3, 1, 4}, {4, 1, 3}, {5, 1, 1}, {3, 2, 3, 2}});
         run("grouped by A, B, c8 with alternatives", g, both);
         run("grouped by A, B, c8 with alternatives", g, both, 100);
-        run("grouped, one thread", g, both, 0, 2, 1, 1);
+        run("grouped, one warp", g, both, 0, 2, 1, 32);
         run("grouped, a grid wider than the rows", g, both, 0, 5, 40, 256);
 
         // Errors: c2 / (c1 - 5) > 0 divides by zero where c1 = 5; sum(c4 * c4) overflows.
