@@ -12,6 +12,7 @@
 
 typedef unsigned long long u64;
 typedef unsigned char u8;
+typedef unsigned int u32;
 
 #define GOLDEN 0x9E3779B97F4A7C15ull
 
@@ -979,11 +980,38 @@ __device__ __forceinline__ u64 scan_fold_row(const ScanRow &row, const u64 *join
     return folded;
 }
 
-// The rows of a block's warps that passed phase 1, waiting for phase 2: 64 per warp, of
-// blocks of at most 256 threads (uvm_scan_groups refuses others).
+// A warp's queues of rows between the steps of a scan (uvm_scan_groups): SCAN_MAX_JOINS + 1
+// queues of SCAN_QUEUE rows (their index in the launch) per warp, of blocks of at most
+// SCAN_WARPS warps (uvm_scan_groups refuses others); their counts, 7 bits each, in one word.
 #define SCAN_QUEUE 64
 #define SCAN_WARPS 8
 #define SCAN_LANES 0xffffffffu
+#define SCAN_QUEUES (SCAN_MAX_JOINS + 1)
+
+__device__ __forceinline__ unsigned scan_count(u64 counts, u64 k) { return (unsigned)(counts >> (7ull * k)) & 127u; }
+
+// Queues row g of each lane where keep, at the end of queue k (its count in counts, the same
+// in every lane: the ballot needs every lane).
+__device__ __forceinline__ void scan_push(u32 *queue, u64 *counts, u64 k, bool keep, u64 g) {
+    unsigned lane = threadIdx.x & 31u;
+    unsigned kept = __ballot_sync(SCAN_LANES, keep);
+    unsigned at = scan_count(*counts, k);
+    if (keep) queue[k * SCAN_QUEUE + at + __popc(kept & ((1u << lane) - 1u))] = (u32)g;
+    *counts += (u64)__popc(kept) << (7ull * k);
+    __syncwarp();
+}
+
+// Takes up to 32 rows from the end of queue k: the lane's row into *g, false for a lane
+// without one.
+__device__ __forceinline__ bool scan_pop(const u32 *queue, u64 *counts, u64 k, u64 *g) {
+    unsigned lane = threadIdx.x & 31u;
+    unsigned have = scan_count(*counts, k), take = have < 32u ? have : 32u;
+    *counts -= (u64)take << (7ull * k);
+    bool some = lane < take;
+    *g = some ? queue[k * SCAN_QUEUE + have - take + lane] : 0ull;
+    __syncwarp(); // (every lane has its row before rows are queued over it)
+    return some;
+}
 
 // Runs the program over `blocks` blocks of up to n rows (n a power of two; block b at base +
 // b * stride, its count in its header; rows of the first block below first_row skipped) in pass `mode` (above), into
@@ -993,27 +1021,32 @@ __device__ __forceinline__ u64 scan_fold_row(const ScanRow &row, const u64 *join
 // fitted): bench/probes/scan_kernel.py measured the star joins faster so (Q2.1 6.6 to 5.0 ms
 // on an H100 at SF 10), the one-join queries as fast.
 //
-// Each warp reads 32 consecutive rows at a time, together (its loop and every exit from it
-// the same in all its lanes: the ballots below need every lane). Phase 1 is a row's filters
-// and whether each of its joins has a match; the rows that pass (in a star join, a few in a
-// hundred: Q3.1 keeps one in 25) wait in the warp's queue in shared memory until it holds 32,
-// and then phase 2 (scan_fold_row: the matches, the group, the fold) runs on all 32 lanes at
-// once. Without the queue, phase 2 ran on the one or two lanes of a warp whose row passed,
-// while the others waited: most of Q3.1's time. The rows left in the queue at the end run
-// last; a warp that stops early (an error, a corrupted table, a refusal) leaves its queue:
-// the host raises the ERROR, or runs the key pass again (a refusal).
+// Each warp reads 32 consecutive rows at a time, its loop and every exit from it the same in
+// all its lanes (the ballots need every lane), and keeps its lanes busy with rows at the same
+// step: step 0 is a row's filters (where there are none, join 0's probe), step j + 1 the
+// probe of join j (whether it has a match, keeping nothing), and the last step
+// (scan_fold_row) the joins' matches, the group and the folds. A row that passes a step waits
+// in the warp's queue for the next until the queue holds 32, and then all 32 lanes take that
+// step for them at once. Without the queues a warp ran each step for the few lanes whose rows
+// had come that far while the others waited: a star join keeps a few rows in a hundred (Q3.1
+// one in 25), and its last step was most of the kernel's time (bench/probes/scan_kernel.py on
+// an H100 at SF 10: Q3.1 10.0 to 3.5 ms, Q4.1 9.2 to 3.5; bench/gpu-report-scan-warps.md).
+// The rows left in the queues at the end go through the steps left, queue by queue; a warp
+// that stops early (an error, a corrupted table, a refusal) leaves its queues: the host raises
+// the ERROR, or runs the key pass again (a refusal).
 extern "C" __global__ void __launch_bounds__(256, 4) uvm_scan_groups(const u64 *prog, const u8 *base, u64 n, u64 blocks, u64 stride,
                                            u64 first_row, u64 *slots, u64 mask, u64 seed, u64 key_words,
                                            u64 slot_words, u64 *groups, u64 limit, u64 mode, u64 *out) {
-    __shared__ u64 scan_queue[SCAN_WARPS * SCAN_QUEUE];
+    __shared__ u32 scan_queues[SCAN_WARPS * SCAN_QUEUES * SCAN_QUEUE];
     u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     scan_begin();
     u64 gstride = (u64)gridDim.x * blockDim.x;
     u64 nfilters = prog[0], njoins = prog[1], nkeys = prog[2], naggs = prog[3];
     u64 nsteps = prog[5], data_bytes = prog[6];
+    u64 total = n * blocks;
     if (njoins > SCAN_MAX_JOINS || nkeys + 1ull != key_words || key_words > SCAN_MAX_KEY_WORDS ||
         naggs > SCAN_MAX_AGGS || n == 0ull || (n & (n - 1ull)) != 0ull || (blockDim.x & 31u) != 0u ||
-        blockDim.x > 32u * SCAN_WARPS) {
+        blockDim.x > 32u * SCAN_WARPS || blocks > 0xffffffffull / n) {
         if (tid == 0) scan_error(out, SCAN_ERR_PROGRAM);
         return;
     }
@@ -1025,13 +1058,28 @@ extern "C" __global__ void __launch_bounds__(256, 4) uvm_scan_groups(const u64 *
     row.cols = prog + prog[7];
     row.ncols = prog[4];
     u64 folded = 0;
-    u64 total = n * blocks;
     u64 shift = (u64)(__ffsll((long long)n) - 1);
     unsigned lane = threadIdx.x & 31u;
-    u64 *queue = scan_queue + (threadIdx.x >> 5) * SCAN_QUEUE;
-    unsigned queued = 0; // (the same in every lane)
+    u32 *queue = scan_queues + (threadIdx.x >> 5) * SCAN_QUEUES * SCAN_QUEUE;
+    u64 counts = 0; // (the same in every lane)
     bool stopped = false;
     u64 seen = 0;
+    // Step k + 1 for the rows of queue k (k < njoins: join k; k = njoins: the fold) of the
+    // lanes that have one: a row that matches goes on to queue k + 1. (A corrupted walk counts
+    // in out[5], read at the periodic check.)
+    auto step = [&](u64 k, bool some, u64 g) {
+        row.block = base + (g >> shift) * stride;
+        row.r = g & (n - 1ull);
+        if (k < njoins) {
+            u64 w, at, walked;
+            bool keep = some && scan_col(row, joins[5 * k], &w) &&
+                        scan_match(joins + 5 * k, (long long)w, true, &at, &walked, out);
+            scan_push(queue, &counts, k + 1ull, keep, g);
+        } else if (some) {
+            folded += scan_fold_row(row, joins, njoins, keys, nkeys, aggs, naggs, slots, mask, seed, key_words,
+                                    slot_words, groups, limit, mode, out);
+        }
+    };
     for (u64 wg = tid - lane; wg < total; wg += gstride, seen++) {
         if ((seen & 63ull) == 0ull &&
             __any_sync(SCAN_LANES, (vload(&out[0]) | vload(&out[2]) | vload(&out[3]) | vload(&out[5]) |
@@ -1039,6 +1087,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) uvm_scan_groups(const u64 *
             stopped = true;
             break;
         }
+        // Step 0: the filters.
         u64 g = wg + lane;
         bool keep = false, bad_block = false;
         if (g < total) {
@@ -1051,47 +1100,40 @@ extern "C" __global__ void __launch_bounds__(256, 4) uvm_scan_groups(const u64 *
             } else if (r < count && !(b == 0ull && r < first_row)) {
                 row.block = base + off;
                 row.r = r;
-                keep = scan_passes(row, filters, nfilters, data, data_bytes, steps, nsteps, out);
-                // Whether every join matches, keeping nothing: most rows fail a join, and
-                // phase 2's arrays live in local memory (indexed by join), whose stores for
-                // every row were a third of the kernel's memory requests (ncu, Q3.1 at SF 10).
-                // (A corrupted walk counts in out[5] twice: only whether it is 0 is read.)
-                for (u64 j = 0; keep && j < njoins; j++) {
+                keep = scan_passes(row, filters, nfilters, data, data_bytes, steps, nsteps, out) && !scan_failed();
+                // (no filters: step 0 is join 0's probe, every row would pass to queue 0)
+                if (keep && nfilters == 0ull && njoins != 0ull) {
                     u64 w, at, walked;
-                    keep = scan_col(row, joins[5 * j], &w) &&
-                           scan_match(joins + 5 * j, (long long)w, true, &at, &walked, out);
+                    keep = scan_col(row, joins[0], &w) && scan_match(joins, (long long)w, true, &at, &walked, out);
                 }
-                keep = keep && !scan_failed();
             }
         }
         if (__any_sync(SCAN_LANES, bad_block || scan_failed())) {
             stopped = true;
             break;
         }
-        unsigned passed = __ballot_sync(SCAN_LANES, keep);
-        if (keep) queue[queued + __popc(passed & ((1u << lane) - 1u))] = g;
-        queued += __popc(passed);
-        __syncwarp();
-        if (queued >= 32u) {
-            queued -= 32u;
-            u64 q = queue[queued + lane];
-            __syncwarp(); // (every lane has its row before the next rows are queued over it)
-            row.block = base + (q >> shift) * stride;
-            row.r = q & (n - 1ull);
-            folded += scan_fold_row(row, joins, njoins, keys, nkeys, aggs, naggs, slots, mask, seed, key_words,
-                                    slot_words, groups, limit, mode, out);
-            if (__any_sync(SCAN_LANES, scan_failed())) {
-                stopped = true;
-                break;
-            }
+        scan_push(queue, &counts, nfilters == 0ull && njoins != 0ull ? 1ull : 0ull, keep, g);
+        // Each queue gains at most 32 rows a round and gives 32 once it has them: below 64.
+        for (u64 k = 0; k <= njoins; k++) {
+            if (scan_count(counts, k) < 32u) continue;
+            u64 q;
+            bool some = scan_pop(queue, &counts, k, &q);
+            step(k, some, q);
+        }
+        if (__any_sync(SCAN_LANES, scan_failed())) {
+            stopped = true;
+            break;
         }
     }
-    if (!stopped && lane < queued) {
-        u64 q = queue[lane];
-        row.block = base + (q >> shift) * stride;
-        row.r = q & (n - 1ull);
-        folded += scan_fold_row(row, joins, njoins, keys, nkeys, aggs, naggs, slots, mask, seed, key_words,
-                                slot_words, groups, limit, mode, out);
+    // The rows left, queue by queue (each below 32 at the end of a round, so a queue takes at
+    // most the 31 of its own and 31 from the one before: two rounds).
+    for (u64 k = 0; !stopped && k <= njoins; k++) {
+        while (scan_count(counts, k) != 0u) {
+            u64 q;
+            bool some = scan_pop(queue, &counts, k, &q);
+            step(k, some, q);
+        }
+        stopped = __any_sync(SCAN_LANES, scan_failed());
     }
     if (folded != 0ull) atomicAdd(&out[4], folded);
 }
