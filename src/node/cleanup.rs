@@ -112,6 +112,29 @@ pub fn drop_now(seg: &SegRef) {
     forget(seg);
 }
 
+/// Drops these temporary segments now, in one request (`exec::drop_all`), and forgets them
+/// (a node's End: the segments it retired during the execution). Where that fails part way,
+/// each left is dropped as [`drop_now`] drops it (one already gone counts as dropped), so an
+/// error is raised for the segment that fails, which stays listed.
+pub fn drop_all_now(segs: &[SegRef]) {
+    if segs.is_empty() {
+        return;
+    }
+    if crate::runtime::try_with_executor(|ex| exec::drop_all(ex, segs)).is_ok() {
+        for seg in segs {
+            forget(seg);
+        }
+        return;
+    }
+    for seg in segs {
+        match crate::runtime::try_with_executor(|ex| exec::drop(ex, seg)) {
+            Ok(()) => forget(seg),
+            Err(e) if e.code == Code::UndefinedObject => forget(seg),
+            Err(e) => crate::runtime::report(e),
+        }
+    }
+}
+
 /// Gives the listed `pending` entry (made by [`track`] before the creation) its segment's id.
 fn listed_as(pending: &SegRef, seg: SegRef) {
     LIST.with(|l| {

@@ -106,6 +106,10 @@ pub struct GpuGroupAggScan {
     relname: String,
     /// Per dimension: its table's name, its key column's, its grouping columns' (EXPLAIN).
     dim_names: Vec<(String, String, Vec<String>)>,
+    /// Temporary segments done with (group tables read, join tables probed), dropped together
+    /// at the end of the execution ([`Self::drop_retired`]): one request, where each took its
+    /// own in the GPU service. Until then cleanup's list drops them at an abort.
+    retired: Vec<SegRef>,
 }
 
 impl GpuGroupAggScan {
@@ -260,8 +264,8 @@ impl GpuGroupAggScan {
                     }
                 }
                 if g.next_slot == h.slot_count {
-                    cleanup::drop_now(&seg);
                     g.seg = None;
+                    self.retired.push(seg);
                 }
                 window
             } else if !g.appended_done {
@@ -320,13 +324,19 @@ impl GpuGroupAggScan {
         out
     }
 
-    /// Drops the group table's segment of this execution if it is still there.
+    /// Retires the group table's segment of this execution if it is still there.
     fn drop_groups(&mut self) {
         if let Mode::Groups(g) = &mut self.mode {
             if let Some(seg) = g.seg.take() {
-                cleanup::drop_now(&seg);
+                self.retired.push(seg);
             }
         }
+    }
+
+    /// Drops the retired segments, in one request.
+    fn drop_retired(&mut self) {
+        let segs = std::mem::take(&mut self.retired);
+        cleanup::drop_all_now(&segs);
     }
 
     /// The program's group key sources, in order: the fact's grouping columns (`Ok`), then one
@@ -358,11 +368,12 @@ impl GpuGroupAggScan {
         bound
     }
 
-    /// Drops the dimensions' tables of this execution (their grouping values stay, for the rows).
+    /// Retires the dimensions' tables of this execution (their grouping values stay, for the
+    /// rows).
     fn drop_dims(&mut self) {
         for d in &mut self.drained {
             if let Some(t) = d.table.take() {
-                cleanup::drop_now(&t);
+                self.retired.push(t);
             }
         }
     }
@@ -586,6 +597,7 @@ impl JoinScan for GpuGroupAggScan {
             names: Vec::new(),
             relname: String::new(),
             dim_names: Vec::new(),
+            retired: Vec::new(),
         }
     }
 
@@ -701,6 +713,7 @@ impl JoinScan for GpuGroupAggScan {
         }
         self.drop_dims();
         self.drop_groups();
+        self.drop_retired();
         self.drained.clear();
         self.mode = Mode::Start;
     }
@@ -708,6 +721,7 @@ impl JoinScan for GpuGroupAggScan {
     unsafe fn end(&mut self, _node: *mut pg_sys::CustomScanState) {
         self.drop_dims();
         self.drop_groups();
+        self.drop_retired();
         // SAFETY: initialized in begin.
         unsafe {
             for &c in std::iter::once(&self.child).chain(&self.dims) {

@@ -289,7 +289,7 @@ pub fn prepare<E: Env>(segs: &mut Segments<E>, call: &Call, io: &Io<'_>) -> Resu
             pins.push(cache_pin);
             Work::CacheProbe { inner, key_type, source, key_col }
         }
-        Call::ScanGroups(_) | Call::ScanBuild(_) | Call::GroupsGrow(_) => {
+        Call::ScanGroups(_) | Call::ScanBuild(_) | Call::ScanBuildTable(_) | Call::GroupsGrow(_) => {
             Work::Program(programs::prepare(segs, call, io, engine, &mut pins)?)
         }
         Call::BenchSegmentRead(ops::BenchSegmentRead { seg, iterations, .. }) => {
@@ -341,8 +341,10 @@ pub fn prepare<E: Env>(segs: &mut Segments<E>, call: &Call, io: &Io<'_>) -> Resu
         }
         Call::Info(_)
         | Call::Create(_)
+        | Call::CreateWith(_)
         | Call::Grow(_)
         | Call::Drop(_)
+        | Call::DropSegments(_)
         | Call::Prefetch(_)
         | Call::GrowAtLeast(_)
         | Call::Materialize(_) => {
@@ -650,6 +652,41 @@ pub fn run_main<E: Env>(segs: &mut Segments<E>, call: &Call, mut io: Io<'_>) -> 
             // backends, but the slot is shared memory).
             let id = segs.create(seg.name(), size, max_size, TierPref::from_code(pref), owner, now)?;
             done(&ops::Created { id })
+        }
+        Call::CreateWith(ops::CreateWith { seg, size, max_size, has_max_size, pref, owner, now, .. }) => {
+            let max_size = (has_max_size != 0).then_some(max_size);
+            let id = segs.create(seg.name(), size, max_size, TierPref::from_code(pref), owner, now)?;
+            // The bytes written as a Write request writes them, here on the main thread (the
+            // client sends only what fits its staging in one request).
+            let write = |segs: &mut Segments<E>, io: Io<'_>| {
+                let job = prepare(segs, &Call::Write(ops::WriteBytes { seg: SegRef::new(seg.name(), id)?, offset: 0 }), &io)?;
+                // SAFETY: the job's pins live until after the work returns.
+                unsafe { job.work.run(io) }
+            };
+            if let Err(e) = write(segs, io) {
+                // (nobody else knows the id yet; a name taken over meanwhile is not ours)
+                if segs.lookup(seg.name()).map(|i| i.id == id).unwrap_or(false) {
+                    let _ = segs.drop_segment(seg.name(), |_| Ok(()));
+                }
+                return Err(e);
+            }
+            done(&ops::CreatedWith { id })
+        }
+        Call::DropSegments(_) => {
+            let input = io.input();
+            let each = std::mem::size_of::<SegRef>();
+            if !input.len().is_multiple_of(each) {
+                return Err(uvm_err!(Code::ProtocolViolation, "a drop request of {} bytes names no whole segments", input.len()));
+            }
+            let mut dropped = 0u64;
+            for part in input.chunks_exact(each) {
+                let seg = <SegRef as zerocopy::FromBytes>::read_from_bytes(part)
+                    .map_err(|_| uvm_err!(Code::ProtocolViolation, "a drop request's segment is unreadable"))?;
+                checked(segs, &seg)?;
+                segs.drop_segment(seg.name(), |_| Ok(()))?;
+                dropped += 1;
+            }
+            done(&ops::DroppedSegments { dropped })
         }
         Call::Grow(ops::Grow { seg, new_size }) => {
             checked(segs, &seg)?;

@@ -170,6 +170,48 @@ pub fn create(
     reply(ex, o).map(|r| r.id)
 }
 
+/// Creates a segment (as [`create`]) with `data` written at its start: one request where it
+/// fits the executor's staging (`CreateWith`), else a creation and then the writes. Returns
+/// its id.
+#[allow(clippy::too_many_arguments)]
+pub fn create_with(
+    ex: &mut dyn Executor,
+    name: &str,
+    size: i64,
+    max_size: Option<i64>,
+    pref: TierPref,
+    owner: u32,
+    now: i64,
+    data: &[u8],
+) -> Result<u64> {
+    if data.len() > ex.max_io() {
+        let id = create(ex, name, size, max_size, pref, owner, now)?;
+        write(ex, &SegRef::new(name, id)?, 0, data)?;
+        return Ok(id);
+    }
+    let o = ops::CreateWith {
+        seg: SegRef::new(name, 0)?,
+        size,
+        max_size: max_size.unwrap_or(-1),
+        has_max_size: max_size.is_some() as u32,
+        pref: pref.code(),
+        owner,
+        _pad: 0,
+        now,
+    };
+    call(ex, &o, Io::In(data)).map(|(r, _)| r.id)
+}
+
+/// Drops `segs` in order, in as few requests as their names fit in staging
+/// (`DropSegments`); the first failure ends it (those before it are dropped).
+pub fn drop_all(ex: &mut dyn Executor, segs: &[SegRef]) -> Result<()> {
+    let step = (ex.max_io() / std::mem::size_of::<SegRef>()).max(1);
+    for part in segs.chunks(step) {
+        call(ex, &ops::DropSegments {}, Io::In(part.as_bytes()))?;
+    }
+    Ok(())
+}
+
 pub fn grow(ex: &mut dyn Executor, seg: &SegRef, new_size: i64) -> Result<u64> {
     reply(ex, ops::Grow { seg: *seg, new_size }).map(|r| r.size)
 }
@@ -570,6 +612,29 @@ pub fn scan_build(
     let o = ops::ScanBuild { cache: *cache, table: *table, key_col, _pad: 0, slot_count };
     let (r, _) = call(ex, &o, Io::In(&bytes))?;
     Ok((r.inserted, std::time::Duration::from_nanos(r.scan_ns)))
+}
+
+/// A dimension's whole join table from its cache (`ops::ScanBuildTable`): [`build_begin`],
+/// [`scan_build`] and [`build_finish`] in one request, the build required to insert `rows`
+/// pairs (the rows its program counted). Returns the scanning's time.
+#[allow(clippy::too_many_arguments)]
+pub fn scan_build_table(
+    ex: &mut dyn Executor,
+    cache: &SegRef,
+    groups: &SegRef,
+    table: &SegRef,
+    spec: &scan::Spec,
+    key_col: u32,
+    slot_count: u64,
+    rows: u64,
+) -> Result<std::time::Duration> {
+    if !spec.dims.is_empty() || !spec.joins.is_empty() {
+        return Err(UvmError::new(Code::InvalidParameterValue, "a dimension's build program has no joins"));
+    }
+    let bytes = program_bytes(ex, &scan::Spec { dims: vec![*groups], ..spec.clone() })?;
+    let o = ops::ScanBuildTable { cache: *cache, table: *table, key_col, _pad: 0, slot_count, rows };
+    let (r, _) = call(ex, &o, Io::In(&bytes))?;
+    Ok(std::time::Duration::from_nanos(r.scan_ns))
 }
 
 /// Moves the groups of the group table `from` into `to` (a segment of at least the bytes of a

@@ -328,6 +328,22 @@ operations! {
     /// the pairs inserted and the nanoseconds the scanning took.
     ScanBuild = 28, In, Pool: ScanBuild [cache, table] { key_col: u32, _pad: u32, slot_count: u64 }
         -> ScanBuilt { inserted: u64, scan_ns: u64 };
+    /// `Create`, then the staging bytes written at the segment's start as `Write` writes
+    /// them: a temporary table made with its contents in one request (a failed write drops
+    /// the segment again).
+    CreateWith = 29, In, Main: CreateWith [seg] {
+        size: i64, max_size: i64, has_max_size: u32, pref: u32, owner: u32, _pad: u32, now: i64,
+    } -> CreatedWith { id: u64 };
+    /// A whole `ScanBuild`: the table's header and `slot_count` slots zeroed first (as
+    /// `BuildBegin`), then the build, which must insert `rows` pairs (else an ERROR, the table
+    /// left without a header), then the header written (`exec::build_finish`'s): one request
+    /// where three were.
+    ScanBuildTable = 30, In, Pool: ScanBuildTable [cache, table] { key_col: u32, _pad: u32, slot_count: u64, rows: u64 }
+        -> ScanBuiltTable { inserted: u64, scan_ns: u64 };
+    /// Drops the segments whose `SegRef`s lie one after another in staging, in order, as
+    /// `Drop` drops each; the first failure ends the request (its error the reply: those
+    /// before it are dropped). A statement's temporary segments in one request at its end.
+    DropSegments = 31, In, Main: DropSegments [] {} -> DroppedSegments { dropped: u64 };
 }
 
 /// A request as it lies in a slot: the operation's number, its input bytes in staging, and its
@@ -499,11 +515,12 @@ mod tests {
         for &m in Mode::ALL {
             assert_eq!(Mode::from_u32(m as u32), m);
         }
-        assert_eq!(Op::ALL.len(), 28);
+        assert_eq!(Op::ALL.len(), 31);
         assert_eq!(Mode::from_u32(77), Mode::Undecided);
         // The numbers are what a slot carries: fixed forever.
         assert_eq!((Op::Ping as u32, Op::Materialize as u32, Op::Launch as u32, Op::CacheProbe as u32), (1, 12, 22, 25));
         assert_eq!((Op::ScanGroups as u32, Op::GroupsGrow as u32, Op::ScanBuild as u32), (26, 27, 28));
+        assert_eq!((Op::CreateWith as u32, Op::ScanBuildTable as u32, Op::DropSegments as u32), (29, 30, 31));
     }
 
     #[test]

@@ -538,6 +538,22 @@ fn dimension_join_tables_are_built_from_programs_over_their_caches() {
     got.sort();
     want.sort();
     assert_eq!(got, want);
+    // the same table in one request (`ScanBuildTable`), over a table full of garbage: zeroed,
+    // built, its header written: the same bytes
+    create(&mut ex, "bt1", tb, Some(tb), TierPref::Host, 10, 0).unwrap();
+    let t1 = seg_ref(ex.segs, "bt1");
+    fill(&mut ex, &t1, 0, tb, 99).unwrap();
+    scan_build_table(&mut ex, &cache, &g, &t1, &spec, 0, n, inserted).unwrap();
+    let mut words1 = vec![0u64; tb as usize / 8];
+    read(&mut ex, &t1, 0, words1.as_mut_bytes()).unwrap();
+    assert!(words1 == words, "ScanBuildTable's table is BuildBegin, ScanBuild and build_finish's");
+    // told another count of rows: an ERROR, and the table left without a header
+    let e = scan_build_table(&mut ex, &cache, &g, &t1, &spec, 0, n, inserted + 1).unwrap_err();
+    assert!(e.message.contains("inserted"), "{e}");
+    read(&mut ex, &t1, 0, words1.as_mut_bytes()).unwrap();
+    assert!(table::Table::view_words("bt1", &words1).is_err());
+    let e = scan_build_table(&mut ex, &cache, &t1, &t1, &spec, 0, n, inserted).unwrap_err();
+    assert_eq!(e.code, Code::InvalidParameterValue, "{e}");
     // a group table of another filter lacks groups of these rows
     let other = scan::Spec { filters: vec![Filter::and(1, Test::Range { lo: 0, hi: 0 })], ..spec.clone() };
     let g2 = groups_of(&mut ex, "bg2", &other);
@@ -554,4 +570,69 @@ fn dimension_join_tables_are_built_from_programs_over_their_caches() {
     let joined = scan::Spec { dims: vec![t], joins: vec![(0, 0)], ..spec.clone() };
     assert_eq!(scan_build(&mut ex, &cache, &g, &t, &joined, 0, n).unwrap_err().code, Code::InvalidParameterValue);
     assert_eq!(scan_build(&mut ex, &cache, &g, &t, &spec, 2, n).unwrap_err().code, Code::InvalidParameterValue);
+}
+
+/// A segment made with its first bytes in one request (`CreateWith`), in staging's size or
+/// past it (a creation, then writes); bytes past the size refused with the segment dropped
+/// again; and several segments dropped in one request (`DropSegments`), in order, the first
+/// failure ending it with those before it dropped.
+#[test]
+fn segments_are_made_with_their_bytes_and_dropped_together() {
+    let world = World::new("exec-create-with", Arena::default());
+    let mut segs = process(&world, 1);
+    {
+        let mut ex = Small { inner: Local { segs: &mut segs }, max: 4096, requests: 0 };
+        for (name, len, requests) in [("cw_small", 1000usize, 1), ("cw_large", 4096 * 2 + 3, 4)] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+            let size = (len + 100) as i64;
+            let before = ex.requests;
+            let id = create_with(&mut ex, name, size, Some(size), TierPref::Auto, 10, 0, &data).unwrap();
+            assert_eq!(ex.requests - before, requests, "{name}: one request where the bytes fit");
+            let seg = seg_ref(ex.inner.segs, name);
+            assert_eq!(seg.id, id);
+            let mut back = vec![0u8; len];
+            read(&mut ex, &seg, 0, &mut back).unwrap();
+            assert!(back == data, "{name}: the bytes read back");
+        }
+        // more bytes than the segment holds: the write's error, and no segment left
+        let e = create_with(&mut ex, "cw_short", 64, Some(64), TierPref::Auto, 10, 0, &[1u8; 65]).unwrap_err();
+        assert_eq!(e.code, Code::OutOfRange, "{e}");
+        assert_eq!(ex.inner.segs.lookup("cw_short").unwrap_err().code, Code::UndefinedObject);
+        // a name taken: the creation's error, the segment as it was
+        let e = create_with(&mut ex, "cw_small", 64, Some(64), TierPref::Auto, 10, 0, &[1u8; 8]).unwrap_err();
+        assert_eq!(e.code, Code::DuplicateObject, "{e}");
+        assert_eq!(ex.inner.segs.lookup("cw_small").unwrap().size, 1100);
+        // dropped together in one request; then a list whose second is gone: the first
+        // dropped, the third kept
+        let (a, b) = (seg_ref(ex.inner.segs, "cw_small"), seg_ref(ex.inner.segs, "cw_large"));
+        let before = ex.requests;
+        drop_all(&mut ex, &[a, b]).unwrap();
+        assert_eq!(ex.requests - before, 1);
+        assert!(ex.inner.segs.lookup("cw_small").is_err() && ex.inner.segs.lookup("cw_large").is_err());
+        for n in ["d1", "d3"] {
+            create(&mut ex, n, 64, Some(64), TierPref::Auto, 10, 0).unwrap();
+        }
+        let (d1, d3) = (seg_ref(ex.inner.segs, "d1"), seg_ref(ex.inner.segs, "d3"));
+        let e = drop_all(&mut ex, &[d1, a, d3]).unwrap_err();
+        assert_eq!(e.code, Code::UndefinedObject, "{e}");
+        assert!(ex.inner.segs.lookup("d1").is_err());
+        assert!(ex.inner.segs.lookup("d3").is_ok());
+        // bytes that are not whole segment references
+        let e = call(&mut ex, &ops::DropSegments {}, Io::In(&[0u8; 13])).unwrap_err();
+        assert_eq!(e.code, Code::ProtocolViolation, "{e}");
+        // more than one request's worth of names (three a request here): split
+        ex.max = 256;
+        let many: Vec<String> = (0..6).map(|i| format!("m{i}")).collect();
+        for n in &many {
+            create(&mut ex, n, 64, Some(64), TierPref::Auto, 10, 0).unwrap();
+        }
+        let refs: Vec<SegRef> = many.iter().map(|n| seg_ref(ex.inner.segs, n)).chain([d3]).collect();
+        let before = ex.requests;
+        drop_all(&mut ex, &refs).unwrap();
+        assert_eq!(ex.requests - before, 3);
+        assert!(many.iter().all(|n| ex.inner.segs.lookup(n).is_err()));
+        drop_all(&mut ex, &[]).unwrap();
+    }
+    std::mem::drop(segs);
+    assert_eq!(world.finish(), 0, "every chunk released");
 }

@@ -125,11 +125,23 @@ impl Begun {
     }
 }
 
-/// A new temporary group table of `shape`.
+/// A new temporary group table of `shape` (its segment, not yet a table).
 fn new_groups(shape: &groups::Shape) -> Result<SegRef> {
     let bytes = shape.bytes().min(i64::MAX as u64) as i64;
     cleanup::try_create("groups", |name| {
         try_executor(|ex| exec::create(ex, name, bytes, Some(bytes), TierPref::Auto, current_user(), now()))
+    })
+}
+
+/// A new temporary group table of `shape`, empty (its header and empty slots written with its
+/// creation: `exec::create_with`, one request where it fits).
+fn new_empty_groups(shape: &groups::Shape) -> Result<SegRef> {
+    let mut init = Vec::new();
+    crate::node::fallible::try_resize(&mut init, shape.bytes() as usize, 0u8, "a group table")?;
+    groups::init(&mut init, shape, 0x5eed)?;
+    let bytes = shape.bytes().min(i64::MAX as u64) as i64;
+    cleanup::try_create("groups", |name| {
+        try_executor(|ex| exec::create_with(ex, name, bytes, Some(bytes), TierPref::Auto, current_user(), now(), &init))
     })
 }
 
@@ -146,13 +158,7 @@ pub(super) fn begin_program(
     stats: &mut Stats,
 ) -> Result<Begun> {
     let t = std::time::Instant::now();
-    let seg = new_groups(&shape)?;
-    {
-        let mut init = Vec::new();
-        crate::node::fallible::try_resize(&mut init, shape.bytes() as usize, 0u8, "a group table")?;
-        groups::init(&mut init, &shape, 0x5eed)?;
-        try_executor(|ex| exec::write(ex, &seg, 0, &init))?;
-    }
+    let seg = new_empty_groups(&shape)?;
     stats.setup += t.elapsed();
     let first =
         if scan { Some(try_executor(|ex| exec::scan_groups_start(ex, &u.seg, &seg, spec, (0, 0), max_groups))?) } else { None };

@@ -36,6 +36,10 @@ pub enum ProgramWork {
         target: crate::exec::cached::BuildTarget,
         spec: crate::exec::scan::Spec,
         key_col: usize,
+        /// `ScanBuildTable`'s: the rows the build must insert, the table zeroed before it
+        /// and its header written after (`None`: `ScanBuild`, a table begun and finished by
+        /// requests of their own).
+        whole: Option<u64>,
     },
     /// A group table's groups moved into a bigger one (the CPU's).
     GroupsGrow { from: Whole, to: Whole, slot_count: u64 },
@@ -127,7 +131,12 @@ pub(super) fn prepare<E: Env>(
             pins.push(groups_pin);
             ProgramWork::ScanGroups { cache, groups, dims, spec, start: (start_block, start_row), max_groups }
         }
-        Call::ScanBuild(ops::ScanBuild { cache, table, key_col, slot_count, .. }) => {
+        Call::ScanBuild(ops::ScanBuild { cache, table, key_col, slot_count, .. })
+        | Call::ScanBuildTable(ops::ScanBuildTable { cache, table, key_col, slot_count, .. }) => {
+            let whole = match *call {
+                Call::ScanBuildTable(o) => Some(o.rows),
+                _ => None,
+            };
             let spec = crate::exec::scan::Spec::decode(io.input())?;
             let [groups] = spec.dims.as_slice() else {
                 return Err(uvm_err!(Code::InvalidParameterValue, "a build program names its group table and nothing else"));
@@ -150,7 +159,7 @@ pub(super) fn prepare<E: Env>(
             groups_pin.count_read(groups.len as u64);
             table_pin.count_written(len);
             pins.extend([table_pin, cache_pin, groups_pin]);
-            ProgramWork::ScanBuild { cache, groups, target, spec, key_col: key_col as usize }
+            ProgramWork::ScanBuild { cache, groups, target, spec, key_col: key_col as usize, whole }
         }
         Call::GroupsGrow(ops::GroupsGrow { from, to, slot_count }) => {
             let (from_pin, to_pin) = (pin_ref(segs, &from)?, pin_ref(segs, &to)?);
@@ -217,7 +226,7 @@ impl ProgramWork {
                 let progress = crate::scan::run(&program, &layout, cache_bytes, &mut g, *start)?;
                 done(&scanned(progress, t.elapsed().as_nanos() as u64))
             }
-            ProgramWork::ScanBuild { cache, groups, target, spec, key_col } if cache.engine == Engine::Cuda => {
+            ProgramWork::ScanBuild { cache, groups, target, spec, key_col, whole } if cache.engine == Engine::Cuda => {
                 let program = crate::scan::gpu::DeviceProgram {
                     filters: &spec.filters,
                     joins: Vec::new(),
@@ -227,14 +236,23 @@ impl ProgramWork {
                 let mut scan_ns = 0;
                 // SAFETY: the job's pins hold the three segments (contract), three different
                 // ones (prepare), each `Whole` its whole range as device addresses; the target's
-                // slots lie in the pinned table (`table_for_build`).
+                // header and slots lie in the pinned table (`table_for_build`: `len` bytes, 8-byte
+                // aligned at a segment's start).
                 let inserted = crate::gpu::gpu()?.with_kernels(|k| unsafe {
+                    if whole.is_some() {
+                        k.zero(target.addr, target.len as u64 / 8)?;
+                    }
                     let table = (target.addr, target.slot_count);
                     crate::scan::gpu::build(k, &program, *key_col, &cache.device(), &groups.device(), table, &mut scan_ns)
                 })?;
-                done(&ops::ScanBuilt { inserted, scan_ns })
+                if let Some(rows) = *whole {
+                    let header = whole_header(target, inserted, rows)?;
+                    // SAFETY: the pinned table's first bytes (as above); the header is ours.
+                    unsafe { crate::gpu::copy(target.addr, header.as_ptr() as u64, header.len()) }?;
+                }
+                Ok(scan_built(whole.is_some(), inserted, scan_ns))
             }
-            ProgramWork::ScanBuild { cache, groups, target, spec, key_col } => {
+            ProgramWork::ScanBuild { cache, groups, target, spec, key_col, whole } => {
                 // SAFETY: the job's pins hold the three segments (contract), three different
                 // ones (prepare): the group table's and the target's views are the only ones.
                 let (cache_bytes, groups_bytes, table_bytes) = unsafe {
@@ -248,11 +266,22 @@ impl ProgramWork {
                     aggs: spec.aggs.clone(),
                 };
                 let mut g = crate::groups::Table::parse(&groups.name, groups_bytes)?;
+                if whole.is_some() {
+                    for part in table_bytes.chunks_mut(1 << 20) {
+                        part.fill(0);
+                        crate::interrupt::check()?;
+                    }
+                }
                 let mut b = table::Builder::resume(&target.name, table_bytes, KeyType::Int8, target.slot_count, 0)?;
                 let t = std::time::Instant::now();
                 let inserted =
                     crate::scan::build(&program, *key_col, &layout, cache_bytes, &mut g, &mut b, target.slot_count / 2)?;
-                done(&ops::ScanBuilt { inserted, scan_ns: t.elapsed().as_nanos() as u64 })
+                let scan_ns = t.elapsed().as_nanos() as u64;
+                if let Some(rows) = *whole {
+                    let header = whole_header(target, inserted, rows)?;
+                    table_bytes[..header.len()].copy_from_slice(&header);
+                }
+                Ok(scan_built(whole.is_some(), inserted, scan_ns))
             }
             ProgramWork::GroupsGrow { from, to, slot_count } if from.engine == Engine::Cuda => {
                 // (the context current on this thread, for the copies)
@@ -270,6 +299,29 @@ impl ProgramWork {
                 done(&ops::GroupsGrown { groups: from_table.header().groups })
             }
         }
+    }
+}
+
+/// The header of a table `ScanBuildTable` built, which had to insert `rows` pairs: an ERROR
+/// where it inserted another number (the table then stays without a header, unusable).
+fn whole_header(target: &crate::exec::cached::BuildTarget, inserted: u64, rows: u64) -> Result<Vec<u8>> {
+    if inserted != rows {
+        return Err(uvm_err!(
+            Code::SystemError,
+            "a dimension's build inserted {inserted} rows of the {rows} its program counted into \"{}\"",
+            target.name
+        ));
+    }
+    let header = table::Header { slot_count: target.slot_count, ..table::header_for(KeyType::Int8, rows, 0, 0) };
+    Ok(header.as_bytes().to_vec())
+}
+
+/// The reply of a build: `ScanBuildTable`'s (`whole`) or `ScanBuild`'s.
+fn scan_built(whole: bool, inserted: u64, scan_ns: u64) -> Done {
+    if whole {
+        ops::ScanBuiltTable { inserted, scan_ns }.done(0)
+    } else {
+        ops::ScanBuilt { inserted, scan_ns }.done(0)
     }
 }
 
