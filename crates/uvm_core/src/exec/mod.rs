@@ -147,6 +147,20 @@ pub fn info(ex: &mut dyn Executor) -> Result<Vec<(String, String)>> {
     Ok(text.lines().filter_map(|l| l.split_once('\t')).map(|(k, v)| (k.to_string(), v.to_string())).collect())
 }
 
+/// A `Create` request's fields (see `Segments::create`).
+fn create_request(name: &str, size: i64, max_size: Option<i64>, pref: TierPref, owner: u32, now: i64) -> Result<ops::Create> {
+    Ok(ops::Create {
+        seg: SegRef::new(name, 0)?,
+        size,
+        max_size: max_size.unwrap_or(-1),
+        has_max_size: max_size.is_some() as u32,
+        pref: pref.code(),
+        owner,
+        _pad: 0,
+        now,
+    })
+}
+
 /// Creates a segment (see `Segments::create`); returns its id.
 pub fn create(
     ex: &mut dyn Executor,
@@ -157,17 +171,7 @@ pub fn create(
     owner: u32,
     now: i64,
 ) -> Result<u64> {
-    let o = ops::Create {
-        seg: SegRef::new(name, 0)?,
-        size,
-        max_size: max_size.unwrap_or(-1),
-        has_max_size: max_size.is_some() as u32,
-        pref: pref.code(),
-        owner,
-        _pad: 0,
-        now,
-    };
-    reply(ex, o).map(|r| r.id)
+    reply(ex, create_request(name, size, max_size, pref, owner, now)?).map(|r| r.id)
 }
 
 /// Creates a segment (as [`create`]) with `data` written at its start: one request where it
@@ -189,16 +193,8 @@ pub fn create_with(
         write(ex, &SegRef::new(name, id)?, 0, data)?;
         return Ok(id);
     }
-    let o = ops::CreateWith {
-        seg: SegRef::new(name, 0)?,
-        size,
-        max_size: max_size.unwrap_or(-1),
-        has_max_size: max_size.is_some() as u32,
-        pref: pref.code(),
-        owner,
-        _pad: 0,
-        now,
-    };
+    // (the same fields as Create's, in the same layout: zerocopy checks the sizes)
+    let o: ops::CreateWith = zerocopy::transmute!(create_request(name, size, max_size, pref, owner, now)?);
     call(ex, &o, Io::In(data)).map(|(r, _)| r.id)
 }
 
