@@ -991,11 +991,17 @@ __device__ __forceinline__ u64 scan_fold_row(const ScanRow &row, const u64 *join
 __device__ __forceinline__ unsigned scan_count(u64 counts, u64 k) { return (unsigned)(counts >> (7ull * k)) & 127u; }
 
 // Queues row g of each lane where keep, at the end of queue k (its count in counts, the same
-// in every lane: the ballot needs every lane).
-__device__ __forceinline__ void scan_push(u32 *queue, u64 *counts, u64 k, bool keep, u64 g) {
+// in every lane: the ballot needs every lane). A queue never holds more than 63 rows (the
+// loop's rounds and its drain see to it); rows past SCAN_QUEUE would be a bug of this file,
+// refused as a program error rather than written over the next queue.
+__device__ __forceinline__ void scan_push(u32 *queue, u64 *counts, u64 k, bool keep, u64 g, u64 *out) {
     unsigned lane = threadIdx.x & 31u;
     unsigned kept = __ballot_sync(SCAN_LANES, keep);
     unsigned at = scan_count(*counts, k);
+    if (at + (unsigned)__popc(kept) > SCAN_QUEUE) {
+        if (lane == 0) scan_error(out, SCAN_ERR_PROGRAM);
+        return;
+    }
     if (keep) queue[k * SCAN_QUEUE + at + __popc(kept & ((1u << lane) - 1u))] = (u32)g;
     *counts += (u64)__popc(kept) << (7ull * k);
     __syncwarp();
@@ -1074,7 +1080,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) uvm_scan_groups(const u64 *
             u64 w, at, walked;
             bool keep = some && scan_col(row, joins[5 * k], &w) &&
                         scan_match(joins + 5 * k, (long long)w, true, &at, &walked, out);
-            scan_push(queue, &counts, k + 1ull, keep, g);
+            scan_push(queue, &counts, k + 1ull, keep, g, out);
         } else if (some) {
             folded += scan_fold_row(row, joins, njoins, keys, nkeys, aggs, naggs, slots, mask, seed, key_words,
                                     slot_words, groups, limit, mode, out);
@@ -1112,7 +1118,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) uvm_scan_groups(const u64 *
             stopped = true;
             break;
         }
-        scan_push(queue, &counts, nfilters == 0ull && njoins != 0ull ? 1ull : 0ull, keep, g);
+        scan_push(queue, &counts, nfilters == 0ull && njoins != 0ull ? 1ull : 0ull, keep, g, out);
         // Each queue gains at most 32 rows a round and gives 32 once it has them: below 64.
         for (u64 k = 0; k <= njoins; k++) {
             if (scan_count(counts, k) < 32u) continue;
@@ -1125,13 +1131,21 @@ extern "C" __global__ void __launch_bounds__(256, 4) uvm_scan_groups(const u64 *
             break;
         }
     }
-    // The rows left, queue by queue (each below 32 at the end of a round, so a queue takes at
-    // most the 31 of its own and 31 from the one before: two rounds).
+    // The rows left, queue by queue. Every queue is below 32 at the end of a round; a pop of
+    // queue k takes fewer than 32, which go on to queue k + 1, and then every later queue that
+    // reaches 32 takes its step at once, as in a round, so that each stays below 64 (taking
+    // queue k + 1 whole afterwards instead would push up to 62 rows into queue k + 2, which may
+    // hold 31 already).
     for (u64 k = 0; !stopped && k <= njoins; k++) {
         while (scan_count(counts, k) != 0u) {
             u64 q;
             bool some = scan_pop(queue, &counts, k, &q);
             step(k, some, q);
+            for (u64 m = k + 1ull; m <= njoins; m++) {
+                if (scan_count(counts, m) < 32u) continue;
+                some = scan_pop(queue, &counts, m, &q);
+                step(m, some, q);
+            }
         }
         stopped = __any_sync(SCAN_LANES, scan_failed());
     }

@@ -301,6 +301,32 @@ int main() {
         run("grouped, one warp", g, both, 0, 2, 1, 32);
         run("grouped, a grid wider than the rows", g, both, 0, 5, 40, 256);
 
+        // Three joins, most rows passing each: the warps' queues between the joins hold many
+        // rows when their loops end, so the drain goes through every queue with some left.
+        Program s3;
+        s3.joins = {A.word(0), B.word(5), A.word(0)};
+        s3.keys = {2ull << 32 | 0, 2ull << 32 | 1};
+        add_aggs(s3, {{1, 0}, {3, 1, 3}});
+        run("grouped by A and B over three joins", s3, both);
+        run("grouped by A and B over three joins, one warp a block", s3, both, 0, 2, 5, 32);
+        // Joins that pass most rows after ones that pass fewer, on grids of 1 to 13 blocks: the
+        // drain at the loops' end meets queues with many rows each, where a queue taken whole
+        // once pushed more rows into the next than it holds (seen here as the kernel's program
+        // error, which its queues now refuse with rather than write past their end).
+        for (unsigned gx : {1u, 2u, 3u, 7u, 13u}) {
+            Program s4;
+            s4.joins = {B.word(5), A.word(0), B.word(5), A.word(0)};
+            s4.keys = {2ull << 32 | 1};
+            add_aggs(s4, {{1, 0}});
+            run(("B, A, B, A, grid of " + std::to_string(gx)).c_str(), s4, both, 0, 2, gx, 96);
+            Program s5;
+            s5.filters = {{2, 1, false, (unsigned long long)LLONG_MIN, 30}};
+            s5.joins = {A.word(0), B.word(5), A.word(0)};
+            s5.keys = {2ull << 32 | 1};
+            add_aggs(s5, {{1, 0}});
+            run(("c2 <= 30, A, B, A, grid of " + std::to_string(gx)).c_str(), s5, both, 0, 2, gx, 64);
+        }
+
         // Errors: c2 / (c1 - 5) > 0 divides by zero where c1 = 5; sum(c4 * c4) overflows.
         Program e1;
         e1.steps = {1, 2, 1, 1, 2, 5, 3 | (2ull << 8) | (8ull << 16), 0, 3 | (4ull << 8) | (8ull << 16), 0, 2, 0};
