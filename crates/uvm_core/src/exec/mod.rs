@@ -587,6 +587,15 @@ impl ScanGroupsPending {
     }
 }
 
+/// The bulk bytes of a dimension's build program (`ScanBuild`, `ScanBuildTable`): `spec`,
+/// which has no joins, with its one segment, the group table `groups` of the same program.
+fn build_program_bytes(ex: &mut dyn Executor, spec: &scan::Spec, groups: &SegRef) -> Result<Vec<u8>> {
+    if !spec.dims.is_empty() || !spec.joins.is_empty() {
+        return Err(UvmError::new(Code::InvalidParameterValue, "a dimension's build program has no joins"));
+    }
+    program_bytes(ex, &scan::Spec { dims: vec![*groups], ..spec.clone() })
+}
+
 /// Inserts the pairs of a dimension's rows in the cache `cache` that pass `spec`'s filters into
 /// the join table `table` of `slot_count` slots (begun by [`build_begin`]; finish it with
 /// [`build_finish`]): key column `key_col`, payload the slot of the row's group in `groups`,
@@ -601,10 +610,7 @@ pub fn scan_build(
     key_col: u32,
     slot_count: u64,
 ) -> Result<(u64, std::time::Duration)> {
-    if !spec.dims.is_empty() || !spec.joins.is_empty() {
-        return Err(UvmError::new(Code::InvalidParameterValue, "a dimension's build program has no joins"));
-    }
-    let bytes = program_bytes(ex, &scan::Spec { dims: vec![*groups], ..spec.clone() })?;
+    let bytes = build_program_bytes(ex, spec, groups)?;
     let o = ops::ScanBuild { cache: *cache, table: *table, key_col, _pad: 0, slot_count };
     let (r, _) = call(ex, &o, Io::In(&bytes))?;
     Ok((r.inserted, std::time::Duration::from_nanos(r.scan_ns)))
@@ -624,10 +630,7 @@ pub fn scan_build_table(
     slot_count: u64,
     rows: u64,
 ) -> Result<std::time::Duration> {
-    if !spec.dims.is_empty() || !spec.joins.is_empty() {
-        return Err(UvmError::new(Code::InvalidParameterValue, "a dimension's build program has no joins"));
-    }
-    let bytes = program_bytes(ex, &scan::Spec { dims: vec![*groups], ..spec.clone() })?;
+    let bytes = build_program_bytes(ex, spec, groups)?;
     let o = ops::ScanBuildTable { cache: *cache, table: *table, key_col, _pad: 0, slot_count, rows };
     let (r, _) = call(ex, &o, Io::In(&bytes))?;
     Ok(std::time::Duration::from_nanos(r.scan_ns))
