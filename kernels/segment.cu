@@ -100,7 +100,9 @@ struct Slot { u64 tag; long long key; long long payload; };
 // its per-thread state (`resume`) and sets the launch's `more` word; the host launches again
 // with fresh = 0 (the first launch of a batch has fresh = 1) and the same grid, and the walk
 // goes on. A healthy table's chains are short: its batches take one launch.
+#ifndef WALK_BUDGET
 #define WALK_BUDGET 4096ull
+#endif
 // The walk-state word of a thread with no walk in progress.
 #define NO_WALK (~0ull)
 

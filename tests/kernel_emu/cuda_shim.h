@@ -4,8 +4,8 @@
 // states) is tested, not their races, which only the GPU suite can show.
 //
 // A warp's 32 lanes run as coroutines (emu::run_warp), one at a time: a lane at a warp
-// collective (__ballot_sync, __any_sync, __syncwarp) waits there until every lane has come to
-// one, and the collective's result is then computed from them all. A lane that returns while
+// collective (__ballot_sync, __any_sync, __syncwarp, __shfl_down_sync) waits there until every
+// lane has come to one, and the collective's result is then computed from them all. A lane that returns while
 // others wait at a collective, or lanes at different collectives, abort the run: on the GPU
 // that is a hang or undefined behaviour, so the emulator checks that the kernel keeps its
 // warps together where it says it does.
@@ -48,8 +48,6 @@ inline long long __mul64hi(long long a, long long b) { return (long long)(((__in
 inline long long __double_as_longlong(double d) { long long x; std::memcpy(&x, &d, 8); return x; }
 inline double __longlong_as_double(long long x) { double d; std::memcpy(&d, &x, 8); return d; }
 inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
-// (only the reductions of other kernels shuffle: one lane's value is the warp's here)
-inline unsigned long long __shfl_down_sync(unsigned, unsigned long long v, int) { return 0; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 
 namespace emu {
@@ -57,7 +55,7 @@ struct Lane {
     ucontext_t ctx;
     std::vector<char> stack;
     bool done = false, waiting = false;
-    int op = 0;
+    int op = 0, arg = 0;
     unsigned long long val = 0, res = 0;
 };
 inline Lane lanes[32];
@@ -70,10 +68,14 @@ inline void entry() {
     lanes[cur].done = true; // (back to sched through uc_link)
 }
 
-// The calling lane's part in collective `op`: waits for the warp, returns the ballot of vals.
-inline unsigned long long collective(int op, unsigned long long v) {
+// The calling lane's part in collective `op` (with `arg`, the same in every lane): waits for
+// the warp, returns the ballot of vals (op SHFL_DOWN: the val of lane + arg, or its own where
+// that is past lane 31).
+constexpr int SHFL_DOWN = 4;
+inline unsigned long long collective(int op, unsigned long long v, int arg = 0) {
     int me = cur;
     lanes[me].op = op;
+    lanes[me].arg = arg;
     lanes[me].val = v;
     lanes[me].waiting = true;
     swapcontext(&lanes[me].ctx, &sched);
@@ -100,17 +102,18 @@ inline void run_warp(unsigned first, std::function<void()> fn) {
             threadIdx.x = first + i;
             swapcontext(&sched, &lanes[i].ctx);
         }
-        int done = 0, waiting = 0, op = 0;
+        int done = 0, waiting = 0, op = 0, arg = 0;
         unsigned long long ballot = 0;
         for (int i = 0; i < 32; i++) {
             done += lanes[i].done;
             if (!lanes[i].waiting) continue;
             waiting++;
-            if (op != 0 && lanes[i].op != op) {
+            if (op != 0 && (lanes[i].op != op || lanes[i].arg != arg)) {
                 std::fprintf(stderr, "kernel_emu: the lanes of a warp at different collectives\n");
                 std::abort();
             }
             op = lanes[i].op;
+            arg = lanes[i].arg;
             if (lanes[i].val) ballot |= 1ull << i;
         }
         if (done == 32) return;
@@ -119,7 +122,7 @@ inline void run_warp(unsigned first, std::function<void()> fn) {
             std::abort();
         }
         for (int i = 0; i < 32; i++) {
-            lanes[i].res = ballot;
+            lanes[i].res = op != SHFL_DOWN ? ballot : i + arg < 32 ? lanes[i + arg].val : lanes[i].val;
             lanes[i].waiting = false;
         }
     }
@@ -129,6 +132,9 @@ inline void run_warp(unsigned first, std::function<void()> fn) {
 inline unsigned __ballot_sync(unsigned, int pred) { return (unsigned)emu::collective(1, pred != 0); }
 inline int __any_sync(unsigned, int pred) { return emu::collective(2, pred != 0) != 0; }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::collective(3, 0); }
+inline unsigned long long __shfl_down_sync(unsigned, unsigned long long v, int off) {
+    return emu::collective(emu::SHFL_DOWN, v, off);
+}
 using std::isfinite;
 using std::isinf;
 using std::isnan;
