@@ -149,6 +149,12 @@ __device__ __forceinline__ bool locate(u64 g, u64 n, u64 stride, const u8 *heade
 // out and counted in out[0]; out[1] is set when a thread ran out of its walk budget (launch
 // again, fresh = 0); out[4] when a block's count was above n. resume: 3 words per thread: next
 // row index, slot index and steps of the walk in progress (NO_WALK: none).
+//
+// A thread takes its rows BUILD_BATCH at a time, reading each one's block count, NULL bits,
+// key and payload before it claims any slot, as uvm_join_probe does (below: why).
+#ifndef BUILD_BATCH
+#define BUILD_BATCH 4
+#endif
 extern "C" __global__ void uvm_join_build(Slot *slots, u64 mask, u64 seed, const u8 *keys, u64 key_width,
                                           const u8 *key_nulls, const u8 *payloads, u64 payload_width,
                                           const u8 *payload_nulls, u64 n, u64 blocks, u64 block_stride,
@@ -163,54 +169,80 @@ extern "C" __global__ void uvm_join_build(Slot *slots, u64 mask, u64 seed, const
     u64 budget = WALK_BUDGET;
     bool more = false;
     u64 null_keys = 0, null_payloads = 0, placed_rows = 0;
-    for (; g < total; g += stride) {
-        u64 off, r;
-        if (!locate(g, n, block_stride, headers, &out[4], &off, &r)) {
-            step = NO_WALK; // (no walk is ever in progress here, unless the count changed)
-            continue;
-        }
-        if (step == NO_WALK && column_null(key_nulls, off, r)) {
-            null_keys++;
-            continue;
-        }
-        long long k = column_value(keys + off, key_width, r);
-        u64 t = mix((u64)k ^ seed) | 1ull;
-        if (step == NO_WALK) {
-            i = t & mask;
-            step = 0;
-        }
-        // claim an empty slot; key and payload are written by the claimer before any probe runs
-        bool placed = false;
-        for (; step <= mask; step++) {
-            if (budget == 0ull) {
-                more = true;
-                break;
-            }
-            budget--;
-            if (gave_up(&out[0], step)) break;
-            if (atomicCAS(&slots[i].tag, 0ull, t) == 0ull) {
-                placed = true;
-                break;
-            }
-            i = (i + 1) & mask;
-        }
-        if (more) break;
-        step = NO_WALK;
-        if (!placed) {
-            atomicAdd(&out[0], 1ull);
-            continue;
-        }
-        long long p = 0;
-        if (payload_width != 0ull) {
-            if (column_null(payload_nulls, off, r)) {
-                null_payloads++;
-            } else {
-                p = column_value(payloads + off, payload_width, r);
+    while (g < total) {
+        long long k[BUILD_BATCH], p[BUILD_BATCH];
+        u64 count[BUILD_BATCH];
+        bool null[BUILD_BATCH], pnull[BUILD_BATCH];
+#pragma unroll
+        for (int j = 0; j < BUILD_BATCH; j++) {
+            u64 gj = g + (u64)j * stride;
+            k[j] = p[j] = 0;
+            count[j] = 0;
+            null[j] = pnull[j] = false;
+            if (gj < total) {
+                u64 b = gj / n, r = gj - b * n, off = b * block_stride;
+                count[j] = headers == 0 ? n : *(const u64 *)(headers + off);
+                null[j] = column_null(key_nulls, off, r);
+                k[j] = column_value(keys + off, key_width, r);
+                if (payload_width != 0ull) {
+                    pnull[j] = column_null(payload_nulls, off, r);
+                    p[j] = column_value(payloads + off, payload_width, r);
+                }
             }
         }
-        slots[i].key = k;
-        slots[i].payload = p;
-        placed_rows++;
+        int j = 0;
+        for (; j < BUILD_BATCH; j++) {
+            u64 gj = g + (u64)j * stride;
+            if (gj >= total) break;
+            if (count[j] > n) {
+                if (*(volatile u64 *)&out[4] == 0ull) atomicExch(&out[4], 1ull);
+                step = NO_WALK;
+                continue;
+            }
+            if (gj % n >= count[j]) {
+                step = NO_WALK; // (no walk is ever in progress here, unless the count changed)
+                continue;
+            }
+            if (step == NO_WALK && null[j]) {
+                null_keys++;
+                continue;
+            }
+            u64 t = mix((u64)k[j] ^ seed) | 1ull;
+            if (step == NO_WALK) {
+                i = t & mask;
+                step = 0;
+            }
+            // claim an empty slot; key and payload are written by the claimer before any probe runs
+            bool placed = false;
+            for (; step <= mask; step++) {
+                if (budget == 0ull) {
+                    more = true;
+                    break;
+                }
+                budget--;
+                if (gave_up(&out[0], step)) break;
+                if (atomicCAS(&slots[i].tag, 0ull, t) == 0ull) {
+                    placed = true;
+                    break;
+                }
+                i = (i + 1) & mask;
+            }
+            if (more) break;
+            step = NO_WALK;
+            if (!placed) {
+                atomicAdd(&out[0], 1ull);
+                continue;
+            }
+            if (pnull[j]) null_payloads++;
+            slots[i].key = k[j];
+            slots[i].payload = pnull[j] ? 0 : p[j];
+            placed_rows++;
+        }
+        if (more) {
+            g += (u64)j * stride;
+            break;
+        }
+        g += (u64)BUILD_BATCH * stride;
     }
     state[0] = g;
     state[1] = i;
@@ -242,7 +274,21 @@ __device__ __forceinline__ void warp_add(u64 *out, u64 v) {
 // and the payload sum (lo, hi as above) to out[0..3], and the keys whose chain had no empty
 // slot within mask + 1 steps to out[3] (a corrupted table); sets out[4] when a thread ran out
 // of its walk budget (launch again, fresh = 0: the sums go on adding up), out[5] when a
-// block's count was above n. resume: 3 words per thread, as for uvm_join_build.
+// block's count was above n. resume: 3 words per thread, as for uvm_join_build: the next row
+// and the walk in progress for it, if any.
+//
+// A thread takes its rows PROBE_BATCH at a time (rows g, g + stride, ...): it first reads each
+// row's block count, NULL bit and key, loads that do not depend on one another and so are in
+// flight together, and only then walks their chains. Read one row at a time, those three
+// loads wait for one another and the walk waits for them: a thread then waits out the memory's
+// latency three times a row, which leaves a probe of keys in the host tier (over the host link,
+// a microsecond or more a load) at a seventh of the link's bandwidth (bench/probes/host_probe.py).
+// A row's value and bitmap byte are read whatever its count says: every block holds n rows'
+// room, so they lie inside the column. A walk out of budget leaves its row as the next
+// launch's first, whose NULL test it does not repeat.
+#ifndef PROBE_BATCH
+#define PROBE_BATCH 8
+#endif
 extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed, const u8 *keys, u64 key_width,
                                           const u8 *key_nulls, u64 n, u64 blocks, u64 block_stride,
                                           const u8 *headers, u64 *resume, u64 fresh, u64 *out) {
@@ -254,47 +300,77 @@ extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed,
     u64 i = fresh ? 0ull : state[1];
     u64 step = fresh ? NO_WALK : state[2];
     u64 budget = WALK_BUDGET;
-    bool more = false;
+    bool more = false, corrupted = false;
     u64 matches = 0, lo = 0;
     long long hi = 0;
-    for (; g < total; g += stride) {
-        u64 off, r;
-        if (!locate(g, n, block_stride, headers, &out[5], &off, &r)) {
-            step = NO_WALK; // (no walk is ever in progress here, unless the count changed)
-            continue;
+    while (g < total) {
+        long long k[PROBE_BATCH];
+        u64 count[PROBE_BATCH];
+        bool null[PROBE_BATCH];
+#pragma unroll
+        for (int j = 0; j < PROBE_BATCH; j++) {
+            u64 gj = g + (u64)j * stride;
+            k[j] = 0;
+            count[j] = 0;
+            null[j] = false;
+            if (gj < total) {
+                u64 b = gj / n, r = gj - b * n, off = b * block_stride;
+                count[j] = headers == 0 ? n : *(const u64 *)(headers + off);
+                null[j] = column_null(key_nulls, off, r);
+                k[j] = column_value(keys + off, key_width, r);
+            }
         }
-        if (step == NO_WALK && column_null(key_nulls, off, r)) continue;
-        long long k = column_value(keys + off, key_width, r);
-        u64 t = mix((u64)k ^ seed) | 1ull;
-        if (step == NO_WALK) {
-            i = t & mask;
-            step = 0;
-        }
-        bool ended = false;
-        for (; step <= mask; step++) {
-            if (budget == 0ull) {
-                more = true;
+        int j = 0;
+        for (; j < PROBE_BATCH; j++) {
+            u64 gj = g + (u64)j * stride;
+            if (gj >= total) break;
+            if (count[j] > n) {
+                if (*(volatile u64 *)&out[5] == 0ull) atomicExch(&out[5], 1ull);
+                step = NO_WALK;
+                continue;
+            }
+            if (gj % n >= count[j]) {
+                step = NO_WALK; // (no walk is ever in progress here, unless the count changed)
+                continue;
+            }
+            if (step == NO_WALK && null[j]) continue;
+            u64 t = mix((u64)k[j] ^ seed) | 1ull;
+            if (step == NO_WALK) {
+                i = t & mask;
+                step = 0;
+            }
+            bool ended = false;
+            for (; step <= mask; step++) {
+                if (budget == 0ull) {
+                    more = true;
+                    break;
+                }
+                budget--;
+                if (gave_up(&out[3], step)) break;
+                u64 st = slots[i].tag;
+                if (st == 0ull) {
+                    ended = true;
+                    break;
+                }
+                if (st == t && slots[i].key == k[j]) {
+                    matches++;
+                    add_payload(lo, hi, slots[i].payload);
+                }
+                i = (i + 1) & mask;
+            }
+            if (more) break;
+            step = NO_WALK;
+            if (!ended) {
+                atomicAdd(&out[3], 1ull);
+                corrupted = true; // the host raises an ERROR: no need to probe this thread's other keys
                 break;
             }
-            budget--;
-            if (gave_up(&out[3], step)) break;
-            u64 st = slots[i].tag;
-            if (st == 0ull) {
-                ended = true;
-                break;
-            }
-            if (st == t && slots[i].key == k) {
-                matches++;
-                add_payload(lo, hi, slots[i].payload);
-            }
-            i = (i + 1) & mask;
         }
-        if (more) break;
-        step = NO_WALK;
-        if (!ended) {
-            atomicAdd(&out[3], 1ull);
-            break; // the host raises an ERROR: no need to probe this thread's other keys
+        if (more || corrupted) {
+            g += (u64)j * stride;
+            break;
         }
+        g += (u64)PROBE_BATCH * stride;
     }
     state[0] = g;
     state[1] = i;
