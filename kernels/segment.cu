@@ -149,12 +149,6 @@ __device__ __forceinline__ bool locate(u64 g, u64 n, u64 stride, const u8 *heade
 // out and counted in out[0]; out[1] is set when a thread ran out of its walk budget (launch
 // again, fresh = 0); out[4] when a block's count was above n. resume: 3 words per thread: next
 // row index, slot index and steps of the walk in progress (NO_WALK: none).
-//
-// A thread takes its rows BUILD_BATCH at a time, reading each one's block count, NULL bits,
-// key and payload before it claims any slot, as uvm_join_probe does (below: why).
-#ifndef BUILD_BATCH
-#define BUILD_BATCH 4
-#endif
 extern "C" __global__ void uvm_join_build(Slot *slots, u64 mask, u64 seed, const u8 *keys, u64 key_width,
                                           const u8 *key_nulls, const u8 *payloads, u64 payload_width,
                                           const u8 *payload_nulls, u64 n, u64 blocks, u64 block_stride,
@@ -169,80 +163,54 @@ extern "C" __global__ void uvm_join_build(Slot *slots, u64 mask, u64 seed, const
     u64 budget = WALK_BUDGET;
     bool more = false;
     u64 null_keys = 0, null_payloads = 0, placed_rows = 0;
-    while (g < total) {
-        long long k[BUILD_BATCH], p[BUILD_BATCH];
-        u64 count[BUILD_BATCH];
-        bool null[BUILD_BATCH], pnull[BUILD_BATCH];
-#pragma unroll
-        for (int j = 0; j < BUILD_BATCH; j++) {
-            u64 gj = g + (u64)j * stride;
-            k[j] = p[j] = 0;
-            count[j] = 0;
-            null[j] = pnull[j] = false;
-            if (gj < total) {
-                u64 b = gj / n, r = gj - b * n, off = b * block_stride;
-                count[j] = headers == 0 ? n : *(const u64 *)(headers + off);
-                null[j] = column_null(key_nulls, off, r);
-                k[j] = column_value(keys + off, key_width, r);
-                if (payload_width != 0ull) {
-                    pnull[j] = column_null(payload_nulls, off, r);
-                    p[j] = column_value(payloads + off, payload_width, r);
-                }
+    for (; g < total; g += stride) {
+        u64 off, r;
+        if (!locate(g, n, block_stride, headers, &out[4], &off, &r)) {
+            step = NO_WALK; // (no walk is ever in progress here, unless the count changed)
+            continue;
+        }
+        if (step == NO_WALK && column_null(key_nulls, off, r)) {
+            null_keys++;
+            continue;
+        }
+        long long k = column_value(keys + off, key_width, r);
+        u64 t = mix((u64)k ^ seed) | 1ull;
+        if (step == NO_WALK) {
+            i = t & mask;
+            step = 0;
+        }
+        // claim an empty slot; key and payload are written by the claimer before any probe runs
+        bool placed = false;
+        for (; step <= mask; step++) {
+            if (budget == 0ull) {
+                more = true;
+                break;
+            }
+            budget--;
+            if (gave_up(&out[0], step)) break;
+            if (atomicCAS(&slots[i].tag, 0ull, t) == 0ull) {
+                placed = true;
+                break;
+            }
+            i = (i + 1) & mask;
+        }
+        if (more) break;
+        step = NO_WALK;
+        if (!placed) {
+            atomicAdd(&out[0], 1ull);
+            continue;
+        }
+        long long p = 0;
+        if (payload_width != 0ull) {
+            if (column_null(payload_nulls, off, r)) {
+                null_payloads++;
+            } else {
+                p = column_value(payloads + off, payload_width, r);
             }
         }
-        int j = 0;
-        for (; j < BUILD_BATCH; j++) {
-            u64 gj = g + (u64)j * stride;
-            if (gj >= total) break;
-            if (count[j] > n) {
-                if (*(volatile u64 *)&out[4] == 0ull) atomicExch(&out[4], 1ull);
-                step = NO_WALK;
-                continue;
-            }
-            if (gj % n >= count[j]) {
-                step = NO_WALK; // (no walk is ever in progress here, unless the count changed)
-                continue;
-            }
-            if (step == NO_WALK && null[j]) {
-                null_keys++;
-                continue;
-            }
-            u64 t = mix((u64)k[j] ^ seed) | 1ull;
-            if (step == NO_WALK) {
-                i = t & mask;
-                step = 0;
-            }
-            // claim an empty slot; key and payload are written by the claimer before any probe runs
-            bool placed = false;
-            for (; step <= mask; step++) {
-                if (budget == 0ull) {
-                    more = true;
-                    break;
-                }
-                budget--;
-                if (gave_up(&out[0], step)) break;
-                if (atomicCAS(&slots[i].tag, 0ull, t) == 0ull) {
-                    placed = true;
-                    break;
-                }
-                i = (i + 1) & mask;
-            }
-            if (more) break;
-            step = NO_WALK;
-            if (!placed) {
-                atomicAdd(&out[0], 1ull);
-                continue;
-            }
-            if (pnull[j]) null_payloads++;
-            slots[i].key = k[j];
-            slots[i].payload = pnull[j] ? 0 : p[j];
-            placed_rows++;
-        }
-        if (more) {
-            g += (u64)j * stride;
-            break;
-        }
-        g += (u64)BUILD_BATCH * stride;
+        slots[i].key = k;
+        slots[i].payload = p;
+        placed_rows++;
     }
     state[0] = g;
     state[1] = i;
@@ -274,69 +242,102 @@ __device__ __forceinline__ void warp_add(u64 *out, u64 v) {
 // and the payload sum (lo, hi as above) to out[0..3], and the keys whose chain had no empty
 // slot within mask + 1 steps to out[3] (a corrupted table); sets out[4] when a thread ran out
 // of its walk budget (launch again, fresh = 0: the sums go on adding up), out[5] when a
-// block's count was above n. resume: 3 words per thread, as for uvm_join_build: the next row
-// and the walk in progress for it, if any.
+// block's count was above n, out[6] when the launch's blocks are not whole warps of at most
+// PROBE_WARPS (nothing probed).
 //
-// A thread takes its rows PROBE_BATCH at a time (rows g, g + stride, ...): it first reads each
-// row's block count, NULL bit and key, loads that do not depend on one another and so are in
-// flight together, and only then walks their chains. Read one row at a time, those three
-// loads wait for one another and the walk waits for them: a thread then waits out the memory's
-// latency three times a row, which leaves a probe of keys in the host tier (over the host link,
-// a microsecond or more a load) at a seventh of the link's bandwidth (bench/probes/host_probe.py).
-// A row's value and bitmap byte are read whatever its count says: every block holds n rows'
-// room, so they lie inside the column. A walk out of budget leaves its row as the next
-// launch's first, whose NULL test it does not repeat.
-#ifndef PROBE_BATCH
-#define PROBE_BATCH 8
-#endif
+// A warp probes a tile of PROBE_TILE consecutive rows of one block at a time (tiles t, t +
+// warps, ...). It first copies the tile's keys and NULL bitmap into its part of shared memory,
+// 16 bytes a load, every load of the tile in flight at once (a lane's 8 loads unrolled into
+// registers), and its block's count with one load; then each lane probes rows lane, lane + 32,
+// ... of the tile from there. Row by row, a thread's count, NULL bit and key were dependent
+// 8-byte loads, and a cache's host-tier part was read over the host link at 2.7 GB/s on an
+// H100 (bench/probes/host_probe.py): the link wants many wide reads in flight. The tile's room
+// is read whatever the count says (a block holds n rows' room; staged keys are one block of n).
+//
+// Resume: a lane out of budget keeps its walk and stops; the others finish the tile; then, if
+// any lane of the warp stopped (__any_sync), every lane saves (tile << 5 | its next row of the
+// tile, 16 when done; slot; steps) and the warp leaves. The next launch loads that tile again
+// and each lane goes on from its row. A warp that finished saves a tile past the last.
+#define PROBE_TILE 512ull
+#define PROBE_LANE_ROWS 16u
+#define PROBE_WARPS 8u
 extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed, const u8 *keys, u64 key_width,
                                           const u8 *key_nulls, u64 n, u64 blocks, u64 block_stride,
                                           const u8 *headers, u64 *resume, u64 fresh, u64 *out) {
+    __shared__ ulonglong2 tile_keys[PROBE_WARPS][PROBE_TILE * 8ull / 16ull];
+    __shared__ ulonglong2 tile_nulls[PROBE_WARPS][PROBE_TILE / 8ull / 16ull];
+    if ((blockDim.x & 31u) != 0u || blockDim.x > 32u * PROBE_WARPS) {
+        if (threadIdx.x == 0) atomicExch(&out[6], 1ull);
+        return;
+    }
+    const unsigned lane = threadIdx.x & 31u, w = threadIdx.x >> 5;
     u64 tid = blockIdx.x * (u64)blockDim.x + threadIdx.x;
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 total = n * blocks;
+    u64 warps = (u64)gridDim.x * (blockDim.x >> 5);
+    u64 tiles_per_block = (n + PROBE_TILE - 1ull) / PROBE_TILE;
+    u64 tiles = tiles_per_block * blocks;
     u64 *state = resume + 3 * tid;
-    u64 g = fresh ? tid : state[0];
+    u64 t = fresh ? tid >> 5 : state[0] >> 5;
+    unsigned k = fresh ? 0u : (unsigned)(state[0] & 31ull);
     u64 i = fresh ? 0ull : state[1];
     u64 step = fresh ? NO_WALK : state[2];
     u64 budget = WALK_BUDGET;
-    bool more = false, corrupted = false;
+    bool more = false, stopped = false;
     u64 matches = 0, lo = 0;
     long long hi = 0;
-    while (g < total) {
-        long long k[PROBE_BATCH];
-        u64 count[PROBE_BATCH];
-        bool null[PROBE_BATCH];
+    u8 *kb = (u8 *)tile_keys[w];
+    u8 *nb = (u8 *)tile_nulls[w];
+    for (; t < tiles; t += warps) {
+        u64 b = t / tiles_per_block;
+        u64 row0 = (t - b * tiles_per_block) * PROBE_TILE;
+        u64 off = b * block_stride;
+        u64 room = n - row0 < PROBE_TILE ? n - row0 : PROBE_TILE;
+        u64 bytes = room * key_width, nbytes = (room + 7ull) / 8ull;
+        const ulonglong2 *src = (const ulonglong2 *)(keys + off + row0 * key_width);
+        const ulonglong2 *nsrc = key_nulls != 0 ? (const ulonglong2 *)(key_nulls + off + row0 / 8ull) : 0;
+        // The loads, all issued before any is used: the count (one address in every lane),
+        // the key bytes' whole 16s, the bitmap's whole 16s.
+        u64 count = headers == 0 ? n : *(const u64 *)(headers + off);
+        ulonglong2 v[PROBE_TILE * 8ull / 16ull / 32ull];
 #pragma unroll
-        for (int j = 0; j < PROBE_BATCH; j++) {
-            u64 gj = g + (u64)j * stride;
-            k[j] = 0;
-            count[j] = 0;
-            null[j] = false;
-            if (gj < total) {
-                u64 b = gj / n, r = gj - b * n, off = b * block_stride;
-                count[j] = headers == 0 ? n : *(const u64 *)(headers + off);
-                null[j] = column_null(key_nulls, off, r);
-                k[j] = column_value(keys + off, key_width, r);
-            }
+        for (unsigned j = 0; j < PROBE_TILE * 8ull / 16ull / 32ull; j++) {
+            u64 c = lane + 32u * j;
+            if (c * 16ull + 16ull <= bytes) v[j] = src[c];
         }
-        int j = 0;
-        for (; j < PROBE_BATCH; j++) {
-            u64 gj = g + (u64)j * stride;
-            if (gj >= total) break;
-            if (count[j] > n) {
-                if (*(volatile u64 *)&out[5] == 0ull) atomicExch(&out[5], 1ull);
-                step = NO_WALK;
-                continue;
-            }
-            if (gj % n >= count[j]) {
+        bool has_nv = key_nulls != 0 && lane < PROBE_TILE / 8ull / 16ull && lane * 16ull + 16ull <= nbytes;
+        ulonglong2 nv;
+        if (has_nv) nv = nsrc[lane];
+        __syncwarp(); // (every lane is done with the last tile's bytes)
+#pragma unroll
+        for (unsigned j = 0; j < PROBE_TILE * 8ull / 16ull / 32ull; j++) {
+            u64 c = lane + 32u * j;
+            if (c * 16ull + 16ull <= bytes) tile_keys[w][c] = v[j];
+        }
+        if (has_nv) tile_nulls[w][lane] = nv;
+        // The bytes past the last whole 16 (staged keys of an odd count), one at a time.
+        for (u64 x = (bytes & ~15ull) + lane; x < bytes; x += 32ull) kb[x] = ((const u8 *)src)[x];
+        if (key_nulls != 0) {
+            for (u64 x = (nbytes & ~15ull) + lane; x < nbytes; x += 32ull) nb[x] = ((const u8 *)nsrc)[x];
+        }
+        __syncwarp();
+        if (count > n) {
+            if (lane == 0 && *(volatile u64 *)&out[5] == 0ull) atomicExch(&out[5], 1ull);
+            k = PROBE_LANE_ROWS; // (the block's rows are no rows)
+            step = NO_WALK;
+        }
+        bool broken = false;
+        for (; k < PROBE_LANE_ROWS; k++) {
+            u64 rt = (u64)k * 32ull + lane;
+            if (rt >= room || row0 + rt >= count) {
                 step = NO_WALK; // (no walk is ever in progress here, unless the count changed)
                 continue;
             }
-            if (step == NO_WALK && null[j]) continue;
-            u64 t = mix((u64)k[j] ^ seed) | 1ull;
+            if (step == NO_WALK && key_nulls != 0 && ((nb[rt >> 3] >> (rt & 7ull)) & 1u) != 0) continue;
+            long long key = key_width == 8ull   ? ((const long long *)kb)[rt]
+                            : key_width == 4ull ? (long long)((const int *)kb)[rt]
+                                                : (long long)((const short *)kb)[rt];
+            u64 tg = mix((u64)key ^ seed) | 1ull;
             if (step == NO_WALK) {
-                i = t & mask;
+                i = tg & mask;
                 step = 0;
             }
             bool ended = false;
@@ -352,7 +353,7 @@ extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed,
                     ended = true;
                     break;
                 }
-                if (st == t && slots[i].key == k[j]) {
+                if (st == tg && slots[i].key == key) {
                     matches++;
                     add_payload(lo, hi, slots[i].payload);
                 }
@@ -362,17 +363,17 @@ extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed,
             step = NO_WALK;
             if (!ended) {
                 atomicAdd(&out[3], 1ull);
-                corrupted = true; // the host raises an ERROR: no need to probe this thread's other keys
+                broken = true; // the host raises an ERROR: no need to probe this lane's other keys
                 break;
             }
         }
-        if (more || corrupted) {
-            g += (u64)j * stride;
+        if (__any_sync(0xffffffffu, more || broken)) {
+            stopped = true;
             break;
         }
-        g += (u64)PROBE_BATCH * stride;
+        k = 0;
     }
-    state[0] = g;
+    state[0] = t << 5 | (stopped ? k : 0u);
     state[1] = i;
     state[2] = step;
     if (more) atomicExch(&out[4], 1ull);

@@ -66,7 +66,9 @@ kernels! {
         /// Probes the keys of a column (as for `uvm_join_build`) against `mask + 1` slots;
         /// adds matches, payload lo and hi, and corrupted chains to `out[0..4]`; sets `out[4]`
         /// when a walk ran out of budget (`resume`: 3 words per thread; launch again with
-        /// `fresh` 0) and `out[5]` when a block's count exceeded `n`.
+        /// `fresh` 0), `out[5]` when a block's count exceeded `n`, and `out[6]` when the
+        /// launch's blocks were not whole warps of at most 8 (nothing probed). A warp probes
+        /// tiles of 512 rows copied into shared memory.
         uvm_join_probe => JoinProbe(
             slots: Ptr<Slot>,
             mask: u64,

@@ -3,11 +3,10 @@
 
 Run on the GPU machine (Python with CuPy):
 
-    python3 bench/probes/host_probe.py [--rows 50000000] [--dim 5000000] [--runs 5] NAME=PATH[:B] ...
+    python3 bench/probes/host_probe.py [--rows 50000000] [--dim 5000000] [--runs 5] NAME=PATH ...
 
 Each NAME=PATH is a version of kernels/segment.cu (say, `git show REV:kernels/segment.cu`), compiled
-by NVRTC as the extension compiles it; `:B` compiles it with PROBE_BATCH=B (the rows a thread
-reads before it walks their chains; versions before it ignore it).
+by NVRTC as the extension compiles it.
 
 The GPU suite's "cached join" step measured the probe kernels over fact's cached keys at 2.6 ms
 with every block in device memory and 19.8 ms with a third of them (134 MB) in the host tier:
@@ -76,9 +75,7 @@ def main():
     mods = []
     for v in a.versions:
         name, path = v.split("=", 1)
-        path, _, batch = path.partition(":")
-        opts = ("--std=c++17", "-default-device") + ((f"-DPROBE_BATCH={int(batch)}",) if batch else ())
-        mods.append((name, cp.RawModule(code=open(path).read() + VARIANTS, options=opts)))
+        mods.append((name, cp.RawModule(code=open(path).read() + VARIANTS, options=("--std=c++17", "-default-device"))))
     mod = mods[0][1]
     dev = cp.cuda.Device()
     sms = dev.attributes["MultiProcessorCount"]
@@ -92,7 +89,7 @@ def main():
     dp = dk * 7
     grid = sms * 4
     resume = cp.zeros(grid * 8 * THREADS * 3, dtype=cp.uint64)
-    out = cp.zeros(8, dtype=cp.uint64)
+    out = cp.zeros(8, dtype=cp.uint64)  # (the extension's result buffer: 8 words)
     build = mod.get_function("uvm_join_build")
     u = np.uint64
     build((grid,), (THREADS,), (table, u(slots - 1), u(SEED), dk, u(8), u(0), dp, u(8), u(0), u(a.dim), u(1), u(0),
@@ -125,7 +122,7 @@ def main():
     print(f"fact: {a.rows} keys in {nblocks} blocks of {block_bytes} bytes; dim {a.dim} keys, {slots} slots; "
           f"expected matches {want[0]}, payload sum {want[1]}")
 
-    def run(fn, base, per_sm):
+    def run(fn, base, per_sm, hdr=True, nul=True):
         g = sms * per_sm
         best = None
         got = None
@@ -135,8 +132,8 @@ def main():
             t = time.perf_counter()
             launches = 0
             while True:
-                fn((g,), (THREADS,), (table, u(slots - 1), u(SEED), u(base + values_at), u(8), u(base + nulls_at),
-                                      u(BLOCK_ROWS), u(nblocks), u(block_bytes), u(base), resume, u(fresh), out))
+                fn((g,), (THREADS,), (table, u(slots - 1), u(SEED), u(base + values_at), u(8), u(base + nulls_at if nul else 0),
+                                      u(BLOCK_ROWS), u(nblocks), u(block_bytes), u(base if hdr else 0), resume, u(fresh), out))
                 launches += 1
                 o = out.get()
                 if o[4] == 0 or launches > 1000:
@@ -162,6 +159,15 @@ def main():
                     ok = "ok" if (got[0], got[1]) == want and got[2] == 0 and got[3] == 0 else f"WRONG {got}"
                 name = f"{kind}@{per_sm}"
                 print(f"{name:<14} {where:<7} {ms:8.2f} {key_bytes / ms / 1e6:10.1f}  {ok} (launches {got[4]})", flush=True)
+
+    # Which loads cost: each version without the NULL bitmap, without the block counts (every
+    # block read as full: the last block's room holds zeros, which match nothing), without both.
+    for name0, m0 in mods:
+        for hdr, nul, what in ((True, False, "no bitmap"), (False, True, "no counts"), (False, False, "keys only")):
+            for where, base in (("device", on_dev.data.ptr), ("host", host_ptr)):
+                ms, got = run(m0.get_function("uvm_join_probe"), base, 4, hdr, nul)
+                ok = "ok" if (got[0], got[1]) == want and got[2] == 0 and got[3] == 0 else f"WRONG {got}"
+                print(f"{name0 + ' ' + what:<22} {where:<7} {ms:8.2f} {key_bytes / ms / 1e6:10.1f}  {ok}", flush=True)
 
     # The build: dim's keys and payloads as a cache of two int8 columns, on the device and in
     # pinned host memory; each version's uvm_join_build into a zeroed table (not timed).

@@ -138,7 +138,9 @@ void run(const Case &c, unsigned gx, unsigned bx) {
         placed++;
         long long p = c.dim_payload_null[g] ? 0 : c.dim_payloads[g];
         null_payloads += c.dim_payload_null[g];
-        long long k = c.width == 8 ? c.dim_keys[g] : (long long)(int)c.dim_keys[g];
+        long long k = c.width == 8   ? c.dim_keys[g]
+                      : c.width == 4 ? (long long)(int)c.dim_keys[g]
+                                     : (long long)(short)c.dim_keys[g];
         want_of[k].first++;
         want_of[k].second += p;
     }
@@ -148,7 +150,7 @@ void run(const Case &c, unsigned gx, unsigned bx) {
     check(b_out[2] == (unsigned long long)null_payloads, "build NULL payloads", name, b_out[2], null_payloads);
     check(b_out[0] == 0 && b_out[4] == 0, "build errors", name, b_out[0] + b_out[4], 0);
 
-    unsigned long long p_out[6] = {0, 0, 0, 0, 0, 0};
+    unsigned long long p_out[7] = {0, 0, 0, 0, 0, 0, 0};
     std::fill(resume.begin(), resume.end(), 0);
     int launches = launch_all(gx, bx, p_out, 4, [&](unsigned long long fresh, unsigned long long *out) {
         uvm_join_probe(slots.data(), slots_n - 1, seed, fact.values(0), c.width, fact.nulls(0), N, fact.blocks,
@@ -157,19 +159,37 @@ void run(const Case &c, unsigned gx, unsigned bx) {
     check(launches > 0, "probe launches", name, launches, 1);
     long long matches = 0;
     __int128 sum = 0;
+    std::vector<long long> staged; // the fact's non-NULL keys as 8-byte words (the staging buffer)
     for (size_t g = 0; g < c.fact.size(); g++) {
         if (c.fact_null[g]) continue;
-        long long k = c.width == 8 ? c.fact[g] : (long long)(int)c.fact[g];
+        long long k = c.width == 8 ? c.fact[g] : c.width == 4 ? (long long)(int)c.fact[g] : (long long)(short)c.fact[g];
+        staged.push_back(k);
         auto w = want_of.find(k);
         if (w == want_of.end()) continue;
         matches += w->second.first;
         sum += w->second.second;
     }
-    __int128 got = (__int128)(long long)p_out[2] * ((__int128)1 << 32) + (__int128)p_out[1];
-    check(p_out[0] == (unsigned long long)matches, "probe matches", name, p_out[0], matches);
-    check(got == sum, "probe payload sum (low 64 bits)", name, (long long)got, (long long)sum);
-    check(p_out[3] == 0 && p_out[5] == 0, "probe errors", name, p_out[3] + p_out[5], 0);
-    std::printf("ok %s: %lld matches, %d launches\n", name, matches, launches);
+    auto check_probe = [&](const unsigned long long *o, const char *how) {
+        __int128 got = (__int128)(long long)o[2] * ((__int128)1 << 32) + (__int128)o[1];
+        char what[200];
+        std::snprintf(what, sizeof what, "%s (%s)", name, how);
+        check(o[0] == (unsigned long long)matches, "probe matches", what, o[0], matches);
+        check(got == sum, "probe payload sum (low 64 bits)", what, (long long)got, (long long)sum);
+        check(o[3] == 0 && o[5] == 0 && o[6] == 0, "probe errors", what, o[3] + o[5] + o[6], 0);
+    };
+    check_probe(p_out, "cached blocks");
+    // The same keys staged: one block of n 8-byte words, no counts, no bitmap (n not a
+    // multiple of the tile, nor of 2: the last tile partial, its last bytes loaded one by one).
+    unsigned long long s_out[7] = {0, 0, 0, 0, 0, 0, 0};
+    std::fill(resume.begin(), resume.end(), 0);
+    int s_launches = launch_all(gx, bx, s_out, 4, [&](unsigned long long fresh, unsigned long long *out) {
+        uvm_join_probe(slots.data(), slots_n - 1, seed, (const unsigned char *)staged.data(), 8, nullptr,
+                       staged.size(), 1, 0, nullptr, resume.data(), fresh, out);
+    });
+    check(s_launches > 0, "staged probe launches", name, s_launches, 1);
+    check_probe(s_out, "staged keys");
+    std::printf("ok %s: %lld matches, %d launches (staged %zu keys: %d)\n", name, matches, launches, staged.size(),
+                s_launches);
 }
 
 // The errors: a block whose count is above N, and a table with no empty slot.
@@ -183,7 +203,7 @@ void run_errors() {
     unsigned long long slots_n = 64;
     std::vector<Slot> slots(slots_n, Slot{0, 0, 0});
     std::vector<unsigned long long> resume(3ull * 2 * 64, 0);
-    unsigned long long out[6] = {0, 0, 0, 0, 0, 0};
+    unsigned long long out[7] = {0, 0, 0, 0, 0, 0, 0};
     int l1 = launch_all(2, 64, out, 4, [&](unsigned long long fresh, unsigned long long *o) {
         uvm_join_probe(slots.data(), slots_n - 1, 0x77, fk.values(0), 8, fk.nulls(0), N, fk.blocks, fk.stride, fk.headers(),
                        resume.data(), fresh, o);
@@ -196,7 +216,7 @@ void run_errors() {
     // A full table (every slot's tag set, no key equal): every walk reaches its bound.
     for (unsigned long long i = 0; i < slots_n; i++) slots[i] = Slot{(i << 1) | 1, -1, 0};
     std::fill(resume.begin(), resume.end(), 0);
-    unsigned long long out2[6] = {0, 0, 0, 0, 0, 0};
+    unsigned long long out2[7] = {0, 0, 0, 0, 0, 0, 0};
     int l2 = launch_all(2, 64, out2, 4, [&](unsigned long long fresh, unsigned long long *o) {
         uvm_join_probe(slots.data(), slots_n - 1, 0x77, fk.values(0), 8, fk.nulls(0), N, 1, fk.stride, fk.headers(),
                        resume.data(), fresh, o);
@@ -225,6 +245,9 @@ int main() {
     Case narrow = mixed;
     narrow.name = "4-byte keys";
     narrow.width = 4;
+    Case shorts = mixed;
+    shorts.name = "2-byte keys";
+    shorts.width = 2;
 
     // One key 600 times: chains longer than the walk budget (the Makefile's WALK_BUDGET), so
     // that walks resume across launches, mid-batch.
@@ -242,6 +265,7 @@ int main() {
     for (auto [gx, bx] : {std::pair{1u, 32u}, {3u, 64u}, {13u, 96u}}) {
         run(mixed, gx, bx);
         run(narrow, gx, bx);
+        run(shorts, gx, bx);
         run(chains, gx, bx);
     }
     run_errors();

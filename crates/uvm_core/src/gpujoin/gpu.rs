@@ -276,21 +276,24 @@ fn probe_batch(k: &Kernels, inner: &Inner<'_>, keys: DeviceColumn, runs: u32) ->
     };
     let mut last = ([0u64; 3], 0.0);
     for _ in 0..runs.max(1) {
-        k.result().set_bytes(0, 48)?;
+        k.result().set_bytes(0, 56)?;
         params.fresh = 1;
         let mut ms = 0.0;
         let r = loop {
             let t = Instant::now();
             // SAFETY: Inner::of validated the header and bounded the `slot_count` slots inside
             // the pinned segment, which the pin behind `inner` keeps mapped; the kernel reads
-            // only those (every walk is bounded by slot_count steps), the column's rows (values,
-            // bitmap bits, block counts: staged by the caller, or vouched for by its caller), 24
-            // bytes per thread of our per-thread state, and the first 6 words of our result
-            // buffer.
+            // only those (every walk is bounded by slot_count steps), the column's room (values
+            // and bitmap bytes of n rows a block, block counts: staged by the caller, or vouched
+            // for by its caller), 24 bytes per thread of our per-thread state, and the first 7
+            // words of our result buffer.
             unsafe { k.launch(k.segment().uvm_join_probe(), params) }?;
             ms += t.elapsed().as_secs_f64() * 1e3;
-            let mut r = [0u64; 6];
+            let mut r = [0u64; 7];
             k.result().read(&mut r)?;
+            if r[6] != 0 {
+                return Err(UvmError::new(Code::SystemError, "uvm_join_probe refused its launch's block size"));
+            }
             if r[5] != 0 {
                 return Err(overcounted_block());
             }
