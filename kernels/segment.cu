@@ -332,9 +332,7 @@ extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed,
                 continue;
             }
             if (step == NO_WALK && key_nulls != 0 && ((nb[rt >> 3] >> (rt & 7ull)) & 1u) != 0) continue;
-            long long key = key_width == 8ull   ? ((const long long *)kb)[rt]
-                            : key_width == 4ull ? (long long)((const int *)kb)[rt]
-                                                : (long long)((const short *)kb)[rt];
+            long long key = column_value(kb, key_width, rt);
             u64 tg = mix((u64)key ^ seed) | 1ull;
             if (step == NO_WALK) {
                 i = tg & mask;
