@@ -23,6 +23,16 @@ the same rows' keys summed and nothing else: what this access pattern can read. 
 version and placement the best time of `--runs`, the key bytes over it, and whether the
 matches and payload sum are the expected ones (computed with CuPy); then the copy ceiling (host
 to device, 256 MiB).
+
+Measured on an H100 80GB HBM3 (PCIe gen 5 x16, 2026-12-05, 50 M keys, best of 3; the first
+version of this probe, before the diagnostics and the tile kernel): segment.cu at 2dfe531
+(one row at a time) 3.84 ms from device memory and 150.0 ms from pinned host memory (2.7 GB/s
+of keys); reading 8 rows' counts, bits and keys before walking (4ac4a05) 14.6 ms and 146.9 ms
+(4 rows 6.0 / 153.2, 16 rows 51.1 / 141.1: the batch's values in local memory); the keys alone
+summed, one 8-byte load per thread at a time, 0.23 ms and 12.0 ms (33 GB/s); cudaMemcpy 54.8
+GB/s. The build from a cache of dim's two columns: 1.13 ms from device memory, 4.92 ms from host.
+The tile kernel (c4bf7a0) is not measured yet: `old=`, `batch8=` and `tile=` those commits'
+segment.cu, one run of the probe.
 """
 import argparse
 import math
