@@ -1,14 +1,14 @@
 // CUDA, as much of it as kernels/segment.cu uses, for running its kernels on the CPU one
-// thread after another (tests/kernel_emu/scan.cpp). Every "atomic" is a plain read-modify-write:
+// thread after another (tests/kernel_emu/scan.cpp, join.cpp). Every "atomic" is a plain read-modify-write:
 // threads never run at once here, so the kernels' logic (which rows, which errors, which
 // states) is tested, not their races, which only the GPU suite can show.
 //
 // A warp's 32 lanes run as coroutines (emu::run_warp), one at a time: a lane at a warp
 // collective (__ballot_sync, __any_sync, __syncwarp, __shfl_down_sync) waits there until every
-// lane has come to one, and the collective's result is then computed from them all. A lane that returns while
-// others wait at a collective, or lanes at different collectives, abort the run: on the GPU
-// that is a hang or undefined behaviour, so the emulator checks that the kernel keeps its
-// warps together where it says it does.
+// lane has come to one, and the collective's result is then computed from them all. A lane
+// that returns while others wait at a collective, or lanes at different collectives, abort
+// the run: on the GPU that is a hang or undefined behaviour, so the emulator checks that the
+// kernel keeps its warps together where it says it does.
 #pragma once
 #include <cmath>
 #include <cstdint>
