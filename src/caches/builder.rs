@@ -292,7 +292,7 @@ fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Res
             let mname = super::more_name(&name, attnum);
             let size = super::append::MORE.size() as i64;
             building.creating(&mname);
-            try_executor(|ex| exec::create(ex, &mname, size, None, TierPref::Host, BOOTSTRAP_SUPERUSER, now()))?;
+            try_executor(|ex| exec::create(ex, &mname, size, None, TierPref::Cpu, BOOTSTRAP_SUPERUSER, now()))?;
             let (mseg, _) = lookup_own(&mname)?;
             building.dicts.push(mseg);
             try_executor(|ex| exec::write(ex, &mseg, 0, &super::append::MORE.empty()))?;
@@ -340,7 +340,7 @@ fn create_tail(building: &mut Building, name: &str, columns: u32, relid: u32) ->
     let tail = Tail::new(columns, super::append::capacity())?;
     let tname = super::append::tail_name(name);
     building.creating(&tname);
-    try_executor(|ex| exec::create(ex, &tname, tail.bytes() as i64, None, TierPref::Host, BOOTSTRAP_SUPERUSER, now()))?;
+    try_executor(|ex| exec::create(ex, &tname, tail.bytes() as i64, None, TierPref::Cpu, BOOTSTRAP_SUPERUSER, now()))?;
     let (tseg, _) = lookup_own(&tname)?;
     building.dicts.push(tseg);
     // (a segment's pieces may come from a pool, not zeroed)

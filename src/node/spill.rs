@@ -1,5 +1,5 @@
 //! The GpuJoin node's memory, bounded by PostgreSQL's hash memory: past it, the inner side
-//! spills to the host tier.
+//! spills to a segment of the `cpu` tier (host memory every process maps).
 //!
 //! # Design
 //!
@@ -16,8 +16,9 @@
 //!   parallel query's DSA area: `super::shared::Arena`) while the bytes allocated there stay
 //!   within a [`Budget`] (the hash memory; in a parallel query one budget for all the
 //!   participants, the hash memory times their number, as PostgreSQL's parallel hash join
-//!   has), and past it to a **spill segment** ([`Spill`]): a temporary segment placed in the
-//!   host tier, which the process maps at one address. A handle with [`SPILL_BIT`] set is an
+//!   has), and past it to a **spill segment** ([`Spill`]): a temporary segment of the `cpu`
+//!   tier (memfds under every provider, never read by a kernel: `TierPref::Cpu`), which the
+//!   process maps at one address. A handle with [`SPILL_BIT`] set is an
 //!   offset into it; the others are addresses or DSA pointers. Rows are found by handle
 //!   wherever they are, so the answer is the same and nothing is read twice: unlike
 //!   PostgreSQL's batches on disk, the spilled rows stay memory the CPU reads in place, and the
@@ -29,10 +30,9 @@
 //!   (`super::gpujoin::BATCH_TUPLES`), each with the outer columns the join uses, as
 //!   PostgreSQL's own nodes hold a tuple or a page at a time.
 //!
-//! A process maps the host tier in process mode (either provider), and in service mode under
-//! the host provider with `pg_uvm_share.map_host_tier` on ([`can_spill`]). Elsewhere (service
-//! mode under CUDA: issue 25's host tier under CUDA is not built) nothing can spill: the
-//! planner does not offer the node for an inner side it estimates past the hash memory
+//! A process maps `cpu` segments in process mode, and in service mode with
+//! `pg_uvm_share.map_host_tier` on, under either provider ([`can_spill`]). Elsewhere (a session
+//! with `map_host_tier` off) nothing can spill: the planner does not offer the node for an inner side it estimates past the hash memory
 //! (`Decline::InnerOverMemory`), and an inner side that grows past it all the same ends the
 //! query with 53200 and a hint, before more memory is taken.
 //!
@@ -90,9 +90,9 @@ pub fn pending_batches(keys: usize, most: usize) -> usize {
     ((hash_memory() / 2) as usize / (keys.max(1) * 8)).clamp(1, most)
 }
 
-/// Whether this process maps host-tier memory (and so may spill): see the module comment.
+/// Whether this process maps `cpu` segments (and so may spill): see the module comment.
 pub fn can_spill() -> bool {
-    runtime::maps_host_tier()
+    runtime::maps_cpu_segments()
 }
 
 fn cannot_spill(limit: u64) -> UvmError {
@@ -101,8 +101,8 @@ fn cannot_spill(limit: u64) -> UvmError {
         format!("GpuJoin: the inner side needs more than its hash memory ({} kB) and cannot spill in this process", limit / 1024),
     )
     .detail(concat!(
-        "Past work_mem × hash_mem_multiplier the node keeps the inner side in the host tier, which a backend maps ",
-        "in process mode, or in service mode under the host provider with pg_uvm_share.map_host_tier on."
+        "Past work_mem × hash_mem_multiplier the node keeps the inner side in a segment of the cpu tier, which a ",
+        "backend maps in process mode, and in service mode with pg_uvm_share.map_host_tier on."
     ))
     .hint("Raise work_mem for this query, or set pg_uvm_share.enable_gpujoin = off.")
 }
@@ -207,7 +207,7 @@ impl SharedSpill {
                 Ok(_) => {
                     let made = super::cleanup::try_create("spill", |name| {
                         runtime::try_executor(|ex| {
-                            exec::create(ex, name, 1, None, TierPref::Host, runtime::current_user(), runtime::now())
+                            exec::create(ex, name, 1, None, TierPref::Cpu, runtime::current_user(), runtime::now())
                         })
                     });
                     return match made {
@@ -297,7 +297,7 @@ impl Spill {
         let seg = if self.shared.is_null() {
             super::cleanup::try_create("spill", |name| {
                 runtime::try_executor(|ex| {
-                    exec::create(ex, name, 1, None, TierPref::Host, runtime::current_user(), runtime::now())
+                    exec::create(ex, name, 1, None, TierPref::Cpu, runtime::current_user(), runtime::now())
                 })
             })?
         } else {

@@ -400,6 +400,17 @@ pub fn maps_host_tier() -> bool {
     }
 }
 
+/// Whether this process maps `cpu` segments (`TierPref::Cpu`: memfds under every provider): every
+/// process in process mode; in service mode a backend with `pg_uvm_share.map_host_tier` on,
+/// under either provider (`crate::provider::remote`).
+pub fn maps_cpu_segments() -> bool {
+    match maps_segment_memory() {
+        Ok(true) => true,
+        Ok(false) => guc::MAP_HOST_TIER.get(),
+        Err(_) => false,
+    }
+}
+
 /// Ok when this process can hand out device addresses of segment memory (it maps the
 /// segments, with the CUDA provider); else the error that says why not.
 pub fn check_device_addresses() -> Result<()> {

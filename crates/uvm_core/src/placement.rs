@@ -93,7 +93,7 @@ pub fn place_chunk(pref: TierPref, size: u64, gpus: &[Gpu], granularity: u64) ->
     let best = roomiest(gpus, granularity);
     let room = |i: usize| gpus[i].room(granularity).unwrap_or(u64::MAX);
     match pref {
-        TierPref::Host => Ok((Place::Host, size)),
+        TierPref::Host | TierPref::Cpu => Ok((Place::Host, size)),
         TierPref::Auto => Ok(match best {
             None => (Place::Host, size),
             Some(g) if room(g) >= size => (Place::Device(g as u32), size),
@@ -144,7 +144,7 @@ pub fn plan_moves(target: TierPref, chunks: &[(Place, u64)], gpus: &[Gpu], granu
             continue;
         }
         let to = match target {
-            TierPref::Host | TierPref::Auto => Place::Host,
+            TierPref::Host | TierPref::Auto | TierPref::Cpu => Place::Host,
             TierPref::DeviceOn(n) => {
                 let Some(gpu) = gpus.get(n as usize) else { return Err(no_such_gpu(n, &gpus)) };
                 if !gpu.fits(size, granularity) {

@@ -80,13 +80,21 @@ impl std::fmt::Display for Place {
 }
 
 /// The tier a caller asks for: `auto` (device while a GPU's budget lasts, then host), `host`,
-/// `device` (any GPU: the placement picks, chunk by chunk) or `device:N` (GPU N).
+/// `device` (any GPU: the placement picks, chunk by chunk), `device:N` (GPU N), or `cpu`.
+///
+/// `cpu` is host memory for the CPU alone: its chunks are memfds under every provider, so every
+/// process of the cluster maps them without CUDA (service mode's backends included, which under
+/// CUDA map no other chunk), and no GPU kernel ever reads them (a pin refuses their addresses
+/// for kernels, `Pin::addr`); they never move to a GPU. For what only CPU code reads: a cache's
+/// appended rows, a plan node's spilled rows. It is a segment's preference for its whole life;
+/// its chunks are in the host tier (`Tier::Host`) as every view and budget counts them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TierPref {
     Auto,
     Host,
     Device,
     DeviceOn(u32),
+    Cpu,
 }
 
 /// Registry code of `device:N`: this plus N.
@@ -99,13 +107,14 @@ impl TierPref {
             "auto" => Ok(TierPref::Auto),
             "host" => Ok(TierPref::Host),
             "device" => Ok(TierPref::Device),
+            "cpu" => Ok(TierPref::Cpu),
             _ => match s.strip_prefix("device:").map(|n| (n, n.parse::<u32>())) {
                 // Digits only: no sign, no spaces, no leading "+".
                 Some((n, Ok(d))) if d < MAX_DEVICES && n.bytes().all(|b| b.is_ascii_digit()) => Ok(TierPref::DeviceOn(d)),
                 Some(_) => Err(uvm_err!(Code::InvalidParameterValue, "invalid tier \"{s}\"")
                     .hint(format!("A GPU is named \"device:N\", N from 0 to {}.", MAX_DEVICES - 1))),
                 None => Err(uvm_err!(Code::InvalidParameterValue, "invalid tier \"{s}\"")
-                    .hint("Valid tiers are \"auto\", \"device\", \"device:N\" (GPU N) and \"host\".")),
+                    .hint("Valid tiers are \"auto\", \"device\", \"device:N\" (GPU N), \"host\" and \"cpu\".")),
             },
         }
     }
@@ -115,6 +124,7 @@ impl TierPref {
             TierPref::Host => "host".into(),
             TierPref::Device => "device".into(),
             TierPref::DeviceOn(n) => format!("device:{n}"),
+            TierPref::Cpu => "cpu".into(),
         }
     }
     /// The code a registry slot or a request records.
@@ -123,6 +133,7 @@ impl TierPref {
             TierPref::Auto => 0,
             TierPref::Host => 1,
             TierPref::Device => 2,
+            TierPref::Cpu => 3,
             TierPref::DeviceOn(n) => DEVICE_ON_CODE + n,
         }
     }
@@ -131,6 +142,7 @@ impl TierPref {
         match v {
             1 => TierPref::Host,
             2 => TierPref::Device,
+            3 => TierPref::Cpu,
             n if (DEVICE_ON_CODE..DEVICE_ON_CODE + MAX_DEVICES).contains(&n) => TierPref::DeviceOn(n - DEVICE_ON_CODE),
             _ => TierPref::Auto,
         }
@@ -138,15 +150,20 @@ impl TierPref {
     /// The tier it asks for (`Auto` counts as the device tier, its first choice).
     pub fn tier(self) -> Tier {
         match self {
-            TierPref::Host => Tier::Host,
+            TierPref::Host | TierPref::Cpu => Tier::Host,
             _ => Tier::Device,
         }
+    }
+    /// Whether a segment of this preference is CPU memory alone (`cpu`: memfd chunks that every
+    /// process maps and no kernel reads).
+    pub fn cpu_only(self) -> bool {
+        self == TierPref::Cpu
     }
     /// Whether a chunk at `place` is where this preference wants it (`Auto`: anywhere).
     pub fn holds(self, place: Place) -> bool {
         match self {
             TierPref::Auto => true,
-            TierPref::Host => place == Place::Host,
+            TierPref::Host | TierPref::Cpu => place == Place::Host,
             TierPref::Device => place != Place::Host,
             TierPref::DeviceOn(n) => place == Place::Device(n),
         }

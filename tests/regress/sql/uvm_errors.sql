@@ -42,6 +42,19 @@ SELECT pg_temp.try($$SELECT uvm.prefetch_segment('err_a', 0, 10, 'device')$$);
 SELECT pg_temp.try($$SELECT uvm.prefetch_segment('err_a', 0, 10, 'nvme')$$);
 SELECT pg_temp.try($$SELECT uvm.prefetch_segment('err_a', 4000, 1000, 'host')$$);
 
+-- the cpu tier: host memory that every process maps and no kernel reads; it never moves to a
+-- GPU, and a GpuJoin table or result buffer (kernels' memory) cannot live there
+SELECT uvm.create_segment('err_cpu', 4096, 8388608, 'cpu') > 0 AS created;
+SELECT host_bytes, device_bytes FROM uvm.segments WHERE name = 'err_cpu';
+SELECT uvm.write_segment('err_cpu', 10, '\xcafe'::bytea), uvm.read_segment('err_cpu', 9, 4);
+SELECT uvm.grow_segment('err_cpu', 4194304), uvm.checksum_segment('err_cpu', 0, 4194304) = uvm.checksum_segment('err_cpu', 0, 4194304) AS stable;
+SELECT pg_temp.try($$SELECT uvm.prefetch_segment('err_cpu', 0, 10, 'device')$$);
+SELECT pg_temp.try($$SELECT uvm.prefetch_segment('err_cpu', 0, 10, 'cpu')$$);
+SELECT uvm.prefetch_segment('err_cpu', 0, 10, 'host');
+SELECT pg_temp.try($$SELECT uvm.gpujoin_build('err_cpu_t', 'SELECT 1::int8, 2::int8', 'cpu')$$);
+SELECT count(*) FROM uvm.segments WHERE name = 'err_cpu_t';
+SELECT uvm.drop_segment('err_cpu');
+
 -- GPU benchmarks need the CUDA provider
 SELECT pg_temp.try($$SELECT uvm.bench_segment_read('err_a', 1)$$);
 SELECT pg_temp.try($$SELECT uvm.bench_private_read(1048576, 1)$$);

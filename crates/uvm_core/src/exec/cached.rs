@@ -57,9 +57,11 @@ impl CacheSource {
     pub fn of<E: Env>(pin: &Pin<E>, engine: Engine) -> Result<CacheSource> {
         let size = pin.info().size;
         let len = i64::try_from(size).map_err(|_| uvm_err!(Code::ProgramLimitExceeded, "a cache segment too large"))?;
+        // `Pin::addr` refuses a `cpu` segment, for the CPU engine too (it does what kernels do).
+        let addr = pin.addr(0, len)?;
         let addr = match engine {
             Engine::Cpu => pin.bytes(0, len)?.as_ptr() as u64,
-            Engine::Cuda => pin.addr(0, len)?,
+            Engine::Cuda => addr,
         };
         pin.count_read(size);
         Ok(CacheSource { name: pin.info().name.clone(), addr, size, engine })

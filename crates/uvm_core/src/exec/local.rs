@@ -179,11 +179,14 @@ fn cuda_only(engine: Engine) -> Result<()> {
 }
 
 /// The address of `[offset, offset + len)` of a pinned segment for `engine`: the CPU needs
-/// every byte addressable (`bytes` checks the tiers); kernels do not.
+/// every byte addressable (`bytes` checks the tiers); kernels do not. A `cpu` segment is
+/// refused for both (`Pin::addr`): the CPU engine does what the kernels do, so CI sees the
+/// GPU's refusals.
 fn engine_addr<E: Env>(pin: &Pin<E>, engine: Engine, offset: i64, len: i64) -> Result<u64> {
+    let addr = pin.addr(offset, len)?;
     match engine {
         Engine::Cpu => Ok(pin.bytes(offset, len)?.as_ptr() as u64),
-        Engine::Cuda => pin.addr(offset, len),
+        Engine::Cuda => Ok(addr),
     }
 }
 
@@ -740,17 +743,14 @@ pub fn run_main<E: Env>(segs: &mut Segments<E>, call: &Call, mut io: Io<'_>) -> 
 }
 
 /// In a client process of the GPU service: runs a read, write, checksum or fill here, on this
-/// process's own mappings, when every byte it touches lies in a chunk this process maps (the
-/// host tier, where its chunks are memfds: `crate::provider::remote`). `None` (nothing done, no
+/// process's own mappings, when every byte it touches lies in a chunk this process maps (a `cpu`
+/// segment's, and the host tier where its chunks are memfds: `crate::provider::remote`). `None` (nothing done, no
 /// pin kept) for bytes elsewhere and for every other operation: the service runs those.
 ///
 /// The pin taken here is a pin like the service's: it waits behind a migration that waits, and
 /// holds off migrations while the bytes are copied, so what runs here sees the same chunks the
 /// service would. Its bytes are counted in the segment's statistics, not as a service request.
 pub fn run_here<E: Env>(segs: &mut Segments<E>, call: &Call, io: &mut Io<'_>) -> Result<Option<Done>> {
-    if !segs.provider().cpu_accessible(crate::vocab::Tier::Host) {
-        return Ok(None);
-    }
     let (seg, offset, length) = match *call {
         Call::Checksum(ops::Checksum { seg, offset, length })
         | Call::Fill(ops::Fill { seg, offset, length, .. })
@@ -762,7 +762,10 @@ pub fn run_here<E: Env>(segs: &mut Segments<E>, call: &Call, io: &mut Io<'_>) ->
     // service without a pin here, which would fetch fds of chunks it never maps.
     let info = segs.lookup(seg.name())?;
     let (start, end) = (offset.max(0) as u64, offset.max(0).saturating_add(length.max(0)) as u64);
-    if info.chunks.iter().any(|c| c.offset < end && start < c.offset + c.size && !segs.provider().cpu_accessible(c.tier)) {
+    // A `cpu` segment's chunks are mapped here under every provider; others where the provider
+    // gives this process their tier (the host tier's memfds of the host provider).
+    let here = |c: &crate::vocab::ChunkInfo| info.tier_pref.cpu_only() || segs.provider().cpu_accessible(c.tier);
+    if info.chunks.iter().any(|c| c.offset < end && start < c.offset + c.size && !here(c)) {
         return Ok(None);
     }
     let mut pin = pin_ref(segs, &seg)?;

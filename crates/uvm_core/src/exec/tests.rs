@@ -275,6 +275,76 @@ fn a_service_client_maps_the_host_tier_and_never_the_device() {
     assert_eq!(world.finish(), 0);
 }
 
+#[test]
+fn a_cpu_segment_is_mapped_by_every_client_and_given_to_no_kernel() {
+    use crate::exec;
+    use crate::provider::remote::RemoteProvider;
+    let world = World::new("cpu-tier", Arena::default());
+    let mut service = two_tier(&world, 1, None);
+    // A client of a CUDA cluster: it maps no chunk of the cluster's provider (host-tier chunks
+    // are HOST_NUMA allocations there), only the memfds of `cpu` segments.
+    let mut client = crate::segment::Segments::new(
+        TestEnv::new(&world, 2),
+        Box::new(RemoteProvider::new(crate::provider::ProviderKind::Cuda)),
+        limits(),
+    );
+    let size = 4 * MIB as i64;
+    let c = SegRef::new("c", service.create("c", size, Some(4 * size), TierPref::Cpu, 1, 0).unwrap()).unwrap();
+    let h = SegRef::new("h", service.create("h", size, None, TierPref::Host, 1, 0).unwrap()).unwrap();
+    let info = service.lookup("c").unwrap();
+    assert_eq!(info.tier_pref, TierPref::Cpu);
+    assert!(info.chunks.iter().all(|k| k.tier == Tier::Host), "a cpu segment's chunks are in the host tier: {info:?}");
+    let data: Vec<u8> = (0..size as usize).map(|i| (i * 11 % 253) as u8).collect();
+    service.pin("c", ok).unwrap().write_from(0, &data).unwrap();
+    let not_here = |r: Result<()>| assert_eq!(r.unwrap_err().message, "not here");
+
+    // Read, write, checksum and fill run on the client's own mapping, both ways.
+    let mut out = vec![0u8; data.len()];
+    exec::read(&mut Here(&mut client), &c, 0, &mut out).unwrap();
+    assert!(out == data, "the client read other bytes than the service wrote");
+    exec::write(&mut Here(&mut client), &c, 5, b"cpu tier").unwrap();
+    assert_eq!(service.pin("c", ok).unwrap().bytes(5, 8).unwrap(), b"cpu tier");
+    exec::fill(&mut Here(&mut client), &c, MIB as i64, MIB as i64, 9).unwrap();
+    let now = service.pin("c", ok).unwrap().bytes(0, size).unwrap().to_vec();
+    assert_eq!(exec::checksum(&mut Here(&mut client), &c, 0, size).unwrap(), crate::checksum::checksum(&now, 0));
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    assert!(maps.contains("memfd:pg_uvm_share cpu chunk"), "no cpu chunk is mapped:\n{maps}");
+    // The host tier of that cluster is not mapped here: the service runs it.
+    not_here(exec::read(&mut Here(&mut client), &h, 0, &mut out[..1]));
+
+    // Growth adds memfd chunks, which the client maps at its next pin.
+    service.grow("c", 3 * size, ok).unwrap();
+    exec::write(&mut Here(&mut client), &c, 2 * size + 7, b"grown").unwrap();
+    assert_eq!(service.pin("c", ok).unwrap().bytes(2 * size + 7, 5).unwrap(), b"grown");
+    assert!(service.lookup("c").unwrap().chunks.len() > 1);
+
+    // No process gives a kernel its address; it never moves to a GPU ("cpu" is no prefetch
+    // target, and on the host tier there is nothing to move).
+    for segs in [&mut service, &mut client] {
+        let p = segs.pin("c", ok).unwrap();
+        assert!(p.cpu_mapped(Tier::Host) && p.cpu_mapped(Tier::Device));
+        let e = p.addr(0, 1).unwrap_err();
+        assert_eq!(e.code, Code::FeatureNotSupported, "{e:?}");
+        assert!(e.message.contains("\"cpu\" tier"), "{e:?}");
+    }
+    let e = service.prefetch("c", 0, size, TierPref::Device, ok).unwrap_err();
+    assert_eq!(e.code, Code::FeatureNotSupported, "{e:?}");
+    assert_eq!(service.prefetch("c", 0, size, TierPref::DeviceOn(0), ok).unwrap_err().code, Code::FeatureNotSupported);
+    assert_eq!(service.prefetch("c", 0, size, TierPref::Cpu, ok).unwrap_err().code, Code::InvalidParameterValue);
+    assert_eq!(service.prefetch("c", 0, size, TierPref::Host, ok).unwrap(), 0);
+    assert_eq!(service.prefetch("h", 0, size, TierPref::Cpu, ok).unwrap_err().code, Code::InvalidParameterValue);
+    // The CPU engine refuses what the kernels would: a GpuJoin table in it.
+    assert_eq!(build_begin(&mut Local { segs: &mut service }, &c, 1024).unwrap_err().code, Code::FeatureNotSupported);
+    let e = create(&mut Local { segs: &mut client }, "x", size, None, TierPref::Cpu, 1, 0).unwrap_err();
+    assert_eq!(e.code, Code::FeatureNotSupported, "a client creates no chunk: {e:?}");
+
+    client.detach_all();
+    service.drop_segment("c", ok).unwrap();
+    service.drop_segment("h", ok).unwrap();
+    std::mem::drop((service, client));
+    assert_eq!(world.finish(), 0);
+}
+
 /// A cache of `rows` (key, payload, text) rows in blocks of `MIN_BLOCK_ROWS` (the last one
 /// partly full), written into a new segment `name` of the host tier.
 fn cache_segment(ex: &mut dyn Executor, name: &str, key: crate::cache::Encoding, rows: &[(Option<i64>, Option<i64>)]) -> SegRef {

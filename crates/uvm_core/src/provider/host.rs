@@ -38,6 +38,68 @@ fn memfd_name(place: Place) -> std::ffi::CString {
     std::ffi::CString::new(format!("pg_uvm_share {place} chunk")).expect("no NUL in a place's name")
 }
 
+/// A memfd of `size` bytes named `name` (as `/proc/<pid>/fd` shows it): a chunk of the host
+/// provider, or of a `cpu` segment under any provider.
+pub(crate) fn create_memfd(name: &std::ffi::CStr, size: u64) -> Result<OwnedFd> {
+    // SAFETY: memfd_create with a NUL-terminated name that outlives the call; the returned fd is
+    // owned below.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(UvmError::last_os("memfd_create failed"));
+    }
+    // SAFETY: fd is a fresh descriptor owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate on our own memfd.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } != 0 {
+        return Err(UvmError::last_os(format!("could not size a {size}-byte chunk")));
+    }
+    Ok(fd)
+}
+
+/// Maps memfd `fd` as `[offset, offset + size)` of reservation `r`, readable and writable,
+/// `MAP_SHARED | MAP_FIXED` (whatever reserved the range: this process's arena, a `PROT_NONE`
+/// mapping, or a CUDA provider's `cuMemAddressReserve`, over which the H200 probe mapped memfds,
+/// `bench/probes/host_tier_memfd.py`).
+pub(crate) fn map_memfd(fd: BorrowedFd<'_>, r: &Reservation, offset: u64, size: u64) -> Result<()> {
+    let addr = r.sub_range(offset, size)?;
+    // A memfd shorter than the mapping would raise SIGBUS on access past its end.
+    // SAFETY: all-zero is a valid `stat` (plain integers).
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is a live descriptor borrowed for the call; `st` is a valid out-pointer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(UvmError::last_os("could not stat a chunk"));
+    }
+    if (st.st_size as u64) < size {
+        return Err(UvmError::new(Code::SystemError, format!("chunk of {} bytes cannot be mapped as {size} bytes", st.st_size)));
+    }
+    // SAFETY: `[addr, addr + size)` lies inside reservation `r` (checked by sub_range), which
+    // this process owns, so MAP_FIXED replaces only our own pages there.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(UvmError::last_os(format!("could not map a {size}-byte chunk")));
+    }
+    Ok(())
+}
+
+/// Puts `[offset, offset + size)` of reservation `r` back to reserved, inaccessible address space
+/// (ignored if the range is not inside `r`).
+pub(crate) fn unmap_memfd(r: &Reservation, offset: u64, size: u64) {
+    if let Ok(addr) = r.sub_range(offset, size) {
+        // SAFETY: inside reservation `r`, which this process owns; the caller no longer uses the
+        // chunk mapped there (the segment layer unmaps only chunks nobody pins).
+        let _ = unsafe { make_inaccessible(addr, size) };
+    }
+}
+
 impl Provider for HostProvider {
     fn kind(&self) -> ProviderKind {
         ProviderKind::Host
@@ -93,64 +155,18 @@ impl Provider for HostProvider {
             Place::Device(n) if n >= self.devices => return Err(super::no_such_device(place, self.devices)),
             _ => {}
         }
-        let name = memfd_name(place);
-        // SAFETY: memfd_create with a NUL-terminated name that outlives the call; the returned
-        // fd is owned below.
-        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(UvmError::last_os("memfd_create failed"));
-        }
-        // SAFETY: fd is a fresh descriptor owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: ftruncate on our own memfd.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } != 0 {
-            return Err(UvmError::last_os(format!("could not size a {size}-byte chunk")));
-        }
-        Ok(fd)
+        create_memfd(&memfd_name(place), size)
     }
 
     fn map_chunk(&self, fd: BorrowedFd<'_>, tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()> {
         if !self.has_tier(tier) {
             return Err(tier_unavailable(tier, ProviderKind::Host));
         }
-        let addr = r.sub_range(offset, size)?;
-        // A memfd shorter than the mapping would raise SIGBUS on access past its end.
-        // SAFETY: all-zero is a valid `stat` (plain integers).
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `fd` is a live descriptor borrowed for the call; `st` is a valid out-pointer.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(UvmError::last_os("could not stat a chunk"));
-        }
-        if (st.st_size as u64) < size {
-            return Err(UvmError::new(
-                Code::SystemError,
-                format!("chunk of {} bytes cannot be mapped as {size} bytes", st.st_size),
-            ));
-        }
-        // SAFETY: `[addr, addr + size)` lies inside reservation `r` (checked by sub_range), which
-        // this process owns, so MAP_FIXED replaces only our own pages there.
-        let p = unsafe {
-            libc::mmap(
-                addr as *mut libc::c_void,
-                size as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_FIXED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(UvmError::last_os(format!("could not map a {size}-byte chunk")));
-        }
-        Ok(())
+        map_memfd(fd, r, offset, size)
     }
 
     fn unmap_chunk(&self, r: &Reservation, offset: u64, size: u64, _tier: Tier) {
-        if let Ok(addr) = r.sub_range(offset, size) {
-            // SAFETY: inside reservation `r`, which this process owns; the caller no longer
-            // uses the chunk mapped there (the segment layer unmaps only chunks nobody pins).
-            let _ = unsafe { make_inaccessible(addr, size) };
-        }
+        unmap_memfd(r, offset, size);
     }
 
     unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) -> Result<()> {

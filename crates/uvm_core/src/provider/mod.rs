@@ -20,6 +20,7 @@
 //! | `unmap_chunk(r, offset)` | `mmap(PROT_NONE, MAP_FIXED)` back over it | `cuMemUnmap` |
 //! | `release_reservation(r)` | `PROT_NONE` again (arena) or `munmap` | `cuMemAddressFree` |
 //! | `copy(dst, src)` (unsafe) | `memcpy` | `cuMemcpy`, per chunk |
+//! | `create_memfd_chunk`, `map_memfd_chunk`, `unmap_memfd_chunk` (a `cpu` segment's chunks) | as its own chunks | the same memfds, mapped `MAP_FIXED` over its reservation (no GPU mapping) |
 //!
 //! No safe function maps or unmaps at a raw address. Mapping and unmapping take a
 //! [`Reservation`], which only a provider makes and which is neither `Copy` nor `Clone`, plus an
@@ -185,6 +186,21 @@ pub trait Provider {
     /// Unmaps the chunk at `[offset, offset + size)` of `r`, leaving its addresses reserved
     /// (ignored if the range is not inside `r`).
     fn unmap_chunk(&self, r: &Reservation, offset: u64, size: u64, tier: Tier);
+    /// Creates a chunk of a `cpu` segment (`TierPref::Cpu`): a memfd under every provider, so
+    /// that every process maps it without CUDA. Not the provider's own memory: it goes through
+    /// the provider only so that a provider that creates nothing (`remote.rs`) can say so.
+    fn create_memfd_chunk(&self, size: u64) -> Result<OwnedFd> {
+        host::create_memfd(c"pg_uvm_share cpu chunk", size)
+    }
+    /// Maps a `cpu` segment's memfd chunk at `[offset, offset + size)` of `r`, for the CPU alone
+    /// (no GPU mapping, no CUDA registration), in every provider's reservations.
+    fn map_memfd_chunk(&self, fd: BorrowedFd<'_>, r: &Reservation, offset: u64, size: u64) -> Result<()> {
+        host::map_memfd(fd, r, offset, size)
+    }
+    /// Unmaps what `map_memfd_chunk` mapped, leaving the addresses reserved.
+    fn unmap_memfd_chunk(&self, r: &Reservation, offset: u64, size: u64) {
+        host::unmap_memfd(r, offset, size)
+    }
     /// Copies between mapped chunks (or between a chunk and private memory).
     ///
     /// # Safety

@@ -15,7 +15,10 @@
 //! here (creation is the service's).
 //!
 //! The CUDA provider's host chunks are `HOST_NUMA` VMM allocations, which only a process with a
-//! CUDA context can map: under it this provider maps nothing. (Memfd host chunks that the
+//! CUDA context can map: under it this provider maps only the chunks of `cpu` segments
+//! (`TierPref::Cpu`), which are memfds under every provider (`Provider::map_memfd_chunk`). So
+//! its reservations are real address space whatever the cluster's provider (its arena range,
+//! or a `PROT_NONE` mapping). (Memfd host chunks that the
 //! service registers with CUDA work on the H200, `bench/probes/host_tier_memfd.py`, but
 //! registering 4 KiB pages made an 8 GiB migration to the host tier 20 times slower: see
 //! `docs/ARCHITECTURE.md`, "The host tier in every process".)
@@ -23,27 +26,34 @@
 use std::os::fd::{BorrowedFd, OwnedFd};
 
 use super::host::HostProvider;
-use super::{adopt, unadopt, Capabilities, Provider, ProviderKind, Reservation, GRANULARITY};
+use super::{Capabilities, Provider, ProviderKind, Reservation, GRANULARITY};
 use crate::error::{Code, Result, UvmError};
 use crate::vocab::{Place, Tier};
 
 /// See the module documentation. `kind` is the cluster's provider (for display).
 pub struct RemoteProvider {
     pub kind: ProviderKind,
-    /// How this process maps host-tier chunks, where they are memfds; `None`: it maps nothing.
+    /// How this process maps host-tier chunks, where they are memfds; `None`: it maps none
+    /// (only `cpu` segments' chunks).
     host: Option<HostProvider>,
+    /// How it reserves address space (the host provider's way, under every cluster provider).
+    reserver: HostProvider,
 }
 
 impl RemoteProvider {
     /// The client provider of a cluster whose provider is `kind`.
     pub fn new(kind: ProviderKind) -> RemoteProvider {
-        RemoteProvider { kind, host: (kind == ProviderKind::Host).then(HostProvider::default) }
+        RemoteProvider { kind, host: (kind == ProviderKind::Host).then(HostProvider::default), reserver: HostProvider::default() }
     }
 
     /// The host provider that maps chunks of `tier` here, if any.
     fn mapper(&self, tier: Tier) -> Option<&HostProvider> {
         self.host.as_ref().filter(|_| tier == Tier::Host)
     }
+}
+
+fn only_the_service() -> UvmError {
+    UvmError::new(Code::FeatureNotSupported, "chunks are created only by the GPU service in this cluster")
 }
 
 fn in_service() -> UvmError {
@@ -69,35 +79,26 @@ impl Provider for RemoteProvider {
     }
 
     fn reserve(&self, hint: u64, size: u64) -> Result<Reservation> {
-        match &self.host {
-            // A real reservation: host chunks are mapped into it.
-            Some(h) => h.reserve(hint, size),
-            // Nothing is mapped here, so the range is only a name for the attachment.
-            None => Ok(Reservation { addr: hint, size, in_arena: false }),
-        }
+        // Real address space even where no chunk of the cluster's provider is mapped into it:
+        // a `cpu` segment's memfds are.
+        self.reserver.reserve(hint, size)
     }
 
     unsafe fn reserve_in_arena(&self, addr: u64, size: u64) -> Result<Reservation> {
-        match &self.host {
-            // SAFETY: forwarded contract (the range lies in this process's arena).
-            Some(h) => unsafe { h.reserve_in_arena(addr, size) },
-            None => {
-                adopt(addr, size)?;
-                Ok(Reservation { addr, size, in_arena: true })
-            }
-        }
+        // SAFETY: forwarded contract (the range lies in this process's arena).
+        unsafe { self.reserver.reserve_in_arena(addr, size) }
     }
 
     fn release_reservation(&self, r: Reservation) {
-        match &self.host {
-            Some(h) => h.release_reservation(r),
-            None if r.in_arena => unadopt(r.addr),
-            None => {}
-        }
+        self.reserver.release_reservation(r)
     }
 
     fn create_chunk(&self, _place: Place, _size: u64) -> Result<OwnedFd> {
-        Err(UvmError::new(Code::FeatureNotSupported, "chunks are created only by the GPU service in this cluster"))
+        Err(only_the_service())
+    }
+
+    fn create_memfd_chunk(&self, _size: u64) -> Result<OwnedFd> {
+        Err(only_the_service())
     }
 
     fn map_chunk(&self, fd: BorrowedFd<'_>, tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()> {

@@ -128,6 +128,9 @@ struct Mapping {
     reservation: Option<Reservation>,
     /// Chunks mapped in the reservation, by offset.
     mapped: RefCell<Vec<ChunkInfo>>,
+    /// A `cpu` segment's mapping: its chunks are memfds, mapped for the CPU alone whatever the
+    /// provider (`Provider::map_memfd_chunk`), and no kernel is given their addresses.
+    cpu_only: bool,
 }
 
 impl Mapping {
@@ -138,15 +141,33 @@ impl Mapping {
         self.reservation().addr()
     }
     fn map(&self, fd: BorrowedFd<'_>, c: &ChunkInfo) -> Result<()> {
-        self.provider.map_chunk(fd, c.tier, self.reservation(), c.offset, c.size)?;
+        if self.cpu_only {
+            self.provider.map_memfd_chunk(fd, self.reservation(), c.offset, c.size)?;
+        } else {
+            self.provider.map_chunk(fd, c.tier, self.reservation(), c.offset, c.size)?;
+        }
         let mut mapped = self.mapped.borrow_mut();
         mapped.push(*c);
         mapped.sort_by_key(|c| c.offset);
         Ok(())
     }
     fn unmap(&self, c: &ChunkInfo) {
-        self.provider.unmap_chunk(self.reservation(), c.offset, c.size, c.tier);
+        unmap_from(self.provider.as_ref(), self.cpu_only, self.reservation(), c);
         self.mapped.borrow_mut().retain(|m| m != c);
+    }
+    /// Whether the CPU addresses this mapping's chunks of `tier`: a `cpu` segment's always,
+    /// others where the provider gives the CPU that tier.
+    fn cpu_accessible(&self, tier: Tier) -> bool {
+        self.cpu_only || self.provider.cpu_accessible(tier)
+    }
+}
+
+/// Unmaps chunk `c` of a mapping (`cpu_only`: a `cpu` segment's memfd).
+fn unmap_from(provider: &dyn Provider, cpu_only: bool, r: &Reservation, c: &ChunkInfo) {
+    if cpu_only {
+        provider.unmap_memfd_chunk(r, c.offset, c.size);
+    } else {
+        provider.unmap_chunk(r, c.offset, c.size, c.tier);
     }
 }
 
@@ -154,7 +175,7 @@ impl Drop for Mapping {
     fn drop(&mut self) {
         let Some(r) = self.reservation.take() else { return };
         for c in self.mapped.get_mut().drain(..) {
-            self.provider.unmap_chunk(&r, c.offset, c.size, c.tier);
+            unmap_from(self.provider.as_ref(), self.cpu_only, &r, &c);
         }
         self.provider.release_reservation(r);
     }
@@ -254,7 +275,7 @@ impl<E: Env> Pin<E> {
     /// chunks under CUDA, nor in service mode's client processes, which map only host-tier
     /// memfds).
     pub fn cpu_mapped(&self, tier: Tier) -> bool {
-        self.mapping.provider.cpu_accessible(tier)
+        self.mapping.cpu_accessible(tier)
     }
 
     /// Whether this process's CPU addresses every byte of `[offset, offset + len)` (checked
@@ -276,7 +297,7 @@ impl<E: Env> Pin<E> {
             .info
             .chunks
             .iter()
-            .find(|c| c.offset < end && start < c.offset + c.size && !self.mapping.provider.cpu_accessible(c.tier))
+            .find(|c| c.offset < end && start < c.offset + c.size && !self.mapping.cpu_accessible(c.tier))
         {
             None => Ok(()),
             Some(c) => Err(uvm_err!(
@@ -335,7 +356,7 @@ impl<E: Env> Pin<E> {
             // SAFETY: [at, at + n) lies in one mapped chunk (pieces), pinned; `d` is ours.
             unsafe {
                 let src = self.base.add(at);
-                if self.mapping.provider.cpu_accessible(tier) {
+                if self.mapping.cpu_accessible(tier) {
                     std::ptr::copy_nonoverlapping(src, d.as_mut_ptr(), n);
                 } else {
                     self.mapping.provider.copy(d.as_mut_ptr(), src, n)?;
@@ -353,7 +374,7 @@ impl<E: Env> Pin<E> {
             // SAFETY: as in `read_into`, the other way.
             unsafe {
                 let dst = self.base.add(at);
-                if self.mapping.provider.cpu_accessible(tier) {
+                if self.mapping.cpu_accessible(tier) {
                     std::ptr::copy_nonoverlapping(s.as_ptr(), dst, n);
                 } else {
                     self.mapping.provider.copy(dst, s.as_ptr(), n)?;
@@ -371,13 +392,20 @@ impl<E: Env> Pin<E> {
         Ok(self
             .pieces(o, l)
             .into_iter()
-            .map(|(t, at, n)| (self.base as u64 + at as u64, n, self.mapping.provider.cpu_accessible(t)))
+            .map(|(t, at, n)| (self.base as u64 + at as u64, n, self.mapping.cpu_accessible(t)))
             .collect())
     }
 
-    /// The address of byte `offset` (for kernels), bounds-checked with `len`.
+    /// The address of byte `offset` (for kernels), bounds-checked with `len`. A `cpu` segment's
+    /// memory has no address for kernels (nothing maps it on a GPU: a kernel reading it would
+    /// lose the CUDA context), so it is refused (0A000) here, under every provider and engine,
+    /// so that what runs on the CPU in CI refuses exactly what a GPU would.
     pub fn addr(&self, offset: i64, len: i64) -> Result<u64> {
         let (o, _) = self.check_range(offset, len)?;
+        if self.mapping.cpu_only {
+            return Err(cpu_segment(&self.info.name, "GPU kernels do not read it")
+                .hint("Create the segment in another tier (\"auto\", \"device\" or \"host\") for kernels."));
+        }
         Ok(self.base as u64 + o as u64)
     }
 
@@ -631,7 +659,7 @@ impl<E: Env> Segments<E> {
 
     /// Refuses (0A000) a preference for the device tier when the provider has none.
     fn check_pref(&self, pref: TierPref) -> Result<()> {
-        if !matches!(pref, TierPref::Auto | TierPref::Host) && self.provider.devices() == 0 {
+        if pref.tier() == Tier::Device && pref != TierPref::Auto && self.provider.devices() == 0 {
             return Err(crate::provider::tier_unavailable(Tier::Device, self.provider.kind()));
         }
         Ok(())
@@ -752,7 +780,7 @@ impl<E: Env> Segments<E> {
         loop {
             // Before each chunk (none is pending here): a growth by many chunks answers cancel.
             crate::interrupt::check()?;
-            let (pending, epoch) = {
+            let (pending, epoch, cpu_only) = {
                 let mut reg = self.env.exclusive()?;
                 let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
                 let info = reg.info(slot);
@@ -769,10 +797,15 @@ impl<E: Env> Segments<E> {
                     GRANULARITY,
                 );
                 let (place, size) = if spill { (Place::Host, size) } else { self.place_chunk(&reg, info.tier_pref, size)? };
-                (reg.reserve_chunk(slot, info.committed, size, place)?, reg.epoch())
+                (reg.reserve_chunk(slot, info.committed, size, place)?, reg.epoch(), info.tier_pref.cpu_only())
             };
             let mut guard = PendingGuard::new(self, vec![(pending, false)], epoch);
-            let fd = match guard.segs.provider.create_chunk(pending.place, pending.size) {
+            let created = if cpu_only {
+                guard.segs.provider.create_memfd_chunk(pending.size)
+            } else {
+                guard.segs.provider.create_chunk(pending.place, pending.size)
+            };
+            let fd = match created {
                 Ok(fd) => fd,
                 Err(e) if e.code == Code::OutOfMemory && pending.place != Place::Host && !spill => {
                     let auto = guard.segs.lookup_id(id).map(|i| i.tier_pref == TierPref::Auto).unwrap_or(false);
@@ -1008,6 +1041,7 @@ impl<E: Env> Segments<E> {
             provider: Arc::clone(&self.provider),
             reservation: Some(reservation),
             mapped: RefCell::new(Vec::new()),
+            cpu_only: info.tier_pref.cpu_only(),
         });
         // An error from here on drops `mapping`, which gives the reservation back.
         let att_slot = {
@@ -1043,9 +1077,12 @@ impl<E: Env> Segments<E> {
         let info = self.lookup(name)?;
         authorize(info.owner)?;
         let (start, len) = check_range(&info, offset, length)?;
-        if target == TierPref::Auto {
-            return Err(uvm_err!(Code::InvalidParameterValue, "prefetch needs a concrete tier, not \"auto\"")
+        if matches!(target, TierPref::Auto | TierPref::Cpu) {
+            return Err(uvm_err!(Code::InvalidParameterValue, "prefetch needs a concrete tier, not \"{}\"", target.name())
                 .hint("Use \"host\", \"device\" or \"device:N\"."));
+        }
+        if info.tier_pref.cpu_only() && target.tier() == Tier::Device {
+            return Err(cpu_segment(name, "its memory never moves to a GPU").detail("Nothing was moved."));
         }
         self.check_pref(target)?;
         let (start, end) = (start as u64, (start + len) as u64);
@@ -1295,6 +1332,11 @@ fn connected<'a>(slot: &'a mut Option<Client>, path: &std::path::Path) -> Result
         *slot = Some(client);
     }
     Ok(slot.as_ref().expect("connected above"))
+}
+
+/// The error (0A000) for what a `cpu` segment (`TierPref::Cpu`) does not do.
+fn cpu_segment(name: &str, what: &str) -> UvmError {
+    uvm_err!(Code::FeatureNotSupported, "segment \"{name}\" is in the \"cpu\" tier: {what}")
 }
 
 /// The error for a registry entry that contradicts what this process mapped or may map: never
