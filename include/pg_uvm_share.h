@@ -53,7 +53,8 @@
 #define PG_UVM_SHARE_RENDEZVOUS "pg_uvm_share_api"
 
 /* Tiers, as uvm.segments shows them. */
-#define UVM_TIER_HOST 1   /* pinned host memory (memfd without a GPU): the CPU addresses it */
+#define UVM_TIER_HOST 1   /* pinned host memory (memfd without a GPU): the CPU addresses it;
+						   * a `cpu` segment's chunks are host memory no GPU maps */
 #define UVM_TIER_DEVICE 2 /* GPU memory */
 
 /* A pin, by handle. 0 is never a valid handle; handles are never reused within a process. */

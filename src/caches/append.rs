@@ -78,7 +78,7 @@ enum Codes {
 }
 
 /// The room for strings appends add to a text column's dictionary (each column's segment,
-/// `more_name`, made with the cache when it takes appends, in the host tier): 4,096 strings of
+/// `more_name`, made with the cache when it takes appends, in the cpu tier: only CPU code reads it): 4,096 strings of
 /// 256 KiB in all, about 290 KiB a column.
 pub(super) const MORE: crate::cache::dict::Reserved = crate::cache::dict::Reserved { entries: 4096, bytes: 256 << 10 };
 

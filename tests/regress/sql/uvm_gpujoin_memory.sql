@@ -1,11 +1,12 @@
 -- The GpuJoin plan node's memory is bounded by work_mem × hash_mem_multiplier, as PostgreSQL's
 -- hash join's is (issue 24, point 1): an inner side more than ten times that keeps only its
 -- hash memory in the node's own memory (a memory context, or the parallel query's DSA area:
--- the hash memory times the participants) and spills the rest to the host tier; a batch's
+-- the hash memory times the participants) and spills the rest (to the cpu tier); a batch's
 -- matches are read back a window at a time. The answers are PostgreSQL's, serially and in
 -- parallel workers, for joined rows with by-reference inner columns, the aggregate computed in
--- the probe, and a left join. Where a process cannot map the host tier (service mode with
--- pg_uvm_share.map_host_tier off here; service mode under CUDA) nothing spills: the planner
+-- the probe, and a left join. The spill is a segment of the cpu tier, which every process maps
+-- under every provider; where a process does not (service mode with
+-- pg_uvm_share.map_host_tier off) nothing spills: the planner
 -- does not take an inner side it estimates past the hash memory, and one that outgrows it
 -- anyway ends the query with 53200.
 CREATE EXTENSION IF NOT EXISTS pg_uvm_share;

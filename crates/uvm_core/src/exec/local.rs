@@ -190,6 +190,15 @@ fn engine_addr<E: Env>(pin: &Pin<E>, engine: Engine, offset: i64, len: i64) -> R
     }
 }
 
+/// Where a checksum or a fill of `[offset, offset + len)` of `pin` runs, and at what address: on
+/// `engine`, except that a `cpu` segment's bytes are always the CPU's (no kernel may read them).
+fn bytes_addr<E: Env>(pin: &Pin<E>, engine: Engine, offset: i64, len: i64) -> Result<(u64, Engine)> {
+    if pin.info().tier_pref.cpu_only() {
+        return Ok((pin.bytes(offset, len)?.as_ptr() as u64, Engine::Cpu));
+    }
+    Ok((engine_addr(pin, engine, offset, len)?, engine))
+}
+
 /// Pins a GpuJoin table of `slot_count` slots for a build: its header and slots' address.
 fn table_for_build<E: Env>(segs: &mut Segments<E>, seg: &SegRef, slot_count: u64, engine: Engine) -> Result<(Pin<E>, u64, u64)> {
     let pin = pin_ref(segs, seg)?;
@@ -214,14 +223,14 @@ pub fn prepare<E: Env>(segs: &mut Segments<E>, call: &Call, io: &Io<'_>) -> Resu
         Call::Ping(_) => Work::Ping,
         Call::Checksum(ops::Checksum { seg, offset, length }) => {
             let pin = pin_ref(segs, &seg)?;
-            let addr = engine_addr(&pin, engine, offset, length)?;
+            let (addr, engine) = bytes_addr(&pin, engine, offset, length)?;
             pin.count_read(length as u64);
             pins.push(pin);
             Work::Checksum { addr, len: length as u64, engine }
         }
         Call::Fill(ops::Fill { seg, offset, length, seed }) => {
             let pin = pin_ref(segs, &seg)?;
-            let addr = engine_addr(&pin, engine, offset, length)?;
+            let (addr, engine) = bytes_addr(&pin, engine, offset, length)?;
             pin.count_written(length as u64);
             pins.push(pin);
             Work::Fill { addr, len: length as u64, seed: seed as u64, engine }

@@ -309,6 +309,11 @@ fn a_cpu_segment_is_mapped_by_every_client_and_given_to_no_kernel() {
     assert_eq!(exec::checksum(&mut Here(&mut client), &c, 0, size).unwrap(), crate::checksum::checksum(&now, 0));
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     assert!(maps.contains("memfd:pg_uvm_share cpu chunk"), "no cpu chunk is mapped:\n{maps}");
+    // The service checksums and fills it on the CPU (no kernel reads it).
+    exec::fill(&mut Local { segs: &mut service }, &c, 0, 64, 3).unwrap();
+    let now = service.pin("c", ok).unwrap().bytes(0, size).unwrap().to_vec();
+    assert_eq!(exec::checksum(&mut Local { segs: &mut service }, &c, 0, size).unwrap(), crate::checksum::checksum(&now, 0));
+    assert_eq!(exec::checksum(&mut Here(&mut client), &c, 0, size).unwrap(), crate::checksum::checksum(&now, 0));
     // The host tier of that cluster is not mapped here: the service runs it.
     not_here(exec::read(&mut Here(&mut client), &h, 0, &mut out[..1]));
 
