@@ -31,8 +31,22 @@ of keys); reading 8 rows' counts, bits and keys before walking (4ac4a05) 14.6 ms
 (4 rows 6.0 / 153.2, 16 rows 51.1 / 141.1: the batch's values in local memory); the keys alone
 summed, one 8-byte load per thread at a time, 0.23 ms and 12.0 ms (33 GB/s); cudaMemcpy 54.8
 GB/s. The build from a cache of dim's two columns: 1.13 ms from device memory, 4.92 ms from host.
-The tile kernel (c4bf7a0) is not measured yet: `old=`, `batch8=` and `tile=` those commits'
-segment.cu, one run of the probe.
+The tile kernel (c4bf7a0, a warp's 512 rows copied into shared memory with 16-byte loads before
+probing), measured on an H100 80GB HBM3 on 2026-12-06 (`old=` 2dfe531, `batch8=` 4ac4a05,
+`tile=` 209194b, best of 3; every answer right):
+
+    version    device ms  host ms (GB/s of keys)   no bitmap / no counts / keys only, host ms
+    old@4        3.84     144.4  (2.8)             117.5 / 15.0 / 11.8
+    batch8@8    11.37     120.0  (3.3)             124.8 / 143.5 / 123.9
+    tile@4       4.28      12.60 (31.8)             12.2 / 12.5 / 12.0
+    tile@8       4.23      12.43 (32.2)
+    stream8@8    0.17      11.66 (34.3)            (cudaMemcpy host to device 55.2 GB/s)
+
+The tile probe reads pinned host memory 11.6x faster than the old one, at 0.94 of what a
+kernel streaming the same keys one 8-byte load per thread reads (stream8); from device memory
+it takes 4.2 ms against the old 3.8 (the build is unchanged: 1.1 ms device, 4.8 ms host). In
+the GPU suite (bench/gpu-report-cpu-tier.md) the join over a cache 1.5x its device budget then
+read its host part at 0.73 of the copy ceiling (0.13 before).
 """
 import argparse
 import math
