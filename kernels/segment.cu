@@ -246,26 +246,74 @@ __device__ __forceinline__ void warp_add(u64 *out, u64 v) {
 // PROBE_WARPS (nothing probed).
 //
 // A warp probes a tile of PROBE_TILE consecutive rows of one block at a time (tiles t, t +
-// warps, ...). It first copies the tile's keys and NULL bitmap into its part of shared memory,
-// 16 bytes a load, every load of the tile in flight at once (a lane's 8 loads unrolled into
-// registers), and its block's count with one load; then each lane probes rows lane, lane + 32,
-// ... of the tile from there. Row by row, a thread's count, NULL bit and key were dependent
-// 8-byte loads, and a cache's host-tier part was read over the host link at 2.7 GB/s on an
-// H100 (bench/probes/host_probe.py): the link wants many wide reads in flight. The tile's room
-// is read whatever the count says (a block holds n rows' room; staged keys are one block of n).
+// warps, ...), from its part of shared memory, where the tile's keys and NULL bitmap were copied
+// 16 bytes a piece with asynchronous copies (`cp.async`: no registers held, every piece in
+// flight at once), and the block's count with one load; each lane probes rows lane, lane + 32,
+// ... of the tile. Two buffers a warp: the next tile's copies are issued before the present
+// tile is probed, so a warp's loads overlap its own probing (on an H100, 4.25 ms to 2.87 ms for
+// 50 M keys from device memory: bench/probes/host_probe.py). Row by row, a thread's count, NULL
+// bit and key were dependent 8-byte loads, and a cache's host-tier part was read over the host
+// link at 2.7 GB/s on an H100; tiles read it at 31-32 GB/s, about what any kernel reads there
+// (34.7 GB/s, bench/probes/zero_copy_ceiling.py). The tile's room is read whatever the count
+// says (a block holds n rows' room; staged keys are one block of n).
 //
 // Resume: a lane out of budget keeps its walk and stops; the others finish the tile; then, if
 // any lane of the warp stopped (__any_sync), every lane saves (tile << 5 | its next row of the
-// tile, 16 when done; slot; steps) and the warp leaves. The next launch loads that tile again
-// and each lane goes on from its row. A warp that finished saves a tile past the last.
-#define PROBE_TILE 512ull
-#define PROBE_LANE_ROWS 16u
+// tile, PROBE_LANE_ROWS when done; slot; steps), waits for its copies in flight, and the warp
+// leaves. The next launch loads that tile again and each lane goes on from its row. A warp that
+// finished saves a tile past the last.
+#define PROBE_TILE 256ull
+#define PROBE_LANE_ROWS 8u
 #define PROBE_WARPS 8u
+#define PROBE_PIECES (PROBE_TILE * 8ull / 16ull / 32ull)
+// A lane's asynchronous 16-byte copy from global to shared memory (`cp.async`, sm_80 and later:
+// the bytes go to shared memory without a register, and the lane goes on), its commit groups and
+// the waits for them. Elsewhere (older GPUs; tests/kernel_emu, where __CUDA_ARCH__ is not
+// defined) the copy is a plain load and store, done when it returns, and the rest is nothing.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void copy16_async(void *dst, const void *src) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most the last committed group is in flight.
+__device__ __forceinline__ void async_wait_but_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ void async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+#else
+__device__ __forceinline__ void copy16_async(void *dst, const void *src) {
+    *(ulonglong2 *)dst = *(const ulonglong2 *)src;
+}
+__device__ __forceinline__ void async_commit() {}
+__device__ __forceinline__ void async_wait_but_one() {}
+__device__ __forceinline__ void async_wait_all() {}
+#endif
+// Issues the copies of tile t's whole 16s (keys, bitmap) into buffer `kb16`/`nb16` (nothing if t
+// is past the last), and one commit group for them (empty groups keep the count regular).
+__device__ __forceinline__ void tile_fetch(u64 t, u64 tiles, u64 tiles_per_block, u64 n, u64 block_stride,
+                                           const u8 *keys, u64 key_width, const u8 *key_nulls, unsigned lane,
+                                           ulonglong2 *kb16, ulonglong2 *nb16) {
+    if (t < tiles) {
+        u64 b = t / tiles_per_block;
+        u64 row0 = (t - b * tiles_per_block) * PROBE_TILE;
+        u64 off = b * block_stride;
+        u64 room = n - row0 < PROBE_TILE ? n - row0 : PROBE_TILE;
+        u64 bytes = room * key_width, nbytes = (room + 7ull) / 8ull;
+        const ulonglong2 *src = (const ulonglong2 *)(keys + off + row0 * key_width);
+#pragma unroll
+        for (unsigned j = 0; j < PROBE_PIECES; j++) {
+            u64 c = lane + 32u * j;
+            if (c * 16ull + 16ull <= bytes) copy16_async(&kb16[c], &src[c]);
+        }
+        if (key_nulls != 0 && lane < PROBE_TILE / 8ull / 16ull && lane * 16ull + 16ull <= nbytes)
+            copy16_async(&nb16[lane], (const ulonglong2 *)(key_nulls + off + row0 / 8ull) + lane);
+    }
+    async_commit();
+}
 extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed, const u8 *keys, u64 key_width,
                                           const u8 *key_nulls, u64 n, u64 blocks, u64 block_stride,
                                           const u8 *headers, u64 *resume, u64 fresh, u64 *out) {
-    __shared__ ulonglong2 tile_keys[PROBE_WARPS][PROBE_TILE * 8ull / 16ull];
-    __shared__ ulonglong2 tile_nulls[PROBE_WARPS][PROBE_TILE / 8ull / 16ull];
+    __shared__ ulonglong2 tile_keys[2][PROBE_WARPS][PROBE_TILE * 8ull / 16ull];
+    __shared__ ulonglong2 tile_nulls[2][PROBE_WARPS][PROBE_TILE / 8ull / 16ull];
     if ((blockDim.x & 31u) != 0u || blockDim.x > 32u * PROBE_WARPS) {
         if (threadIdx.x == 0) atomicExch(&out[6], 1ull);
         return;
@@ -284,39 +332,27 @@ extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed,
     bool more = false, stopped = false;
     u64 matches = 0, lo = 0;
     long long hi = 0;
-    u8 *kb = (u8 *)tile_keys[w];
-    u8 *nb = (u8 *)tile_nulls[w];
+    unsigned cur = 0;
+    tile_fetch(t, tiles, tiles_per_block, n, block_stride, keys, key_width, key_nulls, lane, tile_keys[0][w],
+               tile_nulls[0][w]);
     for (; t < tiles; t += warps) {
+        // The next tile's copies go out before this one is probed.
+        tile_fetch(t + warps, tiles, tiles_per_block, n, block_stride, keys, key_width, key_nulls, lane,
+                   tile_keys[cur ^ 1u][w], tile_nulls[cur ^ 1u][w]);
         u64 b = t / tiles_per_block;
         u64 row0 = (t - b * tiles_per_block) * PROBE_TILE;
         u64 off = b * block_stride;
         u64 room = n - row0 < PROBE_TILE ? n - row0 : PROBE_TILE;
         u64 bytes = room * key_width, nbytes = (room + 7ull) / 8ull;
-        const ulonglong2 *src = (const ulonglong2 *)(keys + off + row0 * key_width);
-        const ulonglong2 *nsrc = key_nulls != 0 ? (const ulonglong2 *)(key_nulls + off + row0 / 8ull) : 0;
-        // The loads, all issued before any is used: the count (one address in every lane),
-        // the key bytes' whole 16s, the bitmap's whole 16s.
+        const u8 *src = keys + off + row0 * key_width;
+        const u8 *nsrc = key_nulls != 0 ? key_nulls + off + row0 / 8ull : 0;
         u64 count = headers == 0 ? n : *(const u64 *)(headers + off);
-        ulonglong2 v[PROBE_TILE * 8ull / 16ull / 32ull];
-#pragma unroll
-        for (unsigned j = 0; j < PROBE_TILE * 8ull / 16ull / 32ull; j++) {
-            u64 c = lane + 32u * j;
-            if (c * 16ull + 16ull <= bytes) v[j] = src[c];
-        }
-        bool has_nv = key_nulls != 0 && lane < PROBE_TILE / 8ull / 16ull && lane * 16ull + 16ull <= nbytes;
-        ulonglong2 nv;
-        if (has_nv) nv = nsrc[lane];
-        __syncwarp(); // (every lane is done with the last tile's bytes)
-#pragma unroll
-        for (unsigned j = 0; j < PROBE_TILE * 8ull / 16ull / 32ull; j++) {
-            u64 c = lane + 32u * j;
-            if (c * 16ull + 16ull <= bytes) tile_keys[w][c] = v[j];
-        }
-        if (has_nv) tile_nulls[w][lane] = nv;
-        // The bytes past the last whole 16 (staged keys of an odd count), one at a time.
-        for (u64 x = (bytes & ~15ull) + lane; x < bytes; x += 32ull) kb[x] = ((const u8 *)src)[x];
+        u8 *kb = (u8 *)tile_keys[cur][w];
+        u8 *nb = (u8 *)tile_nulls[cur][w];
+        async_wait_but_one(); // this tile's group is done; the next one's may still fly
+        for (u64 x = (bytes & ~15ull) + lane; x < bytes; x += 32ull) kb[x] = src[x];
         if (key_nulls != 0) {
-            for (u64 x = (nbytes & ~15ull) + lane; x < nbytes; x += 32ull) nb[x] = ((const u8 *)nsrc)[x];
+            for (u64 x = (nbytes & ~15ull) + lane; x < nbytes; x += 32ull) nb[x] = nsrc[x];
         }
         __syncwarp();
         if (count > n) {
@@ -369,8 +405,11 @@ extern "C" __global__ void uvm_join_probe(const Slot *slots, u64 mask, u64 seed,
             stopped = true;
             break;
         }
+        __syncwarp(); // (every lane is done with this buffer before the tile after next lands there)
+        cur ^= 1u;
         k = 0;
     }
+    async_wait_all();
     state[0] = t << 5 | (stopped ? k : 0u);
     state[1] = i;
     state[2] = step;

@@ -68,7 +68,8 @@ kernels! {
         /// when a walk ran out of budget (`resume`: 3 words per thread; launch again with
         /// `fresh` 0), `out[5]` when a block's count exceeded `n`, and `out[6]` when the
         /// launch's blocks were not whole warps of at most 8 (nothing probed). A warp probes
-        /// tiles of 512 rows copied into shared memory.
+        /// tiles of 256 rows copied into shared memory (`cp.async`, the next tile's copies in
+        /// flight while it probes one).
         uvm_join_probe => JoinProbe(
             slots: Ptr<Slot>,
             mask: u64,
