@@ -47,6 +47,12 @@ kernel streaming the same keys one 8-byte load per thread reads (stream8); from 
 it takes 4.2 ms against the old 3.8 (the build is unchanged: 1.1 ms device, 4.8 ms host). In
 the GPU suite (bench/gpu-report-cpu-tier.md) the join over a cache 1.5x its device budget then
 read its host part at 0.73 of the copy ceiling (0.13 before).
+
+The double-buffered tile (`tile2=`, 43540e0's segment.cu: 256-row tiles copied with cp.async, the
+next tile's copies issued before the present one is probed), same machine and day: device
+2.87 ms (the one-buffer tile 4.25), host 12.77 ms (31.3 GB/s; the tile 12.45): the device
+part 1.48x faster, the host part at the machine's ceiling for kernels either way (every access
+pattern of bench/probes/zero_copy_ceiling.py reads pinned host memory at 34.7 GB/s there).
 """
 import argparse
 import math

@@ -20,6 +20,13 @@ pointer for both), each the best of `--runs`, at 2, 4, 8 and 16 blocks of 256 th
 
 Every kernel sums what it read (so nothing is optimised away) and the sums are checked against
 CuPy's. Prints GB/s and the fraction of the copy ceiling.
+
+Measured on an H100 80GB HBM3 (2026-12-06, 512 MiB, best of 5; every sum right): memcpy 55.2
+GB/s; every kernel, every grid: 34.3-34.8 GB/s, 0.62-0.63 of it (ld8 34.3-34.5, ld16 34.6-34.7,
+ld16x4 34.7-34.8, ld16x8 34.6-34.7, cpasync8 34.6-34.7). On that machine no kernel reads pinned
+host memory in place faster than 0.63 of the copy engines, whatever it keeps in flight: the
+issue's 0.8 cannot be met there by reading in place. (The H200 machine's notes give 48-51 GB/s
+for CuPy's sum over HOST_NUMA and registered memory, about 0.9 of its 55: run this there.)
 """
 import argparse
 import sys
