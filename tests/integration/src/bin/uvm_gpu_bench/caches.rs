@@ -455,7 +455,10 @@ pub(crate) fn bench_cache_join(b: &mut Bench, admin: &mut Client) {
         let probe = ms_of(&lines, "Probe Kernels:").ok_or_else(|| format!("no Probe Kernels time in {lines}"))?;
         let device_probe = probe_ms.unwrap_or(0.0) * dev as f64 / (dev + host).max(1) as f64;
         // The host part's read rate: its bytes over the probe's time beyond what the device
-        // part took at the all-device rate (a lower bound where the two overlap).
+        // part took at the all-device rate. Where the two parts overlap (they do: warps on
+        // device blocks run beside warps on host blocks) this overstates the host part's rate,
+        // even past what any kernel reads from pinned host memory on the machine
+        // (bench/probes/zero_copy_ceiling.py); bench/probes/host_probe.py times host reads alone.
         let host_gbps = host as f64 / ((probe - device_probe).max(1e-3) / 1e3) / 1e9;
         b.row(
             K_OVER,
