@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::*;
 use crate::broker::server::Server;
 use crate::provider::host::HostProvider;
-use crate::registry::{Arena, Capacity};
+use crate::registry::{Arena, Capacity, MAX_CHUNKS_PER_SEGMENT};
 
 const MIB: u64 = 1 << 20;
 

@@ -1,0 +1,440 @@
+//! Migrations: moving a segment's chunks between tiers and GPUs (`Segments::prefetch`), the
+//! queue that keeps readers taking turns from starving a waiting migration ([`WaitingToMigrate`],
+//! the module essay of `super`, "The pin / generation protocol"), and the GPU service's host
+//! pool of pinned pieces that a migration to the host tier takes first (`Segments::pool_step`).
+//!
+//! A migration waits until no process pins the segment, holds new pins back with the
+//! registry's migration flag ([`MigrationFlag`]), and replaces each chunk by a copy under the
+//! exclusive lock with a generation bump: every process remaps before its next access. What it
+//! moves and where is planned whole first (`crate::placement::plan_moves`). A `cpu` segment
+//! never moves to a GPU.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{check_range, cpu_segment, ms, Env, Mapping, PendingGuard, Segments};
+use crate::error::{Code, Result, UvmError};
+use crate::placement;
+use crate::provider::{Provider, Reservation, GRANULARITY};
+use crate::registry::{ChunkInfo, PendingChunk, Place, Registry, Tier, TierPref, MAX_CHUNKS_PER_SEGMENT};
+use crate::stats::{ProgressKind, ProgressPhase};
+use crate::uvm_err;
+
+/// The migration flag of one segment, held for the duration of a migration.
+struct MigrationFlag<E: Env> {
+    env: E,
+    id: u64,
+}
+
+/// The error of a migration that waited `wait` for a segment's pins to drain, in vain
+/// (`detail`: who holds them).
+pub fn still_pinned(name: &str, wait: Duration, detail: String) -> UvmError {
+    UvmError::new(
+        Code::LockNotAvailable,
+        format!("could not migrate segment \"{name}\": still in use after {} ms", wait.as_millis()),
+    )
+    .detail(detail)
+    .hint("Other sessions hold pins on it (uvm.attachments shows them); see pg_uvm_share.pin_wait_timeout.")
+}
+
+impl<E: Env> MigrationFlag<E> {
+    /// Waits up to `wait` for the segment's pins to drain, then sets its migration flag. While
+    /// it waits, new pins of processes holding none on the segment wait behind it
+    /// ([`WaitingToMigrate`]), so that readers taking turns cannot keep it out forever.
+    fn begin(env: &E, own: &OwnWaits, id: u64, name: &str, wait: Duration) -> Result<Self> {
+        let started = Instant::now();
+        let mut waiting: Option<WaitingToMigrate<E>> = None;
+        loop {
+            let attempt = {
+                let mut reg = env.exclusive()?;
+                let slot = reg.find_id(id).ok_or_else(|| uvm_err!(Code::UndefinedObject, "segment \"{name}\" does not exist"))?;
+                let r = reg.begin_migration(slot);
+                if r.is_err() && waiting.is_none() {
+                    waiting = Some(WaitingToMigrate::register(env, own, &mut reg, slot, id));
+                }
+                r
+            };
+            match attempt {
+                // (`waiting` goes here: the flag now holds new pins back itself.)
+                Ok(()) => return Ok(MigrationFlag { env: env.clone(), id }),
+                Err(e) if e.code == Code::ObjectInUse && started.elapsed() < wait => {
+                    // The wait may last pin_wait_timeout (seconds): answer cancel meanwhile.
+                    crate::interrupt::check()?;
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) if e.code == Code::ObjectInUse => return Err(still_pinned(name, wait, e.detail.unwrap_or(e.message))),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// This process's migrations that wait for pins to drain: segment id -> how many. Its own pins
+/// do not wait behind them (the GPU service, which migrates for its clients, holds their
+/// other requests back itself rather than sleep on its own wait).
+pub(super) type OwnWaits = Rc<RefCell<HashMap<u64, u32>>>;
+
+/// A migration's place in the queue of a segment's pins ([`Registry::wait_to_migrate`]),
+/// withdrawn when dropped (the migration began, gave up, or failed) or at process exit
+/// ([`Segments::detach_all`]), whichever comes first.
+pub struct WaitingToMigrate<E: Env> {
+    env: E,
+    own: OwnWaits,
+    id: u64,
+}
+
+impl<E: Env> WaitingToMigrate<E> {
+    pub(super) fn register(env: &E, own: &OwnWaits, reg: &mut Registry, slot: u32, id: u64) -> Self {
+        reg.wait_to_migrate(slot);
+        *own.borrow_mut().entry(id).or_default() += 1;
+        WaitingToMigrate { env: env.clone(), own: Rc::clone(own), id }
+    }
+}
+
+impl<E: Env> Drop for WaitingToMigrate<E> {
+    fn drop(&mut self) {
+        // Withdrawn already if `detach_all` took this process's waits at exit.
+        {
+            let mut own = self.own.borrow_mut();
+            match own.get_mut(&self.id) {
+                Some(n) if *n > 1 => *n -= 1,
+                Some(_) => {
+                    own.remove(&self.id);
+                }
+                None => return,
+            }
+        }
+        if let Ok(mut reg) = self.env.exclusive() {
+            if let Some(slot) = reg.find_id(self.id) {
+                reg.stop_waiting_to_migrate(slot);
+            }
+        }
+    }
+}
+
+impl<E: Env> Drop for MigrationFlag<E> {
+    fn drop(&mut self) {
+        if let Ok(mut reg) = self.env.exclusive() {
+            if let Some(slot) = reg.find_id(self.id) {
+                reg.end_migration(slot);
+            }
+        }
+    }
+}
+
+/// Where the time of this process's last migration went (reported by `uvm.device_info()`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MigrationStats {
+    pub bytes: u64,
+    pub chunks: u32,
+    /// Waiting for pins to drain.
+    pub wait_ms: f64,
+    /// Bringing this process's own mapping of the segment up to date first (an attach).
+    pub map_ms: f64,
+    /// Allocating the new chunks (pinning host memory dominates).
+    pub alloc_ms: f64,
+    /// Copying (the provider's copy: cuMemcpy).
+    pub copy_ms: f64,
+    /// Mapping the new chunks for the copy, and unmapping them and the old chunks' temporary
+    /// mappings after it.
+    pub copy_map_ms: f64,
+    /// Swapping the new chunks in under the registry's exclusive lock.
+    pub swap_ms: f64,
+    /// Releasing the old chunks at the broker (next to nothing where releases are deferred:
+    /// the GPU service releases them after it has answered).
+    pub release_ms: f64,
+    /// The rest (reservations, the broker's PUT, the migration flag).
+    pub other_ms: f64,
+}
+
+impl<E: Env> Segments<E> {
+    /// Queues a migration of segment `id` that this process will try again and again without
+    /// sleeping (the GPU service's parked migrations): new pins of other processes wait behind
+    /// it until the guard goes. Its own pins of the segment do not: it holds its other requests
+    /// for the segment back itself.
+    pub fn wait_to_migrate(&mut self, id: u64) -> Result<WaitingToMigrate<E>> {
+        let mut reg = self.env.exclusive()?;
+        let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
+        Ok(WaitingToMigrate::register(&self.env, &self.own_waits, &mut reg, slot, id))
+    }
+
+    /// Moves the chunks covering `[offset, offset + length)` of `name` to `target` (`host`,
+    /// `device`: any GPU, chunks already on one stay; `device:N`: GPU N); returns the bytes
+    /// moved. Where each chunk goes is planned first (`placement::plan_moves`): a move past a
+    /// GPU's budget refuses the whole migration before anything moves.
+    ///
+    /// Migration waits (up to `limits.pin_wait`) until no process holds a pin, then marks the
+    /// segment migrating, which holds new pins back and refuses drops. For each chunk to move it
+    /// allocates a chunk in the target tier, copies the bytes (per chunk: driver copies cannot
+    /// cross chunk boundaries), and swaps it in under the exclusive lock with a generation bump,
+    /// so that every process remaps before its next access. Chunks already where `target` wants
+    /// them stay.
+    pub fn prefetch(
+        &mut self,
+        name: &str,
+        offset: i64,
+        length: i64,
+        target: TierPref,
+        authorize: impl FnOnce(u32) -> Result<()>,
+    ) -> Result<u64> {
+        let info = self.lookup(name)?;
+        authorize(info.owner)?;
+        let (start, len) = check_range(&info, offset, length)?;
+        if matches!(target, TierPref::Auto | TierPref::Cpu) {
+            return Err(uvm_err!(Code::InvalidParameterValue, "prefetch needs a concrete tier, not \"{}\"", target.name())
+                .hint("Use \"host\", \"device\" or \"device:N\"."));
+        }
+        if info.tier_pref.cpu_only() && target.tier() == Tier::Device {
+            return Err(cpu_segment(name, "its memory never moves to a GPU").detail("Nothing was moved."));
+        }
+        self.check_pref(target)?;
+        let (start, end) = (start as u64, (start + len) as u64);
+        let covered: Vec<ChunkInfo> =
+            info.chunks.iter().filter(|c| c.offset < end && start < c.offset + c.size).copied().collect();
+        // Where each chunk goes, planned whole before anything moves (a move refused for
+        // budget moves nothing).
+        let plan = {
+            let reg = self.env.shared()?;
+            let chunks: Vec<(Place, u64)> = covered.iter().map(|c| (c.place(), c.size)).collect();
+            placement::plan_moves(target, &chunks, &self.gpus(&reg), GRANULARITY)
+                .map_err(|e| e.detail(format!("Nothing of segment \"{name}\" was moved.")))?
+        };
+        let moving: Vec<(ChunkInfo, Place)> = covered.iter().zip(plan).filter_map(|(c, to)| to.map(|to| (*c, to))).collect();
+        if moving.is_empty() {
+            return Ok(0);
+        }
+        let bytes: u64 = moving.iter().map(|(c, _)| c.size).sum();
+        let started = Instant::now();
+        // (`uvm.progress`: none if every row is taken.)
+        let progress = self.env.shared()?.start_progress(
+            self.env.pid(),
+            ProgressKind::Migration,
+            ProgressPhase::WaitingForPins,
+            info.id,
+            bytes,
+        );
+        let _flag = MigrationFlag::begin(&self.env, &self.own_waits, info.id, name, self.limits.pin_wait)?;
+        let mut stats = MigrationStats { bytes, chunks: moving.len() as u32, wait_ms: ms(started), ..Default::default() };
+        let mut done = 0;
+        for (c, to) in &moving {
+            if let Some(p) = &progress {
+                p.phase(ProgressPhase::Copying, done, bytes);
+            }
+            // Between chunks: each migrate_chunk is all-or-nothing, so an interrupt here leaves
+            // every chunk either moved or in place (and the flag is cleared by its guard).
+            crate::interrupt::check()?;
+            self.migrate_chunk(info.id, c, *to, &mut stats)?;
+            done += c.size;
+        }
+        if let Ok(reg) = self.env.shared() {
+            if let Some(slot) = reg.find_id(info.id) {
+                reg.count_migration(slot, bytes);
+            }
+        }
+        stats.other_ms = ms(started)
+            - stats.wait_ms
+            - stats.map_ms
+            - stats.alloc_ms
+            - stats.copy_ms
+            - stats.copy_map_ms
+            - stats.swap_ms
+            - stats.release_ms;
+        self.last_migration = Some(stats);
+        Ok(bytes)
+    }
+
+    /// Replaces one chunk by a copy at `to`. The caller holds the migration flag.
+    fn migrate_chunk(&mut self, id: u64, old: &ChunkInfo, to: Place, stats: &mut MigrationStats) -> Result<()> {
+        let target = to.tier();
+        let (info, epoch) = {
+            let reg = self.env.shared()?;
+            let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
+            (reg.info(slot), reg.epoch())
+        };
+        let t = Instant::now();
+        self.ensure_attachment(&info)?;
+        // The copy reads the old chunk where this process maps it; if it does not (its
+        // mapping is older than the chunk, as after an earlier migration), through a temporary
+        // mapping made for the copy alone. Bringing the whole mapping up to date instead would
+        // give the CPU access to every chunk (a page-table walk: about 250 ms for 8 GiB of host
+        // memory, measured) for a copy done by DMA.
+        let a = self.attachments.get_mut(&id).expect("attached above");
+        let source = if a.mapping.mapped.borrow().contains(old) {
+            CopySource::Mapped { _held: Rc::clone(&a.mapping), addr: a.mapping.addr() + old.offset }
+        } else {
+            let fd = self.with_broker(|b| b.get(epoch, old.id))?;
+            let r = self.provider.reserve(0, old.size)?;
+            let source = CopySource::Temporary(Arc::clone(&self.provider), Some(r), old.size, old.tier);
+            self.provider.map_chunk_for_copy(fd.as_fd(), old.tier, source.reservation(), 0, old.size)?;
+            source
+        };
+        stats.map_ms += ms(t);
+        let src = source.addr();
+        // The new chunks: to the host tier, pieces of the host pool first (pinned already), then
+        // one fresh chunk for the rest; elsewhere, one fresh chunk.
+        let (parts, rest, to_pool) = {
+            let mut reg = self.env.exclusive()?;
+            let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
+            // The plan saw room for this chunk; other sessions may have taken it since.
+            if let Place::Device(n) = to {
+                if !placement::fits(&self.gpus(&reg), n, old.size, GRANULARITY) {
+                    return Err(uvm_err!(
+                        Code::ConfigurationLimitExceeded,
+                        "moving a {}-byte chunk to GPU {n} would exceed pg_uvm_share.device_memory_limit",
+                        old.size
+                    )
+                    .detail("Other sessions took the room since the migration was planned; the chunks before this one moved."));
+                }
+            }
+            let piece = self.limits.pool_piece;
+            let mut parts: Vec<(PendingChunk, bool)> = Vec::new();
+            if to == Place::Host && piece > 0 {
+                // Entries the parts may take in the segment's chunk table: the old chunk's and the
+                // free ones. Pieces take all of them only if they cover the chunk exactly;
+                // otherwise one is left for the fresh chunk that covers the rest.
+                let room = (MAX_CHUNKS_PER_SEGMENT + 1).saturating_sub(info.chunks.len()).max(1);
+                let whole = (old.size / piece) as usize;
+                let n = if whole <= room && whole as u64 * piece == old.size { whole } else { whole.min(room - 1) };
+                for k in 0..n as u64 {
+                    match reg.take_pool_chunk(slot, old.offset + k * piece, piece) {
+                        // The broker has held a piece's fd since it joined the pool.
+                        Some(p) => parts.push((p, true)),
+                        None => break,
+                    }
+                }
+            }
+            let taken: u64 = parts.iter().map(|(p, _)| p.size).sum();
+            // The fresh chunk for what the pieces do not cover: an error here is raised once the
+            // guard below holds the pieces, which then go back to the broker like any pending chunk.
+            let rest = (taken < old.size)
+                .then(|| reg.reserve_replacement(slot, old.id, old.offset + taken, old.size - taken, to))
+                .transpose();
+            // A host chunk of the pool's piece size goes back to the pool while it is short.
+            let to_pool =
+                old.tier == Tier::Host && piece > 0 && old.size == piece && reg.pool_bytes() + piece <= self.limits.pool_size;
+            (parts, rest, to_pool)
+        };
+        let mut guard = PendingGuard::new(self, parts, epoch);
+        if let Some(p) = rest? {
+            guard.parts.push((p, false));
+        }
+        for k in 0..guard.parts.len() {
+            let (p, handed_over) = guard.parts[k];
+            // Copy through a temporary mapping of each new chunk.
+            let fd = if handed_over {
+                guard.segs.with_broker(|b| b.get(epoch, p.id))?
+            } else {
+                let t = Instant::now();
+                let fd = guard.segs.provider.create_chunk(to, p.size)?;
+                stats.alloc_ms += ms(t);
+                guard.segs.with_broker(|b| b.put(epoch, p.id, fd.as_fd()))?;
+                guard.parts[k].1 = true;
+                fd
+            };
+            let provider = guard.segs.provider.as_ref();
+            let tmp = provider.reserve(0, p.size)?;
+            let t = Instant::now();
+            let copied = provider.map_chunk_for_copy(fd.as_fd(), target, &tmp, 0, p.size).and_then(|()| {
+                stats.copy_map_ms += ms(t);
+                let t = Instant::now();
+                // SAFETY: both ranges are mapped for `p.size` bytes (the old chunk's part at
+                // `src + (p.offset - old.offset)` in this process's reservation or the copy's own,
+                // held by `source`; the new chunk in `tmp`, just above) and are distinct mappings.
+                let r = unsafe {
+                    provider.copy(tmp.addr() as *mut u8, (src + (p.offset - old.offset)) as *const u8, p.size as usize)
+                };
+                stats.copy_ms += ms(t);
+                let t = Instant::now();
+                provider.unmap_chunk(&tmp, 0, p.size, target);
+                stats.copy_map_ms += ms(t);
+                r
+            });
+            provider.release_reservation(tmp);
+            drop(fd);
+            copied?;
+        }
+        let t = Instant::now();
+        drop(source);
+        stats.copy_map_ms += ms(t);
+        let t = Instant::now();
+        let pendings: Vec<PendingChunk> = guard.parts.iter().map(|(p, _)| *p).collect();
+        let released = guard.segs.env.exclusive()?.replace_chunk_by(&pendings, old.id, to_pool)?;
+        stats.swap_ms += ms(t);
+        guard.committed = true;
+        drop(guard);
+        if let Some(old_id) = released {
+            let t = Instant::now();
+            self.release(epoch, old_id)?;
+            stats.release_ms += ms(t);
+        }
+        Ok(())
+    }
+
+    /// Brings the host pool one step closer to `limits.pool_size` (one piece added, or one
+    /// released: of another size than `limits.pool_piece`, or past the size); whether it did
+    /// anything. The GPU service calls it once per turn of its loop, so that it stays
+    /// responsive while the pool fills (pinning host memory costs about 0.17 s per GiB).
+    pub fn pool_step(&mut self) -> Result<bool> {
+        let (size, piece) = (self.limits.pool_size, self.limits.pool_piece);
+        let (pending, epoch) = {
+            let mut reg = self.env.exclusive()?;
+            let epoch = reg.epoch();
+            if let Some(id) = reg.trim_pool(size, piece) {
+                drop(reg);
+                self.release(epoch, id)?;
+                return Ok(true);
+            }
+            if piece == 0 || reg.pool_bytes() + piece > size {
+                return Ok(false);
+            }
+            (reg.reserve_pool_chunk(piece)?, epoch)
+        };
+        let mut guard = PendingGuard::new(self, vec![(pending, false)], epoch);
+        let fd = guard.segs.provider.create_chunk(Place::Host, piece)?;
+        guard.segs.with_broker(|b| b.put(epoch, pending.id, fd.as_fd()))?;
+        guard.parts[0].1 = true;
+        guard.segs.env.exclusive()?.commit_pool_chunk(&pending)?;
+        guard.committed = true;
+        Ok(true)
+    }
+}
+
+/// Where a migration copies a chunk from (see `migrate_chunk`): this process's mapping of the
+/// segment (held, so it outlives the copy), or a temporary mapping of the chunk alone, unmapped
+/// and released when this drops (on every path).
+enum CopySource {
+    Mapped { _held: Rc<Mapping>, addr: u64 },
+    Temporary(Arc<dyn Provider>, Option<Reservation>, u64, Tier),
+}
+
+impl CopySource {
+    fn addr(&self) -> u64 {
+        match self {
+            CopySource::Mapped { addr, .. } => *addr,
+            CopySource::Temporary(_, r, _, _) => r.as_ref().map_or(0, Reservation::addr),
+        }
+    }
+
+    fn reservation(&self) -> &Reservation {
+        match self {
+            CopySource::Temporary(_, Some(r), _, _) => r,
+            _ => unreachable!("only a temporary source has a reservation of its own"),
+        }
+    }
+}
+
+impl Drop for CopySource {
+    fn drop(&mut self) {
+        if let CopySource::Temporary(provider, r, size, tier) = self {
+            if let Some(r) = r.take() {
+                // Unmapping a range that was never mapped (map_chunk_for_copy failed) is a no-op.
+                provider.unmap_chunk(&r, 0, *size, *tier);
+                provider.release_reservation(r);
+            }
+        }
+    }
+}
