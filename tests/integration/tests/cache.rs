@@ -246,9 +246,10 @@ fn appended_rows_are_read_per_snapshot_beside_writers() {
     let table = unique_name("cache_app");
     let mut admin = connect();
     cached_table_and_dim(&mut admin, &table);
-    // The cache's fold, the heap's, and the rows the cache's blocks hold, under one snapshot.
+    // The cache's fold, the heap's, and the rows the cache's blocks hold, under one snapshot
+    // (of the live cache: while the rebuilder runs, the old one is listed as dropping beside it).
     let fold = "SELECT c.source, c.rows, c.non_null, c.sum::text, h.rows, h.non_null, h.sum::text, \
-                (SELECT rows FROM uvm.caches WHERE relation = $1::text::regclass) \
+                (SELECT rows FROM uvm.caches WHERE relation = $1::text::regclass AND state <> 'dropping') \
                 FROM uvm.cache_fold($1::text::regclass, 'a') c, heap_fold($1::text::regclass, 'a') h";
     let stop = AtomicBool::new(false);
     let (appended_reads, rr_held, inserts, rebuilds, join_cached) =
@@ -525,8 +526,10 @@ impl Drop for RefreshDelay {
     }
 }
 
+/// The state and rows of a table's live cache. A rebuild retires the old cache, which
+/// `uvm.caches` lists as dropping until its segment is gone, beside the new one building.
 fn cache_state(c: &mut postgres::Client, table: &str) -> Option<(String, i64)> {
-    c.query_opt("SELECT state, rows FROM uvm.caches WHERE relation = $1::text::regclass", &[&table])
+    c.query_opt("SELECT state, rows FROM uvm.caches WHERE relation = $1::text::regclass AND state <> 'dropping'", &[&table])
         .unwrap()
         .map(|r| (r.get(0), r.get(1)))
 }
