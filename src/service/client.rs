@@ -2,10 +2,12 @@
 //! wait on the process's own latch serving interrupts, read the reply.
 //!
 //! Submitting costs no system call but the `SetLatch` of the service (a `kill(SIGURG)` when it
-//! sleeps). Waiting spins briefly on the slot's state (a short request comes back in tens of
-//! microseconds, and a wake-up costs about as much), then sleeps on the latch with
+//! sleeps). Waiting spins on the slot's state, then sleeps on the latch with
 //! `CHECK_FOR_INTERRUPTS()` between wake-ups, so a cancel or `statement_timeout` raises its
 //! ERROR at once; the guards below abandon the slot (or the ticket) on the way out.
+//!
+//! How long to spin decides what a reply costs the service: see
+//! [`Channel::spin_for_reply`].
 
 use std::cell::RefCell;
 use std::rc::{Rc, Weak};
@@ -19,8 +21,6 @@ use crate::exec::request::{self, Reply, Request};
 use crate::exec::Mode;
 use crate::exec::{Done, Executor, InFlight, Io, Started};
 
-/// How long a client spins on its slot before sleeping on its latch.
-const SPIN: Duration = Duration::from_micros(30);
 /// How long one latch wait lasts at most (then the service's state is looked at again).
 const WAIT_MS: i64 = 100;
 
@@ -216,12 +216,8 @@ impl Client {
     }
 
     fn wait(&self, slot: u32) -> Result<()> {
-        let spin_until = Instant::now() + SPIN;
-        while Instant::now() < spin_until {
-            if self.ch.is_done(slot) {
-                return Ok(());
-            }
-            std::hint::spin_loop();
+        if self.ch.spin_for_reply(slot, Instant::now()) {
+            return Ok(());
         }
         loop {
             if self.ch.is_done(slot) {

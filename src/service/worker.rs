@@ -370,6 +370,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         // 4. Take what was submitted (after the requests that waited behind abandoned work).
         let submitted: Vec<u32> = ch.submitted().collect();
         let waited = std::mem::take(&mut behind);
+        let served = !submitted.is_empty() || !waited.is_empty();
         // A turn that had requests leaves the pool alone, but for one piece every 100 ms:
         // pinning a piece holds this thread for tens of milliseconds (256 MB: about 45 ms on the
         // H200), which the next request would wait through.
@@ -467,6 +468,11 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
             pool_retry_at = Instant::now() + Duration::from_secs(10);
             false
         });
+        // After a turn that served requests, look for the next ones a moment before sleeping:
+        // a client that sends its next request within it wakes nobody.
+        if served && !pool_busy && ch.submission_within(POLL_AFTER_TURN) {
+            continue;
+        }
         let timeout = if pool_busy {
             0
         } else if !parked.is_empty() || !behind.is_empty() {
@@ -511,6 +517,9 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         unreachable!("proc_exit returned")
     }
 }
+
+/// How long the main thread looks for new requests after a turn that served some.
+const POLL_AFTER_TURN: Duration = Duration::from_micros(50);
 
 /// Jobs whose work runs (or ran) on an executor: id -> (slot, the pins of its segments).
 type Running = HashMap<u64, (u32, Vec<crate::segment::Pin<crate::runtime::PgEnv>>)>;
