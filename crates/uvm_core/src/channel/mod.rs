@@ -72,7 +72,7 @@ pub const DONE: u32 = 4;
 pub const ABANDONED: u32 = 5;
 
 const MAGIC: u64 = 0x5556_4d53_4552_5632; // "UVMSERV2"
-/// Operation numbers the statistics keep apart (`exec::request::Op`: 1 to 22 today).
+/// Operation numbers the statistics keep apart (`exec::request::Op`: 1 to 31 today).
 pub const OP_NUMBERS: usize = 32;
 /// A request that ran on no GPU (the service's main thread).
 const NO_GPU: u32 = u32::MAX;
