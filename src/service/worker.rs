@@ -33,6 +33,7 @@ use crate::exec::Io;
 use crate::exec::Mode;
 use crate::guc;
 use crate::provider::ProviderKind;
+use crate::segment::{PoolPiece, PoolTurn};
 
 /// Registers the service with the postmaster (from `_PG_init`).
 pub fn register() {
@@ -329,8 +330,11 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     // Taken requests that wait for abandoned work on their segments to stop (slots).
     let mut behind: Vec<u32> = Vec::new();
     // When the host pool may try to grow again after a failure, and when it last took a step.
-    let mut pool_retry_at = Instant::now();
-    let mut last_pool_step = Instant::now();
+    // When to look at the host pool next: at once while it changes, every 100 ms once it has
+    // its size (the look takes the registry's lock exclusively), 10 s after a failure.
+    let mut pool_check_at = Instant::now();
+    // The host pool's piece being made (pinned) on a thread of its own.
+    let mut making: Option<PoolMaker> = None;
     loop {
         if BackgroundWorker::sigterm_received() {
             break;
@@ -348,10 +352,9 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
         // 1. Give back the pins of finished jobs (before taking anything new: a client that saw
-        //    its reply may already ask to drop the segment).
-        let mut drained = [0u8; 8];
-        // SAFETY: reads up to 8 bytes into a live buffer from our non-blocking eventfd.
-        unsafe { libc::read(efd, drained.as_mut_ptr() as *mut libc::c_void, 8) };
+        //    its reply may already ask to drop the segment). The executors' list says which;
+        //    their eventfd only wakes this thread, and is drained when the wait reports it (a
+        //    read per turn would be a system call per turn of a busy loop).
         reap(&pool, &mut running);
         // 2. Free abandoned slots; fail what a dead predecessor took and never answered.
         let busy: Vec<u32> =
@@ -371,11 +374,6 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         let submitted: Vec<u32> = ch.submitted().collect();
         let waited = std::mem::take(&mut behind);
         let served = !submitted.is_empty() || !waited.is_empty();
-        // A turn that had requests leaves the pool alone, but for one piece every 100 ms:
-        // pinning a piece holds this thread for tens of milliseconds (256 MB: about 45 ms on the
-        // H200), which the next request would wait through.
-        let busy_turn = (!submitted.is_empty() || !waited.is_empty() || !parked.is_empty())
-            && last_pool_step.elapsed() < Duration::from_millis(100);
         for (slot, taken) in waited.into_iter().map(|s| (s, true)).chain(submitted.into_iter().map(|s| (s, false))) {
             if !taken && !ch.take(slot, incarnation) {
                 continue;
@@ -452,20 +450,33 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         }
         // 5. Release what this turn's migrations and drops replaced, now that their clients have
         //    their answers (freeing pinned memory is slow: it does not belong in the round trip),
-        //    and in a turn without requests bring the host pool one piece closer to its size
-        //    (pg_uvm_share.host_pool_size); while it grows, the next turn comes at once.
+        //    and bring the host pool one piece closer to its size (pg_uvm_share.host_pool_size):
+        //    a piece is pinned on a thread of its own (256 MB: 45-64 ms, which on this thread
+        //    every request of the turn would wait through), that writes the eventfd when done.
         let pool_busy = crate::runtime::try_with_segments(|s| {
             s.release_deferred();
-            if busy_turn || Instant::now() < pool_retry_at {
+            if let Some(m) = making.take() {
+                making = m.finish(s, false)?;
+            }
+            if making.is_some() || Instant::now() < pool_check_at {
                 return Ok(false);
             }
-            last_pool_step = Instant::now();
-            s.pool_step()
+            match s.pool_begin()? {
+                PoolTurn::Idle => {
+                    pool_check_at = Instant::now() + Duration::from_millis(100);
+                    Ok(false)
+                }
+                PoolTurn::Trimmed => Ok(true),
+                PoolTurn::Make(piece) => {
+                    making = Some(PoolMaker::start(s, piece, pool.eventfd)?);
+                    Ok(false)
+                }
+            }
         })
         .unwrap_or_else(|e| {
             // Out of chunk slots or pinnable memory: say so, and try again in a while.
             pgrx::log!("pg_uvm_share gpu service: the host pool could not grow: {}", e.message);
-            pool_retry_at = Instant::now() + Duration::from_secs(10);
+            pool_check_at = Instant::now() + Duration::from_secs(10);
             false
         });
         // After a turn that served requests, look for the next ones a moment before sleeping:
@@ -477,9 +488,6 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
             0
         } else if !parked.is_empty() || !behind.is_empty() {
             2
-        } else if busy_turn {
-            // the pool's next chance
-            100
         } else {
             1000
         };
@@ -489,6 +497,11 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
             if e.events & pg_sys::WL_LATCH_SET != 0 {
                 // SAFETY: MyLatch is this process's latch.
                 unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
+            }
+            if e.events & pg_sys::WL_SOCKET_READABLE != 0 {
+                let mut drained = [0u8; 8];
+                // SAFETY: reads up to 8 bytes into a live buffer from our non-blocking eventfd.
+                unsafe { libc::read(efd, drained.as_mut_ptr() as *mut libc::c_void, 8) };
             }
         }
     }
@@ -504,6 +517,9 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     for h in handles {
         let _ = h.join();
     }
+    if let Some(m) = making.take() {
+        let _ = crate::runtime::try_with_segments(|s| m.finish(s, true));
+    }
     drop(running);
     // (Withdraws the parked migrations' places in their segments' queues: proc_exit returns
     // to no destructor.)
@@ -515,6 +531,53 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     #[allow(unreachable_code)]
     {
         unreachable!("proc_exit returned")
+    }
+}
+
+/// A host-pool piece pinned on a thread of its own: the piece pending in the registry, and
+/// where the thread sends its chunk (then writing the service's eventfd, to wake the main
+/// thread, which hands the chunk to the broker: `Segments::pool_finish`). The chunk comes
+/// through a channel, not the thread's result: a thread that has written the eventfd may not
+/// count as finished yet when the main thread looks.
+struct PoolMaker {
+    piece: PoolPiece,
+    made: std::sync::mpsc::Receiver<Result<std::os::fd::OwnedFd>>,
+}
+
+impl PoolMaker {
+    fn start(s: &mut crate::segment::Segments<crate::runtime::PgEnv>, piece: PoolPiece, eventfd: i32) -> Result<PoolMaker> {
+        let (maker, size) = (s.chunk_maker(), piece.size);
+        let (tx, made) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new().name("uvm host pool".into()).spawn(move || {
+            // (The main thread may have gone: then nobody wants the chunk, and it closes.)
+            let _ = tx.send(maker.create_chunk(crate::vocab::Place::Host, size));
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a live u64 to the service's eventfd, open for the
+            // life of the process.
+            unsafe { libc::write(eventfd, &one as *const u64 as *const libc::c_void, 8) };
+        });
+        match spawned {
+            Ok(_detached) => Ok(PoolMaker { piece, made }),
+            Err(e) => {
+                let e = UvmError::new(Code::SystemError, format!("could not start the host pool's thread: {e}"));
+                s.pool_finish(piece, Err(e.clone()))?;
+                Err(e)
+            }
+        }
+    }
+
+    /// The piece's chunk if the thread has made it (`wait`: waiting for it), added to the pool;
+    /// `Some(self)` while it is still being made.
+    fn finish(self, s: &mut crate::segment::Segments<crate::runtime::PgEnv>, wait: bool) -> Result<Option<PoolMaker>> {
+        use std::sync::mpsc::TryRecvError;
+        let failed = || Err(UvmError::new(Code::SystemError, "the host pool's thread failed"));
+        let made = match if wait { self.made.recv().map_err(|_| TryRecvError::Disconnected) } else { self.made.try_recv() } {
+            Ok(made) => made,
+            Err(TryRecvError::Empty) => return Ok(Some(self)),
+            Err(TryRecvError::Disconnected) => failed(),
+        };
+        s.pool_finish(self.piece, made)?;
+        Ok(None)
     }
 }
 

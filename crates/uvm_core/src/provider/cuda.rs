@@ -125,6 +125,9 @@ impl Provider for CudaProvider {
         if place.device() >= self.devices() {
             return Err(super::no_such_device(place, self.devices()));
         }
+        // The context current on this thread too (the GPU service makes pool pieces on a
+        // thread of their own).
+        gpu::gpu()?;
         let tier = place.tier();
         // SAFETY: all-zero is a valid CUmemAllocationProp; the fields that matter are set below.
         let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };

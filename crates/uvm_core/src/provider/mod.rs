@@ -137,7 +137,9 @@ pub struct Capabilities {
 }
 
 /// The seam between the segment layer and the memory behind it. See the module documentation.
-pub trait Provider {
+/// `Send + Sync`: the GPU service makes host-pool pieces on a thread of their own
+/// (`Segments::chunk_maker`).
+pub trait Provider: Send + Sync {
     fn kind(&self) -> ProviderKind;
     fn capabilities(&self) -> Capabilities;
     /// Whether chunks can live in `tier` (cheap: asked on every chunk placement, whereas

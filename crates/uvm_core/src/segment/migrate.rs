@@ -1,7 +1,8 @@
 //! Migrations: moving a segment's chunks between tiers and GPUs (`Segments::prefetch`), the
 //! queue that keeps readers taking turns from starving a waiting migration ([`WaitingToMigrate`],
 //! the module essay of `super`, "The pin / generation protocol"), and the GPU service's host
-//! pool of pinned pieces that a migration to the host tier takes first (`Segments::pool_step`).
+//! pool of pinned pieces that a migration to the host tier takes first (`Segments::pool_step`,
+//! or `pool_begin` and `pool_finish` around a piece made on another thread).
 //!
 //! A migration waits until no process pins the segment, holds new pins back with the
 //! registry's migration flag ([`MigrationFlag`]), and replaces each chunk by a copy under the
@@ -11,7 +12,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -376,31 +377,74 @@ impl<E: Env> Segments<E> {
 
     /// Brings the host pool one step closer to `limits.pool_size` (one piece added, or one
     /// released: of another size than `limits.pool_piece`, or past the size); whether it did
-    /// anything. The GPU service calls it once per turn of its loop, so that it stays
-    /// responsive while the pool fills (pinning host memory costs about 0.17 s per GiB).
+    /// anything. Making a piece pins host memory (about 0.17 s per GiB, 45-64 ms for 256 MB
+    /// on the H200 and H100), here on the caller's thread: the GPU service makes its pieces on
+    /// a thread of their own instead ([`Segments::pool_begin`]), so that no request waits.
     pub fn pool_step(&mut self) -> Result<bool> {
-        let (size, piece) = (self.limits.pool_size, self.limits.pool_piece);
-        let (pending, epoch) = {
-            let mut reg = self.env.exclusive()?;
-            let epoch = reg.epoch();
-            if let Some(id) = reg.trim_pool(size, piece) {
-                drop(reg);
-                self.release(epoch, id)?;
-                return Ok(true);
+        match self.pool_begin()? {
+            PoolTurn::Idle => Ok(false),
+            PoolTurn::Trimmed => Ok(true),
+            PoolTurn::Make(piece) => {
+                let fd = self.provider.create_chunk(Place::Host, piece.size);
+                self.pool_finish(piece, fd)?;
+                Ok(true)
             }
-            if piece == 0 || reg.pool_bytes() + piece > size {
-                return Ok(false);
-            }
-            (reg.reserve_pool_chunk(piece)?, epoch)
-        };
-        let mut guard = PendingGuard::new(self, vec![(pending, false)], epoch);
-        let fd = guard.segs.provider.create_chunk(Place::Host, piece)?;
-        guard.segs.with_broker(|b| b.put(epoch, pending.id, fd.as_fd()))?;
-        guard.parts[0].1 = true;
-        guard.segs.env.exclusive()?.commit_pool_chunk(&pending)?;
-        guard.committed = true;
-        Ok(true)
+        }
     }
+
+    /// The registry's half of a pool step: releases one piece the pool should not keep
+    /// (`Trimmed`), or records a pending piece for the caller to make with
+    /// [`Segments::chunk_maker`], on any thread, and hand to [`Segments::pool_finish`].
+    pub fn pool_begin(&mut self) -> Result<PoolTurn> {
+        let (size, piece) = (self.limits.pool_size, self.limits.pool_piece);
+        let mut reg = self.env.exclusive()?;
+        let epoch = reg.epoch();
+        if let Some(id) = reg.trim_pool(size, piece) {
+            drop(reg);
+            self.release(epoch, id)?;
+            return Ok(PoolTurn::Trimmed);
+        }
+        if piece == 0 || reg.pool_bytes() + piece > size {
+            return Ok(PoolTurn::Idle);
+        }
+        Ok(PoolTurn::Make(PoolPiece { pending: reg.reserve_pool_chunk(piece)?, epoch, size: piece }))
+    }
+
+    /// Adds a piece begun by [`Segments::pool_begin`] to the pool: hands `made`, its chunk, to
+    /// the broker and commits it. An error in `made` (or here) aborts the pending piece.
+    pub fn pool_finish(&mut self, piece: PoolPiece, made: Result<OwnedFd>) -> Result<()> {
+        let mut guard = PendingGuard::new(self, vec![(piece.pending, false)], piece.epoch);
+        let fd = made?;
+        guard.segs.with_broker(|b| b.put(piece.epoch, piece.pending.id, fd.as_fd()))?;
+        guard.parts[0].1 = true;
+        guard.segs.env.exclusive()?.commit_pool_chunk(&piece.pending)?;
+        guard.committed = true;
+        Ok(())
+    }
+
+    /// What makes chunks, for a thread of the caller's that makes a pool piece.
+    pub fn chunk_maker(&self) -> Arc<dyn Provider> {
+        Arc::clone(&self.provider)
+    }
+}
+
+/// What [`Segments::pool_begin`] did.
+pub enum PoolTurn {
+    /// The pool has its size (or cannot take a piece of `pool_piece` bytes).
+    Idle,
+    /// A piece was released.
+    Trimmed,
+    /// A piece is pending in the registry: make its chunk, then [`Segments::pool_finish`].
+    Make(PoolPiece),
+}
+
+/// A host-pool piece pending in the registry while its chunk is made.
+#[must_use = "a pool piece begun must be finished (Segments::pool_finish), else it stays pending"]
+pub struct PoolPiece {
+    pending: PendingChunk,
+    epoch: u64,
+    /// Its size in bytes (`limits.pool_piece` when it was begun).
+    pub size: u64,
 }
 
 /// Where a migration copies a chunk from (see `migrate_chunk`): this process's mapping of the

@@ -92,7 +92,7 @@ mod model_tests;
 pub(crate) mod tests;
 
 use migrate::OwnWaits;
-pub use migrate::{still_pinned, MigrationStats, WaitingToMigrate};
+pub use migrate::{still_pinned, MigrationStats, PoolPiece, PoolTurn, WaitingToMigrate};
 
 /// What the segment layer needs from its host process. There is no unlocked access to the
 /// registry: pins are released through their [`HeldPin`], which touches only its two atomics.

@@ -724,6 +724,41 @@ fn migrations_to_the_host_take_pool_pieces_and_give_them_back() {
     assert_eq!(world.finish(), 0);
 }
 
+/// The GPU service's way to grow the pool: `pool_begin` records a pending piece, another
+/// thread makes its chunk (`chunk_maker`), `pool_finish` adds it. Meanwhile the process goes on
+/// (a migration to the host takes only finished pieces); a piece whose making failed leaves
+/// nothing behind, and the pool does not grow past its size while a piece is pending.
+#[test]
+fn pool_pieces_made_on_another_thread() {
+    let world = World::new("poolthread", Arena::default());
+    let mut l = limits();
+    (l.pool_size, l.pool_piece) = (4 * MIB, 2 * MIB);
+    let mut a = Segments::new(TestEnv { world: world.clone(), pid: 1 }, Box::new(HostProvider::simulating(1)), l);
+    let pool = |s: &Segments<TestEnv>| s.env.shared().unwrap().pool_bytes();
+    let PoolTurn::Make(first) = a.pool_begin().unwrap() else { panic!("an empty pool grows") };
+    let (maker, size) = (a.chunk_maker(), first.size);
+    let thread = std::thread::spawn(move || maker.create_chunk(Place::Host, size));
+    // while the piece is made: a migration to the host finds no piece and pins a chunk
+    a.create("m", 2 * MIB as i64, None, TierPref::Device, 1, 0).unwrap();
+    assert_eq!(a.prefetch("m", 0, 1, TierPref::Host, ok).unwrap(), 2 * MIB);
+    assert_eq!(pool(&a), 0);
+    a.pool_finish(first, thread.join().unwrap()).unwrap();
+    assert_eq!(pool(&a), 2 * MIB);
+    // a piece that could not be made is withdrawn: nothing pending, nothing at the broker
+    let PoolTurn::Make(second) = a.pool_begin().unwrap() else { panic!("the pool is short of a piece") };
+    let e = a.pool_finish(second, Err(UvmError::new(Code::OutOfMemory, "no pinnable memory"))).unwrap_err();
+    assert_eq!(e.code, Code::OutOfMemory);
+    assert_eq!(pool(&a), 2 * MIB);
+    while a.pool_step().unwrap() {}
+    assert_eq!(pool(&a), 4 * MIB);
+    assert!(matches!(a.pool_begin().unwrap(), PoolTurn::Idle));
+    a.drop_segment("m", ok).unwrap();
+    a.limits.pool_size = 0;
+    while a.pool_step().unwrap() {}
+    drop(a);
+    assert_eq!(world.finish(), 0);
+}
+
 /// A chunk cut into pool pieces never overflows the segment's chunk table: 130 MiB in pieces of
 /// 2 MiB would be 65 chunks, so 63 pieces and one fresh chunk for the rest make 64.
 #[test]
