@@ -303,9 +303,11 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         eventfd: efd,
         stop: std::sync::atomic::AtomicBool::new(false),
     });
-    // Chunks a migration or a drop replaced are released after the reply (each turn, below).
+    // Chunks a migration or a drop replaced are released after the reply (each turn, below),
+    // and the host pool's pieces stay mapped for the copies of migrations (`KeptMaps`).
     let _ = crate::runtime::try_with_segments(|s| {
         s.defer_releases(true);
+        s.keep_pool_mappings(true);
         Ok(())
     });
     let threads = guc::SERVICE_THREADS.get().max(1) as usize;
@@ -461,6 +463,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
             if making.is_some() || Instant::now() < pool_check_at {
                 return Ok(false);
             }
+            s.sweep_kept_maps()?;
             match s.pool_begin()? {
                 PoolTurn::Idle => {
                     pool_check_at = Instant::now() + Duration::from_millis(100);
@@ -541,16 +544,16 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
 /// count as finished yet when the main thread looks.
 struct PoolMaker {
     piece: PoolPiece,
-    made: std::sync::mpsc::Receiver<Result<std::os::fd::OwnedFd>>,
+    made: std::sync::mpsc::Receiver<Result<crate::segment::MadePiece>>,
 }
 
 impl PoolMaker {
     fn start(s: &mut crate::segment::Segments<crate::runtime::PgEnv>, piece: PoolPiece, eventfd: i32) -> Result<PoolMaker> {
-        let (maker, size) = (s.chunk_maker(), piece.size);
+        let maker = piece.maker();
         let (tx, made) = std::sync::mpsc::channel();
         let spawned = std::thread::Builder::new().name("uvm host pool".into()).spawn(move || {
             // (The main thread may have gone: then nobody wants the chunk, and it closes.)
-            let _ = tx.send(maker.create_chunk(crate::vocab::Place::Host, size));
+            let _ = tx.send(maker.make());
             let one: u64 = 1;
             // SAFETY: writes 8 bytes from a live u64 to the service's eventfd, open for the
             // life of the process.

@@ -628,6 +628,7 @@ fn info_text<E: Env>(segs: &Segments<E>) -> String {
     if let Some(m) = segs.last_migration {
         rows.push(("last_migration_bytes".into(), m.bytes.to_string()));
         rows.push(("last_migration_chunks".into(), m.chunks.to_string()));
+        rows.push(("last_migration_kept_copies".into(), m.kept_copies.to_string()));
         let phases = [
             ("wait", m.wait_ms),
             ("map", m.map_ms),

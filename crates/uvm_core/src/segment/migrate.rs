@@ -12,7 +12,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -132,6 +132,9 @@ impl<E: Env> Drop for MigrationFlag<E> {
 pub struct MigrationStats {
     pub bytes: u64,
     pub chunks: u32,
+    /// Copies that read from or wrote to a kept mapping (the GPU service's pool pieces,
+    /// [`KeptMaps`]) instead of mapping a chunk for the copy.
+    pub kept_copies: u32,
     /// Waiting for pins to drain.
     pub wait_ms: f64,
     /// Bringing this process's own mapping of the segment up to date first (an attach).
@@ -266,12 +269,12 @@ impl<E: Env> Segments<E> {
         let a = self.attachments.get_mut(&id).expect("attached above");
         let source = if a.mapping.mapped.borrow().contains(old) {
             CopySource::Mapped { _held: Rc::clone(&a.mapping), addr: a.mapping.addr() + old.offset }
+        } else if let Some(addr) = self.kept.addr(old.id) {
+            stats.kept_copies += 1;
+            CopySource::Kept(addr)
         } else {
             let fd = self.with_broker(|b| b.get(epoch, old.id))?;
-            let r = self.provider.reserve(0, old.size)?;
-            let source = CopySource::Temporary(Arc::clone(&self.provider), Some(r), old.size, old.tier);
-            self.provider.map_chunk_for_copy(fd.as_fd(), old.tier, source.reservation(), 0, old.size)?;
-            source
+            CopySource::Temporary(CopyMap::new(&self.provider, fd.as_fd(), old.tier, old.size)?)
         };
         stats.map_ms += ms(t);
         let src = source.addr();
@@ -325,38 +328,45 @@ impl<E: Env> Segments<E> {
         }
         for k in 0..guard.parts.len() {
             let (p, handed_over) = guard.parts[k];
-            // Copy through a temporary mapping of each new chunk.
-            let fd = if handed_over {
-                guard.segs.with_broker(|b| b.get(epoch, p.id))?
-            } else {
-                let t = Instant::now();
-                let fd = guard.segs.provider.create_chunk(to, p.size)?;
-                stats.alloc_ms += ms(t);
-                guard.segs.with_broker(|b| b.put(epoch, p.id, fd.as_fd()))?;
-                guard.parts[k].1 = true;
-                fd
+            // Copy into the service's kept mapping of a pool piece, else through a temporary
+            // mapping of the new chunk (kept if it is one to keep).
+            let (dst, temporary) = match guard.segs.kept.addr(p.id) {
+                Some(addr) => {
+                    stats.kept_copies += 1;
+                    (addr, None)
+                }
+                None => {
+                    let fd = if handed_over {
+                        guard.segs.with_broker(|b| b.get(epoch, p.id))?
+                    } else {
+                        let t = Instant::now();
+                        let fd = guard.segs.provider.create_chunk(to, p.size)?;
+                        stats.alloc_ms += ms(t);
+                        guard.segs.with_broker(|b| b.put(epoch, p.id, fd.as_fd()))?;
+                        guard.parts[k].1 = true;
+                        fd
+                    };
+                    let t = Instant::now();
+                    let m = CopyMap::new(&guard.segs.provider, fd.as_fd(), target, p.size)?;
+                    stats.copy_map_ms += ms(t);
+                    (m.addr(), Some(m))
+                }
             };
-            let provider = guard.segs.provider.as_ref();
-            let tmp = provider.reserve(0, p.size)?;
             let t = Instant::now();
-            let copied = provider.map_chunk_for_copy(fd.as_fd(), target, &tmp, 0, p.size).and_then(|()| {
-                stats.copy_map_ms += ms(t);
-                let t = Instant::now();
-                // SAFETY: both ranges are mapped for `p.size` bytes (the old chunk's part at
-                // `src + (p.offset - old.offset)` in this process's reservation or the copy's own,
-                // held by `source`; the new chunk in `tmp`, just above) and are distinct mappings.
-                let r = unsafe {
-                    provider.copy(tmp.addr() as *mut u8, (src + (p.offset - old.offset)) as *const u8, p.size as usize)
-                };
-                stats.copy_ms += ms(t);
-                let t = Instant::now();
-                provider.unmap_chunk(&tmp, 0, p.size, target);
-                stats.copy_map_ms += ms(t);
-                r
-            });
-            provider.release_reservation(tmp);
-            drop(fd);
-            copied?;
+            // SAFETY: both ranges are mapped for `p.size` bytes (the old chunk's part at
+            // `src + (p.offset - old.offset)`, held by `source`; the new chunk at `dst`, in a
+            // kept mapping or `temporary`) and are distinct mappings.
+            unsafe { guard.segs.provider.copy(dst as *mut u8, (src + (p.offset - old.offset)) as *const u8, p.size as usize) }?;
+            stats.copy_ms += ms(t);
+            if let Some(m) = temporary {
+                if guard.segs.kept.wants(target, p.size, guard.segs.limits.pool_piece) {
+                    guard.segs.kept.maps.insert(p.id, m);
+                } else {
+                    let t = Instant::now();
+                    drop(m);
+                    stats.copy_map_ms += ms(t);
+                }
+            }
         }
         let t = Instant::now();
         drop(source);
@@ -385,16 +395,16 @@ impl<E: Env> Segments<E> {
             PoolTurn::Idle => Ok(false),
             PoolTurn::Trimmed => Ok(true),
             PoolTurn::Make(piece) => {
-                let fd = self.provider.create_chunk(Place::Host, piece.size);
-                self.pool_finish(piece, fd)?;
+                let made = piece.maker().make();
+                self.pool_finish(piece, made)?;
                 Ok(true)
             }
         }
     }
 
     /// The registry's half of a pool step: releases one piece the pool should not keep
-    /// (`Trimmed`), or records a pending piece for the caller to make with
-    /// [`Segments::chunk_maker`], on any thread, and hand to [`Segments::pool_finish`].
+    /// (`Trimmed`), or records a pending piece for the caller to make with its
+    /// [`PoolPiece::maker`], on any thread, and hand to [`Segments::pool_finish`].
     pub fn pool_begin(&mut self) -> Result<PoolTurn> {
         let (size, piece) = (self.limits.pool_size, self.limits.pool_piece);
         let mut reg = self.env.exclusive()?;
@@ -407,24 +417,48 @@ impl<E: Env> Segments<E> {
         if piece == 0 || reg.pool_bytes() + piece > size {
             return Ok(PoolTurn::Idle);
         }
-        Ok(PoolTurn::Make(PoolPiece { pending: reg.reserve_pool_chunk(piece)?, epoch, size: piece }))
+        let pending = reg.reserve_pool_chunk(piece)?;
+        let maker = PieceMaker { provider: Arc::clone(&self.provider), size: piece, map: self.kept.on };
+        Ok(PoolTurn::Make(PoolPiece { pending, epoch, size: piece, maker }))
     }
 
     /// Adds a piece begun by [`Segments::pool_begin`] to the pool: hands `made`, its chunk, to
     /// the broker and commits it. An error in `made` (or here) aborts the pending piece.
-    pub fn pool_finish(&mut self, piece: PoolPiece, made: Result<OwnedFd>) -> Result<()> {
+    pub fn pool_finish(&mut self, piece: PoolPiece, made: Result<MadePiece>) -> Result<()> {
         let mut guard = PendingGuard::new(self, vec![(piece.pending, false)], piece.epoch);
-        let fd = made?;
-        guard.segs.with_broker(|b| b.put(piece.epoch, piece.pending.id, fd.as_fd()))?;
+        let made = made?;
+        guard.segs.with_broker(|b| b.put(piece.epoch, piece.pending.id, made.fd.as_fd()))?;
         guard.parts[0].1 = true;
         guard.segs.env.exclusive()?.commit_pool_chunk(&piece.pending)?;
         guard.committed = true;
+        if let Some(m) = made.map {
+            guard.segs.kept.maps.insert(piece.pending.id, m);
+        }
         Ok(())
     }
 
-    /// What makes chunks, for a thread of the caller's that makes a pool piece.
-    pub fn chunk_maker(&self) -> Arc<dyn Provider> {
-        Arc::clone(&self.provider)
+    /// Keeps pool-sized host chunks mapped for copies ([`KeptMaps`]; the GPU service), or stops.
+    pub fn keep_pool_mappings(&mut self, on: bool) {
+        self.kept.on = on;
+        if !on {
+            self.kept.maps.clear();
+        }
+    }
+
+    /// How many chunks this process keeps mapped for copies.
+    pub fn kept_mappings(&self) -> usize {
+        self.kept.maps.len()
+    }
+
+    /// Drops the kept mappings of chunks the registry no longer knows (released by another
+    /// process, or by a path that did not say so here).
+    pub fn sweep_kept_maps(&mut self) -> Result<()> {
+        if self.kept.maps.is_empty() {
+            return Ok(());
+        }
+        let known: std::collections::HashSet<u64> = self.env.shared()?.known_chunk_ids().into_iter().collect();
+        self.kept.maps.retain(|id, _| known.contains(id));
+        Ok(())
     }
 }
 
@@ -445,40 +479,118 @@ pub struct PoolPiece {
     epoch: u64,
     /// Its size in bytes (`limits.pool_piece` when it was begun).
     pub size: u64,
+    maker: PieceMaker,
+}
+
+impl PoolPiece {
+    /// What makes its chunk, on any thread.
+    pub fn maker(&self) -> PieceMaker {
+        PieceMaker { provider: Arc::clone(&self.maker.provider), ..self.maker }
+    }
 }
 
 /// Where a migration copies a chunk from (see `migrate_chunk`): this process's mapping of the
-/// segment (held, so it outlives the copy), or a temporary mapping of the chunk alone, unmapped
-/// and released when this drops (on every path).
+/// segment (held, so it outlives the copy), the GPU service's kept mapping of a pool-sized host
+/// chunk ([`KeptMaps`]), or a temporary mapping of the chunk alone, unmapped and released when
+/// this drops (on every path).
 enum CopySource {
     Mapped { _held: Rc<Mapping>, addr: u64 },
-    Temporary(Arc<dyn Provider>, Option<Reservation>, u64, Tier),
+    Kept(u64),
+    Temporary(CopyMap),
 }
 
 impl CopySource {
     fn addr(&self) -> u64 {
         match self {
             CopySource::Mapped { addr, .. } => *addr,
-            CopySource::Temporary(_, r, _, _) => r.as_ref().map_or(0, Reservation::addr),
-        }
-    }
-
-    fn reservation(&self) -> &Reservation {
-        match self {
-            CopySource::Temporary(_, Some(r), _, _) => r,
-            _ => unreachable!("only a temporary source has a reservation of its own"),
+            CopySource::Kept(addr) => *addr,
+            CopySource::Temporary(m) => m.addr(),
         }
     }
 }
 
-impl Drop for CopySource {
+/// A chunk mapped for copies alone (`Provider::map_chunk_for_copy`: GPU access) in a
+/// reservation of its own; unmapped and the reservation given back when it drops. `Send`: the
+/// GPU service maps a new pool piece on the thread that makes it.
+pub struct CopyMap {
+    provider: Arc<dyn Provider>,
+    /// `Some` until `drop` gives it back.
+    reservation: Option<Reservation>,
+    size: u64,
+    tier: Tier,
+}
+
+impl CopyMap {
+    fn new(provider: &Arc<dyn Provider>, fd: BorrowedFd<'_>, tier: Tier, size: u64) -> Result<CopyMap> {
+        let m = CopyMap { provider: Arc::clone(provider), reservation: Some(provider.reserve(0, size)?), size, tier };
+        // (On an error `m` drops: unmapping a range that was never mapped is a no-op.)
+        provider.map_chunk_for_copy(fd, tier, m.reservation.as_ref().expect("set above"), 0, size)?;
+        Ok(m)
+    }
+
+    fn addr(&self) -> u64 {
+        self.reservation.as_ref().map_or(0, Reservation::addr)
+    }
+}
+
+impl Drop for CopyMap {
     fn drop(&mut self) {
-        if let CopySource::Temporary(provider, r, size, tier) = self {
-            if let Some(r) = r.take() {
-                // Unmapping a range that was never mapped (map_chunk_for_copy failed) is a no-op.
-                provider.unmap_chunk(&r, 0, *size, *tier);
-                provider.release_reservation(r);
-            }
+        if let Some(r) = self.reservation.take() {
+            self.provider.unmap_chunk(&r, 0, self.size, self.tier);
+            self.provider.release_reservation(r);
         }
+    }
+}
+
+/// The GPU service's mappings of host chunks of the pool's piece size, kept for copies (issue
+/// 25, point 3): a piece is mapped when it joins the pool (on the thread that pins it), and the
+/// mapping stays while the piece is a segment's chunk, so that a migration to the host tier
+/// copies into pieces, and one back to the device reads from them, with no mapping on its path
+/// (32 pieces of 256 MB took 103-152 ms to map and unmap per 8 GiB, against 156-174 ms of
+/// copying). A mapping goes when its chunk is released (with the release, which the service
+/// defers past its reply) or gives up a failed migration, and a sweep against the registry
+/// (`sweep_kept_maps`) drops any whose chunk went another way: a mapping alone keeps pinned
+/// memory alive. Off (empty) in every other process.
+#[derive(Default)]
+pub(super) struct KeptMaps {
+    on: bool,
+    maps: HashMap<u64, CopyMap>,
+}
+
+impl KeptMaps {
+    fn addr(&self, id: u64) -> Option<u64> {
+        self.maps.get(&id).map(CopyMap::addr)
+    }
+
+    /// Whether a chunk of `tier` and `size` is one to keep mapped (`piece`: the pool's).
+    fn wants(&self, tier: Tier, size: u64, piece: u64) -> bool {
+        self.on && tier == Tier::Host && piece > 0 && size == piece
+    }
+
+    pub(super) fn forget(&mut self, id: u64) {
+        self.maps.remove(&id);
+    }
+}
+
+/// A host pool piece's chunk as made by [`PieceMaker::make`]: its fd (for the broker) and, in
+/// the GPU service, its mapping for copies.
+pub struct MadePiece {
+    fd: OwnedFd,
+    map: Option<CopyMap>,
+}
+
+/// What makes a pool piece's chunk, on any thread ([`PoolPiece::maker`]).
+pub struct PieceMaker {
+    provider: Arc<dyn Provider>,
+    size: u64,
+    map: bool,
+}
+
+impl PieceMaker {
+    /// Pins the piece (the slow part: 45-64 ms for 256 MB) and, if wanted, maps it for copies.
+    pub fn make(self) -> Result<MadePiece> {
+        let fd = self.provider.create_chunk(Place::Host, self.size)?;
+        let map = if self.map { Some(CopyMap::new(&self.provider, fd.as_fd(), Tier::Host, self.size)?) } else { None };
+        Ok(MadePiece { fd, map })
     }
 }

@@ -91,8 +91,8 @@ mod model_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 
-use migrate::OwnWaits;
-pub use migrate::{still_pinned, MigrationStats, PoolPiece, PoolTurn, WaitingToMigrate};
+pub use migrate::{still_pinned, CopyMap, MadePiece, MigrationStats, PieceMaker, PoolPiece, PoolTurn, WaitingToMigrate};
+use migrate::{KeptMaps, OwnWaits};
 
 /// What the segment layer needs from its host process. There is no unlocked access to the
 /// registry: pins are released through their [`HeldPin`], which touches only its two atomics.
@@ -465,6 +465,8 @@ pub struct Segments<E: Env> {
     defer_releases: bool,
     /// This process's migrations waiting for pins to drain (see [`WaitingToMigrate`]).
     own_waits: OwnWaits,
+    /// The GPU service's mappings of pool-sized host chunks for copies (empty elsewhere).
+    kept: KeptMaps,
 }
 
 /// How long a process waits for the broker to come up (it starts with the postmaster).
@@ -483,6 +485,7 @@ impl<E: Env> Segments<E> {
             deferred: Vec::new(),
             defer_releases: false,
             own_waits: OwnWaits::default(),
+            kept: KeptMaps::default(),
         }
     }
 
@@ -494,16 +497,19 @@ impl<E: Env> Segments<E> {
     /// Releases the chunks whose release was deferred; failures are left to the broker's sweep.
     pub fn release_deferred(&mut self) {
         for (epoch, id) in std::mem::take(&mut self.deferred) {
+            self.kept.forget(id);
             let _ = self.with_broker(|b| b.release(epoch, id));
         }
     }
 
-    /// Releases a chunk that the registry no longer knows, now or (`defer_releases`) later.
+    /// Releases a chunk that the registry no longer knows, now or (`defer_releases`) later,
+    /// with this process's kept mapping of it, if any.
     fn release(&mut self, epoch: u64, id: u64) -> Result<()> {
         if self.defer_releases {
             self.deferred.push((epoch, id));
             return Ok(());
         }
+        self.kept.forget(id);
         self.with_broker(|b| b.release(epoch, id))
     }
 
@@ -1051,6 +1057,7 @@ impl<E: Env> Drop for PendingGuard<'_, E> {
         }
         let epoch = self.epoch;
         for &(p, handed_over) in &self.parts {
+            self.segs.kept.forget(p.id);
             if handed_over {
                 let _ = self.segs.with_broker(|b| b.release(epoch, p.id));
             }

@@ -695,6 +695,7 @@ fn migrations_to_the_host_take_pool_pieces_and_give_them_back() {
     let pool = |s: &Segments<TestEnv>| s.env.shared().unwrap().pool_bytes();
     while a.pool_step().unwrap() {}
     assert_eq!(pool(&a), 6 * MIB);
+    assert_eq!(a.kept_mappings(), 0, "only the GPU service keeps pieces mapped");
     let pieces: Vec<u64> = a.env.shared().unwrap().pool_chunks().iter().map(|p| p.0).collect();
     a.create("p", 8 * MIB as i64, None, TierPref::Device, 1, 0).unwrap();
     let data: Vec<u8> = (0..8 * MIB as usize).map(|i| (i * 13 % 241) as u8).collect();
@@ -736,8 +737,8 @@ fn pool_pieces_made_on_another_thread() {
     let mut a = Segments::new(TestEnv { world: world.clone(), pid: 1 }, Box::new(HostProvider::simulating(1)), l);
     let pool = |s: &Segments<TestEnv>| s.env.shared().unwrap().pool_bytes();
     let PoolTurn::Make(first) = a.pool_begin().unwrap() else { panic!("an empty pool grows") };
-    let (maker, size) = (a.chunk_maker(), first.size);
-    let thread = std::thread::spawn(move || maker.create_chunk(Place::Host, size));
+    let maker = first.maker();
+    let thread = std::thread::spawn(move || maker.make());
     // while the piece is made: a migration to the host finds no piece and pins a chunk
     a.create("m", 2 * MIB as i64, None, TierPref::Device, 1, 0).unwrap();
     assert_eq!(a.prefetch("m", 0, 1, TierPref::Host, ok).unwrap(), 2 * MIB);
@@ -756,6 +757,51 @@ fn pool_pieces_made_on_another_thread() {
     a.limits.pool_size = 0;
     while a.pool_step().unwrap() {}
     drop(a);
+    assert_eq!(world.finish(), 0);
+}
+
+/// The GPU service keeps pool-sized host chunks mapped for copies: every piece from the moment
+/// it joins the pool, through a migration to the host tier (copied into) and back (read from),
+/// until the chunk is released; the bytes survive both ways, and a piece released behind this
+/// process's back loses its mapping at the next sweep.
+#[test]
+fn the_service_keeps_pool_pieces_mapped_for_copies() {
+    let world = World::new("poolkept", Arena::default());
+    let mut l = limits();
+    (l.pool_size, l.pool_piece) = (6 * MIB, 2 * MIB);
+    let mut a = Segments::new(TestEnv { world: world.clone(), pid: 1 }, Box::new(HostProvider::simulating(1)), l);
+    a.keep_pool_mappings(true);
+    a.defer_releases(true);
+    let mut b = two_tier(&world, 2, None);
+    while a.pool_step().unwrap() {}
+    assert_eq!(a.kept_mappings(), 3, "each piece mapped as it joined the pool");
+    a.create("k", 6 * MIB as i64, None, TierPref::Device, 1, 0).unwrap();
+    let data: Vec<u8> = (0..6 * MIB as usize).map(|i| (i * 31 % 251) as u8).collect();
+    a.pin("k", ok).unwrap().bytes_mut(0, data.len() as i64).unwrap().copy_from_slice(&data);
+    let m = |s: &Segments<TestEnv>| s.last_migration.unwrap();
+    // to the host: copied into the three pieces' kept mappings, none mapped on the way
+    assert_eq!(a.prefetch("k", 0, 1, TierPref::Host, ok).unwrap(), 6 * MIB);
+    assert_eq!(a.lookup("k").unwrap().bytes_in(Tier::Host), 6 * MIB);
+    assert_eq!((a.kept_mappings(), m(&a).kept_copies), (3, 3));
+    assert_eq!(b.pin("k", ok).unwrap().bytes(0, data.len() as i64).unwrap(), &data[..]);
+    // back to the device: read from the kept mappings; the pieces go back to the pool, mapped
+    a.release_deferred();
+    assert_eq!(a.prefetch("k", 0, 6 * MIB as i64, TierPref::Device, ok).unwrap(), 6 * MIB);
+    assert_eq!(m(&a).kept_copies, 3, "each piece read where it is kept mapped");
+    assert_eq!((a.env.shared().unwrap().pool_bytes(), a.kept_mappings()), (6 * MIB, 3));
+    assert_eq!(b.pin("k", ok).unwrap().bytes(0, data.len() as i64).unwrap(), &data[..]);
+    // a piece released elsewhere: the sweep drops its mapping
+    b.limits.pool_size = 4 * MIB;
+    assert!(b.pool_step().unwrap(), "b trims one piece");
+    a.sweep_kept_maps().unwrap();
+    assert_eq!(a.kept_mappings(), 2);
+    // released pieces take their mappings with them (deferred: after release_deferred)
+    a.drop_segment("k", ok).unwrap();
+    a.limits.pool_size = 0;
+    while a.pool_step().unwrap() {}
+    a.release_deferred();
+    assert_eq!(a.kept_mappings(), 0);
+    drop((a, b));
     assert_eq!(world.finish(), 0);
 }
 
