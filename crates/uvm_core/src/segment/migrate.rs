@@ -224,14 +224,18 @@ impl<E: Env> Segments<E> {
         let _flag = MigrationFlag::begin(&self.env, &self.own_waits, info.id, name, self.limits.pin_wait)?;
         let mut stats = MigrationStats { bytes, chunks: moving.len() as u32, wait_ms: ms(started), ..Default::default() };
         let mut done = 0;
-        for (c, to) in &moving {
+        // The next chunk's new device chunk, made while this one copies (see `Ahead`).
+        let mut ahead: Option<Ahead> = None;
+        for (i, (c, to)) in moving.iter().enumerate() {
             if let Some(p) = &progress {
                 p.phase(ProgressPhase::Copying, done, bytes);
             }
             // Between chunks: each migrate_chunk is all-or-nothing, so an interrupt here leaves
             // every chunk either moved or in place (and the flag is cleared by its guard).
             crate::interrupt::check()?;
-            self.migrate_chunk(info.id, c, *to, &mut stats)?;
+            let mine = ahead.take();
+            ahead = moving.get(i + 1).and_then(|&(next, to)| Ahead::start(&self.provider, to, next.size));
+            self.migrate_chunk(info.id, c, *to, mine, &mut stats)?;
             done += c.size;
         }
         if let Ok(reg) = self.env.shared() {
@@ -252,7 +256,14 @@ impl<E: Env> Segments<E> {
     }
 
     /// Replaces one chunk by a copy at `to`. The caller holds the migration flag.
-    fn migrate_chunk(&mut self, id: u64, old: &ChunkInfo, to: Place, stats: &mut MigrationStats) -> Result<()> {
+    fn migrate_chunk(
+        &mut self,
+        id: u64,
+        old: &ChunkInfo,
+        to: Place,
+        mut ahead: Option<Ahead>,
+        stats: &mut MigrationStats,
+    ) -> Result<()> {
         let target = to.tier();
         let (info, epoch) = {
             let reg = self.env.shared()?;
@@ -334,6 +345,14 @@ impl<E: Env> Segments<E> {
                 Some(addr) => {
                     stats.kept_copies += 1;
                     (addr, None)
+                }
+                None if !handed_over && ahead.as_ref().is_some_and(|a| a.fits(to, p.size)) => {
+                    let t = Instant::now();
+                    let (fd, m) = ahead.take().expect("checked above").wait()?;
+                    stats.alloc_ms += ms(t);
+                    guard.segs.with_broker(|b| b.put(epoch, p.id, fd.as_fd()))?;
+                    guard.parts[k].1 = true;
+                    (m.addr(), Some(m))
                 }
                 None => {
                     let fd = if handed_over {
@@ -539,6 +558,45 @@ impl Drop for CopyMap {
             self.provider.unmap_chunk(&r, 0, self.size, self.tier);
             self.provider.release_reservation(r);
         }
+    }
+}
+
+/// A migration's next new device chunk, made (allocated and mapped for the copy) on a thread of
+/// its own while the chunk before it copies: an 8 GiB migration back from the host pool's 32
+/// pieces spent 7 ms allocating and 10 ms mapping its 32 device chunks between copies of 156 ms
+/// in all (H100). Unused (a failed or interrupted migration, or a plan that changed), it drops
+/// with its thread: the chunk's fd closes and its mapping goes.
+struct Ahead {
+    place: Place,
+    size: u64,
+    made: std::thread::JoinHandle<Result<(OwnedFd, CopyMap)>>,
+}
+
+impl Ahead {
+    /// Starts making a chunk of `size` bytes at `to`, if it is a GPU's (host chunks come from
+    /// the pool, or are pinned where they are needed); `None` where no thread can start.
+    fn start(provider: &Arc<dyn Provider>, to: Place, size: u64) -> Option<Ahead> {
+        if to.tier() != Tier::Device {
+            return None;
+        }
+        let provider = Arc::clone(provider);
+        let made = std::thread::Builder::new()
+            .name("uvm migration".into())
+            .spawn(move || {
+                let fd = provider.create_chunk(to, size)?;
+                let m = CopyMap::new(&provider, fd.as_fd(), to.tier(), size)?;
+                Ok((fd, m))
+            })
+            .ok()?;
+        Some(Ahead { place: to, size, made })
+    }
+
+    fn fits(&self, to: Place, size: u64) -> bool {
+        (self.place, self.size) == (to, size)
+    }
+
+    fn wait(self) -> Result<(OwnedFd, CopyMap)> {
+        self.made.join().unwrap_or_else(|_| Err(UvmError::new(Code::SystemError, "a migration's helper thread failed")))
     }
 }
 

@@ -484,6 +484,17 @@ pub(crate) fn bench_migration(b: &mut Bench, admin: &mut Client, pid: u32) {
             _ => Err("bench_copy_ceiling did not return rows 'htod' and 'dtoh'".into()),
         }
     })();
+    // The service fills the host pool after it starts (pinning about 60 ms per 256 MB piece, on
+    // a thread of its own): a migration to the host tier before it is full pins the rest itself.
+    // (With gpu_execution = process there is no service, and no pool.)
+    if b.mode == Mode::Service {
+        match wait_for_pool(admin, Duration::from_secs(30)) {
+            Ok((bytes, waited)) => {
+                b.note(format!("migration: the host pool held {bytes} bytes after waiting {waited:.1} s for it"))
+            }
+            Err(e) => b.note(format!("migration: the host pool's size unknown: {e}")),
+        }
+    }
     let name = format!("gpu_bench_mig_{pid}");
     let r = (|| -> R<[(i64, Duration, Phases); 2]> {
         create(admin, &name, MIG_BYTES, "device")?;
@@ -560,5 +571,26 @@ pub(crate) fn bench_migration(b: &mut Bench, admin: &mut Client, pid: u32) {
                 b.failed += 1;
             }
         }
+    }
+}
+
+/// Waits up to `limit` until the host pool holds `pg_uvm_share.host_pool_size`; the bytes it
+/// holds, and the seconds waited.
+fn wait_for_pool(admin: &mut Client, limit: Duration) -> R<(i64, f64)> {
+    let t = std::time::Instant::now();
+    loop {
+        let r = admin
+            .query_one(
+                "SELECT (SELECT value::bigint FROM uvm.device_info() WHERE property = 'host_pool_bytes'), \
+                        pg_size_bytes(current_setting('pg_uvm_share.host_pool_size'))::bigint",
+                &[],
+            )
+            .map_err(err("host pool"))?;
+        let (held, size): (Option<i64>, i64) = (r.get(0), r.get(1));
+        let held = held.unwrap_or(0);
+        if held >= size || t.elapsed() >= limit {
+            return Ok((held, t.elapsed().as_secs_f64()));
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
