@@ -608,6 +608,8 @@ fn g_gpujoin_matches_postgres_join() {
         .unwrap_err();
     assert_eq!(e.code().map(|c| c.code()), Some("42804"), "{}", describe(&e));
     // bigger than the budget: the table spills to the host tier and the join is still right
+    // (the budget goes back on every path: left at 2 MB, it would fail every later test)
+    let _reset = ResetDeviceLimit;
     c.batch_execute("ALTER SYSTEM SET pg_uvm_share.device_memory_limit = '2MB'").unwrap();
     c.batch_execute("SELECT pg_reload_conf()").unwrap();
     std::thread::sleep(Duration::from_millis(500));
@@ -657,26 +659,16 @@ fn g_gpujoin_matches_postgres_join() {
         (theirs.get::<_, i64>(0), theirs.get::<_, Option<String>>(1))
     );
     // The node's memory within work_mem × hash_mem_multiplier (issue 24, point 1): at 1 MB of
-    // work_mem its inner side spills to the host tier where the backend maps it (process mode);
-    // in service mode under CUDA no backend maps the host tier, and the planner keeps an inner
-    // side estimated past the hash memory away from the node.
+    // work_mem its inner side spills to a segment of the cpu tier, which every process maps in
+    // both modes (before the cpu tier, service mode under CUDA had nowhere to spill and the
+    // planner kept the node away).
     c2.batch_execute("SET work_mem = '1MB'; SET hash_mem_multiplier = 2").unwrap();
-    if mode == Mode::Service {
-        // The node is declined: PostgreSQL's joins back (forced off, its plan is a nested loop).
-        c2.batch_execute("RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_nestloop").unwrap();
-    }
     let plan = explain_analyze(&mut c2, plain);
     let spilled = plan.lines().find_map(|l| l.trim().strip_prefix("Spilled to Host Tier: ")).unwrap_or("").to_string();
-    match mode {
-        Mode::Process => assert!(
-            plan.contains("UvmGpuJoin") && !spilled.is_empty(),
-            "the node did not spill its inner side at 1 MB of work_mem:\n{plan}"
-        ),
-        Mode::Service => assert!(
-            !plan.contains("UvmGpuJoin"),
-            "the node took an inner side past its hash memory where nothing can spill:\n{plan}"
-        ),
-    }
+    assert!(
+        plan.contains("UvmGpuJoin") && !spilled.is_empty(),
+        "the node did not spill its inner side at 1 MB of work_mem ({mode:?} mode):\n{plan}"
+    );
     let t = Instant::now();
     let small = c2.query_one(plain, &[]).map_err(|e| describe(&e)).expect("the join at 1 MB of work_mem");
     note(
