@@ -100,9 +100,12 @@ struct Header {
     /// The latch of the waiter holding ticket t, at t % SKIP_RING (set before it sleeps): who
     /// frees a slot or moves the turn wakes the new turn's holder at once.
     turn_latch: [AtomicU64; SKIP_RING as usize],
-    submitted: AtomicU64,
-    completed: AtomicU64,
-    abandoned: AtomicU64,
+    /// Written by the service alone (its main thread and executors), on a cache line of their
+    /// own: the count of submissions is per slot ([`Slot::submissions`]), since one counter
+    /// that every client adds to at every submission would make the service's every completion
+    /// wait for that line (32 sessions of empty requests: the service's cost per request is the
+    /// round trip's bound, 30 µs / 32).
+    counters: CacheLine<[AtomicU64; 2]>,
     /// The service's cumulative counters per GPU and operation number (`crate::stats`); the
     /// last row is the main thread's (operations that run on no GPU).
     ops: [[OpCounters; OP_NUMBERS]; crate::vocab::MAX_DEVICES as usize + 1],
@@ -114,6 +117,14 @@ struct Header {
     error_code: AtomicU32,
     error: [u8; ERROR_BYTES],
 }
+
+/// A value alone on its cache line (and the next: Intel's adjacent-line prefetcher pairs them).
+#[repr(C, align(128))]
+struct CacheLine<T>(T);
+
+/// The header's service-written counters: completed requests, abandoned ones.
+const COMPLETED: usize = 0;
+const ABANDONED_COUNT: usize = 1;
 
 /// One request slot.
 #[repr(C)]
@@ -129,6 +140,8 @@ pub struct Slot {
     submitted_ns: AtomicU64,
     taken_ns: AtomicU64,
     gpu: AtomicU32,
+    /// Requests submitted through this slot (summed for `counters`; per slot, see the header's).
+    submissions: AtomicU64,
     pub request: Request,
     pub reply: Reply,
 }
@@ -315,7 +328,8 @@ impl Channel {
     /// Counters: (submitted, completed, abandoned).
     pub fn counters(&self) -> (u64, u64, u64) {
         let h = self.header();
-        (h.submitted.load(Ordering::Relaxed), h.completed.load(Ordering::Relaxed), h.abandoned.load(Ordering::Relaxed))
+        let submitted = (0..self.nslots()).map(|i| self.slot(i).submissions.load(Ordering::Relaxed)).sum();
+        (submitted, h.counters.0[COMPLETED].load(Ordering::Relaxed), h.counters.0[ABANDONED_COUNT].load(Ordering::Relaxed))
     }
 
     /// Records that slot `i`'s request runs on GPU `gpu` (its statistics row).
@@ -399,13 +413,22 @@ impl Channel {
         self.claim_any(pid, latch)
     }
 
+    /// Claims a free slot, looking first at the one this process claimed last (a session that
+    /// sends request after request keeps its slot, and its cache lines), then on from there.
+    /// A slot is read before it is compared-and-swapped: a CAS that fails still takes the slot's
+    /// line from whoever works on it, the service among them.
     fn claim_any(&self, pid: i32, latch: u64) -> Option<u32> {
-        for i in 0..self.nslots() {
+        let n = self.nslots();
+        let first = LAST_CLAIMED.with(|c| c.get()) % n.max(1);
+        for i in (first..n).chain(0..first) {
             let s = self.slot(i);
-            if s.state.compare_exchange(FREE, CLAIMED, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            if s.state.load(Ordering::Relaxed) == FREE
+                && s.state.compare_exchange(FREE, CLAIMED, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+            {
                 s.client_pid.store(pid, Ordering::Relaxed);
                 s.client_latch.store(latch, Ordering::Relaxed);
                 s.taken_by.store(0, Ordering::Relaxed);
+                LAST_CLAIMED.with(|c| c.set(i));
                 return Some(i);
             }
         }
@@ -489,7 +512,7 @@ impl Channel {
 
     /// Publishes a claimed slot's request to the service.
     pub fn submit(&self, i: u32) {
-        self.header().submitted.fetch_add(1, Ordering::Relaxed);
+        self.slot(i).submissions.fetch_add(1, Ordering::Relaxed);
         self.slot(i).submitted_ns.store(crate::stats::monotonic_ns(), Ordering::Relaxed);
         let r = self.slot(i).state.compare_exchange(CLAIMED, SUBMITTED, Ordering::AcqRel, Ordering::Relaxed);
         debug_assert!(r.is_ok(), "submit of a slot not claimed");
@@ -563,7 +586,7 @@ impl Channel {
             };
             if s.compare_exchange(cur, next, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
                 if next == ABANDONED {
-                    self.header().abandoned.fetch_add(1, Ordering::Relaxed);
+                    self.header().counters.0[ABANDONED_COUNT].fetch_add(1, Ordering::Relaxed);
                     return 0;
                 }
                 return self.turn_latch();
@@ -601,7 +624,7 @@ impl Channel {
     /// Returns the latch to set: the client's, or (the slot freed) the waiting turn's (0: none).
     pub fn complete(&self, i: u32) -> u64 {
         let s = self.slot(i);
-        self.header().completed.fetch_add(1, Ordering::Relaxed);
+        self.header().counters.0[COMPLETED].fetch_add(1, Ordering::Relaxed);
         self.count_completed(i);
         match s.state.compare_exchange(RUNNING, DONE, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => s.client_latch.load(Ordering::Acquire),
@@ -677,6 +700,11 @@ impl Channel {
             yield_cpu();
         }
     }
+}
+
+thread_local! {
+    /// The slot this thread (a backend's main thread) claimed last.
+    static LAST_CLAIMED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 /// Lets another thread of this CPU run (a spinning waiter's courtesy).
