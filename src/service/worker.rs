@@ -331,7 +331,6 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     let mut parked: Vec<Parked> = Vec::new();
     // Taken requests that wait for abandoned work on their segments to stop (slots).
     let mut behind: Vec<u32> = Vec::new();
-    // When the host pool may try to grow again after a failure, and when it last took a step.
     // When to look at the host pool next: at once while it changes, every 100 ms once it has
     // its size (the look takes the registry's lock exclusively), 10 s after a failure.
     let mut pool_check_at = Instant::now();

@@ -100,8 +100,9 @@ struct Header {
     /// The latch of the waiter holding ticket t, at t % SKIP_RING (set before it sleeps): who
     /// frees a slot or moves the turn wakes the new turn's holder at once.
     turn_latch: [AtomicU64; SKIP_RING as usize],
-    /// Written by the service alone (its main thread and executors), on a cache line of their
-    /// own: the count of submissions is per slot ([`Slot::submissions`]), since one counter
+    /// Written by the service (its main thread and executors; a client that abandons a request
+    /// adds to the second, rarely), on a cache line of their own (the block is page-aligned):
+    /// the count of submissions is per slot ([`Slot::submissions`]), since one counter
     /// that every client adds to at every submission would make the service's every completion
     /// wait for that line (32 sessions of empty requests: the service's cost per request is the
     /// round trip's bound, 30 µs / 32).
