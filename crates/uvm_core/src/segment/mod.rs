@@ -59,8 +59,9 @@
 //! gives back any pins still held, so that a process dying in an ERROR or FATAL path leaves no
 //! pin behind. A SIGKILLed process leaves the registry to the postmaster's crash-restart.
 //!
-//! Migrations (moving chunks between tiers, the queue of pins behind a waiting migration, the
-//! host pool) are in `migrate.rs`; this file keeps mappings, pins, growth and drops.
+//! Migrations (moving chunks between tiers, the queue of pins behind a waiting migration) are in
+//! `migrate.rs`, the GPU service's host pool and its kept mappings in `pool.rs`; this file keeps
+//! mappings, pins, growth and drops.
 //!
 //! This module does not call PostgreSQL: the registry lock and the process identity come through
 //! the [`Env`] trait, implemented over LWLocks by the SQL layer and over a mutex in the tests.
@@ -88,11 +89,14 @@ use crate::uvm_err;
 mod migrate;
 #[cfg(test)]
 mod model_tests;
+mod pool;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use migrate::{still_pinned, CopyMap, MadePiece, MigrationStats, PieceMaker, PoolPiece, PoolTurn, WaitingToMigrate};
-use migrate::{KeptMaps, OwnWaits};
+use migrate::OwnWaits;
+pub use migrate::{still_pinned, CopyMap, MigrationStats, WaitingToMigrate};
+use pool::KeptMaps;
+pub use pool::{MadePiece, PieceMaker, PoolPiece, PoolTurn};
 
 /// What the segment layer needs from its host process. There is no unlocked access to the
 /// registry: pins are released through their [`HeldPin`], which touches only its two atomics.
