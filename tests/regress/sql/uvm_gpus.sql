@@ -23,7 +23,8 @@ SELECT property, value FROM uvm.device_info()
 SHOW pg_uvm_share.device_memory_limit;
 
 -- The host pool (pg_uvm_share.host_pool_size = 4 MB in pieces of 2 MB): the service fills it
--- after start-up and after every migration that took pieces, a piece per turn of its loop.
+-- after start-up and after every migration that took pieces, a piece at a time (pinned on a thread
+-- of its own).
 CREATE FUNCTION pg_temp.pool_full() RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
   FOR i IN 1..500 LOOP
