@@ -574,21 +574,23 @@ pub(crate) fn bench_migration(b: &mut Bench, admin: &mut Client, pid: u32) {
     }
 }
 
-/// Waits up to `limit` until the host pool holds `pg_uvm_share.host_pool_size`; the bytes it
-/// holds, and the seconds waited.
+/// Waits up to `limit` until the host pool is full (no room for another piece of
+/// `pg_uvm_share.host_pool_piece` within `host_pool_size`); the bytes it holds, and the seconds
+/// waited.
 fn wait_for_pool(admin: &mut Client, limit: Duration) -> R<(i64, f64)> {
     let t = std::time::Instant::now();
     loop {
         let r = admin
             .query_one(
                 "SELECT (SELECT value::bigint FROM uvm.device_info() WHERE property = 'host_pool_bytes'), \
-                        pg_size_bytes(current_setting('pg_uvm_share.host_pool_size'))::bigint",
+                        pg_size_bytes(current_setting('pg_uvm_share.host_pool_size'))::bigint, \
+                        pg_size_bytes(current_setting('pg_uvm_share.host_pool_piece'))::bigint",
                 &[],
             )
             .map_err(err("host pool"))?;
-        let (held, size): (Option<i64>, i64) = (r.get(0), r.get(1));
+        let (held, size, piece): (Option<i64>, i64, i64) = (r.get(0), r.get(1), r.get(2));
         let held = held.unwrap_or(0);
-        if held >= size || t.elapsed() >= limit {
+        if piece <= 0 || held + piece > size || t.elapsed() >= limit {
             return Ok((held, t.elapsed().as_secs_f64()));
         }
         std::thread::sleep(Duration::from_millis(100));
