@@ -91,6 +91,8 @@ mod migrate;
 mod model_tests;
 mod pool;
 #[cfg(test)]
+mod pool_tests;
+#[cfg(test)]
 pub(crate) mod tests;
 
 use migrate::OwnWaits;
