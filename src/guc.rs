@@ -244,7 +244,7 @@ pub fn define() {
     GucRegistry::define_bool_guc(
         c"pg_uvm_share.map_host_tier",
         c"Service mode: whether this session reads, writes, checksums and fills host-tier bytes through its own mapping.",
-        c"on (the default): where the host tier's chunks are memfds (the host provider), and for segments of the cpu tier under every provider, requests whose bytes all lie there run in this process and never wait for the GPU service; off: every request goes to the service. Device memory is always the service's.",
+        c"on (the default): requests whose bytes all lie in host-tier chunks (memfds in service mode, under every provider) or in segments of the cpu tier run in this process and never wait for the GPU service; off: every request goes to the service. Device memory is always the service's.",
         &MAP_HOST_TIER,
         GucContext::Userset,
         GucFlags::empty(),

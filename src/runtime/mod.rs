@@ -17,8 +17,8 @@
 //!   `gpu_execution = process`.
 //! - backends, parallel workers, other background workers: a [`Segments`] manager created on
 //!   first use, whose attachments are undone by a `before_shmem_exit` callback. Its provider
-//!   maps chunks in process mode; in service mode it maps the host tier where its chunks are
-//!   memfds and never a device chunk (`provider::remote`).
+//!   maps chunks in process mode; in service mode it maps the host tier (memfds under every
+//!   provider there) and never a device chunk (`provider::remote`).
 //!
 //! # Two ways to memory, and which to use
 //!
@@ -333,9 +333,13 @@ fn make_provider() -> Result<Box<dyn Provider>> {
     }
     let provider: Box<dyn Provider> = match kind {
         ProviderKind::Host => Box::new(HostProvider::simulating(guc::simulated_devices())),
-        ProviderKind::Cuda => Box::new(
-            CudaProvider::new().map_err(|e| e.hint("The cluster's provider is cuda; this process could not initialise CUDA."))?,
-        ),
+        ProviderKind::Cuda => {
+            let p = CudaProvider::new()
+                .map_err(|e| e.hint("The cluster's provider is cuda; this process could not initialise CUDA."))?;
+            // In service mode the backends map the host tier without CUDA: its chunks are
+            // memfds, which the service registers with CUDA (`uvm_core::provider::cuda`).
+            Box::new(if IS_SERVICE.load(std::sync::atomic::Ordering::Acquire) { p.with_memfd_host() } else { p })
+        }
     };
     shmem::exclusive()?.record_devices(provider.devices());
     Ok(provider)
@@ -387,17 +391,6 @@ pub fn gpu_does_the_work() -> bool {
 /// (false where the GPU service runs every operation and maps the segments).
 pub fn maps_segment_memory() -> Result<bool> {
     Ok(IS_SERVICE.load(std::sync::atomic::Ordering::Acquire) || execution_mode()? != Mode::Service)
-}
-
-/// Whether this process maps host-tier memory at its segment addresses: every process in process
-/// mode; in service mode a backend under the host provider with `pg_uvm_share.map_host_tier` on
-/// (`crate::provider::remote`); not one under CUDA, whose host tier only the service maps.
-pub fn maps_host_tier() -> bool {
-    match maps_segment_memory() {
-        Ok(true) => true,
-        Ok(false) => guc::MAP_HOST_TIER.get() && cluster_provider() == Some(ProviderKind::Host),
-        Err(_) => false,
-    }
 }
 
 /// Whether this process maps `cpu` segments (`TierPref::Cpu`: memfds under every provider): every

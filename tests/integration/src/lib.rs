@@ -68,13 +68,13 @@ pub fn route_through_service() {
 
 /// Whether this session reads, writes, checksums and fills host-tier segments on its own
 /// mapping: always in process mode; in service mode while `pg_uvm_share.map_host_tier` is on
-/// (the default) and the host tier's chunks are memfds (the host provider).
+/// (the default), under either provider (the host tier's chunks are memfds there).
 pub fn maps_host_tier(c: &mut Client) -> bool {
     if execution(c) == Execution::Process {
         return true;
     }
     let on: String = c.query_one("SHOW pg_uvm_share.map_host_tier", &[]).expect("SHOW pg_uvm_share.map_host_tier").get(0);
-    on == "on" && device_info_value(c, "provider").as_deref() == Some("host")
+    on == "on"
 }
 
 /// The operations on a segment's bytes, as `uvm.stat_service` names them.
@@ -713,18 +713,7 @@ pub fn gpu_compute_apps() -> Result<Vec<(i32, Option<u64>)>, String> {
 /// from `/proc/<pid>/maps`: `Ok(None)` once the process is gone, an error when its maps cannot
 /// be read (another user's process needs root).
 pub fn cuda_libraries_mapped(pid: i32) -> Result<Option<Vec<String>>, String> {
-    let maps = match fs::read_to_string(format!("/proc/{pid}/maps")) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => match read_maps_as_owner(pid)? {
-            Some(m) => m,
-            None => return Ok(None),
-        },
-        Err(e) => return Err(format!("cannot read /proc/{pid}/maps: {e}")),
-    };
-    if maps.is_empty() && !process_alive(pid) {
-        return Ok(None); // exited between open and read
-    }
+    let Some(maps) = process_maps(pid)? else { return Ok(None) };
     let mut libs: Vec<String> = maps
         .lines()
         .filter_map(|l| l.split_whitespace().nth(5))
@@ -737,6 +726,24 @@ pub fn cuda_libraries_mapped(pid: i32) -> Result<Option<Vec<String>>, String> {
     libs.sort();
     libs.dedup();
     Ok(Some(libs))
+}
+
+/// `/proc/<pid>/maps`: `Ok(None)` once the process is gone, an error when it cannot be read
+/// (another user's process needs root).
+pub fn process_maps(pid: i32) -> Result<Option<String>, String> {
+    let maps = match fs::read_to_string(format!("/proc/{pid}/maps")) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => match read_maps_as_owner(pid)? {
+            Some(m) => m,
+            None => return Ok(None),
+        },
+        Err(e) => return Err(format!("cannot read /proc/{pid}/maps: {e}")),
+    };
+    if maps.is_empty() && !process_alive(pid) {
+        return Ok(None); // exited between open and read
+    }
+    Ok(Some(maps))
 }
 
 /// `/proc/<pid>/maps` read as the process's owner, through `setpriv`: root without

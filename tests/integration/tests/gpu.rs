@@ -235,15 +235,26 @@ fn b_host_tier_and_fill_kernel() {
     let dev = unique_name("gpu_b_dev");
     let _guard = SegmentGuard::with(&[&host, &dev]);
     let mut c = connect();
-    start(&mut c);
+    let mode = start(&mut c);
 
     create_segment_tier(&mut c, &host, SIZE, None, "host");
     assert_eq!(tier_bytes(&mut c, &host), (0, SIZE), "host-tier segment's bytes per tier");
     create_segment_tier(&mut c, &dev, SIZE, None, "device");
     assert_eq!(tier_bytes(&mut c, &dev), (SIZE, 0), "device-tier segment's bytes per tier");
 
-    for (name, seed) in [(&host, 200u64), (&dev, 201u64)] {
-        // Written through SQL (CPU), checksummed by the GPU.
+    // In service mode the host segment's chunks are memfds that this backend maps: with
+    // map_host_tier on (the default) its bytes are read, written, checksummed and filled here,
+    // on the CPU, and the service does none of it; with it off the service does all of it, its
+    // kernels reading and writing the same pages (registered with CUDA at the segment's
+    // address when a kernel first needs them). Process mode: every pass runs in this backend.
+    let passes: &[(&String, u64, bool)] = match mode {
+        Mode::Service => &[(&host, 200, true), (&host, 202, false), (&dev, 201, true)],
+        Mode::Process => &[(&host, 200, true), (&dev, 201, true)],
+    };
+    for &(name, seed, here) in passes {
+        c.batch_execute(&format!("SET pg_uvm_share.map_host_tier = {here}")).unwrap();
+        let submitted = (mode == Mode::Service).then(|| service_submitted(&mut c));
+        // Written through SQL, checksummed by the GPU (or by this backend, where it maps the bytes).
         let mut model = pattern(SIZE as usize, seed);
         write_segment(&mut c, name, 0, &model);
         assert_eq!(checksum_u64(&mut c, name, 0, SIZE), checksum(&model), "GPU checksum of {name} after an SQL write");
@@ -274,7 +285,21 @@ fn b_host_tier_and_fill_kernel() {
             "GPU checksum of {name} after a whole fill"
         );
         assert_filled(&mut c, name, 0, 9, SIZE / 2 + 3, MIB_I, "whole fill");
+        if let Some(before) = submitted {
+            let sent = service_submitted(&mut c) - before;
+            if name == &host && here {
+                assert_eq!(sent, 0, "service mode, map_host_tier on: the host segment's requests all ran in this backend");
+                let me: i32 = c.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+                let maps = process_maps(me).expect("this backend's maps").expect("this backend is alive");
+                let memfds = maps.lines().filter(|l| l.contains("memfd:pg_uvm_share host chunk")).count();
+                assert!(memfds > 0, "service mode: this backend maps no host chunk memfd of {name}");
+                assert!(!maps.contains("libcuda"), "service mode: this backend maps libcuda");
+            } else {
+                assert!(sent >= 10, "service mode: {name} (map_host_tier {here}) sent {sent} requests to the service");
+            }
+        }
     }
+    c.batch_execute("RESET pg_uvm_share.map_host_tier").unwrap();
 
     // The tier of each stayed what it was created as.
     assert_eq!(tier_bytes(&mut c, &host), (0, SIZE));
@@ -1151,6 +1176,23 @@ fn k_c_api_consumer_kernels() {
     );
     c.execute("SELECT launch_add($1, 1, 1, false)", &[&dev]).expect("a launch after the refused ones");
     assert_eq!(words(&mut c, &dev, 1)[0], 12 + 1000 + 1, "word 0 after the launch that followed the errors");
+
+    // The C API's pin: the host segment is mapped in this backend at its own address in both
+    // modes (memfds in service mode); the device segment only in process mode.
+    let mapping = |c: &mut Client, name: &str| -> String { c.query_one("SELECT mapping($1)", &[&name]).expect("mapping").get(0) };
+    let m = mapping(&mut c, &host);
+    note(T, &format!("{mode:?} mode: C API pin of the host segment: {m}"));
+    let all =
+        m.rsplit_once(" chunks mapped").and_then(|(h, _)| h.rsplit_once(", ")).map(|(_, n)| n.split(" of ").collect::<Vec<_>>());
+    assert!(
+        m.starts_with("base set, same address") && all.as_ref().is_some_and(|v| v.len() == 2 && v[0] == v[1]),
+        "{mode:?} mode: the host segment's pin: {m}"
+    );
+    let m = mapping(&mut c, &dev);
+    match mode {
+        Mode::Service => assert!(m.starts_with("base NULL"), "service mode: the device segment's pin: {m}"),
+        Mode::Process => assert!(m.starts_with("base set, same address"), "process mode: the device segment's pin: {m}"),
+    }
 
     // Device addresses for the consumer's own kernels exist only where it maps segments.
     match mode {

@@ -260,13 +260,18 @@ fn a_service_client_maps_the_host_tier_and_never_the_device() {
     let moved = service.pin("h", ok).unwrap().bytes(0, size).unwrap().to_vec();
     assert_eq!(exec::checksum(&mut Here(&mut client), &h, 0, size).unwrap(), crate::checksum::checksum(&moved, 0));
 
-    // Where host chunks are CUDA allocations, the client maps nothing.
+    // A client of a CUDA cluster maps the host tier the same way (the GPU service's host chunks
+    // are memfds there too), and still no device chunk.
     let mut cuda_client = crate::segment::Segments::new(
         TestEnv::new(&world, 3),
         Box::new(RemoteProvider::new(crate::provider::ProviderKind::Cuda)),
         limits(),
     );
-    not_here(exec::read(&mut Here(&mut cuda_client), &h, 0, &mut out));
+    exec::read(&mut Here(&mut cuda_client), &h, 0, &mut out).unwrap();
+    assert!(out == moved, "a CUDA cluster's client read other bytes than the service holds");
+    exec::write(&mut Here(&mut cuda_client), &h, 9, b"cuda client").unwrap();
+    assert_eq!(service.pin("h", ok).unwrap().bytes(9, 11).unwrap(), b"cuda client");
+    not_here(exec::read(&mut Here(&mut cuda_client), &d, 0, &mut out));
     cuda_client.detach_all();
     client.detach_all();
     service.drop_segment("h", ok).unwrap();
@@ -281,8 +286,7 @@ fn a_cpu_segment_is_mapped_by_every_client_and_given_to_no_kernel() {
     use crate::provider::remote::RemoteProvider;
     let world = World::new("cpu-tier", Arena::default());
     let mut service = two_tier(&world, 1, None);
-    // A client of a CUDA cluster: it maps no chunk of the cluster's provider (host-tier chunks
-    // are HOST_NUMA allocations there), only the memfds of `cpu` segments.
+    // A client of a CUDA cluster: it maps `cpu` segments' memfds, and the host tier's.
     let mut client = crate::segment::Segments::new(
         TestEnv::new(&world, 2),
         Box::new(RemoteProvider::new(crate::provider::ProviderKind::Cuda)),
@@ -296,7 +300,6 @@ fn a_cpu_segment_is_mapped_by_every_client_and_given_to_no_kernel() {
     assert!(info.chunks.iter().all(|k| k.tier == Tier::Host), "a cpu segment's chunks are in the host tier: {info:?}");
     let data: Vec<u8> = (0..size as usize).map(|i| (i * 11 % 253) as u8).collect();
     service.pin("c", ok).unwrap().write_from(0, &data).unwrap();
-    let not_here = |r: Result<()>| assert_eq!(r.unwrap_err().message, "not here");
 
     // Read, write, checksum and fill run on the client's own mapping, both ways.
     let mut out = vec![0u8; data.len()];
@@ -314,8 +317,8 @@ fn a_cpu_segment_is_mapped_by_every_client_and_given_to_no_kernel() {
     let now = service.pin("c", ok).unwrap().bytes(0, size).unwrap().to_vec();
     assert_eq!(exec::checksum(&mut Local { segs: &mut service }, &c, 0, size).unwrap(), crate::checksum::checksum(&now, 0));
     assert_eq!(exec::checksum(&mut Here(&mut client), &c, 0, size).unwrap(), crate::checksum::checksum(&now, 0));
-    // The host tier of that cluster is not mapped here: the service runs it.
-    not_here(exec::read(&mut Here(&mut client), &h, 0, &mut out[..1]));
+    // The host tier of that cluster is mapped here too (memfds in service mode).
+    exec::read(&mut Here(&mut client), &h, 0, &mut out[..1]).unwrap();
 
     // Growth adds memfd chunks, which the client maps at its next pin.
     service.grow("c", 3 * size, ok).unwrap();

@@ -208,6 +208,12 @@ impl Drop for PinnedHostBuffer {
 /// and reachable by DMA and kernels for as long as this value lives.
 pub struct HostRegistration(*mut c_void);
 
+// SAFETY: the pointer is only the registration's key, handed to `cuMemHostUnregister` from
+// whichever thread drops the value (with the process's context current there, as on every
+// thread that calls into CUDA); nothing is read or written through it here. The GPU service
+// registers host pool pieces on the thread that makes them and unregisters on its main thread.
+unsafe impl Send for HostRegistration {}
+
 impl HostRegistration {
     /// Registers `[addr, addr + len)` with `flags` (`CU_MEMHOSTREGISTER_*`).
     ///

@@ -504,9 +504,30 @@ pub unsafe fn copy(dst: u64, src: u64, len: usize) -> Result<()> {
 /// kernels and DMA at the same address), for as long as the process lives: the GPU service
 /// does it once for the channel's staging memory.
 pub fn register_host(addr: u64, len: usize) -> Result<()> {
+    // SAFETY: the caller's own mapped memory, kept mapped for the life of the process (hence
+    // `keep_for_process`).
+    unsafe { register_at(addr, len) }.map(handles::HostRegistration::keep_for_process)
+}
+
+/// Registers `[addr, addr + len)` for every GPU of the process (portable, device-mapped) and
+/// checks that kernels reach it at the same address (a platform where the device pointer of
+/// registered memory differs would need every kernel's addresses translated: refused, 0A000).
+///
+/// # Safety
+/// The range must be memory of this process, mapped until the registration is dropped.
+pub unsafe fn register_at(addr: u64, len: usize) -> Result<handles::HostRegistration> {
     gpu()?;
     let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
-    // SAFETY: the caller's own mapped memory, kept mapped for the life of the process (hence
-    // `keep_for_process`); the flags ask for a portable, device-mapped registration.
-    unsafe { handles::HostRegistration::new(addr as *mut c_void, len, flags) }.map(handles::HostRegistration::keep_for_process)
+    // SAFETY: forwarded contract (mapped until the registration drops).
+    let reg = unsafe { handles::HostRegistration::new(addr as *mut c_void, len, flags) }?;
+    let mut dptr: sys::CUdeviceptr = 0;
+    // SAFETY: valid out-pointer; `addr` was just registered; flags must be 0.
+    check("cuMemHostGetDevicePointer", unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, addr as *mut c_void, 0) })?;
+    if dptr != addr {
+        return Err(UvmError::new(
+            Code::FeatureNotSupported,
+            format!("registered host memory at 0x{addr:x} has device address 0x{dptr:x}: kernels would not reach it at its own address"),
+        ));
+    }
+    Ok(reg)
 }

@@ -1,12 +1,37 @@
-//! The CUDA provider: chunks are CUDA VMM allocations, on the GPU (`device` tier) or in pinned
-//! host memory on the GPU's NUMA node (`host` tier, `CU_MEM_LOCATION_TYPE_HOST_NUMA`), each
+//! The CUDA provider: chunks are CUDA VMM allocations on the GPU (`device` tier), and in the
+//! `host` tier either pinned host memory on the GPU's NUMA node (`CU_MEM_LOCATION_TYPE_HOST_NUMA`
+//! VMM allocations: process mode) or memfds registered with CUDA (the GPU service's), each
 //! exported as a POSIX fd for the broker to keep.
 //!
-//! Every process maps chunks into a `cuMemAddressReserve`d range with `cuMemMap` and grants
-//! access with `cuMemSetAccess`: to the GPU always, and to the CPU for host chunks, so the CPU
-//! reads and writes host chunks through the same address as the kernels. Device chunks are not
-//! CPU-accessible on this platform (no ATS): the segment layer copies to and from them with
-//! `cuMemcpy`, one chunk at a time (driver copies cannot cross separately mapped chunks).
+//! Every process maps device and `HOST_NUMA` chunks into a `cuMemAddressReserve`d range with
+//! `cuMemMap` and grants access with `cuMemSetAccess`: to the GPU always, and to the CPU for
+//! host chunks, so the CPU reads and writes host chunks through the same address as the
+//! kernels. Device chunks are not CPU-addressable on this platform (no ATS): the segment layer
+//! copies to and from them with `cuMemcpy`, one chunk at a time (driver copies cannot cross
+//! separately mapped chunks).
+//!
+//! **The GPU service's host tier is memfds** ([`CudaProvider::with_memfd_host`]; issue 25,
+//! point 1): a `HOST_NUMA` allocation can be mapped only by a process with a CUDA context, and in
+//! service mode the backends have none, yet they must share the host tier by address. So there a
+//! host chunk is a memfd, which every process maps `MAP_SHARED | MAP_FIXED` at the segment's
+//! address (the client processes through `remote.rs`), and which the service alone registers
+//! with CUDA (`cuMemHostRegister`, device pointer == host pointer) where kernels or copies need
+//! it:
+//!
+//! - a chunk mapped for copies (`map_chunk_for_copy`: the host pool's pieces, kept mapped by the
+//!   service, and a migration's temporary mappings) is registered at once, on whichever thread
+//!   maps it (the pool's pieces on the thread that makes them, off every request's path);
+//! - a chunk mapped at its segment's address (`map_chunk`) is only mapped, for the CPU; the
+//!   segment layer registers it when a kernel first asks for an address in it
+//!   (`register_for_kernels`, from `Pin::addr`), so a migration to the host tier publishes its
+//!   pieces without registering anything on its path. The same pages may be registered at two
+//!   addresses at once (the pool's and the segment's), each valid alone (H200 probe,
+//!   `bench/probes/host_tier_memfd.py`).
+//!
+//! The registrations are owned here ([`HostRegistration`], by address) and go with the
+//! mapping's `unmap_chunk`, before the pages are unmapped. A kernel must never touch a mapping
+//! that is not registered (it loses the context with `CUDA_ERROR_ILLEGAL_ADDRESS`; no pageable
+//! memory access here): `Pin::addr`, the one way to a kernel's address, registers first.
 //!
 //! Reservations: the driver honours a `cuMemAddressReserve` hint only in address space that was
 //! free when `cuInit` ran (measured on the H200), so a CUDA process releases its inherited
@@ -14,21 +39,30 @@
 //! its arena address. The result is checked: if the driver puts a reservation elsewhere, the
 //! segment is used there (`same_address` false; offsets stay valid).
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Mutex;
 
 use cudarc::driver::sys::{
     self, CUdeviceptr, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType,
     CUmemGenericAllocationHandle, CUmemLocation, CUmemLocationType, CUresult,
 };
 
-use super::{Capabilities, Provider, ProviderKind, Reservation, GRANULARITY};
+use super::{host, Capabilities, Provider, ProviderKind, Reservation, GRANULARITY};
 use crate::error::{Code, Result, UvmError};
+use crate::gpu::handles::HostRegistration;
 use crate::gpu::{self, check, Gpu};
 use crate::vocab::{Place, Tier};
 
 pub struct CudaProvider {
     gpu: &'static Gpu,
+    /// Host chunks are memfds registered with CUDA here (the GPU service), not `HOST_NUMA`
+    /// allocations: see the module documentation.
+    memfd_host: bool,
+    /// This process's registrations of memfd host chunks, by address; each goes with the
+    /// unmapping of its range.
+    registered: Mutex<HashMap<u64, HostRegistration>>,
 }
 
 impl CudaProvider {
@@ -52,7 +86,46 @@ impl CudaProvider {
                 format!("{} cannot allocate shareable host memory (HOST_NUMA VMM)", gpu.info.name),
             ));
         }
-        Ok(CudaProvider { gpu })
+        Ok(CudaProvider { gpu, memfd_host: false, registered: Mutex::new(HashMap::new()) })
+    }
+
+    /// The GPU service's provider: host chunks are memfds that every process of the cluster
+    /// maps, registered with CUDA here (see the module documentation).
+    pub fn with_memfd_host(mut self) -> CudaProvider {
+        self.memfd_host = true;
+        self
+    }
+
+    /// Whether chunks of `tier` are memfds here.
+    fn memfd(&self, tier: Tier) -> bool {
+        self.memfd_host && tier == Tier::Host
+    }
+
+    /// Registers `[offset, offset + size)` of `r` (a memfd mapped there) with CUDA, unless it is.
+    fn register(&self, r: &Reservation, offset: u64, size: u64) -> Result<()> {
+        let addr = r.sub_range(offset, size)?;
+        let lock = || self.registered.lock().unwrap_or_else(|p| p.into_inner());
+        if lock().contains_key(&addr) {
+            return Ok(());
+        }
+        // (Not under the lock: registering takes tens of milliseconds, and the pool's thread
+        // registers its pieces while the main thread registers segments' chunks. No other
+        // caller registers this address meanwhile: it lies in `r`, which the caller owns.)
+        // SAFETY: `[addr, addr + size)` lies in reservation `r` (checked), where the caller
+        // mapped a memfd; the registration is dropped by `unmap_chunk` before that unmaps it.
+        let reg = unsafe { gpu::register_at(addr, size as usize) }?;
+        lock().insert(addr, reg);
+        Ok(())
+    }
+
+    /// Drops the registration at `addr`, if any (before its pages are unmapped).
+    fn unregister(&self, addr: u64) {
+        let reg = self.registered.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
+        if reg.is_some() {
+            // The context current on this thread for `cuMemHostUnregister` (no-op where it is).
+            let _ = gpu::gpu();
+        }
+        drop(reg);
     }
 
     fn location(&self, place: Place) -> CUmemLocation {
@@ -87,7 +160,12 @@ impl Provider for CudaProvider {
             tiers: vec![Tier::Device, Tier::Host],
             granularity: GRANULARITY,
             gpu_kernels: self.gpu.info.nvrtc.is_some(),
-            details: self.gpu.describe(),
+            details: {
+                let mut d = self.gpu.describe();
+                let host = if self.memfd_host { "memfd, registered with CUDA by the GPU service" } else { "HOST_NUMA VMM" };
+                d.push(("host_tier_backing".into(), host.into()));
+                d
+            },
         }
     }
 
@@ -126,8 +204,11 @@ impl Provider for CudaProvider {
             return Err(super::no_such_device(place, self.devices()));
         }
         // The context current on this thread too (the GPU service makes pool pieces on a
-        // thread of their own).
+        // thread of their own, then reserves address space and registers them there).
         gpu::gpu()?;
+        if self.memfd(place.tier()) {
+            return host::create_memfd(c"pg_uvm_share host chunk", size);
+        }
         let tier = place.tier();
         // SAFETY: all-zero is a valid CUmemAllocationProp; the fields that matter are set below.
         let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
@@ -160,14 +241,41 @@ impl Provider for CudaProvider {
     }
 
     fn map_chunk(&self, fd: BorrowedFd<'_>, tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()> {
+        if self.memfd(tier) {
+            // For the CPU; registered when a kernel first needs it (`register_for_kernels`).
+            return host::map_memfd(fd, r, offset, size);
+        }
         self.map(fd, tier, r.sub_range(offset, size)?, size, tier == Tier::Host)
     }
 
     fn map_chunk_for_copy(&self, fd: BorrowedFd<'_>, tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()> {
+        if self.memfd(tier) {
+            // Copies by DMA need the pages registered (pinned): the pool's pieces pay it once,
+            // on the thread that makes them, populated first (cheaper to register).
+            host::map_memfd_with(fd, r, offset, size, libc::MAP_POPULATE)?;
+            return self.register(r, offset, size).inspect_err(|_| host::unmap_memfd(r, offset, size));
+        }
         self.map(fd, tier, r.sub_range(offset, size)?, size, false)
     }
 
-    fn unmap_chunk(&self, r: &Reservation, offset: u64, size: u64, _tier: Tier) {
+    fn needs_kernel_registration(&self, tier: Tier) -> bool {
+        self.memfd(tier)
+    }
+
+    fn register_for_kernels(&self, r: &Reservation, offset: u64, size: u64, tier: Tier) -> Result<()> {
+        if self.memfd(tier) {
+            self.register(r, offset, size)?;
+        }
+        Ok(())
+    }
+
+    fn unmap_chunk(&self, r: &Reservation, offset: u64, size: u64, tier: Tier) {
+        if self.memfd(tier) {
+            if let Ok(addr) = r.sub_range(offset, size) {
+                self.unregister(addr);
+            }
+            return host::unmap_memfd(r, offset, size);
+        }
         if let Ok(addr) = r.sub_range(offset, size) {
             // SAFETY: inside reservation `r`, which this process owns; the caller no longer
             // uses the chunk mapped there.

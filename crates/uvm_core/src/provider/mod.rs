@@ -15,9 +15,10 @@
 //! | --- | --- | --- |
 //! | `reserve(hint, size)` | `mmap(PROT_NONE)` | `cuMemAddressReserve(hint)` |
 //! | `reserve_in_arena(addr, size)` (unsafe) | inside the inherited arena: nothing to map | `cuMemAddressReserve(addr)` |
-//! | `create_chunk(place, size)` | `memfd_create` + `ftruncate` | `cuMemCreate` on the place's GPU (or `HOST_NUMA`) + export POSIX fd |
-//! | `map_chunk(fd, r, offset)` | `mmap(MAP_FIXED|MAP_SHARED)` over the reservation | import + `cuMemMap` + `cuMemSetAccess` |
+//! | `create_chunk(place, size)` | `memfd_create` + `ftruncate` | `cuMemCreate` on the place's GPU (or `HOST_NUMA`; the GPU service's host chunks: a memfd) + export POSIX fd |
+//! | `map_chunk(fd, r, offset)` | `mmap(MAP_FIXED|MAP_SHARED)` over the reservation | import + `cuMemMap` + `cuMemSetAccess` (the service's memfd host chunks: `mmap`) |
 //! | `unmap_chunk(r, offset)` | `mmap(PROT_NONE, MAP_FIXED)` back over it | `cuMemUnmap` |
+//! | `register_for_kernels(r, offset)` | nothing | the GPU service's memfd host chunks: `cuMemHostRegister` (undone by `unmap_chunk`) |
 //! | `release_reservation(r)` | `PROT_NONE` again (arena) or `munmap` | `cuMemAddressFree` |
 //! | `copy(dst, src)` (unsafe) | `memcpy` | `cuMemcpy`, per chunk |
 //! | `create_memfd_chunk`, `map_memfd_chunk`, `unmap_memfd_chunk` (a `cpu` segment's chunks) | as its own chunks | the same memfds, mapped `MAP_FIXED` over its reservation (no GPU mapping) |
@@ -184,6 +185,18 @@ pub trait Provider: Send + Sync {
     /// chunk (about 250 ms for 8 GiB of host memory, measured) for a copy done by DMA.
     fn map_chunk_for_copy(&self, fd: BorrowedFd<'_>, tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()> {
         self.map_chunk(fd, tier, r, offset, size)
+    }
+    /// Whether a chunk of `tier` that `map_chunk` mapped needs [`Provider::register_for_kernels`]
+    /// before a kernel may touch it (the GPU service's memfd host chunks under CUDA: mapping them
+    /// is cheap, registering them is not, so it waits for the first kernel).
+    fn needs_kernel_registration(&self, _tier: Tier) -> bool {
+        false
+    }
+    /// Makes the chunk mapped at `[offset, offset + size)` of `r` readable and writable by
+    /// kernels at that address (CUDA: `cuMemHostRegister`); a no-op where it is already, and for
+    /// chunks that need nothing. Undone by `unmap_chunk`.
+    fn register_for_kernels(&self, _r: &Reservation, _offset: u64, _size: u64, _tier: Tier) -> Result<()> {
+        Ok(())
     }
     /// Unmaps the chunk at `[offset, offset + size)` of `r`, leaving its addresses reserved
     /// (ignored if the range is not inside `r`).

@@ -271,17 +271,19 @@ impl<E: Env> Segments<E> {
         };
         let t = Instant::now();
         self.ensure_attachment(&info)?;
-        // The copy reads the old chunk where this process maps it; if it does not (its
-        // mapping is older than the chunk, as after an earlier migration), through a temporary
-        // mapping made for the copy alone. Bringing the whole mapping up to date instead would
-        // give the CPU access to every chunk (a page-table walk: about 250 ms for 8 GiB of host
-        // memory, measured) for a copy done by DMA.
+        // The copy reads the old chunk from the GPU service's kept mapping of it, if any
+        // (registered for DMA: a memfd host chunk mapped at the segment's address may not be),
+        // else where this process maps it; if it does not (its mapping is older than the chunk,
+        // as after an earlier migration), through a temporary mapping made for the copy alone.
+        // Bringing the whole mapping up to date instead would give the CPU access to every
+        // chunk (a page-table walk: about 250 ms for 8 GiB of host memory, measured) for a copy
+        // done by DMA.
         let a = self.attachments.get_mut(&id).expect("attached above");
-        let source = if a.mapping.mapped.borrow().contains(old) {
-            CopySource::Mapped { _held: Rc::clone(&a.mapping), addr: a.mapping.addr() + old.offset }
-        } else if let Some(addr) = self.kept.addr(old.id) {
+        let source = if let Some(addr) = self.kept.addr(old.id) {
             stats.kept_copies += 1;
             CopySource::Kept(addr)
+        } else if a.mapping.mapped.borrow().contains(old) {
+            CopySource::Mapped { _held: Rc::clone(&a.mapping), addr: a.mapping.addr() + old.offset }
         } else {
             let fd = self.with_broker(|b| b.get(epoch, old.id))?;
             CopySource::Temporary(CopyMap::new(&self.provider, fd.as_fd(), old.tier, old.size)?)

@@ -143,6 +143,9 @@ struct Mapping {
     /// A `cpu` segment's mapping: its chunks are memfds, mapped for the CPU alone whatever the
     /// provider (`Provider::map_memfd_chunk`), and no kernel is given their addresses.
     cpu_only: bool,
+    /// Ids of the mapped chunks that `Provider::register_for_kernels` made ready for kernels
+    /// (only chunks whose provider needs it: the GPU service's memfd host chunks under CUDA).
+    registered: RefCell<Vec<u64>>,
 }
 
 impl Mapping {
@@ -166,6 +169,31 @@ impl Mapping {
     fn unmap(&self, c: &ChunkInfo) {
         unmap_from(self.provider.as_ref(), self.cpu_only, self.reservation(), c);
         self.mapped.borrow_mut().retain(|m| m != c);
+        self.registered.borrow_mut().retain(|&id| id != c.id);
+    }
+    /// Makes every mapped chunk readable by kernels at its address, registering those that need
+    /// it and are not yet (`Provider::needs_kernel_registration`): about 40-90 ms a GiB under
+    /// CUDA, paid by the first kernel over a host-tier chunk this process mapped (a migration
+    /// to the host tier registers nothing on its path). Answers cancel between chunks.
+    fn ready_for_kernels(&self) -> Result<()> {
+        if self.cpu_only {
+            return Ok(());
+        }
+        let todo: Vec<ChunkInfo> = {
+            let registered = self.registered.borrow();
+            let mapped = self.mapped.borrow();
+            mapped
+                .iter()
+                .filter(|c| self.provider.needs_kernel_registration(c.tier) && !registered.contains(&c.id))
+                .copied()
+                .collect()
+        };
+        for c in todo {
+            crate::interrupt::check()?;
+            self.provider.register_for_kernels(self.reservation(), c.offset, c.size, c.tier)?;
+            self.registered.borrow_mut().push(c.id);
+        }
+        Ok(())
     }
     /// Whether the CPU addresses this mapping's chunks of `tier`: a `cpu` segment's always,
     /// others where the provider gives the CPU that tier.
@@ -418,6 +446,9 @@ impl<E: Env> Pin<E> {
             return Err(cpu_segment(&self.info.name, "GPU kernels do not read it")
                 .hint("Create the segment in another tier (\"auto\", \"device\" or \"host\") for kernels."));
         }
+        // Kernels may reach past `len` (a result buffer's header hands out the whole buffer):
+        // every chunk is made ready, not only those under the range.
+        self.mapping.ready_for_kernels()?;
         Ok(self.base as u64 + o as u64)
     }
 
@@ -923,6 +954,7 @@ impl<E: Env> Segments<E> {
             reservation: Some(reservation),
             mapped: RefCell::new(Vec::new()),
             cpu_only: info.tier_pref.cpu_only(),
+            registered: RefCell::new(Vec::new()),
         });
         // An error from here on drops `mapping`, which gives the reservation back.
         let att_slot = {
