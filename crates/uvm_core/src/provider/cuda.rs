@@ -251,7 +251,13 @@ impl Provider for CudaProvider {
     fn map_chunk_for_copy(&self, fd: BorrowedFd<'_>, tier: Tier, r: &Reservation, offset: u64, size: u64) -> Result<()> {
         if self.memfd(tier) {
             // Copies by DMA need the pages registered (pinned): the pool's pieces pay it once,
-            // on the thread that makes them, populated first (cheaper to register).
+            // on the thread that makes them. Registering populated pages is cheap (36 ms a GiB
+            // against 416 for fresh ones), and so is populating a mapping of pages the memfd
+            // has: the pages are allocated first, through the fd (`fallocate`, which holds no
+            // lock of this process's address space, where faulting them in would hold it against
+            // the main thread's mappings for as long), then mapped `MAP_POPULATE`.
+            // SAFETY: fallocate on a live descriptor borrowed for the call.
+            unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, size as libc::off_t) };
             host::map_memfd_with(fd, r, offset, size, libc::MAP_POPULATE)?;
             return self.register(r, offset, size).inspect_err(|_| host::unmap_memfd(r, offset, size));
         }
@@ -264,6 +270,15 @@ impl Provider for CudaProvider {
 
     fn register_for_kernels(&self, r: &Reservation, offset: u64, size: u64, tier: Tier) -> Result<()> {
         if self.memfd(tier) {
+            // Page-table entries first (`MADV_POPULATE_WRITE`, Linux 5.14; where it fails the
+            // registration faults the pages in itself): registering a mapping without them cost
+            // 246 ms a GiB on the H100, against 36-86 ms for a populated one.
+            if let Ok(addr) = r.sub_range(offset, size) {
+                // SAFETY: a range of reservation `r` where the caller mapped a memfd read-write;
+                // populating changes no byte (it allocates the memfd's missing pages, zeroed, as
+                // the registration would).
+                unsafe { libc::madvise(addr as *mut c_void, size as usize, libc::MADV_POPULATE_WRITE) };
+            }
             self.register(r, offset, size)?;
         }
         Ok(())

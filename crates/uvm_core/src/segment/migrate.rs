@@ -138,14 +138,15 @@ pub struct MigrationStats {
     pub wait_ms: f64,
     /// Bringing this process's own mapping of the segment up to date first (an attach).
     pub map_ms: f64,
-    /// Allocating the new chunks (pinning host memory dominates).
+    /// Allocating the new chunks (pinning host memory dominates) and handing them to the broker.
     pub alloc_ms: f64,
     /// Copying (the provider's copy: cuMemcpy).
     pub copy_ms: f64,
     /// Mapping the new chunks for the copy, and unmapping them and the old chunks' temporary
     /// mappings after it.
     pub copy_map_ms: f64,
-    /// Swapping the new chunks in under the registry's exclusive lock.
+    /// The registry's part under its exclusive lock: taking pool pieces and recording the new
+    /// chunks, then swapping them in.
     pub swap_ms: f64,
     /// Releasing the old chunks at the broker (next to nothing where releases are deferred:
     /// the GPU service releases them after it has answered).
@@ -292,6 +293,7 @@ impl<E: Env> Segments<E> {
         let src = source.addr();
         // The new chunks: to the host tier, pieces of the host pool first (pinned already), then
         // one fresh chunk for the rest; elsewhere, one fresh chunk.
+        let t = Instant::now();
         let (parts, rest, to_pool) = {
             let mut reg = self.env.exclusive()?;
             let slot = reg.find_id(id).ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped"))?;
@@ -334,6 +336,7 @@ impl<E: Env> Segments<E> {
                 old.tier == Tier::Host && piece > 0 && old.size == piece && reg.pool_bytes() + piece <= self.limits.pool_size;
             (parts, rest, to_pool)
         };
+        stats.swap_ms += ms(t);
         let mut guard = PendingGuard::new(self, parts, epoch);
         if let Some(p) = rest? {
             guard.parts.push((p, false));
@@ -350,8 +353,8 @@ impl<E: Env> Segments<E> {
                 None if !handed_over && ahead.as_ref().is_some_and(|a| a.fits(to, p.size)) => {
                     let t = Instant::now();
                     let (fd, m) = ahead.take().expect("checked above").wait()?;
-                    stats.alloc_ms += ms(t);
                     guard.segs.with_broker(|b| b.put(epoch, p.id, fd.as_fd()))?;
+                    stats.alloc_ms += ms(t);
                     guard.parts[k].1 = true;
                     (m.addr(), Some(m))
                 }
@@ -361,8 +364,8 @@ impl<E: Env> Segments<E> {
                     } else {
                         let t = Instant::now();
                         let fd = guard.segs.provider.create_chunk(to, p.size)?;
-                        stats.alloc_ms += ms(t);
                         guard.segs.with_broker(|b| b.put(epoch, p.id, fd.as_fd()))?;
+                        stats.alloc_ms += ms(t);
                         guard.parts[k].1 = true;
                         fd
                     };
