@@ -156,6 +156,16 @@ pub struct MigrationStats {
 }
 
 impl<E: Env> Segments<E> {
+    /// Unmaps a migration's temporary mapping now, or with the deferred releases where those
+    /// are deferred (the GPU service: after its reply).
+    fn unmap_later(&mut self, m: CopyMap) {
+        if self.defer_releases {
+            self.deferred_maps.push(m);
+        } else {
+            drop(m);
+        }
+    }
+
     /// Queues a migration of segment `id` that this process will try again and again without
     /// sleeping (the GPU service's parked migrations): new pins of other processes wait behind
     /// it until the guard goes. Its own pins of the segment do not: it holds its other requests
@@ -386,13 +396,16 @@ impl<E: Env> Segments<E> {
                     guard.segs.kept.keep(p.id, m);
                 } else {
                     let t = Instant::now();
-                    drop(m);
+                    guard.segs.unmap_later(m);
                     stats.copy_map_ms += ms(t);
                 }
             }
         }
         let t = Instant::now();
-        drop(source);
+        match source {
+            CopySource::Temporary(m) => guard.segs.unmap_later(m),
+            other => drop(other),
+        }
         stats.copy_map_ms += ms(t);
         let t = Instant::now();
         let pendings: Vec<PendingChunk> = guard.parts.iter().map(|(p, _)| *p).collect();

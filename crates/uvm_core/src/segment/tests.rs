@@ -696,8 +696,11 @@ fn deferred_releases_reach_the_broker_later() {
     assert_eq!(held(&mut a), 1);
     assert_eq!(a.prefetch("d", 0, 1, TierPref::Device, ok).unwrap(), 4 * MIB);
     assert_eq!(held(&mut a), 2, "the replaced host chunk is kept until the deferred release");
+    // The copy's temporary mappings (of the old chunk and of the new one) go with it.
+    assert_eq!(a.deferred_maps.len(), 2, "the migration's temporary mappings are unmapped later");
     a.release_deferred();
     assert_eq!(held(&mut a), 1);
+    assert!(a.deferred_maps.is_empty());
     a.drop_segment("d", ok).unwrap();
     assert_eq!(held(&mut a), 1, "the dropped segment's chunk is kept until the deferred release");
     a.release_deferred();
