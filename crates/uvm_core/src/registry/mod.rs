@@ -1079,14 +1079,14 @@ impl Registry {
         Some(PendingChunk { slot: ci, id, segment_id: seg_id, offset, size, place: Place::Host })
     }
 
-    /// Removes a piece from the host pool that is not `keep_size` bytes, or any piece if the
-    /// pool holds more than `target` bytes; returns its id for the caller to release at the
-    /// broker.
-    pub fn trim_pool(&mut self, target: u64, keep_size: u64) -> Option<u64> {
+    /// Removes a piece from the host pool that is not `keep_size` bytes or that `keep` refuses,
+    /// or any piece if the pool holds more than `target` bytes; returns its id for the caller to
+    /// release at the broker.
+    pub fn trim_pool(&mut self, target: u64, keep_size: u64, keep: impl Fn(u64) -> bool) -> Option<u64> {
         let over = self.hdr().pool_bytes > target;
         let ci = (0..self.hdr().max_chunks).find(|&i| {
             let c = self.chunk(i);
-            c.state == CHUNK_POOL && (over || c.size != keep_size)
+            c.state == CHUNK_POOL && (over || c.size != keep_size || !keep(c.id))
         })?;
         let (id, size) = (self.chunk(ci).id, self.chunk(ci).size);
         *self.chunk_mut(ci) = ChunkSlot::FREE;

@@ -36,14 +36,19 @@ impl<E: Env> Segments<E> {
         }
     }
 
-    /// The registry's half of a pool step: releases one piece the pool should not keep
-    /// (`Trimmed`), or records a pending piece for the caller to make with its
+    /// The registry's half of a pool step: releases one piece the pool should not keep (of
+    /// another size, past the pool's size, or, in the GPU service, one not kept mapped for
+    /// copies: `Trimmed`), or records a pending piece for the caller to make with its
     /// [`PoolPiece::maker`], on any thread, and hand to [`Segments::pool_finish`].
     pub fn pool_begin(&mut self) -> Result<PoolTurn> {
         let (size, piece) = (self.limits.pool_size, self.limits.pool_piece);
         let mut reg = self.env.exclusive()?;
         let epoch = reg.epoch();
-        if let Some(id) = reg.trim_pool(size, piece) {
+        // In the GPU service, a piece it does not keep mapped for copies (a segment's host chunk
+        // of the piece's size that a migration gave back to the pool) is replaced by one it
+        // does: a migration into it would map it on its path.
+        let kept = &self.kept;
+        if let Some(id) = reg.trim_pool(size, piece, |id| !kept.on || kept.maps.contains_key(&id)) {
             drop(reg);
             self.release(epoch, id)?;
             return Ok(PoolTurn::Trimmed);

@@ -166,3 +166,33 @@ fn pool_pieces_leave_room_in_the_chunk_table() {
     drop(a);
     assert_eq!(world.finish(), 0);
 }
+
+/// A segment's host chunk of the piece's size that a migration gives back to the pool is not
+/// kept mapped: the service's pool replaces it by a piece that is, so that no migration maps a
+/// piece on its path.
+#[test]
+fn a_piece_the_service_does_not_keep_mapped_is_replaced() {
+    let world = World::new("poolunkept", Arena::default());
+    let mut l = limits();
+    (l.pool_size, l.pool_piece) = (4 * MIB, 2 * MIB);
+    let mut a = Segments::new(TestEnv::new(&world, 1), Box::new(HostProvider::simulating(1)), l);
+    a.keep_pool_mappings(true);
+    while a.pool_step().unwrap() {}
+    // One piece short, then a fresh host chunk of the piece's size joins the pool.
+    a.limits.pool_size = 2 * MIB;
+    assert!(a.pool_step().unwrap());
+    a.limits.pool_size = 4 * MIB;
+    a.create("h", 2 * MIB as i64, None, TierPref::Host, 1, 0).unwrap();
+    assert_eq!(a.prefetch("h", 0, 1, TierPref::Device, ok).unwrap(), 2 * MIB);
+    assert_eq!((a.env.shared().unwrap().pool_bytes(), a.kept_mappings()), (4 * MIB, 1), "the pool took the chunk, unmapped");
+    // The next steps trim it and make a kept piece in its place.
+    while a.pool_step().unwrap() {}
+    assert_eq!((a.env.shared().unwrap().pool_bytes(), a.kept_mappings()), (4 * MIB, 2));
+    let pieces = a.env.shared().unwrap().pool_chunks();
+    assert!(pieces.iter().all(|(id, _)| a.kept.addr(*id).is_some()), "every piece kept mapped: {pieces:?}");
+    a.drop_segment("h", ok).unwrap();
+    a.limits.pool_size = 0;
+    while a.pool_step().unwrap() {}
+    drop(a);
+    assert_eq!(world.finish(), 0);
+}
