@@ -60,18 +60,10 @@ pub struct CudaProvider {
     /// Host chunks are memfds registered with CUDA here (the GPU service), not `HOST_NUMA`
     /// allocations: see the module documentation.
     memfd_host: bool,
-    /// This process's registrations of memfd host chunks, by the chunk's address (several per
-    /// chunk, [`REGISTER_STEP`] bytes each); they go with the unmapping of its range.
-    registered: Mutex<HashMap<u64, Vec<HostRegistration>>>,
+    /// This process's registrations of memfd host chunks, by address; each goes with the
+    /// unmapping of its range.
+    registered: Mutex<HashMap<u64, HostRegistration>>,
 }
-
-/// How much of a memfd chunk one `cuMemHostRegister` takes. Registering holds the driver and
-/// this process's address-space lock for its whole length (about 9 ms for 256 MiB of populated
-/// pages), which stalls the main thread's copies, mappings and launches when the GPU service's
-/// pool thread registers a piece: an 8 GiB migration back to the device waited 139 ms for its
-/// device chunks' mappings while the pool refilled with whole-piece registrations (H100). In
-/// steps of this size, each stall is about a millisecond.
-const REGISTER_STEP: u64 = 32 << 20;
 
 impl CudaProvider {
     /// The CUDA provider of this process (initialises CUDA on first call).
@@ -119,24 +111,10 @@ impl CudaProvider {
         // (Not under the lock: registering takes tens of milliseconds, and the pool's thread
         // registers its pieces while the main thread registers segments' chunks. No other
         // caller registers this address meanwhile: it lies in `r`, which the caller owns.)
-        let mut regs = Vec::with_capacity(size.div_ceil(REGISTER_STEP) as usize);
-        let mut at = addr;
-        while at < addr + size {
-            let n = REGISTER_STEP.min(addr + size - at);
-            // Page-table entries first (`MADV_POPULATE_WRITE`, Linux 5.14; where it fails the
-            // registration faults the pages in itself): registering a mapping without them
-            // cost 246 ms a GiB on the H100, against 36-86 ms for a populated one.
-            // SAFETY: part of the range where the caller mapped a memfd read-write; populating
-            // changes no byte (it allocates the memfd's missing pages, zeroed, as the
-            // registration would).
-            unsafe { libc::madvise(at as *mut c_void, n as usize, libc::MADV_POPULATE_WRITE) };
-            // SAFETY: `[at, at + n)` lies in reservation `r` (checked above), where the caller
-            // mapped a memfd; the registration is dropped by `unmap_chunk` before that unmaps
-            // it (on an error here, `regs` drops, undoing the steps done).
-            regs.push(unsafe { gpu::register_at(at, n as usize) }?);
-            at += n;
-        }
-        lock().insert(addr, regs);
+        // SAFETY: `[addr, addr + size)` lies in reservation `r` (checked), where the caller
+        // mapped a memfd; the registration is dropped by `unmap_chunk` before that unmaps it.
+        let reg = unsafe { gpu::register_at(addr, size as usize) }?;
+        lock().insert(addr, reg);
         Ok(())
     }
 
@@ -277,10 +255,10 @@ impl Provider for CudaProvider {
             // against 416 for fresh ones), and so is populating a mapping of pages the memfd
             // has: the pages are allocated first, through the fd (`fallocate`, which holds no
             // lock of this process's address space, where faulting them in would hold it against
-            // the main thread's mappings for as long), then populated step by step (`register`).
+            // the main thread's mappings for as long), then mapped `MAP_POPULATE`.
             // SAFETY: fallocate on a live descriptor borrowed for the call.
             unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, size as libc::off_t) };
-            host::map_memfd(fd, r, offset, size)?;
+            host::map_memfd_with(fd, r, offset, size, libc::MAP_POPULATE)?;
             return self.register(r, offset, size).inspect_err(|_| host::unmap_memfd(r, offset, size));
         }
         self.map(fd, tier, r.sub_range(offset, size)?, size, false)
@@ -292,6 +270,15 @@ impl Provider for CudaProvider {
 
     fn register_for_kernels(&self, r: &Reservation, offset: u64, size: u64, tier: Tier) -> Result<()> {
         if self.memfd(tier) {
+            // Page-table entries first (`MADV_POPULATE_WRITE`, Linux 5.14; where it fails the
+            // registration faults the pages in itself): registering a mapping without them cost
+            // 246 ms a GiB on the H100, against 36-86 ms for a populated one.
+            if let Ok(addr) = r.sub_range(offset, size) {
+                // SAFETY: a range of reservation `r` where the caller mapped a memfd read-write;
+                // populating changes no byte (it allocates the memfd's missing pages, zeroed, as
+                // the registration would).
+                unsafe { libc::madvise(addr as *mut c_void, size as usize, libc::MADV_POPULATE_WRITE) };
+            }
             self.register(r, offset, size)?;
         }
         Ok(())

@@ -61,6 +61,13 @@ pub(crate) fn create_memfd(name: &std::ffi::CStr, size: u64) -> Result<OwnedFd> 
 /// mapping, or a CUDA provider's `cuMemAddressReserve`, over which the H200 probe mapped memfds,
 /// `bench/probes/host_tier_memfd.py`).
 pub(crate) fn map_memfd(fd: BorrowedFd<'_>, r: &Reservation, offset: u64, size: u64) -> Result<()> {
+    map_memfd_with(fd, r, offset, size, 0)
+}
+
+/// [`map_memfd`] with `extra` mmap flags (`MAP_POPULATE`: the CUDA provider's mappings for
+/// copies, which it registers at once, 36 ms a GiB for populated pages against 416 ms for
+/// fresh ones on the H200).
+pub(crate) fn map_memfd_with(fd: BorrowedFd<'_>, r: &Reservation, offset: u64, size: u64, extra: libc::c_int) -> Result<()> {
     let addr = r.sub_range(offset, size)?;
     // A memfd shorter than the mapping would raise SIGBUS on access past its end.
     // SAFETY: all-zero is a valid `stat` (plain integers).
@@ -79,7 +86,7 @@ pub(crate) fn map_memfd(fd: BorrowedFd<'_>, r: &Reservation, offset: u64, size: 
             addr as *mut libc::c_void,
             size as usize,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_FIXED,
+            libc::MAP_SHARED | libc::MAP_FIXED | extra,
             fd.as_raw_fd(),
             0,
         )

@@ -517,7 +517,25 @@ pub(crate) fn bench_migration(b: &mut Bench, admin: &mut Client, pid: u32) {
         fill(admin, &name, MIG_BYTES, 3)?;
         let before = checksum(admin, &name, MIG_BYTES)?;
         let to_host = prefetch(admin, &name, MIG_BYTES, "host")?;
-        let to_dev = prefetch(admin, &name, MIG_BYTES, "device")?;
+        let mut to_dev = prefetch(admin, &name, MIG_BYTES, "device")?;
+        if b.mode == Mode::Service {
+            // That move back ran while the service's pool thread refilled the pool (the move
+            // to the host tier took 8 GiB of pieces), and the two contend: the pool's
+            // populating and registering stalls the migration's mappings. Reported; the row
+            // is a move back from a full pool, as the move out was.
+            let (_, busy, busy_phases) = to_dev.clone();
+            let wait = |admin: &mut Client| wait_for_pool(admin, Duration::from_secs(30)).map(|(_, s)| s).unwrap_or(f64::NAN);
+            let w1 = wait(admin);
+            prefetch(admin, &name, MIG_BYTES, "host")?;
+            let w2 = wait(admin);
+            to_dev = prefetch(admin, &name, MIG_BYTES, "device")?;
+            b.note(format!(
+                "migration htod while the pool refilled: {:.0} ms ({:.1} GB/s, {}); the row's: after waiting {w1:.1} s and {w2:.1} s for the pool to refill around a second move out",
+                busy.as_secs_f64() * 1e3,
+                MIG_BYTES as f64 / busy.as_secs_f64() / 1e9,
+                busy_phases.all()
+            ));
+        }
         let after = checksum(admin, &name, MIG_BYTES)?;
         if before != after {
             return Err(format!("checksum changed over the round trip: {before:#x} -> {after:#x}"));
