@@ -11,11 +11,11 @@
 //! The crashes of clients and of the service are in `zz_service_crash.rs` (they restart the
 //! cluster: they run last).
 //!
-//! A backend reads and writes host-tier memfds (the host provider's) through its own mapping
-//! (`pg_uvm_share.map_host_tier`, the first test checks it), and CI's segments are such: the
-//! tests of the service's own machinery (slots, cancels, abandoned requests) open their sessions
-//! with that setting off ([`route_through_service`]), so that their checksums run in the
-//! service, as on a GPU.
+//! A backend reads and writes host-tier memfds (the host tier's chunks in service mode, under
+//! both providers) through its own mapping (`pg_uvm_share.map_host_tier`, the first test checks
+//! it), and CI's segments are such: the tests of the service's own machinery (slots, cancels,
+//! abandoned requests) open their sessions with that setting off ([`route_through_service`]),
+//! so that their checksums run in the service, as a device segment's do on a GPU.
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
