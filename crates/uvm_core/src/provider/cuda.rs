@@ -256,7 +256,8 @@ impl Provider for CudaProvider {
             // has: the pages are allocated first, through the fd (`fallocate`, which holds no
             // lock of this process's address space, where faulting them in would hold it against
             // the main thread's mappings for as long), then mapped `MAP_POPULATE`.
-            // SAFETY: fallocate on a live descriptor borrowed for the call.
+            // SAFETY: fallocate on a live descriptor borrowed for the call (a failure, no memory,
+            // shows at the registration below, which allocates what is missing).
             unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, size as libc::off_t) };
             host::map_memfd_with(fd, r, offset, size, libc::MAP_POPULATE)?;
             return self.register(r, offset, size).inspect_err(|_| host::unmap_memfd(r, offset, size));
@@ -271,8 +272,10 @@ impl Provider for CudaProvider {
     fn register_for_kernels(&self, r: &Reservation, offset: u64, size: u64, tier: Tier) -> Result<()> {
         if self.memfd(tier) {
             // Page-table entries first (`MADV_POPULATE_WRITE`, Linux 5.14; where it fails the
-            // registration faults the pages in itself): registering a mapping without them cost
-            // 246 ms a GiB on the H100, against 36-86 ms for a populated one.
+            // registration faults the pages in itself): without them the first kernel read of
+            // an 8 GiB segment whose pages a backend had written took 1,971 ms on the H100, with
+            // them 1,288-1,866 ms (the probe's 36-86 ms a GiB was for pages populated in the
+            // registering process itself).
             if let Ok(addr) = r.sub_range(offset, size) {
                 // SAFETY: a range of reservation `r` where the caller mapped a memfd read-write;
                 // populating changes no byte (it allocates the memfd's missing pages, zeroed, as

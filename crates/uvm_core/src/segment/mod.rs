@@ -175,9 +175,9 @@ impl Mapping {
         self.registered.borrow_mut().retain(|&id| id != c.id);
     }
     /// Makes every mapped chunk readable by kernels at its address, registering those that need
-    /// it and are not yet (`Provider::needs_kernel_registration`): about 40-90 ms a GiB under
-    /// CUDA, paid by the first kernel over a host-tier chunk this process mapped (a migration
-    /// to the host tier registers nothing on its path). Answers cancel between chunks.
+    /// it and are not yet (`Provider::needs_kernel_registration`): 0.16-0.23 s a GiB under
+    /// CUDA on the H100, paid by the first kernel over a host-tier chunk this process mapped (a
+    /// migration to the host tier registers nothing on its path). Answers cancel between chunks.
     fn ready_for_kernels(&self) -> Result<()> {
         if self.cpu_only {
             return Ok(());
