@@ -323,10 +323,8 @@ impl Client {
         let slot = g.slot;
         // SAFETY: claimed: this process owns the slot and its staging until it submits.
         unsafe {
-            let s = self.ch.slot_mut(slot);
-            s.request = *req;
-            s.request.input = input.len() as u64;
-            s.reply = Reply::default();
+            // (The reply is not reset: the service writes one before it marks the slot DONE.)
+            req.write_to(&mut self.ch.slot_mut(slot).request, input.len() as u64);
             self.ch.staging(slot)[..input.len()].copy_from_slice(input);
         }
         self.ch.submit(slot);
@@ -338,7 +336,7 @@ impl Client {
     /// frees the slot.
     fn take_reply(&self, g: &mut SlotGuard, output: impl FnOnce(&[u8], usize)) -> Result<Done> {
         // SAFETY: DONE: the slot is ours again until we release it.
-        let reply = unsafe { self.ch.slot_mut(g.slot).reply };
+        let reply = Reply::read_from(unsafe { &self.ch.slot_mut(g.slot).reply });
         let r = reply.result();
         if let Ok(done) = &r {
             let n = (done.output as usize).min(self.ch.staging_bytes());

@@ -198,7 +198,7 @@ fn executor_loop(ch: Channel, pool: Arc<Pool>, gpu: usize, bind: bool) {
             reply_of(r.unwrap_or_else(|_| Err(UvmError::new(Code::SystemError, "the GPU service's executor failed"))))
         };
         // SAFETY: still ours (see above).
-        unsafe { ch.slot_mut(task.slot).reply = reply };
+        unsafe { reply.write_to(&mut ch.slot_mut(task.slot).reply) };
         pool.finished.lock().unwrap_or_else(|e| e.into_inner()).push(task.job);
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to our eventfd.
@@ -686,7 +686,7 @@ fn waiting_row(req: &request::Prefetch) -> Option<crate::stats::ProgressGuard> {
 /// Completes a request on the main thread and wakes its client.
 fn finish_here(ch: &Channel, slot: u32, r: Result<Done>) {
     // SAFETY: taken by us: ours until complete.
-    unsafe { ch.slot_mut(slot).reply = reply_of(r) };
+    unsafe { reply_of(r).write_to(&mut ch.slot_mut(slot).reply) };
     let l = ch.complete(slot);
     if l != 0 {
         // SAFETY: a client's latch in shared memory; the main thread may call SetLatch.
