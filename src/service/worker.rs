@@ -336,6 +336,8 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
     let mut pool_check_at = Instant::now();
     // The host pool's piece being made (pinned) on a thread of its own.
     let mut making: Option<PoolMaker> = None;
+    // The abandoned requests counted at the last sweep of the slots, and when it ran.
+    let mut swept: Option<(u64, Instant)> = None;
     loop {
         if BackgroundWorker::sigterm_received() {
             break;
@@ -357,13 +359,21 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         //    their eventfd only wakes this thread, and is drained when the wait reports it (a
         //    read per turn would be a system call per turn of a busy loop).
         reap(&pool, &mut running);
-        // 2. Free abandoned slots; fail what a dead predecessor took and never answered.
-        let busy: Vec<u32> =
-            running.values().map(|(s, _)| *s).chain(parked.iter().map(|p| p.slot)).chain(behind.iter().copied()).collect();
-        let dead = UvmError::new(Code::SystemError, "the pg_uvm_share GPU service was restarted while it ran this request");
-        for l in ch.sweep(incarnation, |i| busy.contains(&i), |r| *r = Reply::error(&dead)) {
-            // SAFETY: a client's latch in shared memory; the main thread may call SetLatch.
-            unsafe { pg_sys::SetLatch(l as *mut pg_sys::Latch) };
+        // 2. Free abandoned slots; fail what a dead predecessor took and never answered. Only
+        //    when a client abandoned a request since the last sweep (a predecessor's slots are
+        //    all there at the first), and every 100 ms as a safety net: a sweep reads every
+        //    slot's state, a cache line that its client may have just written, and a busy
+        //    service turns many times a millisecond.
+        let abandoned = ch.abandoned_count();
+        if swept.is_none_or(|(n, at)| n != abandoned || at.elapsed() >= SWEEP_EVERY) {
+            swept = Some((abandoned, Instant::now()));
+            let busy: Vec<u32> =
+                running.values().map(|(s, _)| *s).chain(parked.iter().map(|p| p.slot)).chain(behind.iter().copied()).collect();
+            let dead = UvmError::new(Code::SystemError, "the pg_uvm_share GPU service was restarted while it ran this request");
+            for l in ch.sweep(incarnation, |i| busy.contains(&i), |r| *r = Reply::error(&dead)) {
+                // SAFETY: a client's latch in shared memory; the main thread may call SetLatch.
+                unsafe { pg_sys::SetLatch(l as *mut pg_sys::Latch) };
+            }
         }
         // 3. Migrations waiting for pins try again (or give up: timed out, or abandoned).
         for p in std::mem::take(&mut parked) {
@@ -585,6 +595,9 @@ impl PoolMaker {
 
 /// How long the main thread looks for new requests after a turn that served some.
 const POLL_AFTER_TURN: Duration = Duration::from_micros(50);
+
+/// How often the main thread sweeps the slots when no client abandoned a request meanwhile.
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
 
 /// Jobs whose work runs (or ran) on an executor: id -> (slot, the pins of its segments).
 type Running = HashMap<u64, (u32, Vec<crate::segment::Pin<crate::runtime::PgEnv>>)>;

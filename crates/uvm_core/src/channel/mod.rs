@@ -587,7 +587,8 @@ impl Channel {
             };
             if s.compare_exchange(cur, next, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
                 if next == ABANDONED {
-                    self.header().counters.0[ABANDONED_COUNT].fetch_add(1, Ordering::Relaxed);
+                    // (Release: the service that sees the count sweeps, and finds the state.)
+                    self.header().counters.0[ABANDONED_COUNT].fetch_add(1, Ordering::Release);
                     return 0;
                 }
                 return self.turn_latch();
@@ -678,6 +679,11 @@ impl Channel {
             }
         }
         wake
+    }
+
+    /// Requests that clients have abandoned so far (a change tells the service to sweep).
+    pub fn abandoned_count(&self) -> u64 {
+        self.header().counters.0[ABANDONED_COUNT].load(Ordering::Acquire)
     }
 
     /// Indexes of slots waiting for the service.
