@@ -520,9 +520,10 @@ pub(crate) fn bench_migration(b: &mut Bench, admin: &mut Client, pid: u32) {
         let mut to_dev = prefetch(admin, &name, MIG_BYTES, "device")?;
         if b.mode == Mode::Service {
             // That move back ran while the service's pool thread refilled the pool (the move
-            // to the host tier took 8 GiB of pieces), and the two contend: the pool's
-            // populating and registering stalls the migration's mappings. Reported; the row
-            // is a move back from a full pool, as the move out was.
+            // to the host tier took 8 GiB of pieces) and the driver freed the old device
+            // chunk, and its device chunks' allocation waited (which of the two stalls it is
+            // not established). Reported; the row is a move back from a full pool, as the move
+            // out was.
             let (_, busy, busy_phases) = to_dev.clone();
             let wait = |admin: &mut Client| wait_for_pool(admin, Duration::from_secs(30)).map(|(_, s)| s).unwrap_or(f64::NAN);
             let w1 = wait(admin);
