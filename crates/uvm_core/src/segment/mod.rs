@@ -67,7 +67,7 @@
 //! This module does not call PostgreSQL: the registry lock and the process identity come through
 //! the [`Env`] trait, implemented over LWLocks by the SQL layer and over a mutex in the tests.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
@@ -149,6 +149,10 @@ struct Mapping {
     /// Ids of the mapped chunks that `Provider::register_for_kernels` made ready for kernels
     /// (only chunks whose provider needs it: the GPU service's memfd host chunks under CUDA).
     registered: RefCell<Vec<u64>>,
+    /// Every mapped chunk is ready for kernels (set by `ready_for_kernels`, cleared when a chunk
+    /// is mapped): `Pin::addr` runs for every kernel's address, and the look through the
+    /// chunks is then skipped.
+    ready: Cell<bool>,
 }
 
 impl Mapping {
@@ -159,6 +163,7 @@ impl Mapping {
         self.reservation().addr()
     }
     fn map(&self, fd: BorrowedFd<'_>, c: &ChunkInfo) -> Result<()> {
+        self.ready.set(false);
         if self.cpu_only {
             self.provider.map_memfd_chunk(fd, self.reservation(), c.offset, c.size)?;
         } else {
@@ -179,7 +184,7 @@ impl Mapping {
     /// CUDA on the H100, paid by the first kernel over a host-tier chunk this process mapped (a
     /// migration to the host tier registers nothing on its path). Answers cancel between chunks.
     fn ready_for_kernels(&self) -> Result<()> {
-        if self.cpu_only {
+        if self.cpu_only || self.ready.get() {
             return Ok(());
         }
         let todo: Vec<ChunkInfo> = {
@@ -196,6 +201,7 @@ impl Mapping {
             self.provider.register_for_kernels(self.reservation(), c.offset, c.size, c.tier)?;
             self.registered.borrow_mut().push(c.id);
         }
+        self.ready.set(true);
         Ok(())
     }
     /// Whether the CPU addresses this mapping's chunks of `tier`: a `cpu` segment's always,
@@ -756,6 +762,7 @@ impl<E: Env> Segments<E> {
             mapped: RefCell::new(Vec::new()),
             cpu_only: info.tier_pref.cpu_only(),
             registered: RefCell::new(Vec::new()),
+            ready: Cell::new(false),
         });
         // An error from here on drops `mapping`, which gives the reservation back.
         let att_slot = {
