@@ -12,30 +12,62 @@ pub(crate) fn bench_segment_read(b: &mut Bench, admin: &mut Client, pid: u32) {
         return;
     }
     let name = format!("gpu_bench_rd_{pid}");
-    let r = (|| -> R<(Vec<f64>, Vec<f64>, f64)> {
+    // A second segment beside it, made after it: where the two read alike and both below the
+    // private buffer, what costs is common to segments, not where one's memory happens to lie.
+    let other = format!("gpu_bench_rd2_{pid}");
+    type Reads = (Vec<f64>, Vec<f64>, Vec<f64>, f64);
+    let r = (|| -> R<Reads> {
         let create_ms = create(admin, &name, READ_BYTES, "device")?;
+        create(admin, &other, READ_BYTES, "device")?;
         fill(admin, &name, READ_BYTES, 1)?;
+        fill(admin, &other, READ_BYTES, 1)?;
         let mut s = fresh()?;
         segment_read(&mut s, &name, 2)?; // warm-up: context, attach, kernel load
+        segment_read(&mut s, &other, 2)?;
         private_read(&mut s, READ_BYTES, 2)?;
-        let mut seg = Vec::new();
-        let mut private = Vec::new();
-        // Both sides do the same GPU work in the same order: fill the 8 GiB with the pattern
-        // of seed 1, then read it (bench_private_read fills its fresh buffer right before it
-        // reads). The ratio stays 0.95 either way (0.94 when the segment was filled once, before
-        // the rounds), while bench/probes/vmm_read.py reads VMM and cuMemAlloc memory alike
-        // (1.00): the gap is not the VMM mechanism.
-        for _ in 0..3 {
-            fill(&mut s, &name, READ_BYTES, 1)?;
-            seg.push(segment_read(&mut s, &name, READ_ITERS)?);
-            private.push(private_read(&mut s, READ_BYTES, READ_ITERS)?);
+        let (mut seg, mut seg2, mut private) = (Vec::new(), Vec::new(), Vec::new());
+        // Both sides do the same GPU work: fill the 8 GiB with the pattern of seed 1, then read
+        // it (bench_private_read fills its fresh buffer right before it reads). The ratio was
+        // 0.95 either way (0.94 when the segment was filled once, before the rounds), while
+        // bench/probes/vmm_read.py reads VMM and cuMemAlloc memory alike (1.00): the gap is not
+        // the VMM mechanism. The rounds alternate which side reads first (until 2026-12 the
+        // segment always read first), so that an order effect (the clocks after the previous
+        // read or the private buffer's allocation) shows in the note as a ratio per order.
+        for round in 0..4 {
+            let mut read_segments = |s: &mut Client| -> R<()> {
+                fill(s, &name, READ_BYTES, 1)?;
+                seg.push(segment_read(s, &name, READ_ITERS)?);
+                fill(s, &other, READ_BYTES, 1)?;
+                seg2.push(segment_read(s, &other, READ_ITERS)?);
+                Ok(())
+            };
+            if round % 2 == 0 {
+                read_segments(&mut s)?;
+                private.push(private_read(&mut s, READ_BYTES, READ_ITERS)?);
+            } else {
+                private.push(private_read(&mut s, READ_BYTES, READ_ITERS)?);
+                read_segments(&mut s)?;
+            }
         }
-        Ok((seg, private, create_ms))
+        Ok((seg, seg2, private, create_ms))
     })();
     drop_if_exists(admin, &name);
+    drop_if_exists(admin, &other);
     match r {
-        Ok((seg, private, create_ms)) => {
+        Ok((seg, seg2, private, create_ms)) => {
             b.note(format!("created the 8 GiB device segment in {create_ms:.0} ms"));
+            let ratio = |v: &[f64], odd: bool| -> String {
+                let r: Vec<f64> = v.iter().zip(&private).skip(usize::from(odd)).step_by(2).map(|(a, p)| a / p).collect();
+                list(&r, 3)
+            };
+            b.note(format!(
+                "segment read vs private per round: segment first {}, private first {}; a second 8 GiB segment made after it: {} GB/s ({}), {:.3} of private",
+                ratio(&seg, false),
+                ratio(&seg, true),
+                median(&seg2) as i64,
+                list(&seg2, 0),
+                median(&seg2) / median(&private)
+            ));
             let (sg, pv) = (median(&seg), median(&private));
             let place = match b.mode {
                 Mode::Process => "same backend",
