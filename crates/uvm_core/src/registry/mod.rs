@@ -50,6 +50,9 @@
 //! (`reserve_pool_chunk`, `commit_pool_chunk`, `take_pool_chunk`, `trim_pool`); the broker holds
 //! their fds like any other, and its sweep keeps them.
 //!
+//! The code follows these lives: this file the layout, segments and their growth and drop;
+//! `migration.rs` migrations and the host pool; `attach.rs` attachments and pins.
+//!
 //! After a crash-restart the postmaster re-creates shared memory: the registry starts empty with a
 //! new `epoch`, and the broker (restarted too) refuses any request made under the old epoch.
 
@@ -62,6 +65,12 @@ use crate::stats::{
 };
 use crate::uvm_err;
 pub use crate::vocab::{Arena, ChunkInfo, Place, Tier, TierPref, MAX_DEVICES};
+
+mod attach;
+mod migration;
+
+pub use attach::HeldPin;
+pub use migration::PinWait;
 
 /// Longest segment name in bytes, as for PostgreSQL identifiers (`NAMEDATALEN - 1`).
 pub const MAX_NAME_LEN: usize = 63;
@@ -322,60 +331,6 @@ pub fn next_chunk_size(committed: u64, nchunks: u32, needed: u64, reserve: u64, 
     let geometric = min_chunk.checked_shl(shift).unwrap_or(u64::MAX);
     let exact = round_up(needed - committed, gran).unwrap_or(u64::MAX);
     exact.max(geometric).min(reserve - committed)
-}
-
-/// A pin that a process holds on a segment through one of its attachments (taken with
-/// [`Registry::pin_attached`]); dropping it gives the pin back, with no lock (two atomic
-/// decrements).
-///
-/// It is the only way to release a pin, once: neither `Copy` nor `Clone`, and made only by
-/// `pin_attached`, so safe code cannot drive a pin count below the pins actually held (which
-/// would let a drop or a migration proceed under a process still using the chunks). If the
-/// attachment was detached meanwhile (its pins were given back, say at process exit), dropping
-/// the `HeldPin` does nothing: the slot's incarnation changed.
-#[must_use = "dropping a HeldPin releases the pin at once"]
-pub struct HeldPin {
-    seg_pins: *const AtomicU32,
-    att_pins: *const AtomicU64,
-    stats: *const SegmentCounters,
-    incarnation: u32,
-    slot: u32,
-    att: u32,
-}
-
-impl HeldPin {
-    /// The segment slot pinned.
-    pub fn slot(&self) -> u32 {
-        self.slot
-    }
-    /// The attachment slot the pin is counted on.
-    pub fn att(&self) -> u32 {
-        self.att
-    }
-    /// The pinned segment's counters (while the pin is held, the slot is this segment's).
-    pub fn counters(&self) -> &SegmentCounters {
-        // SAFETY: points into the registry block, mapped while any HeldPin is used (as for the
-        // pin counts); the counters are atomics.
-        unsafe { &*self.stats }
-    }
-}
-
-impl Drop for HeldPin {
-    fn drop(&mut self) {
-        // SAFETY: both point into the registry block, which stays mapped while any HeldPin is
-        // used (the contract of `Registry::init` and `Registry::from_raw`); only atomics are
-        // touched, which needs no lock.
-        let (seg, att) = unsafe { (&*self.seg_pins, &*self.att_pins) };
-        let inc = self.incarnation as u64;
-        // Attachment first, then segment: a concurrent `detach` (exclusive lock) gives back the
-        // attachment's count as it finds it, so each pin is given back exactly once.
-        let ours = att
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| (v >> 32 == inc && v & PIN_COUNT_MASK > 0).then(|| v - 1))
-            .is_ok();
-        if ours {
-            let _ = seg.fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| p.checked_sub(1));
-        }
-    }
 }
 
 /// The registry as seen through a lock guard. See the module documentation.
@@ -857,50 +812,6 @@ impl Registry {
         Ok(ids)
     }
 
-    /// Whether a migration is under way (new pins wait for it to end).
-    pub fn migrating(&self, slot: u32) -> bool {
-        self.seg(slot).flags & FLAG_MIGRATING != 0
-    }
-
-    /// Starts a migration of some of the segment's chunks. Refuses (55006) while any process
-    /// holds a pin or another migration runs; from here until `end_migration` no new pin is
-    /// granted and the segment cannot be dropped, so chunks can be replaced under nobody's feet.
-    pub fn begin_migration(&mut self, slot: u32) -> Result<()> {
-        let s = self.seg(slot);
-        let name = Self::seg_name(s).to_string();
-        if s.flags & FLAG_MIGRATING != 0 {
-            return Err(uvm_err!(Code::ObjectInUse, "segment \"{name}\" is being migrated by another process"));
-        }
-        let pins = s.pins.load(Ordering::Acquire);
-        if pins > 0 {
-            return Err(
-                uvm_err!(Code::ObjectInUse, "segment \"{name}\" is in use").detail(format!("{pins} pin(s) are held on it."))
-            );
-        }
-        self.seg_mut(slot).flags |= FLAG_MIGRATING;
-        Ok(())
-    }
-
-    /// Ends a migration begun with `begin_migration`.
-    pub fn end_migration(&mut self, slot: u32) {
-        self.seg_mut(slot).flags &= !FLAG_MIGRATING;
-    }
-
-    /// Records a migration that waits for the segment's pins to drain: from here until
-    /// [`Registry::stop_waiting_to_migrate`], new pins of processes that hold none on the
-    /// segment wait behind it, as a lock request waits behind a queued stronger one, so that
-    /// readers pinning in turn cannot starve the migration.
-    pub fn wait_to_migrate(&mut self, slot: u32) {
-        let s = self.seg_mut(slot);
-        s.migrations_waiting = s.migrations_waiting.saturating_add(1);
-    }
-
-    /// Withdraws one [`Registry::wait_to_migrate`] (the migration began, or gave up).
-    pub fn stop_waiting_to_migrate(&mut self, slot: u32) {
-        let s = self.seg_mut(slot);
-        s.migrations_waiting = s.migrations_waiting.saturating_sub(1);
-    }
-
     /// The segment's cumulative counters.
     pub fn segment_stats(&self, slot: u32) -> SegmentStats {
         self.seg(slot).stats.snapshot()
@@ -924,265 +835,9 @@ impl Registry {
         self.hdr().node.reset();
     }
 
-    /// How many migrations wait for the segment's pins to drain.
-    pub fn migrations_waiting(&self, slot: u32) -> u32 {
-        self.seg(slot).migrations_waiting
-    }
-
-    /// Whether a new pin of the segment must wait: a migration runs, or one waits for the pins
-    /// to drain and the pinning process (attachment `att`) holds no pin on the segment yet (a
-    /// process that holds one passes: it could otherwise wait for itself).
-    pub fn pin_must_wait(&self, slot: u32, att: u32) -> Option<PinWait> {
-        let s = self.seg(slot);
-        if s.flags & FLAG_MIGRATING != 0 {
-            Some(PinWait::Migrating)
-        } else if s.migrations_waiting > 0 && self.att(att).pins.load(Ordering::Acquire) & PIN_COUNT_MASK == 0 {
-            Some(PinWait::MigrationWaiting)
-        } else {
-            None
-        }
-    }
-
-    /// Records a pending chunk at `place` that will replace `[offset, offset + size)` of live
-    /// chunk `old_id` (all of it, or one of the parts it is cut into; see `replace_chunk_by`).
-    /// Needs a free chunk slot.
-    pub fn reserve_replacement(&mut self, slot: u32, old_id: u64, offset: u64, size: u64, place: Place) -> Result<PendingChunk> {
-        let seg_id = self.seg(slot).id;
-        self.live_chunk(seg_id, old_id)
-            .filter(|&(o, s)| o <= offset && offset.checked_add(size).is_some_and(|end| end <= o + s))
-            .ok_or_else(|| uvm_err!(Code::ObjectInUse, "chunk {old_id} changed during migration"))?;
-        let ci = self.free_chunk_slot()?;
-        let id = self.hdr().next_chunk_id;
-        self.hdr_mut().next_chunk_id += 1;
-        *self.chunk_mut(ci) = ChunkSlot::pending(id, seg_id, offset, size, place);
-        self.account(place, size as i128);
-        Ok(PendingChunk { slot: ci, id, segment_id: seg_id, offset, size, place })
-    }
-
-    /// (offset, size) of live chunk `id` of segment `seg_id`.
-    fn live_chunk(&self, seg_id: u64, id: u64) -> Option<(u64, u64)> {
-        (0..self.hdr().max_chunks)
-            .map(|i| self.chunk(i))
-            .find(|c| c.id == id && c.state == CHUNK_LIVE && c.segment_id == seg_id)
-            .map(|c| (c.offset, c.size))
-    }
-
-    /// Swaps a pending replacement in for live chunk `old_id`; see `replace_chunk_by`.
-    pub fn replace_chunk(&mut self, p: &PendingChunk, old_id: u64) -> Result<u64> {
-        self.replace_chunk_by(std::slice::from_ref(p), old_id, false).map(|id| id.expect("not kept in the pool"))
-    }
-
-    /// Swaps pending chunks `ps`, which tile live chunk `old_id`'s range in order, in for it,
-    /// adjusts the per-tier, per-GPU and pool totals and bumps the generation (every process
-    /// remaps before its next access). The old chunk becomes a piece of the host pool if
-    /// `to_pool` (it must be a host chunk; its id stays known, and the broker keeps its fd);
-    /// otherwise its id is returned for the caller to release at the broker.
-    pub fn replace_chunk_by(&mut self, ps: &[PendingChunk], old_id: u64, to_pool: bool) -> Result<Option<u64>> {
-        let changed = || uvm_err!(Code::ObjectInUse, "chunk {old_id} changed during migration");
-        let seg_id = ps.first().map(|p| p.segment_id).ok_or_else(changed)?;
-        let slot = self
-            .find_id(seg_id)
-            .ok_or_else(|| UvmError::new(Code::UndefinedObject, "segment was dropped while it was migrating"))?;
-        let pos = {
-            let s = self.seg(slot);
-            s.chunks[..s.nchunks as usize].iter().position(|&ci| self.chunk(ci).id == old_id)
-        }
-        .ok_or_else(changed)?;
-        let old_ci = self.seg(slot).chunks[pos];
-        let (old_offset, old_size, old_place) = {
-            let c = self.chunk(old_ci);
-            (c.offset, c.size, c.place())
-        };
-        // The parts must tile the old range, each a pending chunk of this segment.
-        let mut end = old_offset;
-        for p in ps {
-            let c = self.chunk(p.slot);
-            if p.offset != end || c.id != p.id || c.state != CHUNK_PENDING || c.segment_id != seg_id {
-                return Err(changed());
-            }
-            end += p.size;
-        }
-        let nchunks = self.seg(slot).nchunks as usize;
-        if end != old_offset + old_size || nchunks - 1 + ps.len() > MAX_CHUNKS_PER_SEGMENT {
-            return Err(changed());
-        }
-        // The parts are counted since they were reserved; the old chunk stops counting now.
-        for p in ps {
-            self.chunk_mut(p.slot).state = CHUNK_LIVE;
-        }
-        self.account(old_place, -(old_size as i128));
-        let kept = to_pool && old_place == Place::Host;
-        if kept {
-            let c = self.chunk_mut(old_ci);
-            (c.state, c.segment_id, c.offset) = (CHUNK_POOL, 0, 0);
-            self.hdr_mut().pool_bytes += old_size;
-        } else {
-            *self.chunk_mut(old_ci) = ChunkSlot::FREE;
-        }
-        let s = self.seg_mut(slot);
-        // The tail after the old chunk moves up to make room for the extra parts.
-        s.chunks.copy_within(pos + 1..nchunks, pos + ps.len());
-        for (k, p) in ps.iter().enumerate() {
-            s.chunks[pos + k] = p.slot;
-        }
-        s.nchunks = (nchunks - 1 + ps.len()) as u32;
-        s.generation += 1;
-        Ok((!kept).then_some(old_id))
-    }
-
-    /// Bytes in the host pool's pieces.
-    pub fn pool_bytes(&self) -> u64 {
-        self.hdr().pool_bytes
-    }
-
-    /// The host pool's pieces: (chunk id, size).
-    pub fn pool_chunks(&self) -> Vec<(u64, u64)> {
-        (0..self.hdr().max_chunks).map(|i| self.chunk(i)).filter(|c| c.state == CHUNK_POOL).map(|c| (c.id, c.size)).collect()
-    }
-
-    /// Records a pending piece of `size` bytes for the host pool (no segment owns it). The
-    /// caller allocates it, hands its fd to the broker and calls `commit_pool_chunk`, or
-    /// `abort_chunk`.
-    pub fn reserve_pool_chunk(&mut self, size: u64) -> Result<PendingChunk> {
-        let ci = self.free_chunk_slot()?;
-        let id = self.hdr().next_chunk_id;
-        self.hdr_mut().next_chunk_id += 1;
-        *self.chunk_mut(ci) = ChunkSlot::pending(id, 0, 0, size, Place::Host);
-        Ok(PendingChunk { slot: ci, id, segment_id: 0, offset: 0, size, place: Place::Host })
-    }
-
-    /// Adds a pending piece to the host pool.
-    pub fn commit_pool_chunk(&mut self, p: &PendingChunk) -> Result<()> {
-        let c = self.chunk_mut(p.slot);
-        if c.id != p.id || c.state != CHUNK_PENDING || c.segment_id != 0 {
-            return Err(UvmError::new(Code::ObjectInUse, "a host pool piece changed before it was added"));
-        }
-        c.state = CHUNK_POOL;
-        self.hdr_mut().pool_bytes += p.size;
-        Ok(())
-    }
-
-    /// Takes a piece of exactly `size` bytes from the host pool as a pending replacement of
-    /// `[offset, offset + size)` of segment `slot` (the broker keeps its fd under the same id);
-    /// `None` if the pool has none.
-    pub fn take_pool_chunk(&mut self, slot: u32, offset: u64, size: u64) -> Option<PendingChunk> {
-        let seg_id = self.seg(slot).id;
-        let ci = (0..self.hdr().max_chunks).find(|&i| {
-            let c = self.chunk(i);
-            c.state == CHUNK_POOL && c.size == size
-        })?;
-        let c = self.chunk_mut(ci);
-        (c.state, c.segment_id, c.offset) = (CHUNK_PENDING, seg_id, offset);
-        let id = c.id;
-        self.hdr_mut().pool_bytes -= size;
-        self.account(Place::Host, size as i128);
-        Some(PendingChunk { slot: ci, id, segment_id: seg_id, offset, size, place: Place::Host })
-    }
-
-    /// Removes a piece from the host pool that is not `keep_size` bytes or that `keep` refuses,
-    /// or any piece if the pool holds more than `target` bytes; returns its id for the caller to
-    /// release at the broker.
-    pub fn trim_pool(&mut self, target: u64, keep_size: u64, keep: impl Fn(u64) -> bool) -> Option<u64> {
-        let over = self.hdr().pool_bytes > target;
-        let ci = (0..self.hdr().max_chunks).find(|&i| {
-            let c = self.chunk(i);
-            c.state == CHUNK_POOL && (over || c.size != keep_size || !keep(c.id))
-        })?;
-        let (id, size) = (self.chunk(ci).id, self.chunk(ci).size);
-        *self.chunk_mut(ci) = ChunkSlot::FREE;
-        self.hdr_mut().pool_bytes -= size;
-        Some(id)
-    }
-
     /// Ids of every chunk the registry knows (pending or live): the broker keeps exactly these.
     pub fn known_chunk_ids(&self) -> Vec<u64> {
         (0..self.hdr().max_chunks).map(|i| self.chunk(i)).filter(|c| c.state != CHUNK_FREE).map(|c| c.id).collect()
-    }
-
-    /// Records that process `pid` maps segment `segment_id` at `base`.
-    pub fn attach(&mut self, pid: i32, segment_id: u64, base: u64, same_address: bool, generation: u64) -> Result<u32> {
-        let i = (0..self.hdr().max_attachments).find(|&i| self.att(i).pid == 0).ok_or_else(|| {
-            uvm_err!(
-                Code::ConfigurationLimitExceeded,
-                "too many segment attachments (pg_uvm_share.max_attachments = {})",
-                self.hdr().max_attachments
-            )
-            .hint("Raise pg_uvm_share.max_attachments (needs a restart).")
-        })?;
-        let a = self.att_mut(i);
-        a.pid = pid;
-        a.segment_id = segment_id;
-        a.base = base;
-        a.same_address = same_address as u32;
-        a.mapped_generation = generation;
-        // Keep the incarnation (bumped when the slot was freed), no pins.
-        let inc = a.pins.load(Ordering::Acquire) >> 32;
-        a.pins.store(inc << 32, Ordering::Release);
-        Ok(i)
-    }
-
-    /// Updates the generation an attachment has mapped.
-    pub fn set_mapped_generation(&mut self, att: u32, generation: u64) {
-        self.att_mut(att).mapped_generation = generation;
-    }
-
-    /// Frees an attachment slot, giving back any pins still counted on it. The slot's next
-    /// incarnation begins: a [`HeldPin`] of this attachment released later does nothing.
-    pub fn detach(&mut self, att: u32) {
-        let (seg_id, pins) = {
-            let a = self.att(att);
-            let inc = (a.pins.load(Ordering::Acquire) >> 32).wrapping_add(1) & PIN_COUNT_MASK;
-            (a.segment_id, (a.pins.swap(inc << 32, Ordering::AcqRel) & PIN_COUNT_MASK) as u32)
-        };
-        if pins > 0 {
-            if let Some(slot) = self.find_id(seg_id) {
-                let _ = self.seg(slot).pins.fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| Some(p.saturating_sub(pins)));
-            }
-        }
-        let a = self.att_mut(att);
-        a.pid = 0;
-        a.segment_id = 0;
-    }
-
-    /// Pins a segment on behalf of an attachment (shared lock suffices), so that the pin is
-    /// visible per process and can be given back if the process exits while holding it. Pins
-    /// block drops and migrations; dropping the returned [`HeldPin`] releases the pin.
-    ///
-    /// Nobody pins without the lock, so a writer holding the exclusive lock sees stable counts.
-    pub fn pin_attached(&self, slot: u32, att: u32) -> HeldPin {
-        let seg_pins: *const AtomicU32 = &self.seg(slot).pins;
-        let att_pins: *const AtomicU64 = &self.att(att).pins;
-        let stats: *const SegmentCounters = &self.seg(slot).stats;
-        self.seg(slot).stats.pinned();
-        // Segment first, then attachment (the reverse of the release); the lock keeps `detach`
-        // out meanwhile, so the incarnation read here is the attachment's.
-        self.seg(slot).pins.fetch_add(1, Ordering::AcqRel);
-        let v = self.att(att).pins.fetch_add(1, Ordering::AcqRel);
-        HeldPin { seg_pins, att_pins, stats, incarnation: (v >> 32) as u32, slot, att }
-    }
-
-    /// Every attachment of every process.
-    pub fn attachments(&self) -> Vec<AttachInfo> {
-        (0..self.hdr().max_attachments)
-            .map(|i| self.att(i))
-            .filter(|a| a.pid != 0)
-            .map(|a| AttachInfo {
-                pid: a.pid,
-                segment_id: a.segment_id,
-                base: a.base,
-                same_address: a.same_address != 0,
-                mapped_generation: a.mapped_generation,
-                pins: (a.pins.load(Ordering::Acquire) & PIN_COUNT_MASK) as u32,
-            })
-            .collect()
-    }
-
-    /// Whether process `pid` holds a pin on segment `segment_id` (a bounded scan of the
-    /// attachment slots).
-    pub fn holds_pin(&self, pid: i32, segment_id: u64) -> bool {
-        (0..self.hdr().max_attachments)
-            .map(|i| self.att(i))
-            .any(|a| a.pid == pid && a.segment_id == segment_id && a.pins.load(Ordering::Acquire) & PIN_COUNT_MASK > 0)
     }
 
     /// Claims a row of the progress table for a long operation of process `pid` (`None` when
@@ -1211,31 +866,12 @@ impl Registry {
     pub fn progress(&self) -> Vec<Progress> {
         self.hdr().progress.iter().filter_map(ProgressSlot::snapshot).filter(|p| process_alive(p.pid)).collect()
     }
-
-    /// Frees every attachment slot of `pid` (process exit), and its progress rows.
-    pub fn detach_process(&mut self, pid: i32) {
-        self.hdr().progress.iter().for_each(|s| s.release(pid));
-        for i in 0..self.hdr().max_attachments {
-            if self.att(i).pid == pid {
-                self.detach(i);
-            }
-        }
-    }
 }
 
 /// Whether process `pid` exists (signal 0: no signal is sent; EPERM means it exists).
 fn process_alive(pid: i32) -> bool {
     // SAFETY: kill with signal 0 only checks for the process.
     pid > 0 && (unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
-}
-
-/// Why a new pin waits ([`Registry::pin_must_wait`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PinWait {
-    /// A migration replaces the segment's chunks.
-    Migrating,
-    /// A migration waits for the pins held now to drain.
-    MigrationWaiting,
 }
 
 const FLAG_IN_ARENA: u32 = 1;
