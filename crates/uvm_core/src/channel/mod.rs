@@ -17,15 +17,16 @@
 //! ```text
 //!  FREE ─claim─▶ CLAIMED ─submit─▶ SUBMITTED ─take─▶ RUNNING ─complete─▶ DONE ─release─▶ FREE
 //!                   │                  │                 │                  │
-//!                   └────── abandon ───┴──▶ ABANDONED ◀──┘                  └─ abandon ─▶ FREE
-//!                           (client: cancel, error,      │
-//!                            exit)                       └─ the service, when it has finished
-//!                                                           with the slot (or never took it) ─▶ FREE
+//!                   └─ abandon ─▶ FREE ┘                 │                  └─ abandon ─▶ FREE
+//!                      (client: cancel, error, exit)     └─ abandon ─▶ ABANDONED ─▶ FREE (the
+//!                                                           service, when it has finished with
+//!                                                           the slot)
 //! ```
 //!
 //! - The client owns a slot from `claim` until it submits, and again once it sees `DONE`.
 //! - The service owns it from `take` until `complete`. A client that gives up (a cancel, a
-//!   `statement_timeout`, an ERROR, its exit) marks it `ABANDONED` and leaves: the service goes
+//!   `statement_timeout`, an ERROR, its exit) frees a slot the service has not taken, and marks
+//!   a taken one `ABANDONED` and leaves: the service goes
 //!   on until the request's work is finished or stopped (it polls [`Channel::abandoned`]), and
 //!   only then frees the slot. So a slot's staging memory is never reused while the service may
 //!   still read or write it.
@@ -71,7 +72,7 @@ pub const RUNNING: u32 = 3;
 pub const DONE: u32 = 4;
 pub const ABANDONED: u32 = 5;
 
-const MAGIC: u64 = 0x5556_4d53_4552_5632; // "UVMSERV2"
+const MAGIC: u64 = 0x5556_4d53_4552_5633; // "UVMSERV3" (the slot's layout of 2026-12)
 /// Operation numbers the statistics keep apart (`exec::request::Op`: 1 to 31 today).
 pub const OP_NUMBERS: usize = 32;
 /// A request that ran on no GPU (the service's main thread).
@@ -127,25 +128,60 @@ struct CacheLine<T>(T);
 const COMPLETED: usize = 0;
 const ABANDONED_COUNT: usize = 1;
 
-/// One request slot.
-#[repr(C)]
+/// One request slot, laid out by who writes what. A cache line that one side writes and the
+/// other reads must be fetched from the writer's core, a trip of its own, and the service's main
+/// thread makes these trips for every request of every client in turn (32 sessions of empty
+/// requests: the round trip's median is about 32 times the service's cost per request). So:
+///
+/// - the first line is the client's: its claim, its submission and the request's head (the
+///   operation, the length of its fields and of its input) with the first 16 bytes of its
+///   fields; the service reads it, and the client spins on `state` in it;
+/// - the request's further fields follow, read only as far as `body_len` (an empty request
+///   touches none of them);
+/// - a line the service alone writes and reads (which incarnation took the request, when, on
+///   which GPU), which therefore never travels;
+/// - the reply's status, output and fields in one line, which the client reads once it sees
+///   DONE; the error texts after it, written and read only for an error.
+///
+/// Before (2026-12), the service's fields shared the line the client spins on and the request
+/// and the reply each straddled two lines: about seven line transfers per empty request on the
+/// service's side, against four now.
+#[repr(C, align(64))]
 pub struct Slot {
     state: AtomicU32,
     client_pid: AtomicI32,
     /// The client's latch (set by whoever completes the request).
     client_latch: AtomicU64,
-    /// Which service incarnation took it (0: not taken).
-    taken_by: AtomicU64,
-    /// When the client submitted it and the service took it (`stats::monotonic_ns`), and the
-    /// GPU it was routed to (`NO_GPU`: run on the service's main thread), for the statistics.
+    /// When the client submitted it (`stats::monotonic_ns`), for the statistics.
     submitted_ns: AtomicU64,
-    taken_ns: AtomicU64,
-    gpu: AtomicU32,
     /// Requests submitted through this slot (summed for `counters`; per slot, see the header's).
     submissions: AtomicU64,
     pub request: Request,
+    service: ServiceSide,
     pub reply: Reply,
 }
+
+/// A slot's fields that only the service touches.
+#[repr(C, align(64))]
+struct ServiceSide {
+    /// Which service incarnation took the request now in the slot (set by `take`; 0: none ever).
+    /// A slot is ABANDONED only after it was taken, so the sweep knows from this whether the
+    /// incarnation that took it is gone.
+    taken_by: AtomicU64,
+    /// When the service took it (`stats::monotonic_ns`), and the GPU it was routed to
+    /// (`NO_GPU`: run on the service's main thread), for the statistics.
+    taken_ns: AtomicU64,
+    gpu: AtomicU32,
+}
+
+// The layout above, checked: the request's head in the client's line, the service's line and
+// the reply's head each a line of their own.
+const _: () = {
+    assert!(std::mem::offset_of!(Slot, request) + 16 <= 64);
+    assert!(std::mem::offset_of!(Slot, service) % 64 == 0);
+    assert!(std::mem::offset_of!(Slot, reply) % 64 == 0);
+    assert!(std::mem::offset_of!(Reply, text) <= 72);
+};
 
 /// The channel over a block of shared memory. A view: copying it copies two pointers.
 #[derive(Clone, Copy)]
@@ -335,18 +371,18 @@ impl Channel {
 
     /// Records that slot `i`'s request runs on GPU `gpu` (its statistics row).
     pub fn set_gpu(&self, i: u32, gpu: usize) {
-        self.slot(i).gpu.store(gpu.min(NO_GPU as usize) as u32, Ordering::Relaxed);
+        self.slot(i).service.gpu.store(gpu.min(NO_GPU as usize) as u32, Ordering::Relaxed);
     }
 
     /// Counts slot `i`'s request as completed (by the service, which wrote its reply).
     fn count_completed(&self, i: u32) {
         let s = self.slot(i);
         let now = crate::stats::monotonic_ns();
-        let (submitted, taken) = (s.submitted_ns.load(Ordering::Relaxed), s.taken_ns.load(Ordering::Relaxed));
+        let (submitted, taken) = (s.submitted_ns.load(Ordering::Relaxed), s.service.taken_ns.load(Ordering::Relaxed));
         // SAFETY: RUNNING or ABANDONED: the service owns the slot's plain fields until it
         // completes it, which is now.
         let (op, status) = unsafe { (self.slot_mut(i).request.op, self.slot_mut(i).reply.status) };
-        let gpu = s.gpu.load(Ordering::Relaxed);
+        let gpu = s.service.gpu.load(Ordering::Relaxed);
         let row = if gpu == NO_GPU { None } else { Some(gpu as usize) };
         let ops = &self.header().ops;
         let row = &ops[row.filter(|&g| g < ops.len() - 1).unwrap_or(ops.len() - 1)];
@@ -428,7 +464,6 @@ impl Channel {
             {
                 s.client_pid.store(pid, Ordering::Relaxed);
                 s.client_latch.store(latch, Ordering::Relaxed);
-                s.taken_by.store(0, Ordering::Relaxed);
                 LAST_CLAIMED.with(|c| c.set(i));
                 return Some(i);
             }
@@ -576,22 +611,26 @@ impl Channel {
     /// The client gives up on slot `i` (whatever its state): frees it if the service is not
     /// (or no longer) involved, else leaves it ABANDONED for the service to free. Returns the
     /// latch of the waiter whose turn it is when it freed the slot (0: none to wake).
+    ///
+    /// A request the service has not taken is freed at once: the compare-and-swap decides
+    /// between this and the service's `take`, and the service reads nothing of a slot before
+    /// its take succeeded. So a slot is ABANDONED only once taken, and its `taken_by` names the
+    /// incarnation that took it (the sweep relies on that).
     pub fn abandon(&self, i: u32) -> u64 {
         let s = &self.slot(i).state;
         loop {
             let cur = s.load(Ordering::Acquire);
             let next = match cur {
-                CLAIMED | DONE => FREE,
-                SUBMITTED | RUNNING => ABANDONED,
+                CLAIMED | DONE | SUBMITTED => FREE,
+                RUNNING => ABANDONED,
                 _ => return 0, // FREE or already ABANDONED
             };
             if s.compare_exchange(cur, next, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
-                if next == ABANDONED {
+                if matches!(cur, SUBMITTED | RUNNING) {
                     // (Release: the service that sees the count sweeps, and finds the state.)
                     self.header().counters.0[ABANDONED_COUNT].fetch_add(1, Ordering::Release);
-                    return 0;
                 }
-                return self.turn_latch();
+                return if next == FREE { self.turn_latch() } else { 0 };
             }
         }
     }
@@ -602,9 +641,9 @@ impl Channel {
     pub fn take(&self, i: u32, incarnation: u64) -> bool {
         let s = self.slot(i);
         if s.state.compare_exchange(SUBMITTED, RUNNING, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-            s.taken_by.store(incarnation, Ordering::Release);
-            s.taken_ns.store(crate::stats::monotonic_ns(), Ordering::Relaxed);
-            s.gpu.store(NO_GPU, Ordering::Relaxed);
+            s.service.taken_by.store(incarnation, Ordering::Release);
+            s.service.taken_ns.store(crate::stats::monotonic_ns(), Ordering::Relaxed);
+            s.service.gpu.store(NO_GPU, Ordering::Relaxed);
             true
         } else {
             false
@@ -658,7 +697,7 @@ impl Channel {
             let s = self.slot(i);
             match s.state.load(Ordering::Acquire) {
                 ABANDONED
-                    if s.taken_by.load(Ordering::Acquire) != incarnation
+                    if s.service.taken_by.load(Ordering::Acquire) != incarnation
                         && s.state.compare_exchange(ABANDONED, FREE, Ordering::SeqCst, Ordering::Relaxed).is_ok() =>
                 {
                     let l = self.turn_latch();
@@ -666,7 +705,7 @@ impl Channel {
                         wake.push(l);
                     }
                 }
-                RUNNING if s.taken_by.load(Ordering::Acquire) != incarnation && !running(i) => {
+                RUNNING if s.service.taken_by.load(Ordering::Acquire) != incarnation && !running(i) => {
                     // SAFETY: RUNNING belongs to the service, and the incarnation that took it
                     // is gone: this incarnation owns it now.
                     fail(unsafe { &mut self.slot_mut(i).reply });

@@ -196,15 +196,18 @@ fn an_abandoned_request_is_freed_only_by_the_service() {
     assert_eq!(ch.try_claim(ch.ticket(), 8, 1), None);
     assert_eq!(ch.complete(i), 0, "nobody to wake");
     assert_eq!(ch.state(i), FREE);
-    // abandoned before the service took it: the sweep frees it
+    // abandoned before the service took it: free at once, and the service cannot take it
     let t = ch.ticket();
     // the ticket of the failed claim above was never given up: give it up now
     ch.abandon_ticket(t - 1);
     let i = ch.try_claim(t, 8, 1).unwrap();
     ch.submit(i);
-    ch.abandon(i);
-    ch.sweep(1, |_| false, |_| {});
+    let waiter = ch.ticket();
+    ch.wait_with(waiter, 99);
+    assert_eq!(ch.abandon(i), 99, "freed: the waiter whose turn it is is woken");
     assert_eq!(ch.state(i), FREE);
+    assert!(!ch.take(i, 1));
+    assert_eq!(ch.counters().2, 2, "both abandons counted");
 }
 
 #[test]
