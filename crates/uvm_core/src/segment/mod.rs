@@ -95,6 +95,8 @@ mod pool;
 #[cfg(test)]
 mod pool_tests;
 #[cfg(test)]
+mod register_tests;
+#[cfg(test)]
 pub(crate) mod tests;
 
 use migrate::OwnWaits;
