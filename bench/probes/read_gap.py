@@ -17,6 +17,8 @@ alternating in rounds (the clocks drift by up to 15 % over a run):
   vmm, fresh        the same made and freed in every round
   alloc, after holes a cuMemAlloc of 8 GiB made after 16 GiB of 1 GiB buffers were allocated and
                     every other one freed (its physical pages in the holes)
+  ..., ext build    the kept buffers read by the kernel compiled with the extension's NVRTC
+                    options (sm_XY, --std=c++17 -default-device) instead of CuPy's
 
 Each case is timed both ways: by CUDA events around one launch (median of 7) and by the wall
 clock around 20 synchronous launches (the suite's `read_bandwidth`). Then 9 GB of memfd host
@@ -72,10 +74,17 @@ def main():
     sms = ck(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "sms")
     mod = cupy.RawModule(code=SRC)
     read, fill = mod.get_function("uvm_read_bw"), mod.get_function("fill")
+    # The kernel as the extension compiles it (crates/uvm_core/src/gpu/kernels.rs: NVRTC with
+    # the device's sm_ architecture, --std=c++17 -default-device): does its code read VMM and
+    # cuMemAlloc memory alike too?
+    cc = ck(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cc")
+    cc_minor = ck(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cc")
+    ext_mod = cupy.RawModule(code=SRC, options=(f"--gpu-architecture=sm_{cc}{cc_minor}", "--std=c++17", "-default-device"))
+    ext_read = ext_mod.get_function("uvm_read_bw")
     out = cupy.zeros(1, dtype=cupy.uint64)
     grid, block = (sms * 4,), (256,)
 
-    def rates(ptr):
+    def rates(ptr, read=read):
         fill(grid, block, (cupy.uint64(ptr), cupy.uint64(SIZE // 8)))
         args = (cupy.uint64(ptr), cupy.uint64(SIZE // 16), out)
         read(grid, block, args)
@@ -154,6 +163,8 @@ def main():
         ("vmm, kept", lambda: rates(kept_vmm)),
         ("vmm, fresh", fresh(vmm)),
         ("alloc, after holes", lambda: rates(holed)),
+        ("alloc, kept, ext build", lambda: rates(kept_alloc, ext_read)),
+        ("vmm, kept, ext build", lambda: rates(kept_vmm, ext_read)),
     ]
 
     def phase(title):
