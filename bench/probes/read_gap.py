@@ -79,8 +79,13 @@ def main():
     # cuMemAlloc memory alike too?
     cc = ck(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cc")
     cc_minor = ck(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cc")
-    ext_mod = cupy.RawModule(code=SRC, options=(f"--gpu-architecture=sm_{cc}{cc_minor}", "--std=c++17", "-default-device"))
-    ext_read = ext_mod.get_function("uvm_read_bw")
+    try:
+        ext_mod = cupy.RawModule(code=SRC, options=(f"--gpu-architecture=sm_{cc}{cc_minor}", "--std=c++17", "-default-device"))
+        ext_read = ext_mod.get_function("uvm_read_bw")
+    except Exception as e:  # CuPy may refuse an architecture option of the caller's
+        print(f"(the extension's NVRTC options: {type(e).__name__}: {e}; CuPy's options without the architecture instead)")
+        ext_mod = cupy.RawModule(code=SRC, options=("--std=c++17", "-default-device"))
+        ext_read = ext_mod.get_function("uvm_read_bw")
     out = cupy.zeros(1, dtype=cupy.uint64)
     grid, block = (sms * 4,), (256,)
 
