@@ -385,14 +385,17 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
         let submitted: Vec<u32> = ch.submitted().collect();
         let waited = std::mem::take(&mut behind);
         let served = !submitted.is_empty() || !waited.is_empty();
+        // The moment of the next take: the turn's start, then each main-thread completion's
+        // (one clock read per request: this loop serves every client in turn).
+        let mut clock = crate::stats::monotonic_ns();
         for (slot, taken) in waited.into_iter().map(|s| (s, true)).chain(submitted.into_iter().map(|s| (s, false))) {
-            if !taken && !ch.take(slot, incarnation) {
+            if !taken && !ch.take_at(slot, incarnation, clock) {
                 continue;
             }
             // SAFETY: taken: ours until complete.
             let req = unsafe { ch.slot_mut(slot).request };
             if req.input as usize > ch.staging_bytes() {
-                finish_here(
+                clock = finish_here(
                     &ch,
                     slot,
                     Err(UvmError::new(Code::ProtocolViolation, "a request claims more input than its staging")),
@@ -402,14 +405,14 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
             let call = match Call::decode(&req) {
                 Ok(call) => call,
                 Err(e) => {
-                    finish_here(&ch, slot, Err(e));
+                    clock = finish_here(&ch, slot, Err(e));
                     continue;
                 }
             };
             let op = call.op();
             if op.thread() == Thread::Main {
                 if taken && ch.abandoned(slot) {
-                    finish_here(&ch, slot, Err(UvmError::new(Code::QueryCanceled, "abandoned")));
+                    clock = finish_here(&ch, slot, Err(UvmError::new(Code::QueryCanceled, "abandoned")));
                     continue;
                 }
                 if behind_abandoned_work(&ch, &pool, &mut running, &call) {
@@ -428,7 +431,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
             // the client holds a pin on it itself (a session pin: it would wait for itself).
             if behind_parked_migration(&ch, slot, &parked, &call) {
                 if ch.abandoned(slot) {
-                    finish_here(&ch, slot, Err(UvmError::new(Code::QueryCanceled, "abandoned")));
+                    clock = finish_here(&ch, slot, Err(UvmError::new(Code::QueryCanceled, "abandoned")));
                 } else {
                     behind.push(slot);
                 }
@@ -441,13 +444,13 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
                     // SAFETY: taken: ours until complete.
                     crate::runtime::try_with_segments(|s| local::run_main(s, &call, unsafe { io_for(&ch, slot, op, req.input) }))
                 };
-                finish_here(&ch, slot, r);
+                clock = finish_here(&ch, slot, r);
                 continue;
             }
             // SAFETY: taken: ours until complete; the input is copied into the work.
             let io = unsafe { io_for(&ch, slot, op, req.input) };
             match crate::runtime::try_with_segments(|s| local::prepare(s, &call, &io)) {
-                Err(e) => finish_here(&ch, slot, Err(e)),
+                Err(e) => clock = finish_here(&ch, slot, Err(e)),
                 Ok(local::Job { pins, work }) => {
                     let id = next_job;
                     next_job += 1;
@@ -456,6 +459,7 @@ pub extern "C-unwind" fn pg_uvm_share_service_main(_arg: pg_sys::Datum) {
                     running.insert(id, (slot, pins));
                     ch.set_gpu(slot, gpu);
                     pool.push(gpu, Task { job: id, slot, work, op, input: req.input });
+                    clock = crate::stats::monotonic_ns();
                 }
             }
         }
@@ -696,15 +700,18 @@ fn waiting_row(req: &request::Prefetch) -> Option<crate::stats::ProgressGuard> {
     reg.start_progress(pid, ProgressKind::Migration, ProgressPhase::WaitingForPins, req.seg.id, total)
 }
 
-/// Completes a request on the main thread and wakes its client.
-fn finish_here(ch: &Channel, slot: u32, r: Result<Done>) {
+/// Completes a request on the main thread and wakes its client. Returns when it completed
+/// (`stats::monotonic_ns`): the moment the main thread's next take happens at.
+fn finish_here(ch: &Channel, slot: u32, r: Result<Done>) -> u64 {
     // SAFETY: taken by us: ours until complete.
     unsafe { reply_of(r).write_to(&mut ch.slot_mut(slot).reply) };
-    let l = ch.complete(slot);
+    let now = crate::stats::monotonic_ns();
+    let l = ch.complete_at(slot, now);
     if l != 0 {
         // SAFETY: a client's latch in shared memory; the main thread may call SetLatch.
         unsafe { pg_sys::SetLatch(l as *mut pg_sys::Latch) };
     }
+    now
 }
 
 /// Sleeps until SIGTERM (a service with nothing to do, or one that cannot start), then exits 1.
