@@ -15,15 +15,22 @@ pub(crate) fn bench_segment_read(b: &mut Bench, admin: &mut Client, pid: u32) {
     // A second segment beside it, made after it: where the two read alike and both below the
     // private buffer, what costs is common to segments, not where one's memory happens to lie.
     let other = format!("gpu_bench_rd2_{pid}");
+    // GPU_BENCH_READ_AS_BEFORE=1: the rounds as the reports before 2026-12 ran them (three, the
+    // segment read first in each, no second segment), to compare the two on one machine.
+    let as_before = std::env::var_os("GPU_BENCH_READ_AS_BEFORE").is_some();
     type Reads = (Vec<f64>, Vec<f64>, Vec<f64>, f64);
     let r = (|| -> R<Reads> {
         let create_ms = create(admin, &name, READ_BYTES, "device")?;
-        create(admin, &other, READ_BYTES, "device")?;
+        if !as_before {
+            create(admin, &other, READ_BYTES, "device")?;
+            fill(admin, &other, READ_BYTES, 1)?;
+        }
         fill(admin, &name, READ_BYTES, 1)?;
-        fill(admin, &other, READ_BYTES, 1)?;
         let mut s = fresh()?;
         segment_read(&mut s, &name, 2)?; // warm-up: context, attach, kernel load
-        segment_read(&mut s, &other, 2)?;
+        if !as_before {
+            segment_read(&mut s, &other, 2)?;
+        }
         private_read(&mut s, READ_BYTES, 2)?;
         let (mut seg, mut seg2, mut private) = (Vec::new(), Vec::new(), Vec::new());
         // Both sides do the same GPU work: fill the 8 GiB with the pattern of seed 1, then read
@@ -33,15 +40,17 @@ pub(crate) fn bench_segment_read(b: &mut Bench, admin: &mut Client, pid: u32) {
         // the VMM mechanism. The rounds alternate which side reads first (until 2026-12 the
         // segment always read first), so that an order effect (the clocks after the previous
         // read or the private buffer's allocation) shows in the note as a ratio per order.
-        for round in 0..4 {
+        for round in 0..if as_before { 3 } else { 4 } {
             let mut read_segments = |s: &mut Client| -> R<()> {
                 fill(s, &name, READ_BYTES, 1)?;
                 seg.push(segment_read(s, &name, READ_ITERS)?);
-                fill(s, &other, READ_BYTES, 1)?;
-                seg2.push(segment_read(s, &other, READ_ITERS)?);
+                if !as_before {
+                    fill(s, &other, READ_BYTES, 1)?;
+                    seg2.push(segment_read(s, &other, READ_ITERS)?);
+                }
                 Ok(())
             };
-            if round % 2 == 0 {
+            if round % 2 == 0 || as_before {
                 read_segments(&mut s)?;
                 private.push(private_read(&mut s, READ_BYTES, READ_ITERS)?);
             } else {
@@ -60,14 +69,21 @@ pub(crate) fn bench_segment_read(b: &mut Bench, admin: &mut Client, pid: u32) {
                 let r: Vec<f64> = v.iter().zip(&private).skip(usize::from(odd)).step_by(2).map(|(a, p)| a / p).collect();
                 list(&r, 3)
             };
-            b.note(format!(
-                "segment read vs private per round: segment first {}, private first {}; a second 8 GiB segment made after it: {} GB/s ({}), {:.3} of private",
-                ratio(&seg, false),
-                ratio(&seg, true),
-                median(&seg2) as i64,
-                list(&seg2, 0),
-                median(&seg2) / median(&private)
-            ));
+            if as_before {
+                b.note(format!(
+                    "segment read vs private per round, the segment first in every round as before 2026-12 (GPU_BENCH_READ_AS_BEFORE): {}",
+                    list(&seg.iter().zip(&private).map(|(a, p)| a / p).collect::<Vec<f64>>(), 3)
+                ));
+            } else {
+                b.note(format!(
+                    "segment read vs private per round: segment first {}, private first {}; a second 8 GiB segment made after it: {} GB/s ({}), {:.3} of private",
+                    ratio(&seg, false),
+                    ratio(&seg, true),
+                    median(&seg2) as i64,
+                    list(&seg2, 0),
+                    median(&seg2) / median(&private)
+                ));
+            }
             let (sg, pv) = (median(&seg), median(&private));
             let place = match b.mode {
                 Mode::Process => "same backend",
