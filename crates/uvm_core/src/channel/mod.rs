@@ -703,9 +703,10 @@ impl Channel {
         }
     }
 
-    /// Frees slots that clients abandoned before the service took them, and slots taken by an
-    /// earlier incarnation of the service that it never completed (it died): the latter are
-    /// failed with `fail` and completed, so that their clients stop waiting. `running(i)` says
+    /// Frees slots that an earlier incarnation of the service took and their clients abandoned,
+    /// and fails the ones it took and never completed (it died) with `fail` and completes them,
+    /// so that their clients stop waiting. (A request abandoned before any service took it is
+    /// freed by its client, [`Channel::abandon`].) `running(i)` says
     /// whether this incarnation is still working on slot `i`. Returns the latches to set.
     ///
     /// A slot this incarnation took is never freed here, abandoned or not: whoever runs its
