@@ -42,36 +42,15 @@ import time
 import cupy
 from cuda.bindings import driver as cu
 
-OK = cu.CUresult.CUDA_SUCCESS
+# The read kernel (the extension's uvm_read_bw) and the driver-call check, as vmm_read.py has
+# them (this directory is on the path when a probe runs as a script).
+from vmm_read import SRC, ck
+
 FD = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 GIB, MIB = 1 << 30, 1 << 20
 SIZE = 8 * GIB
 ARENA = 0x50_0000_0000
 RESERVE = 80 * 10**9 // (2 * MIB) * (2 * MIB)
-
-SRC = r"""
-typedef unsigned long long u64;
-extern "C" __global__ void uvm_read_bw(const ulonglong2 *p, u64 n, u64 *out) {
-    u64 s = 0;
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        ulonglong2 v = p[i];
-        s += v.x ^ v.y;
-    }
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
-    if ((threadIdx.x & 31) == 0 && s == 0x12345) atomicAdd(out, s);
-}
-extern "C" __global__ void fill(u64 *p, u64 n) {
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
-        p[i] = (i * 0x9E3779B97F4A7C15ull) ^ (i >> 7);
-}
-"""
-
-
-def ck(res, what):
-    err, *rest = res if isinstance(res, tuple) else (res,)
-    if err != OK:
-        raise RuntimeError(f"{what}: {err}")
-    return rest[0] if len(rest) == 1 else (rest or None)
 
 
 def main():
