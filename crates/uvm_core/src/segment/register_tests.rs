@@ -9,6 +9,7 @@ use std::sync::Arc;
 use super::tests::{limits, ok, TestEnv, World};
 use super::*;
 use crate::provider::host::HostProvider;
+use crate::provider::Reservation;
 use crate::registry::Arena;
 
 const MIB: u64 = 1 << 20;
