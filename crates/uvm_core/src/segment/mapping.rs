@@ -20,7 +20,7 @@ use crate::provider::{Provider, Reservation};
 use crate::registry::{ChunkInfo, Tier};
 
 /// One reservation of this process and the chunks mapped in it. The attachment and every
-/// [`Pin`] on it share it (`Rc`), so the memory stays mapped until the last of them is gone, even
+/// [`super::Pin`] on it share it (`Rc`), so the memory stays mapped until the last of them is gone, even
 /// if the attachment is detached while a pin is still alive (process exit).
 pub(super) struct Mapping {
     pub(super) provider: Arc<dyn Provider>,
