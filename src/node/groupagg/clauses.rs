@@ -473,6 +473,18 @@ pub(super) unsafe fn int_clauses(
                         let mut cnf: Vec<Vec<Atom>> = vec![Vec::new()];
                         for arm in args.iter_ptr() {
                             let clauses = int_clauses(arm, varno, cached, compares)?;
+                            // An arm that is an AND of clauses, one of them a comparison whose
+                            // arithmetic may raise an ERROR (`(b <> 0 AND 10 / b > 0) OR a = 1`):
+                            // distributed, the comparison would be tested on rows where
+                            // PostgreSQL, stopping at the arm's first false condition, never
+                            // evaluates it. PostgreSQL answers.
+                            let raises = |a: &Atom| match a.check {
+                                Check::Compare(i) => compares.get(i).is_none_or(|c| c.expr.may_raise()),
+                                _ => false,
+                            };
+                            if clauses.len() > 1 && clauses.iter().flatten().any(raises) {
+                                return None;
+                            }
                             let mut next = Vec::new();
                             for c in &cnf {
                                 for d in &clauses {

@@ -503,7 +503,17 @@ pub(in crate::node) unsafe fn add_path(
         let group_clause = (*(*root).parse).groupClause;
         #[cfg(not(any(feature = "pg14", feature = "pg15")))]
         let group_clause = (*root).processed_groupClause;
-        let strategy = if group_clause.is_null() { pg_sys::AggStrategy::AGG_PLAIN } else { pg_sys::AggStrategy::AGG_HASHED };
+        // The strategy as PostgreSQL picks it: a query with GROUP BY is grouped even where every
+        // key is fixed to a constant by WHERE (`WHERE t = 'x' GROUP BY t`: PostgreSQL 16 leaves
+        // such keys out of `processed_groupClause`), sorted then, with no key to sort by. A
+        // plain aggregate there would return a row for no input, its key read from no tuple.
+        let strategy = if (*(*root).parse).groupClause.is_null() {
+            pg_sys::AggStrategy::AGG_PLAIN
+        } else if group_clause.is_null() {
+            pg_sys::AggStrategy::AGG_SORTED
+        } else {
+            pg_sys::AggStrategy::AGG_HASHED
+        };
         let child = pg_sys::create_agg_path(
             root,
             output_rel,

@@ -857,12 +857,50 @@ fn describe_range(name: &str, col: Col, lo: i64, hi: i64) -> String {
         let (a, b) = if a <= b { (lo, hi) } else { (hi, lo) };
         return if a == b { format!("{name} = {}", v(a)) } else { format!("{name} BETWEEN {} AND {}", v(a), v(b)) };
     }
+    // A bound past its type's finite values (`d > '-infinity'` is `d >= -infinity + 1`, which
+    // no date is) is shown by its neighbour, strictly: the output function would raise an ERROR
+    // for it (timestamps) or print nonsense (dates).
+    let shown = |w: i64| printable(w, col.encoding);
+    let lower = |lo: i64| match (shown(lo), lo.checked_sub(1)) {
+        (false, Some(p)) if shown(p) => format!("> {}", v(p)),
+        (false, _) => format!(">= {lo}"),
+        (true, _) => format!(">= {}", v(lo)),
+    };
+    let upper = |hi: i64| match (shown(hi), hi.checked_add(1)) {
+        (false, Some(n)) if shown(n) => format!("< {}", v(n)),
+        (false, _) => format!("<= {hi}"),
+        (true, _) => format!("<= {}", v(hi)),
+    };
     match (lo, hi) {
         (i64::MIN, i64::MAX) => format!("{name} IS NOT NULL"),
-        (lo, hi) if lo == hi => format!("{name} = {}", v(lo)),
-        (i64::MIN, hi) => format!("{name} <= {}", v(hi)),
-        (lo, i64::MAX) => format!("{name} >= {}", v(lo)),
-        (lo, hi) => format!("{name} BETWEEN {} AND {}", v(lo), v(hi)),
+        (lo, hi) if lo == hi && shown(lo) => format!("{name} = {}", v(lo)),
+        (lo, hi) if lo == hi => format!("{name} = {lo}"),
+        (i64::MIN, hi) => format!("{name} {}", upper(hi)),
+        (lo, i64::MAX) => format!("{name} {}", lower(lo)),
+        (lo, hi) if shown(lo) && shown(hi) => format!("{name} BETWEEN {} AND {}", v(lo), v(hi)),
+        (lo, hi) => format!("{name} {} AND {name} {}", lower(lo), upper(hi)),
+    }
+}
+
+/// Whether a word of `encoding` is a value its type's output function prints: a finite date
+/// or timestamp within PostgreSQL's range, or an infinity (any word of the other encodings).
+fn printable(w: i64, encoding: Encoding) -> bool {
+    // PostgreSQL's datatype/timestamp.h: dates from Julian day 0 up to DATE_END_JULIAN, and
+    // timestamps from MIN_TIMESTAMP up to END_TIMESTAMP, counted from 2000-01-01
+    const POSTGRES_EPOCH_JDATE: i64 = 2_451_545;
+    const DATE_END_JULIAN: i64 = 2_147_483_494;
+    const MIN_TIMESTAMP: i64 = -211_813_488_000_000_000;
+    const END_TIMESTAMP: i64 = 9_223_371_331_200_000_000;
+    match encoding {
+        Encoding::Date => {
+            w == i64::from(i32::MIN)
+                || w == i64::from(i32::MAX)
+                || (-POSTGRES_EPOCH_JDATE..DATE_END_JULIAN - POSTGRES_EPOCH_JDATE).contains(&w)
+        }
+        Encoding::Timestamp | Encoding::TimestampTz => {
+            w == i64::MIN || w == i64::MAX || (MIN_TIMESTAMP..END_TIMESTAMP).contains(&w)
+        }
+        _ => true,
     }
 }
 

@@ -139,6 +139,20 @@ fn depth(steps: &[Step]) -> Result<usize> {
 }
 
 impl Compare {
+    /// Whether evaluating it may raise an ERROR: it has an operator that may overflow or
+    /// divide by zero. Only `%` by a constant other than 0 and `/` by one other than 0 and -1
+    /// never do (in postfix, a constant right before the operator is its right operand).
+    pub fn may_raise(&self) -> bool {
+        [&self.lhs, &self.rhs].into_iter().any(|side| {
+            side.iter().enumerate().any(|(i, s)| match s {
+                Step::Bin(Op::Mod, _) => !matches!(i.checked_sub(1).map(|p| side[p]), Some(Step::Const(c)) if c != 0),
+                Step::Bin(Op::Div, _) => !matches!(i.checked_sub(1).map(|p| side[p]), Some(Step::Const(c)) if c != 0 && c != -1),
+                Step::Bin(..) | Step::Neg(_) => true,
+                Step::Col(_) | Step::Const(_) => false,
+            })
+        })
+    }
+
     /// Checks both sides are well-formed postfix expressions within the limits.
     pub fn check(&self) -> Result<()> {
         depth(&self.lhs)?;
@@ -227,6 +241,29 @@ mod tests {
 
     fn run(steps: &[Step], row: &[Option<i64>]) -> Result<Option<i64>> {
         eval(steps, &mut |c| Ok(row[c].map(|v| v as u64)))
+    }
+
+    #[test]
+    fn only_operators_may_raise() {
+        use Step::*;
+        let plain = Compare { lhs: vec![Col(0)], cmp: Cmp::Lt, rhs: vec![Const(5)] };
+        assert!(!plain.may_raise());
+        let two_cols = Compare { lhs: vec![Col(0)], cmp: Cmp::Eq, rhs: vec![Col(1)] };
+        assert!(!two_cols.may_raise());
+        let div = Compare { lhs: vec![Const(10), Col(0), Bin(Op::Div, Width::Int4)], cmp: Cmp::Gt, rhs: vec![Const(0)] };
+        assert!(div.may_raise());
+        let neg = Compare { lhs: vec![Col(0)], cmp: Cmp::Gt, rhs: vec![Col(1), Neg(Width::Int2)] };
+        assert!(neg.may_raise());
+        let add = Compare { lhs: vec![Col(0), Const(1), Bin(Op::Add, Width::Int4)], cmp: Cmp::Gt, rhs: vec![Const(0)] };
+        assert!(add.may_raise());
+        // by a constant: % never raises but by 0; / but by 0 and -1 (MIN / -1 overflows)
+        let by = |op, c| Compare { lhs: vec![Col(0), Const(c), Bin(op, Width::Int8)], cmp: Cmp::Eq, rhs: vec![Const(0)] };
+        assert!(!by(Op::Mod, 2).may_raise());
+        assert!(!by(Op::Mod, -1).may_raise());
+        assert!(by(Op::Mod, 0).may_raise());
+        assert!(!by(Op::Div, 1000).may_raise());
+        assert!(by(Op::Div, -1).may_raise());
+        assert!(by(Op::Div, 0).may_raise());
     }
 
     #[test]
