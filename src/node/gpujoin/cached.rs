@@ -11,8 +11,9 @@
 //!   process in milliseconds, so the planner prefers the serial plan where the caches are
 //!   ready: [`cached_cost`]), an inner join in the probe mode (`count(*)`, `count`/`sum` of one
 //!   inner integer column), a key of one column each side, and each child a `Seq Scan` of a
-//!   table without a filter (a table with inheritance children is an `Append`, not a scan of
-//!   its own rows, which is all its cache holds), the key and the aggregated column plain
+//!   table without a filter and without inheritance children (the planner plans such a
+//!   table's scan as an `Append` of its children's and its own; its cache holds its own rows
+//!   only, so the path never offers a cached table's scan for it), the key and the aggregated column plain
 //!   columns of its output.
 //! - **The caches' currency** (at the first call): each table's cache is used only where the
 //!   query's snapshot may read it (`caches::usable_in_query`: the reader's rule) and it holds
@@ -361,8 +362,8 @@ pub unsafe fn cached_cost(
                 return None;
             }
             let rte = *(*root).simple_rte_array.add((*rel).relid as usize);
-            // (a table with inheritance children is an append relation, whose path is no Seq Scan)
-            ((*rte).rtekind == pg_sys::RTEKind::RTE_RELATION).then(|| ((*rte).relid, (*rel).relid, (*rel).rows))
+            // (not a table with inheritance children: its cache holds its own rows only)
+            ((*rte).rtekind == pg_sys::RTEKind::RTE_RELATION && !(*rte).inh).then(|| ((*rte).relid, (*rel).relid, (*rel).rows))
         };
         let (orel, oidx, orows) = table_of(outer)?;
         let (irel, iidx, irows) = table_of(inner)?;

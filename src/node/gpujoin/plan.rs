@@ -567,7 +567,9 @@ unsafe fn cached_scan_path(root: *mut pg_sys::PlannerInfo, rel: *mut pg_sys::Rel
             return None;
         }
         let rte = *(*root).simple_rte_array.add((*rel).relid as usize);
-        if (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION || crate::caches::ready_columns((*rte).relid).is_none() {
+        // (not an inheritance parent: its rows are its children's too, and its cache holds its
+        // own; the planner set `inh` to whether it has children, and a scan of it is an Append)
+        if (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION || (*rte).inh || crate::caches::ready_columns((*rte).relid).is_none() {
             return None;
         }
         let found = PgList::<pg_sys::Path>::from_pg((*rel).pathlist)

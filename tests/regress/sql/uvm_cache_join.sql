@@ -110,6 +110,15 @@ DELETE FROM cj_dim WHERE k < 100;
 SELECT * FROM cj_check('SELECT count(*), sum(d.v) FROM cj_fact f JOIN cj_dim d ON f.k = d.k');
 ROLLBACK;
 SELECT * FROM cj_check('SELECT count(*), sum(d.v) FROM cj_fact f JOIN cj_dim d ON f.k = d.k');
+-- an inheritance child made after the cache (CREATE TABLE marks no cache stale): a scan of
+-- cj_dim is then an Append of its own rows and its child's, and its cache holds its own only:
+-- the node reads its children; with ONLY it reads the caches
+SELECT uvm.cache_table('cj_dim', ARRAY['k', 'k4', 'v', 'w', 'vn']) AS rows;
+CREATE TABLE cj_dim_child () INHERITS (cj_dim);
+INSERT INTO cj_dim_child SELECT * FROM ONLY cj_dim WHERE k < 10;
+SELECT * FROM cj_check('SELECT count(*), sum(d.v) FROM cj_fact f JOIN cj_dim d ON f.k = d.k');
+SELECT * FROM cj_check('SELECT count(*), sum(d.v) FROM cj_fact f JOIN ONLY cj_dim d ON f.k = d.k');
+DROP TABLE cj_dim_child;
 -- a dropped cache: the heap
 SELECT uvm.cache_drop('cj_dim');
 SELECT * FROM cj_check('SELECT count(*), sum(d.v) FROM cj_fact f JOIN cj_dim d ON f.k = d.k');
