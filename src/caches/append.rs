@@ -107,25 +107,40 @@ fn as_owner<T>(relid: pg_sys::Oid, f: impl FnOnce() -> Result<T>) -> Result<T> {
     }
 }
 
-fn has_trigger(relid: pg_sys::Oid) -> Result<bool> {
+/// The names of `relid`'s triggers that call the append function: the one `cache_table`
+/// creates, or one a user renamed or made.
+fn our_triggers(relid: pg_sys::Oid) -> Result<Vec<String>> {
     let q = format!(
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = {} AND tgname = '{TRIGGER}')",
-        u32::from(relid)
+        "SELECT tgname::text FROM pg_catalog.pg_trigger WHERE tgrelid = {} \
+         AND tgfoid = '{}.{FUNCTION}()'::pg_catalog.regprocedure ORDER BY tgname",
+        u32::from(relid),
+        extension_schema()
     );
-    read_only_bool(&q)
-        .map(|b| b.unwrap_or(false))
-        .map_err(|e| UvmError::new(Code::SystemError, format!("looking up the cache's trigger: {e}")))
+    pgrx::spi::Spi::connect(|client| {
+        let mut names = Vec::new();
+        for row in client.select(&q, None, &[])? {
+            if let Some(n) = row.get::<String>(1)? {
+                names.push(n);
+            }
+        }
+        Ok(names)
+    })
+    .map_err(|e: pgrx::spi::SpiError| UvmError::new(Code::SystemError, format!("looking up the cache's trigger: {e}")))
 }
 
 fn run_ddl(sql: &str) -> Result<()> {
     pgrx::spi::Spi::run(sql).map_err(|e| UvmError::new(Code::SystemError, format!("{sql}: {e}")))
 }
 
-/// Gives `relid` (locked by the build) the append trigger, unless it has one.
+/// Gives `relid` (locked by the build) the append trigger, unless a trigger calls the append
+/// function already. (One under another name, renamed by a user, is left as it is: a rebuild
+/// must not add a second, and the function appends only when [`TRIGGER`] fires it, so such a
+/// table's inserts make its cache stale until the trigger is named back.)
 pub(super) fn ensure_trigger(relid: pg_sys::Oid, qualified: &str) -> Result<()> {
-    if has_trigger(relid)? {
+    if !our_triggers(relid)?.is_empty() {
         return Ok(());
     }
+    owner_may_create_trigger(relid, qualified)?;
     as_owner(relid, || {
         run_ddl(&format!(
             "CREATE TRIGGER {TRIGGER} AFTER INSERT ON {qualified} REFERENCING NEW TABLE AS pg_uvm_share_new \
@@ -135,15 +150,64 @@ pub(super) fn ensure_trigger(relid: pg_sys::Oid, qualified: &str) -> Result<()> 
     })
 }
 
-/// Drops the append trigger of `relid`, if it has one (taking `DROP TRIGGER`'s
-/// `AccessExclusiveLock` on the table only then).
+/// 42501, saying whose privilege is missing, where the table's owner (who creates the trigger)
+/// may not use the table's schema or the extension's: `CREATE TRIGGER` would fail with a
+/// message that names neither the owner nor why the owner acts.
+fn owner_may_create_trigger(relid: pg_sys::Oid, qualified: &str) -> Result<()> {
+    let q = format!(
+        "SELECT c.relowner::pg_catalog.regrole::text, n.nspname::text, \
+                pg_catalog.has_schema_privilege(c.relowner, c.relnamespace, 'USAGE'), \
+                pg_catalog.has_schema_privilege(c.relowner, '{schema}', 'USAGE') \
+           FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+          WHERE c.oid = {relid}",
+        schema = extension_schema(),
+        relid = u32::from(relid)
+    );
+    let row = pgrx::spi::Spi::connect(|client| {
+        let t = client.select(&q, Some(1), &[])?.first();
+        Ok::<_, pgrx::spi::SpiError>((
+            t.get::<String>(1)?,
+            t.get::<String>(2)?,
+            t.get::<bool>(3)?.unwrap_or(false),
+            t.get::<bool>(4)?.unwrap_or(false),
+        ))
+    })
+    .map_err(|e| UvmError::new(Code::SystemError, format!("looking up the owner of {qualified}: {e}")))?;
+    let (owner, nsp, table_schema, our_schema) = row;
+    let owner = owner.unwrap_or_default();
+    let missing = match (table_schema, our_schema) {
+        (true, true) => return Ok(()),
+        (false, _) => nsp.unwrap_or_default(),
+        (true, false) => extension_schema(),
+    };
+    Err(UvmError::new(
+        Code::InsufficientPrivilege,
+        format!(
+            "the owner of table {qualified}, role {owner}, has no USAGE on schema {missing}: uvm.cache_table \
+             creates the table's append trigger as its owner"
+        ),
+    )
+    .hint(format!(
+        "GRANT USAGE ON SCHEMA {missing} TO {owner}, or set pg_uvm_share.cache_append_rows = 0 to \
+         cache the table without appends (its inserts then make the cache stale)."
+    )))
+}
+
+/// Drops the append trigger of `relid`, and any other trigger calling the append function, if
+/// it has one (taking `DROP TRIGGER`'s `AccessExclusiveLock` on the table only then).
 pub(super) fn drop_trigger(relid: pg_sys::Oid, qualified: &str) -> Result<()> {
-    if !has_trigger(relid)? {
+    let names = our_triggers(relid)?;
+    if names.is_empty() {
         return Ok(());
     }
     // SAFETY: takes a heavyweight lock held to the end of the transaction.
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessExclusiveLock as i32) };
-    as_owner(relid, || run_ddl(&format!("DROP TRIGGER IF EXISTS {TRIGGER} ON {qualified}")))
+    as_owner(relid, || {
+        for n in &names {
+            run_ddl(&format!("DROP TRIGGER IF EXISTS {} ON {qualified}", quote_ident(n)))?;
+        }
+        Ok(())
+    })
 }
 
 /// The extension's schema (fixed by its control file: it is not relocatable).
@@ -583,15 +647,39 @@ fn remember(d: &Directory, e: &Entry, xid: u32) -> bool {
         return false;
     }
     APPENDED.with(|a| a.borrow_mut().push(Appended { slot: e.slot, generation: e.generation, relation: e.relation, xid, level }));
+    ensure_callbacks();
+    true
+}
+
+fn ensure_callbacks() {
     if !CALLBACKS.with(|c| c.replace(true)) {
-        // SAFETY: registered once per backend; the callbacks only touch this module's list
+        // SAFETY: registered once per backend; the callbacks only touch this module's lists
         // and the directory's atomics.
         unsafe {
             pg_sys::RegisterXactCallback(Some(on_xact), std::ptr::null_mut());
             pg_sys::RegisterSubXactCallback(Some(on_subxact), std::ptr::null_mut());
         }
     }
-    true
+}
+
+thread_local! {
+    /// The tables whose caches this transaction built inside a subtransaction, each with the
+    /// deepest subtransaction level the build belongs to that has not committed into its
+    /// parent.
+    static BUILT: RefCell<Vec<(u32, i32)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A build of `relation`'s cache published it: where it ran inside a subtransaction, the abort
+/// of that subtransaction (or of one it committed into) makes the cache stale. The build read
+/// the table with a snapshot that sees the subtransaction's own writes, which the abort undoes
+/// while the top transaction, whose end settles the build (`builder.rs`), may still commit.
+pub(super) fn built(relation: u32) {
+    // SAFETY: reads this backend's subtransaction depth.
+    let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
+    if level > 1 {
+        BUILT.with(|b| b.borrow_mut().push((relation, level)));
+        ensure_callbacks();
+    }
 }
 
 #[pgrx::pg_guard]
@@ -603,6 +691,7 @@ unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut s
         XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PRE_PREPARE => true,
         _ => return,
     };
+    BUILT.with(|b| b.borrow_mut().clear());
     let all = APPENDED.with(|a| std::mem::take(&mut *a.borrow_mut()));
     let Ok(d) = directory() else { return };
     for x in all {
@@ -624,18 +713,34 @@ unsafe extern "C-unwind" fn on_subxact(
     let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
     match event {
         pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB => {
+            let undone: Vec<u32> = BUILT.with(|b| {
+                let mut b = b.borrow_mut();
+                let undone = b.iter().filter(|x| x.1 >= level).map(|x| x.0).collect();
+                b.retain(|x| x.1 < level);
+                undone
+            });
             let Ok(d) = directory() else { return };
+            for relation in undone {
+                d.mark_stale(database(), relation, now());
+            }
             APPENDED.with(|a| {
                 for x in a.borrow().iter().filter(|x| x.level >= level) {
                     d.mark_stale(database(), x.relation, now());
                 }
             });
         }
-        pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB => APPENDED.with(|a| {
-            for x in a.borrow_mut().iter_mut().filter(|x| x.level >= level) {
-                x.level = level - 1;
-            }
-        }),
+        pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB => {
+            BUILT.with(|b| {
+                for x in b.borrow_mut().iter_mut().filter(|x| x.1 >= level) {
+                    x.1 = level - 1;
+                }
+            });
+            APPENDED.with(|a| {
+                for x in a.borrow_mut().iter_mut().filter(|x| x.level >= level) {
+                    x.level = level - 1;
+                }
+            })
+        }
         _ => {}
     }
 }
@@ -665,6 +770,14 @@ pub unsafe extern "C-unwind" fn uvm_cache_append(fcinfo: pg_sys::FunctionCallInf
         let rel = (*td).tg_relation;
         if !statement_insert {
             // Not the trigger we create: the marker did not count on it, nothing to keep.
+            return pg_sys::Datum::from(0);
+        }
+        let trigger = (*td).tg_trigger;
+        if trigger.is_null() || std::ffi::CStr::from_ptr((*trigger).tgname).to_bytes() != TRIGGER.as_bytes() {
+            // Fired by a trigger of another name (ours renamed, or one a user made): the marker
+            // counts only on ours, which may fire for this statement too, so appending here
+            // could add its rows twice. The cache goes stale instead.
+            stale(u32::from((*rel).rd_id));
             return pg_sys::Datum::from(0);
         }
         if let Err(e) = append(rel, (*td).tg_newtable) {

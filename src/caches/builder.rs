@@ -315,6 +315,7 @@ fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Res
     };
     d.publish(&entry, &built);
     building.done();
+    super::append::built(u32::from(relid));
     if builder_xid != 0 {
         // The builder's transaction decides whether the rows it wrote (and the cache holds) are
         // real: its end settles the slot (commit: forget the xid; abort: stale). A prepared

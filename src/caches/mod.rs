@@ -292,12 +292,18 @@ fn dictionary_name(cache: &str, attnum: i16) -> String {
 
 /// Drops this database's caches whose table no longer exists (a `DROP TABLE` marked them
 /// stale, or a build published after its mark; nothing could drop their segments inside the
-/// dropping transaction, which might abort), and finishes drops that an error or a reader's pin interrupted (`Dropping`). Best
+/// dropping transaction, which might abort) and every cache of a database that no longer
+/// exists, and finishes drops that an error or a reader's pin interrupted (`Dropping`). Best
 /// effort: a cache still in use stays for the next call.
 fn reclaim(d: &Directory) {
     let db = database();
     for e in d.list() {
         if e.database != db {
+            // A cache of a dropped database: no backend of its own will ever reclaim it, and
+            // none can be reading it (`DROP DATABASE` waits for its sessions to end).
+            if !database_exists(e.database) {
+                let _ = drop_entry(d, &e);
+            }
             continue;
         }
         if e.state == State::Dropping {
@@ -323,6 +329,21 @@ fn reclaim(d: &Directory) {
         if !exists {
             let _ = drop_entry(d, &e);
         }
+    }
+}
+
+/// Whether database `oid` exists (by the catalog snapshot: a `DROP DATABASE` not yet committed
+/// leaves it).
+fn database_exists(oid: u32) -> bool {
+    // SAFETY: a syscache probe.
+    unsafe {
+        pg_sys::SearchSysCacheExists(
+            pg_sys::SysCacheIdentifier::DATABASEOID as i32,
+            pg_sys::Datum::from(pg_sys::Oid::from(oid)),
+            0.into(),
+            0.into(),
+            0.into(),
+        )
     }
 }
 

@@ -118,6 +118,35 @@ COMMIT;
 SELECT source, rows, sum FROM uvm.cache_fold('ct', 'a');
 DELETE FROM ct WHERE id = 1001;
 SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+-- a build in a subtransaction that aborts, after a write in it, while the transaction commits:
+-- the build saw the write the abort undoes, so the abort marks the cache stale (and the same
+-- for a build in a subtransaction released into one that aborts)
+BEGIN;
+SAVEPOINT s;
+DELETE FROM ct WHERE id <= 10;
+SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+ROLLBACK TO s;
+COMMIT;
+SELECT state FROM uvm.caches;
+SELECT * FROM fold_check('a');
+BEGIN;
+SAVEPOINT s1;
+SAVEPOINT s2;
+DELETE FROM ct WHERE id <= 10;
+SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+RELEASE s2;
+ROLLBACK TO s1;
+COMMIT;
+SELECT state FROM uvm.caches;
+SELECT * FROM fold_check('a');
+-- released all the way, it stands
+BEGIN;
+SAVEPOINT s;
+SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+RELEASE s;
+COMMIT;
+SELECT state FROM uvm.caches;
+SELECT * FROM fold_check('a');
 -- under SERIALIZABLE the heap (the cache takes no predicate locks)
 BEGIN ISOLATION LEVEL SERIALIZABLE;
 SELECT source FROM uvm.cache_fold('ct', 'a');
@@ -224,3 +253,20 @@ SELECT count(*) AS cache_segments FROM uvm.segments WHERE name LIKE 'pg_temp_cac
 DROP TABLE ctn, ctp, ctnan, ctrls;
 DROP FUNCTION fold_check(text);
 DROP ROLE uvm_cache_reader;
+
+-- A dropped database's caches: no session of its own will reclaim them, so a look at the
+-- caches from any other database drops them and their segments
+\set regress_db :DBNAME
+CREATE DATABASE uvm_cache_dropped;
+\c uvm_cache_dropped
+SET client_min_messages = warning;
+CREATE EXTENSION pg_uvm_share;
+RESET client_min_messages;
+CREATE TABLE t AS SELECT g::int8 AS k FROM generate_series(1, 1000) g;
+SELECT uvm.cache_table('t') AS rows;
+\c postgres
+DROP DATABASE uvm_cache_dropped;
+\c :regress_db
+SELECT count(*) AS cache_segments_before FROM uvm.segments WHERE name LIKE 'pg_temp_cache_%';
+SELECT count(*) AS caches_here FROM uvm.caches;
+SELECT count(*) AS cache_segments_after FROM uvm.segments WHERE name LIKE 'pg_temp_cache_%';

@@ -246,6 +246,40 @@ INSERT INTO apo VALUES (1), (NULL);
 SELECT state FROM uvm.caches WHERE relation = 'apo'::regclass;
 SELECT * FROM uvm.cache_fold('apo', 'k');
 DROP TABLE apo;
+-- an owner without USAGE on the table's schema cannot make the trigger: 42501 says whose
+-- privilege is missing, and nothing is left
+CREATE SCHEMA ap_s;
+CREATE TABLE ap_s.t (k int8);
+ALTER TABLE ap_s.t OWNER TO uvm_ap_reader;
+SELECT uvm.cache_table('ap_s.t') AS rows;
+SELECT count(*) AS caches FROM uvm.caches WHERE relation = 'ap_s.t'::regclass;
+DROP SCHEMA ap_s CASCADE;
+-- a trigger of another name calling the append function (a user's, or ours renamed) never
+-- appends: ours may fire for the same statement, so an insert makes the cache stale instead
+SELECT uvm.cache_table('ap', ARRAY['id', 'k']) AS rows;
+CREATE TRIGGER ap_extra AFTER INSERT ON ap REFERENCING NEW TABLE AS n FOR EACH STATEMENT EXECUTE FUNCTION uvm.cache_append();
+INSERT INTO ap VALUES (90001, 1, 1, 1, 1, true);
+SELECT ap_state();
+SELECT * FROM ap_fold('id');
+DROP TRIGGER ap_extra ON ap;
+-- ours renamed: a rebuild adds no second trigger, and inserts make the cache stale until it is
+-- named back
+ALTER TRIGGER pg_uvm_share_cache_append ON ap RENAME TO ap_renamed;
+SELECT uvm.cache_table('ap', ARRAY['id', 'k']) AS rows;
+SELECT tgname FROM pg_trigger WHERE tgrelid = 'ap'::regclass ORDER BY 1;
+INSERT INTO ap VALUES (90002, 1, 1, 1, 1, true);
+SELECT ap_state();
+SELECT * FROM ap_fold('id');
+ALTER TRIGGER ap_renamed ON ap RENAME TO pg_uvm_share_cache_append;
+SELECT uvm.cache_table('ap', ARRAY['id', 'k']) AS rows;
+INSERT INTO ap VALUES (90003, 1, 1, 1, 1, true);
+SELECT ap_state();
+SELECT * FROM ap_fold('id');
+-- cache_drop drops a renamed one too
+ALTER TRIGGER pg_uvm_share_cache_append ON ap RENAME TO ap_renamed;
+SELECT uvm.cache_drop('ap');
+SELECT count(*) AS triggers FROM pg_trigger WHERE tgrelid = 'ap'::regclass;
+SELECT uvm.cache_table('ap', ARRAY['id', 'k']) AS rows;
 -- cache_drop removes the trigger and the tail
 SELECT uvm.cache_drop('ap');
 SELECT tgrelid::regclass, tgname FROM pg_trigger WHERE tgname LIKE 'pg_uvm_share%' ORDER BY 1;
