@@ -13,8 +13,8 @@
 //!   inner integer column), a key of one column each side, and each child a `Seq Scan` of a
 //!   table without a filter and without inheritance children (the planner plans such a
 //!   table's scan as an `Append` of its children's and its own; its cache holds its own rows
-//!   only, so the path never offers a cached table's scan for it), the key and the aggregated column plain
-//!   columns of its output.
+//!   only, so the path never offers a cached table's scan for it), the key and the aggregated
+//!   column plain columns of its output.
 //! - **The caches' currency** (at the first call): each table's cache is used only where the
 //!   query's snapshot may read it (`caches::usable_in_query`: the reader's rule) and it holds
 //!   the columns, with integer encodings no wider than the key. Otherwise, or where a cache
