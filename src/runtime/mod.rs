@@ -52,7 +52,7 @@ use crate::provider::remote::RemoteProvider;
 use crate::provider::{Provider, ProviderKind};
 use crate::registry::shmem::{self, ExclusiveGuard, SharedGuard};
 use crate::registry::SegmentInfo;
-use crate::segment::{Env, Limits, Segments};
+use crate::segment::{Env, ExitDuties, Limits, Segments};
 use crate::service::client::Client;
 use crate::service::shmem::channel;
 
@@ -270,6 +270,9 @@ thread_local! {
     /// This process's segment manager, created on first use. PostgreSQL backends are
     /// single-threaded; no other thread ever touches it.
     static SEGMENTS: RefCell<Option<Segments<PgEnv>>> = const { RefCell::new(None) };
+    /// What the manager's migrations hold in the registry, reachable at exit where the manager
+    /// is not (see `on_exit`).
+    static EXIT_DUTIES: RefCell<Option<ExitDuties>> = const { RefCell::new(None) };
 }
 
 fn limits() -> Limits {
@@ -358,10 +361,17 @@ unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
         }
         // A FATAL error (pg_terminate_backend, for one) was raised inside a call that borrows
         // the manager: PostgreSQL exits without unwinding, so the manager cannot be used. Its
-        // mappings and broker connection end with the process; its attachment slots, and the
-        // pins counted on them, are in shared memory and must be given back here.
+        // mappings and broker connection end with the process; its attachment slots, the pins
+        // counted on them, and a migration's place in a pin queue or its migration flag (which
+        // would hold every new pin of the segment back for good) are in shared memory and must
+        // be given back here.
         Err(_) => {
             if let Ok(mut reg) = PgEnv.exclusive() {
+                EXIT_DUTIES.with(|d| {
+                    if let Some(d) = d.try_borrow().ok().as_ref().and_then(|d| d.as_ref()) {
+                        d.undo(&mut reg);
+                    }
+                });
                 reg.detach_process(PgEnv.pid());
             }
         }
@@ -518,7 +528,9 @@ pub fn try_with_segments<R>(f: impl FnOnce(&mut Segments<PgEnv>) -> Result<R>) -
             // SAFETY: registers a callback PostgreSQL runs at process exit; `on_exit` is a
             // pg_guard'ed C-unwind function.
             unsafe { pg_sys::before_shmem_exit(Some(on_exit), pg_sys::Datum::from(0)) };
-            *slot = Some(Segments::new(PgEnv, provider, limits()));
+            let segs = Segments::new(PgEnv, provider, limits());
+            EXIT_DUTIES.with(|d| *d.borrow_mut() = Some(segs.exit_duties()));
+            *slot = Some(segs);
         }
         let segs = slot.as_mut().expect("created above");
         segs.limits = limits(); // the SIGHUP-reloadable settings may have changed

@@ -37,3 +37,46 @@ fn the_tiers_cluster_simulates_a_gpu() {
     let want = std::env::var("UVM_EXPECT_EXECUTION").unwrap_or_default();
     assert!(mode == want || (want == "process" && mode == "auto"), "gpu_execution {mode}, expected {want}");
 }
+
+/// A backend terminated (FATAL: PostgreSQL exits without unwinding) while its migration waits
+/// for pins gives its place in the segment's pin queue back at exit: new pins do not wait behind
+/// a migration that is gone. They did, each for `pin_wait_timeout` and then 55P03, until the
+/// segment was dropped. (In service mode the service runs the wait, and the client's exit
+/// abandons it.)
+#[test]
+fn a_migration_terminated_while_it_waits_holds_no_pin_back() {
+    use std::time::Duration;
+    let mut c = connect_tiers();
+    let name = unique_name("mig_term");
+    let size: i64 = 4 << 20;
+    create_segment_tier(&mut c, &name, size, None, "device");
+    fill_segment(&mut c, &name, 0, size, 9);
+    let want = checksum_segment(&mut c, &name, 0, size);
+    let mut holder = connect_tiers();
+    holder.execute("SELECT uvm.pin_segment($1)", &[&name]).unwrap();
+    let mut victim = connect_tiers();
+    let pid = backend_pid(&mut victim);
+    let sql = format!(
+        "SET pg_uvm_share.pin_wait_timeout = '60s'; SELECT uvm.prefetch_segment({}, 0, {size}, 'host')",
+        quote_literal(&name)
+    );
+    let runner = std::thread::spawn(move || victim.batch_execute(&sql).map_err(|e| describe(&e)));
+    let waiting = wait_until(Duration::from_secs(10), || {
+        c.query_one("SELECT count(*) FROM uvm.progress WHERE kind = 'migration' AND phase = 'waiting for pins'", &[])
+            .is_ok_and(|r| r.get::<_, i64>(0) > 0)
+    });
+    assert!(waiting, "the migration never waited for the pin");
+    c.execute("SELECT pg_terminate_backend($1)", &[&pid]).unwrap();
+    assert!(runner.join().unwrap().is_err(), "the terminated migration completed");
+    assert!(wait_until(Duration::from_secs(5), || !process_alive(pid)), "backend {pid} still alive");
+    holder.execute("SELECT uvm.unpin_segment($1)", &[&name]).unwrap();
+    // A new session's pin (a checksum) does not wait behind the dead migration, and a
+    // migration goes through.
+    let mut reader = connect_tiers();
+    reader.batch_execute("SET pg_uvm_share.pin_wait_timeout = '2s'").unwrap();
+    assert_eq!(checksum_segment(&mut reader, &name, 0, size), want);
+    let to = if tier_bytes(&mut reader, &name).0 == size { "host" } else { "device" };
+    assert_eq!(prefetch_segment(&mut reader, &name, 0, size, to), size, "the move to {to}");
+    assert_eq!(checksum_segment(&mut reader, &name, 0, size), want);
+    drop_segment(&mut c, &name);
+}

@@ -10,7 +10,7 @@
 //! never moves to a GPU.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -24,9 +24,11 @@ use crate::registry::{ChunkInfo, PendingChunk, Place, Registry, Tier, TierPref, 
 use crate::stats::{ProgressKind, ProgressPhase};
 use crate::uvm_err;
 
-/// The migration flag of one segment, held for the duration of a migration.
+/// The migration flag of one segment, held for the duration of a migration (recorded in the
+/// process's [`Duties`] too, for an exit that skips destructors).
 struct MigrationFlag<E: Env> {
     env: E,
+    own: OwnWaits,
     id: u64,
 }
 
@@ -60,7 +62,10 @@ impl<E: Env> MigrationFlag<E> {
             };
             match attempt {
                 // (`waiting` goes here: the flag now holds new pins back itself.)
-                Ok(()) => return Ok(MigrationFlag { env: env.clone(), id }),
+                Ok(()) => {
+                    own.borrow_mut().flags.insert(id);
+                    return Ok(MigrationFlag { env: env.clone(), own: Rc::clone(own), id });
+                }
                 Err(e) if e.code == Code::ObjectInUse && started.elapsed() < wait => {
                     // The wait may last pin_wait_timeout (seconds): answer cancel meanwhile.
                     crate::interrupt::check()?;
@@ -73,10 +78,43 @@ impl<E: Env> MigrationFlag<E> {
     }
 }
 
-/// This process's migrations that wait for pins to drain: segment id -> how many. Its own pins
-/// do not wait behind them (the GPU service, which migrates for its clients, holds their
-/// other requests back itself rather than sleep on its own wait).
-pub(super) type OwnWaits = Rc<RefCell<HashMap<u64, u32>>>;
+/// What this process's migrations hold in the registry, which it must give back even where no
+/// destructor runs (a FATAL error, `pg_terminate_backend`, exits without unwinding): their
+/// places in pin queues and their migration flags.
+#[derive(Default)]
+pub(super) struct Duties {
+    /// Migrations waiting for pins to drain: segment id -> how many. This process's own pins do
+    /// not wait behind them (the GPU service, which migrates for its clients, holds their other
+    /// requests back itself rather than sleep on its own wait).
+    pub(super) waits: HashMap<u64, u32>,
+    /// Segments this process has marked migrating.
+    flags: HashSet<u64>,
+}
+
+pub(super) type OwnWaits = Rc<RefCell<Duties>>;
+
+/// A process's [`Duties`], for its exit callback: that callback may find the segment manager
+/// in use (a FATAL error raised inside a call that borrows it) and this still reachable.
+#[derive(Clone)]
+pub struct ExitDuties(pub(super) OwnWaits);
+
+impl ExitDuties {
+    /// Gives back every place in a pin queue and every migration flag this process still holds
+    /// (at its exit); those already given back are not again.
+    pub fn undo(&self, reg: &mut Registry) {
+        let Ok(mut d) = self.0.try_borrow_mut() else { return };
+        for (id, n) in d.waits.drain() {
+            if let Some(slot) = reg.find_id(id) {
+                (0..n).for_each(|_| reg.stop_waiting_to_migrate(slot));
+            }
+        }
+        for id in d.flags.drain() {
+            if let Some(slot) = reg.find_id(id) {
+                reg.end_migration(slot);
+            }
+        }
+    }
+}
 
 /// A migration's place in the queue of a segment's pins ([`Registry::wait_to_migrate`]),
 /// withdrawn when dropped (the migration began, gave up, or failed) or at process exit
@@ -90,7 +128,7 @@ pub struct WaitingToMigrate<E: Env> {
 impl<E: Env> WaitingToMigrate<E> {
     pub(super) fn register(env: &E, own: &OwnWaits, reg: &mut Registry, slot: u32, id: u64) -> Self {
         reg.wait_to_migrate(slot);
-        *own.borrow_mut().entry(id).or_default() += 1;
+        *own.borrow_mut().waits.entry(id).or_default() += 1;
         WaitingToMigrate { env: env.clone(), own: Rc::clone(own), id }
     }
 }
@@ -100,10 +138,10 @@ impl<E: Env> Drop for WaitingToMigrate<E> {
         // Withdrawn already if `detach_all` took this process's waits at exit.
         {
             let mut own = self.own.borrow_mut();
-            match own.get_mut(&self.id) {
+            match own.waits.get_mut(&self.id) {
                 Some(n) if *n > 1 => *n -= 1,
                 Some(_) => {
-                    own.remove(&self.id);
+                    own.waits.remove(&self.id);
                 }
                 None => return,
             }
@@ -118,6 +156,10 @@ impl<E: Env> Drop for WaitingToMigrate<E> {
 
 impl<E: Env> Drop for MigrationFlag<E> {
     fn drop(&mut self) {
+        // Ended already if the exit path gave this process's duties back.
+        if !self.own.borrow_mut().flags.remove(&self.id) {
+            return;
+        }
         if let Ok(mut reg) = self.env.exclusive() {
             if let Some(slot) = reg.find_id(self.id) {
                 reg.end_migration(slot);

@@ -104,7 +104,7 @@ pub(crate) mod tests;
 pub use mapping::Attachment;
 use mapping::Mapping;
 use migrate::OwnWaits;
-pub use migrate::{still_pinned, CopyMap, MigrationStats, WaitingToMigrate};
+pub use migrate::{still_pinned, CopyMap, ExitDuties, MigrationStats, WaitingToMigrate};
 pub use pin::{check_range, Pin};
 use pool::KeptMaps;
 pub use pool::{MadePiece, PieceMaker, PoolPiece, PoolTurn};
@@ -503,14 +503,17 @@ impl<E: Env> Segments<E> {
         }
         self.session_pins.clear();
         if let Ok(mut reg) = self.env.exclusive() {
-            // Waits whose guards outlive the process's exit path (FATAL skips destructors).
-            for (id, n) in self.own_waits.borrow_mut().drain() {
-                if let Some(slot) = reg.find_id(id) {
-                    (0..n).for_each(|_| reg.stop_waiting_to_migrate(slot));
-                }
-            }
+            // Waits and flags whose guards outlive the process's exit path (FATAL skips
+            // destructors).
+            self.exit_duties().undo(&mut reg);
             reg.detach_process(self.env.pid());
         }
+    }
+
+    /// A handle on what this process's migrations hold in the registry, for an exit callback
+    /// that may find this manager in use ([`ExitDuties::undo`]).
+    pub fn exit_duties(&self) -> ExitDuties {
+        ExitDuties(Rc::clone(&self.own_waits))
     }
 
     /// Unmaps segments that no longer exist (dropped by another process).
@@ -546,7 +549,7 @@ impl<E: Env> Segments<E> {
                 None => return Err(uvm_err!(Code::UndefinedObject, "segment \"{name}\" does not exist")),
             };
             let wait = match reg.pin_must_wait(slot, att) {
-                Some(PinWait::MigrationWaiting) if self.own_waits.borrow().contains_key(&info.id) => None,
+                Some(PinWait::MigrationWaiting) if self.own_waits.borrow().waits.contains_key(&info.id) => None,
                 w => w,
             };
             let Some(wait) = wait else {

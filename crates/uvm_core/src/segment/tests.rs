@@ -536,6 +536,21 @@ fn a_queued_migration_holds_new_pins_back_but_not_its_holders() {
         let reg = c.env.shared().unwrap();
         assert_eq!(reg.migrations_waiting(reg.lookup("w").unwrap()), 0);
     }
+    // An exit that cannot reach its manager (a FATAL error inside a call that borrows it) gives
+    // the same back through the manager's exit duties.
+    let queued = a.wait_to_migrate(id).unwrap();
+    assert_eq!(c.pin("w", ok).err().map(|e| e.code), Some(Code::LockNotAvailable));
+    let duties = a.exit_duties();
+    {
+        let mut reg = a.env.exclusive().unwrap();
+        duties.undo(&mut reg);
+    }
+    drop(c.pin("w", ok).unwrap());
+    drop(queued); // withdrawn already
+    {
+        let reg = c.env.shared().unwrap();
+        assert_eq!(reg.migrations_waiting(reg.lookup("w").unwrap()), 0);
+    }
     b.detach_all();
     c.drop_segment("w", ok).unwrap();
     drop((a, b, c));
