@@ -201,6 +201,7 @@ cmd_start() {
     echo "max_worker_processes = 32"
     echo "max_parallel_workers_per_gather = 4"
     echo "max_parallel_workers = 16"
+    echo "max_prepared_transactions = 4"
     echo "jit = off"
     echo "log_min_messages = warning"
     echo "fsync = off"

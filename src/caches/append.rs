@@ -663,6 +663,21 @@ fn ensure_callbacks() {
 }
 
 thread_local! {
+    /// The caches (slot, generation) this transaction built with an xid, which its end settles.
+    static SETTLE: RefCell<Vec<(usize, u64)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The cache built in `slot` at `generation` by this transaction (which has an xid) is settled
+/// when it ends: a commit lets readers in, an abort or a `PREPARE TRANSACTION` makes it stale.
+/// (Not pgrx's transaction callbacks: they fire for neither end of a prepared transaction and
+/// stay registered until the backend's next commit, which then settled the build as
+/// committed, rolled back or not, and readers saw the prepared transaction's writes.)
+pub(super) fn settle_at_end(slot: usize, generation: u64) {
+    SETTLE.with(|s| s.borrow_mut().push((slot, generation)));
+    ensure_callbacks();
+}
+
+thread_local! {
     /// The tables whose caches this transaction built inside a subtransaction, each with the
     /// deepest subtransaction level the build belongs to that has not committed into its
     /// parent.
@@ -692,8 +707,12 @@ unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut s
         _ => return,
     };
     BUILT.with(|b| b.borrow_mut().clear());
+    let builds = SETTLE.with(|s| std::mem::take(&mut *s.borrow_mut()));
     let all = APPENDED.with(|a| std::mem::take(&mut *a.borrow_mut()));
     let Ok(d) = directory() else { return };
+    for (slot, generation) in builds {
+        d.settle_builder(slot, generation, !abort, now());
+    }
     for x in all {
         if abort {
             d.mark_stale(database(), x.relation, now());

@@ -318,19 +318,9 @@ fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Res
     super::append::built(u32::from(relid));
     if builder_xid != 0 {
         // The builder's transaction decides whether the rows it wrote (and the cache holds) are
-        // real: its end settles the slot (commit: forget the xid; abort: stale). A prepared
-        // transaction settles nothing here: its cache stays unused until rebuilt.
-        let (slot, generation) = (entry.slot, entry.generation);
-        pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, move || {
-            if let Ok(d) = directory() {
-                d.settle_builder(slot, generation, true, now());
-            }
-        });
-        pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Abort, move || {
-            if let Ok(d) = directory() {
-                d.settle_builder(slot, generation, false, now());
-            }
-        });
+        // real: its end settles the slot (commit: forget the xid; abort, or PREPARE
+        // TRANSACTION, whose outcome this backend never learns: stale).
+        super::append::settle_at_end(entry.slot, entry.generation);
     }
     Ok(Some(rows as i64))
 }

@@ -139,6 +139,16 @@ ROLLBACK TO s1;
 COMMIT;
 SELECT state FROM uvm.caches;
 SELECT * FROM fold_check('a');
+-- a build in a transaction that is prepared: stale at PREPARE TRANSACTION (this backend never
+-- learns the outcome), and stays so when it is rolled back (or committed) later
+BEGIN;
+UPDATE ct SET a = 0 WHERE id <= 10;
+SELECT uvm.cache_table('ct', ARRAY['id', 'a']) AS rows;
+PREPARE TRANSACTION 'uvm_cache_prepared';
+SELECT state FROM uvm.caches;
+ROLLBACK PREPARED 'uvm_cache_prepared';
+SELECT state FROM uvm.caches;
+SELECT * FROM fold_check('a');
 -- released all the way, it stands
 BEGIN;
 SAVEPOINT s;
@@ -253,6 +263,24 @@ SELECT count(*) AS cache_segments FROM uvm.segments WHERE name LIKE 'pg_temp_cac
 DROP TABLE ctn, ctp, ctnan, ctrls;
 DROP FUNCTION fold_check(text);
 DROP ROLE uvm_cache_reader;
+
+-- A user's event trigger that writes a cached table when cache_table makes another table's
+-- append trigger: marked as any write (only the extension's own DDL statement is not)
+CREATE TABLE ctev (k int, n int);
+INSERT INTO ctev SELECT g, 0 FROM generate_series(1, 10) g;
+CREATE TABLE ctev2 (a int);
+SELECT uvm.cache_table('ctev') AS rows;
+CREATE FUNCTION ctev_fn() RETURNS event_trigger LANGUAGE plpgsql AS $$ BEGIN UPDATE ctev SET n = n + 1; END $$;
+CREATE EVENT TRIGGER ctev_et ON ddl_command_end EXECUTE FUNCTION ctev_fn();
+SELECT uvm.cache_table('ctev') AS rows;
+SELECT state FROM uvm.caches WHERE relation = 'ctev'::regclass;
+SELECT uvm.cache_table('ctev2') AS rows;
+SELECT state FROM uvm.caches WHERE relation = 'ctev'::regclass;
+SELECT source, rows, sum FROM uvm.cache_fold('ctev', 'n');
+DROP EVENT TRIGGER ctev_et;
+SELECT uvm.cache_drop('ctev'), uvm.cache_drop('ctev2');
+DROP TABLE ctev, ctev2;
+DROP FUNCTION ctev_fn();
 
 -- A dropped database's caches: no session of its own will reclaim them, so a look at the
 -- caches from any other database drops them and their segments
