@@ -32,8 +32,10 @@ thread_local! {
     static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Runs `f` with the marks off: for the extension's own DDL (its append trigger), which changes
-/// no table's rows and must not make every cache of the database stale.
+/// Runs `f`, the extension's own DDL (its append trigger), with the mark of its one utility
+/// statement off: it changes no table's rows and must not make every cache of the database
+/// stale. Only that statement's: what runs inside it (a user's event trigger that writes a
+/// cached table) is marked as always.
 pub(super) fn quietly<T>(f: impl FnOnce() -> T) -> T {
     struct Restore(bool);
     impl Drop for Restore {
@@ -47,11 +49,10 @@ pub(super) fn quietly<T>(f: impl FnOnce() -> T) -> T {
 
 /// Whether a statement of this database may have a cache to mark, or a stale one to refresh.
 fn worth_marking() -> bool {
-    !QUIET.with(|q| q.get())
-        && directory().is_ok_and(|d| {
-            let db = database();
-            d.any_live(db) || super::refresh::wanted(d, db)
-        })
+    directory().is_ok_and(|d| {
+        let db = database();
+        d.any_live(db) || super::refresh::wanted(d, db)
+    })
 }
 
 /// The OIDs of `pstmt`'s result relations.
@@ -243,7 +244,9 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_utility(pstmt: *mut pg_sys::Pl
     // SAFETY: PostgreSQL hands a valid planned utility statement; nodes are read by their tags.
     unsafe {
         let stmt = (*pstmt).utilityStmt;
-        if stmt.is_null() || !worth_marking() {
+        // (the extension's own DDL: this statement unmarked, and the flag taken, so that the
+        // statements it runs, an event trigger's, are marked)
+        if stmt.is_null() || QUIET.with(|q| q.replace(false)) || !worth_marking() {
             return;
         }
         let tag = (*stmt).type_;

@@ -16,16 +16,24 @@
 //!   worker; the next writer starts another) is tried at most once per delay. It takes the
 //!   table's lock only if it is free (`ConditionalLockRelationOid`): a busy table is tried
 //!   again a second later, and the refresher never queues in front of the table's writers.
-//!   A cache whose table or building role is gone, or whose role lost `SELECT`, is dropped.
-//! - **When it stops.** With no stale cache left in its database (or the delay set to -1, or
-//!   SIGTERM) it releases its claim and exits; a stale cache that appeared meanwhile makes it
-//!   claim again and go on, so a mark is never left without a refresher.
+//!   A cache whose table or building role is gone, or whose role lost `SELECT`, or whose table
+//!   can no longer be cached (a partition now, or with inheritance children), is dropped.
+//! - **When it stops.** With no stale cache left in its database (or the delay set to -1) it
+//!   releases its claim and exits; a stale cache that appeared meanwhile makes it claim again
+//!   and go on, so a mark is never left without a refresher. SIGTERM ends it as it ends a
+//!   backend (`die`), wherever it waits.
 
 use std::time::Duration;
 
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 
 use super::*;
+
+unsafe extern "C-unwind" {
+    /// PostgreSQL's SIGTERM handler for backends (postgres.c), itself: pgrx's binding wraps it
+    /// in a Rust function, which is no signal handler.
+    fn die(postgres_signal_arg: std::ffi::c_int);
+}
 
 /// How long a claimed refresher may take to start before the next writer replaces it (µs).
 const START_WITHIN_US: i64 = 10_000_000;
@@ -94,7 +102,18 @@ unsafe extern "C-unwind" fn release_at_exit(_code: std::ffi::c_int, arg: pg_sys:
 #[no_mangle]
 pub unsafe extern "C-unwind" fn pg_uvm_share_cache_refresh_main(arg: pg_sys::Datum) {
     let db = arg.value() as u32;
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
+    // SIGTERM as PostgreSQL's backends take it (`die`): the next CHECK_FOR_INTERRUPTS ends the
+    // worker wherever it waits, inside a build's request to the GPU service too. (pgrx's
+    // handler only sets a flag this loop looks at: a worker waiting on a service that had
+    // already exited at shutdown never left, and `pg_ctl stop -m fast` hung.)
+    // SAFETY: installs PostgreSQL's own handler in this single-threaded process.
+    unsafe {
+        #[cfg(not(feature = "pg18"))]
+        pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(die));
+        #[cfg(feature = "pg18")]
+        pg_sys::pqsignal_be(pg_sys::SIGTERM as i32, Some(die));
+    }
     // SAFETY: registers a callback PostgreSQL runs at exit; it is pg_guard'ed.
     unsafe { pg_sys::before_shmem_exit(Some(release_at_exit), arg) };
     let Ok(d) = directory() else { return };
@@ -102,11 +121,12 @@ pub unsafe extern "C-unwind" fn pg_uvm_share_cache_refresh_main(arg: pg_sys::Dat
     d.refresher_started(db, unsafe { pg_sys::MyProcPid } as u32);
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(db)), None);
     loop {
+        pg_sys::check_for_interrupts!();
         if BackgroundWorker::sighup_received() {
             // SAFETY: reloads postgresql.conf in the main thread, as any process does on SIGHUP.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
-        let Some(delay) = delay_us().filter(|_| !BackgroundWorker::sigterm_received()) else { break };
+        let Some(delay) = delay_us() else { break };
         let t = now();
         for e in d.due(db, t.saturating_sub(delay)) {
             // Not again before the delay, whatever happens (an ERROR ends this worker).
@@ -174,6 +194,18 @@ fn refresh(d: &Directory, e: &Entry) -> bool {
             false
         }
         Ok(None) => true,
+        // A table that can no longer be cached (made a partition, given inheritance children,
+        // a column's type changed to one no cache holds): no later attempt would do better, so
+        // the cache goes, as for a table that is gone, rather than be tried once per delay.
+        Err(err) if matches!(err.code, Code::FeatureNotSupported | Code::UndefinedColumn) => {
+            pgrx::log!(
+                "pg_uvm_share: the stale cache of table {} is dropped: its table can no longer be cached: {}",
+                e.relation,
+                err.message
+            );
+            let _ = drop_entry(d, e);
+            false
+        }
         Err(err) => {
             pgrx::log!(
                 "pg_uvm_share: the background refresher could not rebuild the cache of table {}: {}",

@@ -536,8 +536,8 @@ fn cache_state(c: &mut postgres::Client, table: &str) -> Option<(String, i64)> {
 
 /// With `pg_uvm_share.cache_refresh_delay` set, a stale cache is rebuilt in the background:
 /// after a write (its columns as they were, the answers the heap's), after its build's
-/// transaction aborted (a reader starts the refresher), and one whose building role lost SELECT
-/// is dropped; the refresher then exits.
+/// transaction aborted (a reader starts the refresher), and one whose building role lost SELECT,
+/// or whose table can no longer be cached, is dropped; the refresher then exits.
 #[test]
 fn stale_caches_are_rebuilt_in_the_background() {
     let _delay = RefreshDelay::set(300);
@@ -617,10 +617,20 @@ fn stale_caches_are_rebuilt_in_the_background() {
         "the cache of a role without SELECT was not dropped: {:?}",
         cache_state(&mut admin, &table)
     );
-    // 4. Nothing stale: the refresher leaves.
+    // 4. A table that can no longer be cached (given an inheritance child since): dropped, not
+    //    tried again once per delay for ever.
+    let child = format!("{table}_child");
+    admin.query_one(&format!("SELECT uvm.cache_table('{table}', ARRAY['a'])"), &[]).unwrap();
+    admin.batch_execute(&format!("CREATE TABLE {child} () INHERITS ({table}); DELETE FROM {table} WHERE id = -1")).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || cache_state(&mut admin, &table).is_none()),
+        "the cache of a table with an inheritance child was not dropped: {:?}",
+        cache_state(&mut admin, &table)
+    );
+    // 5. Nothing stale: the refresher leaves.
     assert!(wait_until(Duration::from_secs(10), || refreshers(&mut admin) == 0), "the refresher did not exit");
     drop(other);
-    admin.batch_execute(&format!("DROP TABLE {table}; DROP ROLE {role}")).unwrap();
+    admin.batch_execute(&format!("DROP TABLE {child}; DROP TABLE {table}; DROP ROLE {role}")).unwrap();
 }
 
 /// Inserts of strings a text column's dictionary lacks, by several writers at once, the same
