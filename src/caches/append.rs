@@ -202,12 +202,11 @@ pub(super) fn drop_trigger(relid: pg_sys::Oid, qualified: &str) -> Result<()> {
     }
     // SAFETY: takes a heavyweight lock held to the end of the transaction.
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessExclusiveLock as i32) };
-    as_owner(relid, || {
-        for n in &names {
-            run_ddl(&format!("DROP TRIGGER IF EXISTS {} ON {qualified}", quote_ident(n)))?;
-        }
-        Ok(())
-    })
+    // (one statement per `as_owner`: the marks are off for one utility statement at a time)
+    for n in &names {
+        as_owner(relid, || run_ddl(&format!("DROP TRIGGER IF EXISTS {} ON {qualified}", quote_ident(n))))?;
+    }
+    Ok(())
 }
 
 /// The extension's schema (fixed by its control file: it is not relocatable).
