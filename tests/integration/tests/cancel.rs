@@ -372,9 +372,18 @@ fn a_backend_terminated_mid_node_query_leaves_nothing() {
 
     let t = Instant::now();
     c.execute("SELECT pg_terminate_backend($1)", &[&pid]).unwrap();
-    assert!(wait_until(Duration::from_secs(10), || !process_alive(pid)), "backend {pid} still alive");
+    // The client goes away, as a terminated session's does. It must: a backend the signal
+    // finds inside the node (between two flushes of its output, not blocked on the socket)
+    // raises its FATAL there, and PostgreSQL then writes that message to the client, which
+    // blocks while the socket is full and nobody reads (elog.c sends it before proc_exit).
+    // Closing the connection reads what is left, so that write ends; it runs in a thread,
+    // because it waits for the backend to close its end: a backend that never exits fails the
+    // assertion below instead of hanging the test.
     drop(rows);
-    drop(victim);
+    let closer = std::thread::spawn(move || drop(victim));
+    let exited = wait_until(Duration::from_secs(10), || !process_alive(pid));
+    assert!(exited, "backend {pid} still alive 10 s after pg_terminate_backend and its client closed");
+    closer.join().expect("closing the terminated session's connection");
     let mut left = held.clone();
     let gone = wait_until(Duration::from_secs(10), || {
         left = temp(&mut c);
