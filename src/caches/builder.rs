@@ -207,6 +207,15 @@ fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Res
     } {
         return Err(UvmError::new(Code::UndefinedObject, format!("table {} was dropped", u32::from(relid))));
     }
+    if super::marks::being_written(u32::from(relid)) {
+        return Err(UvmError::new(
+            Code::ObjectInUse,
+            format!("cannot build the cache of \"{}\" inside a statement that writes it", rel_name(relid)),
+        )
+        .detail("The statement marked the table's cache when it began; a cache built inside it would miss its later writes.")
+        .hint("Build the cache before or after that statement."));
+    }
+    super::marks::build_started();
     let t = target(relid, names)?;
     if subscribed(relid) {
         return Err(UvmError::new(

@@ -5,19 +5,23 @@
  * ERROR raised by any statement passes through unchanged: every field of its report (position,
  * context, schema, table and constraint names) reaches the client as PostgreSQL made it. Hooks
  * written in Rust would turn each such ERROR into a Rust panic and back (pgrx's FFI guard), which
- * keeps only the message, detail and hint.
+ * keeps only the message, detail and hint. ExecutorEnd and the end of a utility statement call
+ * Rust too, to take back the note that the statement writes (marks.rs, `being_written`).
  */
 #include "postgres.h"
 
 #include "executor/executor.h"
 #include "tcop/utility.h"
 
-/* Rust (src/caches/mod.rs) */
+/* Rust (src/caches/marks.rs) */
 extern void uvm_caches_before_executor_start(QueryDesc *queryDesc, int eflags);
+extern void uvm_caches_before_executor_end(QueryDesc *queryDesc);
 extern void uvm_caches_before_utility(PlannedStmt *pstmt);
+extern void uvm_caches_after_utility(PlannedStmt *pstmt);
 void uvm_caches_install_hooks(void);
 
 static ExecutorStart_hook_type prev_executor_start = NULL;
+static ExecutorEnd_hook_type prev_executor_end = NULL;
 static ProcessUtility_hook_type prev_process_utility = NULL;
 
 static void
@@ -31,6 +35,21 @@ uvm_executor_start(QueryDesc *queryDesc, int eflags)
 }
 
 static void
+uvm_executor_end(QueryDesc *queryDesc)
+{
+	uvm_caches_before_executor_end(queryDesc);
+	if (prev_executor_end)
+		prev_executor_end(queryDesc);
+	else
+		standard_ExecutorEnd(queryDesc);
+}
+
+/*
+ * The utility marker runs before the statement, and its note that the statement writes is
+ * taken back after it; a statement that raises an ERROR ends its (sub)transaction, whose
+ * callback takes the note back instead.
+ */
+static void
 uvm_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 					ProcessUtilityContext context, ParamListInfo params,
 					QueryEnvironment *queryEnv, DestReceiver *dest, QueryCompletion *qc)
@@ -40,6 +59,7 @@ uvm_process_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTr
 		prev_process_utility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
 	else
 		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
+	uvm_caches_after_utility(pstmt);
 }
 
 /* Called once from _PG_init. */
@@ -48,6 +68,8 @@ uvm_caches_install_hooks(void)
 {
 	prev_executor_start = ExecutorStart_hook;
 	ExecutorStart_hook = uvm_executor_start;
+	prev_executor_end = ExecutorEnd_hook;
+	ExecutorEnd_hook = uvm_executor_end;
 	prev_process_utility = ProcessUtility_hook;
 	ProcessUtility_hook = uvm_process_utility;
 }

@@ -1,6 +1,8 @@
 //! The writers' marks: before a statement changes a cached table, its cache goes stale (the
 //! module essay, "Staying correct"). Called from the C trampolines of `hooks.c`.
 
+use std::cell::RefCell;
+
 use super::*;
 
 unsafe extern "C" {
@@ -11,8 +13,90 @@ unsafe extern "C" {
 /// Installs the writers' hooks (from `_PG_init`).
 pub fn init_hooks() {
     // SAFETY: _PG_init runs single-threaded, before any hook can fire; the C side keeps the
-    // previous hooks and calls them.
-    unsafe { uvm_caches_install_hooks() };
+    // previous hooks and calls them. The callbacks are pg_guard'ed and live as long as the
+    // process.
+    unsafe {
+        uvm_caches_install_hooks();
+        pg_sys::RegisterXactCallback(Some(on_xact), std::ptr::null_mut());
+        pg_sys::RegisterSubXactCallback(Some(on_subxact), std::ptr::null_mut());
+    }
+}
+
+/// A statement of this backend that may write tables and has not ended: an executor (by its
+/// `QueryDesc`) with the tables it writes, or a utility statement that marks (by its
+/// `PlannedStmt`) with the number of cache builds this backend had made when it began; and the
+/// subtransaction it began in.
+struct Writer {
+    key: usize,
+    subxact: pg_sys::SubTransactionId,
+    what: Writes,
+}
+
+enum Writes {
+    Tables(Vec<u32>),
+    Utility { builds: u64 },
+}
+
+thread_local! {
+    /// The writing statements under way in this backend, innermost last.
+    static WRITERS: RefCell<Vec<Writer>> = const { RefCell::new(Vec::new()) };
+    /// The caches this backend has built (`build_started`).
+    static BUILDS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn begin_writing(key: usize, what: Writes) {
+    // SAFETY: reads this backend's current subtransaction id.
+    let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    WRITERS.with(|w| w.borrow_mut().push(Writer { key, subxact, what }));
+}
+
+/// Takes back the note of statement `key`, returning it.
+fn end_writing(key: usize) -> Option<Writes> {
+    WRITERS.with(|w| {
+        let mut w = w.borrow_mut();
+        let i = w.iter().rposition(|x| x.key == key)?;
+        Some(w.remove(i).what)
+    })
+}
+
+/// Whether an executor of this backend that has not ended writes `relation`. A cache built
+/// inside it (`cache_table` in a subquery of an `UPDATE` of the table, or in one of its
+/// triggers) would miss the writes it makes after the build, which its mark, made when it
+/// began, does not cover: the builder refuses.
+pub(super) fn being_written(relation: u32) -> bool {
+    WRITERS.with(|w| w.borrow().iter().any(|x| matches!(&x.what, Writes::Tables(t) if t.contains(&relation))))
+}
+
+/// A cache build begins in this backend. A utility statement that marks (an `ALTER TABLE`, a
+/// `COPY FROM`) and has a build inside it (an event trigger's, a trigger's) marks again when
+/// it ends, since what it changed after the build is not in that cache.
+pub(super) fn build_started() {
+    BUILDS.with(|b| b.set(b.get() + 1));
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+    use pg_sys::XactEvent::*;
+    if matches!(
+        event,
+        XACT_EVENT_COMMIT | XACT_EVENT_PARALLEL_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PARALLEL_ABORT | XACT_EVENT_PREPARE
+    ) {
+        WRITERS.with(|w| w.borrow_mut().clear());
+    }
+}
+
+/// A subtransaction's abort ends the statements begun in it (and in its children, whose ids
+/// are larger) without their `ExecutorEnd`.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn on_subxact(
+    event: pg_sys::SubXactEvent::Type,
+    my_subid: pg_sys::SubTransactionId,
+    _parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        WRITERS.with(|w| w.borrow_mut().retain(|x| x.subxact < my_subid));
+    }
 }
 
 /// Marks the caches of `relation` (0: all of this database) stale, where there are any, and
@@ -117,14 +201,47 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_executor_start(query_desc: *mu
             return;
         }
         let pstmt = (*query_desc).plannedstmt;
-        if !pstmt.is_null() && worth_marking() {
+        if pstmt.is_null() {
+            return;
+        }
+        let written = result_relations(pstmt);
+        if written.is_empty() {
+            return;
+        }
+        if worth_marking() {
             let appends = plain_insert(pstmt);
-            for rel in result_relations(pstmt) {
+            for &rel in &written {
                 // (the plan's locks are held: the trigger stays as it is checked)
                 if !(appends && super::append::insert_appends(rel)) {
                     mark(rel);
                 }
             }
+        }
+        begin_writing(query_desc as usize, Writes::Tables(written));
+    }
+}
+
+/// Before `ExecutorEnd` (src/caches/hooks.c): the statement writes no more.
+///
+/// # Safety
+/// None beyond the call's: the descriptor is only compared.
+#[pgrx::pg_guard]
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn uvm_caches_before_executor_end(query_desc: *mut pg_sys::QueryDesc) {
+    end_writing(query_desc as usize);
+}
+
+/// After a utility statement (src/caches/hooks.c): it writes no more; one that marks and had a
+/// cache built inside it marks every cache of the database again (`build_started`).
+///
+/// # Safety
+/// None beyond the call's: the statement is only compared.
+#[pgrx::pg_guard]
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn uvm_caches_after_utility(pstmt: *mut pg_sys::PlannedStmt) {
+    if let Some(Writes::Utility { builds }) = end_writing(pstmt as usize) {
+        if BUILDS.with(|b| b.get()) != builds {
+            mark(0);
         }
     }
 }
@@ -246,10 +363,17 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_utility(pstmt: *mut pg_sys::Pl
         let stmt = (*pstmt).utilityStmt;
         // (the extension's own DDL: this statement unmarked, and the flag taken, so that the
         // statements it runs, an event trigger's, are marked)
-        if stmt.is_null() || QUIET.with(|q| q.replace(false)) || !worth_marking() {
+        if stmt.is_null() || QUIET.with(|q| q.replace(false)) {
             return;
         }
         let tag = (*stmt).type_;
+        let copy_from = tag == pg_sys::NodeTag::T_CopyStmt && (*(stmt as *const pg_sys::CopyStmt)).is_from;
+        if copy_from || (tag != pg_sys::NodeTag::T_CopyStmt && !keeps_rows(tag)) {
+            begin_writing(pstmt as usize, Writes::Utility { builds: BUILDS.with(|b| b.get()) });
+        }
+        if !worth_marking() {
+            return;
+        }
         if tag == pg_sys::NodeTag::T_CopyStmt {
             let copy = stmt as *const pg_sys::CopyStmt;
             if (*copy).is_from {

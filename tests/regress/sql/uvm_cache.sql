@@ -282,6 +282,44 @@ SELECT uvm.cache_drop('ctev'), uvm.cache_drop('ctev2');
 DROP TABLE ctev, ctev2;
 DROP FUNCTION ctev_fn();
 
+-- cache_table inside a statement that writes its table: its mark was made when it began, and
+-- a cache built inside it would miss its later writes, so the build is refused (55006), in a
+-- subquery and in a trigger alike; another table's builds. An error caught in a savepoint ends
+-- its statement: the table's cache builds after it in the same transaction.
+CREATE TABLE ctw (k int, n int);
+INSERT INTO ctw SELECT g, 1 FROM generate_series(1, 10) g;
+CREATE TABLE ctw2 (a int);
+INSERT INTO ctw2 VALUES (1), (2);
+UPDATE ctw SET n = n + 1 WHERE k = (SELECT uvm.cache_table('ctw')::int);
+UPDATE ctw SET n = n + 1 WHERE k = (SELECT uvm.cache_table('ctw2')::int);
+SELECT relation::regclass, state FROM uvm.caches WHERE relation IN ('ctw'::regclass, 'ctw2'::regclass) ORDER BY 1;
+CREATE FUNCTION ctw_trg() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM uvm.cache_table('ctw'); RETURN NULL; END $$;
+CREATE TRIGGER ctw_t AFTER UPDATE ON ctw FOR EACH ROW EXECUTE FUNCTION ctw_trg();
+UPDATE ctw SET n = n + 1 WHERE k = 3;
+DROP TRIGGER ctw_t ON ctw;
+DO $$ BEGIN
+  BEGIN
+    UPDATE ctw SET n = n + 1 WHERE k = (SELECT uvm.cache_table('ctw')::int);
+  EXCEPTION WHEN object_in_use THEN RAISE NOTICE 'caught %', SQLSTATE;
+  END;
+  PERFORM uvm.cache_table('ctw');
+END $$;
+SELECT state FROM uvm.caches WHERE relation = 'ctw'::regclass;
+SELECT source, rows, sum FROM uvm.cache_fold('ctw', 'n');
+-- A utility statement that changes rows and has a build inside it (here before it rewrites the
+-- table, in a ddl_command_start event trigger) marks again when it ends: the cache is stale and
+-- readers get the heap's new values.
+CREATE FUNCTION ctw_et() RETURNS event_trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM uvm.cache_table('ctw'); END $$;
+CREATE EVENT TRIGGER ctw_et ON ddl_command_start WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION ctw_et();
+ALTER TABLE ctw ALTER COLUMN n TYPE int USING n + 100;
+SELECT state FROM uvm.caches WHERE relation = 'ctw'::regclass;
+SELECT source, rows, sum FROM uvm.cache_fold('ctw', 'n');
+DROP EVENT TRIGGER ctw_et;
+SELECT uvm.cache_drop('ctw'), uvm.cache_drop('ctw2');
+DROP TABLE ctw, ctw2;
+DROP FUNCTION ctw_trg();
+DROP FUNCTION ctw_et();
+
 -- A dropped database's caches: no session of its own will reclaim them, so a look at the
 -- caches from any other database drops them and their segments
 \set regress_db :DBNAME
