@@ -24,6 +24,11 @@ use crate::registry::{ChunkInfo, PendingChunk, Place, Registry, Tier, TierPref, 
 use crate::stats::{ProgressKind, ProgressPhase};
 use crate::uvm_err;
 
+/// The most a migration copies between two looks at interrupts (64 MiB: about 1.3 ms at the
+/// host link's 50 GB/s, where a copy call costs some 10 us; about 0.25 s for the host
+/// provider's memcpy into fresh memfd pages on a 2-core machine, measured).
+const COPY_PIECE: u64 = 64 << 20;
+
 /// The migration flag of one segment, held for the duration of a migration (recorded in the
 /// process's [`Duties`] too, for an exit that skips destructors).
 struct MigrationFlag<E: Env> {
@@ -80,9 +85,13 @@ impl<E: Env> MigrationFlag<E> {
 
 /// What this process's migrations hold in the registry, which it must give back even where no
 /// destructor runs (a FATAL error, `pg_terminate_backend`, exits without unwinding): their
-/// places in pin queues and their migration flags.
+/// places in pin queues, their migration flags, and the chunks they reserved and have not
+/// swapped in yet (pending: counted in their tier, their fds kept by the broker, until
+/// forgotten).
 #[derive(Default)]
 pub(super) struct Duties {
+    /// Pending chunks of this process's [`PendingGuard`]s, by chunk id.
+    pub(super) pending: HashMap<u64, PendingChunk>,
     /// Migrations waiting for pins to drain: segment id -> how many. This process's own pins do
     /// not wait behind them (the GPU service, which migrates for its clients, holds their other
     /// requests back itself rather than sleep on its own wait).
@@ -112,6 +121,10 @@ impl ExitDuties {
             if let Some(slot) = reg.find_id(id) {
                 reg.end_migration(slot);
             }
+        }
+        // (the broker's sweep closes the fds of chunks the registry no longer knows)
+        for (_, p) in d.pending.drain() {
+            reg.abort_chunk(&p);
         }
     }
 }
@@ -391,7 +404,7 @@ impl<E: Env> Segments<E> {
         stats.swap_ms += ms(t);
         let mut guard = PendingGuard::new(self, parts, epoch);
         if let Some(p) = rest? {
-            guard.parts.push((p, false));
+            guard.add(p, false);
         }
         for k in 0..guard.parts.len() {
             let (p, handed_over) = guard.parts[k];
@@ -428,10 +441,23 @@ impl<E: Env> Segments<E> {
                 }
             };
             let t = Instant::now();
-            // SAFETY: both ranges are mapped for `p.size` bytes (the old chunk's part at
-            // `src + (p.offset - old.offset)`, held by `source`; the new chunk at `dst`, in a
-            // kept mapping or `temporary`) and are distinct mappings.
-            unsafe { guard.segs.provider.copy(dst as *mut u8, (src + (p.offset - old.offset)) as *const u8, p.size as usize) }?;
+            // In pieces, answering interrupts between them: a chunk may be gigabytes, which
+            // the host provider copies at memory speed (seconds). An interrupt leaves the
+            // chunk in place and the new one pending, which the guard (or, at a FATAL exit,
+            // this process's duties) forgets.
+            let from = src + (p.offset - old.offset);
+            let mut at = 0;
+            while at < p.size {
+                let n = (p.size - at).min(COPY_PIECE);
+                // SAFETY: both ranges are mapped for `p.size` bytes (the old chunk's part at
+                // `from`, held by `source`; the new chunk at `dst`, in a kept mapping or
+                // `temporary`), are distinct mappings, and `at + n <= p.size`.
+                unsafe { guard.segs.provider.copy((dst + at) as *mut u8, (from + at) as *const u8, n as usize) }?;
+                at += n;
+                if at < p.size {
+                    crate::interrupt::check()?;
+                }
+            }
             stats.copy_ms += ms(t);
             if let Some(m) = temporary {
                 if guard.segs.kept.wants(target, p.size, guard.segs.limits.pool_piece) {

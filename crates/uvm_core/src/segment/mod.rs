@@ -752,13 +752,29 @@ struct PendingGuard<'a, E: Env> {
 }
 
 impl<'a, E: Env> PendingGuard<'a, E> {
+    /// Guards `parts`, recorded in the process's duties too (a FATAL exit skips `drop`).
     fn new(segs: &'a mut Segments<E>, parts: Vec<(PendingChunk, bool)>, epoch: u64) -> Self {
-        PendingGuard { segs, parts, committed: false, epoch }
+        let mut g = PendingGuard { segs, parts: Vec::with_capacity(parts.len()), committed: false, epoch };
+        for (p, handed_over) in parts {
+            g.add(p, handed_over);
+        }
+        g
+    }
+
+    fn add(&mut self, p: PendingChunk, handed_over: bool) {
+        self.segs.own_waits.borrow_mut().pending.insert(p.id, p);
+        self.parts.push((p, handed_over));
     }
 }
 
 impl<E: Env> Drop for PendingGuard<'_, E> {
     fn drop(&mut self) {
+        {
+            let mut own = self.segs.own_waits.borrow_mut();
+            for (p, _) in &self.parts {
+                own.pending.remove(&p.id);
+            }
+        }
         if self.committed {
             return;
         }
