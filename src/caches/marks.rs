@@ -68,8 +68,9 @@ pub(super) fn being_written(relation: u32) -> bool {
 }
 
 /// A cache build begins in this backend. A utility statement that marks (an `ALTER TABLE`, a
-/// `COPY FROM`) and has a build inside it (an event trigger's, a trigger's) marks again when
-/// it ends, since what it changed after the build is not in that cache.
+/// `COPY FROM`) or fills a new table (`CREATE TABLE AS`) and has a build inside it (an event
+/// trigger's, a trigger's, a function's in its query) marks again when it ends, since what it
+/// wrote after the build is not in that cache.
 pub(super) fn build_started() {
     BUILDS.with(|b| b.set(b.get() + 1));
 }
@@ -368,7 +369,11 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_utility(pstmt: *mut pg_sys::Pl
         }
         let tag = (*stmt).type_;
         let copy_from = tag == pg_sys::NodeTag::T_CopyStmt && (*(stmt as *const pg_sys::CopyStmt)).is_from;
-        if copy_from || (tag != pg_sys::NodeTag::T_CopyStmt && !keeps_rows(tag)) {
+        // (`CREATE TABLE AS` and `SELECT INTO` mark nothing: their table is new; but their rows
+        // go in through a receiver, not a result relation, so a build inside them is only seen
+        // here)
+        let fills = tag == pg_sys::NodeTag::T_CreateTableAsStmt;
+        if copy_from || fills || (tag != pg_sys::NodeTag::T_CopyStmt && !keeps_rows(tag)) {
             begin_writing(pstmt as usize, Writes::Utility { builds: BUILDS.with(|b| b.get()) });
         }
         if !worth_marking() {

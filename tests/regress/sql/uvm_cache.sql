@@ -315,6 +315,19 @@ ALTER TABLE ctw ALTER COLUMN n TYPE int USING n + 100;
 SELECT state FROM uvm.caches WHERE relation = 'ctw'::regclass;
 SELECT source, rows, sum FROM uvm.cache_fold('ctw', 'n');
 DROP EVENT TRIGGER ctw_et;
+-- CREATE TABLE AS and SELECT INTO fill their new table through a receiver (no result relation,
+-- no trigger): a build of it inside them (here by a function in the query, at the fifth row)
+-- is marked when the statement ends
+CREATE FUNCTION ctw_build(t text) RETURNS int LANGUAGE plpgsql AS $$ BEGIN PERFORM uvm.cache_table(t::regclass); RETURN 0; END $$;
+CREATE TABLE ctas AS SELECT g AS k, CASE WHEN g = 5 THEN ctw_build('ctas') ELSE 1 END AS v FROM generate_series(1, 1000) g;
+SELECT state FROM uvm.caches WHERE relation = 'ctas'::regclass;
+SELECT source, rows, sum FROM uvm.cache_fold('ctas', 'v');
+SELECT g AS k, CASE WHEN g = 5 THEN ctw_build('ctsi') ELSE 1 END AS v INTO ctsi FROM generate_series(1, 1000) g;
+SELECT state FROM uvm.caches WHERE relation = 'ctsi'::regclass;
+SELECT source, rows, sum FROM uvm.cache_fold('ctsi', 'v');
+SELECT uvm.cache_drop('ctas'), uvm.cache_drop('ctsi');
+DROP TABLE ctas, ctsi;
+DROP FUNCTION ctw_build(text);
 SELECT uvm.cache_drop('ctw'), uvm.cache_drop('ctw2');
 DROP TABLE ctw, ctw2;
 DROP FUNCTION ctw_trg();
