@@ -144,3 +144,39 @@ fn a_migration_terminated_mid_copy_leaves_no_chunk_behind() {
     });
     assert!(fds_gone, "the broker holds {fds} memfds after the drop, {fds_before} before the segment");
 }
+
+/// A migration unmaps the chunks it replaced from the migrating process's own mapping (the
+/// backend's in process mode, the GPU service's in service mode, after its reply) where no pin
+/// of that process uses it. Left mapped, a replaced device chunk kept its memory (a GPU's under
+/// CUDA) until that process next pinned the segment, which for the service may be never: its
+/// clients map the host tier themselves. The next read maps the new chunk.
+#[test]
+fn a_migration_unmaps_the_chunks_it_replaced() {
+    use std::time::Duration;
+    let mut c = connect_tiers();
+    let name = unique_name("mig_unmap");
+    let size: i64 = 64 << 20;
+    create_segment_tier(&mut c, &name, size, None, "device");
+    fill_segment(&mut c, &name, 0, size, 3);
+    let want = checksum_segment(&mut c, &name, 0, size);
+    let mapper: i32 = match device_info_value(&mut c, "execution").as_deref() {
+        Some("service") => device_info_value(&mut c, "service_pid").and_then(|p| p.parse().ok()).expect("the service's pid"),
+        _ => backend_pid(&mut c),
+    };
+    let device_maps = |pid: i32| {
+        let maps = process_maps(pid).unwrap_or_else(|e| panic!("{e}")).unwrap_or_default();
+        maps.lines().filter(|l| l.contains("pg_uvm_share device")).count()
+    };
+    let before = device_maps(mapper);
+    assert!(before > 0, "process {mapper} maps no device chunk after the checksum");
+    assert_eq!(prefetch_segment(&mut c, &name, 0, size, "host"), size);
+    let mut now = before;
+    let unmapped = wait_until(Duration::from_secs(5), || {
+        now = device_maps(mapper);
+        now < before
+    });
+    assert!(unmapped, "process {mapper} still maps {now} device chunks, {before} before the migration");
+    assert_eq!(checksum_segment(&mut c, &name, 0, size), want);
+    assert_eq!(tier_bytes(&mut c, &name), (0, size));
+    drop_segment(&mut c, &name);
+}

@@ -221,6 +221,29 @@ impl<E: Env> Segments<E> {
         }
     }
 
+    /// Unmaps chunk `old`, just replaced, from this process's own mapping of segment `id`, where
+    /// it is mapped there and no pin of this process uses the mapping (`map_missing`'s rule; the
+    /// next pin maps the new chunk). Left mapped, it would hold the old chunk's memory (a GPU's,
+    /// for a device chunk) until this process next pins the segment, which for the GPU service
+    /// may be never: its clients map the host tier themselves. Deferred with the releases where
+    /// those are (the service: after its reply).
+    fn unmap_replaced(&mut self, id: u64, old: ChunkInfo) {
+        if self.defer_releases {
+            self.deferred_unmaps.push((id, old));
+        } else {
+            self.unmap_replaced_now(id, &old);
+        }
+    }
+
+    pub(super) fn unmap_replaced_now(&self, id: u64, old: &ChunkInfo) {
+        if let Some(a) = self.attachments.get(&id) {
+            let unused = Rc::strong_count(&a.mapping) == 1 && !self.session_pins.contains_key(&id);
+            if unused && a.mapping.mapped.borrow().contains(old) {
+                a.mapping.unmap(old);
+            }
+        }
+    }
+
     /// Queues a migration of segment `id` that this process will try again and again without
     /// sleeping (the GPU service's parked migrations): new pins of other processes wait behind
     /// it until the guard goes. Its own pins of the segment do not: it holds its other requests
@@ -481,6 +504,7 @@ impl<E: Env> Segments<E> {
         stats.swap_ms += ms(t);
         guard.committed = true;
         drop(guard);
+        self.unmap_replaced(id, *old);
         if let Some(old_id) = released {
             let t = Instant::now();
             self.release(epoch, old_id)?;

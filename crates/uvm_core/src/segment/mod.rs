@@ -167,6 +167,9 @@ pub struct Segments<E: Env> {
     /// piece (an 8 GiB migration to the device spent 97 ms unmapping its 32 new chunks' copy
     /// mappings while the pool refilled, on the H100).
     deferred_maps: Vec<CopyMap>,
+    /// Chunks a migration replaced, to unmap from this process's own mapping of their segment
+    /// (by segment id) with the deferred releases (`Segments::unmap_replaced`).
+    deferred_unmaps: Vec<(u64, ChunkInfo)>,
     defer_releases: bool,
     /// This process's migrations waiting for pins to drain (see [`WaitingToMigrate`]).
     own_waits: OwnWaits,
@@ -189,6 +192,7 @@ impl<E: Env> Segments<E> {
             limits,
             deferred: Vec::new(),
             deferred_maps: Vec::new(),
+            deferred_unmaps: Vec::new(),
             defer_releases: false,
             own_waits: OwnWaits::default(),
             kept: KeptMaps::default(),
@@ -202,6 +206,9 @@ impl<E: Env> Segments<E> {
 
     /// Releases the chunks whose release was deferred; failures are left to the broker's sweep.
     pub fn release_deferred(&mut self) {
+        for (id, c) in std::mem::take(&mut self.deferred_unmaps) {
+            self.unmap_replaced_now(id, &c);
+        }
         self.deferred_maps.clear();
         for (epoch, id) in std::mem::take(&mut self.deferred) {
             self.kept.forget(id);
