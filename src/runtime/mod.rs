@@ -362,9 +362,10 @@ unsafe extern "C-unwind" fn on_exit(_code: i32, _arg: pg_sys::Datum) {
         // A FATAL error (pg_terminate_backend, for one) was raised inside a call that borrows
         // the manager: PostgreSQL exits without unwinding, so the manager cannot be used. Its
         // mappings and broker connection end with the process; its attachment slots, the pins
-        // counted on them, and a migration's place in a pin queue or its migration flag (which
-        // would hold every new pin of the segment back for good) are in shared memory and must
-        // be given back here.
+        // counted on them, a migration's place in a pin queue or its migration flag (which
+        // would hold every new pin of the segment back for good), and the chunks a migration or
+        // a growth had pending (counted in their tier, kept by the broker) are in shared memory
+        // and must be given back here.
         Err(_) => {
             if let Ok(mut reg) = PgEnv.exclusive() {
                 EXIT_DUTIES.with(|d| {
