@@ -81,13 +81,14 @@ fn a_migration_terminated_while_it_waits_holds_no_pin_back() {
     drop_segment(&mut c, &name);
 }
 
-/// A backend terminated while its migration copies (FATAL: PostgreSQL exits without
-/// unwinding) leaves nothing behind: the chunk it was copying into was pending in the registry,
-/// counted in the host tier and kept by the broker, and stayed so for the life of the cluster
-/// (measured before the fix: 2 GiB of host-tier bytes and one broker memfd). The copy answers
-/// the terminate between 64 MiB pieces of a chunk, not only between chunks (it took 9 s for
-/// one 2 GiB chunk here). The segment keeps its place and contents, and moves and drops
-/// afterwards. (In service mode the service copies, and stops when its client is gone.)
+/// A backend terminated while its migration copies answers within a piece and leaves nothing
+/// behind. The copy answers the terminate between 64 MiB pieces of a chunk: before, only
+/// between chunks, and one 2 GiB chunk took 9 s here, then moved anyway. A FATAL exit
+/// (PostgreSQL exits without unwinding) inside the copy skips the guard of the chunk it was
+/// copying into, which is pending in the registry (counted in the host tier, 2 GiB during
+/// that copy, and its memfd kept by the broker): the exit callback forgets it. The segment
+/// keeps its place and contents, and moves and drops afterwards. (In service mode the service
+/// copies, and stops when its client is gone.)
 #[test]
 fn a_migration_terminated_mid_copy_leaves_no_chunk_behind() {
     use std::time::{Duration, Instant};
