@@ -229,9 +229,9 @@ fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Res
     // cannot take appends leaves its table without one.
     let appends = super::append::appendable(&specs) && super::append::capacity() > 0;
     if appends {
-        super::append::ensure_trigger(relid, &t.qualified)?;
+        super::trigger::ensure_trigger(relid, &t.qualified)?;
     } else {
-        super::append::drop_trigger(relid, &t.qualified)?;
+        super::trigger::drop_trigger(relid, &t.qualified)?;
     }
     let d = directory()?;
     let db = database();

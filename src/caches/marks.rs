@@ -213,7 +213,7 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_executor_start(query_desc: *mu
             let appends = plain_insert(pstmt);
             for &rel in &written {
                 // (the plan's locks are held: the trigger stays as it is checked)
-                if !(appends && super::append::insert_appends(rel)) {
+                if !(appends && super::trigger::insert_appends(rel)) {
                     mark(rel);
                 }
             }
@@ -342,12 +342,12 @@ fn copy_appends(relid: u32) -> bool {
     unsafe {
         let may = pg_sys::pg_class_aclcheck(oid, pg_sys::GetUserId(), pg_sys::ACL_INSERT as pg_sys::AclMode)
             == pg_sys::AclResult::ACLCHECK_OK;
-        if !may || !super::append::has_tail(relid) {
+        if !may || !super::trigger::has_tail(relid) {
             return false;
         }
         pg_sys::LockRelationOid(oid, pg_sys::RowExclusiveLock as i32);
     }
-    super::append::insert_appends(relid)
+    super::trigger::insert_appends(relid)
 }
 
 /// Before `ProcessUtility` (src/caches/hooks.c): `COPY ... FROM` marks its table's cache

@@ -79,7 +79,8 @@
 //!
 //! `marks.rs` the writers' marks (with `hooks.c`, their C trampolines), `builder.rs` building
 //! (`parallel.rs` its parallel scan, `decode.rs` tuples into words), `append.rs` inserts kept
-//! in the tail, `refresh.rs` the background refresher of stale caches, `reader.rs` reading;
+//! in the tail (`trigger.rs` its trigger in the catalog), `refresh.rs` the background refresher
+//! of stale caches, `reader.rs` reading;
 //! this file the directory's shared memory, the checks every surface makes (privilege, types,
 //! subscriptions), dropping, reclaiming and listing.
 
@@ -103,6 +104,7 @@ mod marks;
 mod parallel;
 mod reader;
 mod refresh;
+mod trigger;
 
 pub use append::visible as visible_tail;
 pub use builder::build;
@@ -364,7 +366,7 @@ pub fn drop_cache(relid: pg_sys::Oid) -> Result<bool> {
         None => false,
     };
     // The append trigger goes with the cache (it would keep copying every insert's rows).
-    append::drop_trigger(relid, &reader::qualified(relid))?;
+    trigger::drop_trigger(relid, &reader::qualified(relid))?;
     Ok(dropped)
 }
 
