@@ -92,7 +92,8 @@
 //!   cheapest path, and whose other children are the dimensions' cheapest paths. Anything else:
 //!   no path.
 //! - **Executor** (`run.rs`; a program's run over a cache in `run/program.rs`, the
-//!   dimensions' rows in `run/dims.rs`; results and text conditions in `values.rs`): at the first call
+//!   dimensions' rows in `run/dims.rs`, `EXPLAIN`'s text of the program in `run/explain.rs`;
+//!   results and text conditions in `values.rs`): at the first call
 //!   the node checks the cache against the query's snapshot (`caches::usable_in_query`, the
 //!   reader's rule) and that it still holds the
 //!   planned columns with the planned encodings; has PostgreSQL evaluate each text condition

@@ -6,6 +6,7 @@ use super::values::{datum_of, read_dictionary, table_aggs, text_codes};
 use super::*;
 
 mod dims;
+mod explain;
 mod program;
 use dims::{DimFrom, DimRows};
 use program::{begin_program, cache_index, finish_program, index_of, program_filters, read_window, run_program, Begun, Ran};
@@ -441,61 +442,6 @@ impl GpuGroupAggScan {
             }
         }
     }
-
-    /// A clause as EXPLAIN shows it: its alternatives, the ranges' bounds in the column's type,
-    /// a text condition as PostgreSQL prints it.
-    fn describe_clause(&self, clause: &[Atom]) -> String {
-        let alts: Vec<String> = clause
-            .iter()
-            .map(|a| {
-                let name = self.name_of(&a.col);
-                match a.check {
-                    Check::Range { lo: 1, hi: 1 } if a.col.encoding == Encoding::Bool => name,
-                    Check::Range { lo: 0, hi: 0 } if a.col.encoding == Encoding::Bool => format!("NOT {name}"),
-                    Check::Range { lo, hi } => describe_range(&name, a.col, lo, hi),
-                    Check::Null => format!("{name} IS NULL"),
-                    Check::Compare(n) => {
-                        let c = &self.shape.compares[n];
-                        let side = |steps: &[Step]| {
-                            let mut stack: Vec<String> = Vec::new();
-                            for s in steps {
-                                let v = match *s {
-                                    Step::Col(i) => self.name_of(&c.cols[i]),
-                                    Step::Const(k) => k.to_string(),
-                                    Step::Neg(_) => format!("-{}", stack.pop().unwrap_or_default()),
-                                    Step::Bin(op, _) => {
-                                        let (b, a) = (stack.pop().unwrap_or_default(), stack.pop().unwrap_or_default());
-                                        let sym = ["+", "-", "*", "/", "%"][op as usize];
-                                        format!("({a} {sym} {b})")
-                                    }
-                                };
-                                stack.push(v);
-                            }
-                            stack.pop().unwrap_or_default()
-                        };
-                        format!("{} {} {}", side(&c.expr.lhs), c.expr.cmp.symbol(), side(&c.expr.rhs))
-                    }
-                    // SAFETY: a text condition of the plan; the fact table exists (the query
-                    // holds its lock); the deparsed string is palloc'd.
-                    Check::Text(n) => unsafe {
-                        let rel = std::ffi::CString::new(self.relname.replace('\0', "")).expect("no NUL");
-                        let cxt = pg_sys::deparse_context_for(rel.as_ptr(), self.shape.relid);
-                        let p = pg_sys::deparse_expression(self.shape.texts[n], cxt, false, false);
-                        CStr::from_ptr(p).to_string_lossy().into_owned()
-                    },
-                }
-            })
-            .collect();
-        if alts.len() == 1 {
-            alts.into_iter().next().unwrap_or_default()
-        } else {
-            format!("({})", alts.join(" OR "))
-        }
-    }
-
-    fn name_of(&self, c: &Col) -> String {
-        self.names.iter().find(|n| n.0 == c.attnum).map_or_else(|| format!("#{}", c.attnum), |n| n.1.clone())
-    }
 }
 
 impl JoinScan for GpuGroupAggScan {
@@ -838,82 +784,6 @@ impl JoinScan for GpuGroupAggScan {
                 }
             }
         }
-    }
-}
-
-/// A range as EXPLAIN shows it, its bounds in the column's type (a float column's run of
-/// words as the values it holds: `crate::scan::floats`).
-fn describe_range(name: &str, col: Col, lo: i64, hi: i64) -> String {
-    let v = |x: i64| text_of(x as u64, col);
-    if matches!(col.encoding, Encoding::Float4 | Encoding::Float8) && (lo, hi) != (i64::MIN, i64::MAX) {
-        let value = |w: i64| match col.encoding {
-            Encoding::Float8 => f64::from_bits(w as u64),
-            _ => f64::from(f32::from_bits(w as u32)),
-        };
-        let (a, b) = (value(lo), value(hi));
-        if a.is_nan() || b.is_nan() {
-            return format!("{name} = 'NaN'");
-        }
-        let (a, b) = if a <= b { (lo, hi) } else { (hi, lo) };
-        return if a == b { format!("{name} = {}", v(a)) } else { format!("{name} BETWEEN {} AND {}", v(a), v(b)) };
-    }
-    // A bound past its type's finite values (`d > '-infinity'` is `d >= -infinity + 1`, which
-    // no date is) is shown by its neighbour, strictly: the output function would raise an ERROR
-    // for it (timestamps) or print nonsense (dates).
-    let shown = |w: i64| printable(w, col.encoding);
-    let lower = |lo: i64| match (shown(lo), lo.checked_sub(1)) {
-        (false, Some(p)) if shown(p) => format!("> {}", v(p)),
-        (false, _) => format!(">= {lo}"),
-        (true, _) => format!(">= {}", v(lo)),
-    };
-    let upper = |hi: i64| match (shown(hi), hi.checked_add(1)) {
-        (false, Some(n)) if shown(n) => format!("< {}", v(n)),
-        (false, _) => format!("<= {hi}"),
-        (true, _) => format!("<= {}", v(hi)),
-    };
-    match (lo, hi) {
-        (i64::MIN, i64::MAX) => format!("{name} IS NOT NULL"),
-        (lo, hi) if lo == hi && shown(lo) => format!("{name} = {}", v(lo)),
-        (lo, hi) if lo == hi => format!("{name} = {lo}"),
-        (i64::MIN, hi) => format!("{name} {}", upper(hi)),
-        (lo, i64::MAX) => format!("{name} {}", lower(lo)),
-        (lo, hi) if shown(lo) && shown(hi) => format!("{name} BETWEEN {} AND {}", v(lo), v(hi)),
-        (lo, hi) => format!("{name} {} AND {name} {}", lower(lo), upper(hi)),
-    }
-}
-
-/// Whether a word of `encoding` is a value its type's output function prints: a finite date
-/// or timestamp within PostgreSQL's range, or an infinity (any word of the other encodings).
-fn printable(w: i64, encoding: Encoding) -> bool {
-    // PostgreSQL's datatype/timestamp.h: dates from Julian day 0 up to DATE_END_JULIAN, and
-    // timestamps from MIN_TIMESTAMP up to END_TIMESTAMP, counted from 2000-01-01
-    const POSTGRES_EPOCH_JDATE: i64 = 2_451_545;
-    const DATE_END_JULIAN: i64 = 2_147_483_494;
-    const MIN_TIMESTAMP: i64 = -211_813_488_000_000_000;
-    const END_TIMESTAMP: i64 = 9_223_371_331_200_000_000;
-    match encoding {
-        Encoding::Date => {
-            w == i64::from(i32::MIN)
-                || w == i64::from(i32::MAX)
-                || (-POSTGRES_EPOCH_JDATE..DATE_END_JULIAN - POSTGRES_EPOCH_JDATE).contains(&w)
-        }
-        Encoding::Timestamp | Encoding::TimestampTz => {
-            w == i64::MIN || w == i64::MAX || (MIN_TIMESTAMP..END_TIMESTAMP).contains(&w)
-        }
-        _ => true,
-    }
-}
-
-/// A word of `encoding` as its type's text (its output function).
-fn text_of(w: u64, col: Col) -> String {
-    let (typ, _) = type_of(col.encoding);
-    // SAFETY: a catalog lookup and a call of a built-in type's output function on a by-value
-    // datum of that type; the result is a palloc'd C string.
-    unsafe {
-        let (mut func, mut varlena) = (pg_sys::InvalidOid, false);
-        pg_sys::getTypeOutputInfo(typ, &mut func, &mut varlena);
-        let p = pg_sys::OidOutputFunctionCall(func, datum_of_word(w, col));
-        CStr::from_ptr(p).to_string_lossy().into_owned()
     }
 }
 
