@@ -67,20 +67,23 @@ pub(crate) fn three_ways_n(c: &mut Client, q: &str, runs: usize) -> R<(String, T
 /// The estimated total costs of `q`'s plan with the GpuJoin node forced (PostgreSQL's joins off)
 /// and with the node off, from EXPLAIN's first line; the settings are reset after.
 pub(crate) fn estimated_costs(c: &mut Client, q: &str) -> R<(f64, f64)> {
-    let mut cost = |settings: &str| -> R<f64> {
-        c.batch_execute(settings).map_err(err(settings))?;
-        let rows = c.query(format!("EXPLAIN {q}").as_str(), &[]).map_err(err("EXPLAIN"))?;
-        let top = rows.first().map(|r| r.get::<_, String>(0)).unwrap_or_default();
-        top.split("..")
-            .nth(1)
-            .and_then(|t| t.split_whitespace().next())
-            .and_then(|t| t.parse().ok())
-            .ok_or_else(|| format!("no cost in EXPLAIN's first line: {top}"))
-    };
-    let node = cost(NODE_FORCED)?;
-    let pg = cost("RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_nestloop; SET pg_uvm_share.enable_gpujoin = off")?;
+    let node = top_cost(c, NODE_FORCED, q)?;
+    let off = "RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_nestloop; SET pg_uvm_share.enable_gpujoin = off";
+    let pg = top_cost(c, off, q)?;
     c.batch_execute("RESET pg_uvm_share.enable_gpujoin").map_err(err("reset"))?;
     Ok((node, pg))
+}
+
+/// The estimated total cost of `q`'s plan after `settings`, from EXPLAIN's first line.
+pub(crate) fn top_cost(c: &mut Client, settings: &str, q: &str) -> R<f64> {
+    c.batch_execute(settings).map_err(err(settings))?;
+    let rows = c.query(format!("EXPLAIN {q}").as_str(), &[]).map_err(err("EXPLAIN"))?;
+    let top = rows.first().map(|r| r.get::<_, String>(0)).unwrap_or_default();
+    top.split("..")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| format!("no cost in EXPLAIN's first line: {top}"))
 }
 
 /// `q`'s plan (EXPLAIN, COSTS OFF) with the node forced and with the node off; the settings are

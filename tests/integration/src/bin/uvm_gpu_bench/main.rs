@@ -34,12 +34,14 @@ use std::time::{Duration, Instant};
 
 // The measurements, by topic, and the report.
 mod caches;
+mod groupagg;
 mod joins;
 mod report;
 mod segments;
 mod service;
 
 use caches::*;
+use groupagg::*;
 use joins::*;
 use report::*;
 use segments::*;
@@ -607,6 +609,7 @@ fn measure(mode: Mode, results: String, keep_tables: bool) -> i32 {
         ("column cache", Box::new(|b: &mut Bench, admin: &mut Client| bench_cache(b, admin, pid))),
         ("cache inserts", Box::new(|b: &mut Bench, admin: &mut Client| bench_cache_inserts(b, admin, pid))),
         ("cached join", Box::new(|b: &mut Bench, admin: &mut Client| bench_cache_join(b, admin))),
+        ("GpuGroupAgg planner sweep", Box::new(|b: &mut Bench, _admin: &mut Client| bench_groupagg_planner(b))),
     ];
     // GPU_SUITE_BENCH_STEPS="GpuJoin,migration" runs only the steps whose names contain one of
     // the words (a run spent on one figure), "=GpuJoin" the step of that name alone; the others
