@@ -507,7 +507,7 @@ impl<E: Env> Segments<E> {
         self.unmap_replaced(id, *old);
         if let Some(old_id) = released {
             let t = Instant::now();
-            self.release(epoch, old_id)?;
+            self.release(epoch, old_id);
             stats.release_ms += ms(t);
         }
         Ok(())

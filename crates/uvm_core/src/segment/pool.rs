@@ -50,7 +50,7 @@ impl<E: Env> Segments<E> {
         let kept = &self.kept;
         if let Some(id) = reg.trim_pool(size, piece, |id| !kept.on || kept.maps.contains_key(&id)) {
             drop(reg);
-            self.release(epoch, id)?;
+            self.release(epoch, id);
             return Ok(PoolTurn::Trimmed);
         }
         if piece == 0 || reg.pool_bytes() + piece > size {
