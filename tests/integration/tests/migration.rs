@@ -181,3 +181,44 @@ fn a_migration_unmaps_the_chunks_it_replaced() {
     assert_eq!(tier_bytes(&mut c, &name), (0, size));
     drop_segment(&mut c, &name);
 }
+
+/// Two sessions moving one segment the same way at once: the second waits for the first (one
+/// migration of a segment at a time), then finds its chunks where it wanted them. It planned
+/// its moves before it waited, and copied the chunks of that plan, which the first migration had
+/// replaced: in process mode it failed with 58000 ("unknown to the broker") or 55006 (13 of 13
+/// rounds, found by an adversarial session). It plans again once it holds the segment.
+#[test]
+fn two_migrations_of_one_segment_the_same_way_both_succeed() {
+    use std::time::Duration;
+    let mut c = connect_tiers();
+    let name = unique_name("mig_twice");
+    let size: i64 = 8 << 20;
+    create_segment_tier(&mut c, &name, size, None, "host");
+    fill_segment(&mut c, &name, 0, size, 5);
+    let want = checksum_segment(&mut c, &name, 0, size);
+    // A pin holds both migrations back until both have planned and wait.
+    let mut holder = connect_tiers();
+    holder.execute("SELECT uvm.pin_segment($1)", &[&name]).unwrap();
+    let runners: Vec<_> = (0..2)
+        .map(|_| {
+            let mut s = connect_tiers();
+            let sql = format!("SELECT uvm.prefetch_segment({}, 0, {size}, 'device')", quote_literal(&name));
+            std::thread::spawn(move || {
+                s.batch_execute("SET pg_uvm_share.pin_wait_timeout = '60s'").unwrap();
+                s.query_one(sql.as_str(), &[]).map(|r| r.get::<_, i64>(0)).map_err(|e| describe(&e))
+            })
+        })
+        .collect();
+    let both_wait = wait_until(Duration::from_secs(20), || {
+        c.query_one("SELECT count(*) FROM uvm.progress WHERE kind = 'migration' AND phase = 'waiting for pins'", &[])
+            .is_ok_and(|r| r.get::<_, i64>(0) == 2)
+    });
+    holder.execute("SELECT uvm.unpin_segment($1)", &[&name]).unwrap();
+    let moved: Vec<Result<i64, String>> = runners.into_iter().map(|r| r.join().unwrap()).collect();
+    assert!(both_wait, "the two migrations never waited together: {moved:?}");
+    let total: i64 = moved.iter().map(|m| *m.as_ref().unwrap_or_else(|e| panic!("a migration failed: {e}"))).sum();
+    assert_eq!(total, size, "the bytes the two moved: {moved:?}");
+    assert_eq!(tier_bytes(&mut c, &name), (size, 0), "(device, host) bytes");
+    assert_eq!(checksum_segment(&mut c, &name, 0, size), want);
+    drop_segment(&mut c, &name);
+}

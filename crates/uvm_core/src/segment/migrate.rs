@@ -285,21 +285,13 @@ impl<E: Env> Segments<E> {
         }
         self.check_pref(target)?;
         let (start, end) = (start as u64, (start + len) as u64);
-        let covered: Vec<ChunkInfo> =
-            info.chunks.iter().filter(|c| c.offset < end && start < c.offset + c.size).copied().collect();
-        // Where each chunk goes, planned whole before anything moves (a move refused for
-        // budget moves nothing).
-        let plan = {
-            let reg = self.env.shared()?;
-            let chunks: Vec<(Place, u64)> = covered.iter().map(|c| (c.place(), c.size)).collect();
-            placement::plan_moves(target, &chunks, &self.gpus(&reg), GRANULARITY)
-                .map_err(|e| e.detail(format!("Nothing of segment \"{name}\" was moved.")))?
-        };
-        let moving: Vec<(ChunkInfo, Place)> = covered.iter().zip(plan).filter_map(|(c, to)| to.map(|to| (*c, to))).collect();
-        if moving.is_empty() {
+        // Planned before waiting (nothing to move, or a move refused for budget, answers at
+        // once), and again once the flag is held (below).
+        let planned = self.plan_moves(&info, start, end, target)?;
+        if planned.is_empty() {
             return Ok(0);
         }
-        let bytes: u64 = moving.iter().map(|(c, _)| c.size).sum();
+        let bytes: u64 = planned.iter().map(|(c, _)| c.size).sum();
         let started = Instant::now();
         // (`uvm.progress`: none if every row is taken.)
         let progress = self.env.shared()?.start_progress(
@@ -310,6 +302,14 @@ impl<E: Env> Segments<E> {
             bytes,
         );
         let _flag = MigrationFlag::begin(&self.env, &self.own_waits, info.id, name, self.limits.pin_wait)?;
+        // Another migration of the segment may have moved its chunks while this one waited for
+        // the flag: the plan made before would copy chunks the registry has let go (two
+        // sessions moving one segment the same way: the second failed with 55006 or 58000).
+        let moving = self.plan_moves(&self.lookup_id(info.id)?, start, end, target)?;
+        if moving.is_empty() {
+            return Ok(0);
+        }
+        let bytes: u64 = moving.iter().map(|(c, _)| c.size).sum();
         let mut stats = MigrationStats { bytes, chunks: moving.len() as u32, wait_ms: ms(started), ..Default::default() };
         let mut done = 0;
         // The next chunk's new device chunk, made while this one copies (see `Ahead`).
@@ -341,6 +341,27 @@ impl<E: Env> Segments<E> {
             - stats.release_ms;
         self.last_migration = Some(stats);
         Ok(bytes)
+    }
+
+    /// The chunks of `info` covering `[start, end)` that a migration to `target` moves, and
+    /// where each goes: planned whole (`placement::plan_moves`), so that a move refused for
+    /// budget refuses them all.
+    fn plan_moves(
+        &self,
+        info: &crate::segment::SegmentInfo,
+        start: u64,
+        end: u64,
+        target: TierPref,
+    ) -> Result<Vec<(ChunkInfo, Place)>> {
+        let covered: Vec<ChunkInfo> =
+            info.chunks.iter().filter(|c| c.offset < end && start < c.offset + c.size).copied().collect();
+        let plan = {
+            let reg = self.env.shared()?;
+            let chunks: Vec<(Place, u64)> = covered.iter().map(|c| (c.place(), c.size)).collect();
+            placement::plan_moves(target, &chunks, &self.gpus(&reg), GRANULARITY)
+                .map_err(|e| e.detail(format!("Nothing of segment \"{}\" was moved.", info.name)))?
+        };
+        Ok(covered.iter().zip(plan).filter_map(|(c, to)| to.map(|to| (*c, to))).collect())
     }
 
     /// Replaces one chunk by a copy at `to`. The caller holds the migration flag.
