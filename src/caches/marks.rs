@@ -68,7 +68,8 @@ pub(super) fn being_written(relation: u32) -> bool {
 }
 
 /// A cache build begins in this backend. A utility statement that marks (an `ALTER TABLE`, a
-/// `COPY FROM`) or fills a new table (`CREATE TABLE AS`) and has a build inside it (an event
+/// `COPY FROM`) or an executor that fills a new table (`CREATE TABLE AS`, `SELECT INTO`) and
+/// has a build inside it (an event
 /// trigger's, a trigger's, a function's in its query) marks again when it ends, since what it
 /// wrote after the build is not in that cache.
 pub(super) fn build_started() {
@@ -205,6 +206,15 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_executor_start(query_desc: *mu
         if pstmt.is_null() {
             return;
         }
+        // An executor that fills a new table (`CREATE TABLE AS`, `SELECT INTO`, either under
+        // `EXPLAIN ANALYZE` or from a function) marks nothing, its table being new; but its rows
+        // go in through its receiver, not a result relation, so a cache of that table built
+        // inside it (by a function of its query) misses the rows after the build: noted as a
+        // utility statement's, it marks every cache again when it ends.
+        let dest = (*query_desc).dest;
+        if !dest.is_null() && (*dest).mydest == pg_sys::CommandDest::DestIntoRel {
+            begin_writing(query_desc as usize, Writes::Utility { builds: BUILDS.with(|b| b.get()) });
+        }
         let written = result_relations(pstmt);
         if written.is_empty() {
             return;
@@ -229,7 +239,11 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_executor_start(query_desc: *mu
 #[pgrx::pg_guard]
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn uvm_caches_before_executor_end(query_desc: *mut pg_sys::QueryDesc) {
-    end_writing(query_desc as usize);
+    // (an executor filling a new table has two notes: its receiver's, and its result relations'
+    // if its query writes tables too)
+    while let Some(w) = end_writing(query_desc as usize) {
+        ended(w);
+    }
 }
 
 /// After a utility statement (src/caches/hooks.c): it writes no more; one that marks and had a
@@ -240,7 +254,15 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_executor_end(query_desc: *mut 
 #[pgrx::pg_guard]
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn uvm_caches_after_utility(pstmt: *mut pg_sys::PlannedStmt) {
-    if let Some(Writes::Utility { builds }) = end_writing(pstmt as usize) {
+    if let Some(w) = end_writing(pstmt as usize) {
+        ended(w);
+    }
+}
+
+/// A writing statement ended: one noted as a utility statement's that had a cache built
+/// inside it marks every cache of the database again.
+fn ended(w: Writes) {
+    if let Writes::Utility { builds } = w {
         if BUILDS.with(|b| b.get()) != builds {
             mark(0);
         }
@@ -369,11 +391,9 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_utility(pstmt: *mut pg_sys::Pl
         }
         let tag = (*stmt).type_;
         let copy_from = tag == pg_sys::NodeTag::T_CopyStmt && (*(stmt as *const pg_sys::CopyStmt)).is_from;
-        // (`CREATE TABLE AS` and `SELECT INTO` mark nothing: their table is new; but their rows
-        // go in through a receiver, not a result relation, so a build inside them is only seen
-        // here)
-        let fills = tag == pg_sys::NodeTag::T_CreateTableAsStmt;
-        if copy_from || fills || (tag != pg_sys::NodeTag::T_CopyStmt && !keeps_rows(tag)) {
+        // (`CREATE TABLE AS` and `SELECT INTO` mark nothing, their table being new: their
+        // executor notes a build inside them, `uvm_caches_before_executor_start`)
+        if copy_from || (tag != pg_sys::NodeTag::T_CopyStmt && !keeps_rows(tag)) {
             begin_writing(pstmt as usize, Writes::Utility { builds: BUILDS.with(|b| b.get()) });
         }
         if !worth_marking() {

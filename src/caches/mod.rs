@@ -39,9 +39,10 @@
 //! A mark is made when a statement begins, so a cache built inside a writing statement would
 //! miss what the statement writes after the build. `ExecutorStart` and `ExecutorEnd` keep
 //! the tables this backend's executors are writing (`marks::being_written`), and the builder
-//! refuses those (55006); a utility statement that marks, or fills a new table (`CREATE TABLE
-//! AS`, whose rows go in through a receiver, not a result relation), and had a build inside it
-//! (an event trigger's, a function's) marks again when it ends.
+//! refuses those (55006); a utility statement that marks, or an executor that fills a new table
+//! (`CREATE TABLE AS`, `SELECT INTO`, under `EXPLAIN ANALYZE` too: its rows go in through a
+//! receiver, not a result relation), and had a build inside it (an event trigger's, a
+//! function's) marks again when it ends.
 //!
 //! The hooks are C trampolines (`hooks.c`) around the markers here, so that an ERROR of the
 //! statement itself passes through them as PostgreSQL raised it (a Rust hook would convert it
