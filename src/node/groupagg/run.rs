@@ -2,7 +2,7 @@
 //! (see the module essay).
 
 use super::plan::agg_of;
-use super::values::{datum_of, read_dictionary, table_aggs, text_codes};
+use super::values::{datum_of, read_dictionary, table_aggs, text_codes, text_datum};
 use super::*;
 
 mod dims;
@@ -309,14 +309,17 @@ impl GpuGroupAggScan {
                     continue;
                 }
                 let Some(s) = u32::try_from(code).ok().and_then(|c| dict.get(c)) else {
-                    report(UvmError::new(Code::SystemError, format!("GpuGroupAgg: a group of code {code}, past its dictionary")));
+                    report(UvmError::new(
+                        Code::InvalidParameterValue,
+                        format!("GpuGroupAgg: a group of code {code}, past its dictionary: the cache is corrupted"),
+                    ));
                 };
                 // SAFETY: a text datum made in the window's context (live while its rows are).
                 let d = unsafe {
                     let old = pg_sys::MemoryContextSwitchTo(self.window_cxt);
-                    let t = pg_sys::cstring_to_text_with_len(s.as_ptr() as *const std::ffi::c_char, s.len() as i32);
+                    let t = text_datum(s);
                     pg_sys::MemoryContextSwitchTo(old);
-                    pg_sys::Datum::from(t)
+                    t.unwrap_or_else(|e| report(e))
                 };
                 texts.insert(code, d);
             }

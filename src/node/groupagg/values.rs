@@ -5,6 +5,36 @@
 
 use super::*;
 
+/// A string of a cache's dictionary as a `text` datum, made in the current memory context.
+/// The string is a segment's, not trusted: one that is not valid in the database's encoding (a
+/// NUL byte included) is a corrupted cache, an ERROR (22023) rather than a datum that a
+/// `CREATE TABLE AS` would store and every later read of it refuse.
+///
+/// # Safety
+/// Called in a backend, inside a transaction (the datum is palloc'd).
+pub(super) unsafe fn text_datum(s: &[u8]) -> Result<pg_sys::Datum> {
+    let corrupted = || {
+        UvmError::new(
+            Code::InvalidParameterValue,
+            format!(
+                "a column cache's dictionary is corrupted: a string of {} bytes is not valid in the database's encoding",
+                s.len()
+            ),
+        )
+        .hint("Rebuild the cache with uvm.cache_table.")
+    };
+    let len = i32::try_from(s.len()).map_err(|_| corrupted())?;
+    // SAFETY: `s` is `len` readable bytes; the check reads them only (noError: no ERROR here);
+    // the text is a palloc'd copy (forwarded contract).
+    unsafe {
+        let p = s.as_ptr() as *const std::ffi::c_char;
+        if !pg_sys::pg_verify_mbstr(pg_sys::GetDatabaseEncoding(), p, len, true) {
+            return Err(corrupted());
+        }
+        Ok(pg_sys::Datum::from(pg_sys::cstring_to_text_with_len(p, len)))
+    }
+}
+
 /// The group table's aggregates for `aggs`: one state each, then a count beside each sum.
 pub(super) fn table_aggs(aggs: &[AggOf], cols: &dyn Fn(&Col) -> usize) -> Vec<(AggKind, Input)> {
     let mut out: Vec<(AggKind, Input)> = aggs
@@ -164,8 +194,8 @@ pub(super) unsafe fn text_codes(
                 *(*slot).tts_isnull.add(a) = true;
             }
             if let Some(s) = s {
-                let text = pg_sys::cstring_to_text_with_len(s.as_ptr() as *const std::ffi::c_char, s.len() as i32);
-                *(*slot).tts_values.add(natts as usize - 1) = pg_sys::Datum::from(text);
+                let text = text_datum(s).unwrap_or_else(|e| report(e));
+                *(*slot).tts_values.add(natts as usize - 1) = text;
                 *(*slot).tts_isnull.add(natts as usize - 1) = false;
             }
             pg_sys::ExecStoreVirtualTuple(slot);

@@ -690,3 +690,76 @@ fn concurrent_appends_of_new_strings_share_their_codes() {
     admin.batch_execute(&format!("DROP TABLE {table}")).unwrap();
     assert_caches_reclaimed(&mut admin);
 }
+
+/// A cache's segments are memory, not trusted: a dictionary string that is not valid in the
+/// database's encoding (written into the broker's memfd here, as any process holding the fd
+/// could) must not reach a result. It did: `GROUP BY` over the cache returned the bytes as
+/// `text`, and `CREATE TABLE AS` stored them, after which every read of that table failed with
+/// "invalid byte sequence" (an adversarial session's finding). Now it is an ERROR (22023) naming
+/// the corrupted cache; put back, the same query answers.
+#[test]
+fn a_corrupted_dictionary_string_is_an_error_not_a_stored_value() {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut c = connect();
+    let broker = wait_broker(&mut c, Duration::from_secs(10));
+    let t = unique_name("dict_bad");
+    c.batch_execute(&format!(
+        "CREATE TABLE {t} (k int4, s text); \
+         INSERT INTO {t} SELECT g, CASE WHEN g % 2 = 0 THEN '{t}-even' ELSE '{t}-odd' END \
+         FROM generate_series(1, 1000) g; ANALYZE {t}"
+    ))
+    .unwrap();
+    c.query_one(&format!("SELECT uvm.cache_table('{t}')"), &[]).unwrap();
+    // (a table this small is PostgreSQL's by cost: its own grouping is turned off)
+    c.batch_execute("SET enable_hashagg = off; SET enable_sort = off").unwrap();
+    let q = format!("SELECT s, count(*) FROM {t} GROUP BY s");
+    let plan: Vec<String> = c.query(&format!("EXPLAIN (COSTS OFF) {q}"), &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    assert!(plan.iter().any(|l| l.contains("UvmGpuGroupAgg")), "the node reads the cache: {plan:?}");
+    let answer = |c: &mut postgres::Client| -> Result<Vec<(String, i64)>, String> {
+        let mut rows: Vec<(String, i64)> =
+            c.query(&q, &[]).map(|rows| rows.iter().map(|r| (r.get(0), r.get(1))).collect()).map_err(|e| describe(&e))?;
+        rows.sort();
+        Ok(rows)
+    };
+    let want = vec![(format!("{t}-even"), 500), (format!("{t}-odd"), 500)];
+    assert_eq!(answer(&mut c).unwrap(), want);
+
+    // The dictionary's memfd at the broker: the one whose header is a dictionary's and whose
+    // strings are this table's (its name is in them). Its first string's first byte ('i', of
+    // the name) becomes 0xF0.
+    let mut found = None;
+    for e in std::fs::read_dir(format!("/proc/{broker}/fd")).unwrap().flatten() {
+        let is_memfd = std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("/memfd:"));
+        let Ok(mut f) = std::fs::OpenOptions::new().read(true).write(true).open(e.path()) else { continue };
+        let mut head = [0u8; 64];
+        if !is_memfd || f.read_exact(&mut head).is_err() || &head[..8] != b"UVMDICT1" {
+            continue;
+        }
+        let word = |i: usize| u64::from_le_bytes(head[i * 8..i * 8 + 8].try_into().unwrap());
+        let (bytes, strings_at) = (word(3), word(5));
+        let mut strings = vec![0u8; bytes.min(4096) as usize];
+        if f.seek(SeekFrom::Start(strings_at)).is_err() || f.read_exact(&mut strings).is_err() {
+            continue;
+        }
+        if strings.starts_with(t.as_bytes()) {
+            found = Some((f, strings_at));
+            break;
+        }
+    }
+    let (mut f, at) = found.expect("the cache's dictionary among the broker's memfds");
+    let poke = |f: &mut std::fs::File, b: u8| {
+        f.seek(SeekFrom::Start(at)).unwrap();
+        f.write_all(&[b]).unwrap();
+    };
+    poke(&mut f, 0xF0);
+    let got = answer(&mut c);
+    let stored = c.batch_execute(&format!("CREATE TABLE {t}_copy AS {q}")).map_err(|e| describe(&e));
+    poke(&mut f, t.as_bytes()[0]);
+    let err = got.expect_err("GROUP BY over a dictionary with an invalid string");
+    assert!(err.contains("22023") && err.contains("dictionary is corrupted"), "{err}");
+    let err = stored.expect_err("CREATE TABLE AS over a dictionary with an invalid string");
+    assert!(err.contains("22023"), "{err}");
+    // Put back: the same answer as before.
+    assert_eq!(answer(&mut c).unwrap(), want);
+    c.batch_execute(&format!("SELECT uvm.cache_drop('{t}'); DROP TABLE {t}")).unwrap();
+}

@@ -520,8 +520,8 @@ impl GpuGroupAggScan {
                     let dict = Dict::open("a text column's dictionary", bytes)?;
                     let Some(s) = u32::try_from(w).ok().and_then(|c| dict.get(c)) else {
                         return Err(UvmError::new(
-                            Code::SystemError,
-                            format!("GpuGroupAgg: a dimension's group table holds code {w}, past its dictionary"),
+                            Code::InvalidParameterValue,
+                            format!("GpuGroupAgg: a dimension's group table holds code {w}, past its dictionary: the cache is corrupted"),
                         ));
                     };
                     if !budget.take(s.len() as u64) {
@@ -531,9 +531,9 @@ impl GpuGroupAggScan {
                     // execution's rows are: contract).
                     unsafe {
                         let old = pg_sys::MemoryContextSwitchTo(self.values_cxt);
-                        let t = pg_sys::cstring_to_text_with_len(s.as_ptr() as *const std::ffi::c_char, s.len() as i32);
+                        let t = super::super::values::text_datum(s);
                         pg_sys::MemoryContextSwitchTo(old);
-                        pg_sys::Datum::from(t)
+                        t?
                     }
                 }
                 None => datum_of_word(w, *g),
