@@ -101,31 +101,12 @@ pub(crate) fn bench_groupagg_planner(b: &mut Bench) {
                 if node_v != pg_v || auto_v != pg_v {
                     return Err(format!("{n} rows, {shape}: node {node_v:?}, auto {auto_v:?}, PostgreSQL {pg_v:?}"));
                 }
-                let picks = plan.contains("UvmGpuGroupAgg");
-                // As in GpuJoin's sweep: where auto's plan is one of the two timed, its time is
-                // that plan's, best of both series.
-                let same = if plan == node_plan {
-                    Some(node_t)
-                } else if plan == pg_plan {
-                    Some(pg_t)
-                } else {
-                    None
-                };
-                let pick_t = same.map_or(auto_t, |t| t.min(auto_t));
-                let ratio = pick_t / node_t.min(pg_t);
+                let point = SweepPoint { plan: &plan, node_plan: &node_plan, pg_plan: &pg_plan, auto_t, node_t, pg_t };
+                let (ratio, line) = point.judge(&format!("{n} rows, {shape}"), "UvmGpuGroupAgg", (node_cost, pg_cost));
                 points += 1;
                 within += usize::from(ratio <= 1.25);
                 worst = worst.max(ratio);
-                lines.push(format!(
-                    "{n} rows, {shape}: node {:.1} ms, PostgreSQL's plan {:.1} ms (estimated {node_cost:.0} and {pg_cost:.0}); \
-                     auto picks {}{} ({:.1} ms as auto ran it, {ratio:.2}x){}",
-                    node_t * 1e3,
-                    pg_t * 1e3,
-                    if picks { "UvmGpuGroupAgg" } else { "PostgreSQL's plan" },
-                    if same.is_some() { ", the same plan" } else { ", another plan" },
-                    auto_t * 1e3,
-                    if ratio <= 1.25 { "" } else { ": **past 1.25x**" }
-                ));
+                lines.push(line);
             }
         }
         c.batch_execute("DROP TABLE IF EXISTS gga_f, gga_d; RESET ALL").map_err(err("drop sweep tables"))?;

@@ -444,32 +444,12 @@ pub(crate) fn bench_gpujoin_planner(b: &mut Bench) {
                     if node_v != pg_v || auto_v != pg_v {
                         return Err(format!("{n} x {d}, {dist}, {shape}: node {node_v:?}, auto {auto_v:?}, PostgreSQL {pg_v:?}"));
                     }
-                    let picks = plan.contains("UvmGpuJoin");
-                    // Where auto's plan is one of the two timed (the same EXPLAIN), its time is
-                    // that plan's, best of both series: at a few milliseconds, two series of one
-                    // plan differ by more than 1.25x from run-to-run noise alone.
-                    let same = if plan == node_plan {
-                        Some(node_t)
-                    } else if plan == pg_plan {
-                        Some(pg_t)
-                    } else {
-                        None
-                    };
-                    let pick_t = same.map_or(auto_t, |t| t.min(auto_t));
-                    let ratio = pick_t / node_t.min(pg_t);
+                    let point = SweepPoint { plan: &plan, node_plan: &node_plan, pg_plan: &pg_plan, auto_t, node_t, pg_t };
+                    let (ratio, line) = point.judge(&format!("{n} x {d}, {dist}, {shape}"), "GpuJoin", (node_cost, pg_cost));
                     points += 1;
                     within += usize::from(ratio <= 1.25);
                     worst = worst.max(ratio);
-                    lines.push(format!(
-                        "{n} x {d}, {dist}, {shape}: node {:.1} ms, PostgreSQL's plan {:.1} ms (estimated {node_cost:.0} and \
-                         {pg_cost:.0}); auto picks {}{} ({:.1} ms as auto ran it, {ratio:.2}x){}",
-                        node_t * 1e3,
-                        pg_t * 1e3,
-                        if picks { "GpuJoin" } else { "PostgreSQL's plan" },
-                        if same.is_some() { ", the same plan" } else { ", another plan" },
-                        auto_t * 1e3,
-                        if ratio <= 1.25 { "" } else { ": **past 1.25x**" }
-                    ));
+                    lines.push(line);
                 }
             }
         }
@@ -489,6 +469,48 @@ pub(crate) fn bench_gpujoin_planner(b: &mut Bench) {
             );
         }
         Err(e) => b.error(K, M, e),
+    }
+}
+
+/// One point of a planner sweep: the plan the defaults chose and its time, against the node
+/// forced and the node off (plans and best times).
+pub(crate) struct SweepPoint<'a> {
+    pub plan: &'a str,
+    pub node_plan: &'a str,
+    pub pg_plan: &'a str,
+    pub auto_t: f64,
+    pub node_t: f64,
+    pub pg_t: f64,
+}
+
+impl SweepPoint<'_> {
+    /// The defaults' time over the faster plan's, and the point's line for the report (`node`:
+    /// the node's name in plans; `costs`: both plans' estimates). Where the defaults' plan is
+    /// one of the two timed (the same EXPLAIN), its time is that plan's, best of both series:
+    /// at a few milliseconds, two series of one plan differ by more than 1.25x from run-to-run
+    /// noise alone.
+    pub(crate) fn judge(&self, label: &str, node: &str, (node_cost, pg_cost): (f64, f64)) -> (f64, String) {
+        let picks = self.plan.contains(node);
+        let same = if self.plan == self.node_plan {
+            Some(self.node_t)
+        } else if self.plan == self.pg_plan {
+            Some(self.pg_t)
+        } else {
+            None
+        };
+        let pick_t = same.map_or(self.auto_t, |t| t.min(self.auto_t));
+        let ratio = pick_t / self.node_t.min(self.pg_t);
+        let line = format!(
+            "{label}: node {:.1} ms, PostgreSQL's plan {:.1} ms (estimated {node_cost:.0} and {pg_cost:.0}); auto picks {}{} \
+             ({:.1} ms as auto ran it, {ratio:.2}x){}",
+            self.node_t * 1e3,
+            self.pg_t * 1e3,
+            if picks { node } else { "PostgreSQL's plan" },
+            if same.is_some() { ", the same plan" } else { ", another plan" },
+            self.auto_t * 1e3,
+            if ratio <= 1.25 { "" } else { ": **past 1.25x**" }
+        );
+        (ratio, line)
     }
 }
 
