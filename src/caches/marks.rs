@@ -69,9 +69,8 @@ pub(super) fn being_written(relation: u32) -> bool {
 
 /// A cache build begins in this backend. A utility statement that marks (an `ALTER TABLE`, a
 /// `COPY FROM`) or an executor that fills a new table (`CREATE TABLE AS`, `SELECT INTO`) and
-/// has a build inside it (an event
-/// trigger's, a trigger's, a function's in its query) marks again when it ends, since what it
-/// wrote after the build is not in that cache.
+/// has a build inside it (an event trigger's, a trigger's, a function's in its query) marks
+/// again when it ends, since what it wrote after the build is not in that cache.
 pub(super) fn build_started() {
     BUILDS.with(|b| b.set(b.get() + 1));
 }
