@@ -46,10 +46,9 @@ pub(crate) fn bench_groupagg_planner(b: &mut Bench) {
         return;
     }
     const SIZES: [i64; 5] = [20_000, 200_000, 2_000_000, 20_000_000, 50_000_000];
-    let r = (|| -> R<(usize, usize, f64, Vec<String>)> {
+    let r = (|| -> R<SweepTally> {
         let mut c = fresh()?;
-        let (mut within, mut points, mut worst) = (0, 0, 0f64);
-        let mut lines = Vec::new();
+        let mut tally = SweepTally::default();
         for n in SIZES {
             let dims = (n / 100).max(100);
             // One statement per call: VACUUM cannot run in the implicit transaction of a batch.
@@ -74,13 +73,7 @@ pub(crate) fn bench_groupagg_planner(b: &mut Bench) {
             }
             simple_value(&mut c, "SELECT uvm.cache_table('gga_d')::text")?;
             for (shape, q) in SHAPES {
-                let runs = if n <= 2_000_000 {
-                    5
-                } else if n <= 20_000_000 {
-                    3
-                } else {
-                    2
-                };
+                let runs = sweep_runs(n);
                 let (node_cost, pg_cost) = (top_cost(&mut c, FORCED, q)?, top_cost(&mut c, OFF, q)?);
                 c.batch_execute(FORCED).map_err(err("node forced"))?;
                 let node_plan = explain(&mut c, q)?;
@@ -103,25 +96,14 @@ pub(crate) fn bench_groupagg_planner(b: &mut Bench) {
                 }
                 let point = SweepPoint { plan: &plan, node_plan: &node_plan, pg_plan: &pg_plan, auto_t, node_t, pg_t };
                 let (ratio, line) = point.judge(&format!("{n} rows, {shape}"), "UvmGpuGroupAgg", (node_cost, pg_cost));
-                points += 1;
-                within += usize::from(ratio <= 1.25);
-                worst = worst.max(ratio);
-                lines.push(line);
+                tally.add(ratio, line);
             }
         }
         c.batch_execute("DROP TABLE IF EXISTS gga_f, gga_d; RESET ALL").map_err(err("drop sweep tables"))?;
-        Ok((within, points, worst, lines))
+        Ok(tally)
     })();
     match r {
-        Ok((within, points, worst, lines)) => b.row(
-            K,
-            M,
-            format!("{within} of {points} points within 1.25x (worst {worst:.2}x)"),
-            lines.join("; "),
-            "the faster of the node forced and PostgreSQL's plan, best of 5 (3 at 20 M rows, 2 at 50 M) each".into(),
-            Some(within as f64 / points as f64),
-            Target::info(),
-        ),
+        Ok(tally) => tally.report(b, K, M),
         Err(e) => {
             // The tables (and their caches) go however the sweep ended.
             if let Ok(mut c) = fresh() {

@@ -408,10 +408,9 @@ pub(crate) fn bench_gpujoin_planner(b: &mut Bench) {
             "SELECT f.k::text, d.v::text FROM gj_sw_f f JOIN gj_sw_d d ON f.k = d.k ORDER BY f.k + d.v DESC, f.k LIMIT 1",
         ),
     ];
-    let r = (|| -> R<(usize, usize, f64, Vec<String>)> {
+    let r = (|| -> R<SweepTally> {
         let mut c = fresh()?;
-        let (mut within, mut points, mut worst) = (0, 0, 0f64);
-        let mut lines = Vec::new();
+        let mut tally = SweepTally::default();
         for n in SIZES {
             let d = n / 10;
             for (dist, keys) in [
@@ -431,13 +430,7 @@ pub(crate) fn bench_gpujoin_planner(b: &mut Bench) {
                     c.batch_execute(&sql).map_err(err("sweep tables"))?;
                 }
                 for (shape, q) in SHAPES {
-                    let runs = if n <= 2_000_000 {
-                        5
-                    } else if n <= 20_000_000 {
-                        3
-                    } else {
-                        2
-                    };
+                    let runs = sweep_runs(n);
                     let (node_cost, pg_cost) = estimated_costs(&mut c, q)?;
                     let (node_plan, pg_plan) = plans(&mut c, q)?;
                     let (plan, (auto_t, auto_v), (node_t, node_v), (pg_t, pg_v)) = three_ways_n(&mut c, q, runs)?;
@@ -446,29 +439,61 @@ pub(crate) fn bench_gpujoin_planner(b: &mut Bench) {
                     }
                     let point = SweepPoint { plan: &plan, node_plan: &node_plan, pg_plan: &pg_plan, auto_t, node_t, pg_t };
                     let (ratio, line) = point.judge(&format!("{n} x {d}, {dist}, {shape}"), "GpuJoin", (node_cost, pg_cost));
-                    points += 1;
-                    within += usize::from(ratio <= 1.25);
-                    worst = worst.max(ratio);
-                    lines.push(line);
+                    tally.add(ratio, line);
                 }
             }
         }
         c.batch_execute("DROP TABLE IF EXISTS gj_sw_f, gj_sw_d; RESET ALL").map_err(err("drop sweep tables"))?;
-        Ok((within, points, worst, lines))
+        Ok(tally)
     })();
     match r {
-        Ok((within, points, worst, lines)) => {
-            b.row(
-                K,
-                M,
-                format!("{within} of {points} points within 1.25x (worst {worst:.2}x)"),
-                lines.join("; "),
-                "the faster of the node forced and PostgreSQL's plan, best of 5 (3 at 20 M rows, 2 at 50 M) each".into(),
-                Some(within as f64 / points as f64),
-                Target::info(),
-            );
-        }
+        Ok(tally) => tally.report(b, K, M),
         Err(e) => b.error(K, M, e),
+    }
+}
+
+/// The runs of each plan at a sweep point of `n` fact rows, the best of which counts: 5 up to
+/// 2 M rows, 3 up to 20 M, 2 beyond.
+pub(crate) fn sweep_runs(n: i64) -> usize {
+    if n <= 2_000_000 {
+        5
+    } else if n <= 20_000_000 {
+        3
+    } else {
+        2
+    }
+}
+
+/// A planner sweep's points so far: how many, how many within 1.25x, the worst ratio, and
+/// each point's line for the report.
+#[derive(Default)]
+pub(crate) struct SweepTally {
+    points: usize,
+    within: usize,
+    worst: f64,
+    lines: Vec<String>,
+}
+
+impl SweepTally {
+    pub(crate) fn add(&mut self, ratio: f64, line: String) {
+        self.points += 1;
+        self.within += usize::from(ratio <= 1.25);
+        self.worst = self.worst.max(ratio);
+        self.lines.push(line);
+    }
+
+    /// The sweep's row in the report (`key`, `metric`).
+    pub(crate) fn report(self, b: &mut Bench, key: &str, metric: &str) {
+        let SweepTally { points, within, worst, lines } = self;
+        b.row(
+            key,
+            metric,
+            format!("{within} of {points} points within 1.25x (worst {worst:.2}x)"),
+            lines.join("; "),
+            "the faster of the node forced and PostgreSQL's plan, best of 5 (3 at 20 M rows, 2 at 50 M) each".into(),
+            Some(within as f64 / points as f64),
+            Target::info(),
+        );
     }
 }
 
