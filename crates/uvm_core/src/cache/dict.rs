@@ -139,9 +139,10 @@ pub struct Dict<'a> {
     entries: u64,
 }
 
-/// A dictionary whose header and areas are checked but not its offsets: for looking up the
-/// codes of a few rows in a large dictionary without walking all of it ([`Dict::parse`] walks
-/// every offset). An entry whose offsets are out of order or past the strings answers `None`.
+/// A dictionary whose header and areas are checked, and its first and last offsets, but not
+/// those between: for looking up the codes of a few rows in a large dictionary without walking
+/// all of it ([`Dict::parse`] walks every offset). An entry whose offsets are out of order or
+/// past the strings answers `None`.
 pub struct DictLookup<'a> {
     dict: Dict<'a>,
 }
@@ -183,7 +184,8 @@ impl<'a> Dict<'a> {
         Ok(d)
     }
 
-    /// The header and areas of the dictionary in `bytes`, checked; its offsets not.
+    /// The header and areas of the dictionary in `bytes`, checked, and its first and last
+    /// offsets (0 and the strings' length); the others not.
     fn layout(name: &str, bytes: &'a [u8]) -> Result<Dict<'a>> {
         let Ok((h, _)) = DictHeader::read_from_prefix(bytes) else {
             return Err(not_a_dict(name, "too small"));
@@ -203,11 +205,20 @@ impl<'a> Dict<'a> {
         if h.entries > MAX_ENTRIES || h.offsets_at < DICT_HEADER_BYTES || offsets_end > h.strings_at || strings_end > total {
             return Err(not_a_dict(name, &format!("{} entries of {} bytes do not fit {total} bytes", h.entries, h.bytes)));
         }
-        Ok(Dict {
+        let d = Dict {
             offsets: &bytes[h.offsets_at as usize..offsets_end as usize],
             strings: &bytes[h.strings_at as usize..strings_end as usize],
             entries: h.entries,
-        })
+        };
+        // The first and last offsets, in O(1) (a lookup's string is then never a shifted one
+        // at either end; `parse` checks every one between).
+        if d.offset(0) != 0 || d.offset(d.entries) != h.bytes {
+            return Err(not_a_dict(
+                name,
+                &format!("its offsets run from {} to {}, its strings from 0 to {}", d.offset(0), d.offset(d.entries), h.bytes),
+            ));
+        }
+        Ok(d)
     }
 
     fn offset(&self, i: u64) -> u64 {

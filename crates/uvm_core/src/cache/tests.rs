@@ -338,6 +338,16 @@ fn a_dictionary_that_contradicts_itself_is_refused() {
     assert_eq!(fails(&s), Code::InvalidParameterValue);
     let l = Dict::open("d", &s).unwrap();
     assert_eq!((l.get(0), l.get(1), l.get(2)), (None, None, Some(&b"three"[..])));
+    // the first offset past 0 or the last short of the strings' end: refused by a lookup's
+    // open too (a shifted first or last string, which no lookup could tell from the true one)
+    let first = DICT_HEADER_BYTES as usize;
+    let last = first + 3 * 8;
+    for (at, v) in [(first, 1u64), (last, 10)] {
+        let mut s = bytes.clone();
+        s[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        assert_eq!(fails(&s), Code::InvalidParameterValue);
+        assert_eq!(Dict::open("d", &s).map(|_| ()).unwrap_err().code, Code::InvalidParameterValue, "offset at {at} = {v}");
+    }
 }
 
 proptest! {
