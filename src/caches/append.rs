@@ -682,5 +682,8 @@ pub unsafe fn visible(u: &Usable, snap: pg_sys::Snapshot) -> Result<Option<TailR
     if decline || d.state_of(e.slot, e.generation) != Some(State::Ready) {
         return Ok(None);
     }
+    // (the rows' words as any reader takes them: a word its type cannot hold is no value)
+    let encodings: Vec<Encoding> = (0..ncols as usize).filter_map(|i| u.layout.encoding(i)).collect();
+    rows.check(&tname, &encodings)?;
     Ok(Some(rows))
 }

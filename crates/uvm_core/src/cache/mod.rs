@@ -153,6 +153,29 @@ impl Encoding {
             _ => self.to_word(&word.to_le_bytes()[..n]) == word,
         }
     }
+
+    /// Whether `word` is a value PostgreSQL's type could hold: [`Encoding::holds`], and for
+    /// dates and timestamps their ranges (PostgreSQL's `IS_VALID_DATE`, `IS_VALID_TIMESTAMP`)
+    /// or their infinities, for numerics fewer than 19 digits (the most a cached `numeric(p, s)`
+    /// has). A word from a segment (untrusted) that fails is a corrupted cache, not a value.
+    pub fn valid(self, word: u64) -> bool {
+        /// Days from 2000-01-01 to the Julian day 0 and to PostgreSQL's `DATE_END_JULIAN`.
+        const DATE_MIN: i64 = -2_451_545;
+        const DATE_END: i64 = 2_145_031_949;
+        /// Microseconds: PostgreSQL's `MIN_TIMESTAMP` and `END_TIMESTAMP`.
+        const TIMESTAMP_MIN: i64 = -211_813_488_000_000_000;
+        const TIMESTAMP_END: i64 = 9_223_371_331_200_000_000;
+        let w = word as i64;
+        self.holds(word)
+            && match self {
+                Encoding::Date => w == i64::from(i32::MIN) || w == i64::from(i32::MAX) || (DATE_MIN..DATE_END).contains(&w),
+                Encoding::Timestamp | Encoding::TimestampTz => {
+                    w == i64::MIN || w == i64::MAX || (TIMESTAMP_MIN..TIMESTAMP_END).contains(&w)
+                }
+                Encoding::Numeric => w.unsigned_abs() < 1_000_000_000_000_000_000,
+                _ => true,
+            }
+    }
 }
 
 /// The segment's header (the module's table).

@@ -40,6 +40,7 @@
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
+use super::Encoding;
 use crate::error::{Code, Result, UvmError};
 
 pub const TAIL_MAGIC: u64 = u64::from_le_bytes(*b"UVMTAIL1");
@@ -238,6 +239,25 @@ impl TailRows {
         self.taken.retain(|&i| keep(stamp(stamps, i as usize)));
     }
 
+    /// `Ok` where every taken row's every word is a value of its column's encoding
+    /// (`encodings`, the cache's columns in order: [`Encoding::valid`]); else 22023 naming the
+    /// tail `name`, whose records were overwritten. O(rows × columns), over bytes already read.
+    pub fn check(&self, name: &str, encodings: &[Encoding]) -> Result<()> {
+        let columns = encodings.len().min(self.tail.columns as usize);
+        for i in 0..self.len() {
+            for (c, enc) in encodings.iter().enumerate().take(columns) {
+                if let Some(w) = self.word(i, c).filter(|&w| !enc.valid(w)) {
+                    return Err(bad(format!(
+                        "segment \"{name}\": appended row {} holds {w:#x} in column {c}, which is no {enc:?} value",
+                        self.taken[i]
+                    ))
+                    .hint("The segment was overwritten. Drop the cache with uvm.cache_drop and build it again."));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The taken rows' words of column `col` (for tests and small readers).
     pub fn column(&self, col: usize) -> Vec<Option<u64>> {
         (0..self.len()).map(|i| self.word(i, col)).collect()
@@ -274,6 +294,25 @@ mod tests {
         r.retain(|x| x == 8);
         assert_eq!((r.len(), r.xid(0), r.word(0, 0)), (1, 8, None));
         assert!(TailRows::none().is_empty());
+    }
+
+    #[test]
+    fn words_their_columns_cannot_hold_are_a_corrupted_tail() {
+        use Encoding::*;
+        let t = Tail::new(3, 4).unwrap();
+        let good = [vec![Some(1), Some(-2_451_545i64 as u64), Some(i64::MAX as u64)], vec![Some(0), None, Some(0)]];
+        let read = |rows: &[Vec<Option<u64>>]| t.rows(Tail::stamps(5, rows.len()), t.encode(rows).unwrap());
+        let encs = [Bool, Date, Timestamp];
+        assert!(read(&good).check("t", &encs).is_ok(), "an infinity and the first date are values");
+        for (c, w) in [(0, 7u64), (1, 2_145_031_949), (1, -2_451_546i64 as u64), (1, 1 << 32), (2, (i64::MIN + 1) as u64)] {
+            let mut rows = good.to_vec();
+            rows[1][c] = Some(w);
+            let e = read(&rows).check("t", &encs).unwrap_err();
+            assert_eq!(e.code, Code::InvalidParameterValue, "column {c}, {w:#x}");
+            assert!(e.message.contains("appended row 1"), "{}", e.message);
+        }
+        assert!(Numeric.valid((-999_999_999_999_999_999i64) as u64) && !Numeric.valid(1_000_000_000_000_000_000));
+        assert!(Float8.valid(u64::MAX) && DictCode.valid(u32::MAX as u64) && !DictCode.valid(1 << 32));
     }
 
     #[test]
