@@ -478,19 +478,20 @@ thread_local! {
 
 const LAYOUTS_KEPT: usize = 64;
 
-/// [`read_layout`] of a cache published ready, read once per process. A cache's header and
-/// column directory are written before it is published and never after (appended rows go to
-/// its tail segment, added strings to its dictionaries'), and the registry never gives a
-/// segment id to a second segment while the cluster runs, so the layout a process read under
-/// an id stays that segment's. The planner and every query over a cache read it: in service
-/// mode each read is a request to the GPU service (two per layout), which the SSB at SF 10
-/// showed as most of a query's requests.
-fn ready_layout(seg: &SegRef, name: &str, size: u64) -> Result<Layout> {
+/// [`read_layout`] of a cache published ready as directory entry `e`, read and checked
+/// ([`check_layout`]) once per process. A cache's header and column directory are written
+/// before it is published and never after (appended rows go to its tail segment, added strings
+/// to its dictionaries'), and the registry never gives a segment id to a second segment while
+/// the cluster runs, so the layout a process read under an id stays that segment's. The
+/// planner and every query over a cache read it: in service mode each read is a request to the
+/// GPU service (two per layout), which the SSB at SF 10 showed as most of a query's requests.
+fn ready_layout(seg: &SegRef, name: &str, size: u64, e: &Entry) -> Result<Layout> {
     let known = LAYOUTS.with(|m| m.borrow().get(&seg.id).filter(|k| k.name == name && k.size == size).map(|k| k.layout.clone()));
     if let Some(layout) = known {
         return Ok(layout);
     }
     let layout = read_layout(seg, name, size)?;
+    check_layout(e, name, &layout)?;
     LAYOUTS.with(|m| {
         let mut m = m.borrow_mut();
         if m.len() >= LAYOUTS_KEPT {
@@ -499,4 +500,70 @@ fn ready_layout(seg: &SegRef, name: &str, size: u64) -> Result<Layout> {
         m.insert(seg.id, KnownLayout { name: name.to_string(), size, layout: layout.clone() });
     });
     Ok(layout)
+}
+
+/// Checks a ready cache's layout (read from its segment, which any process with the segment
+/// owner's privileges can overwrite) against what the cluster itself knows of it: its directory
+/// entry `e` (in PostgreSQL's shared memory, which only the extension's code writes) and the
+/// table's catalog. `Layout::parse` has bounded every offset; this catches a layout that is
+/// well formed but not this cache's, which would answer wrongly rather than fail:
+///
+/// - the header's table, generation, column count and `rows` are the entry's (`rows` sizes the
+///   GpuJoin node's table from a cached inner side and bounds a dimension's groups: a smaller
+///   one made the join empty or failed with a hint about full tables);
+/// - each column is a live column of the table, none twice, its encoding and scale those its
+///   type is cached with today (`cacheable`; a change of type makes the cache stale before it
+///   commits, so a ready cache's columns have their types), and a text column's dictionary
+///   reference is its number (the builder's), another column's 0.
+///
+/// O(columns) syscache lookups, once per process per cache ([`ready_layout`]). What it cannot
+/// see (a block's count changed within its bound, a value changed) the readers bound, and
+/// catch where they count.
+fn check_layout(e: &Entry, name: &str, layout: &Layout) -> Result<()> {
+    let corrupted = |why: String| {
+        Err(UvmError::new(
+            Code::InvalidParameterValue,
+            format!("segment \"{name}\" does not hold the cache of {}: {why}", rel_name(pg_sys::Oid::from(e.relation))),
+        )
+        .hint("The segment was overwritten. Drop the cache with uvm.cache_drop and build it again."))
+    };
+    let h = layout.header();
+    if h.relid != e.relation || h.generation != e.generation {
+        return corrupted(format!(
+            "it holds table {} at generation {}, the cluster's cache is at generation {}",
+            h.relid, h.generation, e.generation
+        ));
+    }
+    if h.rows != e.rows || h.columns != e.columns {
+        return corrupted(format!(
+            "its header counts {} rows in {} columns, its build published {} rows in {}",
+            h.rows, h.columns, e.rows, e.columns
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, c) in layout.columns().iter().enumerate() {
+        let enc = layout.encoding(i);
+        // SAFETY: a syscache lookup of one attribute of the table, released before the return;
+        // `cacheable` reads the collation's catalog row.
+        let want = unsafe {
+            let tup = pg_sys::SearchSysCacheAttNum(pg_sys::Oid::from(e.relation), c.attnum);
+            if tup.is_null() {
+                None
+            } else {
+                let att = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_attribute>(tup);
+                let want = (!(*att).attisdropped).then(|| cacheable((*att).atttypid, (*att).atttypmod, (*att).attcollation));
+                pg_sys::ReleaseSysCache(tup);
+                want
+            }
+        };
+        let reference = if enc == Some(Encoding::DictCode) { c.attnum as u64 } else { 0 };
+        let ok = c.attnum >= 1
+            && seen.insert(c.attnum)
+            && matches!(&want, Some(Ok(w)) if Some(w.0) == enc && w.1 == c.scale)
+            && c.dictionary == reference;
+        if !ok {
+            return corrupted(format!("its column {i} ({:?}, attribute {}) is no cached column of the table", enc, c.attnum));
+        }
+    }
+    Ok(())
 }

@@ -40,6 +40,21 @@ impl Usable {
         directory().is_ok_and(|d| d.state_of(self.entry.slot, self.entry.generation) == Some(State::Ready))
     }
 
+    /// `Ok` where a reader that counted the rows of every block (each block's own count, which
+    /// the layout bounds but cannot check against the others) found the rows the cache's build
+    /// published; else 22023 naming the cache, whose blocks were overwritten.
+    pub fn check_rows_read(&self, read: u64) -> Result<()> {
+        let rows = self.entry.rows;
+        if read == rows {
+            return Ok(());
+        }
+        Err(UvmError::new(
+            Code::InvalidParameterValue,
+            format!("segment \"{}\": the cache's blocks hold {read} rows, its build published {rows}", self.seg.name()),
+        )
+        .hint("The segment was overwritten. Drop the cache with uvm.cache_drop and build it again."))
+    }
+
     /// The segment of the dictionary of column `col` (a `DictCode` one).
     pub fn dictionary(&self, col: usize) -> Result<SegRef> {
         let attnum = self.layout.columns().get(col).map(|c| c.attnum).unwrap_or(0);
@@ -109,7 +124,7 @@ pub fn ready_columns(relid: pg_sys::Oid) -> Option<Vec<(i16, Encoding)>> {
     let e = d.find(database(), u32::from(relid)).filter(|e| e.state == State::Ready)?;
     let name = segment_name(e.database, e.relation, e.generation);
     let (seg, info) = lookup_own(&name).ok()?;
-    let layout = ready_layout(&seg, &name, info.size).ok()?;
+    let layout = ready_layout(&seg, &name, info.size, &e).ok()?;
     let cols = layout.columns().iter().enumerate().filter_map(|(i, c)| Some((c.attnum, layout.encoding(i)?))).collect();
     Some(cols)
 }
@@ -150,15 +165,10 @@ fn usable_under(relid: pg_sys::Oid, snap: pg_sys::Snapshot) -> Result<Option<(En
     let name = segment_name(e.database, e.relation, e.generation);
     let Ok((seg, info)) = lookup_own(&name) else { return Ok(None) };
     // (a segment dropped meanwhile, by a rebuild or cache_drop: the heap answers)
-    let layout = match ready_layout(&seg, &name, info.size) {
+    let layout = match ready_layout(&seg, &name, info.size, &e) {
         Err(e) if e.code == Code::UndefinedObject => return Ok(None),
         r => r?,
     };
-    let h = layout.header();
-    if h.relid != e.relation || h.generation != e.generation {
-        return Err(UvmError::new(Code::InvalidParameterValue, format!("segment \"{name}\" holds another cache"))
-            .hint("Drop the cache with uvm.cache_drop and build it again."));
-    }
     d.touch(e.slot, e.generation, now());
     Ok(Some((e, seg, layout)))
 }
@@ -276,6 +286,7 @@ fn fold_cache(u: &Usable, col: usize, scale: Option<i16>) -> Result<Option<Folde
         sum += s;
         crate::interrupt::check()?;
     }
+    u.check_rows_read(rows)?;
     let enc_signed = !matches!(enc, Encoding::Float4 | Encoding::Float8 | Encoding::DictCode | Encoding::Bool);
     for i in 0..tail.len() {
         rows += 1;

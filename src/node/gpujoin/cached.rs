@@ -216,6 +216,9 @@ impl GpuJoinScan {
                 if b.null_payloads > 0 {
                     return Ok(None);
                 }
+                // (every block's rows were read, each by its own count: their total is the
+                // cache's, or the blocks were overwritten)
+                inner.check_rows_read(b.inserted + b.null_keys)?;
                 exec::build_insert(ex, seg, kt, n, &tail_pairs)?;
                 b.inserted += tail_pairs.len() as u64;
                 b.null_keys += tail_null_keys;
@@ -228,6 +231,8 @@ impl GpuJoinScan {
         let probed = match (&seg, built) {
             (Some(seg), Ok(Some(b))) if b.inserted > 0 => crate::runtime::try_executor(|ex| {
                 let (p, rows, kernels) = exec::cache_probe(ex, seg, kt, &outer.seg, ok)?;
+                // (the CPU's loop counts each block's rows; the kernels report the header's)
+                outer.check_rows_read(rows)?;
                 let appended = if tail_keys.is_empty() {
                     exec::ProbeSum { matches: 0, sum: 0 }
                 } else {
