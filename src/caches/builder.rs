@@ -186,6 +186,13 @@ fn build_with(relid: pg_sys::Oid, names: Option<Vec<String>>, wait: bool) -> Res
         return Err(UvmError::new(Code::ObjectNotInPrerequisiteState, "column caches cannot be built during recovery")
             .detail("A standby's tables change by WAL replay, which no cache follows."));
     }
+    // SAFETY: reads a flag of this process.
+    if unsafe { pg_sys::IsInParallelMode() } {
+        // (reached only through a function falsely marked PARALLEL SAFE: uvm.cache_table is
+        // not, and a build writes shared state a parallel operation must not)
+        return Err(UvmError::new(Code::InvalidTransactionState, "a column cache cannot be built during a parallel operation")
+            .hint("uvm.cache_table is PARALLEL UNSAFE; a function that calls it must be marked so too."));
+    }
     check_select(relid)?;
     // SAFETY: takes a heavyweight lock held to the end of the transaction.
     unsafe {

@@ -233,6 +233,7 @@ fn sqlstate(c: Code) -> PgSqlErrorCode {
         Code::ReservedName => ERRCODE_RESERVED_NAME,
         Code::UndefinedColumn => ERRCODE_UNDEFINED_COLUMN,
         Code::DivisionByZero => ERRCODE_DIVISION_BY_ZERO,
+        Code::InvalidTransactionState => ERRCODE_INVALID_TRANSACTION_STATE,
     }
 }
 

@@ -89,6 +89,8 @@ crate::wire_enum! {
         UndefinedColumn = 21,
         /// 22012: a scan program's integer division or modulo by zero.
         DivisionByZero = 22,
+        /// 25000: an operation a parallel operation must not run (a cache's build).
+        InvalidTransactionState = 23,
     }
 }
 
@@ -119,6 +121,7 @@ impl Code {
             Code::ReservedName => "42939",
             Code::UndefinedColumn => "42703",
             Code::DivisionByZero => "22012",
+            Code::InvalidTransactionState => "25000",
         }
     }
 }

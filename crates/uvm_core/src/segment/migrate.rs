@@ -45,7 +45,7 @@ pub fn still_pinned(name: &str, wait: Duration, detail: String) -> UvmError {
         format!("could not migrate segment \"{name}\": still in use after {} ms", wait.as_millis()),
     )
     .detail(detail)
-    .hint("Other sessions hold pins on it (uvm.attachments shows them); see pg_uvm_share.pin_wait_timeout.")
+    .hint("Pins on it are held: uvm.attachments shows by which processes (this session's own count too, a pin it took through the C API say); see pg_uvm_share.pin_wait_timeout.")
 }
 
 impl<E: Env> MigrationFlag<E> {
