@@ -73,8 +73,12 @@
 //! `uvm.cache_fold(rel, column)` is the first reader: the row count, the column's non-NULL
 //! count and its sum, from the cache where it is current and from the heap otherwise, saying
 //! which. It reads one block at a time through the executor (any tier, either execution mode)
-//! and parses every byte it reads as untrusted (`Layout::parse`), and it checks the header's
-//! table and generation against the slot's. The plan nodes will read caches the same way.
+//! and parses every byte it reads as untrusted (`Layout::parse`). Every reader (the fold, the
+//! plan nodes, the C API) gets a ready cache's layout through `ready_layout`, which checks it
+//! once per process against the directory entry and the catalog (`check_layout`: table,
+//! generation, rows, each column's attribute, encoding and scale); a reader that counts the
+//! blocks' rows compares them with the build's (`Usable::check_rows_read`), and the tail's rows
+//! are checked against their columns' types as they are taken (`TailRows::check`).
 //!
 //! # Files
 //!
