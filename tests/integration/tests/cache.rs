@@ -822,7 +822,7 @@ fn a_cache_overwritten_within_its_bounds_is_an_error_not_an_answer() {
         (relid == oid).then(|| u64::from_le_bytes(head[32..40].try_into().unwrap()))
     })
     .expect("the cache's segment among the broker's memfds");
-    let mut expect_corrupted = |f: &mut std::fs::File, what: &str, at: u64, bytes: &[u8], col: &str| {
+    let expect_corrupted = |f: &mut std::fs::File, what: &str, at: u64, bytes: &[u8], col: &str| {
         let was = poke_bytes(f, at, bytes);
         let got = fold(col);
         poke_bytes(f, at, &was);
@@ -854,19 +854,17 @@ fn a_cache_overwritten_within_its_bounds_is_an_error_not_an_answer() {
     ))
     .unwrap();
     let doid: u32 = c.query_one(&format!("SELECT '{t}_d'::regclass::oid"), &[]).unwrap().get(0);
-    let join = format!(
-        "SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_nestloop = off; \
-         SET max_parallel_workers_per_gather = 0"
-    );
+    let join = "SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off; \
+                SET enable_nestloop = off; SET max_parallel_workers_per_gather = 0";
     let q = format!("SELECT count(*), sum(d.v)::int8 FROM {t} f JOIN {t}_d d ON f.k = d.k");
     let joined = |q: &str| -> Result<(i64, i64), String> {
         let mut c = connect();
-        c.batch_execute(&join).unwrap();
+        c.batch_execute(join).unwrap();
         c.query_one(q, &[]).map(|r| (r.get(0), r.get(1))).map_err(|e| describe(&e))
     };
     let plan: Vec<String> = {
         let mut c = connect();
-        c.batch_execute(&join).unwrap();
+        c.batch_execute(join).unwrap();
         c.query(&format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {q}"), &[]).unwrap().iter().map(|r| r.get(0)).collect()
     };
     assert!(plan.iter().any(|l| l.contains("Read From: column caches")), "the node reads both caches: {plan:?}");
