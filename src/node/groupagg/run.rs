@@ -2,7 +2,7 @@
 //! (see the module essay).
 
 use super::plan::agg_of;
-use super::values::{datum_of, read_dictionary, table_aggs, text_codes, text_datum};
+use super::values::{datum_of, read_dictionary, table_aggs, text_codes, text_datum, SeenStrings};
 use super::*;
 
 mod dims;
@@ -96,6 +96,11 @@ pub struct GpuGroupAggScan {
     key_dicts: Vec<(usize, Col, Vec<u8>)>,
     /// Their strings for the groups of the current window.
     key_texts: Vec<KeyTexts>,
+    /// The strings the fact's text keys decoded to so far, by `key_dicts`' index.
+    key_seen: SeenStrings,
+    /// The strings the dimensions' text grouping columns decoded to so far (column `64 j + i`:
+    /// dimension `j`'s `i`-th), for this execution.
+    dim_seen: std::cell::RefCell<SeenStrings>,
     /// Where those strings live (reset per window).
     window_cxt: pg_sys::MemoryContext,
     estate: *mut pg_sys::EState,
@@ -134,6 +139,7 @@ impl GpuGroupAggScan {
         // The dimensions' tables, from their rows that pass their own conditions.
         self.drop_dims();
         self.drained.clear();
+        self.dim_seen.borrow_mut().clear();
         // SAFETY: the node's context, made in begin.
         unsafe { pg_sys::MemoryContextReset(self.values_cxt) };
         let t = std::time::Instant::now();
@@ -214,6 +220,7 @@ impl GpuGroupAggScan {
         self.drop_dims();
         // The dictionaries of the fact's text grouping columns, for the codes the groups hold.
         self.key_dicts.clear();
+        self.key_seen.clear();
         for (w, src) in self.program_keys().iter().enumerate() {
             if let Ok(c) = src {
                 if c.encoding == Encoding::DictCode {
@@ -296,10 +303,10 @@ impl GpuGroupAggScan {
 
     /// The text datums of the codes `rows` hold in the fact's text grouping columns, made in
     /// the window's context (reset when the next window is read).
-    fn decode_texts(&self, rows: &[groups::Group]) -> Vec<KeyTexts> {
+    fn decode_texts(&mut self, rows: &[groups::Group]) -> Vec<KeyTexts> {
         let nsources = self.program_keys().len();
         let mut out = Vec::new();
-        for (w, c, bytes) in &self.key_dicts {
+        for (i, (w, c, bytes)) in self.key_dicts.iter().enumerate() {
             // (opened, not walked: a window holds few of a large dictionary's codes)
             let dict = Dict::open("a text column's dictionary", bytes).unwrap_or_else(|e| report(e));
             let mut texts = std::collections::HashMap::new();
@@ -314,6 +321,8 @@ impl GpuGroupAggScan {
                         format!("GpuGroupAgg: a group of code {code}, past its dictionary: the cache is corrupted"),
                     ));
                 };
+                let code = code as u32;
+                self.key_seen.note(i, code, s, &dict).unwrap_or_else(|e| report(e));
                 // SAFETY: a text datum made in the window's context (live while its rows are).
                 let d = unsafe {
                     let old = pg_sys::MemoryContextSwitchTo(self.window_cxt);
@@ -321,7 +330,7 @@ impl GpuGroupAggScan {
                     pg_sys::MemoryContextSwitchTo(old);
                     t.unwrap_or_else(|e| report(e))
                 };
-                texts.insert(code, d);
+                texts.insert(u64::from(code), d);
             }
             out.push(KeyTexts { col: *c, texts });
         }
@@ -538,6 +547,8 @@ impl JoinScan for GpuGroupAggScan {
             drained: Vec::new(),
             key_dicts: Vec::new(),
             key_texts: Vec::new(),
+            key_seen: SeenStrings::default(),
+            dim_seen: Default::default(),
             window_cxt: std::ptr::null_mut(),
             estate: std::ptr::null_mut(),
             mode: Mode::Start,

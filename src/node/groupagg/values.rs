@@ -4,6 +4,7 @@
 //! module essay).
 
 use super::*;
+use crate::cache::dict::DictLookup;
 
 /// A string of a cache's dictionary as a `text` datum, made in the current memory context.
 /// The string is a segment's, not trusted: one that is not valid in the database's encoding (a
@@ -32,6 +33,42 @@ pub(super) unsafe fn text_datum(s: &[u8]) -> Result<pg_sys::Datum> {
             return Err(corrupted());
         }
         Ok(pg_sys::Datum::from(pg_sys::cstring_to_text_with_len(p, len)))
+    }
+}
+
+/// The strings a grouping column's codes were decoded to, per column (a number the caller
+/// picks), by the string's hash: a dictionary holds each string once, so two codes of one string
+/// are a corrupted cache, whose groups would come out twice under one key. Only the codes of the
+/// groups returned are seen (O(groups), where the strings are made anyway), not the whole
+/// dictionary.
+#[derive(Default)]
+pub(super) struct SeenStrings(std::collections::HashMap<(usize, u64), u32>);
+
+impl SeenStrings {
+    /// Notes that `code` of column `col` is `s`; 22023 where another code of `lookup` (the
+    /// column's dictionary) holds the same string.
+    pub(super) fn note(&mut self, col: usize, code: u32, s: &[u8], lookup: &DictLookup<'_>) -> Result<()> {
+        use std::collections::hash_map::Entry;
+        use std::hash::{BuildHasher, RandomState};
+        thread_local! { static HASHER: RandomState = RandomState::new(); }
+        let h = HASHER.with(|r| r.hash_one(s));
+        match self.0.entry((col, h)) {
+            Entry::Occupied(o) if *o.get() != code && lookup.get(*o.get()) == Some(s) => Err(UvmError::new(
+                Code::InvalidParameterValue,
+                format!("a column cache's dictionary is corrupted: codes {} and {code} hold one string", o.get()),
+            )
+            .hint("Rebuild the cache with uvm.cache_table.")),
+            // (the same code again, or another string of the same hash: nothing to tell)
+            Entry::Occupied(_) => Ok(()),
+            Entry::Vacant(v) => {
+                v.insert(code);
+                Ok(())
+            }
+        }
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.0.clear();
     }
 }
 

@@ -696,7 +696,8 @@ fn concurrent_appends_of_new_strings_share_their_codes() {
 /// could) must not reach a result. It did: `GROUP BY` over the cache returned the bytes as
 /// `text`, and `CREATE TABLE AS` stored them, after which every read of that table failed with
 /// "invalid byte sequence" (an adversarial session's finding). Now it is an ERROR (22023) naming
-/// the corrupted cache; put back, the same query answers.
+/// the corrupted cache; put back, the same query answers. Likewise a dictionary holding one
+/// string under two codes.
 #[test]
 fn a_corrupted_dictionary_string_is_an_error_not_a_stored_value() {
     use std::io::{Read, Seek, SeekFrom, Write};
@@ -705,7 +706,7 @@ fn a_corrupted_dictionary_string_is_an_error_not_a_stored_value() {
     let t = unique_name("dict_bad");
     c.batch_execute(&format!(
         "CREATE TABLE {t} (k int4, s text); \
-         INSERT INTO {t} SELECT g, CASE WHEN g % 2 = 0 THEN '{t}-even' ELSE '{t}-odd' END \
+         INSERT INTO {t} SELECT g, CASE WHEN g % 2 = 0 THEN '{t}-even' ELSE '{t}-oddy' END \
          FROM generate_series(1, 1000) g; ANALYZE {t}"
     ))
     .unwrap();
@@ -721,7 +722,7 @@ fn a_corrupted_dictionary_string_is_an_error_not_a_stored_value() {
         rows.sort();
         Ok(rows)
     };
-    let want = vec![(format!("{t}-even"), 500), (format!("{t}-odd"), 500)];
+    let want = vec![(format!("{t}-even"), 500), (format!("{t}-oddy"), 500)];
     assert_eq!(answer(&mut c).unwrap(), want);
 
     // The dictionary's memfd at the broker: the one whose header is a dictionary's and whose
@@ -748,6 +749,18 @@ fn a_corrupted_dictionary_string_is_an_error_not_a_stored_value() {
     let err = stored.expect_err("CREATE TABLE AS over a dictionary with an invalid string");
     assert!(err.contains("22023"), "{err}");
     // Put back: the same answer as before.
+    assert_eq!(answer(&mut c).unwrap(), want);
+    // The second string (of the same length) overwritten with the first: two codes of one
+    // string, whose groups came out twice under one key. Now 22023 too.
+    let len = t.len() as u64 + 5;
+    let mut first = vec![0u8; len as usize];
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.read_exact(&mut first).unwrap();
+    let was = poke_bytes(&mut f, at + len, &first);
+    let got = answer(&mut c);
+    poke_bytes(&mut f, at + len, &was);
+    let err = got.expect_err("GROUP BY over a dictionary holding one string twice");
+    assert!(err.contains("22023") && err.contains("hold one string"), "{err}");
     assert_eq!(answer(&mut c).unwrap(), want);
     c.batch_execute(&format!("SELECT uvm.cache_drop('{t}'); DROP TABLE {t}")).unwrap();
 }

@@ -524,6 +524,7 @@ impl GpuGroupAggScan {
                             format!("GpuGroupAgg: a dimension's group table holds code {w}, past its dictionary: the cache is corrupted"),
                         ));
                     };
+                    self.dim_seen.borrow_mut().note(64 * j + i, w as u32, s, &dict)?;
                     if !budget.take(s.len() as u64) {
                         return Ok(None);
                     }
