@@ -96,7 +96,8 @@ pub struct GpuGroupAggScan {
     key_dicts: Vec<(usize, Col, Vec<u8>)>,
     /// Their strings for the groups of the current window.
     key_texts: Vec<KeyTexts>,
-    /// The strings the fact's text keys decoded to so far, by `key_dicts`' index.
+    /// The strings the fact's text keys decoded to so far, by `key_dicts`' index (as many as
+    /// a window's bytes hold).
     key_seen: SeenStrings,
     /// The strings the dimensions' text grouping columns decoded to so far (column `64 j + i`:
     /// dimension `j`'s `i`-th), for this execution.
@@ -547,8 +548,10 @@ impl JoinScan for GpuGroupAggScan {
             drained: Vec::new(),
             key_dicts: Vec::new(),
             key_texts: Vec::new(),
-            key_seen: SeenStrings::default(),
-            dim_seen: Default::default(),
+            // (a few dozen bytes a code: as many as a window's bytes hold)
+            key_seen: SeenStrings::limited(window_bytes() as usize / 48),
+            // (each dimension tuple's strings are charged to the dimensions' budget already)
+            dim_seen: std::cell::RefCell::new(SeenStrings::limited(usize::MAX)),
             window_cxt: std::ptr::null_mut(),
             estate: std::ptr::null_mut(),
             mode: Mode::Start,

@@ -40,11 +40,19 @@ pub(super) unsafe fn text_datum(s: &[u8]) -> Result<pg_sys::Datum> {
 /// picks), by the string's hash: a dictionary holds each string once, so two codes of one string
 /// are a corrupted cache, whose groups would come out twice under one key. Only the codes of the
 /// groups returned are seen (O(groups), where the strings are made anyway), not the whole
-/// dictionary.
-#[derive(Default)]
-pub(super) struct SeenStrings(std::collections::HashMap<(usize, u64), u32>);
+/// dictionary, and at most `limit` of them are kept (the groups are returned a window at a time
+/// so that memory stays bounded: past the limit, later codes are checked against those kept).
+pub(super) struct SeenStrings {
+    seen: std::collections::HashMap<(usize, u64), u32>,
+    limit: usize,
+}
 
 impl SeenStrings {
+    /// Keeping at most `limit` codes.
+    pub(super) fn limited(limit: usize) -> SeenStrings {
+        SeenStrings { seen: std::collections::HashMap::new(), limit }
+    }
+
     /// Notes that `code` of column `col` is `s`; 22023 where another code of `lookup` (the
     /// column's dictionary) holds the same string.
     pub(super) fn note(&mut self, col: usize, code: u32, s: &[u8], lookup: &DictLookup<'_>) -> Result<()> {
@@ -52,7 +60,8 @@ impl SeenStrings {
         use std::hash::{BuildHasher, RandomState};
         thread_local! { static HASHER: RandomState = RandomState::new(); }
         let h = HASHER.with(|r| r.hash_one(s));
-        match self.0.entry((col, h)) {
+        let full = self.seen.len() >= self.limit;
+        match self.seen.entry((col, h)) {
             Entry::Occupied(o) if *o.get() != code && lookup.get(*o.get()) == Some(s) => Err(UvmError::new(
                 Code::InvalidParameterValue,
                 format!("a column cache's dictionary is corrupted: codes {} and {code} hold one string", o.get()),
@@ -61,14 +70,16 @@ impl SeenStrings {
             // (the same code again, or another string of the same hash: nothing to tell)
             Entry::Occupied(_) => Ok(()),
             Entry::Vacant(v) => {
-                v.insert(code);
+                if !full {
+                    v.insert(code);
+                }
                 Ok(())
             }
         }
     }
 
     pub(super) fn clear(&mut self) {
-        self.0.clear();
+        self.seen.clear();
     }
 }
 
