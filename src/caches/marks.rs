@@ -34,7 +34,13 @@ struct Writer {
 
 enum Writes {
     Tables(Vec<u32>),
-    Utility { builds: u64 },
+    /// A utility statement (or an executor filling a new table): the cache builds this backend
+    /// had made when it began, and the tables it marked before it ran (0: every table of the
+    /// database), marked again when it ends.
+    Utility {
+        builds: u64,
+        remark: Vec<u32>,
+    },
 }
 
 thread_local! {
@@ -212,7 +218,7 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_executor_start(query_desc: *mu
         // utility statement's, it marks every cache again when it ends.
         let dest = (*query_desc).dest;
         if !dest.is_null() && (*dest).mydest == pg_sys::CommandDest::DestIntoRel {
-            begin_writing(query_desc as usize, Writes::Utility { builds: BUILDS.with(|b| b.get()) });
+            begin_writing(query_desc as usize, Writes::Utility { builds: BUILDS.with(|b| b.get()), remark: Vec::new() });
         }
         let written = result_relations(pstmt);
         if written.is_empty() {
@@ -259,11 +265,18 @@ pub unsafe extern "C-unwind" fn uvm_caches_after_utility(pstmt: *mut pg_sys::Pla
 }
 
 /// A writing statement ended: one noted as a utility statement's that had a cache built
-/// inside it marks every cache of the database again.
+/// inside it marks every cache of the database again; otherwise it marks again the tables it
+/// marked before it ran. A statement marks before it takes its table's lock
+/// (`uvm_caches_before_utility` runs before `ProcessUtility`), so a build that held the lock
+/// then (waiting for a writer, say) may publish a cache of the table as it was, which only a
+/// mark after the statement, under its lock, makes stale (an `ALTER TABLE ... TYPE` queued
+/// behind such a build left a ready cache of the old type).
 fn ended(w: Writes) {
-    if let Writes::Utility { builds } = w {
+    if let Writes::Utility { builds, remark } = w {
         if BUILDS.with(|b| b.get()) != builds {
             mark(0);
+        } else {
+            remark.into_iter().for_each(mark);
         }
     }
 }
@@ -392,13 +405,16 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_utility(pstmt: *mut pg_sys::Pl
         let copy_from = tag == pg_sys::NodeTag::T_CopyStmt && (*(stmt as *const pg_sys::CopyStmt)).is_from;
         // (`CREATE TABLE AS` and `SELECT INTO` mark nothing, their table being new: their
         // executor notes a build inside them, `uvm_caches_before_executor_start`)
-        if copy_from || (tag != pg_sys::NodeTag::T_CopyStmt && !keeps_rows(tag)) {
-            begin_writing(pstmt as usize, Writes::Utility { builds: BUILDS.with(|b| b.get()) });
-        }
-        if !worth_marking() {
-            return;
-        }
-        if tag == pg_sys::NodeTag::T_CopyStmt {
+        let writes = copy_from || (tag != pg_sys::NodeTag::T_CopyStmt && !keeps_rows(tag));
+        let noted = |remark: Vec<u32>| {
+            if writes {
+                begin_writing(pstmt as usize, Writes::Utility { builds: BUILDS.with(|b| b.get()), remark });
+            }
+        };
+        // (no cache in the database: nothing to mark now; a build that publishes one before
+        // the statement ends is marked when it does, as at the end of every marking statement)
+        let worth = worth_marking();
+        let targets = if tag == pg_sys::NodeTag::T_CopyStmt {
             let copy = stmt as *const pg_sys::CopyStmt;
             if (*copy).is_from {
                 let rel = if (*copy).relation.is_null() {
@@ -413,17 +429,24 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_utility(pstmt: *mut pg_sys::Pl
                     ))
                 };
                 // an unknown table marks every cache: COPY fails on it anyway
-                if !(rel != 0 && copy_appends(rel)) {
-                    mark(rel);
+                if rel != 0 && (!worth || copy_appends(rel)) {
+                    Vec::new()
+                } else {
+                    vec![rel]
                 }
+            } else {
+                Vec::new()
             }
         } else if tag == pg_sys::NodeTag::T_DropStmt {
-            match dropped_tables(stmt as *const pg_sys::DropStmt) {
-                Some(tables) => tables.into_iter().for_each(mark),
-                None => mark(0),
-            }
+            dropped_tables(stmt as *const pg_sys::DropStmt).unwrap_or_else(|| vec![0])
         } else if !keeps_rows(tag) {
-            mark(0);
+            vec![0]
+        } else {
+            Vec::new()
+        };
+        if worth {
+            targets.iter().copied().for_each(mark);
         }
+        noted(targets);
     }
 }

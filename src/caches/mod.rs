@@ -489,13 +489,27 @@ const LAYOUTS_KEPT: usize = 64;
 /// the cluster runs, so the layout a process read under an id stays that segment's. The
 /// planner and every query over a cache read it: in service mode each read is a request to the
 /// GPU service (two per layout), which the SSB at SF 10 showed as most of a query's requests.
-fn ready_layout(seg: &SegRef, name: &str, size: u64, e: &Entry) -> Result<Layout> {
+///
+/// `None` where the layout's columns are not the table's as the catalog has them now: a cache
+/// of the table as it was (a build that took the table's lock before an `ALTER TABLE` that had
+/// marked the caches: `marks::ended` marks again after such a statement, but a cache published
+/// before this release is found here), made stale here so that it is rebuilt, the heap answering
+/// meanwhile.
+fn ready_layout(seg: &SegRef, name: &str, size: u64, e: &Entry) -> Result<Option<Layout>> {
     let known = LAYOUTS.with(|m| m.borrow().get(&seg.id).filter(|k| k.name == name && k.size == size).map(|k| k.layout.clone()));
     if let Some(layout) = known {
-        return Ok(layout);
+        return Ok(Some(layout));
     }
     let layout = read_layout(seg, name, size)?;
-    check_layout(e, name, &layout)?;
+    if !check_layout(e, name, &layout)? {
+        if let Ok(d) = directory() {
+            if d.state_of(e.slot, e.generation) == Some(State::Ready) {
+                d.mark_stale(e.database, e.relation, now());
+                refresh::launch_if_due(d, e.database);
+            }
+        }
+        return Ok(None);
+    }
     LAYOUTS.with(|m| {
         let mut m = m.borrow_mut();
         if m.len() >= LAYOUTS_KEPT {
@@ -503,7 +517,7 @@ fn ready_layout(seg: &SegRef, name: &str, size: u64, e: &Entry) -> Result<Layout
         }
         m.insert(seg.id, KnownLayout { name: name.to_string(), size, layout: layout.clone() });
     });
-    Ok(layout)
+    Ok(Some(layout))
 }
 
 /// Checks a ready cache's layout (read from its segment, which any process with the segment
@@ -516,14 +530,15 @@ fn ready_layout(seg: &SegRef, name: &str, size: u64, e: &Entry) -> Result<Layout
 ///   GpuJoin node's table from a cached inner side and bounds a dimension's groups: a smaller
 ///   one made the join empty or failed with a hint about full tables);
 /// - each column is a live column of the table, none twice, its encoding and scale those its
-///   type is cached with today (`cacheable`; a change of type makes the cache stale before it
-///   commits, so a ready cache's columns have their types), and a text column's dictionary
-///   reference is its number (the builder's), another column's 0.
+///   type is cached with today (`cacheable`), and a text column's dictionary reference is its
+///   number (the builder's), another column's 0. A change of type makes the cache stale, but a
+///   cache can be of the table as it was (see [`ready_layout`]), so a column that disagrees
+///   with the catalog answers `Ok(false)`: a cache to rebuild, whatever made it so.
 ///
 /// O(columns) syscache lookups, once per process per cache ([`ready_layout`]). What it cannot
 /// see (a block's count changed within its bound, a value changed) the readers bound, and
 /// catch where they count.
-fn check_layout(e: &Entry, name: &str, layout: &Layout) -> Result<()> {
+fn check_layout(e: &Entry, name: &str, layout: &Layout) -> Result<bool> {
     let corrupted = |why: String| {
         Err(UvmError::new(
             Code::InvalidParameterValue,
@@ -566,8 +581,8 @@ fn check_layout(e: &Entry, name: &str, layout: &Layout) -> Result<()> {
             && matches!(&want, Some(Ok(w)) if Some(w.0) == enc && w.1 == c.scale)
             && c.dictionary == reference;
         if !ok {
-            return corrupted(format!("its column {i} ({:?}, attribute {}) is no cached column of the table", enc, c.attnum));
+            return Ok(false);
         }
     }
-    Ok(())
+    Ok(true)
 }

@@ -124,7 +124,7 @@ pub fn ready_columns(relid: pg_sys::Oid) -> Option<Vec<(i16, Encoding)>> {
     let e = d.find(database(), u32::from(relid)).filter(|e| e.state == State::Ready)?;
     let name = segment_name(e.database, e.relation, e.generation);
     let (seg, info) = lookup_own(&name).ok()?;
-    let layout = ready_layout(&seg, &name, info.size, &e).ok()?;
+    let layout = ready_layout(&seg, &name, info.size, &e).ok()??;
     let cols = layout.columns().iter().enumerate().filter_map(|(i, c)| Some((c.attnum, layout.encoding(i)?))).collect();
     Some(cols)
 }
@@ -164,10 +164,13 @@ fn usable_under(relid: pg_sys::Oid, snap: pg_sys::Snapshot) -> Result<Option<(En
     }
     let name = segment_name(e.database, e.relation, e.generation);
     let Ok((seg, info)) = lookup_own(&name) else { return Ok(None) };
-    // (a segment dropped meanwhile, by a rebuild or cache_drop: the heap answers)
+    // (a segment dropped meanwhile, or a cache of the table as it was: the heap answers)
     let layout = match ready_layout(&seg, &name, info.size, &e) {
         Err(e) if e.code == Code::UndefinedObject => return Ok(None),
-        r => r?,
+        r => match r? {
+            Some(layout) => layout,
+            None => return Ok(None),
+        },
     };
     d.touch(e.slot, e.generation, now());
     Ok(Some((e, seg, layout)))
