@@ -75,8 +75,9 @@
 //! which. It reads one block at a time through the executor (any tier, either execution mode)
 //! and parses every byte it reads as untrusted (`Layout::parse`). Every reader (the fold, the
 //! plan nodes, the C API) gets a ready cache's layout through `ready_layout`, which checks it
-//! once per process against the directory entry and the catalog (`check_layout`: table,
-//! generation, rows, each column's attribute, encoding and scale); a reader that counts the
+//! once per process against the directory entry (`check_layout`: table, generation, rows; a
+//! mismatch is 22023) and the catalog (each column's attribute, encoding and scale; a mismatch
+//! makes the cache stale, the heap answering); a reader that counts the
 //! blocks' rows compares them with the build's (`Usable::check_rows_read`), and the tail's rows
 //! are checked against their columns' types as they are taken (`TailRows::check`).
 //!
