@@ -35,7 +35,7 @@ struct Writer {
 enum Writes {
     Tables(Vec<u32>),
     /// A utility statement (or an executor filling a new table): the cache builds this backend
-    /// had made when it began, and the tables it marked before it ran (0: every table of the
+    /// had made when it began, and the tables it locks and changes (0: every table of the
     /// database), marked again when it ends.
     Utility {
         builds: u64,
@@ -266,7 +266,7 @@ pub unsafe extern "C-unwind" fn uvm_caches_after_utility(pstmt: *mut pg_sys::Pla
 
 /// A writing statement ended: one noted as a utility statement's that had a cache built
 /// inside it marks every cache of the database again; otherwise it marks again the tables it
-/// marked before it ran. A statement marks before it takes its table's lock
+/// locks and changes (`remark`). A statement marks before it takes its table's lock
 /// (`uvm_caches_before_utility` runs before `ProcessUtility`), so a build that held the lock
 /// then (waiting for a writer, say) may publish a cache of the table as it was, which only a
 /// mark after the statement, under its lock, makes stale (an `ALTER TABLE ... TYPE` queued
@@ -411,8 +411,8 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_utility(pstmt: *mut pg_sys::Pl
                 begin_writing(pstmt as usize, Writes::Utility { builds: BUILDS.with(|b| b.get()), remark });
             }
         };
-        // (no cache in the database: nothing to mark now; a build that publishes one before
-        // the statement ends is marked when it does, as at the end of every marking statement)
+        // (no cache in the database: nothing to mark now; a build that publishes one of a table
+        // the statement locks before it ends is marked when it does)
         let worth = worth_marking();
         let targets = if tag == pg_sys::NodeTag::T_CopyStmt {
             let copy = stmt as *const pg_sys::CopyStmt;
@@ -429,7 +429,7 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_utility(pstmt: *mut pg_sys::Pl
                     ))
                 };
                 // an unknown table marks every cache: COPY fails on it anyway
-                if rel != 0 && (!worth || copy_appends(rel)) {
+                if rel != 0 && worth && copy_appends(rel) {
                     Vec::new()
                 } else {
                     vec![rel]
@@ -447,6 +447,49 @@ pub unsafe extern "C-unwind" fn uvm_caches_before_utility(pstmt: *mut pg_sys::Pl
         if worth {
             targets.iter().copied().for_each(mark);
         }
-        noted(targets);
+        // Marked again at the end: the tables the statement locks and changes (COPY's, those
+        // DROP TABLE names, ALTER TABLE's, TRUNCATE's), where a build that held the lock first
+        // can publish a cache of the table as it was. Not every cache of the database: a long
+        // statement would make stale, and abort, the builds of other tables meanwhile.
+        let remark = match tag {
+            pg_sys::NodeTag::T_CopyStmt => targets,
+            pg_sys::NodeTag::T_DropStmt if !targets.contains(&0) => targets,
+            _ => locked_tables(stmt),
+        };
+        noted(remark);
     }
+}
+
+/// The tables an `ALTER TABLE` or `TRUNCATE` names (found without a lock; missing ones left
+/// out), for the mark at its end; none for other statements.
+///
+/// # Safety
+/// `stmt` is a valid utility statement node.
+unsafe fn locked_tables(stmt: *mut pg_sys::Node) -> Vec<u32> {
+    let oid_of = |rv: *mut pg_sys::RangeVar| -> u32 {
+        // SAFETY: a name lookup without a lock, a missing name 0.
+        u32::from(unsafe {
+            pg_sys::RangeVarGetRelidExtended(
+                rv,
+                pg_sys::NoLock as i32,
+                pg_sys::RVROption::RVR_MISSING_OK,
+                None,
+                std::ptr::null_mut(),
+            )
+        })
+    };
+    // SAFETY: the node's tag says its type; its RangeVars and lists are PostgreSQL's.
+    let found = unsafe {
+        match (*stmt).type_ {
+            pg_sys::NodeTag::T_AlterTableStmt => vec![oid_of((*(stmt as *mut pg_sys::AlterTableStmt)).relation)],
+            pg_sys::NodeTag::T_TruncateStmt => {
+                pgrx::PgList::<pg_sys::RangeVar>::from_pg((*(stmt as *mut pg_sys::TruncateStmt)).relations)
+                    .iter_ptr()
+                    .map(oid_of)
+                    .collect()
+            }
+            _ => Vec::new(),
+        }
+    };
+    found.into_iter().filter(|&r| r != 0).collect()
 }

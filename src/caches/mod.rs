@@ -502,7 +502,15 @@ fn ready_layout(seg: &SegRef, name: &str, size: u64, e: &Entry) -> Result<Option
         return Ok(Some(layout));
     }
     let layout = read_layout(seg, name, size)?;
-    if !check_layout(e, name, &layout)? {
+    let mut fits = check_layout(e, name, &layout)?;
+    if !fits {
+        // A reader holding no lock on the table (`uvm.cache_fold`, the C API) may not have
+        // seen the catalog's last change yet: it looks again after taking the invalidations.
+        // SAFETY: processes this backend's pending catalog invalidations.
+        unsafe { pg_sys::AcceptInvalidationMessages() };
+        fits = check_layout(e, name, &layout)?;
+    }
+    if !fits {
         if let Ok(d) = directory() {
             if d.state_of(e.slot, e.generation) == Some(State::Ready) {
                 d.mark_stale(e.database, e.relation, now());

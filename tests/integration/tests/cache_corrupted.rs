@@ -249,13 +249,21 @@ fn cache_state(c: &mut postgres::Client, table: &str) -> Option<(String, i64)> {
         .map(|r| (r.get(0), r.get(1)))
 }
 
-/// A build that took its table's lock before an `ALTER TABLE` that had already marked the
-/// database's caches (its mark runs before the statement takes its lock) published a cache of
-/// the table as it was: here `k` cached as `int4` while the catalog, once the ALTER committed,
-/// says `int8`. Such a cache stayed ready (found by a review). The ALTER now marks again when
-/// it ends, under its lock: the cache is stale, and the heap answers.
+/// A build that took its table's lock before an `ALTER TABLE` or a `TRUNCATE` that had already
+/// marked the database's caches (its mark runs before the statement takes its lock) published a
+/// cache of the table as it was: `k` cached as `int4` while the catalog, once the ALTER
+/// committed, says `int8`; 101 rows cached of a table truncated. Such a cache stayed ready
+/// (found by a review). The statement now marks its table again when it ends, under its lock:
+/// the cache is stale, and the heap answers.
 #[test]
 fn a_cache_built_before_an_alter_it_waited_for_is_stale() {
+    built_before("ALTER TABLE {t} ALTER COLUMN k TYPE int8", (101, Some("5151")));
+    built_before("TRUNCATE {t}", (0, None));
+}
+
+/// The race above, with `statement` (`{t}`: the table) as the one that queues behind the build;
+/// `want`: the table's rows and sum of `k` after it.
+fn built_before(statement: &str, want: (i64, Option<&str>)) {
     let mut c = connect();
     let t = unique_name("cache_alter");
     c.batch_execute(&format!(
@@ -290,17 +298,16 @@ fn a_cache_built_before_an_alter_it_waited_for_is_stale() {
     let mut a = connect();
     let apid = pid_of(&mut a);
     let ta = t.clone();
-    let alter = std::thread::spawn(move || {
-        a.batch_execute(&format!("ALTER TABLE {ta} ALTER COLUMN k TYPE int8")).map_err(|e| describe(&e))
-    });
+    let sql = statement.replace("{t}", &ta);
+    let alter = std::thread::spawn(move || a.batch_execute(&sql).map_err(|e| describe(&e)));
     until(&mut c, apid);
     w.batch_execute("COMMIT").unwrap();
     builder.join().unwrap().expect("the build");
-    alter.join().unwrap().expect("the ALTER");
+    alter.join().unwrap().expect(statement);
     let state = cache_state(&mut c, &t).map(|s| s.0);
-    assert!(state.as_deref() != Some("ready"), "the cache of the table before its ALTER stayed ready: {state:?}");
+    assert!(state.as_deref() != Some("ready"), "the cache of the table before `{statement}` stayed ready: {state:?}");
     let r = connect().query_one(&format!("SELECT rows, sum::text FROM uvm.cache_fold('{t}', 'k')"), &[]).unwrap();
-    assert_eq!((r.get::<_, i64>(0), r.get::<_, Option<String>>(1)), (101, Some("5151".to_string())));
+    assert_eq!((r.get::<_, i64>(0), r.get::<_, Option<String>>(1)), (want.0, want.1.map(String::from)), "after `{statement}`");
     c.batch_execute(&format!("SELECT uvm.cache_drop('{t}'); SELECT uvm.cache_drop('{t}_other'); DROP TABLE {t}, {t}_other"))
         .unwrap();
 }
