@@ -517,6 +517,15 @@ pub fn segment_row(c: &mut Client, name: &str) -> Option<SegmentRow> {
     })
 }
 
+/// The state and rows of a table's live cache (`uvm.caches`), if it has one. A rebuild retires
+/// the old cache, which the view lists as dropping until its segment is gone, beside the new one
+/// building: that row is left out.
+pub fn cache_state(c: &mut Client, table: &str) -> Option<(String, i64)> {
+    c.query_opt("SELECT state, rows FROM uvm.caches WHERE relation = $1::text::regclass AND state <> 'dropping'", &[&table])
+        .unwrap_or_else(|e| panic!("uvm.caches for {table}: {}", describe(&e)))
+        .map(|r| (r.get(0), r.get(1)))
+}
+
 /// Drops segments on scope exit (best effort, through a fresh connection), so a failing
 /// assertion does not leave segments behind for the following tests.
 pub struct SegmentGuard {

@@ -527,14 +527,6 @@ impl Drop for RefreshDelay {
     }
 }
 
-/// The state and rows of a table's live cache. A rebuild retires the old cache, which
-/// `uvm.caches` lists as dropping until its segment is gone, beside the new one building.
-fn cache_state(c: &mut postgres::Client, table: &str) -> Option<(String, i64)> {
-    c.query_opt("SELECT state, rows FROM uvm.caches WHERE relation = $1::text::regclass AND state <> 'dropping'", &[&table])
-        .unwrap()
-        .map(|r| (r.get(0), r.get(1)))
-}
-
 /// With `pg_uvm_share.cache_refresh_delay` set, a stale cache is rebuilt in the background:
 /// after a write (its columns as they were, the answers the heap's), after its build's
 /// transaction aborted (a reader starts the refresher), and one whose building role lost SELECT,

@@ -242,13 +242,6 @@ fn a_cache_overwritten_within_its_bounds_is_an_error_not_an_answer() {
     c.batch_execute(&format!("SELECT uvm.cache_drop('{t}'); SELECT uvm.cache_drop('{t}_d'); DROP TABLE {t}, {t}_d")).unwrap();
 }
 
-/// The state of `table`'s cache, if it has one.
-fn cache_state(c: &mut postgres::Client, table: &str) -> Option<(String, i64)> {
-    c.query_opt("SELECT state, rows FROM uvm.caches WHERE relation = $1::text::regclass AND state <> 'dropping'", &[&table])
-        .unwrap()
-        .map(|r| (r.get(0), r.get(1)))
-}
-
 /// A build that took its table's lock before an `ALTER TABLE` or a `TRUNCATE` that had already
 /// marked the database's caches (its mark runs before the statement takes its lock) published a
 /// cache of the table as it was: `k` cached as `int4` while the catalog, once the ALTER
