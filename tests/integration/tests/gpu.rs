@@ -12,7 +12,7 @@
 //! context, whose pins a request holds) is asserted for the mode at hand, never skipped.
 //!
 //! The expected values come from the crate's own copy of the checksum and fill pattern
-//! (`checksum`, `checksum_from`, `fill`, `fill_range`, `fill_checksum` in src/lib.rs).
+//! (`checksum`, `checksum_from`, `fill`, `fill_range`, `fill_checksum` in src/checksum.rs).
 //!
 //! Measurements worth reading (prefetch timings, memory figures) are printed to stderr and, when
 //! `UVM_GPU_NOTES` names a file, appended to it; the suite puts them in its report.
