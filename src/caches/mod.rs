@@ -549,11 +549,10 @@ fn ready_layout(seg: &SegRef, name: &str, size: u64, e: &Entry) -> Result<Option
 /// catch where they count.
 fn check_layout(e: &Entry, name: &str, layout: &Layout) -> Result<bool> {
     let corrupted = |why: String| {
-        Err(UvmError::new(
-            Code::InvalidParameterValue,
-            format!("segment \"{name}\" does not hold the cache of {}: {why}", rel_name(pg_sys::Oid::from(e.relation))),
-        )
-        .hint("The segment was overwritten. Drop the cache with uvm.cache_drop and build it again."))
+        Err(crate::cache::overwritten(format!(
+            "segment \"{name}\" does not hold the cache of {}: {why}",
+            rel_name(pg_sys::Oid::from(e.relation))
+        )))
     };
     let h = layout.header();
     if h.relid != e.relation || h.generation != e.generation {

@@ -48,11 +48,10 @@ impl Usable {
         if read == rows {
             return Ok(());
         }
-        Err(UvmError::new(
-            Code::InvalidParameterValue,
-            format!("segment \"{}\": the cache's blocks hold {read} rows, its build published {rows}", self.seg.name()),
-        )
-        .hint("The segment was overwritten. Drop the cache with uvm.cache_drop and build it again."))
+        Err(crate::cache::overwritten(format!(
+            "segment \"{}\": the cache's blocks hold {read} rows, its build published {rows}",
+            self.seg.name()
+        )))
     }
 
     /// The segment of the dictionary of column `col` (a `DictCode` one).

@@ -15,14 +15,10 @@ use crate::cache::dict::DictLookup;
 /// Called in a backend, inside a transaction (the datum is palloc'd).
 pub(super) unsafe fn text_datum(s: &[u8]) -> Result<pg_sys::Datum> {
     let corrupted = || {
-        UvmError::new(
-            Code::InvalidParameterValue,
-            format!(
-                "a column cache's dictionary is corrupted: a string of {} bytes is not valid in the database's encoding",
-                s.len()
-            ),
-        )
-        .hint("Rebuild the cache with uvm.cache_table.")
+        crate::cache::overwritten(format!(
+            "a column cache's dictionary is corrupted: a string of {} bytes is not valid in the database's encoding",
+            s.len()
+        ))
     };
     let len = i32::try_from(s.len()).map_err(|_| corrupted())?;
     // SAFETY: `s` is `len` readable bytes; the check reads them only (noError: no ERROR here);
@@ -62,11 +58,10 @@ impl SeenStrings {
         let h = HASHER.with(|r| r.hash_one(s));
         let full = self.seen.len() >= self.limit;
         match self.seen.entry((col, h)) {
-            Entry::Occupied(o) if *o.get() != code && lookup.get(*o.get()) == Some(s) => Err(UvmError::new(
-                Code::InvalidParameterValue,
-                format!("a column cache's dictionary is corrupted: codes {} and {code} hold one string", o.get()),
-            )
-            .hint("Rebuild the cache with uvm.cache_table.")),
+            Entry::Occupied(o) if *o.get() != code && lookup.get(*o.get()) == Some(s) => Err(crate::cache::overwritten(format!(
+                "a column cache's dictionary is corrupted: codes {} and {code} hold one string",
+                o.get()
+            ))),
             // (the same code again, or another string of the same hash: nothing to tell)
             Entry::Occupied(_) => Ok(()),
             Entry::Vacant(v) => {

@@ -75,6 +75,16 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 use crate::error::{Code, Result, UvmError};
 use crate::interrupt;
 
+/// The ERROR (22023) of a cache segment whose bytes are not what its build wrote: a cache's
+/// segments are memory any process with the owner's privileges can write, so every reader
+/// that finds its words contradict each other, the directory or the catalog says so with this
+/// hint (the cache's own checks here, its tail's and dictionaries', the readers' in the
+/// extension).
+pub fn overwritten(message: impl Into<String>) -> UvmError {
+    UvmError::new(Code::InvalidParameterValue, message)
+        .hint("The segment was overwritten. Drop the cache with uvm.cache_drop and build it again.")
+}
+
 pub const MAGIC: u64 = u64::from_le_bytes(*b"UVMCOLS1");
 pub const VERSION: u32 = 1;
 pub const HEADER_BYTES: u64 = 128;
@@ -481,11 +491,10 @@ impl Layout {
             return Err(UvmError::new(Code::InvalidParameterValue, format!("block {block} is outside the cache's bytes")));
         };
         if h.rows > self.header.block_rows {
-            return Err(UvmError::new(
-                Code::InvalidParameterValue,
-                format!("block {block} of the cache says it holds {} rows, more than its {}", h.rows, self.header.block_rows),
-            )
-            .hint("The segment was overwritten; drop the cache and build it again."));
+            return Err(overwritten(format!(
+                "block {block} of the cache says it holds {} rows, more than its {}",
+                h.rows, self.header.block_rows
+            )));
         }
         Ok(h.rows)
     }

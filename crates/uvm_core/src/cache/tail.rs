@@ -40,7 +40,7 @@
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-use super::Encoding;
+use super::{overwritten, Encoding};
 use crate::error::{Code, Result, UvmError};
 
 pub const TAIL_MAGIC: u64 = u64::from_le_bytes(*b"UVMTAIL1");
@@ -138,10 +138,7 @@ impl Tail {
     /// Checks a tail's header (`head`, its first [`TAIL_HEADER_BYTES`]) against what the cache
     /// and its directory slot say, and against the segment's `total` bytes.
     pub fn parse(name: &str, head: &[u8], total: u64, relid: u32, generation: u64, columns: u32, capacity: u64) -> Result<Tail> {
-        let wrong = |why: &str| {
-            bad(format!("segment \"{name}\" holds no tail of this cache ({why})"))
-                .hint("The segment was overwritten; drop the cache and build it again.")
-        };
+        let wrong = |why: &str| overwritten(format!("segment \"{name}\" holds no tail of this cache ({why})"));
         let h = TailHeader::read_from_prefix(head).map_err(|_| wrong("too short"))?.0;
         if h.magic != TAIL_MAGIC || h.version != TAIL_VERSION {
             return Err(wrong("magic or version"));
@@ -247,11 +244,10 @@ impl TailRows {
         for i in 0..self.len() {
             for (c, enc) in encodings.iter().enumerate().take(columns) {
                 if let Some(w) = self.word(i, c).filter(|&w| !enc.valid(w)) {
-                    return Err(bad(format!(
+                    return Err(overwritten(format!(
                         "segment \"{name}\": appended row {} holds {w:#x} in column {c}, which is no {enc:?} value",
                         self.taken[i]
-                    ))
-                    .hint("The segment was overwritten. Drop the cache with uvm.cache_drop and build it again."));
+                    )));
                 }
             }
         }

@@ -114,13 +114,11 @@ impl CacheSource {
         unsafe { self.read(at, &mut raw) }?;
         let rows = BlockHeader::read_from_bytes(&raw).map(|h| h.rows).unwrap_or(u64::MAX);
         if rows > layout.header().block_rows {
-            return Err(uvm_err!(
-                Code::InvalidParameterValue,
+            return Err(crate::cache::overwritten(format!(
                 "block {block} of cache \"{}\" says it holds {rows} rows, more than its {}",
                 self.name,
                 layout.header().block_rows
-            )
-            .hint("The segment was overwritten; drop the cache and build it again."));
+            )));
         }
         Ok((rows, at))
     }

@@ -77,8 +77,7 @@ impl DeviceColumn {
 
 /// The ERROR of a kernel that found a block counting more rows than a block holds.
 pub fn overcounted_block() -> UvmError {
-    UvmError::new(Code::InvalidParameterValue, "a block of a column cache says it holds more rows than its blocks hold")
-        .hint("The segment was overwritten; drop the cache and build it again.")
+    crate::cache::overwritten("a block of a column cache says it holds more rows than its blocks hold")
 }
 
 /// What a build from columns placed, left out or stored as 0: rows placed, rows without an
