@@ -77,7 +77,9 @@ impl DeviceColumn {
 
 /// The ERROR of a kernel that found a block counting more rows than a block holds.
 pub fn overcounted_block() -> UvmError {
-    crate::cache::overwritten("a block of a column cache says it holds more rows than its blocks hold")
+    // (this layer sits beside the cache format's, so not `crate::cache::overwritten`: its hint)
+    UvmError::new(Code::InvalidParameterValue, "a block of a column cache says it holds more rows than its blocks hold")
+        .hint("The segment was overwritten. Drop the cache with uvm.cache_drop and build it again.")
 }
 
 /// What a build from columns placed, left out or stored as 0: rows placed, rows without an
