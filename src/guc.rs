@@ -51,6 +51,7 @@ pub enum GpuJoinChoice {
 }
 
 pub static ENABLE_GPUJOIN: GucSetting<GpuJoinChoice> = GucSetting::<GpuJoinChoice>::new(GpuJoinChoice::Auto);
+pub static GPUJOIN_LEADER_PROBES: GucSetting<GpuJoinChoice> = GucSetting::<GpuJoinChoice>::new(GpuJoinChoice::Auto);
 pub static GPU_EXECUTION: GucSetting<ExecutionChoice> = GucSetting::<ExecutionChoice>::new(ExecutionChoice::Auto);
 pub static SERVICE_SLOTS: GucSetting<i32> = GucSetting::<i32>::new(32);
 pub static SERVICE_STAGING_MB: GucSetting<i32> = GucSetting::<i32>::new(4);
@@ -254,6 +255,14 @@ pub fn define() {
         c"Whether the planner may run inner equi-joins as a GpuJoin plan node: auto, on or off.",
         c"auto (the default): on when the cluster's provider is cuda (the planner then picks it by cost), off on the host provider, whose CPU path is never faster than PostgreSQL's own joins; on: offer it on any provider (for tests); off: never.",
         &ENABLE_GPUJOIN,
+        GucContext::Userset,
+        GucFlags::empty(),
+    );
+    GucRegistry::define_enum_guc(
+        c"pg_uvm_share.gpujoin_leader_probes",
+        c"Whether a parallel GpuJoin that computes count(*) and count or sum of one inner column has its workers hand their keys to the leader, which probes them: auto, on or off.",
+        c"auto (the default): where each process runs its kernels with a CUDA context of its own (gpu_execution = process under CUDA), so that the workers start none; on: always (for tests); off: every participant probes its own keys. Only where parallel_leader_participation is on.",
+        &GPUJOIN_LEADER_PROBES,
         GucContext::Userset,
         GucFlags::empty(),
     );

@@ -9,6 +9,8 @@
 //!   participants' partial results).
 //! - [`groupagg`]: GpuGroupAgg, `GROUP BY` and aggregates of one table from its column cache
 //!   (planner hook, the node).
+//! - [`handoff`]: a parallel GpuJoin's workers handing their outer keys to the leader, which
+//!   probes them (the probe mode where each worker would start a CUDA context).
 //! - [`shared`]: what the participants of a parallel GpuJoin share (one inner side per query).
 //! - [`spill`]: its memory, bounded by PostgreSQL's hash memory; past it, the host tier.
 //! - [`cleanup`]: the temporary segments of plan nodes, dropped however the query ends.
@@ -18,6 +20,7 @@ pub mod cleanup;
 pub mod fallible;
 pub mod gpujoin;
 pub mod groupagg;
+pub mod handoff;
 pub mod joinkey;
 pub mod matching;
 pub mod preagg;

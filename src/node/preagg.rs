@@ -147,6 +147,9 @@ pub(super) unsafe fn add_paths(
         pg_sys::set_pathtarget_cost_width(root, target);
         if !partial.is_null() && gpujoin::can_aggregate(partial) {
             let p = gpujoin::with_aggregates(partial, target);
+            if gpujoin::leader_probes() && probe_mode(partial, &aggrefs) {
+                gpujoin::without_worker_contexts(p);
+            }
             let mut rows = ((*p).path.parallel_workers + 1) as f64;
             let g = pg_sys::create_gather_path(root, input_rel, p as *mut pg_sys::Path, target, std::ptr::null_mut(), &mut rows);
             pg_sys::add_path(output_rel, final_path(output_rel, g as *mut pg_sys::Path, aggrefs.len()) as *mut pg_sys::Path);
@@ -161,6 +164,41 @@ pub(super) unsafe fn add_paths(
             }
             pg_sys::add_path(output_rel, final_path(output_rel, p as *mut pg_sys::Path, aggrefs.len()) as *mut pg_sys::Path);
         }
+    }
+}
+
+/// Whether the GpuJoin node computes `aggrefs` in its probe mode over `path`'s join (every one
+/// `count(*)`, or `count` or `sum` of one and the same column of the inner side: the outer
+/// side gives its keys alone), as its executor decides (`gpujoin`'s `probe_plan`).
+///
+/// # Safety
+/// Planner structures; `aggrefs` from [`supported_aggrefs`].
+unsafe fn probe_mode(path: *mut pg_sys::CustomPath, aggrefs: &[*mut pg_sys::Aggref]) -> bool {
+    // SAFETY: forwarded contract; the second child is the inner path.
+    unsafe {
+        let Some(inner) = PgList::<pg_sys::Path>::from_pg((*path).custom_paths).get_ptr(1) else { return false };
+        let relids = (*(*inner).parent).relids;
+        let mut col: Option<(i32, i16)> = None;
+        for &a in aggrefs {
+            let Some((kind, _)) = agg::spec_of(u32::from((*a).aggfnoid)) else { return false };
+            match kind {
+                agg::Kind::CountStar => {}
+                agg::Kind::Count | agg::Kind::Sum => {
+                    let args = PgList::<pg_sys::TargetEntry>::from_pg((*a).args);
+                    let Some(v) = args.get_ptr(0).and_then(|te| gpujoin::as_var((*te).expr as *mut pg_sys::Node)) else {
+                        return false;
+                    };
+                    #[allow(clippy::unnecessary_cast)] // an Index (u32) on PostgreSQL 14, an int from 15 on
+                    let this = ((*v).varno as i32, (*v).varattno);
+                    if !pg_sys::bms_is_member(this.0, relids) || col.is_some_and(|c| c != this) {
+                        return false;
+                    }
+                    col = Some(this);
+                }
+                _ => return false,
+            }
+        }
+        true
     }
 }
 

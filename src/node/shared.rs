@@ -147,6 +147,9 @@ pub struct Shared {
     pub build_ns: AtomicU64,
     /// Batches of outer keys read while the table was being built, summed.
     pub ahead: AtomicU64,
+    /// The workers' outer keys handed to the leader, which probes them (`super::handoff`;
+    /// off unless the leader set it up so).
+    pub handoff: super::handoff::Handoff,
 }
 
 /// Tier codes for [`Shared::tier`] (EXPLAIN's "Inner Table Tier").
@@ -224,8 +227,10 @@ impl Shared {
     ///
     /// # Safety
     /// `p` points at that many writable bytes of the DSM, suitably aligned.
-    pub unsafe fn init(p: *mut Shared, table: SegRef, partial: bool, participants: u32) {
-        // SAFETY: forwarded contract; the condition variable is initialized in place.
+    /// `leader_probes`: the workers hand their outer keys to the leader, which also builds the
+    /// table (`super::handoff`), in batches of at most `batch_keys` keys.
+    pub unsafe fn init(p: *mut Shared, table: SegRef, partial: bool, participants: u32, leader_probes: bool, batch_keys: usize) {
+        // SAFETY: forwarded contract; the condition variables are initialized in place.
         unsafe {
             std::ptr::write_bytes(p as *mut u8, 0, shared_bytes(participants as usize));
             (*p).table = table;
@@ -233,7 +238,55 @@ impl Shared {
             (*p).partial = partial;
             (*p).nslots = participants;
             pg_sys::ConditionVariableInit(&mut (*p).cv);
+            let capacity = super::spill::pending_batches(batch_keys, super::handoff::RING);
+            super::handoff::Handoff::init(&mut (*p).handoff, leader_probes, capacity, batch_keys);
         }
+    }
+
+    /// Whether the leader builds the table (the workers hand their keys to it).
+    ///
+    /// # Safety
+    /// `p` was set up by [`Shared::init`].
+    pub unsafe fn leader_builds(p: *mut Shared) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { super::handoff::Handoff::is_on(&(*p).handoff) }
+    }
+
+    /// Whether every participant left the scan and the table waits for its build (the leader
+    /// builds it where [`Shared::leader_builds`]).
+    ///
+    /// # Safety
+    /// `p` was set up by [`Shared::init`].
+    pub unsafe fn awaits_build(p: *mut Shared) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { (*p).sync.load(Ordering::Acquire) >> 32 == BUILDING }
+    }
+
+    /// Sleeps (answering interrupts) on the build's condition variable; call in a loop that
+    /// checks first, and [`Shared::end_sleep`] after it.
+    ///
+    /// # Safety
+    /// `p` was set up by [`Shared::init`]; the main thread.
+    pub unsafe fn sleep(p: *mut Shared) {
+        // SAFETY: forwarded contract.
+        unsafe { pg_sys::ConditionVariableSleep(&mut (*p).cv, pg_sys::PG_WAIT_EXTENSION) }
+    }
+
+    /// Ends the sleeps of [`Shared::sleep`].
+    pub fn end_sleep() {
+        // SAFETY: PostgreSQL's; a no-op where this process prepared no sleep.
+        #[allow(clippy::let_unit_value)]
+        let _ = unsafe { pg_sys::ConditionVariableCancelSleep() };
+    }
+
+    /// Wakes the participants waiting on the build's condition variable (the last worker to
+    /// leave the scan wakes the leader, which builds).
+    ///
+    /// # Safety
+    /// `p` was set up by [`Shared::init`].
+    pub unsafe fn wake(p: *mut Shared) {
+        // SAFETY: forwarded contract.
+        unsafe { pg_sys::ConditionVariableBroadcast(&mut (*p).cv) }
     }
 
     /// Slot `i`, if there is one.
@@ -443,6 +496,7 @@ impl Shared {
             (*p).gpu_ns.store(0, Ordering::Relaxed);
             (*p).build_ns.store(0, Ordering::Relaxed);
             (*p).ahead.store(0, Ordering::Relaxed);
+            super::handoff::Handoff::reset(&mut (*p).handoff, area);
             (*p).sync.store(SCANNING << 32, Ordering::Release);
         }
     }

@@ -235,25 +235,41 @@ impl GpuJoinScan {
                 let (nulls, values) = self.drain_into(&mut writer, self.batch_ctx);
                 self.spill = writer.publish(sh, nulls, values);
                 if Shared::leave(sh) {
-                    // The last to finish builds the table from every participant's pairs: in
-                    // the probe mode, with the aggregated column's values as payloads, unless
-                    // a participant met a NULL among them, and then every one's row ids.
-                    let arena = self.shared_arena(sh, area);
-                    let (parts, nulls, values) = Shared::keys(sh, arena);
-                    if parts.iter().any(|p| !p.is_empty()) {
-                        let seg = (*sh).table;
-                        self.rows = InnerRows::of_shared(sh, arena, &self.inner_cols);
-                        (*sh).payload_values = values;
-                        let (bytes, tier) = self.fill_table(&seg, &parts, nulls);
-                        (*sh).table_bytes = bytes;
-                        (*sh).tier = tier;
-                        (*sh).table_build_ns = self.stats.table_build.as_nanos() as u64;
+                    if Shared::leader_builds(sh) && shared::my_slot() != 0 {
+                        // The leader builds (`super::super::handoff`): wake it.
+                        Shared::wake(sh);
+                    } else {
+                        self.build_shared(sh, area);
                     }
-                    drop(parts);
-                    Shared::free_keys(sh, area);
-                    Shared::publish(sh);
                 }
             }
+        }
+    }
+
+    /// Builds the table from every participant's pairs and publishes it (the last participant
+    /// to finish its share of the inner side, or the leader where it builds): in the probe
+    /// mode, with the aggregated column's values as payloads, unless a participant met a NULL
+    /// among them, and then every one's row ids.
+    ///
+    /// # Safety
+    /// As for [`GpuJoinScan::scan_share`], with every participant out of the scan.
+    unsafe fn build_shared(&mut self, sh: *mut Shared, area: *mut pg_sys::dsa_area) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            let arena = self.shared_arena(sh, area);
+            let (parts, nulls, values) = Shared::keys(sh, arena);
+            if parts.iter().any(|p| !p.is_empty()) {
+                let seg = (*sh).table;
+                self.rows = InnerRows::of_shared(sh, arena, &self.inner_cols);
+                (*sh).payload_values = values;
+                let (bytes, tier) = self.fill_table(&seg, &parts, nulls);
+                (*sh).table_bytes = bytes;
+                (*sh).tier = tier;
+                (*sh).table_build_ns = self.stats.table_build.as_nanos() as u64;
+            }
+            drop(parts);
+            Shared::free_keys(sh, area);
+            Shared::publish(sh);
         }
     }
 
@@ -267,6 +283,18 @@ impl GpuJoinScan {
         unsafe {
             let sh = self.shared;
             let area = self.query_area();
+            if Shared::leader_builds(sh) && shared::my_slot() == 0 {
+                // The leader builds once every participant has left the scan (the last one to
+                // leave wakes it).
+                while !Shared::is_built(sh) {
+                    if Shared::awaits_build(sh) {
+                        self.build_shared(sh, area);
+                    } else {
+                        Shared::sleep(sh);
+                    }
+                }
+                Shared::end_sleep();
+            }
             Shared::wait_built(sh);
             self.table = Some((*sh).table);
             let arena = self.shared_arena(sh, area);

@@ -73,6 +73,15 @@ pub(super) unsafe fn explain(
                 prop(c"Inner Table Tier", &scan.stats.tier);
             }
             int(c"Batches", None, scan.stats.batches);
+            if let Some(n) = scan.stats.handed {
+                // The workers handed their keys to the leader, which probed them
+                // (`crate::node::handoff`); how many depends on how the scan was shared.
+                if (*es).timing {
+                    int(c"Batches Probed for Workers", None, n);
+                } else {
+                    prop(c"Probed By", "the leader");
+                }
+            }
             // Whether this process probed every outer tuple's key or, past a batch with
             // more pairs than tuples, each batch's distinct keys (`materialize_batch`). In
             // parallel that depends on which batches this process read: shown with the timings.

@@ -70,7 +70,10 @@
 //!   `drain_into`), and each batch of outer keys is probed whole (`exec::probe_start`: matches
 //!   and payload sum; one batch in flight while the next is read), no pair read back; in
 //!   parallel, a participant that finished its share of the inner side reads up to
-//!   [`PENDING_BATCHES`] batches of outer keys while another builds the table.
+//!   [`PENDING_BATCHES`] batches of outer keys while another builds the table. Where each
+//!   worker would start a CUDA context of its own ([`leader_probes`]), the workers instead hand
+//!   their batches of keys to the leader, which builds the table and probes every batch
+//!   (`super::handoff`): the workers scan, one process runs kernels.
 //!
 //! # Lifecycle
 //!
@@ -96,8 +99,8 @@
 //! declines (and why), `PlanCustomPath` the plans made with the node.
 //!
 //! `super::preagg` uses the declared interface re-exported here: [`enabled`], [`as_var`],
-//! [`candidates`], [`can_aggregate`], [`with_aggregates`], [`int_node`], [`emit_results`] and
-//! [`value_of_datum`].
+//! [`candidates`], [`can_aggregate`], [`with_aggregates`], [`without_worker_contexts`],
+//! [`leader_probes`], [`int_node`], [`emit_results`] and [`value_of_datum`].
 
 mod build;
 mod cached;
@@ -119,6 +122,7 @@ use pgrx::PgList;
 use super::agg::{self, Acc, Arg, Kind, Out, Value};
 use super::cleanup;
 use super::fallible;
+use super::handoff::Handoff;
 use super::matching::{Batch, Emitter};
 use super::shared::{self, Arena, Col, InnerRows, Role, RowWriter, Shared, TIERS};
 use super::spill::{self, Budget, Spill};
@@ -142,7 +146,7 @@ use results::*;
 use scan::*;
 
 pub use cached::cached_cost;
-pub use plan::{as_var, can_aggregate, candidates, with_aggregates};
+pub use plan::{as_var, can_aggregate, candidates, with_aggregates, without_worker_contexts};
 pub use private::int_node;
 pub use results::datum_of_value;
 pub use results::{emit_results, value_of_datum};
@@ -171,6 +175,22 @@ fn count(f: impl FnOnce(&crate::stats::NodeCounters)) {
     if let Ok(reg) = crate::registry::shmem::shared() {
         f(reg.node_counters());
     }
+}
+
+/// Whether a parallel probe-mode GpuJoin's workers hand their outer keys to the leader, which
+/// probes them (`super::handoff`): where the leader runs the plan below the Gather, and
+/// `pg_uvm_share.gpujoin_leader_probes` says so (`auto`: where each process would start a CUDA
+/// context of its own). Read by the planner (the cost of worker contexts) and by the leader
+/// as it sets up the DSM.
+pub fn leader_probes() -> bool {
+    // SAFETY: reads a GUC of this process.
+    let leader_runs = unsafe { pg_sys::parallel_leader_participation };
+    leader_runs
+        && match guc::GPUJOIN_LEADER_PROBES.get() {
+            GpuJoinChoice::On => true,
+            GpuJoinChoice::Off => false,
+            GpuJoinChoice::Auto => crate::runtime::per_process_cuda(),
+        }
 }
 
 /// Whether the planner may offer GpuJoin now.

@@ -24,7 +24,9 @@
 //!   `parallel_setup_cost` × [`CONTEXT_ROWS`] / outer rows per parallel worker of a partial
 //!   path, for the CUDA context each creates (a fixed time, worth fewer units of the model's
 //!   margin the larger the join: see [`CONTEXT_ROWS`]). (The leader's is not priced: a session
-//!   pays it once, at its first GPU query, whatever the plan.)
+//!   pays it once, at its first GPU query, whatever the plan.) Not for the probe mode's
+//!   aggregates where the workers hand their keys to the leader (`crate::node::handoff`,
+//!   [`without_worker_contexts`]): no worker starts a context there.
 //!
 //! ```text
 //! startup = inner total + inner rows × (INNER_ROW_FACTOR + GPU_ROW_FACTOR) × cpu_operator_cost
@@ -113,7 +115,9 @@ pub const JOINED_ROW_FACTOR: f64 = 1.0;
 /// `bench/gpu-report-planner-sweep-process.md`): 28 of 30 points within 1.25x, every point from
 /// 20 M rows up on the node; the two misses are 2 M-row count/sum joins (uniform, Zipf), where
 /// the node forced ran serially (no worker context) in 158 and 142 ms against PostgreSQL's
-/// parallel plan's 264 and 286 ms, and its serial estimate was 40 % above PostgreSQL's.
+/// parallel plan's 264 and 286 ms, and its serial estimate was 40 % above PostgreSQL's. Those
+/// joins now run in parallel with no worker context: the workers hand their keys to the leader,
+/// which probes them (`crate::node::handoff`), and the charge goes.
 pub const CONTEXT_ROWS: f64 = 20e6;
 /// The node declines a join whose key forms more than this many pairs per joined row (plus
 /// [`PAIRS_SLACK`]), by the planner's estimates: with `a = a AND b = b + 0` and ten values of
@@ -699,6 +703,26 @@ pub unsafe fn with_aggregates(path: *mut pg_sys::CustomPath, target: *mut pg_sys
             + joined * naggs * AGG_FOLD_FACTOR * pg_sys::cpu_operator_cost;
         p.startup_cost = p.total_cost;
         cp
+    }
+}
+
+/// Takes [`make_path`]'s charge for the workers' CUDA contexts off a partial path whose
+/// workers hand their keys to the leader (`crate::node::handoff`; see [`super::leader_probes`]):
+/// only the leader, whose context is not priced, probes.
+///
+/// # Safety
+/// A partial GpuJoin path made by [`make_path`] (or its copy).
+pub unsafe fn without_worker_contexts(cp: *mut pg_sys::CustomPath) {
+    if !crate::runtime::per_process_cuda() {
+        return; // none was charged
+    }
+    // SAFETY: forwarded contract; the first child is the outer path.
+    unsafe {
+        let p = &mut (*cp).path;
+        let Some(outer) = PgList::<pg_sys::Path>::from_pg((*cp).custom_paths).get_ptr(0) else { return };
+        let charge = f64::from(p.parallel_workers) * context_charge((*(*outer).parent).rows);
+        p.startup_cost = (p.startup_cost - charge).max(0.0);
+        p.total_cost = (p.total_cost - charge).max(p.startup_cost);
     }
 }
 

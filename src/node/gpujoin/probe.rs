@@ -263,6 +263,7 @@ impl GpuJoinScan {
                     return;
                 }
                 pg_sys::check_for_interrupts!();
+                self.serve_handed(false);
             }
         }
     }
@@ -415,6 +416,32 @@ impl GpuJoinScan {
             if self.agg_done {
                 return std::ptr::null_mut();
             }
+            if self.hands_keys {
+                // A worker whose leader probes: its partial results stay empty.
+                if let Some(t) = self.awaiting.take() {
+                    self.stats.build = self.stats.build.max(t.elapsed());
+                }
+                self.hand_keys();
+            } else {
+                self.fold_all();
+            }
+            self.collect_probe();
+            self.report_stats();
+            self.agg_done = true;
+            self.stats.rows_out += 1;
+            emit_results(node, self.aggs.iter().map(|a| (&a.acc, a.out)), None)
+        }
+    }
+
+    /// The aggregate mode's work in a participant that probes: every joined row of its share
+    /// folded into the aggregates (and, in the leader of a query whose workers hand their keys
+    /// over, theirs too: [`GpuJoinScan::serve_handed`]).
+    ///
+    /// # Safety
+    /// As for [`GpuJoinScan::exec_aggregates`].
+    unsafe fn fold_all(&mut self) {
+        // SAFETY: forwarded contract.
+        unsafe {
             if let Some(t) = self.awaiting.take() {
                 self.gather_while_building();
                 self.finish_attach();
@@ -446,14 +473,85 @@ impl GpuJoinScan {
                         break;
                     }
                     pg_sys::check_for_interrupts!();
+                    self.serve_handed(false);
                     self.next_batch();
                 }
             }
-            self.collect_probe();
-            self.report_stats();
-            self.agg_done = true;
-            self.stats.rows_out += 1;
-            emit_results(node, self.aggs.iter().map(|a| (&a.acc, a.out)), None)
+            self.serve_handed(true);
+        }
+    }
+
+    /// Whether this process probes the keys the workers hand over (the leader of a query set up
+    /// so: `crate::node::handoff`).
+    fn takes_keys(&self) -> bool {
+        // SAFETY: the shared state is mapped while set.
+        !self.shared.is_null() && shared::my_slot() == 0 && unsafe { Shared::leader_builds(self.shared) }
+    }
+
+    /// The leader of a query whose workers hand their keys over: probes every batch handed
+    /// over so far, folding its matches into this participant's aggregates as its own; with
+    /// `until_closed`, until no worker may hand any more (waiting for them, answering
+    /// interrupts). Every batch is taken, so no worker waits for room forever, even where the
+    /// inner side is empty.
+    ///
+    /// # Safety
+    /// As for [`GpuJoinScan::exec_aggregates`], after the build.
+    pub(super) unsafe fn serve_handed(&mut self, until_closed: bool) {
+        if !self.takes_keys() {
+            return;
+        }
+        // SAFETY: forwarded contract; every taken batch is released before the next take.
+        unsafe {
+            let h = &raw mut (*self.shared).handoff;
+            let area = self.query_area();
+            loop {
+                // Closed first: every batch pushed before the last worker left is ready then.
+                let closed = until_closed && Handoff::try_close(h);
+                while let Some(t) = Handoff::take(h) {
+                    let keys = Handoff::keys(area, &t);
+                    if !self.rows.is_empty() {
+                        if self.payload_values {
+                            // The probe copies its keys (a request's input) before it returns.
+                            let table = self.table.expect("built");
+                            self.probe_keys(&table, keys);
+                        } else {
+                            self.match_keys(keys);
+                        }
+                    }
+                    Handoff::release(h, area, t);
+                    pg_sys::check_for_interrupts!();
+                }
+                if !until_closed || closed {
+                    break;
+                }
+                Handoff::wait(h);
+            }
+            Handoff::end_wait();
+        }
+    }
+
+    /// A worker whose leader probes: hands every batch of its share of outer keys to the
+    /// leader, then leaves the exchange.
+    ///
+    /// # Safety
+    /// As for [`GpuJoinScan::exec_aggregates`], registered in the exchange.
+    unsafe fn hand_keys(&mut self) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            let h = &raw mut (*self.shared).handoff;
+            let area = self.query_area();
+            let mut chunk = std::mem::take(&mut self.chunk);
+            loop {
+                let done = self.fetch_keys(&mut chunk);
+                Handoff::push(h, area, &chunk.keys).unwrap_or_else(|e| report(e));
+                if done {
+                    break;
+                }
+                pg_sys::check_for_interrupts!();
+            }
+            self.chunk = chunk;
+            self.hands_keys = false;
+            Handoff::finish(h);
         }
     }
 

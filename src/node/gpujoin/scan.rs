@@ -31,6 +31,9 @@ pub(super) struct Stats {
     pub(super) cache_probe: Option<Duration>,
     /// Of which the probing itself (the kernels' launches, or the CPU's loop).
     pub(super) cache_kernels: Option<Duration>,
+    /// The workers' batches of outer keys the leader probed (`crate::node::handoff`): `None`
+    /// where every participant probed its own.
+    pub(super) handed: Option<u64>,
 }
 
 /// The GpuJoin custom scan.
@@ -77,6 +80,9 @@ pub struct GpuJoinScan {
     pub(super) outer_done: bool,
     /// This participant's statistics went to the shared counters.
     pub(super) reported: bool,
+    /// A parallel worker that hands its outer keys to the leader (`crate::node::handoff`):
+    /// registered there, it probes nothing itself.
+    pub(super) hands_keys: bool,
     pub(super) batch: Batch,
     pub(super) emitter: Emitter,
     /// The batch's pairs in the result buffer: the next one to read, and how many.
@@ -213,6 +219,7 @@ impl JoinScan for GpuJoinScan {
             ready: false,
             outer_done: false,
             reported: false,
+            hands_keys: false,
             batch: positional_batch(),
             emitter: Emitter::default(),
             matches: (0, 0),
@@ -307,6 +314,10 @@ impl JoinScan for GpuJoinScan {
                         self.build_local();
                     }
                 } else if (!self.aggs.is_empty() && self.probe.is_some()) || self.reads_rows_ahead() {
+                    // A worker whose leader probes for it registers before it reads a tuple.
+                    self.hands_keys = shared::my_slot() != 0
+                        && Shared::leader_builds(self.shared)
+                        && Handoff::register(&mut (*self.shared).handoff);
                     // exec_aggregates reads outer keys until the table is built, the join mode
                     // whole batches of outer tuples (`gather_rows_while_building`).
                     self.scan_share(true);
@@ -467,7 +478,8 @@ impl JoinScan for GpuJoinScan {
         // (One slot per participant: the leader and every worker the context may start.)
         unsafe {
             let participants = (*pcxt).nworkers.max(0) as u32 + 1;
-            Shared::init(sh, seg, self.p.inner_partial, participants);
+            let leader_probes = !self.aggs.is_empty() && self.probe.is_some() && super::leader_probes();
+            Shared::init(sh, seg, self.p.inner_partial, participants, leader_probes, BATCH_TUPLES);
             // The spill segment, created once the inner side outgrows the participants' hash
             // memory; the leader drops it.
             self.spill = Spill::shared(&(*sh).spill, true, (*sh).budget);
@@ -525,6 +537,7 @@ impl JoinScan for GpuJoinScan {
             self.stats.gpu = Duration::from_nanos(sh.gpu_ns.load(std::sync::atomic::Ordering::Relaxed));
             self.stats.build = Duration::from_nanos(sh.build_ns.load(std::sync::atomic::Ordering::Relaxed));
             self.stats.ahead = sh.ahead.load(std::sync::atomic::Ordering::Relaxed);
+            self.stats.handed = Handoff::is_on(&sh.handoff).then(|| sh.handoff.batches.load(std::sync::atomic::Ordering::Relaxed));
         }
         self.shared = std::ptr::null_mut();
         self.rows = InnerRows::default();

@@ -369,6 +369,13 @@ SET parallel_setup_cost = 0;
 SET parallel_tuple_cost = 0;
 SET min_parallel_table_scan_size = 0;
 SET max_parallel_workers_per_gather = 2;
+CREATE FUNCTION pg_temp.inner_loops_text(q text) RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE l text;
+BEGIN
+  FOR l IN EXECUTE 'EXPLAIN (ANALYZE, BUFFERS OFF, COSTS OFF, TIMING OFF, SUMMARY OFF) ' || q LOOP
+    RETURN NEXT regexp_replace(l, ' *\(actual.*\)', '');
+  END LOOP;
+END $$;
 CREATE FUNCTION pg_temp.pcheck(q text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE r text := pg_temp.check(q);
 BEGIN
@@ -422,6 +429,38 @@ SELECT pg_temp.pacheck('SELECT count(*) AS c, sum(i.x) AS s FROM gjn_big o JOIN 
 SET parallel_leader_participation = off;
 SELECT pg_temp.pacheck('SELECT count(*) AS c, sum(i.x) AS s FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
 RESET parallel_leader_participation;
+-- the probe mode's workers handing their keys to the leader, which builds the table and probes
+-- every batch (pg_uvm_share.gpujoin_leader_probes; auto: where each worker would start a CUDA
+-- context of its own): the same answers for every key type and data shape, in the probe and per
+-- match (a NULL in the summed column), over an empty inner side, and not without the leader
+-- (nobody would take the keys)
+SET pg_uvm_share.gpujoin_leader_probes = on;
+SELECT t, s, pg_temp.pacheck(format(
+         'SELECT count(*) AS c, count(i.x) AS cx, sum(i.x) AS sx FROM gjn_o_%s_%s o JOIN gjn_i_%s i ON o.k = i.k', t, s, t))
+FROM unnest(ARRAY['int2', 'int4', 'int8', 'date', 'ts', 'tstz']) WITH ORDINALITY a(t, ta),
+     unnest(ARRAY['uniform', 'skewed', 'miss', 'hit', 'dup', 'nulls']) WITH ORDINALITY b(s, sb)
+ORDER BY ta, sb;
+SELECT pg_temp.pacheck('SELECT count(*) AS c, sum(i.x) AS s FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
+SELECT pg_temp.pacheck('SELECT count(*) AS c, sum(i.x) AS s FROM gjn_big o JOIN gjn_i_nx i ON o.k = i.k');
+SELECT pg_temp.pacheck('SELECT count(*) AS c, sum(i.x) AS s FROM gjn_big o JOIN (SELECT * FROM gjn_i_int4 WHERE k IS NULL) i ON o.k = i.k');
+-- (not where the node computes other aggregates: the workers need more than the keys)
+SELECT pg_temp.pacheck('SELECT count(*) AS c, sum(o.id) AS s FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
+SET pg_uvm_share.enable_gpujoin = on;
+SET enable_hashjoin = off;
+SET enable_mergejoin = off;
+SET enable_nestloop = off;
+SELECT l FROM pg_temp.inner_loops_text('SELECT count(*), sum(i.x) FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k') l
+WHERE l ~ '(Probed By|Aggregated|Inner Rows)';
+SELECT count(*) AS probed_by_lines FROM pg_temp.inner_loops_text('SELECT count(*), sum(o.id) FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k') l
+WHERE l ~ 'Probed By';
+RESET pg_uvm_share.enable_gpujoin;
+RESET enable_hashjoin;
+RESET enable_mergejoin;
+RESET enable_nestloop;
+SET parallel_leader_participation = off;
+SELECT pg_temp.pacheck('SELECT count(*) AS c, sum(i.x) AS s FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k');
+RESET parallel_leader_participation;
+RESET pg_uvm_share.gpujoin_leader_probes;
 SET pg_uvm_share.enable_gpujoin = on;
 SET enable_hashjoin = off;
 SET enable_mergejoin = off;
