@@ -394,7 +394,13 @@ impl GpuJoinScan {
         // SAFETY: forwarded contract.
         unsafe {
             let most = spill::pending_batches(BATCH_TUPLES, PENDING_BATCHES);
-            while !self.outer_done && self.pending.len() < most && !Shared::is_built(self.shared) {
+            // The leader that builds for everyone stops reading as soon as it can build.
+            let builds = self.takes_keys();
+            while !self.outer_done
+                && self.pending.len() < most
+                && !Shared::is_built(self.shared)
+                && !(builds && Shared::awaits_build(self.shared))
+            {
                 let mut chunk = Chunk::default();
                 self.outer_done = self.fetch_keys(&mut chunk);
                 if !chunk.keys.is_empty() {
