@@ -263,8 +263,7 @@ impl Handoff {
     pub unsafe fn try_close(h: *mut Handoff) -> bool {
         // SAFETY: forwarded contract.
         let word = unsafe { &(*h).producers };
-        word.compare_exchange(0, CLOSED, Ordering::AcqRel, Ordering::Acquire).is_ok()
-            || word.load(Ordering::Acquire) == CLOSED
+        word.compare_exchange(0, CLOSED, Ordering::AcqRel, Ordering::Acquire).is_ok() || word.load(Ordering::Acquire) == CLOSED
     }
 
     /// Sleeps (answering interrupts) until a worker pushes or unregisters; call in a loop that

@@ -399,7 +399,7 @@ impl GpuJoinScan {
             while !self.outer_done
                 && self.pending.len() < most
                 && !Shared::is_built(self.shared)
-                && !(builds && Shared::awaits_build(self.shared))
+                && (!builds || !Shared::awaits_build(self.shared))
             {
                 let mut chunk = Chunk::default();
                 self.outer_done = self.fetch_keys(&mut chunk);

@@ -537,7 +537,8 @@ impl JoinScan for GpuJoinScan {
             self.stats.gpu = Duration::from_nanos(sh.gpu_ns.load(std::sync::atomic::Ordering::Relaxed));
             self.stats.build = Duration::from_nanos(sh.build_ns.load(std::sync::atomic::Ordering::Relaxed));
             self.stats.ahead = sh.ahead.load(std::sync::atomic::Ordering::Relaxed);
-            self.stats.handed = Handoff::is_on(&sh.handoff).then(|| sh.handoff.batches.load(std::sync::atomic::Ordering::Relaxed));
+            self.stats.handed =
+                Handoff::is_on(&sh.handoff).then(|| sh.handoff.batches.load(std::sync::atomic::Ordering::Relaxed));
         }
         self.shared = std::ptr::null_mut();
         self.rows = InnerRows::default();

@@ -1094,6 +1094,59 @@ fn j_no_cuda_in_backends_or_parallel_workers() {
     drop_segment(&mut c, &seg);
 }
 
+#[test]
+fn j2_leader_probes_keep_cuda_out_of_parallel_workers() {
+    // Issue 24, point 5: a parallel GpuJoin that computes count(*) and sum of an inner column
+    // in its probe has its workers hand their keys to the leader (`src/node/handoff.rs`;
+    // `gpujoin_leader_probes = auto` in process mode, set `on` here for both modes). The
+    // workers are watched while they scan (one outer row in 25,000 sleeps 20 ms): none maps
+    // libcuda, in process mode too, where before each started a CUDA context; the answer is
+    // PostgreSQL's and the leader probed batches the workers read.
+    const T: &str = "j2_leader_probes_keep_cuda_out_of_parallel_workers";
+    let p = unique_name("gpu_j2");
+    let (dim, fact) = (format!("{p}_dim"), format!("{p}_fact"));
+    let mut c = connect();
+    let mode = start(&mut c);
+    c.batch_execute(&format!(
+        "CREATE TABLE {dim} AS SELECT i::bigint AS k, (i % 1000)::int AS v FROM generate_series(1, 100000) i;
+         CREATE TABLE {fact} WITH (parallel_workers = 4) AS
+           SELECT (i % 200000)::bigint AS k FROM generate_series(1, 2000000) i;
+         ANALYZE {dim}, {fact};
+         SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off; SET enable_mergejoin = off;
+         SET enable_nestloop = off; SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0;
+         SET min_parallel_table_scan_size = 0; SET max_parallel_workers_per_gather = 4;
+         SET pg_uvm_share.gpujoin_leader_probes = on; SET statement_timeout = '60s';"
+    ))
+    .expect("test tables");
+    let q = format!(
+        "SELECT count(*), sum(d.v) FROM {fact} f JOIN {dim} d ON f.k = d.k \
+          WHERE CASE WHEN f.k % 25000 = 0 THEN pg_sleep(0.02) IS NOT NULL ELSE true END"
+    );
+    let plan: Vec<String> = c.query(format!("EXPLAIN (COSTS OFF) {q}").as_str(), &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    assert!(plan.iter().any(|l| l.contains("Parallel Custom Scan (UvmGpuJoin)")), "not a parallel GpuJoin:\n{}", plan.join("\n"));
+    let watch = WorkerWatch::start();
+    let row = c.query_one(q.as_str(), &[]).map_err(|e| describe(&e)).expect("the parallel join");
+    let seen = watch.finish();
+    let got: (i64, i64) = (row.get(0), row.get(1));
+    c.batch_execute("SET pg_uvm_share.enable_gpujoin = off; SET enable_hashjoin = on;").unwrap();
+    let row = c.query_one(q.as_str(), &[]).unwrap();
+    let want: (i64, i64) = (row.get(0), row.get(1));
+    assert_eq!(got, want, "the leader's probes of every participant's keys vs PostgreSQL's join");
+    c.batch_execute("SET pg_uvm_share.enable_gpujoin = on; SET enable_hashjoin = off;").unwrap();
+    assert!(!seen.is_empty(), "no parallel worker seen while the join ran");
+    let bad: Vec<(&i32, &WorkerSeen)> = seen.iter().filter(|(_, w)| worker_maps_libcuda(w)).collect();
+    assert!(bad.is_empty(), "{mode:?} mode: parallel workers mapped libcuda: {bad:?}");
+    let text: Vec<String> =
+        c.query(format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING ON) {q}").as_str(), &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    let handed = text
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("Batches Probed for Workers:"))
+        .and_then(|n| n.trim().parse::<i64>().ok())
+        .unwrap_or_else(|| panic!("no Batches Probed for Workers:\n{}", text.join("\n")));
+    note(T, &format!("{mode:?} mode: {}; the leader probed {handed} of the workers' batches", describe_workers(&seen)));
+    c.batch_execute(&format!("RESET statement_timeout; DROP TABLE {dim}, {fact}")).unwrap();
+}
+
 // --- k. the C API: a consumer extension's own kernels, through the executor -----------------
 
 /// The consumer's kernel as PTX (hand-written): adds `v` to the first word of `p` (`n` unused).
