@@ -12,7 +12,11 @@
 //! closed only waits. When the inner plan is not partial, the first participant scans it
 //! whole and closes the scan to the others.
 //! The table is built by one participant because its inserts are not atomic on the CPU path;
-//! the scan, where most of the inner side's time goes, is shared. The pieces:
+//! the scan, where most of the inner side's time goes, is shared. Where the workers hand their
+//! outer keys to the leader (`super::handoff`: they must not start a CUDA context, so they
+//! cannot build either), the leader builds: the last worker to leave wakes it
+//! ([`Shared::wake`]), and it builds once the phase says every participant has left
+//! ([`Shared::awaits_build`]). The pieces:
 //!
 //! - [`Shared`], in the node's piece of the parallel query's DSM: the phase and the count of
 //!   participants scanning (one atomic word, so that "the last one leaves" and "a new one joins"

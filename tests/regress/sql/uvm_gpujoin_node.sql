@@ -514,7 +514,9 @@ SELECT pg_temp.pcheck('SELECT o.id AS oid_, i.id AS iid, i.v, i.n FROM gjn_big o
 RESET parallel_leader_participation;
 -- the probe mode reads outer keys ahead while another participant reads the inner side (here a
 -- slow one, which the first participant reads whole) or builds the table: the same answer, and
--- batches read ahead wherever a worker started (EXPLAIN ANALYZE's Batches Read Ahead)
+-- batches read ahead wherever a worker started (EXPLAIN ANALYZE's Batches Read Ahead; each
+-- participant probing its own keys: where the leader probes for the workers, they read none)
+SET pg_uvm_share.gpujoin_leader_probes = off;
 CREATE FUNCTION pg_temp.read_ahead(q text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE l text; n bigint := -1; w bigint := 0;
 BEGIN
@@ -527,6 +529,7 @@ BEGIN
 END $$;
 SELECT pg_temp.read_ahead('SELECT count(*), sum(i.x) FROM gjn_big o
   JOIN (SELECT * FROM gjn_i_np WHERE pg_sleep(0.0005) IS NOT NULL) i ON o.k = i.k');
+RESET pg_uvm_share.gpujoin_leader_probes;
 SELECT pg_temp.pacheck('SELECT count(*) AS c, sum(i.x) AS s FROM gjn_big o
   JOIN (SELECT * FROM gjn_i_np WHERE pg_sleep(0.0005) IS NOT NULL) i ON o.k = i.k');
 SET parallel_leader_participation = off;
@@ -543,6 +546,11 @@ SELECT pg_temp.inner_loops($$SELECT v.x, ss.c FROM (SELECT count(*) AS c, sum(i.
   FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k) ss RIGHT JOIN (VALUES (1), (2), (3)) v(x) ON true$$);
 SELECT v.x, ss.c, ss.s FROM (SELECT count(*) AS c, sum(i.x) AS s
   FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k) ss RIGHT JOIN (VALUES (1), (2), (3)) v(x) ON true;
+-- the same where the workers hand their keys to the leader (its exchange is set back too)
+SET pg_uvm_share.gpujoin_leader_probes = on;
+SELECT v.x, ss.c, ss.s FROM (SELECT count(*) AS c, sum(i.x) AS s
+  FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k) ss RIGHT JOIN (VALUES (1), (2), (3)) v(x) ON true;
+RESET pg_uvm_share.gpujoin_leader_probes;
 RESET enable_material;
 SET pg_uvm_share.enable_gpujoin = off;
 SELECT count(*) AS c, sum(i.x) AS s FROM gjn_big o JOIN gjn_i_int4 i ON o.k = i.k;
