@@ -239,8 +239,8 @@ fn outcome(out: &[u64; 6], groups_name: &str) -> Result<()> {
         2 => return Err(int("integer")),
         3 => return Err(int("bigint")),
         4 => return Err(UvmError::new(Code::DivisionByZero, "division by zero")),
-        5 => return Err(int("bigint").detail("In a difference of two cached columns.")),
-        6 => return Err(int("bigint").detail("In a product of two cached columns.")),
+        5 => return Err(int("bigint").detail("In a difference of two columns.")),
+        6 => return Err(int("bigint").detail("In a product of two columns.")),
         c => return Err(UvmError::new(Code::SystemError, format!("a scan kernel found its program malformed (code {c})"))),
     }
     if out[3] != 0 {

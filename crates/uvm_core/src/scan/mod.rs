@@ -283,7 +283,7 @@ fn filters_pass(filters: &[Filter], col: &mut dyn FnMut(usize) -> Result<Option<
 }
 
 fn overflow(what: &str) -> UvmError {
-    UvmError::new(Code::NumericValueOutOfRange, "bigint out of range").detail(format!("In {what} of two cached columns."))
+    UvmError::new(Code::NumericValueOutOfRange, "bigint out of range").detail(format!("In {what} of two columns."))
 }
 
 /// One row of [`fold_row`]: dropped (a filter or a join), folded, or not folded because the
