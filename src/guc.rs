@@ -52,6 +52,7 @@ pub enum GpuJoinChoice {
 
 pub static ENABLE_GPUJOIN: GucSetting<GpuJoinChoice> = GucSetting::<GpuJoinChoice>::new(GpuJoinChoice::Auto);
 pub static GPUJOIN_LEADER_PROBES: GucSetting<GpuJoinChoice> = GucSetting::<GpuJoinChoice>::new(GpuJoinChoice::Auto);
+pub static GPUGROUPAGG_HEAP: GucSetting<GpuJoinChoice> = GucSetting::<GpuJoinChoice>::new(GpuJoinChoice::Auto);
 pub static GPU_EXECUTION: GucSetting<ExecutionChoice> = GucSetting::<ExecutionChoice>::new(ExecutionChoice::Auto);
 pub static SERVICE_SLOTS: GucSetting<i32> = GucSetting::<i32>::new(32);
 pub static SERVICE_STAGING_MB: GucSetting<i32> = GucSetting::<i32>::new(4);
@@ -263,6 +264,14 @@ pub fn define() {
         c"Whether a parallel GpuJoin that computes count(*) and count or sum of one inner column has its workers hand their keys to the leader, which probes them: auto, on or off.",
         c"auto (the default): where each process runs its kernels with a CUDA context of its own (gpu_execution = process under CUDA), so that the workers start none; on: always (for tests); off: every participant probes its own keys. Only where parallel_leader_participation is on.",
         &GPUJOIN_LEADER_PROBES,
+        GucContext::Userset,
+        GucFlags::empty(),
+    );
+    GucRegistry::define_enum_guc(
+        c"pg_uvm_share.gpugroupagg_heap",
+        c"Whether the planner may run UvmGpuGroupAgg over a fact table without a ready column cache, reading its heap: auto, on or off.",
+        c"auto (the default): when the cluster's provider is cuda (the planner then picks it by cost); on: on any provider (for tests); off: only over column caches. The node scans the heap serially and lays the rows out in column batches for its program.",
+        &GPUGROUPAGG_HEAP,
         GucContext::Userset,
         GucFlags::empty(),
     );

@@ -1,5 +1,5 @@
 //! GpuGroupAgg: `GROUP BY`, aggregates and star joins computed from a fact table's column
-//! cache (issue 27, steps 2 and 3).
+//! cache, or from its heap where it has none (issue 27, points 1 to 3).
 //!
 //! # Why
 //!
@@ -132,6 +132,30 @@
 //! cache read) or `pg_uvm_share.enable_gpugroupagg = off` keep the planner from offering the
 //! node.
 //!
+//! # Over the heap
+//!
+//! Where no member of the level has a ready cache holding what the level reads of it and
+//! `pg_uvm_share.gpugroupagg_heap` allows it (`auto`: under CUDA; `on`: any provider, for
+//! tests), the planner tries the members as the fact, largest first, with the columns a heap
+//! batch can hold in place of a cache's ([`plan`]'s `heap_columns`: the fixed-width types whose
+//! datum is the cache's word; not `numeric`, whose words are scaled, nor text, which would need
+//! a dictionary per batch, so text and numeric columns of the fact decline). The same rules
+//! apply otherwise, and the plan gets one more child, last: a serial scan of the fact whose
+//! target is the program's columns in [`Shape::columns`]' order and whose conditions are
+//! taken off (every one is the program's). The path is priced at that scan without its
+//! conditions, [`DEFORM_FACTOR`] per row and column, and the dimensions, not at the program's
+//! per-row cost, which a batch on the GPU hides behind the laying out of the next. The executor
+//! (`run/program.rs`, `run_heap_program`) reads the scan's rows into blocks of the cache's
+//! format ([`crate::cache::BlockBuilder`]; up to [`HEAP_BLOCK_ROWS`] rows, within `work_mem`
+//! and [`HEAP_BATCH_BYTES`]), writes each to one of two temporary segments as a cache of one
+//! block, and starts the program over it into the one group table, then fills the next block
+//! while it runs: one scan in flight at a time, so that a table that fills grows and the
+//! program resumes in that batch before the next one starts. `EXPLAIN` shows `Fact Heap`,
+//! `Batch Columns` and `Program Filters`, and with `ANALYZE` `Read From: heap`, `Heap Rows`,
+//! `Batches` and `Batching Time` (reading the rows and laying them out). Serial: a parallel
+//! form (the workers hand their batches to the leader, `docs/ARCHITECTURE.md`) is the next
+//! step.
+//!
 //! # Limits (the next steps of issue 27)
 //!
 //! - Keys on float columns, float arithmetic, arithmetic of numerics, `sum(float4)`, `min`/`max` of
@@ -191,6 +215,14 @@ use crate::scan::{Filter, Input, Program, Progress, Row, Source, Test};
 pub const SETUP_COST: f64 = 100.0;
 /// Per row and column read, in `cpu_operator_cost`.
 pub const ROW_FACTOR: f64 = 0.25;
+/// Per row and column laid out from a heap tuple into a batch, in `cpu_operator_cost`.
+pub const DEFORM_FACTOR: f64 = 0.25;
+/// Rows of a heap batch at most (a block of the cache's format; fewer where the columns are
+/// wide: `run::heap_block_rows`).
+const HEAP_BLOCK_ROWS: u64 = 1 << 20;
+/// Bytes of a heap batch's block at most (and at most `work_mem`): two such segments are
+/// written and scanned in turn, and one block is built in the backend.
+const HEAP_BATCH_BYTES: u64 = 32 << 20;
 /// The group table's first size, in groups: the planner's estimate within these bounds (it
 /// grows as needed; an estimate far too high must not allocate a huge table at once).
 const MIN_GROUPS: u64 = 64;
@@ -381,6 +413,10 @@ struct Shape {
     dims: Vec<Dim>,
     /// The planner's estimate of the groups (the group table's first size).
     groups: u64,
+    /// Whether the fact's rows come from its heap (the node's last child, a scan of the fact
+    /// without its conditions, whose rows the node lays out in column batches of the cache's
+    /// format: [`HEAP_BLOCK_ROWS`]), not from a column cache.
+    heap: bool,
 }
 
 impl Shape {
@@ -411,7 +447,7 @@ impl Shape {
 
     /// The plan's private list: a list of int8 constants, then the list of text conditions.
     fn to_private(&self) -> *mut pg_sys::List {
-        let mut v: Vec<i64> = vec![u32::from(self.relid) as i64, i64::from(self.varno), self.groups as i64];
+        let mut v: Vec<i64> = vec![u32::from(self.relid) as i64, i64::from(self.varno), self.groups as i64, i64::from(self.heap)];
         let col = put_col;
         v.push(self.keys.len() as i64);
         for k in &self.keys {
@@ -506,6 +542,7 @@ impl Shape {
         let relid = oid(next()?)?;
         let varno = u32::try_from(next()?).ok()?;
         let groups = u64::try_from(next()?).ok()?;
+        let heap = next()? != 0;
         let mut keys = Vec::new();
         for _ in 0..next()? {
             keys.push(match next()? {
@@ -563,7 +600,7 @@ impl Shape {
             };
             dims.push(Dim { relid, varno, fact_col, key, key_pos, groups, cached });
         }
-        Some(Shape { relid, varno, keys, filters, texts, compares, aggs, dims, groups })
+        Some(Shape { relid, varno, keys, filters, texts, compares, aggs, dims, groups, heap })
     }
 }
 

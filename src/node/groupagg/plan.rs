@@ -315,12 +315,23 @@ impl Shape {
                 relids.push(plain_table(root, m)?);
             }
             let classes = if members.len() > 1 { join_classes(root, &members)? } else { Vec::new() };
-            // The fact: the first member whose cache holds what the level reads of it.
-            members.iter().zip(&relids).find_map(|(&fact, &relid)| {
+            let with = |fact: u32, relid: pg_sys::Oid, heap: bool| {
                 let others: Vec<(u32, pg_sys::Oid)> =
                     members.iter().zip(&relids).filter(|m| *m.0 != fact).map(|(&m, &r)| (m, r)).collect();
-                Self::with_fact(root, output_rel, fact, relid, &others, &classes)
-            })
+                Self::with_fact(root, output_rel, fact, relid, &others, &classes, heap)
+            };
+            // The fact: the first member whose cache holds what the level reads of it; else,
+            // where the heap may be read, the largest member whose columns the program reads.
+            let cached = members.iter().zip(&relids).find_map(|(&fact, &relid)| with(fact, relid, false));
+            if cached.is_some() || !heap_enabled() {
+                return cached;
+            }
+            let mut by_size: Vec<(u32, pg_sys::Oid)> = members.iter().copied().zip(relids.iter().copied()).collect();
+            by_size.sort_by(|a, b| {
+                let tuples = |m: u32| (**(*root).simple_rel_array.add(m as usize)).tuples;
+                tuples(b.0).total_cmp(&tuples(a.0))
+            });
+            by_size.into_iter().find_map(|(fact, relid)| with(fact, relid, true))
         }
     }
 
@@ -335,12 +346,15 @@ impl Shape {
         relid: pg_sys::Oid,
         others: &[(u32, pg_sys::Oid)],
         classes: &[Vec<(u32, *mut pg_sys::Var)>],
+        heap: bool,
     ) -> Option<Shape> {
         // SAFETY: forwarded contract; every node is read by its tag.
         unsafe {
             let parse = (*root).parse;
-            let cached = caches::ready_columns(relid)?;
             let rel = *(*root).simple_rel_array.add(varno as usize);
+            // (the columns the program may read, with their encodings: the cache's, or those
+            // of the heap's columns that a batch lays out)
+            let cached = if heap { heap_columns(rel, relid) } else { caches::ready_columns(relid)? };
             let (mut texts, mut compares) = (Vec::new(), Vec::new());
             let filters = clauses_of(rel, varno, &cached, &mut texts, &mut compares, 0)?;
             // Each class joins the fact's one column with dimensions' columns; each dimension
@@ -420,7 +434,7 @@ impl Shape {
             for d in &mut dims {
                 d.cached = dim_cache(root, d, &mut texts);
             }
-            Some(Shape { relid, varno, keys, filters, texts, compares, aggs, dims, groups: 0 })
+            Some(Shape { relid, varno, keys, filters, texts, compares, aggs, dims, groups: 0, heap })
         }
     }
 
@@ -465,6 +479,45 @@ impl Shape {
             };
             Some(Key::Dim { dim, idx })
         }
+    }
+}
+
+/// Whether the planner may read a fact table's heap (`pg_uvm_share.gpugroupagg_heap`).
+fn heap_enabled() -> bool {
+    match crate::guc::GPUGROUPAGG_HEAP.get() {
+        crate::guc::GpuJoinChoice::On => true,
+        crate::guc::GpuJoinChoice::Off => false,
+        // Where a GPU runs the program (the cluster's provider is CUDA): on the host provider
+        // the CPU's loop over the batches does what PostgreSQL's aggregation does, and more.
+        crate::guc::GpuJoinChoice::Auto => crate::runtime::gpu_does_the_work(),
+    }
+}
+
+/// The columns of table `relid` (its base relation `rel`) that a heap batch lays out, with
+/// their encodings: fixed-width types whose datum is the cache's word (no `numeric`, whose
+/// words are scaled, and no text, which would need a dictionary per batch).
+///
+/// # Safety
+/// The planner's structures; the table is locked by the planner.
+unsafe fn heap_columns(rel: *mut pg_sys::RelOptInfo, relid: pg_sys::Oid) -> Vec<(i16, Encoding)> {
+    // SAFETY: forwarded contract; catalog lookups of an open table's columns.
+    unsafe {
+        let mut out = Vec::new();
+        for attnum in 1..=(*rel).max_attr {
+            let (mut typid, mut typmod, mut coll) = (pg_sys::InvalidOid, 0, pg_sys::InvalidOid);
+            pg_sys::get_atttypetypmodcoll(relid, attnum, &mut typid, &mut typmod, &mut coll);
+            let e = match typid {
+                pg_sys::FLOAT4OID => Encoding::Float4,
+                pg_sys::FLOAT8OID => Encoding::Float8,
+                pg_sys::NUMERICOID => continue,
+                t => match encoding_of_type(t) {
+                    Some(e) => e,
+                    None => continue,
+                },
+            };
+            out.push((attnum, e));
+        }
+        out
     }
 }
 
@@ -530,6 +583,17 @@ pub(in crate::node) unsafe fn add_path(
         let fact = *(*root).simple_rel_array.add(shape.varno as usize);
         let mut c = cost((*fact).tuples, shape.columns().len() + shape.dims.len(), estimate);
         let mut children = vec![child];
+        // Over the heap: the fact's serial scan, its rows laid out in batches (the last child),
+        // in place of the program's own per-row cost: the program runs over one batch (on the
+        // GPU) while the backend lays out the next.
+        let heap_scan = if shape.heap {
+            let Some(scan) = heap_scan_path(root, fact, &shape) else { return };
+            let deform = (*fact).tuples * DEFORM_FACTOR * pg_sys::cpu_operator_cost * shape.columns().len() as f64;
+            c = cost(0.0, 0, estimate) + (*scan).total_cost + deform;
+            Some(scan)
+        } else {
+            None
+        };
         for d in &mut shape.dims {
             let rel = *(*root).simple_rel_array.add(d.varno as usize);
             let dp = (*rel).cheapest_total_path;
@@ -558,8 +622,48 @@ pub(in crate::node) unsafe fn add_path(
             } + (*dp).rows * pg_sys::cpu_tuple_cost;
             children.push(dp);
         }
+        children.extend(heap_scan);
         let cp = customscan::upper_path(output_rel, &children, estimate, c, 0, &METHODS.path);
         (*cp).custom_private = shape.to_private();
         pg_sys::add_path(output_rel, cp as *mut pg_sys::Path);
+    }
+}
+
+/// A serial scan of the fact `fact` whose rows are the program's columns in
+/// [`Shape::columns`]' order (its plan's conditions are taken off in [`super::run`]'s
+/// `plan`: the program tests them). `None` where the table's columns cannot be looked up.
+///
+/// # Safety
+/// The planner's structures; `fact` is the shape's fact relation.
+unsafe fn heap_scan_path(
+    root: *mut pg_sys::PlannerInfo,
+    fact: *mut pg_sys::RelOptInfo,
+    shape: &Shape,
+) -> Option<*mut pg_sys::Path> {
+    // SAFETY: forwarded contract; nodes made in the planner's memory context.
+    unsafe {
+        if shape.columns().is_empty() {
+            return None; // (count(*) of a table alone: nothing for a program to read)
+        }
+        let path = pg_sys::create_seqscan_path(root, fact, std::ptr::null_mut(), 0);
+        let target = pg_sys::create_empty_pathtarget();
+        for c in shape.columns() {
+            let (mut typid, mut typmod, mut coll) = (pg_sys::InvalidOid, 0, pg_sys::InvalidOid);
+            pg_sys::get_atttypetypmodcoll(shape.relid, c.attnum, &mut typid, &mut typmod, &mut coll);
+            if typid == pg_sys::InvalidOid {
+                return None;
+            }
+            let v = pg_sys::makeVar(shape.varno as _, c.attnum, typid, typmod, coll, 0);
+            pg_sys::add_column_to_pathtarget(target, v as *mut pg_sys::Expr, 0);
+        }
+        (*target).cost = (*(*path).pathtarget).cost;
+        (*target).width = (*(*path).pathtarget).width;
+        (*path).pathtarget = target;
+        // Every row, and no condition's cost: the conditions are the program's.
+        let quals = (*fact).baserestrictcost.startup + (*fact).tuples * (*fact).baserestrictcost.per_tuple;
+        (*path).startup_cost -= (*fact).baserestrictcost.startup;
+        (*path).total_cost = ((*path).total_cost - quals).max((*path).startup_cost);
+        (*path).rows = (*fact).tuples.max(1.0);
+        Some(path)
     }
 }

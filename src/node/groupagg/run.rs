@@ -9,12 +9,15 @@ mod dims;
 mod explain;
 mod program;
 use dims::{DimFrom, DimRows};
-use program::{begin_program, cache_index, finish_program, index_of, program_filters, read_window, run_program, Begun, Ran};
+use program::{
+    begin_program, cache_index, finish_program, index_of, program_filters, read_window, run_heap_program, run_program, Begun, Ran,
+};
 
 /// Where an execution's rows came from (EXPLAIN ANALYZE's `Read From`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ReadFrom {
     Cache,
+    Heap,
     Child(&'static str),
 }
 
@@ -69,6 +72,11 @@ struct Stats {
     setup: std::time::Duration,
     /// Its slots read back (the windows, each a request: round trips included).
     read: std::time::Duration,
+    /// Over the heap: the fact's rows read, the batches they made, and the time spent
+    /// reading them and laying them out (the scan's own time included).
+    heap_rows: u64,
+    batches: u64,
+    batching: std::time::Duration,
     /// Where each dimension's rows came from.
     dims_from: Vec<DimFrom>,
     /// The dimensions in the order the program probes them.
@@ -82,11 +90,34 @@ struct KeyTexts {
     texts: std::collections::HashMap<u64, pg_sys::Datum>,
 }
 
+/// A program's run as [`GpuGroupAggScan::prepare`] sets it up: the program, its group table's
+/// first shape, whether it scans at all (a dimension without rows: no fact row joins), and
+/// the most groups it can make (0: unknown).
+struct Prepared {
+    spec: Spec,
+    shape: groups::Shape,
+    scan: bool,
+    bound: u64,
+}
+
+/// Rows of a heap batch of the columns `cols`: [`HEAP_BLOCK_ROWS`], fewer where a block of them
+/// would pass `work_mem` or [`HEAP_BATCH_BYTES`] (a power of two, at least the cache's smallest
+/// block).
+fn heap_block_rows(cols: &[Col]) -> u64 {
+    // SAFETY: reads a GUC of this process.
+    let work_mem = unsafe { pg_sys::work_mem } as u64 * 1024;
+    let row_bytes: u64 = cols.iter().map(|c| c.encoding.width()).sum::<u64>().max(1);
+    let fit = (work_mem.min(HEAP_BATCH_BYTES) / row_bytes).max(crate::cache::MIN_BLOCK_ROWS);
+    HEAP_BLOCK_ROWS.min(1 << fit.ilog2())
+}
+
 /// The GpuGroupAgg custom scan.
 pub struct GpuGroupAggScan {
     shape: Shape,
     /// PostgreSQL's aggregation, run where the cache is not current.
     child: *mut pg_sys::PlanState,
+    /// Over the heap: the fact's scan (its rows the program's columns).
+    fact: *mut pg_sys::PlanState,
     /// Each dimension's plan (its scan with its own conditions).
     dims: Vec<*mut pg_sys::PlanState>,
     /// Where the dimensions' distinct grouping values live for an execution.
@@ -136,7 +167,92 @@ impl GpuGroupAggScan {
         let Some(tail) = (unsafe { caches::visible_tail(&u, snap) }).unwrap_or_else(|e| report(e)) else {
             return Err("the cache holds appended rows this snapshot cannot place");
         };
-        let aggs = table_aggs(&self.shape.aggs, &at);
+        // SAFETY: forwarded contract.
+        let p = unsafe { self.prepare(node, snap, Some(&u), &at) }?;
+        let ran = run_program(&u, &tail, &p.spec, p.shape, p.scan, p.bound, &mut self.stats);
+        let ran = Self::ran_or_why(ran)?;
+        // The dictionaries of the fact's text grouping columns, for the codes the groups hold.
+        self.key_dicts.clear();
+        self.key_seen.clear();
+        for (w, src) in self.program_keys().iter().enumerate() {
+            if let Ok(c) = src {
+                if c.encoding == Encoding::DictCode {
+                    self.key_dicts.push((w, *c, read_dictionary(&u, at(c))?));
+                }
+            }
+        }
+        Ok(self.groups_of(ran))
+    }
+
+    /// Computes the groups from the fact's heap: its scan's rows laid out in column batches of
+    /// the cache's format, the program run over each (the plan has no text column of the fact).
+    ///
+    /// # Safety
+    /// `node` is this node's executor state.
+    unsafe fn read_heap(&mut self, node: *mut pg_sys::CustomScanState) -> std::result::Result<Groups, &'static str> {
+        // SAFETY: the executor state is live while the node runs.
+        let snap = unsafe { (*self.estate).es_snapshot };
+        let cols = self.shape.columns();
+        let at = |c: &Col| cols.iter().position(|x| x == c).expect("a planned column");
+        let specs: Vec<crate::cache::ColumnSpec> =
+            cols.iter().map(|c| crate::cache::ColumnSpec { encoding: c.encoding, attnum: c.attnum, scale: c.scale }).collect();
+        let layout =
+            crate::cache::Layout::plan(u32::from(self.shape.relid), &specs, heap_block_rows(&cols)).unwrap_or_else(|e| report(e));
+        // SAFETY: forwarded contract.
+        let p = unsafe { self.prepare(node, snap, None, &at) }?;
+        self.key_dicts.clear();
+        self.key_seen.clear();
+        // SAFETY: the fact's scan, initialized in begin, its rows the columns in `cols`' order.
+        let ran = unsafe { run_heap_program(self.fact, &layout, &p.spec, p.shape, p.scan, p.bound, &mut self.stats) };
+        Self::ran_or_why(ran).map(|r| self.groups_of(r))
+    }
+
+    /// A program's run, or why the child answers instead: a cache dropped before the program
+    /// pinned it (a rebuild, cache_drop); an engine without scan programs. The temporary
+    /// segments are dropped at the abort of an error, and at the statement's end (cleanup's
+    /// list) otherwise.
+    fn ran_or_why(ran: Result<Ran>) -> std::result::Result<Ran, &'static str> {
+        match ran {
+            Ok(x) => Ok(x),
+            Err(e) if e.code == Code::UndefinedObject => Err("the cache was dropped"),
+            Err(e) if e.code == Code::FeatureNotSupported => Err("the engine runs no scan programs"),
+            Err(e) => report(e),
+        }
+    }
+
+    /// The groups of a program's run, to be returned.
+    fn groups_of(&mut self, ran: Ran) -> Groups {
+        let Ran { seg, head, prefix, appended } = ran;
+        self.stats.groups = head.header().groups;
+        self.drop_dims();
+        Groups {
+            seg: Some(seg),
+            head,
+            prefix,
+            next_slot: 0,
+            window: Vec::new(),
+            at: 0,
+            appended,
+            appended_done: false,
+            returned: 0,
+        }
+    }
+
+    /// What a program's run needs, from the cache `u` or the heap (`None`) alike, the fact's
+    /// columns by their place `at` in it: the dimensions' join tables (from their rows that
+    /// pass their own conditions), the joins in order, the filters, the keys and the
+    /// aggregates, and the group table's first shape. Resets the execution's figures.
+    ///
+    /// # Safety
+    /// `node` is this node's executor state; `snap` the query's snapshot.
+    unsafe fn prepare(
+        &mut self,
+        node: *mut pg_sys::CustomScanState,
+        snap: pg_sys::Snapshot,
+        u: Option<&caches::Usable>,
+        at: &dyn Fn(&Col) -> usize,
+    ) -> std::result::Result<Prepared, &'static str> {
+        let aggs = table_aggs(&self.shape.aggs, at);
         // The dimensions' tables, from their rows that pass their own conditions.
         self.drop_dims();
         self.drained.clear();
@@ -186,7 +302,7 @@ impl GpuGroupAggScan {
             .map(|k| k.map_or_else(|j| Source::Payload(place(j)), |c| Source::Col(at(&c))))
             .collect();
         // SAFETY: forwarded contract; the plan's own conditions.
-        let filters = unsafe { program_filters(node, &u, &self.shape.filters, &self.shape.compares, &self.shape.texts, &at) }?;
+        let filters = unsafe { program_filters(node, u, &self.shape.filters, &self.shape.compares, &self.shape.texts, at) }?;
         let spec = Spec {
             dims: if empty { Vec::new() } else { dim_tables },
             filters,
@@ -207,39 +323,7 @@ impl GpuGroupAggScan {
         };
         self.stats = Stats { dims: dims_time, dims_from, join_order: if empty { Vec::new() } else { order }, ..Stats::default() };
         // (a dimension without rows: no fact row joins, the table stays empty)
-        let ran = match run_program(&u, &tail, &spec, shape, !empty, bound, &mut self.stats) {
-            Ok(x) => x,
-            // A cache dropped before the program pinned it (a rebuild, cache_drop); an engine
-            // without scan programs. The temporary segments are dropped at the abort of an
-            // error, and here at the statement's end (cleanup's list) otherwise.
-            Err(e) if e.code == Code::UndefinedObject => return Err("the cache was dropped"),
-            Err(e) if e.code == Code::FeatureNotSupported => return Err("the engine runs no scan programs"),
-            Err(e) => report(e),
-        };
-        let Ran { seg, head, prefix, appended } = ran;
-        self.stats.groups = head.header().groups;
-        self.drop_dims();
-        // The dictionaries of the fact's text grouping columns, for the codes the groups hold.
-        self.key_dicts.clear();
-        self.key_seen.clear();
-        for (w, src) in self.program_keys().iter().enumerate() {
-            if let Ok(c) = src {
-                if c.encoding == Encoding::DictCode {
-                    self.key_dicts.push((w, *c, read_dictionary(&u, at(c))?));
-                }
-            }
-        }
-        Ok(Groups {
-            seg: Some(seg),
-            head,
-            prefix,
-            next_slot: 0,
-            window: Vec::new(),
-            at: 0,
-            appended,
-            appended_done: false,
-            returned: 0,
-        })
+        Ok(Prepared { spec, shape, scan: !empty, bound })
     }
 
     /// The next group: from the window of slots read last, reading the next window when it is
@@ -336,6 +420,11 @@ impl GpuGroupAggScan {
             out.push(KeyTexts { col: *c, texts });
         }
         out
+    }
+
+    /// The fact's heap scan, where the plan reads the heap.
+    fn heap_scan(&self) -> Option<&*mut pg_sys::PlanState> {
+        (!self.fact.is_null()).then_some(&self.fact)
     }
 
     /// Retires the group table's segment of this execution if it is still there.
@@ -532,6 +621,15 @@ impl JoinScan for GpuGroupAggScan {
                 scan_tlist.push(pg_sys::makeTargetEntry(copy, resno, std::ptr::null_mut(), false));
                 resno += 1;
             }
+            if shape.heap {
+                // The fact's scan returns every row: the program tests the conditions (every
+                // one of them is the program's: `Shape::of`).
+                let plans = PgList::<pg_sys::Plan>::from_pg(custom_plans);
+                match plans.get_ptr(plans.len().wrapping_sub(1)) {
+                    Some(scan) if (*scan).type_ == pg_sys::NodeTag::T_SeqScan => (*scan).qual = std::ptr::null_mut(),
+                    _ => report(UvmError::new(Code::SystemError, "GpuGroupAgg: a heap plan without its fact's scan")),
+                }
+            }
             customscan::upper_scan(path, tlist, std::ptr::null_mut(), custom_plans, scan_tlist.into_pg(), (*path).custom_private)
         }
     }
@@ -543,6 +641,7 @@ impl JoinScan for GpuGroupAggScan {
         GpuGroupAggScan {
             shape,
             child: std::ptr::null_mut(),
+            fact: std::ptr::null_mut(),
             dims: Vec::new(),
             values_cxt: std::ptr::null_mut(),
             drained: Vec::new(),
@@ -568,19 +667,21 @@ impl JoinScan for GpuGroupAggScan {
         // SAFETY: BeginCustomScan's arguments; the child is listed in custom_ps for EXPLAIN.
         unsafe {
             let cscan = (*node).ss.ps.plan as *mut pg_sys::CustomScan;
-            // The fallback first, then each dimension's plan.
+            // The fallback first, then each dimension's plan, then over the heap the fact's scan.
             let plans = PgList::<pg_sys::Plan>::from_pg((*cscan).custom_plans);
             let mut ps = PgList::<pg_sys::PlanState>::new();
             for (i, plan) in plans.iter_ptr().enumerate() {
                 let state = pg_sys::ExecInitNode(plan, estate, eflags);
                 if i == 0 {
                     self.child = state;
-                } else {
+                } else if i <= self.shape.dims.len() {
                     self.dims.push(state);
+                } else {
+                    self.fact = state;
                 }
                 ps.push(state);
             }
-            if self.child.is_null() || self.dims.len() != self.shape.dims.len() {
+            if self.child.is_null() || self.dims.len() != self.shape.dims.len() || self.fact.is_null() == self.shape.heap {
                 report(UvmError::new(Code::SystemError, "GpuGroupAgg: a plan without its children"));
             }
             (*node).custom_ps = ps.into_pg();
@@ -631,9 +732,10 @@ impl JoinScan for GpuGroupAggScan {
     unsafe fn exec(&mut self, node: *mut pg_sys::CustomScanState) -> *mut pg_sys::TupleTableSlot {
         if matches!(self.mode, Mode::Start) {
             // SAFETY: ExecCustomScan's argument, this node's state.
-            self.mode = match unsafe { self.read_cache(node) } {
+            let read = if self.shape.heap { unsafe { self.read_heap(node) } } else { unsafe { self.read_cache(node) } };
+            self.mode = match read {
                 Ok(g) => {
-                    self.read_from = Some(ReadFrom::Cache);
+                    self.read_from = Some(if self.shape.heap { ReadFrom::Heap } else { ReadFrom::Cache });
                     Mode::Groups(Box::new(g))
                 }
                 Err(why) => {
@@ -665,7 +767,7 @@ impl JoinScan for GpuGroupAggScan {
         // SAFETY: ReScanCustomScan's argument; the child initialized in begin.
         unsafe {
             let chg = (*node).ss.ps.chgParam;
-            for &c in std::iter::once(&self.child).chain(&self.dims) {
+            for &c in std::iter::once(&self.child).chain(&self.dims).chain(self.heap_scan()) {
                 if !chg.is_null() {
                     pg_sys::UpdateChangedParamSet(c, chg);
                 }
@@ -687,7 +789,7 @@ impl JoinScan for GpuGroupAggScan {
         self.drop_retired();
         // SAFETY: initialized in begin.
         unsafe {
-            for &c in std::iter::once(&self.child).chain(&self.dims) {
+            for &c in std::iter::once(&self.child).chain(&self.dims).chain(self.heap_scan()) {
                 if !c.is_null() {
                     pg_sys::ExecEndNode(c);
                 }
@@ -707,10 +809,11 @@ impl JoinScan for GpuGroupAggScan {
                 let v = std::ffi::CString::new(value.replace('\0', "")).expect("no NUL");
                 pg_sys::ExplainPropertyText(label.as_ptr(), v.as_ptr(), es);
             };
-            prop(c"Column Cache", &self.relname);
+            let heap = self.shape.heap;
+            prop(if heap { c"Fact Heap" } else { c"Column Cache" }, &self.relname);
             let cols: Vec<String> = self.shape.columns().iter().map(|c| self.name_of(c)).collect();
             if !cols.is_empty() {
-                prop(c"Cached Columns", &cols.join(", "));
+                prop(if heap { c"Batch Columns" } else { c"Cached Columns" }, &cols.join(", "));
             }
             if !self.shape.dims.is_empty() {
                 let dims: Vec<String> = self
@@ -747,12 +850,12 @@ impl JoinScan for GpuGroupAggScan {
             }
             if !self.shape.filters.is_empty() {
                 let f: Vec<String> = self.shape.filters.iter().map(|c| self.describe_clause(c)).collect();
-                prop(c"Cache Filters", &f.join(" AND "));
+                prop(if heap { c"Program Filters" } else { c"Cache Filters" }, &f.join(" AND "));
             }
             if (*es).analyze {
                 match self.read_from {
-                    Some(ReadFrom::Cache) => {
-                        prop(c"Read From", "cache");
+                    Some(from @ (ReadFrom::Cache | ReadFrom::Heap)) => {
+                        prop(c"Read From", if from == ReadFrom::Heap { "heap" } else { "cache" });
                         if !self.stats.dims_from.is_empty() {
                             let from: Vec<String> = self
                                 .stats
@@ -778,6 +881,10 @@ impl JoinScan for GpuGroupAggScan {
                         }
                         let int =
                             |label: &CStr, v: u64| pg_sys::ExplainPropertyInteger(label.as_ptr(), std::ptr::null(), v as i64, es);
+                        if from == ReadFrom::Heap {
+                            int(c"Heap Rows", self.stats.heap_rows);
+                            int(c"Batches", self.stats.batches);
+                        }
                         int(c"Groups", self.stats.groups);
                         if self.stats.appended > 0 {
                             int(c"Appended Rows", self.stats.appended);
@@ -790,6 +897,9 @@ impl JoinScan for GpuGroupAggScan {
                                 pg_sys::ExplainPropertyFloat(label.as_ptr(), c"ms".as_ptr(), d.as_secs_f64() * 1e3, 3, es)
                             };
                             ms(c"Dimensions Time", self.stats.dims);
+                            if from == ReadFrom::Heap {
+                                ms(c"Batching Time", self.stats.batching);
+                            }
                             ms(c"Setup Time", self.stats.setup);
                             ms(c"Scan Time", self.stats.scan);
                             ms(c"Scanning Time", self.stats.scanning);

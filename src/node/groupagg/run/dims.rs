@@ -253,7 +253,7 @@ impl GpuGroupAggScan {
             let in_place = tail.is_empty();
             let mut filters = vec![Filter::and(at(&dc.key), Test::Range { lo: i64::MIN, hi: i64::MAX })];
             // SAFETY: forwarded contract; the dimension's own conditions of the plan.
-            filters.extend(unsafe { program_filters(node, &u, &dc.filters, &dc.compares, &self.shape.texts, &at) }?);
+            filters.extend(unsafe { program_filters(node, Some(&u), &dc.filters, &dc.compares, &self.shape.texts, &at) }?);
             let by = dc.groups.iter().copied();
             let keys: Vec<Source> = if in_place {
                 by.map(|c| Source::Col(at(&c))).collect()

@@ -44,14 +44,15 @@ pub(super) fn index_of(index: &[(Col, usize)], c: &Col) -> usize {
 }
 
 /// The program's filters for the clauses `clauses` (comparisons in `compares`, text conditions
-/// in `texts`) over the cache `u`, its columns' indexes by `at`: a text condition as the codes
-/// of its column's strings that pass it (PostgreSQL evaluates it per string).
+/// in `texts`) over the cache `u` (`None`: the heap's batches), its columns' indexes by `at`:
+/// a text condition as the codes of its column's strings that pass it (PostgreSQL evaluates it
+/// per string; the heap's batches hold no text).
 ///
 /// # Safety
 /// `node` is the node's executor state; the clauses are its plan's.
 pub(super) unsafe fn program_filters(
     node: *mut pg_sys::CustomScanState,
-    u: &caches::Usable,
+    u: Option<&caches::Usable>,
     clauses: &[Vec<Atom>],
     compares: &[PlanCompare],
     texts: &[*mut pg_sys::Node],
@@ -75,6 +76,7 @@ pub(super) unsafe fn program_filters(
                     filters.push(Filter::or(at(&a.col), Test::Compare(expr)));
                 }
                 Check::Text(n) => {
+                    let u = u.ok_or("a text condition without its column's dictionary")?;
                     let bytes = read_dictionary(u, at(&a.col))?;
                     let dict = Dict::parse("a text column's dictionary", &bytes).unwrap_or_else(|e| report(e));
                     // SAFETY: forwarded contract; a text condition of the plan.
@@ -208,11 +210,8 @@ pub(super) fn finish_program(
         match progress {
             Progress::Done => done = true,
             Progress::Full { block, row, slots } => {
-                let next = new_groups(&shape.with_slots(slots))?;
-                try_executor(|ex| exec::groups_grow(ex, &seg, &next, slots))?;
-                cleanup::drop_now(&seg);
-                (seg, start, shape.slot_count) = (next, (block, row), slots);
-                stats.grown += 1;
+                grow(&mut seg, &mut shape, slots, stats)?;
+                start = (block, row);
             }
         }
     }
@@ -265,6 +264,143 @@ pub(super) fn finish_program(
     }
     appended.extend(groups::Table::parse("group table", &mut bytes).and_then(|mut t| t.groups())?);
     Ok(Ran { seg, head, prefix, appended })
+}
+
+/// Grows the group table in `seg` (of `shape`) into a new segment of `slots` slots, which
+/// replaces it, as a program that stopped full needs before it resumes.
+fn grow(seg: &mut SegRef, shape: &mut groups::Shape, slots: u64, stats: &mut Stats) -> Result<()> {
+    let next = new_groups(&shape.with_slots(slots))?;
+    try_executor(|ex| exec::groups_grow(ex, seg, &next, slots))?;
+    cleanup::drop_now(seg);
+    (*seg, shape.slot_count) = (next, slots);
+    stats.grown += 1;
+    Ok(())
+}
+
+/// Runs `spec` over the rows of the fact's heap scan `fact` into a new temporary group table of
+/// `shape` (`scan` false: no row read, the table stays empty), as [`run_program`] over a cache:
+/// the rows laid out in blocks of `layout` (the program's columns in order: the scan's rows),
+/// each block written to one of two batch segments in turn, as a cache of one block, and
+/// scanned there while the next one is filled (in the GPU service the scan runs meanwhile);
+/// one scan runs at a time, since a table that fills grows before the program resumes.
+///
+/// # Safety
+/// `fact` is the node's initialized heap scan, whose rows are `layout`'s columns in order.
+pub(super) unsafe fn run_heap_program(
+    fact: *mut pg_sys::PlanState,
+    layout: &crate::cache::Layout,
+    spec: &Spec,
+    shape: groups::Shape,
+    scan: bool,
+    max_groups: u64,
+    stats: &mut Stats,
+) -> Result<Ran> {
+    let t = std::time::Instant::now();
+    let mut seg = new_empty_groups(&shape)?;
+    stats.setup += t.elapsed();
+    let mut shape = shape;
+    if scan {
+        let bytes = layout.bytes_for(1).min(i64::MAX as u64) as i64;
+        let batch = || {
+            cleanup::try_create("batch", |name| {
+                try_executor(|ex| exec::create(ex, name, bytes, Some(bytes), TierPref::Auto, current_user(), now()))
+            })
+        };
+        let batches = [batch()?, batch()?];
+        let ncols = layout.columns().len();
+        let encodings: Vec<Encoding> = (0..ncols).filter_map(|c| layout.encoding(c)).collect();
+        let mut row: Vec<Option<u64>> = vec![None; ncols];
+        let mut pending: Option<(exec::ScanGroupsPending, usize)> = None;
+        let (mut which, mut more) = (0usize, true);
+        while more {
+            let t = std::time::Instant::now();
+            let mut block = crate::cache::BlockBuilder::new(layout);
+            while !block.is_full() {
+                // SAFETY: forwarded contract; the slot's first `ncols` attributes are the
+                // columns (checked against its descriptor), deformed before they are read.
+                let got = unsafe {
+                    let slot = pg_sys::ExecProcNode(fact);
+                    if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
+                        false
+                    } else {
+                        if (*(*slot).tts_tupleDescriptor).natts as usize != ncols {
+                            return Err(UvmError::new(Code::SystemError, "GpuGroupAgg: the fact's scan returns other columns"));
+                        }
+                        if ((*slot).tts_nvalid as usize) < ncols {
+                            pg_sys::slot_getsomeattrs_int(slot, ncols as i32);
+                        }
+                        for (c, w) in row.iter_mut().enumerate() {
+                            *w = (!*(*slot).tts_isnull.add(c))
+                                .then(|| encodings[c].word_of_raw((*(*slot).tts_values.add(c)).value() as u64));
+                        }
+                        true
+                    }
+                };
+                if !got {
+                    more = false;
+                    break;
+                }
+                block.push(&row)?;
+            }
+            let rows = block.rows();
+            stats.heap_rows += rows;
+            stats.batching += t.elapsed();
+            if rows == 0 {
+                break;
+            }
+            // The batch: the layout's header for one block of `rows` rows, then the block.
+            let mut one = layout.clone();
+            one.set_extent(1, rows)?;
+            let t = std::time::Instant::now();
+            let at = layout.header().data_offset as i64;
+            try_executor(|ex| exec::write(ex, &batches[which], 0, &one.prefix()))?;
+            try_executor(|ex| exec::write(ex, &batches[which], at, &block.finish()))?;
+            stats.scan += t.elapsed();
+            if let Some((p, b)) = pending.take() {
+                finish_batch(p, &batches[b], &mut seg, &mut shape, spec, max_groups, stats)?;
+            }
+            let t = std::time::Instant::now();
+            pending =
+                Some((try_executor(|ex| exec::scan_groups_start(ex, &batches[which], &seg, spec, (0, 0), max_groups))?, which));
+            stats.scan += t.elapsed();
+            stats.batches += 1;
+            which ^= 1;
+        }
+        if let Some((p, b)) = pending.take() {
+            finish_batch(p, &batches[b], &mut seg, &mut shape, spec, max_groups, stats)?;
+        }
+        cleanup::drop_all_now(&batches);
+    }
+    let t = std::time::Instant::now();
+    let (head, prefix) = read_head(&seg)?;
+    stats.read += t.elapsed();
+    Ok(Ran { seg, head, prefix, appended: std::collections::HashMap::new() })
+}
+
+/// Waits for the scan `p` of the batch `batch`, and grows the table and resumes the scan of
+/// that batch until it is done.
+fn finish_batch(
+    p: exec::ScanGroupsPending,
+    batch: &SegRef,
+    seg: &mut SegRef,
+    shape: &mut groups::Shape,
+    spec: &Spec,
+    max_groups: u64,
+    stats: &mut Stats,
+) -> Result<()> {
+    let t = std::time::Instant::now();
+    let (mut progress, scanning) = p.wait()?;
+    stats.scan += t.elapsed();
+    stats.scanning += scanning;
+    while let Progress::Full { block, row, slots } = progress {
+        grow(seg, shape, slots, stats)?;
+        let t = std::time::Instant::now();
+        let (next, scanning) = try_executor(|ex| exec::scan_groups(ex, batch, seg, spec, (block, row), max_groups))?;
+        stats.scan += t.elapsed();
+        stats.scanning += scanning;
+        progress = next;
+    }
+    Ok(())
 }
 
 /// The bytes of the slots of the group table in `seg` (header `h`) from slot `next` on, as
