@@ -1,5 +1,6 @@
 //! PostgreSQL waits shared by the background workers (the broker and the GPU service): one wait
-//! set for a worker's whole life, on its latch, postmaster death and one file descriptor.
+//! set for a worker's whole life, on its latch, postmaster death and one file descriptor; and
+//! the end of a condition-variable sleep, which the plan nodes' parallel participants share.
 
 use pgrx::pg_sys;
 
@@ -28,4 +29,12 @@ pub unsafe fn latch_and_fd(fd: i32) -> *mut pg_sys::WaitEventSet {
         pg_sys::AddWaitEventToSet(set, pg_sys::WL_SOCKET_READABLE, fd, std::ptr::null_mut(), std::ptr::null_mut());
         set
     }
+}
+
+/// Ends this process's condition-variable sleep (`ConditionVariableSleep`'s loop, on any
+/// variable); a no-op where it prepared none.
+pub fn cancel_sleep() {
+    // SAFETY: PostgreSQL's; it touches only this process's sleep, if one was prepared.
+    #[allow(clippy::let_unit_value)]
+    let _ = unsafe { pg_sys::ConditionVariableCancelSleep() };
 }

@@ -185,8 +185,7 @@ impl Handoff {
                 // The first call prepares to sleep and returns at once; the loop checks again.
                 pg_sys::ConditionVariableSleep(&mut (*h).space, pg_sys::PG_WAIT_EXTENSION);
             };
-            #[allow(clippy::let_unit_value)]
-            let _ = pg_sys::ConditionVariableCancelSleep();
+            crate::pgwait::cancel_sleep();
             let e = &mut (*h).ring[(at % RING as u64) as usize];
             e.keys = dp;
             e.len = keys.len() as u64;
@@ -267,20 +266,13 @@ impl Handoff {
     }
 
     /// Sleeps (answering interrupts) until a worker pushes or unregisters; call in a loop that
-    /// checks first, and [`Handoff::end_wait`] after it.
+    /// checks first, and `crate::pgwait::cancel_sleep` after it.
     ///
     /// # Safety
     /// As for [`Handoff::is_on`]; the leader.
     pub unsafe fn wait(h: *mut Handoff) {
         // SAFETY: forwarded contract.
         unsafe { pg_sys::ConditionVariableSleep(&mut (*h).items, pg_sys::PG_WAIT_EXTENSION) }
-    }
-
-    /// Ends the waits of [`Handoff::wait`].
-    pub fn end_wait() {
-        // SAFETY: PostgreSQL's; a no-op where this process prepared no sleep.
-        #[allow(clippy::let_unit_value)]
-        let _ = unsafe { pg_sys::ConditionVariableCancelSleep() };
     }
 
     /// Sets the exchange back for a rescan, freeing any batch left (an ERROR never reaches

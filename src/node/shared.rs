@@ -267,20 +267,13 @@ impl Shared {
     }
 
     /// Sleeps (answering interrupts) on the build's condition variable; call in a loop that
-    /// checks first, and [`Shared::end_sleep`] after it.
+    /// checks first, and `crate::pgwait::cancel_sleep` after it.
     ///
     /// # Safety
     /// `p` was set up by [`Shared::init`]; the main thread.
     pub unsafe fn sleep(p: *mut Shared) {
         // SAFETY: forwarded contract.
         unsafe { pg_sys::ConditionVariableSleep(&mut (*p).cv, pg_sys::PG_WAIT_EXTENSION) }
-    }
-
-    /// Ends the sleeps of [`Shared::sleep`].
-    pub fn end_sleep() {
-        // SAFETY: PostgreSQL's; a no-op where this process prepared no sleep.
-        #[allow(clippy::let_unit_value)]
-        let _ = unsafe { pg_sys::ConditionVariableCancelSleep() };
     }
 
     /// Wakes the participants waiting on the build's condition variable (the last worker to
@@ -317,8 +310,7 @@ impl Shared {
                     None => pg_sys::ConditionVariableSleep(&mut (*p).cv, pg_sys::PG_WAIT_EXTENSION),
                 }
             };
-            #[allow(clippy::let_unit_value)]
-            let _ = pg_sys::ConditionVariableCancelSleep();
+            crate::pgwait::cancel_sleep();
             role
         }
     }
@@ -376,8 +368,7 @@ impl Shared {
             while !Shared::is_built(p) {
                 pg_sys::ConditionVariableSleep(&mut (*p).cv, pg_sys::PG_WAIT_EXTENSION);
             }
-            #[allow(clippy::let_unit_value)]
-            let _ = pg_sys::ConditionVariableCancelSleep();
+            crate::pgwait::cancel_sleep();
         }
     }
 

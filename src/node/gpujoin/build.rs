@@ -293,7 +293,7 @@ impl GpuJoinScan {
                         Shared::sleep(sh);
                     }
                 }
-                Shared::end_sleep();
+                crate::pgwait::cancel_sleep();
             }
             Shared::wait_built(sh);
             self.table = Some((*sh).table);

@@ -532,7 +532,7 @@ impl GpuJoinScan {
                 }
                 Handoff::wait(h);
             }
-            Handoff::end_wait();
+            crate::pgwait::cancel_sleep();
         }
     }
 
