@@ -597,6 +597,9 @@ impl Layout {
 pub struct BlockBuilder {
     /// The cache's layout as if it were one block at offset 0: `put` then addresses `bytes`.
     one: Layout,
+    /// Per column: where its values and its NULL bitmap start in `bytes`, its width and its
+    /// encoding (the layout's, looked up once: a row's push writes each value in place).
+    cols: Vec<(usize, usize, usize, Encoding)>,
     bytes: Vec<u8>,
     rows: u64,
 }
@@ -605,7 +608,13 @@ impl BlockBuilder {
     /// An empty block of `layout`'s shape (`block_bytes` zeroed bytes).
     pub fn new(layout: &Layout) -> BlockBuilder {
         let one = layout.one_block();
-        BlockBuilder { bytes: vec![0; one.header.block_bytes as usize], one, rows: 0 }
+        let cols = one
+            .columns
+            .iter()
+            .zip(&one.encodings)
+            .map(|(c, &e)| (c.values_at as usize, c.nulls_at as usize, usize::from(c.width), e))
+            .collect();
+        BlockBuilder { bytes: vec![0; one.header.block_bytes as usize], one, cols, rows: 0 }
     }
 
     pub fn rows(&self) -> u64 {
@@ -631,16 +640,23 @@ impl BlockBuilder {
                 ),
             ));
         }
-        if let Some((col, w)) =
-            row.iter().enumerate().find_map(|(c, w)| w.filter(|&w| !self.one.encodings[c].holds(w)).map(|w| (c, w)))
+        if let Some((col, w)) = row.iter().enumerate().find_map(|(c, w)| w.filter(|&w| !self.cols[c].3.holds(w)).map(|w| (c, w)))
         {
             return Err(UvmError::new(
                 Code::InvalidParameterValue,
-                format!("{w:#x} is no {:?} value (column {col})", self.one.encodings[col]),
+                format!("{w:#x} is no {:?} value (column {col})", self.cols[col].3),
             ));
         }
-        for (col, &w) in row.iter().enumerate() {
-            self.one.put(&mut self.bytes, col, 0, self.rows, w)?;
+        // Within the block (`Layout::plan` laid every area out inside it, and `rows` is below
+        // `block_rows`); a fresh block's bytes are zero, so a NULL only sets its bit.
+        let r = self.rows as usize;
+        for (&(values_at, nulls_at, width, _), &w) in self.cols.iter().zip(row) {
+            match w {
+                Some(w) => {
+                    self.bytes[values_at + r * width..values_at + (r + 1) * width].copy_from_slice(&w.to_le_bytes()[..width])
+                }
+                None => self.bytes[nulls_at + r / 8] |= 1 << (r % 8),
+            }
         }
         self.rows += 1;
         Ok(())
