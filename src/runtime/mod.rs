@@ -234,12 +234,23 @@ fn sqlstate(c: Code) -> PgSqlErrorCode {
         Code::UndefinedColumn => ERRCODE_UNDEFINED_COLUMN,
         Code::DivisionByZero => ERRCODE_DIVISION_BY_ZERO,
         Code::InvalidTransactionState => ERRCODE_INVALID_TRANSACTION_STATE,
+        Code::AdminShutdown => ERRCODE_ADMIN_SHUTDOWN,
     }
 }
 
 /// The interrupt hook of the plain-Rust loops (`crate::interrupt`): a pending cancel or
-/// timeout raises its ERROR here, which unwinds through the loop's guards.
+/// timeout raises its ERROR here, which unwinds through the loop's guards. A pending exit
+/// (`pg_terminate_backend`, a fast shutdown) would exit the process from inside the operation
+/// (a FATAL does not unwind), with the segment manager still in use, so that the exit
+/// callbacks could not drop this process's temporary segments: it ends the operation with an
+/// error instead (57P01), and stays pending for PostgreSQL's next check, outside it, after the
+/// abort has dropped them.
 pub(crate) fn check_for_interrupts() -> Result<()> {
+    // SAFETY: reads this process's interrupt flags (the main thread: the hook's).
+    let exiting = unsafe { pg_sys::ProcDiePending != 0 && pg_sys::InterruptHoldoffCount == 0 && pg_sys::CritSectionCount == 0 };
+    if exiting {
+        return Err(UvmError::new(Code::AdminShutdown, "terminating connection due to administrator command"));
+    }
     pg_sys::check_for_interrupts!();
     Ok(())
 }

@@ -91,6 +91,10 @@ crate::wire_enum! {
         DivisionByZero = 22,
         /// 25000: an operation a parallel operation must not run (a cache's build).
         InvalidTransactionState = 23,
+        /// 57P01: the process was told to exit (`pg_terminate_backend`, a fast shutdown) inside a
+        /// long operation, which stops as on a cancel and leaves the exit to PostgreSQL's next
+        /// interrupt check outside it (`crate::interrupt`).
+        AdminShutdown = 24,
     }
 }
 
@@ -122,6 +126,7 @@ impl Code {
             Code::UndefinedColumn => "42703",
             Code::DivisionByZero => "22012",
             Code::InvalidTransactionState => "25000",
+            Code::AdminShutdown => "57P01",
         }
     }
 }

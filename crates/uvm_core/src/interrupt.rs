@@ -11,6 +11,10 @@
 //! it into a Rust unwind, so the loop's guards (pins, locks, mappings) drop on the way out,
 //! as on any other error. A hook may also return `Err` (the unit tests' hooks do, with
 //! [`Code::QueryCanceled`](crate::error::Code::QueryCanceled)); callers propagate it with `?`.
+//! The extension's hook does so for a pending exit (`pg_terminate_backend`), with
+//! [`Code::AdminShutdown`](crate::error::Code::AdminShutdown): a FATAL raised inside the loop
+//! would end the process without unwinding it, and its exit callbacks would find the
+//! operation's state still in use; the exit stays pending for PostgreSQL's next check.
 //!
 //! # Threads
 //!
