@@ -1,5 +1,7 @@
 //! Leader probes: a parallel GpuJoin whose workers hand their outer keys to the leader, so that
-//! one process of the query runs every probe (issue 24, point 5).
+//! one process of the query runs every probe (issue 24, point 5). GpuGroupAgg over the heap in
+//! parallel hands its batches of column blocks to its runner through the same exchange, as
+//! 8-byte words (`super::groupagg`'s `parallel.rs`).
 //!
 //! # Why
 //!
@@ -167,7 +169,7 @@ impl Handoff {
         // the leader's; the condition variable lives in the DSM.
         unsafe {
             if keys.len() as u64 > (*h).most_keys {
-                return Err(UvmError::new(Code::ProgramLimitExceeded, "GpuJoin: a batch of keys larger than the leader takes"));
+                return Err(UvmError::new(Code::ProgramLimitExceeded, "a batch larger than the leader takes"));
             }
             let bytes = std::mem::size_of_val(keys);
             let dp = pg_sys::dsa_allocate_extended(area, bytes, 0);

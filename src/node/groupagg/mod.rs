@@ -139,8 +139,10 @@
 //! tests), the planner tries the members as the fact, largest first, with the columns a heap
 //! batch can hold in place of a cache's ([`plan`]'s `heap_columns`: the fixed-width types whose
 //! datum is the cache's word; not `numeric`, whose words are scaled, nor text, which would need
-//! a dictionary per batch, so text and numeric columns of the fact decline). The same rules
-//! apply otherwise, and the plan gets one more child, last: a serial scan of the fact whose
+//! a dictionary per batch, so text and numeric columns of the fact decline), and not where the
+//! query's own conditions on the fact sit beside a row-level security policy's or a security
+//! barrier's (PostgreSQL tests those first, and the query's may raise an ERROR; the program has
+//! an order of its own). The same rules apply otherwise, and the plan gets one more child, last: a serial scan of the fact whose
 //! target is the program's columns in [`Shape::columns`]' order and whose conditions are
 //! taken off (every one is the program's). The path is priced at that scan without its
 //! conditions, [`DEFORM_FACTOR`] per row and column, and the dimensions, not at the program's
@@ -152,9 +154,18 @@
 //! while it runs: one scan in flight at a time, so that a table that fills grows and the
 //! program resumes in that batch before the next one starts. `EXPLAIN` shows `Fact Heap`,
 //! `Batch Columns` and `Program Filters`, and with `ANALYZE` `Read From: heap`, `Heap Rows`,
-//! `Batches` and `Batching Time` (reading the rows and laying them out). Serial: a parallel
-//! form (the workers hand their batches to the leader, `docs/ARCHITECTURE.md`) is the next
-//! step.
+//! `Batches` and `Batching Time` (reading the rows, laying them out and writing the batches).
+//!
+//! In parallel (`parallel.rs`): where the fact has a partial scan and every child is
+//! parallel-safe, the planner also offers `Gather` over the node with a `Parallel Seq Scan` of
+//! the fact as its last child (the fallback over the input's cheapest parallel-safe path),
+//! priced with the scan's and the laying out's shares per participant. Every participant reads
+//! its share and lays it out; one of them, the runner (the leader, or worker 0 where the leader
+//! does not run the plan: `parallel_leader_participation`), runs the program over its own
+//! batches and every one the others hand it through the query's DSM and DSA area, into its one
+//! group table, and returns the groups; the others return no row. No group table is merged and
+//! no partial state is kept, and only the runner touches the GPU (in process mode, no worker
+//! starts a CUDA context). `EXPLAIN ANALYZE` adds `Batches From Workers`.
 //!
 //! # Limits (the next steps of issue 27)
 //!
@@ -186,6 +197,7 @@
 //! [`SETUP_COST`] hands small tables to PostgreSQL, and the H200.
 
 mod clauses;
+mod parallel;
 mod plan;
 mod run;
 mod values;

@@ -355,6 +355,15 @@ impl Shape {
             // (the columns the program may read, with their encodings: the cache's, or those
             // of the heap's columns that a batch lays out)
             let cached = if heap { heap_columns(rel, relid) } else { caches::ready_columns(relid)? };
+            // Over the heap, no row-level security or security-barrier condition: the program
+            // tests its clauses in its own order, where PostgreSQL tests those first and keeps
+            // a query's own conditions, which may raise an ERROR, from rows they hide. (A
+            // cache is never built of a table with row-level security.)
+            if heap
+                && PgList::<pg_sys::RestrictInfo>::from_pg((*rel).baserestrictinfo).iter_ptr().any(|ri| (*ri).security_level > 0)
+            {
+                return None;
+            }
             let (mut texts, mut compares) = (Vec::new(), Vec::new());
             let filters = clauses_of(rel, varno, &cached, &mut texts, &mut compares, 0)?;
             // Each class joins the fact's one column with dimensions' columns; each dimension
@@ -567,18 +576,21 @@ pub(in crate::node) unsafe fn add_path(
         } else {
             pg_sys::AggStrategy::AGG_HASHED
         };
-        let child = pg_sys::create_agg_path(
-            root,
-            output_rel,
-            subpath,
-            (*output_rel).reltarget,
-            strategy,
-            pg_sys::AggSplit::AGGSPLIT_SIMPLE,
-            group_clause,
-            std::ptr::null_mut(),
-            &(*extra).agg_final_costs,
-            estimate,
-        ) as *mut pg_sys::Path;
+        let agg_over = |subpath: *mut pg_sys::Path| {
+            pg_sys::create_agg_path(
+                root,
+                output_rel,
+                subpath,
+                (*output_rel).reltarget,
+                strategy,
+                pg_sys::AggSplit::AGGSPLIT_SIMPLE,
+                group_clause,
+                std::ptr::null_mut(),
+                &(*extra).agg_final_costs,
+                estimate,
+            ) as *mut pg_sys::Path
+        };
+        let child = agg_over(subpath);
         // The fact's rows through the program, and each dimension's own plan.
         let fact = *(*root).simple_rel_array.add(shape.varno as usize);
         let mut c = cost((*fact).tuples, shape.columns().len() + shape.dims.len(), estimate);
@@ -586,14 +598,15 @@ pub(in crate::node) unsafe fn add_path(
         // Over the heap: the fact's serial scan, its rows laid out in batches (the last child),
         // in place of the program's own per-row cost: the program runs over one batch (on the
         // GPU) while the backend lays out the next.
+        let deform = (*fact).tuples * DEFORM_FACTOR * pg_sys::cpu_operator_cost * shape.columns().len() as f64;
         let heap_scan = if shape.heap {
-            let Some(scan) = heap_scan_path(root, fact, &shape) else { return };
-            let deform = (*fact).tuples * DEFORM_FACTOR * pg_sys::cpu_operator_cost * shape.columns().len() as f64;
+            let Some(scan) = heap_scan_path(root, fact, &shape, 0) else { return };
             c = cost(0.0, 0, estimate) + (*scan).total_cost + deform;
             Some(scan)
         } else {
             None
         };
+        let mut dims_cost = 0.0;
         for d in &mut shape.dims {
             let rel = *(*root).simple_rel_array.add(d.varno as usize);
             let dp = (*rel).cheapest_total_path;
@@ -616,22 +629,95 @@ pub(in crate::node) unsafe fn add_path(
             }
             // (a dimension read from its cache: its own program's cost; its plan stays, for an
             // execution where the cache is not current)
-            c += match &d.cached {
+            dims_cost += match &d.cached {
                 Some(dc) => cost((*rel).tuples, dc.columns().len(), (*dp).rows),
                 None => (*dp).total_cost,
             } + (*dp).rows * pg_sys::cpu_tuple_cost;
             children.push(dp);
         }
+        // In parallel, under a Gather: the fallback over the input's cheapest parallel-safe
+        // path (its cheapest may be a Gather of its own).
+        let safe = PgList::<pg_sys::Path>::from_pg((*input_rel).pathlist).iter_ptr().find(|&p| (*p).parallel_safe);
+        if let Some(safe) = safe.filter(|_| shape.heap) {
+            // (before the serial path is added: add_path may free the paths it dominates)
+            let base = cost(0.0, 0, estimate) + dims_cost;
+            let mut parallel_children = children.clone();
+            parallel_children[0] = agg_over(safe);
+            add_gather_path(root, output_rel, &shape, &parallel_children, estimate, base, deform);
+        }
         children.extend(heap_scan);
-        let cp = customscan::upper_path(output_rel, &children, estimate, c, 0, &METHODS.path);
+        let cp = customscan::upper_path(output_rel, &children, estimate, c + dims_cost, 0, &METHODS.path);
         (*cp).custom_private = shape.to_private();
         pg_sys::add_path(output_rel, cp as *mut pg_sys::Path);
     }
 }
 
-/// A serial scan of the fact `fact` whose rows are the program's columns in
-/// [`Shape::columns`]' order (its plan's conditions are taken off in [`super::run`]'s
-/// `plan`: the program tests them). `None` where the table's columns cannot be looked up.
+/// PostgreSQL's share of a partial path's rows for each participant with `workers` workers
+/// (`costsize.c`'s `get_parallel_divisor`: the leader takes a share where it participates, less
+/// as there are more workers).
+fn parallel_divisor(workers: i32) -> f64 {
+    let mut d = f64::from(workers);
+    // SAFETY: reads a GUC of this process.
+    if unsafe { pg_sys::parallel_leader_participation } {
+        let leader = 1.0 - 0.3 * f64::from(workers);
+        if leader > 0.0 {
+            d += leader;
+        }
+    }
+    d.max(1.0)
+}
+
+/// Adds the node over the heap in parallel, under a Gather, where the fact has a partial scan
+/// and every child is parallel-safe: every participant reads its share of the fact and lays it
+/// out (one of them, the runner, runs the program over every batch: `super::parallel`); priced
+/// at `base` (the program's setup and the dimensions), the partial scan, and `deform` shared by
+/// the participants. `children`: the fallback and the dimensions' paths.
+///
+/// # Safety
+/// The hook's arguments; `shape` this level's.
+unsafe fn add_gather_path(
+    root: *mut pg_sys::PlannerInfo,
+    output_rel: *mut pg_sys::RelOptInfo,
+    shape: &Shape,
+    children: &[*mut pg_sys::Path],
+    estimate: f64,
+    base: f64,
+    deform: f64,
+) {
+    // SAFETY: forwarded contract; paths made in the planner's memory context.
+    unsafe {
+        let fact = *(*root).simple_rel_array.add(shape.varno as usize);
+        let Some(partial) = PgList::<pg_sys::Path>::from_pg((*fact).partial_pathlist).get_ptr(0) else { return };
+        let workers = (*partial).parallel_workers;
+        if workers <= 0 || !(*output_rel).consider_parallel || children.iter().any(|&p| !(*p).parallel_safe) {
+            return;
+        }
+        let Some(scan) = heap_scan_path(root, fact, shape, workers) else { return };
+        let c = base + (*scan).total_cost + deform / parallel_divisor(workers);
+        let mut all = children.to_vec();
+        all.push(scan);
+        let cp = customscan::upper_path(output_rel, &all, estimate, c, 0, &METHODS.path);
+        (*cp).path.parallel_aware = true;
+        (*cp).path.parallel_safe = true;
+        (*cp).path.parallel_workers = workers;
+        (*cp).custom_private = shape.to_private();
+        let mut rows = estimate;
+        let gather = pg_sys::create_gather_path(
+            root,
+            output_rel,
+            cp as *mut pg_sys::Path,
+            (*output_rel).reltarget,
+            std::ptr::null_mut(),
+            &mut rows,
+        );
+        pg_sys::add_path(output_rel, gather as *mut pg_sys::Path);
+    }
+}
+
+/// A scan of the fact `fact` whose rows are the program's columns in [`Shape::columns`]' order
+/// (its plan's conditions are taken off in [`super::run`]'s `plan`: the program tests them):
+/// serial, or with `workers` a partial scan. `None` where the table's columns cannot be looked
+/// up.
 ///
 /// # Safety
 /// The planner's structures; `fact` is the shape's fact relation.
@@ -639,13 +725,14 @@ unsafe fn heap_scan_path(
     root: *mut pg_sys::PlannerInfo,
     fact: *mut pg_sys::RelOptInfo,
     shape: &Shape,
+    workers: i32,
 ) -> Option<*mut pg_sys::Path> {
     // SAFETY: forwarded contract; nodes made in the planner's memory context.
     unsafe {
         if shape.columns().is_empty() {
             return None; // (count(*) of a table alone: nothing for a program to read)
         }
-        let path = pg_sys::create_seqscan_path(root, fact, std::ptr::null_mut(), 0);
+        let path = pg_sys::create_seqscan_path(root, fact, std::ptr::null_mut(), workers);
         let target = pg_sys::create_empty_pathtarget();
         for c in shape.columns() {
             let (mut typid, mut typmod, mut coll) = (pg_sys::InvalidOid, 0, pg_sys::InvalidOid);
@@ -659,11 +746,13 @@ unsafe fn heap_scan_path(
         (*target).cost = (*(*path).pathtarget).cost;
         (*target).width = (*(*path).pathtarget).width;
         (*path).pathtarget = target;
-        // Every row, and no condition's cost: the conditions are the program's.
-        let quals = (*fact).baserestrictcost.startup + (*fact).tuples * (*fact).baserestrictcost.per_tuple;
+        // Every row (a participant's share of them), and no condition's cost: the conditions
+        // are the program's.
+        let share = if workers > 0 { parallel_divisor(workers) } else { 1.0 };
+        let quals = (*fact).baserestrictcost.startup + (*fact).tuples * (*fact).baserestrictcost.per_tuple / share;
         (*path).startup_cost -= (*fact).baserestrictcost.startup;
         (*path).total_cost = ((*path).total_cost - quals).max((*path).startup_cost);
-        (*path).rows = (*fact).tuples.max(1.0);
+        (*path).rows = ((*fact).tuples / share).max(1.0);
         Some(path)
     }
 }

@@ -1,9 +1,11 @@
 //! The executor's side of GpuGroupAgg: the program run over the cache, the groups returned
 //! (see the module essay).
 
+use super::parallel::{self, Exchange};
 use super::plan::agg_of;
 use super::values::{datum_of, read_dictionary, table_aggs, text_codes, text_datum, SeenStrings};
 use super::*;
+use crate::node::handoff::Handoff;
 
 mod dims;
 mod explain;
@@ -54,6 +56,8 @@ enum Mode {
     Start,
     Groups(Box<Groups>),
     Child,
+    /// A parallel worker that handed its rows to the runner: it returns none.
+    Handed,
 }
 
 /// Figures of the last execution (EXPLAIN ANALYZE).
@@ -73,10 +77,12 @@ struct Stats {
     /// Its slots read back (the windows, each a request: round trips included).
     read: std::time::Duration,
     /// Over the heap: the fact's rows read, the batches they made, and the time spent
-    /// reading them and laying them out (the scan's own time included).
+    /// reading them (the heap scan's own time included), laying them out and writing them.
     heap_rows: u64,
     batches: u64,
     batching: std::time::Duration,
+    /// Of the batches, those the workers handed over (a parallel query's runner).
+    handed: u64,
     /// Where each dimension's rows came from.
     dims_from: Vec<DimFrom>,
     /// The dimensions in the order the program probes them.
@@ -116,8 +122,13 @@ pub struct GpuGroupAggScan {
     shape: Shape,
     /// PostgreSQL's aggregation, run where the cache is not current.
     child: *mut pg_sys::PlanState,
-    /// Over the heap: the fact's scan (its rows the program's columns).
+    /// Over the heap: the fact's scan (its rows the program's columns), the layout of its
+    /// batches, and in a parallel query the exchange in the DSM (null: serial).
     fact: *mut pg_sys::PlanState,
+    heap_layout: Option<crate::cache::Layout>,
+    exchange: *mut Exchange,
+    /// Whether the last execution ran with a parallel query's exchange (EXPLAIN).
+    parallel: bool,
     /// Each dimension's plan (its scan with its own conditions).
     dims: Vec<*mut pg_sys::PlanState>,
     /// Where the dimensions' distinct grouping values live for an execution.
@@ -194,17 +205,30 @@ impl GpuGroupAggScan {
         let snap = unsafe { (*self.estate).es_snapshot };
         let cols = self.shape.columns();
         let at = |c: &Col| cols.iter().position(|x| x == c).expect("a planned column");
-        let specs: Vec<crate::cache::ColumnSpec> =
-            cols.iter().map(|c| crate::cache::ColumnSpec { encoding: c.encoding, attnum: c.attnum, scale: c.scale }).collect();
-        let layout =
-            crate::cache::Layout::plan(u32::from(self.shape.relid), &specs, heap_block_rows(&cols)).unwrap_or_else(|e| report(e));
         // SAFETY: forwarded contract.
         let p = unsafe { self.prepare(node, snap, None, &at) }?;
         self.key_dicts.clear();
         self.key_seen.clear();
-        // SAFETY: the fact's scan, initialized in begin, its rows the columns in `cols`' order.
-        let ran = unsafe { run_heap_program(self.fact, &layout, &p.spec, p.shape, p.scan, p.bound, &mut self.stats) };
+        let layout = self.heap_layout.clone().expect("a heap plan's layout, made in begin");
+        let handed = self.handed();
+        // SAFETY: the fact's scan, initialized in begin, its rows the columns in `cols`' order;
+        // the exchange and area of this query, this process its runner.
+        let ran = unsafe { run_heap_program(self.fact, &layout, handed, p, &mut self.stats) };
         Self::ran_or_why(ran).map(|r| self.groups_of(r))
+    }
+
+    /// In a parallel query over the heap, the exchange's handoff and the query's DSA area.
+    fn handed(&self) -> Option<(*mut Handoff, *mut pg_sys::dsa_area)> {
+        if self.exchange.is_null() {
+            return None;
+        }
+        // SAFETY: the exchange was set up before any participant ran; the executor state is
+        // live.
+        let (h, area) = unsafe { (Exchange::handoff(self.exchange), (*self.estate).es_query_dsa) };
+        if area.is_null() {
+            report(UvmError::new(Code::SystemError, "GpuGroupAgg: a parallel execution without a query DSA area"));
+        }
+        Some((h, area))
     }
 
     /// A program's run, or why the child answers instead: a cache dropped before the program
@@ -642,6 +666,9 @@ impl JoinScan for GpuGroupAggScan {
             shape,
             child: std::ptr::null_mut(),
             fact: std::ptr::null_mut(),
+            heap_layout: None,
+            exchange: std::ptr::null_mut(),
+            parallel: false,
             dims: Vec::new(),
             values_cxt: std::ptr::null_mut(),
             drained: Vec::new(),
@@ -686,6 +713,17 @@ impl JoinScan for GpuGroupAggScan {
             }
             (*node).custom_ps = ps.into_pg();
             self.estate = estate;
+            if self.shape.heap {
+                // (every participant of a parallel query the same: work_mem is the leader's)
+                let cols = self.shape.columns();
+                let specs: Vec<crate::cache::ColumnSpec> = cols
+                    .iter()
+                    .map(|c| crate::cache::ColumnSpec { encoding: c.encoding, attnum: c.attnum, scale: c.scale })
+                    .collect();
+                let layout = crate::cache::Layout::plan(u32::from(self.shape.relid), &specs, heap_block_rows(&cols))
+                    .unwrap_or_else(|e| report(e));
+                self.heap_layout = Some(layout);
+            }
             // (in the query's context: gone with it)
             self.values_cxt = pg_sys::AllocSetContextCreateInternal(
                 pg_sys::CurrentMemoryContext,
@@ -730,6 +768,15 @@ impl JoinScan for GpuGroupAggScan {
     }
 
     unsafe fn exec(&mut self, node: *mut pg_sys::CustomScanState) -> *mut pg_sys::TupleTableSlot {
+        // SAFETY: the exchange, where set, was set up before any participant ran.
+        if matches!(self.mode, Mode::Start) && !self.exchange.is_null() && !unsafe { Exchange::runs_here(self.exchange) } {
+            // A parallel worker that is not the runner: its share of the rows to the runner.
+            let (h, area) = self.handed().expect("a parallel query's exchange");
+            let layout = self.heap_layout.as_ref().expect("a heap plan's layout, made in begin");
+            // SAFETY: the fact's scan, initialized in begin; this query's exchange and area.
+            unsafe { parallel::hand_batches(self.fact, layout, h, area) };
+            self.mode = Mode::Handed;
+        }
         if matches!(self.mode, Mode::Start) {
             // SAFETY: ExecCustomScan's argument, this node's state.
             let read = if self.shape.heap { unsafe { self.read_heap(node) } } else { unsafe { self.read_cache(node) } };
@@ -740,6 +787,11 @@ impl JoinScan for GpuGroupAggScan {
                 }
                 Err(why) => {
                     self.drop_dims();
+                    if let Some((h, area)) = self.handed() {
+                        // (the workers' batches taken and freed: they must not wait for room)
+                        // SAFETY: this query's exchange and area; this process the runner.
+                        unsafe { parallel::drain(h, area) };
+                    }
                     self.read_from = Some(ReadFrom::Child(why));
                     Mode::Child
                 }
@@ -750,6 +802,7 @@ impl JoinScan for GpuGroupAggScan {
         // result slot.
         unsafe {
             match self.mode {
+                Mode::Handed => std::ptr::null_mut(),
                 Mode::Child => {
                     let slot = pg_sys::ExecProcNode(self.child);
                     if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
@@ -795,6 +848,51 @@ impl JoinScan for GpuGroupAggScan {
                 }
             }
         }
+    }
+
+    unsafe fn estimate_dsm(&mut self, _node: *mut pg_sys::CustomScanState, _pcxt: *mut pg_sys::ParallelContext) -> usize {
+        parallel::exchange_bytes()
+    }
+
+    unsafe fn initialize_dsm(
+        &mut self,
+        _node: *mut pg_sys::CustomScanState,
+        _pcxt: *mut pg_sys::ParallelContext,
+        coordinate: *mut std::ffi::c_void,
+    ) {
+        let x = coordinate as *mut Exchange;
+        let block = self.heap_layout.as_ref().map_or(0, |l| l.header().block_bytes);
+        // SAFETY: `coordinate` holds the bytes estimate_dsm asked for; no worker runs yet.
+        unsafe { Exchange::init(x, block) };
+        self.exchange = x;
+        self.parallel = true;
+    }
+
+    unsafe fn reinitialize_dsm(
+        &mut self,
+        _node: *mut pg_sys::CustomScanState,
+        _pcxt: *mut pg_sys::ParallelContext,
+        coordinate: *mut std::ffi::c_void,
+    ) {
+        let x = coordinate as *mut Exchange;
+        // SAFETY: our exchange; no worker runs (the Gather stopped them before a rescan).
+        unsafe { Exchange::reset(x, (*self.estate).es_query_dsa) };
+        self.exchange = x;
+    }
+
+    unsafe fn initialize_worker(
+        &mut self,
+        _node: *mut pg_sys::CustomScanState,
+        _toc: *mut pg_sys::shm_toc,
+        coordinate: *mut std::ffi::c_void,
+    ) {
+        self.exchange = coordinate as *mut Exchange;
+        self.parallel = true;
+    }
+
+    unsafe fn shutdown(&mut self, _node: *mut pg_sys::CustomScanState) {
+        // The parallel context goes away next (a rescan after this sets up a new one).
+        self.exchange = std::ptr::null_mut();
     }
 
     unsafe fn explain(
@@ -884,6 +982,9 @@ impl JoinScan for GpuGroupAggScan {
                         if from == ReadFrom::Heap {
                             int(c"Heap Rows", self.stats.heap_rows);
                             int(c"Batches", self.stats.batches);
+                            if self.parallel {
+                                int(c"Batches From Workers", self.stats.handed);
+                            }
                         }
                         int(c"Groups", self.stats.groups);
                         if self.stats.appended > 0 {

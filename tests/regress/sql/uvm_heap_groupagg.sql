@@ -144,5 +144,52 @@ SELECT pg_temp.heap_figures('SELECT g, s.c FROM generate_series(0, 3) g, (SELECT
 RESET enable_hashjoin;
 RESET enable_mergejoin;
 RESET enable_material;
-SELECT count(*) FROM uvm.segments WHERE name LIKE 'pg_uvm_share_tmp%';
+-- in parallel: every participant reads its share of the fact and lays it out in batches, and
+-- one of them, the leader (or worker 0 where the leader does not run the plan), runs the
+-- program over its own and every batch the others hand it
+SET parallel_setup_cost = 0;
+SET parallel_tuple_cost = 0;
+SET min_parallel_table_scan_size = 0;
+SET max_parallel_workers_per_gather = 2;
+EXPLAIN (COSTS OFF) SELECT a, count(*), sum(v) FROM ha WHERE b < 4 GROUP BY a;
+SELECT pg_temp.ha('SELECT a, count(*), sum(v), min(w), max(b), avg(v) FROM ha WHERE b < 4 GROUP BY a');
+SELECT pg_temp.ha('SELECT hd1.name, hd2.yr, count(*), sum(ha.v) FROM ha, hd1, hd2 WHERE ha.a = hd1.k AND ha.d = hd2.dk AND hd2.q <> ''q1'' GROUP BY hd1.name, hd2.yr');
+SELECT pg_temp.ha('SELECT ha.a, count(*) FROM ha JOIN hd1 ON ha.a = hd1.k WHERE hd1.name = ''none'' GROUP BY ha.a');
+SET work_mem = '64kB';
+SELECT pg_temp.ha('SELECT id, count(*), sum(w) FROM ha WHERE id % 3 = 0 GROUP BY id');
+RESET work_mem;
+SET parallel_leader_participation = off;
+SELECT pg_temp.ha('SELECT a, b, count(*), sum(v) FROM ha GROUP BY a, b');
+RESET parallel_leader_participation;
+SELECT a, count(*) FROM ha WHERE a = 1 AND 10 / (b - b) = 1 GROUP BY a;
+SET enable_hashjoin = off;
+SET enable_mergejoin = off;
+SET enable_material = off;
+SELECT pg_temp.ha('SELECT g, s.c, s.m FROM generate_series(0, 3) g, (SELECT a, count(*) c, max(v) m FROM ha WHERE b < 3 GROUP BY a) s WHERE s.a = g');
+RESET enable_hashjoin;
+RESET enable_mergejoin;
+RESET enable_material;
+RESET parallel_setup_cost;
+RESET parallel_tuple_cost;
+RESET min_parallel_table_scan_size;
+SET max_parallel_workers_per_gather = 0;
+
+-- a table with row-level security: the policy's conditions alone may be the program's; with
+-- the query's own conditions beside them, PostgreSQL's to test first (the node declines)
+CREATE ROLE uvm_heap_reader;
+CREATE TABLE hr (k int4, v int4, owner_id int4);
+INSERT INTO hr SELECT i % 5, i, i % 3 FROM generate_series(1, 30000) i;
+ANALYZE hr;
+ALTER TABLE hr ENABLE ROW LEVEL SECURITY;
+CREATE POLICY hr_own ON hr USING (owner_id = 1);
+GRANT SELECT ON hr TO uvm_heap_reader;
+SET ROLE uvm_heap_reader;
+SELECT pg_temp.ha('SELECT k, count(*), sum(v) FROM hr GROUP BY k');
+SELECT pg_temp.ha('SELECT k, count(*), sum(v) FROM hr WHERE v > 100 GROUP BY k');
+RESET ROLE;
+SELECT pg_temp.ha('SELECT k, count(*), sum(v) FROM hr GROUP BY k');
+DROP TABLE hr;
+DROP ROLE uvm_heap_reader;
+-- no temporary segment is left
+SELECT count(*) FROM uvm.segments WHERE name LIKE 'pg_temp_gpujoin%';
 DROP TABLE ha, hb, hd1, hd2, he;

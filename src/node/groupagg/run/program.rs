@@ -4,6 +4,7 @@
 //! temporary group table that grows and resumes whenever it fills, and the appended rows the
 //! snapshot sees folded on the CPU beside it (see the module essay, "Executor").
 
+use super::parallel::{self, RowReader};
 use super::*;
 
 /// The header of the group table in `seg`, and the bytes the same read brought: the table's
@@ -277,104 +278,142 @@ fn grow(seg: &mut SegRef, shape: &mut groups::Shape, slots: u64, stats: &mut Sta
     Ok(())
 }
 
-/// Runs `spec` over the rows of the fact's heap scan `fact` into a new temporary group table of
-/// `shape` (`scan` false: no row read, the table stays empty), as [`run_program`] over a cache:
+/// Runs `p`'s program over the rows of the fact's heap scan `fact` into a new temporary group
+/// table of its shape (where it does not scan: no row read, the table stays empty), as
+/// [`run_program`] over a cache:
 /// the rows laid out in blocks of `layout` (the program's columns in order: the scan's rows),
 /// each block written to one of two batch segments in turn, as a cache of one block, and
 /// scanned there while the next one is filled (in the GPU service the scan runs meanwhile);
-/// one scan runs at a time, since a table that fills grows before the program resumes.
+/// one scan runs at a time, since a table that fills grows before the program resumes. In a
+/// parallel query (`handed`: the exchange and the query's DSA area; `super::super::parallel`)
+/// the workers' batches are taken too, before each of this process's own, until no worker may
+/// hand one any more.
 ///
 /// # Safety
-/// `fact` is the node's initialized heap scan, whose rows are `layout`'s columns in order.
+/// `fact` is the node's initialized heap scan, whose rows are `layout`'s columns in order;
+/// `handed`, where given, the query's exchange and DSA area, and this process the runner.
 pub(super) unsafe fn run_heap_program(
     fact: *mut pg_sys::PlanState,
     layout: &crate::cache::Layout,
-    spec: &Spec,
-    shape: groups::Shape,
-    scan: bool,
-    max_groups: u64,
+    handed: Option<(*mut Handoff, *mut pg_sys::dsa_area)>,
+    p: Prepared,
     stats: &mut Stats,
 ) -> Result<Ran> {
+    let Prepared { spec, shape, scan, bound: max_groups } = p;
+    let spec = &spec;
     let t = std::time::Instant::now();
     let mut seg = new_empty_groups(&shape)?;
     stats.setup += t.elapsed();
-    let mut shape = shape;
-    if scan {
-        let bytes = layout.bytes_for(1).min(i64::MAX as u64) as i64;
-        let batch = || {
-            cleanup::try_create("batch", |name| {
-                try_executor(|ex| exec::create(ex, name, bytes, Some(bytes), TierPref::Auto, current_user(), now()))
-            })
-        };
-        let batches = [batch()?, batch()?];
-        let ncols = layout.columns().len();
-        let encodings: Vec<Encoding> = (0..ncols).filter_map(|c| layout.encoding(c)).collect();
-        let mut row: Vec<Option<u64>> = vec![None; ncols];
-        let mut pending: Option<(exec::ScanGroupsPending, usize)> = None;
-        let (mut which, mut more) = (0usize, true);
-        while more {
-            let t = std::time::Instant::now();
-            let mut block = crate::cache::BlockBuilder::new(layout);
-            while !block.is_full() {
-                // SAFETY: forwarded contract; the slot's first `ncols` attributes are the
-                // columns (checked against its descriptor), deformed before they are read.
-                let got = unsafe {
-                    let slot = pg_sys::ExecProcNode(fact);
-                    if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
-                        false
-                    } else {
-                        if (*(*slot).tts_tupleDescriptor).natts as usize != ncols {
-                            return Err(UvmError::new(Code::SystemError, "GpuGroupAgg: the fact's scan returns other columns"));
-                        }
-                        if ((*slot).tts_nvalid as usize) < ncols {
-                            pg_sys::slot_getsomeattrs_int(slot, ncols as i32);
-                        }
-                        for (c, w) in row.iter_mut().enumerate() {
-                            *w = (!*(*slot).tts_isnull.add(c))
-                                .then(|| encodings[c].word_of_raw((*(*slot).tts_values.add(c)).value() as u64));
-                        }
-                        true
+    let mut run = Batches { segs: Vec::new(), which: 0, pending: None, layout, spec, max_groups, shape };
+    if !scan {
+        // (no fact row joins: the workers' batches are taken and freed all the same)
+        if let Some((h, area)) = handed {
+            // SAFETY: forwarded contract.
+            unsafe { parallel::drain(h, area) };
+        }
+    } else {
+        let mut rows = RowReader::new(layout);
+        let mut own = true;
+        loop {
+            if let Some((h, area)) = handed {
+                // SAFETY: forwarded contract; every taken batch is released before the next
+                // take, its bytes written to a segment (copied) before.
+                unsafe {
+                    // (closed first: every batch pushed before the last worker left is ready)
+                    let closed = !own && Handoff::try_close(h);
+                    while let Some(t) = Handoff::take(h) {
+                        let r = run.block(parallel::bytes_of(Handoff::keys(area, &t)), &mut seg, stats);
+                        Handoff::release(h, area, t);
+                        stats.handed += 1;
+                        r?;
+                        pg_sys::check_for_interrupts!();
                     }
-                };
-                if !got {
-                    more = false;
-                    break;
+                    if !own {
+                        if closed {
+                            break;
+                        }
+                        Handoff::wait(h);
+                        continue;
+                    }
                 }
-                block.push(&row)?;
-            }
-            let rows = block.rows();
-            stats.heap_rows += rows;
-            stats.batching += t.elapsed();
-            if rows == 0 {
+            } else if !own {
                 break;
             }
-            // The batch: the layout's header for one block of `rows` rows, then the block.
-            let mut one = layout.clone();
-            one.set_extent(1, rows)?;
             let t = std::time::Instant::now();
-            let at = layout.header().data_offset as i64;
-            try_executor(|ex| exec::write(ex, &batches[which], 0, &one.prefix()))?;
-            try_executor(|ex| exec::write(ex, &batches[which], at, &block.finish()))?;
-            stats.scan += t.elapsed();
-            if let Some((p, b)) = pending.take() {
-                finish_batch(p, &batches[b], &mut seg, &mut shape, spec, max_groups, stats)?;
+            // SAFETY: forwarded contract.
+            let (block, more) = unsafe { rows.fill(fact) }?;
+            stats.batching += t.elapsed();
+            own = more;
+            if block.rows() > 0 {
+                run.block(&block.finish(), &mut seg, stats)?;
             }
-            let t = std::time::Instant::now();
-            pending =
-                Some((try_executor(|ex| exec::scan_groups_start(ex, &batches[which], &seg, spec, (0, 0), max_groups))?, which));
-            stats.scan += t.elapsed();
-            stats.batches += 1;
-            which ^= 1;
         }
-        if let Some((p, b)) = pending.take() {
-            finish_batch(p, &batches[b], &mut seg, &mut shape, spec, max_groups, stats)?;
-        }
-        cleanup::drop_all_now(&batches);
+        crate::pgwait::cancel_sleep();
+        run.finish(&mut seg, stats)?;
+        cleanup::drop_all_now(&run.segs);
     }
     let t = std::time::Instant::now();
     let (head, prefix) = read_head(&seg)?;
     stats.read += t.elapsed();
     Ok(Ran { seg, head, prefix, appended: std::collections::HashMap::new() })
+}
+
+/// The batches of a run over the heap: two segments written and scanned in turn, the scan of
+/// the last one written in flight (see [`run_heap_program`]).
+struct Batches<'a> {
+    segs: Vec<SegRef>,
+    which: usize,
+    pending: Option<(exec::ScanGroupsPending, usize)>,
+    layout: &'a crate::cache::Layout,
+    spec: &'a Spec,
+    max_groups: u64,
+    shape: groups::Shape,
+}
+
+impl Batches<'_> {
+    /// Scans one block's bytes (a block of the layout, its count set, from this process or a
+    /// worker): written as a cache of one block to the next segment, the scan of the one before
+    /// finished, this one's started.
+    fn block(&mut self, bytes: &[u8], seg: &mut SegRef, stats: &mut Stats) -> Result<()> {
+        let one = self.layout.one_block();
+        if bytes.len() as u64 != one.header().block_bytes {
+            return Err(UvmError::new(Code::SystemError, "GpuGroupAgg: a batch of another size than its layout's"));
+        }
+        let rows = one.block_rows(bytes, 0)?;
+        let t = std::time::Instant::now();
+        if self.segs.len() < 2 {
+            let size = self.layout.bytes_for(1).min(i64::MAX as u64) as i64;
+            self.segs.push(cleanup::try_create("batch", |name| {
+                try_executor(|ex| exec::create(ex, name, size, Some(size), TierPref::Auto, current_user(), now()))
+            })?);
+        }
+        // The batch: the layout's header for one block of `rows` rows, then the block.
+        let mut head = self.layout.clone();
+        head.set_extent(1, rows)?;
+        let at = self.layout.header().data_offset as i64;
+        let target = &self.segs[self.which];
+        try_executor(|ex| exec::write(ex, target, 0, &head.prefix()))?;
+        try_executor(|ex| exec::write(ex, target, at, bytes))?;
+        stats.batching += t.elapsed();
+        stats.heap_rows += rows;
+        self.finish(seg, stats)?;
+        let t = std::time::Instant::now();
+        let (spec, max_groups, target) = (self.spec, self.max_groups, &self.segs[self.which]);
+        let p = try_executor(|ex| exec::scan_groups_start(ex, target, seg, spec, (0, 0), max_groups))?;
+        self.pending = Some((p, self.which));
+        stats.scan += t.elapsed();
+        stats.batches += 1;
+        self.which ^= 1;
+        Ok(())
+    }
+
+    /// Finishes the scan in flight, if any.
+    fn finish(&mut self, seg: &mut SegRef, stats: &mut Stats) -> Result<()> {
+        match self.pending.take() {
+            Some((p, b)) => finish_batch(p, &self.segs[b], seg, &mut self.shape, self.spec, self.max_groups, stats),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Waits for the scan `p` of the batch `batch`, and grows the table and resumes the scan of

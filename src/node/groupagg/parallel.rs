@@ -1,0 +1,223 @@
+//! GpuGroupAgg over the heap in parallel: the workers lay their share of the fact's rows out in
+//! column batches and hand each to one process, the runner, which alone runs the program into
+//! its one group table and returns the groups (see the module essay, "Over the heap").
+//!
+//! # Why one runner
+//!
+//! A group table per participant would need a merge of tables and a format for partial
+//! aggregate states (PG-Strom's GpuPreAgg has both), and in the `process` execution mode a CUDA
+//! context per worker (150-170 ms each, serialised by the driver). The program is not what takes
+//! the time over a heap: reading and laying out the rows is. So the workers scan and lay out,
+//! and the runner runs every batch's program between its own (GpuJoin's leader probes,
+//! `crate::node::handoff`, do the same with keys).
+//!
+//! # The exchange
+//!
+//! [`Exchange`], in the parallel query's DSM: a [`Handoff`] whose entries are batches (a block's
+//! bytes, in the query's DSA area, as 8-byte words: a block's size is a multiple of the cache's
+//! 256-byte alignment), at most [`IN_FLIGHT`] of them at once, and which process runs: the
+//! leader where it runs the plan below the Gather (`parallel_leader_participation`, read when
+//! the leader sets the DSM up), else worker 0, the first one launched (PostgreSQL's leader
+//! then only reads the Gather's queues). A leader that launched no worker runs the plan itself,
+//! and runs it as the runner: it finds no producer. A runner that answers from its child
+//! (`Mode::Child`) still takes and frees every batch, so that no worker waits for room forever.
+//!
+//! Every producer registers before it reads a row; the runner closes the exchange once its own
+//! share is read and no producer is registered: a worker that starts after that finds the
+//! exchange closed and returns at once (the scan handed every page out already).
+
+use super::*;
+use crate::node::handoff::Handoff;
+
+/// Batches handed over and not yet taken, at most (each at most a block: `work_mem`, within
+/// `HEAP_BATCH_BYTES`).
+pub(super) const IN_FLIGHT: usize = 4;
+
+/// Which process runs the program.
+const LEADER: u32 = 0;
+const WORKER0: u32 = 1;
+
+/// The node's state in the parallel query's DSM.
+#[repr(C)]
+pub(super) struct Exchange {
+    handoff: Handoff,
+    runner: u32,
+}
+
+/// Bytes of the DSM the node asks for.
+pub(super) fn exchange_bytes() -> usize {
+    std::mem::size_of::<Exchange>()
+}
+
+impl Exchange {
+    /// Sets up `x` (the leader, before workers start): batches of at most `block_bytes`.
+    ///
+    /// # Safety
+    /// `x` points at [`exchange_bytes`] writable bytes of the DSM.
+    pub(super) unsafe fn init(x: *mut Exchange, block_bytes: u64) {
+        // SAFETY: forwarded contract; zeroed, then set up in place.
+        unsafe {
+            std::ptr::write_bytes(x as *mut u8, 0, exchange_bytes());
+            Handoff::init(&raw mut (*x).handoff, true, IN_FLIGHT, (block_bytes / 8) as usize);
+            (*x).runner = if pg_sys::parallel_leader_participation { LEADER } else { WORKER0 };
+        }
+    }
+
+    /// Sets `x` back for a rescan (no participant runs), freeing any batch left.
+    ///
+    /// # Safety
+    /// As for [`Exchange::init`], set up before; `area` is the query's DSA area or null.
+    pub(super) unsafe fn reset(x: *mut Exchange, area: *mut pg_sys::dsa_area) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            Handoff::reset(&raw mut (*x).handoff, area);
+            (*x).runner = if pg_sys::parallel_leader_participation { LEADER } else { WORKER0 };
+        }
+    }
+
+    /// The exchange's handoff.
+    ///
+    /// # Safety
+    /// `x` was set up by [`Exchange::init`].
+    pub(super) unsafe fn handoff(x: *mut Exchange) -> *mut Handoff {
+        // SAFETY: forwarded contract.
+        unsafe { &raw mut (*x).handoff }
+    }
+
+    /// Whether this process runs the program: the runner the leader chose; the leader too
+    /// wherever it runs the plan (it does so as a producer only where a worker runs).
+    ///
+    /// # Safety
+    /// As for [`Exchange::handoff`].
+    pub(super) unsafe fn runs_here(x: *const Exchange) -> bool {
+        // SAFETY: forwarded contract; written before any worker started.
+        let runner = unsafe { (*x).runner };
+        // SAFETY: this process's worker number (-1 in the leader).
+        let worker = unsafe { pg_sys::ParallelWorkerNumber };
+        match worker {
+            -1 => true,
+            0 => runner == WORKER0,
+            _ => false,
+        }
+    }
+}
+
+/// A producer's work: every row of its share of the fact's scan `fact`, laid out in blocks of
+/// `layout` and handed to the runner; nothing where the exchange is closed already.
+///
+/// # Safety
+/// `fact` is the node's initialized heap scan (the program's columns, in `layout`'s order); `h`
+/// the query's exchange, `area` its DSA area; a parallel worker.
+pub(super) unsafe fn hand_batches(
+    fact: *mut pg_sys::PlanState,
+    layout: &crate::cache::Layout,
+    h: *mut Handoff,
+    area: *mut pg_sys::dsa_area,
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        if !Handoff::register(h) {
+            return;
+        }
+        let mut rows = RowReader::new(layout);
+        loop {
+            let (block, more) = rows.fill(fact).unwrap_or_else(|e| report(e));
+            if block.rows() > 0 {
+                let bytes = block.finish();
+                Handoff::push(h, area, &words_of(&bytes)).unwrap_or_else(|e| report(e));
+            }
+            if !more {
+                break;
+            }
+            pg_sys::check_for_interrupts!();
+        }
+        Handoff::finish(h);
+    }
+}
+
+/// A block's bytes as the 8-byte words the exchange carries (a block's size is a multiple of 8).
+fn words_of(bytes: &[u8]) -> Vec<i64> {
+    bytes
+        .chunks(8)
+        .map(|c| {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            i64::from_ne_bytes(w)
+        })
+        .collect()
+}
+
+/// The bytes of a batch's words (as [`words_of`] made them).
+pub(super) fn bytes_of(words: &[i64]) -> &[u8] {
+    // SAFETY: the words' own memory, read as bytes (any byte is a valid u8; the length is the
+    // words' size).
+    unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, std::mem::size_of_val(words)) }
+}
+
+/// Reads a heap scan's rows into blocks of a layout.
+pub(super) struct RowReader<'a> {
+    layout: &'a crate::cache::Layout,
+    encodings: Vec<Encoding>,
+    row: Vec<Option<u64>>,
+}
+
+impl<'a> RowReader<'a> {
+    pub(super) fn new(layout: &'a crate::cache::Layout) -> RowReader<'a> {
+        let n = layout.columns().len();
+        RowReader { layout, encodings: (0..n).filter_map(|c| layout.encoding(c)).collect(), row: vec![None; n] }
+    }
+
+    /// The next block of the scan's rows, and whether rows may follow it (false: the scan
+    /// ended within it).
+    ///
+    /// # Safety
+    /// `fact` is an initialized scan whose rows are the layout's columns, in order.
+    pub(super) unsafe fn fill(&mut self, fact: *mut pg_sys::PlanState) -> Result<(crate::cache::BlockBuilder, bool)> {
+        let ncols = self.row.len();
+        let mut block = crate::cache::BlockBuilder::new(self.layout);
+        while !block.is_full() {
+            // SAFETY: forwarded contract; the slot's first `ncols` attributes are the columns
+            // (checked against its descriptor), deformed before they are read.
+            unsafe {
+                let slot = pg_sys::ExecProcNode(fact);
+                if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
+                    return Ok((block, false));
+                }
+                if (*(*slot).tts_tupleDescriptor).natts as usize != ncols {
+                    return Err(UvmError::new(Code::SystemError, "GpuGroupAgg: the fact's scan returns other columns"));
+                }
+                if ((*slot).tts_nvalid as usize) < ncols {
+                    pg_sys::slot_getsomeattrs_int(slot, ncols as i32);
+                }
+                for (c, w) in self.row.iter_mut().enumerate() {
+                    *w = (!*(*slot).tts_isnull.add(c))
+                        .then(|| self.encodings[c].word_of_raw((*(*slot).tts_values.add(c)).value() as u64));
+                }
+            }
+            block.push(&self.row)?;
+        }
+        Ok((block, true))
+    }
+}
+
+/// Takes and frees every batch until no producer may hand one any more (a runner that answers
+/// from its child: the producers must not wait for room forever).
+///
+/// # Safety
+/// `h` the query's exchange, `area` its DSA area; the runner.
+pub(super) unsafe fn drain(h: *mut Handoff, area: *mut pg_sys::dsa_area) {
+    // SAFETY: forwarded contract; every taken batch is released before the next take.
+    unsafe {
+        loop {
+            let closed = Handoff::try_close(h);
+            while let Some(t) = Handoff::take(h) {
+                Handoff::release(h, area, t);
+            }
+            if closed {
+                break;
+            }
+            Handoff::wait(h);
+        }
+        crate::pgwait::cancel_sleep();
+    }
+}
