@@ -61,6 +61,17 @@ SET pg_uvm_share.gpugroupagg_heap = on;
 -- node lays out every row's columns before its program tests them)
 SET enable_hashagg = off;
 SET enable_sort = off;
+-- (a plan without the lines PostgreSQL 18 adds for a node its settings disable: the
+-- fallback's HashAggregate)
+CREATE FUNCTION pg_temp.plan(q text) RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE line text;
+BEGIN
+  FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || q LOOP
+    IF line NOT LIKE '%Disabled: true%' THEN
+      RETURN NEXT line;
+    END IF;
+  END LOOP;
+END $$;
 
 -- every key type, NULL groups, the aggregates with NULLs, every kind of condition
 SELECT pg_temp.ha('SELECT a, count(*), count(w), sum(w), sum(v), sum(b), min(w), max(w), min(v), max(b), avg(w), avg(v) FROM ha GROUP BY a');
@@ -124,8 +135,7 @@ ANALYZE hd2;
 SELECT pg_temp.ha('SELECT hd1.name, hd2.yr, count(*), sum(ha.v) FROM ha, hd1, hd2 WHERE ha.a = hd1.k AND ha.d = hd2.dk AND hd2.q <> ''q1'' AND ha.b < 4 GROUP BY hd1.name, hd2.yr');
 SELECT pg_temp.ha('SELECT hd1.grp, count(*) FROM ha JOIN hd1 ON ha.a = hd1.k WHERE hd1.name = ''n1'' GROUP BY hd1.grp');
 SELECT pg_temp.ha('SELECT ha.a, count(*) FROM ha JOIN hd1 ON ha.a = hd1.k WHERE hd1.name = ''none'' GROUP BY ha.a');
-EXPLAIN (COSTS OFF)
-SELECT hd1.name, hd2.yr, count(*) FROM ha, hd1, hd2 WHERE ha.a = hd1.k AND ha.d = hd2.dk AND ha.w > 5 GROUP BY hd1.name, hd2.yr;
+SELECT * FROM pg_temp.plan('SELECT hd1.name, hd2.yr, count(*) FROM ha, hd1, hd2 WHERE ha.a = hd1.k AND ha.d = hd2.dk AND ha.w > 5 GROUP BY hd1.name, hd2.yr');
 
 -- a cached fact is read from its cache; its heap only where no cache is ready
 SELECT uvm.cache_table('hb');
@@ -151,7 +161,7 @@ SET parallel_setup_cost = 0;
 SET parallel_tuple_cost = 0;
 SET min_parallel_table_scan_size = 0;
 SET max_parallel_workers_per_gather = 2;
-EXPLAIN (COSTS OFF) SELECT a, count(*), sum(v) FROM ha WHERE b < 4 GROUP BY a;
+SELECT * FROM pg_temp.plan('SELECT a, count(*), sum(v) FROM ha WHERE b < 4 GROUP BY a');
 SELECT pg_temp.ha('SELECT a, count(*), sum(v), min(w), max(b), avg(v) FROM ha WHERE b < 4 GROUP BY a');
 SELECT pg_temp.ha('SELECT hd1.name, hd2.yr, count(*), sum(ha.v) FROM ha, hd1, hd2 WHERE ha.a = hd1.k AND ha.d = hd2.dk AND hd2.q <> ''q1'' GROUP BY hd1.name, hd2.yr');
 SELECT pg_temp.ha('SELECT ha.a, count(*) FROM ha JOIN hd1 ON ha.a = hd1.k WHERE hd1.name = ''none'' GROUP BY ha.a');
