@@ -45,6 +45,41 @@ fn fact(c: &mut Client, tag: &str, rows: i64) -> String {
     t
 }
 
+/// `q`'s rows as one sorted text, with the node allowed and with it off.
+fn node_and_postgres(c: &mut Client, q: &str) -> (String, String) {
+    let sorted = format!("SELECT coalesce(array_agg(r::text ORDER BY r::text), '{{}}')::text FROM ({q}) r");
+    let got: String = c.query_one(sorted.as_str(), &[]).unwrap().get(0);
+    c.batch_execute("SET pg_uvm_share.enable_gpugroupagg = off").unwrap();
+    let want: String = c.query_one(sorted.as_str(), &[]).unwrap().get(0);
+    c.batch_execute("RESET pg_uvm_share.enable_gpugroupagg").unwrap();
+    (got, want)
+}
+
+/// A statement timeout while the node (`node`, in its plan under `settings`) reads three
+/// million rows ends the query (57014), and nothing is left.
+fn timeout_leaves_nothing(settings: &str, tag: &str, node: &str) {
+    let mut c = connect();
+    let t = fact(&mut c, tag, 3_000_000);
+    c.batch_execute(settings).unwrap();
+    let q = format!("SELECT k, count(*), sum(v) FROM {t} GROUP BY k");
+    let plan = plan_of(&mut c, &q);
+    assert!(plan.contains(node), "no {node} in the plan:\n{plan}");
+    c.batch_execute("SET statement_timeout = '200ms'").unwrap();
+    let t0 = Instant::now();
+    let err = c.query(q.as_str(), &[]).expect_err("three million rows read within the timeout");
+    let took = t0.elapsed();
+    assert_eq!(sqlstate(&err).as_deref(), Some("57014"), "{}", describe(&err));
+    // 200 ms to the timeout, then the scan's next interrupt check (and the workers' exit); a
+    // loaded 2-core machine gets several seconds of slack.
+    assert!(took < Duration::from_millis(200) + Duration::from_secs(8), "the timeout took {took:?}");
+    c.batch_execute("RESET statement_timeout").unwrap();
+    let gone = wait_until(Duration::from_secs(10), || temp_segments(&mut c).is_empty());
+    assert!(gone, "temporary segments left: {:?}", temp_segments(&mut c));
+    let n: i64 = c.query_one(format!("SELECT count(*) FROM {t} WHERE k = 1").as_str(), &[]).unwrap().get(0);
+    assert_eq!(n, 3000, "the session works on");
+    c.batch_execute(&format!("DROP TABLE {t}")).unwrap();
+}
+
 fn plan_of(c: &mut Client, q: &str) -> String {
     let rows = c.query(format!("EXPLAIN (COSTS OFF) {q}").as_str(), &[]).unwrap();
     rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n")
@@ -63,38 +98,15 @@ fn many_batches_give_postgres_answer() {
     assert!(plan.contains("Fact Heap:") && plan.contains("Read From: heap"), "not the node over the heap:\n{plan}");
     let batches = figure(&plan, "Batches:").expect("Batches");
     assert!(batches >= 100, "{batches} batches for a million rows in 64 kB:\n{plan}");
-    let sorted = format!("SELECT coalesce(array_agg(r::text ORDER BY r::text), '{{}}')::text FROM ({q}) r");
-    let got: String = c.query_one(sorted.as_str(), &[]).unwrap().get(0);
-    c.batch_execute("SET pg_uvm_share.enable_gpugroupagg = off").unwrap();
-    let want: String = c.query_one(sorted.as_str(), &[]).unwrap().get(0);
+    let (got, want) = node_and_postgres(&mut c, &q);
     assert_eq!(got, want, "the node's groups differ from PostgreSQL's");
     c.batch_execute(&format!("DROP TABLE {t}")).unwrap();
 }
 
-/// A statement timeout while the node reads three million rows ends the query (57014), and
-/// nothing is left.
+/// A statement timeout while the node reads the heap serially.
 #[test]
 fn a_timeout_while_the_node_reads_the_heap_leaves_nothing() {
-    let mut c = connect();
-    let t = fact(&mut c, "hg_slow", 3_000_000);
-    c.batch_execute(SETTINGS).unwrap();
-    let q = format!("SELECT k, count(*), sum(v) FROM {t} GROUP BY k");
-    let plan = plan_of(&mut c, &q);
-    assert!(plan.contains("Fact Heap:"), "not the node over the heap:\n{plan}");
-    c.batch_execute("SET statement_timeout = '200ms'").unwrap();
-    let t0 = Instant::now();
-    let err = c.query(q.as_str(), &[]).expect_err("three million rows read within the timeout");
-    let took = t0.elapsed();
-    assert_eq!(sqlstate(&err).as_deref(), Some("57014"), "{}", describe(&err));
-    // 200 ms to the timeout, then the scan's next interrupt check; a loaded 2-core machine
-    // gets several seconds of slack.
-    assert!(took < Duration::from_millis(200) + Duration::from_secs(8), "the timeout took {took:?}");
-    c.batch_execute("RESET statement_timeout").unwrap();
-    let gone = wait_until(Duration::from_secs(10), || temp_segments(&mut c).is_empty());
-    assert!(gone, "temporary segments left: {:?}", temp_segments(&mut c));
-    let n: i64 = c.query_one(format!("SELECT count(*) FROM {t} WHERE k = 1").as_str(), &[]).unwrap().get(0);
-    assert_eq!(n, 3000, "the session works on");
-    c.batch_execute(&format!("DROP TABLE {t}")).unwrap();
+    timeout_leaves_nothing(SETTINGS, "hg_slow", "Fact Heap:");
 }
 
 /// A backend terminated while the node reads the heap: its batches' and group table's
@@ -136,8 +148,8 @@ fn workers_hand_their_batches_to_the_leader() {
     let q = format!("SELECT k, count(*), sum(v), min(w) FROM {t} WHERE w <> 3 GROUP BY k");
     let plan = plan_of(&mut c, &q);
     assert!(plan.contains("Parallel Custom Scan (UvmGpuGroupAgg)"), "not the node in parallel:\n{plan}");
-    let sorted = format!("SELECT coalesce(array_agg(r::text ORDER BY r::text), '{{}}')::text FROM ({q}) r");
-    let got: String = c.query_one(sorted.as_str(), &[]).unwrap().get(0);
+    let (got, want) = node_and_postgres(&mut c, &q);
+    assert_eq!(got, want, "the node's groups differ from PostgreSQL's");
     // How many batches the workers read depends on when they start; on a busy machine the
     // leader may read them all. A few tries, each with workers launched.
     let mut seen = Vec::new();
@@ -151,32 +163,12 @@ fn workers_hand_their_batches_to_the_leader() {
     }
     assert!(seen.iter().any(|s| s.0 > 0), "the workers handed no batch (batches, rows): {seen:?}");
     assert!(seen.iter().all(|s| s.1 == Some(2_000_000)), "the leader did not fold every row: {seen:?}");
-    c.batch_execute("SET pg_uvm_share.enable_gpugroupagg = off").unwrap();
-    let want: String = c.query_one(sorted.as_str(), &[]).unwrap().get(0);
-    assert_eq!(got, want, "the node's groups differ from PostgreSQL's");
     c.batch_execute(&format!("DROP TABLE {t}")).unwrap();
 }
 
 /// A statement timeout in parallel, the leader running the program while the workers wait for
-/// room to hand their batches: 57014, the workers gone, nothing left.
+/// room to hand their batches: the workers go with the query.
 #[test]
 fn a_timeout_in_parallel_leaves_nothing() {
-    let mut c = connect();
-    let t = fact(&mut c, "hg_par_slow", 3_000_000);
-    c.batch_execute(PARALLEL).unwrap();
-    let q = format!("SELECT k, count(*), sum(v) FROM {t} GROUP BY k");
-    let plan = plan_of(&mut c, &q);
-    assert!(plan.contains("Parallel Custom Scan (UvmGpuGroupAgg)"), "not the node in parallel:\n{plan}");
-    c.batch_execute("SET statement_timeout = '200ms'").unwrap();
-    let t0 = Instant::now();
-    let err = c.query(q.as_str(), &[]).expect_err("three million rows read within the timeout");
-    let took = t0.elapsed();
-    assert_eq!(sqlstate(&err).as_deref(), Some("57014"), "{}", describe(&err));
-    assert!(took < Duration::from_millis(200) + Duration::from_secs(8), "the timeout took {took:?}");
-    c.batch_execute("RESET statement_timeout").unwrap();
-    let gone = wait_until(Duration::from_secs(10), || temp_segments(&mut c).is_empty());
-    assert!(gone, "temporary segments left: {:?}", temp_segments(&mut c));
-    let n: i64 = c.query_one(format!("SELECT count(*) FROM {t} WHERE k = 1").as_str(), &[]).unwrap().get(0);
-    assert_eq!(n, 3000, "the session works on");
-    c.batch_execute(&format!("DROP TABLE {t}")).unwrap();
+    timeout_leaves_nothing(PARALLEL, "hg_par_slow", "Parallel Custom Scan (UvmGpuGroupAgg)");
 }
