@@ -135,8 +135,8 @@
 //! # Over the heap
 //!
 //! Where no member of the level has a ready cache holding what the level reads of it and
-//! `pg_uvm_share.gpugroupagg_heap` allows it (`auto`: under CUDA; `on`: any provider, for
-//! tests), the planner tries the members as the fact, largest first, with the columns a heap
+//! `pg_uvm_share.gpugroupagg_heap` allows it (off by default: see "Measured over the heap"
+//! below; `auto`: under CUDA; `on`: any provider, for tests), the planner tries the members as the fact, largest first, with the columns a heap
 //! batch can hold in place of a cache's ([`plan`]'s `heap_columns`: the fixed-width types whose
 //! datum is the cache's word; not `numeric`, whose words are scaled, nor text, which would need
 //! a dictionary per batch, so text and numeric columns of the fact decline), and not where the
@@ -166,6 +166,18 @@
 //! group table, and returns the groups; the others return no row. No group table is merged and
 //! no partial state is kept, and only the runner touches the GPU (in process mode, no worker
 //! starts a CUDA context). `EXPLAIN ANALYZE` adds `Batches From Workers`.
+//!
+//! Measured over the heap (`bench/gpu-report-heap-groupagg-h100.md`, SSB at SF 10, service
+//! mode, an H100): every answer PostgreSQL's, but the node took 1.4x-2.3x PostgreSQL 15's
+//! plans' time for Q1.x, Q3.1, Q3.2, Q4.1 and Q4.2 (2.4-3.3 s) and 9x-15x for the other six
+//! (13-18.6 s). The run kept no plans; the slow six have a selective dimension filter, whose
+//! cheapest path may be a Gather of its own, which is not parallel-safe, so that no Gather over
+//! the node is offered and it reads the heap serially (to be checked). Reading a row
+//! through the scan's projection and pushing it into a block costs more than PostgreSQL's
+//! whole pipeline per row, and the runner writes every batch; [`DEFORM_FACTOR`] prices far
+//! less. So `gpugroupagg_heap` is off by default: the next steps are a dimension's
+//! parallel-safe path in the parallel plan, a slot's values copied column by column (no
+//! projection, no per-row vector), and the cost from these figures.
 //!
 //! # Limits (the next steps of issue 27)
 //!

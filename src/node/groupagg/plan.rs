@@ -491,7 +491,8 @@ impl Shape {
     }
 }
 
-/// Whether the planner may read a fact table's heap (`pg_uvm_share.gpugroupagg_heap`).
+/// Whether the planner may read a fact table's heap (`pg_uvm_share.gpugroupagg_heap`, off by
+/// default: the module essay's "Measured over the heap").
 fn heap_enabled() -> bool {
     match crate::guc::GPUGROUPAGG_HEAP.get() {
         crate::guc::GpuJoinChoice::On => true,
