@@ -169,7 +169,7 @@
 //!
 //! Measured over the heap (`bench/gpu-report-heap-groupagg-h100.md`, SSB at SF 10, service
 //! mode, an H100): every answer PostgreSQL's, but the node took 1.4x-2.3x PostgreSQL 15's
-//! plans' time for Q1.x, Q3.1, Q3.2, Q4.1 and Q4.2 (2.4-3.3 s) and 9x-15x for the other six
+//! plans' time for Q1.x, Q3.1, Q3.2, Q4.1 and Q4.2 (2.4-3.3 s) and 3.7x-15x for the other six
 //! (13-18.6 s). The run kept no plans; the slow six have a selective dimension filter, whose
 //! cheapest path may be a Gather of its own, which is not parallel-safe, so that no Gather over
 //! the node is offered and it reads the heap serially (to be checked). Reading a row
