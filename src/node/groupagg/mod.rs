@@ -172,7 +172,8 @@
 //! plans' time for Q1.x, Q3.1, Q3.2, Q4.1 and Q4.2 (2.4-3.3 s) and 3.7x-15x for the other six
 //! (13-18.6 s). The run kept no plans; the slow six have a selective dimension filter, whose
 //! cheapest path may be a Gather of its own, which is not parallel-safe, so that no Gather over
-//! the node is offered and it reads the heap serially (to be checked). Reading a row
+//! the node is offered and it reads the heap serially (so it does at SF 1 with the parallel
+//! costs at zero: `part`'s Gather, the node serial). Reading a row
 //! through the scan's projection and pushing it into a block costs more than PostgreSQL's
 //! whole pipeline per row, and the runner writes every batch; [`DEFORM_FACTOR`] prices far
 //! less. So `gpugroupagg_heap` is off by default: the next steps are a dimension's
