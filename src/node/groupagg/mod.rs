@@ -156,10 +156,11 @@
 //! `Batch Columns` and `Program Filters`, and with `ANALYZE` `Read From: heap`, `Heap Rows`,
 //! `Batches` and `Batching Time` (reading the rows, laying them out and writing the batches).
 //!
-//! In parallel (`parallel.rs`): where the fact has a partial scan and every child is
-//! parallel-safe, the planner also offers `Gather` over the node with a `Parallel Seq Scan` of
-//! the fact as its last child (the fallback over the input's cheapest parallel-safe path),
-//! priced with the scan's and the laying out's shares per participant. Every participant reads
+//! In parallel (`parallel.rs`): where the fact has a partial scan, the planner also offers
+//! `Gather` over the node with a `Parallel Seq Scan` of the fact as its last child, and as
+//! the other children the fallback over the input's cheapest parallel-safe path and each
+//! dimension's cheapest parallel-safe path (a dimension's cheapest may be a Gather of its own,
+//! which no worker may run: with it the parallel plan would never be offered), priced with the scan's and the laying out's shares per participant. Every participant reads
 //! its share and lays it out; one of them, the runner (the leader, or worker 0 where the leader
 //! does not run the plan: `parallel_leader_participation`), runs the program over its own
 //! batches and every one the others hand it through the query's DSM and DSA area, into its one

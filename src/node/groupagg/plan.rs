@@ -607,49 +607,75 @@ pub(in crate::node) unsafe fn add_path(
         } else {
             None
         };
+        // Each dimension's plan: its cheapest, and for the plan in parallel its cheapest
+        // parallel-safe one (its cheapest may be a Gather of its own, which no worker can run;
+        // `None` where it has none, or one whose rows are laid out otherwise).
         let mut dims_cost = 0.0;
+        let mut parallel_dims: Option<(Vec<*mut pg_sys::Path>, f64)> = Some((Vec::new(), 0.0));
         for d in &mut shape.dims {
             let rel = *(*root).simple_rel_array.add(d.varno as usize);
             let dp = (*rel).cheapest_total_path;
             if dp.is_null() || !(*dp).param_info.is_null() {
                 return;
             }
-            // Where the key and the grouping columns lie in its rows (its plan's target list
-            // is its path's target, in order).
-            let exprs = PgList::<pg_sys::Node>::from_pg((*(*dp).pathtarget).exprs);
-            let place = |att: i16| {
-                exprs
-                    .iter_ptr()
-                    .position(|e| gpujoin::as_var(e).is_some_and(|v| (*v).varno as u32 == d.varno && (*v).varattno == att))
-            };
-            let Some(k) = place(d.key.0) else { return };
-            d.key_pos = k;
-            for g in &mut d.groups {
-                let Some(p) = place(g.attnum) else { return };
+            let Some(places) = dim_places(dp, d) else { return };
+            d.key_pos = places[0];
+            for (g, &p) in d.groups.iter_mut().zip(&places[1..]) {
                 g.pos = p;
             }
             // (a dimension read from its cache: its own program's cost; its plan stays, for an
             // execution where the cache is not current)
-            dims_cost += match &d.cached {
-                Some(dc) => cost((*rel).tuples, dc.columns().len(), (*dp).rows),
-                None => (*dp).total_cost,
-            } + (*dp).rows * pg_sys::cpu_tuple_cost;
+            let dim_cost = |p: *mut pg_sys::Path| {
+                let own = match &d.cached {
+                    Some(dc) => cost((*rel).tuples, dc.columns().len(), (*p).rows),
+                    None => (*p).total_cost,
+                };
+                own + (*p).rows * pg_sys::cpu_tuple_cost
+            };
+            dims_cost += dim_cost(dp);
             children.push(dp);
+            // (the pathlist is in order of total cost)
+            let safe = PgList::<pg_sys::Path>::from_pg((*rel).pathlist)
+                .iter_ptr()
+                .find(|&p| (*p).parallel_safe && (*p).param_info.is_null())
+                .filter(|&p| dim_places(p, d).as_deref() == Some(&places[..]));
+            parallel_dims = parallel_dims.zip(safe).map(|((mut paths, c), p)| {
+                paths.push(p);
+                (paths, c + dim_cost(p))
+            });
         }
         // In parallel, under a Gather: the fallback over the input's cheapest parallel-safe
-        // path (its cheapest may be a Gather of its own).
+        // path (its cheapest may be a Gather of its own), the dimensions' likewise.
         let safe = PgList::<pg_sys::Path>::from_pg((*input_rel).pathlist).iter_ptr().find(|&p| (*p).parallel_safe);
-        if let Some(safe) = safe.filter(|_| shape.heap) {
+        if let (Some(safe), Some((dim_paths, dims_cost)), true) = (safe, parallel_dims, shape.heap) {
             // (before the serial path is added: add_path may free the paths it dominates)
             let base = cost(0.0, 0, estimate) + dims_cost;
-            let mut parallel_children = children.clone();
-            parallel_children[0] = agg_over(safe);
+            let mut parallel_children = vec![agg_over(safe)];
+            parallel_children.extend(dim_paths);
             add_gather_path(root, output_rel, &shape, &parallel_children, estimate, base, deform);
         }
         children.extend(heap_scan);
         let cp = customscan::upper_path(output_rel, &children, estimate, c + dims_cost, 0, &METHODS.path);
         (*cp).custom_private = shape.to_private();
         pg_sys::add_path(output_rel, cp as *mut pg_sys::Path);
+    }
+}
+
+/// Where a dimension's key and its grouping columns lie in the rows of its path `p` (its plan's
+/// target list is its path's target, in order): the key's place, then each grouping column's.
+///
+/// # Safety
+/// `p` is a path of `d`'s relation.
+unsafe fn dim_places(p: *mut pg_sys::Path, d: &Dim) -> Option<Vec<usize>> {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let exprs = PgList::<pg_sys::Node>::from_pg((*(*p).pathtarget).exprs);
+        let place = |att: i16| {
+            exprs
+                .iter_ptr()
+                .position(|e| gpujoin::as_var(e).is_some_and(|v| (*v).varno as u32 == d.varno && (*v).varattno == att))
+        };
+        std::iter::once(d.key.0).chain(d.groups.iter().map(|g| g.attnum)).map(place).collect()
     }
 }
 

@@ -168,6 +168,22 @@ SELECT * FROM pg_temp.plan('SELECT a, count(*), sum(v) FROM ha WHERE b < 4 GROUP
 SELECT pg_temp.ha('SELECT a, count(*), sum(v), min(w), max(b), avg(v) FROM ha WHERE b < 4 GROUP BY a');
 SELECT pg_temp.ha('SELECT hd1.name, hd2.yr, count(*), sum(ha.v) FROM ha, hd1, hd2 WHERE ha.a = hd1.k AND ha.d = hd2.dk AND hd2.q <> ''q1'' GROUP BY hd1.name, hd2.yr');
 SELECT pg_temp.ha('SELECT ha.a, count(*) FROM ha JOIN hd1 ON ha.a = hd1.k WHERE hd1.name = ''none'' GROUP BY ha.a');
+-- a dimension whose cheapest plan is a Gather of its own (a selective condition, the parallel
+-- costs at zero): the plan in parallel reads it through its cheapest parallel-safe plan (the
+-- node's own children shown, not its fallback's)
+CREATE TABLE hd3 (k int4 PRIMARY KEY, cat int4, pad text);
+INSERT INTO hd3 SELECT i, i % 10, repeat('p', 50) FROM generate_series(0, 19999) i;
+ANALYZE hd3;
+SET enable_nestloop = off;
+SET enable_hashjoin = off;
+SET enable_mergejoin = off;
+SELECT line FROM pg_temp.plan('SELECT * FROM hd3 WHERE cat = 3') line WHERE line ~ 'Gather|Seq Scan';
+SELECT line FROM pg_temp.plan('SELECT hd3.cat, count(*), sum(ha.v) FROM ha JOIN hd3 ON ha.w = hd3.k WHERE hd3.cat = 3 GROUP BY hd3.cat') line
+ WHERE line ~ '^(Gather|  ->  .*UvmGpuGroupAgg|        ->  ((Parallel )?Seq Scan|Gather))';
+SELECT pg_temp.ha('SELECT hd3.cat, count(*), sum(ha.v) FROM ha JOIN hd3 ON ha.w = hd3.k WHERE hd3.cat = 3 GROUP BY hd3.cat');
+RESET enable_nestloop;
+RESET enable_hashjoin;
+RESET enable_mergejoin;
 SET work_mem = '64kB';
 SELECT pg_temp.ha('SELECT id, count(*), sum(w) FROM ha WHERE id % 3 = 0 GROUP BY id');
 RESET work_mem;
@@ -205,4 +221,4 @@ DROP TABLE hr;
 DROP ROLE uvm_heap_reader;
 -- no temporary segment is left
 SELECT count(*) FROM uvm.segments WHERE name LIKE 'pg_temp_gpujoin%';
-DROP TABLE ha, hb, hd1, hd2, he;
+DROP TABLE ha, hb, hd1, hd2, hd3, he;
