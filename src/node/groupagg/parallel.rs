@@ -135,16 +135,22 @@ pub(super) unsafe fn hand_batches(
     }
 }
 
-/// A block's bytes as the 8-byte words the exchange carries (a block's size is a multiple of 8).
-fn words_of(bytes: &[u8]) -> Vec<i64> {
-    bytes
-        .chunks(8)
-        .map(|c| {
-            let mut w = [0u8; 8];
-            w[..c.len()].copy_from_slice(c);
-            i64::from_ne_bytes(w)
-        })
-        .collect()
+/// A block's bytes as the 8-byte words the exchange carries (a block's size is a multiple of 8):
+/// the bytes themselves where they are aligned as words (an allocation of a block's size is),
+/// a copy otherwise.
+fn words_of(bytes: &[u8]) -> std::borrow::Cow<'_, [i64]> {
+    // SAFETY: any 8 bytes are a valid i64; `align_to` splits off whatever is not aligned.
+    match unsafe { bytes.align_to::<i64>() } {
+        ([], words, []) => std::borrow::Cow::Borrowed(words),
+        _ => bytes
+            .chunks(8)
+            .map(|c| {
+                let mut w = [0u8; 8];
+                w[..c.len()].copy_from_slice(c);
+                i64::from_ne_bytes(w)
+            })
+            .collect(),
+    }
 }
 
 /// The bytes of a batch's words (as [`words_of`] made them).
@@ -157,27 +163,29 @@ pub(super) fn bytes_of(words: &[i64]) -> &[u8] {
 /// Reads a heap scan's rows into blocks of a layout.
 pub(super) struct RowReader<'a> {
     layout: &'a crate::cache::Layout,
-    encodings: Vec<Encoding>,
-    row: Vec<Option<u64>>,
 }
+
+// A slot's values are read as the raw words a by-value datum is (`BlockBuilder::push_raw`).
+const _: () = assert!(std::mem::size_of::<pg_sys::Datum>() == std::mem::size_of::<u64>());
 
 impl<'a> RowReader<'a> {
     pub(super) fn new(layout: &'a crate::cache::Layout) -> RowReader<'a> {
-        let n = layout.columns().len();
-        RowReader { layout, encodings: (0..n).filter_map(|c| layout.encoding(c)).collect(), row: vec![None; n] }
+        RowReader { layout }
     }
 
     /// The next block of the scan's rows, and whether rows may follow it (false: the scan
     /// ended within it).
     ///
     /// # Safety
-    /// `fact` is an initialized scan whose rows are the layout's columns, in order.
+    /// `fact` is an initialized scan whose rows are the layout's columns, in order, each of a
+    /// by-value type whose datum is its cache word's low bytes (`plan`'s `heap_columns`).
     pub(super) unsafe fn fill(&mut self, fact: *mut pg_sys::PlanState) -> Result<(crate::cache::BlockBuilder, bool)> {
-        let ncols = self.row.len();
+        let ncols = self.layout.columns().len();
         let mut block = crate::cache::BlockBuilder::new(self.layout);
         while !block.is_full() {
             // SAFETY: forwarded contract; the slot's first `ncols` attributes are the columns
-            // (checked against its descriptor), deformed before they are read.
+            // (checked against its descriptor), deformed before they are read; a Datum is a
+            // word (asserted above), and its arrays hold at least `ncols` entries.
             unsafe {
                 let slot = pg_sys::ExecProcNode(fact);
                 if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
@@ -189,12 +197,10 @@ impl<'a> RowReader<'a> {
                 if ((*slot).tts_nvalid as usize) < ncols {
                     pg_sys::slot_getsomeattrs_int(slot, ncols as i32);
                 }
-                for (c, w) in self.row.iter_mut().enumerate() {
-                    *w = (!*(*slot).tts_isnull.add(c))
-                        .then(|| self.encodings[c].word_of_raw((*(*slot).tts_values.add(c)).value() as u64));
-                }
+                let values = std::slice::from_raw_parts((*slot).tts_values as *const u64, ncols);
+                let nulls = std::slice::from_raw_parts((*slot).tts_isnull as *const bool, ncols);
+                block.push_raw(values, nulls)?;
             }
-            block.push(&self.row)?;
         }
         Ok((block, true))
     }

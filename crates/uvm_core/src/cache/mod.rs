@@ -662,6 +662,44 @@ impl BlockBuilder {
         Ok(())
     }
 
+    /// Appends a row of raw values as a PostgreSQL slot holds a by-value type's datums: column
+    /// `c`'s value is the low `width` bytes of `raw[c]` (the bits [`Encoding::word_of_raw`]
+    /// reads, so every value fits its column; a `Bool` is 1 where its datum is not 0, as
+    /// `DatumGetBool` reads it), NULL where `nulls[c]`. The heap's per-row path: no word is
+    /// made or checked, each value is one store. 22023 when the block is full or the row has
+    /// another number of columns (the row is then not added).
+    pub fn push_raw(&mut self, raw: &[u64], nulls: &[bool]) -> Result<()> {
+        if self.is_full() || raw.len() != self.cols.len() || nulls.len() != raw.len() {
+            return Err(UvmError::new(
+                Code::InvalidParameterValue,
+                format!(
+                    "a row of {} columns does not go into a block of {} columns holding {} rows",
+                    raw.len(),
+                    self.cols.len(),
+                    self.rows
+                ),
+            ));
+        }
+        // Within the block, as in `push`.
+        let r = self.rows as usize;
+        for ((&(values_at, nulls_at, width, _), &v), &null) in self.cols.iter().zip(raw).zip(nulls) {
+            if null {
+                self.bytes[nulls_at + r / 8] |= 1 << (r % 8);
+                continue;
+            }
+            let at = values_at + r * width;
+            let b = v.to_le_bytes();
+            match width {
+                1 => self.bytes[at] = u8::from(v != 0),
+                2 => self.bytes[at..at + 2].copy_from_slice(&b[..2]),
+                4 => self.bytes[at..at + 4].copy_from_slice(&b[..4]),
+                _ => self.bytes[at..at + 8].copy_from_slice(&b),
+            }
+        }
+        self.rows += 1;
+        Ok(())
+    }
+
     /// The block's bytes, its count set: to be written at [`Layout::block_at`] of its block.
     pub fn finish(mut self) -> Vec<u8> {
         self.one.set_block_rows(&mut self.bytes, 0, self.rows).expect("a block's own count fits it");

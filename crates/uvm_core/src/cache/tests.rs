@@ -170,6 +170,48 @@ fn blocks_built_apart_and_copied_into_place_read_back() {
     assert_eq!(b.rows(), 0);
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(proptest_cases(64)))]
+
+    /// The heap's per-row path lays a row of raw datums out as `push` lays out their words:
+    /// every encoding, any bits above a value's width, NULLs; a bool datum is true where not 0.
+    #[test]
+    fn raw_datums_are_laid_out_as_their_words(
+        rows in prop::collection::vec(prop::collection::vec((any::<u64>(), any::<bool>()), Encoding::ALL.len()), 1..40)
+    ) {
+        let specs: Vec<ColumnSpec> = Encoding::ALL.iter().map(|&e| spec(e)).collect();
+        let l = Layout::plan(3, &specs, MIN_BLOCK_ROWS).unwrap();
+        let (mut by_raw, mut by_word) = (BlockBuilder::new(&l), BlockBuilder::new(&l));
+        for row in &rows {
+            let raw: Vec<u64> = row.iter().zip(Encoding::ALL.iter().copied()).map(|(&(v, _), e)| if e == Encoding::Bool { v & 0xff } else { v }).collect();
+            let nulls: Vec<bool> = row.iter().map(|&(_, n)| n).collect();
+            by_raw.push_raw(&raw, &nulls).unwrap();
+            let words: Vec<Option<u64>> = raw
+                .iter()
+                .zip(&nulls)
+                .zip(Encoding::ALL.iter().copied())
+                .map(|((&v, &n), e)| (!n).then(|| if e == Encoding::Bool { u64::from(v != 0) } else { e.word_of_raw(v) }))
+                .collect();
+            by_word.push(&words).unwrap();
+        }
+        prop_assert_eq!(by_raw.rows(), rows.len() as u64);
+        prop_assert!(by_raw.finish() == by_word.finish());
+    }
+}
+
+#[test]
+fn a_raw_row_that_does_not_fit_is_refused() {
+    let l = Layout::plan(3, &[spec(Encoding::Int4), spec(Encoding::Int8)], MIN_BLOCK_ROWS).unwrap();
+    let mut b = BlockBuilder::new(&l);
+    assert_eq!(b.push_raw(&[1], &[false]).unwrap_err().code, Code::InvalidParameterValue);
+    assert!(b.push_raw(&[1, 2], &[false]).is_err());
+    for i in 0..MIN_BLOCK_ROWS {
+        b.push_raw(&[i, i], &[false, true]).unwrap();
+    }
+    assert!(b.push_raw(&[1, 2], &[false, false]).is_err(), "a full block takes no more rows");
+    assert_eq!(b.rows(), MIN_BLOCK_ROWS);
+}
+
 #[test]
 fn a_layout_that_contradicts_itself_or_its_segment_is_refused() {
     let specs = [spec(Encoding::Int4), spec(Encoding::Numeric), spec(Encoding::DictCode)];
