@@ -1,10 +1,131 @@
-//! How GpuGroupAgg's `EXPLAIN` shows its program: each clause's alternatives, the ranges'
-//! bounds in their columns' types (by the types' output functions, a bound no output function
-//! prints shown by its neighbour), a text condition as PostgreSQL deparses it.
+//! GpuGroupAgg's `EXPLAIN`: what the node reads (a cache or the heap), its columns, dimensions,
+//! keys and filters, and with `ANALYZE` where an execution read from and its figures; each
+//! clause's alternatives, the ranges' bounds in their columns' types (by the types' output
+//! functions, a bound no output function prints shown by its neighbour), a text condition as
+//! PostgreSQL deparses it.
 
 use super::*;
 
 impl GpuGroupAggScan {
+    /// The node's `EXPLAIN` properties: what it reads (a cache or the heap), its columns,
+    /// dimensions, keys and filters, and with `ANALYZE` where it read from and its figures.
+    ///
+    /// # Safety
+    /// `es` is ExplainCustomScan's state.
+    pub(super) unsafe fn explain_node(&self, es: *mut pg_sys::ExplainState) {
+        // SAFETY: ExplainCustomScan's state; the strings are copied by EXPLAIN.
+        unsafe {
+            let prop = |label: &CStr, value: &str| {
+                let v = std::ffi::CString::new(value.replace('\0', "")).expect("no NUL");
+                pg_sys::ExplainPropertyText(label.as_ptr(), v.as_ptr(), es);
+            };
+            let heap = self.shape.heap;
+            prop(if heap { c"Fact Heap" } else { c"Column Cache" }, &self.relname);
+            let cols: Vec<String> = self.shape.columns().iter().map(|c| self.name_of(c)).collect();
+            if !cols.is_empty() {
+                prop(if heap { c"Batch Columns" } else { c"Cached Columns" }, &cols.join(", "));
+            }
+            if !self.shape.dims.is_empty() {
+                let dims: Vec<String> = self
+                    .shape
+                    .dims
+                    .iter()
+                    .zip(&self.dim_names)
+                    .map(|(d, (rel, key, _))| format!("{rel} ON {} = {rel}.{key}", self.name_of(&d.fact_col)))
+                    .collect();
+                prop(c"Dimensions", &dims.join(", "));
+                let cached: Vec<&str> = self
+                    .shape
+                    .dims
+                    .iter()
+                    .zip(&self.dim_names)
+                    .filter(|(d, _)| d.cached.is_some())
+                    .map(|(_, (rel, _, _))| rel.as_str())
+                    .collect();
+                if !cached.is_empty() {
+                    prop(c"Cached Dimensions", &cached.join(", "));
+                }
+            }
+            if !self.shape.keys.is_empty() {
+                let keys: Vec<String> = self
+                    .shape
+                    .keys
+                    .iter()
+                    .map(|k| match *k {
+                        Key::Fact(c) => self.name_of(&c),
+                        Key::Dim { dim, idx } => self.dim_names[dim].2[idx].clone(),
+                    })
+                    .collect();
+                prop(c"Group Keys", &keys.join(", "));
+            }
+            if !self.shape.filters.is_empty() {
+                let f: Vec<String> = self.shape.filters.iter().map(|c| self.describe_clause(c)).collect();
+                prop(if heap { c"Program Filters" } else { c"Cache Filters" }, &f.join(" AND "));
+            }
+            if (*es).analyze {
+                match self.read_from {
+                    Some(from @ (ReadFrom::Cache | ReadFrom::Heap)) => {
+                        prop(c"Read From", if from == ReadFrom::Heap { "heap" } else { "cache" });
+                        if !self.stats.dims_from.is_empty() {
+                            let from: Vec<String> = self
+                                .stats
+                                .dims_from
+                                .iter()
+                                .zip(&self.dim_names)
+                                .map(|(f, (rel, _, _))| match f {
+                                    DimFrom::Cache => format!("{rel}: cache"),
+                                    DimFrom::Plan(None) => format!("{rel}: plan"),
+                                    DimFrom::Plan(Some(why)) => format!("{rel}: plan ({why})"),
+                                })
+                                .collect();
+                            prop(c"Dimensions Read From", &from.join(", "));
+                        }
+                        if self.stats.join_order.len() > 1 {
+                            let order: Vec<&str> = self
+                                .stats
+                                .join_order
+                                .iter()
+                                .filter_map(|&j| self.dim_names.get(j).map(|d| d.0.as_str()))
+                                .collect();
+                            prop(c"Join Order", &order.join(", "));
+                        }
+                        let int =
+                            |label: &CStr, v: u64| pg_sys::ExplainPropertyInteger(label.as_ptr(), std::ptr::null(), v as i64, es);
+                        if from == ReadFrom::Heap {
+                            int(c"Heap Rows", self.stats.heap_rows);
+                            int(c"Batches", self.stats.batches);
+                            if self.parallel {
+                                int(c"Batches From Workers", self.stats.handed);
+                            }
+                        }
+                        int(c"Groups", self.stats.groups);
+                        if self.stats.appended > 0 {
+                            int(c"Appended Rows", self.stats.appended);
+                        }
+                        if self.stats.grown > 0 {
+                            int(c"Group Table Grown", u64::from(self.stats.grown));
+                        }
+                        if (*es).timing {
+                            let ms = |label: &CStr, d: std::time::Duration| {
+                                pg_sys::ExplainPropertyFloat(label.as_ptr(), c"ms".as_ptr(), d.as_secs_f64() * 1e3, 3, es)
+                            };
+                            ms(c"Dimensions Time", self.stats.dims);
+                            if from == ReadFrom::Heap {
+                                ms(c"Batching Time", self.stats.batching);
+                            }
+                            ms(c"Setup Time", self.stats.setup);
+                            ms(c"Scan Time", self.stats.scan);
+                            ms(c"Scanning Time", self.stats.scanning);
+                            ms(c"Read Time", self.stats.read);
+                        }
+                    }
+                    Some(ReadFrom::Child(why)) => prop(c"Read From", &format!("child: {why}")),
+                    None => {}
+                }
+            }
+        }
+    }
+
     /// A clause as EXPLAIN shows it: its alternatives, the ranges' bounds in the column's type,
     /// a text condition as PostgreSQL prints it.
     pub(super) fn describe_clause(&self, clause: &[Atom]) -> String {
