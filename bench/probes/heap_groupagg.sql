@@ -3,11 +3,12 @@
 -- against PostgreSQL's parallel plan. For each SSB query given below: the node's execution time
 -- over lineorder's heap and, from EXPLAIN ANALYZE's lines, its batching (reading the rows,
 -- laying them out, writing the batches), its scan requests and the scanning itself; beside it
--- a serial sum of the same columns (the tuples read and deformed, the floor of a serial plan)
--- and PostgreSQL's own plan with the cluster's parallel settings.
+-- a serial sum of the same columns (the tuples read and deformed, the floor of a serial plan),
+-- the node in parallel (PostgreSQL's joins off: its runner's batching, its own share and the
+-- workers' batches written) and PostgreSQL's own plan with the cluster's parallel settings.
 -- Run against a cluster with the SSB tables loaded (scripts/gpu-suite run with GPU_SUITE_SQL
--- set to this file after the SSB step, or psql -X -f from the repository's root): the best of
--- three runs each.
+-- set to this file after the SSB step, or psql -X -f from the repository's root): the better of
+-- two runs each.
 \set ON_ERROR_STOP 0
 SET client_min_messages = warning;
 CREATE FUNCTION pg_temp.figures(q text, settings text[], n int DEFAULT 3) RETURNS TABLE (total numeric, batching numeric, scan numeric, scanning numeric, node boolean)
@@ -39,9 +40,10 @@ BEGIN
 END $$;
 SELECT count(*) AS lineorder_rows, pg_size_pretty(pg_relation_size('lineorder')) AS heap FROM lineorder;
 SHOW max_parallel_workers_per_gather;
-\set heap '{pg_uvm_share.gpugroupagg_heap=on,max_parallel_workers_per_gather=0,enable_hashagg=off}'
+\set heap '{pg_uvm_share.gpugroupagg_heap=on,max_parallel_workers_per_gather=0,pg_uvm_share.enable_gpujoin=off,enable_hashjoin=off,enable_mergejoin=off,enable_nestloop=off}'
 \set serial '{max_parallel_workers_per_gather=0}'
 \set postgres '{pg_uvm_share.enable_gpugroupagg=off,pg_uvm_share.enable_gpujoin=off}'
+\set parallel '{pg_uvm_share.gpugroupagg_heap=on,pg_uvm_share.enable_gpujoin=off,enable_hashjoin=off,enable_mergejoin=off,enable_nestloop=off}'
 WITH q(name, body, cols) AS (VALUES
   ('Q1.1', 'SELECT sum(lo_extendedprice * lo_discount) AS revenue FROM lineorder, date WHERE lo_orderdate = d_datekey AND d_year = 1993 AND lo_discount BETWEEN 1 AND 3 AND lo_quantity < 25',
    'SELECT sum(lo_extendedprice), sum(lo_discount), sum(lo_quantity), sum(lo_orderdate) FROM lineorder'),
@@ -52,10 +54,14 @@ WITH q(name, body, cols) AS (VALUES
 )
 SELECT name,
        n.total AS node_ms, n.node AS on_heap, n.batching AS batching_ms, n.scan AS scan_ms, n.scanning AS scanning_ms,
-       f.total AS serial_deform_ms, p.total AS postgres_ms,
+       f.total AS serial_deform_ms,
+       g.total AS parallel_node_ms, g.node AS parallel_on_heap, g.batching AS runner_batching_ms,
+       p.total AS postgres_ms,
        round(n.total / nullif(p.total, 0), 2) AS node_over_postgres,
+       round(g.total / nullif(p.total, 0), 2) AS parallel_over_postgres,
        round(f.total / nullif(n.total, 0), 2) AS floor_share
   FROM q,
-       LATERAL pg_temp.figures(body, :'heap') n,
-       LATERAL pg_temp.figures(cols, :'serial') f,
-       LATERAL pg_temp.figures(body, :'postgres') p;
+       LATERAL pg_temp.figures(body, :'heap', 2) n,
+       LATERAL pg_temp.figures(cols, :'serial', 2) f,
+       LATERAL pg_temp.figures(body, :'parallel', 2) g,
+       LATERAL pg_temp.figures(body, :'postgres', 2) p;
