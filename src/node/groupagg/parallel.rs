@@ -33,6 +33,12 @@ use crate::node::handoff::Handoff;
 /// `HEAP_BATCH_BYTES`).
 pub(super) const IN_FLIGHT: usize = 4;
 
+/// Rows the runner reads of its own share between two looks at the exchange (a few ms of
+/// reading and laying out): a worker's batch waits no longer than that to be taken. With a
+/// look per block, the exchange's [`IN_FLIGHT`] batches could fill while the runner filled a
+/// block of its own (up to 1 Mi rows, about 0.1 s), and up to 8 workers then waited on it.
+pub(super) const POLL_ROWS: usize = 1 << 16;
+
 /// Which process runs the program.
 const LEADER: u32 = 0;
 const WORKER0: u32 = 1;
@@ -163,6 +169,8 @@ pub(super) fn bytes_of(words: &[i64]) -> &[u8] {
 /// Reads a heap scan's rows into blocks of a layout.
 pub(super) struct RowReader<'a> {
     layout: &'a crate::cache::Layout,
+    /// The block being filled, between [`RowReader::fill_some`]'s calls.
+    block: Option<crate::cache::BlockBuilder>,
 }
 
 // A slot's values are read as the raw words a by-value datum is (`BlockBuilder::push_raw`).
@@ -170,26 +178,50 @@ const _: () = assert!(std::mem::size_of::<pg_sys::Datum>() == std::mem::size_of:
 
 impl<'a> RowReader<'a> {
     pub(super) fn new(layout: &'a crate::cache::Layout) -> RowReader<'a> {
-        RowReader { layout }
+        RowReader { layout, block: None }
     }
 
     /// The next block of the scan's rows, and whether rows may follow it (false: the scan
     /// ended within it).
     ///
     /// # Safety
+    /// As [`RowReader::fill_some`].
+    pub(super) unsafe fn fill(&mut self, fact: *mut pg_sys::PlanState) -> Result<(crate::cache::BlockBuilder, bool)> {
+        loop {
+            // SAFETY: forwarded contract.
+            if let Some(done) = unsafe { self.fill_some(fact, usize::MAX) }? {
+                return Ok(done);
+            }
+        }
+    }
+
+    /// Reads up to `most` more of the scan's rows into the block being filled: the block,
+    /// and whether rows may follow it, once it is full or the scan ended within it; `None`
+    /// while it has room (a runner that reads its own share takes the workers' batches
+    /// between such calls, so that they do not wait on a full exchange while it fills a
+    /// block).
+    ///
+    /// # Safety
     /// `fact` is an initialized scan whose rows are the layout's columns, in order, each of a
     /// by-value type whose datum is its cache word's low bytes (`plan`'s `heap_columns`).
-    pub(super) unsafe fn fill(&mut self, fact: *mut pg_sys::PlanState) -> Result<(crate::cache::BlockBuilder, bool)> {
+    pub(super) unsafe fn fill_some(
+        &mut self,
+        fact: *mut pg_sys::PlanState,
+        most: usize,
+    ) -> Result<Option<(crate::cache::BlockBuilder, bool)>> {
         let ncols = self.layout.columns().len();
-        let mut block = crate::cache::BlockBuilder::new(self.layout);
-        while !block.is_full() {
+        let block = self.block.get_or_insert_with(|| crate::cache::BlockBuilder::new(self.layout));
+        for _ in 0..most {
+            if block.is_full() {
+                break;
+            }
             // SAFETY: forwarded contract; the slot's first `ncols` attributes are the columns
             // (checked against its descriptor), deformed before they are read; a Datum is a
             // word (asserted above), and its arrays hold at least `ncols` entries.
             unsafe {
                 let slot = pg_sys::ExecProcNode(fact);
                 if slot.is_null() || (*slot).tts_flags & pg_sys::TTS_FLAG_EMPTY as u16 != 0 {
-                    return Ok((block, false));
+                    return Ok(self.block.take().map(|b| (b, false)));
                 }
                 if (*(*slot).tts_tupleDescriptor).natts as usize != ncols {
                     return Err(UvmError::new(Code::SystemError, "GpuGroupAgg: the fact's scan returns other columns"));
@@ -202,7 +234,7 @@ impl<'a> RowReader<'a> {
                 block.push_raw(values, nulls)?;
             }
         }
-        Ok((block, true))
+        Ok(if block.is_full() { self.block.take().map(|b| (b, true)) } else { None })
     }
 }
 

@@ -340,12 +340,17 @@ pub(super) unsafe fn run_heap_program(
                 break;
             }
             let t = std::time::Instant::now();
+            // (in parallel, a share of a block at a time: the workers' batches are taken
+            // between them)
+            let most = if handed.is_some() { parallel::POLL_ROWS } else { usize::MAX };
             // SAFETY: forwarded contract.
-            let (block, more) = unsafe { rows.fill(fact) }?;
+            let filled = unsafe { rows.fill_some(fact, most) }?;
             stats.batching += t.elapsed();
-            own = more;
-            if block.rows() > 0 {
-                run.block(&block.finish(), &mut seg, stats)?;
+            if let Some((block, more)) = filled {
+                own = more;
+                if block.rows() > 0 {
+                    run.block(&block.finish(), &mut seg, stats)?;
+                }
             }
         }
         crate::pgwait::cancel_sleep();
