@@ -160,8 +160,9 @@
 //! `Gather` over the node with a `Parallel Seq Scan` of the fact as its last child, and as
 //! the other children the fallback over the input's cheapest parallel-safe path and each
 //! dimension's cheapest parallel-safe path (a dimension's cheapest may be a Gather of its own,
-//! which no worker may run: with it the parallel plan would never be offered), priced with the scan's and the laying out's shares per participant. Every participant reads
-//! its share and lays it out; one of them, the runner (the leader, or worker 0 where the leader
+//! which no worker may run: with it the parallel plan would never be offered), priced with
+//! the scan's and the laying out's shares per participant. Every participant reads its share
+//! and lays it out; one of them, the runner (the leader, or worker 0 where the leader
 //! does not run the plan: `parallel_leader_participation`), runs the program over its own
 //! batches and every one the others hand it through the query's DSM and DSA area, into its one
 //! group table, and returns the groups; the others return no row. No group table is merged and
@@ -177,10 +178,9 @@
 //! they are (`BlockBuilder::push_raw`), and the runner looks at the exchange every
 //! `parallel::POLL_ROWS` rows of its own share, not once per block (the exchange holds 4
 //! batches in flight: they could fill while it laid out one of its own, and up to 8 workers
-//! then waited). After those
-//! (`bench/gpu-report-heap-groupagg-parallel-h100.md`): 27.9 s for the 13, 1.09x PostgreSQL's
-//! 25.6 s in the same run, each query 1.8-2.3 s (0.62x-1.59x; Q3.1, Q4.1 and Q4.3 faster than
-//! PostgreSQL). The serial form takes what a serial read of the same columns takes (17.6 s
+//! then waited). After those (`bench/gpu-report-heap-groupagg-parallel-h100.md`): 27.9 s
+//! for the 13, 1.09x PostgreSQL's 25.6 s in the same run, each query 1.8-2.3 s (0.62x-1.59x;
+//! Q3.1, Q4.1 and Q4.3 faster than PostgreSQL). The serial form takes what a serial read of the same columns takes (17.6 s
 //! against 18.4 s for Q1.1), the kernels a few ms of it: over the heap the node is as fast as
 //! PostgreSQL's scan lets it be, which is why the 3x over the heap is out of reach for
 //! any plan that reads the heap through that scan (`bench/probes/heap_floor.sql`).
