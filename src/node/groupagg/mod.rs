@@ -180,10 +180,11 @@
 //! batches in flight: they could fill while it laid out one of its own, and up to 8 workers
 //! then waited). After those (`bench/gpu-report-heap-groupagg-parallel-h100.md`): 27.9 s
 //! for the 13, 1.09x PostgreSQL's 25.6 s in the same run, each query 1.8-2.3 s (0.62x-1.59x;
-//! Q3.1, Q4.1 and Q4.3 faster than PostgreSQL). The serial form takes what a serial read of the same columns takes (17.6 s
-//! against 18.4 s for Q1.1), the kernels a few ms of it: over the heap the node is as fast as
-//! PostgreSQL's scan lets it be, which is why the issue's 3x over the heap is out of reach for
-//! any plan that reads the heap through that scan (`bench/probes/heap_floor.sql`).
+//! Q3.1, Q4.1 and Q4.3 faster than PostgreSQL). The serial form takes what a serial read of
+//! the same columns takes (17.6 s against 18.4 s for Q1.1), the kernels a few ms of it: over
+//! the heap the node is as fast as PostgreSQL's scan lets it be, which is why the issue's 3x
+//! over the heap is out of reach for any plan that reads the heap through that scan
+//! (`bench/probes/heap_floor.sql`).
 //! [`DEFORM_FACTOR`] is the laying out's measured cost.
 //!
 //! # Limits (the next steps of issue 27)
