@@ -187,7 +187,7 @@
 //! (`bench/probes/heap_floor.sql`).
 //! [`DEFORM_FACTOR`] is the laying out's measured cost. With it the node's cost and
 //! PostgreSQL's plans' are close, as their times are: at SSB SF 1 with 8 workers allowed (this
-//! VM's planner, `gpugroupagg_heap = on`), the node's parallel plan costs 0.1 % less to 17 %
+//! VM's planner, `gpugroupagg_heap = on`), the node's parallel plan costs 0.06 % less to 16 %
 //! more than PostgreSQL's, and the planner keeps PostgreSQL's plan for all 13 (Q1.2 and Q1.3
 //! within `add_path`'s 1 % fuzz). The queries the node runs faster on the GPU (Q4.3: 0.62x) are
 //! those whose PostgreSQL plans take longer than their costs say; where the costs tie it may
